@@ -1,0 +1,1 @@
+"""The `llmir` command line: thin commands over llmir_core."""

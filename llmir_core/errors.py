@@ -1,0 +1,99 @@
+"""Error values shared by every stage.
+
+Exit codes (the CLI contract): 0 ok, 1 check failed, 2 usage or input error,
+3 inconclusive, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INCONCLUSIVE = 3
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class SourcePos:
+    """A position in a text file: 1-based line and column."""
+
+    file: str
+    line: int
+    col: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+@dataclass
+class Diagnostic:
+    """One finding: severity, message, where, and optional notes."""
+
+    severity: str  # "error" | "warning" | "note"
+    message: str
+    pos: SourcePos | None = None
+    origin: str | None = None  # frontend origin (ONNX node, HF module, GGUF tensor)
+    notes: list[str] = field(default_factory=list)
+    source_line: str | None = None
+
+    def header(self) -> str:
+        where = f"{self.pos}: " if self.pos else ""
+        origin = f" [{self.origin}]" if self.origin else ""
+        return f"{where}{self.severity}: {self.message}{origin}"
+
+    def render(self) -> str:
+        """Render as text: header, the source line with a caret, then notes."""
+        lines = [self.header()]
+        if self.source_line is not None and self.pos is not None:
+            lines.append("  " + self.source_line.rstrip("\n"))
+            lines.append("  " + " " * max(self.pos.col - 1, 0) + "^")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "severity": self.severity,
+            "message": self.message,
+            "file": self.pos.file if self.pos else None,
+            "line": self.pos.line if self.pos else None,
+            "col": self.pos.col if self.pos else None,
+            "origin": self.origin,
+            "notes": list(self.notes),
+        }
+
+
+class LlmirError(Exception):
+    """An error a user can act on: one clear line, a hint, and an exit code."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, *, hint: str | None = None, exit_code: int | None = None,
+                 diagnostics: list[Diagnostic] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.diagnostics = diagnostics or []
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class InputError(LlmirError):
+    """Unreadable, malformed or inconsistent input (exit 2)."""
+
+
+class ParseError(InputError):
+    """A `.llmir` text that does not parse; carries its position."""
+
+    def __init__(self, message: str, pos: SourcePos, source_line: str | None = None) -> None:
+        diag = Diagnostic("error", message, pos, source_line=source_line)
+        super().__init__(f"{pos}: error: {message}", diagnostics=[diag],
+                         hint="fix the text at the position shown, or run `llmir fmt` on a known-good file to compare")
+        self.pos = pos
+
+
+class CheckFailed(LlmirError):
+    """A check ran and found a problem (exit 1)."""
+
+    exit_code = 1

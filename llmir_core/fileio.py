@@ -1,0 +1,48 @@
+"""Atomic file writing: write to a temp file beside the target, then rename."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from .errors import InputError
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:  # type: ignore[type-arg]
+    """Yield a file handle; the target appears only if the block finishes without error."""
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"{target}: folder {parent} does not exist",
+                         hint="create the folder first or pick another output path")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+    except OSError as exc:
+        raise InputError(f"{target}: cannot write in {parent}: {exc.strerror}",
+                         hint="check the folder's permissions and free space") from exc
+    try:
+        encoding = None if "b" in mode else "utf-8"
+        with os.fdopen(fd, mode, encoding=encoding) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise InputError(f"{target}: write failed: {exc.strerror}",
+                         hint="check free disk space and permissions") from exc
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    with atomic_write(path, "w") as fh:
+        fh.write(text)

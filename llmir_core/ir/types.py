@@ -1,0 +1,209 @@
+"""IR types: element dtypes, block-quantized element types, tensors and KV caches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Union
+
+import numpy as np
+
+from .dims import DYN, Dim, SymDim, format_dim
+
+
+class DType(str, Enum):
+    f64 = "f64"
+    f32 = "f32"
+    f16 = "f16"
+    bf16 = "bf16"
+    f8e4m3 = "f8e4m3"
+    f8e5m2 = "f8e5m2"
+    i64 = "i64"
+    i32 = "i32"
+    i16 = "i16"
+    i8 = "i8"
+    u8 = "u8"
+    i4 = "i4"
+    u4 = "u4"
+    bool = "bool"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def is_float(self) -> bool:
+        return self in _FLOATS
+
+    @property
+    def is_int(self) -> bool:
+        return self in _INTS
+
+    @property
+    def bits(self) -> int:
+        return _BITS[self]
+
+    def to_numpy(self) -> np.dtype[Any]:
+        return numpy_dtype(self)
+
+
+_FLOATS = {DType.f64, DType.f32, DType.f16, DType.bf16, DType.f8e4m3, DType.f8e5m2}
+_INTS = {DType.i64, DType.i32, DType.i16, DType.i8, DType.u8, DType.i4, DType.u4}
+_BITS = {DType.f64: 64, DType.f32: 32, DType.f16: 16, DType.bf16: 16, DType.f8e4m3: 8,
+         DType.f8e5m2: 8, DType.i64: 64, DType.i32: 32, DType.i16: 16, DType.i8: 8, DType.u8: 8,
+         DType.i4: 4, DType.u4: 4, DType.bool: 8}
+DTYPE_NAMES = {d.value: d for d in DType}
+
+
+def numpy_dtype(d: DType) -> np.dtype[Any]:
+    simple = {DType.f64: np.float64, DType.f32: np.float32, DType.f16: np.float16,
+              DType.i64: np.int64, DType.i32: np.int32, DType.i16: np.int16, DType.i8: np.int8,
+              DType.u8: np.uint8, DType.bool: np.bool_}
+    if d in simple:
+        return np.dtype(simple[d])
+    import ml_dtypes  # numpy has no bf16/f8/int4: ml_dtypes (an onnx dependency) provides them
+
+    exotic = {DType.bf16: ml_dtypes.bfloat16, DType.f8e4m3: ml_dtypes.float8_e4m3fn,
+              DType.f8e5m2: ml_dtypes.float8_e5m2, DType.i4: ml_dtypes.int4,
+              DType.u4: ml_dtypes.uint4}
+    return np.dtype(exotic[d])
+
+
+def dtype_from_numpy(dt: np.dtype[Any]) -> DType:
+    for d in DType:
+        try:
+            if numpy_dtype(d) == dt:
+                return d
+        except Exception:  # pragma: no cover - ml_dtypes missing
+            continue
+    raise ValueError(f"no llmir dtype for numpy dtype {dt}")
+
+
+@dataclass(frozen=True)
+class QuantType:
+    """A block-quantized element type (stored packed; logical values are floats).
+
+    `scheme` names the exact byte layout: GGUF block formats (`q4_0`, `q8_0`, `q4_k`, ...) or
+    `nbits` for onnxruntime MatMulNBits-style packing (int4/int8 codes, per-block scale and an
+    optional packed zero point). `bits`, `block`, `scale` and `zero` describe the numbers;
+    `super_block` is set for k-quants (256-element super-blocks).
+    """
+
+    scheme: str
+    bits: int
+    block: int
+    scale: DType
+    zero: str  # "none" (symmetric), "int" (integer zero point), "min" (float minimum)
+    super_block: int | None = None
+
+    def __str__(self) -> str:
+        preset = GGUF_QUANTS.get(self.scheme)
+        if preset == self:
+            return f"!quant.{self.scheme}"
+        sb = f", super_block={self.super_block}" if self.super_block else ""
+        return (f"!quant<{self.scheme}, bits={self.bits}, block={self.block}, "
+                f"scale={self.scale}, zero={self.zero}{sb}>")
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes per block for GGUF formats; packed bits for nbits (codes only)."""
+        return GGUF_BLOCK_BYTES.get(self.scheme, self.block * self.bits // 8)
+
+
+GGUF_QUANTS: dict[str, QuantType] = {
+    "q4_0": QuantType("q4_0", 4, 32, DType.f16, "none"),
+    "q4_1": QuantType("q4_1", 4, 32, DType.f16, "min"),
+    "q5_0": QuantType("q5_0", 5, 32, DType.f16, "none"),
+    "q5_1": QuantType("q5_1", 5, 32, DType.f16, "min"),
+    "q8_0": QuantType("q8_0", 8, 32, DType.f16, "none"),
+    "q2_k": QuantType("q2_k", 2, 16, DType.f16, "min", 256),
+    "q3_k": QuantType("q3_k", 3, 16, DType.f16, "none", 256),
+    "q4_k": QuantType("q4_k", 4, 32, DType.f16, "min", 256),
+    "q5_k": QuantType("q5_k", 5, 32, DType.f16, "min", 256),
+    "q6_k": QuantType("q6_k", 6, 16, DType.f16, "none", 256),
+}
+# bytes per block (GGUF's own type_size), over `super_block or block` elements
+GGUF_BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q8_0": 34,
+                    "q2_k": 84, "q3_k": 110, "q4_k": 144, "q5_k": 176, "q6_k": 210}
+
+ElemType = Union[DType, QuantType]
+
+TENSOR_OPTION_KEYS = ("layout", "device", "sema")
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """`tensor<DIMS x ELEM, layout=..., device=..., sema=...>`; an empty shape is a scalar."""
+
+    shape: tuple[Dim, ...]
+    dtype: ElemType
+    layout: str | None = None
+    device: str | None = None
+    sema: str | None = None
+    _text: str = field(default="", compare=False, repr=False, hash=False)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_quantized(self) -> bool:
+        return isinstance(self.dtype, QuantType)
+
+    def with_shape(self, shape: tuple[Dim, ...]) -> TensorType:
+        return TensorType(tuple(shape), self.dtype, self.layout, self.device, self.sema)
+
+    def with_dtype(self, dtype: ElemType) -> TensorType:
+        return TensorType(self.shape, dtype, self.layout, self.device, self.sema)
+
+    def static_shape(self) -> tuple[int, ...] | None:
+        if all(isinstance(d, int) for d in self.shape):
+            return tuple(d for d in self.shape)  # type: ignore[misc]
+        return None
+
+    def __str__(self) -> str:
+        if self._text:
+            return self._text
+        named = any(isinstance(d, SymDim) for d in self.shape)
+        sep = " x " if named else "x"
+        parts = [format_dim(d) for d in self.shape] + [str(self.dtype)]
+        body = sep.join(parts)
+        for key in TENSOR_OPTION_KEYS:
+            v = getattr(self, key)
+            if v is not None:
+                body += f", {key}=\"{v}\""
+        text = f"tensor<{body}>"
+        object.__setattr__(self, "_text", text)
+        return text
+
+
+@dataclass(frozen=True)
+class KVCacheType:
+    """`!llm.kv_cache<layers=L, kv_heads=H, max_len=N|?, head_dim=D, dtype=f16>`.
+
+    Holds keys and values for every layer: logically a pair of tensors of shape
+    [layers, batch, kv_heads, max_len, head_dim] (batch is dynamic).
+    """
+
+    layers: int
+    kv_heads: int
+    max_len: Dim
+    head_dim: int
+    dtype: DType
+
+    def __str__(self) -> str:
+        return (f"!llm.kv_cache<layers={self.layers}, kv_heads={self.kv_heads}, "
+                f"max_len={format_dim(self.max_len)}, head_dim={self.head_dim}, dtype={self.dtype}>")
+
+
+Type = Union[TensorType, KVCacheType]
+
+
+def tensor(shape: tuple[Dim, ...] | list[Dim], dtype: ElemType | str) -> TensorType:
+    """Convenience constructor: `tensor((2, DYN), "f32")`."""
+    if isinstance(dtype, str):
+        dtype = DTYPE_NAMES[dtype]
+    return TensorType(tuple(shape), dtype)
+
+
+__all__ = ["DType", "QuantType", "TensorType", "KVCacheType", "Type", "ElemType", "DYN",
+           "tensor", "numpy_dtype", "dtype_from_numpy", "GGUF_QUANTS", "DTYPE_NAMES"]

@@ -1,0 +1,100 @@
+"""External weights: `core.weight` ops reference bytes in a file by offset; nothing is copied.
+
+A weight reference has attributes `file` (relative to the `.llmir` file's folder, or absolute),
+`name` (the tensor's name in its source), `offset` and `nbytes`, and optionally `sha256` of those
+bytes. Its result type gives dtype and shape. Loading maps the bytes (numpy memmap), so only the
+pages an op touches are read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llmir_core.ir.types import DType, QuantType, TensorType, Type, numpy_dtype
+
+
+class WeightRefError(ValueError):
+    """A weight reference that is inconsistent or points at missing bytes."""
+
+
+@dataclass
+class PackedArray:
+    """Block-quantized data as stored (raw bytes) plus its logical shape and format."""
+
+    data: np.ndarray  # uint8, the packed blocks
+    qtype: QuantType
+    shape: tuple[int, ...]
+
+    @property
+    def dtype(self) -> QuantType:
+        return self.qtype
+
+
+def expected_nbytes(t: TensorType) -> int | None:
+    shape = t.static_shape()
+    if shape is None:
+        return None
+    numel = int(np.prod(shape)) if shape else 1
+    if isinstance(t.dtype, QuantType):
+        q = t.dtype
+        group = q.super_block or q.block
+        if q.scheme == "nbits":
+            return (numel * q.bits + 7) // 8
+        if numel % group:
+            return -1
+        return numel // group * q.block_bytes
+    return (numel * t.dtype.bits + 7) // 8
+
+
+def resolve_path(file: str, base_dir: str) -> str:
+    return file if os.path.isabs(file) else os.path.normpath(os.path.join(base_dir, file))
+
+
+def check_weight_ref(attrs: dict[str, Any], t: Type, base_dir: str, check_files: bool) -> None:
+    if not isinstance(t, TensorType):
+        raise WeightRefError(f"result must be a tensor, got {t}")
+    offset, nbytes = attrs.get("offset", 0), attrs.get("nbytes")
+    if offset < 0:
+        raise WeightRefError(f"offset {offset} is negative")
+    want = expected_nbytes(t)
+    if want == -1:
+        raise WeightRefError(f"{t} does not split into whole quantization blocks")
+    if want is not None and nbytes is not None and nbytes != want:
+        raise WeightRefError(f"nbytes = {nbytes}, but {t} needs {want} bytes")
+    sha = attrs.get("sha256")
+    if sha is not None and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
+        raise WeightRefError("sha256 must be 64 lowercase hex digits")
+    if check_files:
+        path = resolve_path(attrs["file"], base_dir)
+        if not os.path.isfile(path):
+            raise WeightRefError(f"weight file {attrs['file']} not found (looked in {path})")
+        size = os.path.getsize(path)
+        end = offset + (nbytes if nbytes is not None else (want or 0))
+        if end > size:
+            raise WeightRefError(f"tensor '{attrs.get('name', '?')}' needs bytes {offset}..{end} "
+                                 f"but {attrs['file']} has only {size} bytes")
+
+
+def load_weight(attrs: dict[str, Any], t: TensorType, base_dir: str, verify_hash: bool = False) -> Any:
+    """Map a weight's bytes as a read-only numpy array (or PackedArray for quantized types)."""
+    path = resolve_path(attrs["file"], base_dir)
+    shape = t.static_shape()
+    if shape is None:
+        raise WeightRefError(f"weight '{attrs.get('name')}' needs a static shape, has {t}")
+    check_weight_ref(attrs, t, base_dir, True)
+    nbytes = attrs.get("nbytes") or expected_nbytes(t) or 0
+    offset = int(attrs.get("offset", 0))
+    raw = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(nbytes,)) if nbytes else np.zeros(0, np.uint8)
+    if verify_hash and attrs.get("sha256"):
+        digest = hashlib.sha256(raw).hexdigest()
+        if digest != attrs["sha256"]:
+            raise WeightRefError(f"weight '{attrs.get('name')}' sha256 mismatch: {digest}")
+    if isinstance(t.dtype, QuantType):
+        return PackedArray(np.asarray(raw), t.dtype, shape)
+    assert isinstance(t.dtype, DType)
+    return np.asarray(raw).view(numpy_dtype(t.dtype)).reshape(shape)
