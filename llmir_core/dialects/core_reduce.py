@@ -1,0 +1,1 @@
+"""The `core` dialect, part 3: reductions and softmax."""

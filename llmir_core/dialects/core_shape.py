@@ -1,0 +1,1 @@
+"""The `core` dialect, part 2: layout, indexing and shape ops."""
