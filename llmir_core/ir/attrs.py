@@ -11,7 +11,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from .dims import _Dyn, SymDim
+from .dims import SymDim, _Dyn
 from .types import DType, KVCacheType, QuantType, TensorType, dtype_from_numpy
 
 

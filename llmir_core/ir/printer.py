@@ -10,7 +10,7 @@ import numpy as np
 
 from .attrs import DenseAttr
 from .core import Function, Module, Op
-from .dims import _Dyn, SymDim, format_dim
+from .dims import SymDim, _Dyn, format_dim
 from .types import DType, KVCacheType, QuantType, TensorType, Type
 
 INDENT = "  "
