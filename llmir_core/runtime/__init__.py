@@ -1,0 +1,1 @@
+"""Running models: tensors in/out, decoders, generation, sampling, benchmarks."""

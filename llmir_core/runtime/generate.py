@@ -1,0 +1,107 @@
+"""The generation loop: prefill, then one token at a time, with streaming and stop rules."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .sampling import Sampler
+
+
+class Decoder(Protocol):
+    max_context: int | None
+    length: int
+
+    def reset(self, batch: int = 1) -> None: ...
+
+    def forward(self, ids: np.ndarray) -> np.ndarray: ...
+
+
+class TextCodec(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    ids: list[int] = field(default_factory=list)
+    text: str = ""
+    stop_reason: str = "length"  # length | eos | stop_string | context
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0
+    token_s: list[float] = field(default_factory=list)  # time of each decode step
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        total = sum(self.token_s)
+        return len(self.token_s) / total if total > 0 else 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "text": self.text, "prompt_tokens": len(self.prompt_ids), "token_ids": self.ids,
+            "stop_reason": self.stop_reason,
+            "timings": {"prefill_s": self.prefill_s, "ttft_s": self.ttft_s,
+                        "decode_tokens_per_s": self.decode_tokens_per_s,
+                        "generated_tokens": len(self.ids)},
+        }
+
+
+def generate(decoder: Decoder, codec: TextCodec, prompt_ids: list[int], *, max_new_tokens: int,
+             sampler: Sampler, eos_ids: Sequence[int] = (), stop: Sequence[str] = (),
+             on_text: Callable[[str], None] | None = None) -> GenerationResult:
+    """Generate up to max_new_tokens after the prompt, streaming text pieces to on_text."""
+    res = GenerationResult(list(prompt_ids))
+    decoder.reset(1)
+    t0 = time.perf_counter()
+    logits = decoder.forward(np.asarray([prompt_ids], dtype=np.int64))
+    res.prefill_s = time.perf_counter() - t0
+    history = list(prompt_ids)
+    emitted = ""
+    for step in range(max_new_tokens):
+        tok_start = time.perf_counter()
+        tok = sampler.pick(logits[0, -1], history)
+        if step == 0:
+            res.ttft_s = time.perf_counter() - t0
+        if tok in eos_ids:
+            res.stop_reason = "eos"
+            break
+        res.ids.append(tok)
+        history.append(tok)
+        text = codec.decode(res.ids)
+        # hold back an incomplete UTF-8 sequence (shown as U+FFFD) until it completes
+        stable = text[:-1] if text.endswith("\ufffd") else text
+        hit = next((s for s in stop if s and s in stable), None)
+        if hit is not None:
+            stable = stable[: stable.index(hit)]
+            if on_text and len(stable) > len(emitted):
+                on_text(stable[len(emitted):])
+            emitted = stable
+            res.stop_reason = "stop_string"
+            break
+        if on_text and len(stable) > len(emitted) and stable.startswith(emitted):
+            # keep back a tail that could still become a stop string
+            hold = max((len(s) - 1 for s in stop), default=0)
+            safe = stable[: len(stable) - hold] if hold else stable
+            if len(safe) > len(emitted):
+                on_text(safe[len(emitted):])
+                emitted = safe
+        if step == max_new_tokens - 1:
+            break
+        if decoder.max_context is not None and decoder.length + 1 > decoder.max_context:
+            res.stop_reason = "context"
+            break
+        logits = decoder.forward(np.asarray([[tok]], dtype=np.int64))
+        res.token_s.append(time.perf_counter() - tok_start)
+    final = codec.decode(res.ids)
+    if res.stop_reason == "stop_string":
+        final = emitted
+    if on_text and len(final) > len(emitted) and final.startswith(emitted):
+        on_text(final[len(emitted):])
+    res.text = final
+    return res
