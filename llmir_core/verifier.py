@@ -37,6 +37,8 @@ _KIND_CHECK: dict[str, Any] = {
 
 def types_compatible(inferred: Type, annotated: Type) -> bool:
     """Same kind, rank and dtype; each dim equal, or `?` on either side."""
+    if inferred is annotated or inferred == annotated:
+        return True
     if isinstance(inferred, KVCacheType) or isinstance(annotated, KVCacheType):
         if not (isinstance(inferred, KVCacheType) and isinstance(annotated, KVCacheType)):
             return False
@@ -62,7 +64,8 @@ class _Checker:
         if self._lines is None:
             try:
                 with open(self.m.source, encoding="utf-8") as fh:
-                    self._lines = fh.read().splitlines()
+                    # "\n" only: positions count lines that way (splitlines also splits on \x0c...)
+                    self._lines = [line.rstrip("\r") for line in fh.read().split("\n")]
             except (OSError, UnicodeDecodeError):
                 self._lines = []
         return self._lines[pos.line - 1] if 0 < pos.line <= len(self._lines) else None
@@ -77,6 +80,10 @@ class _Checker:
             self.error("module attribute llmir.dialects must be an array of strings", None)
             declared = ()
         self.declared = set(declared) | set(CORE_DIALECTS)
+        # op signatures (name, operand/result types, attributes) already seen to verify: an op
+        # with the same signature needs no second shape inference (most of a model's ops repeat)
+        self._verified: set[tuple[Any, ...]] = set()
+        self._weights: dict[tuple[str, str], tuple[Op, Any, Any]] = {}
         names: set[str] = set()
         for f in self.m.functions:
             if f.name in names:
@@ -109,6 +116,15 @@ class _Checker:
                 self.error(f"@{f.name} returns %{v.name}, which is not defined in it", f.return_pos or f.pos)
 
     def check_op(self, op: Op) -> None:
+        key = _signature(op)
+        if key is not None and key in self._verified:
+            return
+        before = len(self.diags)
+        self._check_op(op)
+        if key is not None and len(self.diags) == before:
+            self._verified.add(key)
+
+    def _check_op(self, op: Op) -> None:
         opdef = get_op(op.name)
         if opdef is None:
             close = suggest(op.name)
@@ -138,6 +154,10 @@ class _Checker:
         except OpVerifyError as exc:
             self.error(f"{op.name}: {exc}", op.pos, op.origin)
             return
+        except Exception as exc:  # a shape rule that crashes on odd input must not crash verify
+            self.error(f"{op.name}: internal error in its shape rule: {type(exc).__name__}: {exc}",
+                       op.pos, op.origin, ["this is a bug in the op's declaration; please report it"])
+            return
         if len(inferred) != len(op.results):
             self.error(f"{op.name} produces {len(inferred)} results, but {len(op.results)} are declared",
                        op.pos, op.origin)
@@ -159,7 +179,12 @@ class _Checker:
                 self.error(f"{op.name} has no attribute '{k}' (valid: {valid})", op.pos, op.origin)
                 ok = False
                 continue
-            if not _KIND_CHECK[spec.kind](v):
+            check = _KIND_CHECK.get(spec.kind)
+            if check is None:
+                self.error(f"{op.name}: attribute '{k}' has unknown kind '{spec.kind}' in the op "
+                           "declaration", op.pos, op.origin)
+                ok = False
+            elif not check(v):
                 self.error(f"{op.name}: attribute '{k}' must be {spec.kind}, got {_describe(v)}",
                            op.pos, op.origin)
                 ok = False
@@ -180,6 +205,17 @@ class _Checker:
             check_weight_ref(op.attrs, op.results[0].type, self.base_dir, self.check_files)
         except WeightRefError as exc:
             self.error(f"core.weight: {exc}", op.pos, op.origin)
+            return
+        name = op.attrs.get("name", "")
+        if not name:
+            return
+        where = (op.attrs.get("offset", 0), op.attrs.get("nbytes"))
+        first = self._weights.setdefault((op.attrs["file"], name), (op, where, op.results[0].type))
+        if first[0] is not op and first[1] != where:
+            at = f" (at {first[0].pos.line}:{first[0].pos.col})" if first[0].pos else ""
+            self.error(f"core.weight: tensor '{name}' of {op.attrs['file']} is referenced at offset "
+                       f"{where[0]} ({where[1]} bytes) here but at offset {first[1][0]} "
+                       f"({first[1][1]} bytes) before{at}", op.pos, op.origin)
 
 
 def _describe(v: Any) -> str:
@@ -190,6 +226,29 @@ def _describe(v: Any) -> str:
     if isinstance(v, (SymDim,)) or v is DYN:
         return f"dim {format_dim(v)}"
     return f"{type(v).__name__} {v!r}"[:80]
+
+
+def _freeze(v: Any) -> Any:
+    """A hashable, type-exact stand-in for an attribute value (True, 1 and 1.0 stay apart)."""
+    if type(v) is tuple:
+        return tuple([_freeze(x) for x in v])
+    if isinstance(v, (dict, list)):
+        raise TypeError("unhashable attribute")
+    return (type(v), v)
+
+
+def _signature(op: Op) -> tuple[Any, ...] | None:
+    """What an op's verification depends on, or None when it cannot be a dictionary key."""
+    if op.name == "core.weight":
+        return None  # checked against files and other weights, not only against its signature
+    try:
+        attrs = tuple([(k, _freeze(v)) for k, v in sorted(op.attrs.items())]) if op.attrs else ()
+        key = (op.name, tuple([v.type for v in op.operands]), tuple([r.type for r in op.results]),
+               attrs)
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def verify(module: Module, check_files: bool = True) -> list[Diagnostic]:
