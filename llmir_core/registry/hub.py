@@ -15,23 +15,17 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import httpx2
 import huggingface_hub
 from huggingface_hub import errors as hf_errors
 
 from llmir_core.errors import CheckFailed, InputError
+from llmir_core.fileio import write_text_atomic
 
 from .home import HubSettings
-
-
-class ProgressSink(Protocol):
-    """Receives byte counts of one file's transfer (the CLI draws a bar from them)."""
-
-    def start(self, name: str, total: int | None, initial: int) -> None: ...
-    def advance(self, name: str, n: int) -> None: ...
-    def finish(self, name: str) -> None: ...
+from .sinks import ProgressSink
 
 
 @dataclass(frozen=True)
@@ -134,6 +128,17 @@ def cached_commit(s: HubSettings, repo: str, revision: str) -> str | None:
     except OSError:
         return None
     return text or None
+
+
+def remember_ref(s: HubSettings, repo: str, revision: str, commit: str) -> None:
+    """Record in the cache which commit `revision` resolved to, as huggingface_hub's own
+    snapshot_download does, so a later offline run can find it."""
+    ref = _repo_folder(s, repo) / "refs" / revision
+    if cached_commit(s, repo, revision) == commit:
+        return
+    with contextlib.suppress(OSError, InputError):  # only a convenience for offline runs
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(ref, commit)
 
 
 def cached_paths(s: HubSettings, repo: str, commit: str) -> list[str]:

@@ -12,8 +12,6 @@ import difflib
 import hashlib
 import json
 import os
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -176,6 +174,9 @@ def _from_url(url: str, *, offline: bool) -> Index:
             raise InputError(f"--offline: no cached copy of the registry {target}",
                              hint="run once online to cache it, or use a registry folder")
         return _from_file(cache, origin=url, kind="url", label=target)
+    import urllib.error  # only URL registries need it
+    import urllib.request
+
     try:
         with urllib.request.urlopen(target, timeout=30) as response:
             text = response.read().decode("utf-8")

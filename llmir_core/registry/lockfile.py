@@ -6,10 +6,11 @@ tomllib reads both; they are written by hand as flat tables, so no TOML writer i
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
+
+import tomllib
 
 from llmir_core.errors import InputError
 
@@ -148,15 +149,20 @@ def read_lock(path: Path) -> Lock:
     for i, f in enumerate(data.get("files", [])):
         ok = (isinstance(f, dict) and isinstance(f.get("path"), str)
               and isinstance(f.get("size"), int) and isinstance(f.get("sha256"), str)
-              and _SHA256.fullmatch(f["sha256"]))
+              and _SHA256.fullmatch(f["sha256"]) and _safe_relative(f["path"]))
         if not ok:
-            raise bad(f"[[files]] entry {i + 1} needs path, size and a 64-hex sha256")
+            raise bad(f"[[files]] entry {i + 1} needs a relative path, a size and a 64-hex sha256")
         files.append(LockedFile(f["path"], f["size"], f["sha256"]))
     if not files:
         raise bad("no [[files]] entries")
     strings = {k: model.get(k) if isinstance(model.get(k), str) else None
                for k in ("repo", "revision", "commit", "format", "path")}
     return Lock(ref=model["ref"], kind=kind, files=tuple(files), **strings)
+
+
+def _safe_relative(path: str) -> bool:
+    parts = PurePosixPath(path).parts
+    return bool(parts) and not path.startswith(("/", "\\")) and ".." not in parts
 
 
 def read_project(path: Path) -> ProjectConfig:

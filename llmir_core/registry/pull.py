@@ -17,39 +17,24 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from llmir_core.errors import CheckFailed, Diagnostic, InputError
 
 from .home import HubSettings, hub_settings, llmir_home
 from .index import Entry, Index, load_index
 from .lockfile import LOCK_FILE, Lock, LockedFile, read_lock
-from .refs import COMMIT_RE, HfRef, ModelRef, PathRef, RegistryRef, parse_ref
+from .refs import COMMIT_RE, HfRef, PathRef, RegistryRef, parse_ref
+from .sinks import ProgressSink, Quiet, Reporter
 
 if TYPE_CHECKING:
-    from .hub import ProgressSink, RemoteFile
+    from .hub import RemoteFile
 
 # What `hf:ORG/REPO` fetches when no file is named: weights, configs and tokenizer files.
 HF_DEFAULT_PATTERNS = ("*.safetensors", "*.json", "tokenizer.model", "merges.txt", "vocab.txt")
 _CHUNK = 1 << 20
-
-
-class Reporter(Protocol):
-    """Where progress lines go (the CLI's stderr); `detail` only with --verbose."""
-
-    def log(self, message: str) -> None: ...
-    def detail(self, message: str) -> None: ...
-
-
-class _Quiet:
-    def log(self, message: str) -> None:
-        pass
-
-    def detail(self, message: str) -> None:
-        pass
 
 
 @dataclass(frozen=True)
@@ -145,7 +130,7 @@ def pull(ref: str, *, registry: str | None = None, offline: bool = False,
          lock: Lock | None = None, progress: ProgressSink | None = None,
          reporter: Reporter | None = None) -> PullResult:
     """Resolve `ref` (reproducing `lock` exactly when given) to verified local files."""
-    rep = reporter or _Quiet()
+    rep = reporter or Quiet()
     settings = hub_settings()
     offline = offline or settings.offline
     parsed = parse_ref(ref)
@@ -282,7 +267,7 @@ class _Puller:
             repo, revision, commit = entry.repo, entry.revision, None
             patterns = entry.include
         fmt = entry.format if entry else (lock.format if lock else None)
-        mirrored = self._from_mirror(ref, index, wants, patterns, commit or revision)
+        mirrored = self._from_mirror(ref, index, wants, patterns)
         if mirrored is not None:
             files, root = mirrored
             commit = commit or (revision if COMMIT_RE.fullmatch(revision) else None)
@@ -324,9 +309,12 @@ class _Puller:
         if self.offline:
             return self._from_cache(repo, revision, commit, wants, patterns, pick_gguf)
         if commit is None:
-            commit = revision if COMMIT_RE.fullmatch(revision) else \
-                self.hub.resolve_commit(self.s, repo, revision)
-            self.rep.detail(f"{repo}@{revision} is commit {commit}")
+            if COMMIT_RE.fullmatch(revision):
+                commit = revision
+            else:
+                commit = self.hub.resolve_commit(self.s, repo, revision)
+                self.hub.remember_ref(self.s, repo, revision, commit)
+                self.rep.detail(f"{repo}@{revision} is commit {commit}")
         remote: dict[str, RemoteFile] = {}
         if patterns or any(w.pinned_by != "lock" for w in wants):
             remote = self.hub.list_files(self.s, repo, commit)
@@ -400,7 +388,7 @@ class _Puller:
     def _fetch(self, repo: str, commit: str, want: _Want) -> PulledFile:
         local = self.hub.cached(self.s, repo, want.path, commit)
         if local is not None:
-            checked = self._check(repo, commit, want, local, "cache")
+            checked, _ = self._check(want, local, "cache")
             if checked is not None:
                 return checked
             self.rep.log(f"warning: cached {want.path} is corrupt; removed it")
@@ -411,33 +399,32 @@ class _Puller:
                                   hint="rerun online to download it again")
         self.rep.log(f"downloading {repo}/{want.path} ({human_size(want.size)})")
         local = self.hub.download(self.s, repo, want.path, commit, self.progress)
-        checked = self._check(repo, commit, want, local, "hub")
+        checked, (size, digest) = self._check(want, local, "hub")
         if checked is None:
             self.hub.discard(self.s, local)
+            expected = (f"sha256 {want.sha256[:12]}…" if want.sha256 and digest != want.sha256
+                        else f"size {want.size}")
+            got = f"sha256 {digest[:12]}…" if expected.startswith("sha") else f"size {size}"
             raise CheckFailed(
-                f"{repo}@{commit[:12]} {want.path}: sha256 {self._last_digest[:12]}… or size "
-                f"does not match the {want.pinned_by}'s {(want.sha256 or '')[:12]}…; "
-                "the file was removed and not used",
+                f"{repo}@{commit[:12]} {want.path}: got {got}, expected {expected} "
+                f"(pinned by the {want.pinned_by or 'hub'}); the file was removed and not used",
                 hint="the file changed on the hub or in transit; if the change is expected, "
                      "update the index (or `llmir init --force` to re-pin), else report it")
         return checked
 
-    _last_digest = ""
-
-    def _check(self, repo: str, commit: str, want: _Want, local: Path,
-               source: str) -> PulledFile | None:
+    def _check(self, want: _Want, local: Path,
+               source: str) -> tuple[PulledFile | None, tuple[int, str]]:
         size = local.stat().st_size
         digest = sha256_file(local)
-        self._last_digest = digest
         if (want.sha256 and digest != want.sha256) or (want.size is not None and size != want.size):
-            return None
+            return None, (size, digest)
         pinned = want.pinned_by or "first pull"
         if want.sha256:
             self.rep.detail(f"verified {want.path} sha256:{digest[:12]}… ({want.pinned_by})")
         else:
             self.rep.log(f"{want.path} is not pinned by the index: pinned on first pull as "
                          f"sha256:{digest[:12]}…")
-        return PulledFile(want.path, local, size, digest, pinned, source)
+        return PulledFile(want.path, local, size, digest, pinned, source), (size, digest)
 
     @staticmethod
     def _root(files: list[PulledFile]) -> Path:
@@ -447,14 +434,13 @@ class _Puller:
     # -- directory mirrors --------------------------------------------------------------
 
     def _from_mirror(self, ref: RegistryRef, index: Index, wants: list[_Want],
-                     patterns: tuple[str, ...], revision: str
-                     ) -> tuple[list[PulledFile], Path] | None:
+                     patterns: tuple[str, ...]) -> tuple[list[PulledFile], Path] | None:
         if index.mirror is None:
             return None
         blobs = {w.path: index.blob(w.sha256) if w.sha256 else None for w in wants}
         missing = [p for p, b in blobs.items() if b is None]
         if not missing and not patterns:
-            return self._materialize(ref, wants, blobs), None  # type: ignore[return-value]
+            return self._materialize(ref, wants, blobs)
         why = (f"its entry for {ref} has patterns, not a pinned file list" if patterns else
                f"it lacks {', '.join(missing[:3])}")
         if self.offline:
@@ -465,7 +451,7 @@ class _Puller:
         return None
 
     def _materialize(self, ref: RegistryRef, wants: list[_Want],
-                     blobs: dict[str, Path | None]) -> list[PulledFile]:
+                     blobs: dict[str, Path | None]) -> tuple[list[PulledFile], Path]:
         key = hashlib.sha256("".join(f"{w.path}\0{w.sha256}\n" for w in sorted(
             wants, key=lambda w: w.path)).encode()).hexdigest()[:16]
         root = llmir_home() / "models" / ref.name.replace(":", "-") / key
@@ -480,14 +466,14 @@ class _Puller:
                                       f"({digest[:12]}…); not used",
                                       hint="the mirror is damaged: rebuild it with "
                                            "`llmir registry mirror`")
-                _link_or_copy(blob, target)
+                link_or_copy(blob, target)
             self.rep.detail(f"verified {w.path} sha256:{w.sha256[:12]}… (mirror)")
             files.append(PulledFile(w.path, target, target.stat().st_size, w.sha256,
                                     w.pinned_by or "index", "mirror"))
-        return files
+        return files, root
 
 
-def _link_or_copy(src: Path, target: Path) -> None:
+def link_or_copy(src: Path, target: Path) -> None:
     """Place `src` at `target` atomically: a hard link when possible, else a copy."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -497,11 +483,12 @@ def _link_or_copy(src: Path, target: Path) -> None:
     except OSError as exc:
         raise InputError(f"cannot write in {target.parent}: {exc.strerror}",
                          hint="check LLMIR_HOME's permissions and free space") from exc
+    real = os.path.realpath(src)  # hub cache entries are symlinks: link their blob
     try:
         try:
-            os.link(src, tmp)
+            os.link(real, tmp)
         except OSError:
-            shutil.copyfile(src, tmp)
+            shutil.copyfile(real, tmp)
         os.replace(tmp, target)
     except OSError as exc:
         with contextlib.suppress(OSError):
@@ -509,5 +496,3 @@ def _link_or_copy(src: Path, target: Path) -> None:
         raise InputError(f"cannot write {target}: {exc.strerror}",
                          hint="check LLMIR_HOME's permissions and free space") from exc
 
-
-Logger = Callable[[str], None]
