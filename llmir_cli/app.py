@@ -14,6 +14,7 @@ from llmir_core import SPEC_VERSION, __version__
 COMMAND_MODULES = [
     "llmir_cli.commands.verify",
     "llmir_cli.commands.fmt",
+    "llmir_cli.commands.optimize",
     "llmir_cli.commands.init", "llmir_cli.commands.registry",
 ]
 

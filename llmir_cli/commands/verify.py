@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from llmir_core.errors import EXIT_CHECK_FAILED, ParseError
+from llmir_core.errors import EXIT_CHECK_FAILED, InputError, ParseError
 from llmir_core.ir.parser import parse_file
 from llmir_core.verifier import verify
 
@@ -17,25 +17,55 @@ from .._render import handle_errors, make_ctx
 HELP = """Check a .llmir file: syntax, SSA, op signatures, attributes, types and weight references.
 
 Exit 0 when it verifies, 1 when it does not, 2 when the file cannot be read or parsed.
+With --rules: prove every rewrite rule (exit 0 all proved, 1 one refuted, 3 inconclusive).
+With --against ORIGINAL: translation validation (exit 0 equivalent, 1 not, 3 inconclusive).
 
 Examples:
 
   llmir verify model.llmir
 
   llmir verify model.llmir --format json | jq .diagnostics
+
+  llmir verify --rules
+
+  llmir verify optimized.llmir --against model.llmir
 """
 
 
 def verify_cmd(
-    file: Annotated[Path, typer.Argument(help="The .llmir file to check.", show_default=False)],
+    file: Annotated[Path | None, typer.Argument(help="The .llmir file to check.", show_default=False)] = None,
     no_weights: Annotated[bool, typer.Option("--no-weight-files", help="Do not check that weight files exist.")] = False,
+    rules: Annotated[bool, typer.Option("--rules", help="Prove every rewrite rule in the library (z3).")] = False,
+    rule_filter: Annotated[str | None, typer.Option("--rule", help="With --rules: only rules whose name contains this.")] = None,
+    update_certificate: Annotated[bool, typer.Option("--update-certificate", hidden=True, help="With --rules: rewrite the proof certificate.")] = False,
+    against: Annotated[Path | None, typer.Option("--against", help="Check FILE is equivalent to this original module.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per solver call (killed after).")] = 10.0,
+    ranges: Annotated[bool, typer.Option("--ranges", help="Interval analysis: value ranges, fp16 overflow, verify_invariant attributes.")] = False,
+    input_range: Annotated[float, typer.Option("--input-range", help="With --ranges: inputs lie in [-R, R].")] = 1.0,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     ctx = make_ctx(fmt, quiet, verbose, debug)
+    if rules:
+        from ._verify_smt import verify_rules
+
+        verify_rules(ctx, rule_filter, update_certificate, timeout)
+        return
     with handle_errors(ctx):
+        if file is None:
+            raise InputError("missing FILE", hint="llmir verify FILE.llmir, or llmir verify --rules")
+        if against is not None:
+            from ._verify_smt import verify_against
+
+            verify_against(ctx, file, against, timeout)
+            return
+        if ranges:
+            from ._verify_smt import verify_ranges
+
+            verify_ranges(ctx, file, input_range, timeout)
+            return
         try:
             module = parse_file(str(file))
         except ParseError:

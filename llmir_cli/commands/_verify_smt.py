@@ -1,0 +1,99 @@
+"""The SMT parts of `llmir verify`: `--rules` and `--against` (kept apart so `verify FILE` stays thin)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from llmir_core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, InputError
+from llmir_core.ir.parser import parse_file
+
+from .._render import Ctx, handle_errors
+
+
+def verify_rules(ctx: Ctx, only: str | None, update: bool, timeout: float) -> None:
+    from llmir_core.rewrite.library import RULES
+    from llmir_core.smt.rules_check import check_rules, write_certificate
+
+    with handle_errors(ctx):
+        rules = [r for n, r in RULES.items() if only is None or only in n]
+        if not rules:
+            raise InputError(f"no rule matches {only!r}", hint="rules: " + ", ".join(RULES))
+        verdicts, code = check_rules(rules, timeout)
+        if update:
+            write_certificate(verdicts)
+        if ctx.json:
+            ctx.emit_json("verify-rules", {"ok": code == 0, "rules": [v.to_json() for v in verdicts]})
+        else:
+            for v in verdicts:
+                extra = f" [{', '.join(f'{k}: {x}' for k, x in v.dtype_checks.items())}]" if v.dtype_checks else ""
+                line = f"{v.verdict:<12} {v.rule:<34} {v.tag:<14} {1000 * v.seconds:7.1f} ms{extra}"
+                ctx.result(line)
+                if v.verdict != "proved":
+                    if v.detail:
+                        ctx.result(f"    {v.detail}")
+                    if v.counterexample:
+                        ctx.result(f"    counterexample: {v.counterexample}")
+            n_ok = sum(v.verdict == "proved" for v in verdicts)
+            ctx.log(f"{n_ok}/{len(verdicts)} rules proved")
+    if code:
+        raise typer.Exit(code)
+
+
+def verify_against(ctx: Ctx, file: Path, original: Path, timeout: float) -> None:
+    from llmir_core.smt.tv import validate
+
+    after = parse_file(str(file))
+    before = parse_file(str(original))
+    res = validate(before, after, None, limit_s=timeout)
+    if res.get("method") == "signature":
+        raise InputError(f"{file} and {original} have different signatures: {res['signature']}",
+                         hint="--against compares two versions of the same function")
+    verdict = res["verdict"]
+    if ctx.json:
+        ctx.emit_json("verify-against", {"ok": verdict == "equivalent", "file": str(file),
+                                         "against": str(original), **res})
+    else:
+        ctx.result(f"{file}: {verdict} to {original} (by {res.get('method')}, "
+                   f"{1000 * float(res.get('seconds', 0.0)):.1f} ms)")
+        for line in res.get("details", []):
+            ctx.result(f"  {line}")
+        if res.get("input") and verdict == "not-equivalent":
+            ctx.result(f"  input: {res['input']}")
+    if verdict == "not-equivalent":
+        raise typer.Exit(EXIT_CHECK_FAILED)
+    if verdict != "equivalent":
+        raise typer.Exit(EXIT_INCONCLUSIVE)
+
+
+def verify_ranges(ctx: Ctx, file: Path, input_range: float, timeout: float) -> None:
+    from llmir_core.smt.intervals import analyze, check_invariant
+
+    module = parse_file(str(file))
+    rep = analyze(module, (-input_range, input_range))
+    invs = []
+    for op in module.main.ops:
+        text = op.attrs.get("verify_invariant")
+        if isinstance(text, str) and text:
+            inv = check_invariant(text, op, rep, timeout)
+            inv["location"] = str(op.pos) if op.pos else op.results[0].name
+            invs.append(inv)
+    bad = [i for i in invs if i["verdict"] == "violated"]
+    unknown = [i for i in invs if i["verdict"] == "unknown"]
+    if ctx.json:
+        ctx.emit_json("verify-ranges", {"ok": not bad, "file": str(file), **rep.to_json(), "invariants": invs})
+    else:
+        for i, r in enumerate(rep.outputs):
+            ctx.result(f"output #{i}: [{r[0]:.6g}, {r[1]:.6g}] for inputs in [-{input_range:g}, {input_range:g}]")
+        if rep.f16_values:
+            ctx.result("fp16 overflow: " + ("excluded for all " + str(rep.f16_values) + " f16 values"
+                                            if not rep.f16_risks else "cannot be excluded:"))
+            for line in rep.f16_risks:
+                ctx.result(f"  {line}")
+        for inv in invs:
+            ctx.result(f"invariant {inv['invariant']!r} at {inv['location']}: {inv['verdict']} ({inv['method']})")
+    if bad:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+    if unknown:
+        raise typer.Exit(EXIT_INCONCLUSIVE)

@@ -1,0 +1,129 @@
+"""`llmir optimize IN -o OUT`: run a pass pipeline (presets or --passes), with verification,
+dumps, timings, translation validation and a report."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from llmir_core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, InputError
+from llmir_core.fileio import write_text_atomic
+from llmir_core.ir.parser import parse_file
+from llmir_core.ir.printer import print_module
+from llmir_core.passes import PRESETS
+from llmir_core.passes.manager import run_pipeline
+from llmir_core.passes.pipeline import describe_passes, parse_pipeline, preset
+from llmir_core.passes.report import format_list, format_report, format_times
+
+from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
+from .._render import handle_errors, make_ctx
+
+HELP = """Optimize a .llmir module with a pass pipeline; every pass is verified, and with
+--verify-each translation-validated (z3, falling back to differential testing).
+
+Exit 0 ok, 1 a pass broke the module or was not equivalent, 2 bad input or pipeline,
+3 a validation was inconclusive.
+
+Examples:
+
+  llmir optimize model.llmir -O2 -o model.opt.llmir
+
+  llmir optimize model.llmir --passes canonicalize,cse,dce
+
+  llmir optimize model.llmir -O2 --verify-each --report --time-passes -o out.llmir
+
+  llmir optimize model.llmir -O2 --print-after-all --dump-dir dumps/ -o out.llmir
+
+  llmir optimize --list
+"""
+
+
+def optimize_cmd(
+    file: Annotated[Path | None, typer.Argument(help="The .llmir file to optimize.", show_default=False)] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the result here (default: stdout).")] = None,
+    level: Annotated[int | None, typer.Option("-O", help="Preset: 0, 1, 2 or 3 (default 2).")] = None,
+    passes: Annotated[str | None, typer.Option("--passes", help="Pipeline: a,b{opt=value},c")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="List passes, options and presets.")] = False,
+    verify_each: Annotated[bool, typer.Option("--verify-each", help="Translation-validate every pass.")] = False,
+    report: Annotated[bool, typer.Option("--report", help="Print the optimization report.")] = False,
+    time_passes: Annotated[bool, typer.Option("--time-passes", help="Print the time of each pass.")] = False,
+    print_after_all: Annotated[bool, typer.Option("--print-after-all", help="Dump the module after every pass.")] = False,
+    print_after: Annotated[list[str] | None, typer.Option("--print-after", help="Dump the module after pass NAME (repeatable).")] = None,
+    dump_dir: Annotated[Path, typer.Option("--dump-dir", help="Folder for NN-pass.llmir dumps.")] = Path("llmir-dumps"),
+    allow_unproved: Annotated[bool, typer.Option("--allow-unproved", help="Let passes use rules without a proof certificate.")] = False,
+    fmt: FormatOpt = OutputFormat.human,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    ctx = make_ctx(fmt, quiet, verbose, debug)
+    with handle_errors(ctx):
+        if list_:
+            items = describe_passes()
+            if ctx.json:
+                ctx.emit_json("passes", {"passes": [{k: v for k, v in i.items() if k != "doc"} for i in items],
+                                         "presets": PRESETS})
+            else:
+                ctx.result(format_list(items, PRESETS))
+            return
+        if file is None:
+            raise InputError("missing input file", hint="llmir optimize IN.llmir -o OUT.llmir (or --list)")
+        if passes is not None and level is not None:
+            raise InputError("give either -O or --passes, not both")
+        pipeline = parse_pipeline(passes) if passes is not None else preset(2 if level is None else level)
+        if print_after:
+            from llmir_core.passes import PASSES
+
+            for n in print_after:
+                if n not in PASSES:
+                    raise InputError(f"--print-after: unknown pass {n!r}", hint="valid passes: " + ", ".join(PASSES))
+        module = parse_file(str(file))
+        validator = None
+        if verify_each:
+            from llmir_core.smt.tv import validate_pass
+
+            validator = validate_pass
+        command = "llmir optimize " + shlex.quote(str(file))
+        result = run_pipeline(module, pipeline, allow_unproved=allow_unproved, validator=validator,
+                              dump_dir=str(dump_dir), print_after=set(print_after or ()),
+                              print_after_all=print_after_all, command=command)
+        text = print_module(result.module)
+        failed = result.failed_validation
+        if output is not None and failed is None:
+            write_text_atomic(output, text)
+        if ctx.json:
+            payload = {"ok": failed is None, "file": str(file),
+                       "output": str(output) if output else None, **result.to_json()}
+            if output is None and failed is None:
+                payload["text"] = text
+            ctx.emit_json("optimize", payload)
+        else:
+            rep = format_report(result) if report else ""
+            times = format_times(result) if time_passes or verify_each else ""
+            side = rep + times
+            if output is None:
+                if failed is None:
+                    ctx.result(text)
+                if side:
+                    sys.stderr.write(side)
+            elif side:
+                ctx.result(side)
+            for r in result.runs:
+                if r.dump:
+                    ctx.detail(f"wrote {r.dump}")
+            if failed is not None:
+                sys.stderr.write(f"error: pass '{failed['pass']}' did not validate: "
+                                 f"{failed.get('verdict')} ({failed.get('method')})\n")
+                for line in failed.get("details", []):
+                    sys.stderr.write(f"  {line}\n")
+        if failed is not None:
+            code = EXIT_INCONCLUSIVE if failed.get("verdict") == "inconclusive" else EXIT_CHECK_FAILED
+            raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("optimize", help=HELP)(optimize_cmd)

@@ -1,0 +1,130 @@
+"""The pass manager: verify, run each pass, verify again (naming the pass that broke it), dump,
+time, and optionally translation-validate each pass.
+
+`run_pipeline` returns a `PipelineResult` holding the module, one `PassRun` per pass (time,
+op counts, validation verdict), the rewrites and rejections, and before/after metrics.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmir_core.errors import CheckFailed, InputError
+from llmir_core.ir.core import Module
+from llmir_core.ir.printer import print_module
+from llmir_core.verifier import verify
+
+from .base import PassContext, clone_module
+from .metrics import Metrics, measure
+from .pipeline import spec_of
+
+
+@dataclass
+class PassRun:
+    index: int
+    name: str
+    spec: str
+    changed: bool
+    seconds: float
+    ops_before: int
+    ops_after: int
+    rewrites: int
+    validation: dict[str, Any] | None = None
+    dump: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "pass": self.name, "spec": self.spec, "changed": self.changed,
+                "seconds": round(self.seconds, 6), "ops_before": self.ops_before,
+                "ops_after": self.ops_after, "rewrites": self.rewrites,
+                "validation": self.validation, "dump": self.dump}
+
+
+@dataclass
+class PipelineResult:
+    module: Module
+    runs: list[PassRun]
+    ctx: PassContext
+    before: Metrics
+    after: Metrics
+    validation_seconds: float = 0.0
+    failed_validation: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passes": [r.to_json() for r in self.runs],
+            "rewrites": [vars(r) for r in self.ctx.rewrites],
+            "rejections": [vars(r) for r in self.ctx.rejections],
+            "before": self.before.to_json(), "after": self.after.to_json(),
+            "validation_seconds": round(self.validation_seconds, 6),
+        }
+
+
+Validator = Callable[[Module, Module, list[Any], str], dict[str, Any]]
+
+
+def _check(module: Module, after: str | None) -> None:
+    errors = [d for d in verify(module, check_files=False) if d.severity == "error"]
+    if not errors:
+        return
+    if after is None:
+        raise InputError("the input module does not verify: " + errors[0].header(),
+                         diagnostics=errors, hint="run `llmir verify` on the input and fix it first")
+    raise CheckFailed(f"pass '{after}' left the module invalid: {errors[0].message}",
+                      diagnostics=errors,
+                      hint=f"this is a bug in pass '{after}'; rerun with --print-after={after} "
+                           "to see its output, and --passes without it to work around it")
+
+
+def run_pipeline(module: Module, passes: list[Any], *, allow_unproved: bool = False,
+                 validator: Validator | None = None, dump_dir: str | None = None,
+                 print_after: set[str] | None = None, print_after_all: bool = False,
+                 command: str = "llmir optimize", dims: dict[str, int] | None = None) -> PipelineResult:
+    _check(module, None)
+    ctx = PassContext(allow_unproved=allow_unproved)
+    before = measure(module, dims)
+    runs: list[PassRun] = []
+    tv_seconds = 0.0
+    failed = None
+    specs: list[str] = []
+    for i, p in enumerate(passes, 1):
+        ctx.current = p.name
+        ctx.instances = []
+        snapshot = clone_module(module) if validator is not None else None
+        n_before = module.op_count()
+        n_rw = len(ctx.rewrites)
+        t0 = time.perf_counter()
+        changed = bool(p.run(module, ctx))
+        dt = time.perf_counter() - t0
+        _check(module, p.name)
+        specs.append(spec_of(p))
+        run = PassRun(i, p.name, specs[-1], changed, dt, n_before, module.op_count(),
+                      len(ctx.rewrites) - n_rw)
+        if validator is not None and snapshot is not None:
+            t1 = time.perf_counter()
+            run.validation = validator(snapshot, module, list(ctx.instances), p.name) if changed \
+                else {"verdict": "equivalent", "method": "unchanged", "seconds": 0.0}
+            tv_seconds += time.perf_counter() - t1
+            if run.validation.get("verdict") not in ("equivalent",) and failed is None:
+                failed = {"pass": p.name, **run.validation}
+        if dump_dir is not None and (print_after_all or (print_after and p.name in print_after)):
+            run.dump = _dump(module, dump_dir, i, p.name, command, specs)
+        runs.append(run)
+        if failed is not None:
+            break
+    return PipelineResult(module, runs, ctx, before, measure(module, dims), tv_seconds, failed)
+
+
+def _dump(module: Module, dump_dir: str, i: int, name: str, command: str, specs: list[str]) -> str:
+    from llmir_core.fileio import write_text_atomic
+
+    os.makedirs(dump_dir, exist_ok=True)
+    path = os.path.join(dump_dir, f"{i:02d}-{name}.llmir")
+    header = (f"// after pass {i} ({name}); reproduce with:\n"
+              f"//   {command} --passes {','.join(specs)}\n")
+    write_text_atomic(path, header + print_module(module))
+    return path

@@ -1,0 +1,395 @@
+"""Interval analysis and `verify_invariant` expressions.
+
+`analyze(module, input_range)` propagates a value range [lo, hi] through every op (sound
+over-approximations: a matmul is bounded by K * max|a| * max|b|, an RMSNorm by sqrt(n) * max|w|,
+attention by the range of V, sigmoid/tanh/softmax by their images) and reports, for every
+f16 value, whether overflow (|x| > 65504) is excluded. Quantized values are covered by the proved
+error-bound rules (codes always fit: `quant-int8-sym-error-bound`, `quant-int4-sym-error-bound`).
+
+Invariant expressions (`docs/optimize.md` has the grammar): comparisons of arithmetic over
+`output`, `output[i]`, operand names and numbers, with `sum/max/min/mean(e[, axis])`, `abs(e)`,
+`softmax(e[, axis])`, and an optional tolerance `== 1.0 +- 1e-5`. `check_invariant` decides one
+by SMT where it can (softmax normalisation for a symbolic row length) and by intervals otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llmir_core.errors import InputError
+from llmir_core.ir.core import Module, Op
+from llmir_core.ir.dims import SymDim, eval_dim
+from llmir_core.ir.types import DType, TensorType
+
+INF = math.inf
+F16_MAX = 65504.0
+Iv = tuple[float, float]
+
+
+def _mul(a: Iv, b: Iv) -> Iv:
+    ps = [x * y for x in a for y in b if not (math.isinf(x) and y == 0) and not (math.isinf(y) and x == 0)]
+    return (min(ps, default=-INF), max(ps, default=INF))
+
+
+def _absmax(a: Iv) -> float:
+    return max(abs(a[0]), abs(a[1]))
+
+
+def _union(*ivs: Iv) -> Iv:
+    return (min(i[0] for i in ivs), max(i[1] for i in ivs))
+
+
+def _dim(t: Any, i: int, env: dict[str, int], default: int) -> int:
+    if not isinstance(t, TensorType) or not t.rank:
+        return 1
+    d = t.shape[i]
+    v = eval_dim(d, env) if isinstance(d, (int, SymDim)) else None
+    return v if v is not None else default
+
+
+def _op_range(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
+    n = op.name
+    a = ins[0] if ins else (-INF, INF)
+    if n == "core.constant":
+        arr = np.asarray(op.attrs["value"].array, dtype=np.float64)
+        return (float(arr.min()), float(arr.max())) if arr.size else (0.0, 0.0)
+    if n == "core.add":
+        return (ins[0][0] + ins[1][0], ins[0][1] + ins[1][1])
+    if n == "core.sub":
+        return (ins[0][0] - ins[1][1], ins[0][1] - ins[1][0])
+    if n == "core.mul":
+        return _mul(ins[0], ins[1])
+    if n == "core.div":
+        b = ins[1]
+        if b[0] <= 0 <= b[1]:
+            return (-INF, INF)
+        return _mul(a, (1 / b[1], 1 / b[0]))
+    if n == "core.pow":
+        if ins[1] == (2.0, 2.0):
+            m = _absmax(a)
+            return (0.0 if a[0] <= 0 <= a[1] else min(a[0] ** 2, a[1] ** 2), m * m)
+        return (-INF, INF)
+    if n == "core.neg":
+        return (-a[1], -a[0])
+    if n == "core.abs":
+        return (0.0 if a[0] <= 0 <= a[1] else min(abs(a[0]), abs(a[1])), _absmax(a))
+    if n == "core.relu":
+        return (max(a[0], 0.0), max(a[1], 0.0))
+    if n in ("core.sigmoid",):
+        return (0.0, 1.0)
+    if n in ("core.tanh", "core.erf", "core.sin", "core.cos"):
+        return (-1.0, 1.0)
+    if n == "core.exp":
+        return (math.exp(min(a[0], 700)), math.exp(min(a[1], 700)) if a[1] < 700 else INF)
+    if n in ("core.silu", "core.gelu"):
+        return (-0.28, max(a[1], 0.0))
+    if n == "llm.silu_mul":
+        return _mul((-0.28, max(ins[0][1], 0.0)), ins[1])
+    if n in ("core.softmax",):
+        return (0.0, 1.0)
+    if n in ("core.sqrt", "core.rsqrt", "core.log", "core.reciprocal"):
+        if a[0] <= 0:
+            return (-INF, INF) if n == "core.log" else (0.0, INF)
+        f = {"core.sqrt": math.sqrt, "core.rsqrt": lambda x: 1 / math.sqrt(x),
+             "core.log": math.log, "core.reciprocal": lambda x: 1 / x}[n]
+        lo, hi = f(a[0]), f(a[1])
+        return (min(lo, hi), max(lo, hi))
+    if n in ("core.matmul", "llm.quantized_matmul"):
+        k = _dim(op.operands[0].type, -2 if op.attrs.get("transpose_a") else -1, env, max_dim)
+        m = k * _absmax(ins[0]) * _absmax(ins[1])
+        return (-m, m)
+    if n == "llm.gated_mlp":
+        k = _dim(op.operands[0].type, -1, env, max_dim)
+        f = _dim(op.operands[1].type, 0, env, max_dim)
+        g = k * _absmax(ins[0]) * _absmax(ins[1])
+        u = k * _absmax(ins[0]) * _absmax(ins[2])
+        m = f * max(g, 0.28) * u * _absmax(ins[3])
+        return (-m, m)
+    if n == "core.reduce_sum":
+        cnt = 1
+        t = op.operands[0].type
+        axes = op.attrs.get("axes", ()) or tuple(range(t.rank if isinstance(t, TensorType) else 0))
+        for ax in axes:
+            cnt *= _dim(t, ax, env, max_dim)
+        return (a[0] * cnt if a[0] < 0 else a[0], a[1] * cnt if a[1] > 0 else a[1])
+    if n in ("core.reduce_mean", "core.reduce_max", "core.reduce_min", "core.cast", "core.reshape",
+             "core.transpose", "core.identity", "core.expand", "core.slice", "core.gather",
+             "core.split", "core.squeeze", "core.unsqueeze", "core.flatten", "core.tile",
+             "llm.embedding", "llm.dequantize", "core.pad"):
+        return a if n != "core.pad" else _union(a, (0.0, 0.0))
+    if n == "core.concat":
+        return _union(*ins)
+    if n == "core.where":
+        return _union(ins[1], ins[2])
+    if n in ("core.max", "core.min"):
+        f = max if n == "core.max" else min
+        return (f(ins[0][0], ins[1][0]), f(ins[0][1], ins[1][1]))
+    if n in ("llm.rms_norm", "llm.layer_norm"):
+        nn = _dim(op.operands[0].type, -1, env, max_dim)
+        w = ins[1]
+        off = float(op.attrs.get("offset", 0.0))
+        m = math.sqrt(nn) * _absmax((w[0] + off, w[1] + off))
+        if n == "llm.layer_norm" and len(ins) > 2:
+            return (-m + ins[2][0], m + ins[2][1])
+        return (-m, m)
+    if n == "llm.scaled_dot_product_attention":
+        return ins[2]  # a convex combination of the rows of v
+    if n == "llm.rotary_embedding":
+        m = math.sqrt(2) * _absmax(a) * max(_absmax(ins[1]), _absmax(ins[2]), 1.0)
+        return (-m, m)
+    if any(isinstance(r.type, TensorType) and isinstance(r.type.dtype, DType) and r.type.dtype == DType.bool
+           for r in op.results):
+        return (0.0, 1.0)
+    return (-INF, INF)
+
+
+@dataclass
+class RangeReport:
+    ranges: dict[str, Iv]
+    f16_risks: list[str]
+    f16_values: int
+    outputs: list[Iv]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"outputs": [list(r) for r in self.outputs], "f16_values": self.f16_values,
+                "f16_overflow_possible": self.f16_risks,
+                "f16_overflow_excluded": not self.f16_risks}
+
+
+def analyze(module: Module, input_range: Iv = (-1.0, 1.0), arg_ranges: dict[str, Iv] | None = None,
+            dims: dict[str, int] | None = None, max_dim: int = 4096) -> RangeReport:
+    fn = module.main
+    env = dict(dims or {})
+    ranges: dict[str, Iv] = {}
+    by_id: dict[int, Iv] = {}
+    for a in fn.args:
+        t = a.type
+        r = (arg_ranges or {}).get(a.name, input_range)
+        if isinstance(t, TensorType) and isinstance(t.dtype, DType) and not t.dtype.is_float:
+            r = (0.0, float(2 ** (t.dtype.bits - 1)))
+        by_id[id(a)] = r
+        ranges[a.name] = r
+    risks: list[str] = []
+    n16 = 0
+    for op in fn.ops:
+        ins = [by_id.get(id(v), (-INF, INF)) for v in op.operands]
+        try:
+            r = _op_range(op, ins, env, max_dim)
+        except Exception:  # noqa: BLE001 - unknown structure: no bound
+            r = (-INF, INF)
+        for res in op.results:
+            by_id[id(res)] = r
+            ranges[res.name] = r
+            t = res.type
+            if isinstance(t, TensorType) and t.dtype == DType.f16:
+                n16 += 1
+                if _absmax(r) > F16_MAX:
+                    where = f" at {op.pos}" if op.pos else ""
+                    risks.append(f"%{res.name} ({op.name}{where}) may reach {_absmax(r):.3g} > 65504")
+    return RangeReport(ranges, risks, n16, [by_id.get(id(v), (-INF, INF)) for v in fn.outputs])
+
+
+# -- invariant expressions ------------------------------------------------------------------
+
+_TOK = re.compile(r"\s*(?:(?P<num>\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+)|(?P<name>[A-Za-z_]\w*)"
+                  r"|(?P<op>\+-|==|!=|<=|>=|[-+*/()<>\[\],]))")
+
+
+class InvariantSyntaxError(InputError):
+    def __init__(self, message: str, text: str, col: int) -> None:
+        super().__init__(f"invariant {text!r}, column {col + 1}: {message}",
+                         hint="see docs/optimize.md, 'Invariant expressions'")
+        self.col = col
+
+
+@dataclass(frozen=True)
+class Node:
+    kind: str  # num, name, index, call, bin, cmp
+    value: Any = None
+    args: tuple[Any, ...] = ()
+
+
+def parse_invariant(text: str) -> Node:
+    toks: list[tuple[str, str, int]] = []
+    pos = 0
+    while pos < len(text):
+        if text[pos:].strip() == "":
+            break
+        m = _TOK.match(text, pos)
+        if not m or m.end() == pos:
+            raise InvariantSyntaxError(f"unexpected character {text[pos:].lstrip()[0]!r}", text,
+                                       len(text) - len(text[pos:].lstrip()))
+        kind = m.lastgroup or "op"
+        toks.append((kind, m.group(kind), m.start(kind)))
+        pos = m.end()
+    toks.append(("eof", "", len(text)))
+    i = 0
+
+    def peek() -> tuple[str, str, int]:
+        return toks[i]
+
+    def take(want: str | None = None) -> tuple[str, str, int]:
+        nonlocal i
+        tok = toks[i]
+        if want is not None and tok[1] != want:
+            raise InvariantSyntaxError(f"expected {want!r}, found {tok[1] or 'end of text'!r}", text, tok[2])
+        i += 1
+        return tok
+
+    def primary() -> Node:
+        kind, val, col = take()
+        if kind == "num":
+            return Node("num", float(val))
+        if val == "-":
+            return Node("bin", "-", (Node("num", 0.0), primary()))
+        if val == "(":
+            e = arith()
+            take(")")
+            return e
+        if kind == "name":
+            if peek()[1] == "(":
+                take("(")
+                args = [arith()]
+                while peek()[1] == ",":
+                    take(",")
+                    args.append(arith())
+                take(")")
+                if val not in ("sum", "max", "min", "mean", "abs", "softmax"):
+                    raise InvariantSyntaxError(f"unknown function {val!r} (sum, max, min, mean, abs, softmax)", text, col)
+                return Node("call", val, tuple(args))
+            node = Node("name", val)
+            if peek()[1] == "[":
+                take("[")
+                k, idx, c2 = take()
+                if k != "num":
+                    raise InvariantSyntaxError("expected an index", text, c2)
+                take("]")
+                node = Node("index", val, (int(float(idx)),))
+            return node
+        raise InvariantSyntaxError(f"unexpected {val or 'end of text'!r}", text, col)
+
+    def term() -> Node:
+        e = primary()
+        while peek()[1] in ("*", "/"):
+            op = take()[1]
+            e = Node("bin", op, (e, primary()))
+        return e
+
+    def arith() -> Node:
+        e = term()
+        while peek()[1] in ("+", "-"):
+            op = take()[1]
+            e = Node("bin", op, (e, term()))
+        return e
+
+    lhs = arith()
+    kind, op, col = peek()
+    if op not in ("==", "!=", "<=", ">=", "<", ">"):
+        raise InvariantSyntaxError("expected a comparison (==, <=, >=, <, >, !=)", text, col)
+    take()
+    rhs = arith()
+    tol = 0.0
+    if peek()[1] == "+-":
+        take()
+        k, v, c3 = take()
+        if k != "num":
+            raise InvariantSyntaxError("expected a tolerance number after +-", text, c3)
+        tol = float(v)
+    if peek()[0] != "eof":
+        raise InvariantSyntaxError(f"unexpected {peek()[1]!r} after the comparison", text, peek()[2])
+    return Node("cmp", op, (lhs, rhs, Node("num", tol)))
+
+
+def _softmax_normalized_job(limit_s: float) -> dict[str, Any]:
+    """sum_i softmax(x)_i == 1 for a symbolic row length n >= 1 (ground lemmas: a sum of
+    positive terms is positive; dividing every term by a constant divides the sum)."""
+    import z3
+
+    from .semantics import Encoder, STensor
+
+    enc = Encoder()
+    n = z3.Int("n")
+    xf = z3.Function("x", z3.IntSort(), z3.RealSort())
+    x = STensor((n,), lambda i: xf(i[0]))
+    sm = enc.op_core_softmax([x], {"axis": -1})
+    total = enc.sum(n, lambda k: sm.f((k,)))
+    mx = enc.max_fn(n, z3.Lambda([z3.Int("k1")], xf(z3.Int("k1"))))
+    k = z3.Int("k1")
+    e_body = z3.simplify(enc.exp(xf(k) - mx), som=True)
+    denom = enc.sum_fn(n, z3.Lambda([k], e_body))
+    numer = enc.sum_fn(n, z3.Lambda([k], e_body))
+    lemmas = enc.lemmas() + [
+        denom > 0,  # sum of exp > 0 for n >= 1
+        total == numer / denom,  # linearity: sum_i (e_i / S) == (sum_i e_i) / S
+    ]
+    s = z3.Solver()
+    s.set("timeout", int(limit_s * 1000))
+    s.add(n >= 1, *lemmas)
+    s.add(total != 1)
+    r = s.check()
+    return {"verdict": "unsat" if r == z3.unsat else ("sat" if r == z3.sat else "unknown")}
+
+
+def check_invariant(text: str, op: Op, report: RangeReport, limit_s: float = 5.0) -> dict[str, Any]:
+    """Decide one invariant on `op`: `proved` (SMT or intervals), `violated`, or `unknown`."""
+    node = parse_invariant(text)
+    lhs, rhs, tol = node.args
+    # SMT: softmax normalisation over a symbolic row length
+    if (lhs.kind == "call" and lhs.value == "sum" and lhs.args and lhs.args[0].kind == "call"
+            and lhs.args[0].value == "softmax" and rhs.kind == "num" and node.value == "=="):
+        from .solver import run_job
+
+        res = run_job(_softmax_normalized_job, limit_s, limit_s=limit_s)
+        ok = res["verdict"] == "unsat" and abs(rhs.value - 1.0) <= tol.value
+        return {"invariant": text, "verdict": "proved" if ok else "unknown", "method": "smt"}
+    env = {}
+    for i, r in enumerate(op.results):
+        env[f"output[{i}]"] = report.ranges.get(r.name, (-INF, INF))
+    if op.results:
+        env["output"] = env["output[0]"]
+    for v in op.operands:
+        env[v.name] = report.ranges.get(v.name, (-INF, INF))
+    try:
+        a, b = _iv(lhs, env), _iv(rhs, env)
+    except KeyError as exc:
+        raise InputError(f"invariant {text!r}: unknown name {exc}",
+                         hint="use output, output[i] or an operand name") from None
+    t = tol.value
+    op_ = node.value
+    holds = {"<=": a[1] <= b[0] + t, "<": a[1] < b[0] + t, ">=": a[0] >= b[1] - t,
+             ">": a[0] > b[1] - t, "==": a[1] - b[0] <= t and b[1] - a[0] <= t, "!=": a[1] < b[0] or b[1] < a[0]}
+    fails = {"<=": a[0] > b[1] + t, "<": a[0] >= b[1] + t, ">=": a[1] < b[0] - t,
+             ">": a[1] <= b[0] - t, "==": a[0] > b[1] + t or b[0] > a[1] + t, "!=": False}
+    verdict = "proved" if holds[op_] else ("violated" if fails[op_] else "unknown")
+    return {"invariant": text, "verdict": verdict, "method": "intervals", "lhs": list(a), "rhs": list(b)}
+
+
+def _iv(n: Node, env: dict[str, Iv]) -> Iv:
+    if n.kind == "num":
+        return (n.value, n.value)
+    if n.kind == "name":
+        return env[n.value]
+    if n.kind == "index":
+        return env[f"{n.value}[{n.args[0]}]"]
+    if n.kind == "bin":
+        a, b = _iv(n.args[0], env), _iv(n.args[1], env)
+        if n.value == "+":
+            return (a[0] + b[0], a[1] + b[1])
+        if n.value == "-":
+            return (a[0] - b[1], a[1] - b[0])
+        if n.value == "*":
+            return _mul(a, b)
+        return (-INF, INF) if b[0] <= 0 <= b[1] else _mul(a, (1 / b[1], 1 / b[0]))
+    a = _iv(n.args[0], env)
+    if n.value == "abs":
+        return (0.0 if a[0] <= 0 <= a[1] else min(abs(a[0]), abs(a[1])), _absmax(a))
+    if n.value in ("max", "min", "mean"):
+        return a
+    if n.value == "softmax":
+        return (0.0, 1.0)
+    return (-INF, INF)  # sum over an unknown length

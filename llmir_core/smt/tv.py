@@ -1,0 +1,308 @@
+"""Translation validation: is the optimized module equivalent to the original?
+
+Both modules become hash-consed tensor-level terms in one table (an op is an uninterpreted
+function of its operand terms, keyed by its name, attributes and result type; structurally
+equal subgraphs get the same term). `llm.*` ops with a decomposition are expanded through it
+(their definitions, proved by the rule library's definition rules), so a fused op and the core
+ops it stands for meet. Each rule instance a pass logged adds `lhs == rhs` (`lhs` the replaced
+value's term in the original, `rhs` the rule's replacement built over the original's leaves).
+z3 (in a killable child) then decides whether any output can differ (EUF). When it cannot show
+equivalence, differential testing against the float64 reference interpreter gives the verdict,
+and the result says which method gave it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmir_core.builder import Builder
+from llmir_core.dialects.registry import get_op
+from llmir_core.ir.attrs import DenseAttr
+from llmir_core.ir.core import Function, Module, Op, Value
+from llmir_core.ir.printer import format_attr
+from llmir_core.rewrite.library import RULES
+from llmir_core.rewrite.rule import RuleInstance
+from llmir_core.rewrite.terms import Match, build
+
+from .solver import run_job
+
+
+def _attr_key(v: Any) -> str:
+    if isinstance(v, DenseAttr):
+        return f"dense:{v.type}:{hashlib.sha1(v.array.tobytes()).hexdigest()}"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}={_attr_key(v[k])}" for k in sorted(v)) + "}"
+    if isinstance(v, tuple):
+        return "[" + ",".join(_attr_key(x) for x in v) + "]"
+    return format_attr(v)
+
+
+@dataclass
+class Terms:
+    """One hash-cons table shared by both modules."""
+
+    keys: dict[tuple[Any, ...], int] = field(default_factory=dict)
+    nodes: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)  # (symbol, children)
+    of_value: dict[int, int] = field(default_factory=dict)  # id(Value) -> term
+    expand: bool = True
+    keep: list[Any] = field(default_factory=list)  # scratch functions stay alive: ids stay unique
+    defs: dict[Any, Any] = field(default_factory=dict)  # decompositions, by op, attrs and types
+
+    def intern(self, symbol: str, children: tuple[int, ...]) -> int:
+        key = (symbol, children)
+        t = self.keys.get(key)
+        if t is None:
+            t = len(self.nodes)
+            self.keys[key] = t
+            self.nodes.append((symbol, children))
+        return t
+
+    def arg(self, i: int, v: Value) -> int:
+        t = self.intern(f"arg{i}:{v.type}", ())
+        self.of_value[id(v)] = t
+        return t
+
+    def op(self, op: Op) -> list[int]:
+        od = get_op(op.name)
+        kids = tuple(self.of_value[id(v)] for v in op.operands)
+        if self.expand and od is not None and od.decompose is not None and op.name.startswith("llm."):
+            outs = self._expand(op, od)
+            if outs is not None:
+                for r, t in zip(op.results, outs):
+                    self.of_value[id(r)] = t
+                return outs
+        attrs = od.with_defaults(op.attrs) if od is not None else op.attrs
+        akey = ",".join(f"{k}={_attr_key(attrs[k])}" for k in sorted(attrs))
+        outs = []
+        for r in op.results:
+            t = self.intern(f"{op.name}{{{akey}}}#{r.index}:{r.type}", kids)
+            self.of_value[id(r)] = t
+            outs.append(t)
+        return outs
+
+    def _expand(self, op: Op, od: Any) -> list[int] | None:
+        key = (op.name, _attr_key(op.attrs), tuple(str(v.type) for v in op.operands))
+        cached = self.defs.get(key)
+        if cached is None:
+            fn = Function(f"{op.name}.def", [Value(f"a{i}", v.type) for i, v in enumerate(op.operands)])
+            b = Builder(fn)
+            self.keep.append(fn)
+            try:
+                outs = od.decompose(b, fn.args, od.with_defaults(op.attrs))
+            except Exception:  # noqa: BLE001 - keep the op opaque
+                outs = None
+            cached = self.defs[key] = (fn, outs)
+        fn, outs = cached
+        if outs is None:
+            return None
+        for a, v in zip(fn.args, op.operands):
+            self.of_value[id(a)] = self.of_value[id(v)]
+        for o in fn.ops:
+            self.op(o)
+        return [self.of_value[id(v)] for v in outs]
+
+    def function(self, fn: Function) -> dict[str, int]:
+        names = {}
+        for i, a in enumerate(fn.args):
+            names[a.name] = self.arg(i, a)
+        for op in fn.ops:
+            self.op(op)
+            for r in op.results:
+                names[r.name] = self.of_value[id(r)]
+        return names
+
+
+def signature_mismatch(a: Module, b: Module) -> str | None:
+    fa, fb = a.main, b.main
+    if len(fa.args) != len(fb.args):
+        return f"@{fa.name} takes {len(fa.args)} arguments in one file and {len(fb.args)} in the other"
+    for i, (x, y) in enumerate(zip(fa.args, fb.args)):
+        if x.type != y.type:
+            return f"argument #{i} (%{x.name} vs %{y.name}) has type {x.type} vs {y.type}"
+    if len(fa.outputs) != len(fb.outputs):
+        return f"@{fa.name} returns {len(fa.outputs)} values in one file and {len(fb.outputs)} in the other"
+    for i, (x, y) in enumerate(zip(fa.output_types, fb.output_types)):
+        if x != y:
+            return f"result #{i} has type {x} vs {y}"
+    return None
+
+
+def _instance_eq(tt: Terms, inst: RuleInstance, before: dict[str, int], after: dict[str, int],
+                 fb: Function, fa: Function) -> tuple[int, int] | None:
+    lhs = before.get(inst.root)
+    if lhs is None:
+        return None
+    if inst.rule == "constant-fold":
+        return _fold_eq(inst, lhs, after, fb, fa)
+    if inst.rule not in RULES:
+        return None
+    rule = RULES[inst.rule]
+    vals_b = {v.name: v for v in fb.values()}
+    vals_a = {v.name: v for v in fa.values()}
+    m = Match()
+    for leaf, name in inst.bindings.items():
+        v = vals_b.get(name) or vals_a.get(name)
+        if v is None:
+            return None
+        m.values[leaf] = v
+    m.consts = dict(inst.consts)
+    m.attrs = dict(inst.attrs)
+    scratch = Function("instance", [])
+    tt.keep.append(scratch)
+    b = Builder(scratch)
+    try:
+        v = build(rule.rhs, m, b)
+    except Exception:  # noqa: BLE001 - cannot rebuild: the instance adds nothing
+        return None
+    for op in scratch.ops:
+        tt.op(op)
+    rhs = tt.of_value.get(id(v))
+    return None if rhs is None else (lhs, rhs)
+
+
+def congruence_closure(nodes: list[tuple[str, tuple[int, ...]]], eqs: list[tuple[int, int]],
+                       goals: list[tuple[int, int]]) -> bool:
+    """Decide the EUF query in-process: do the equalities force every goal pair equal?
+
+    The classic congruence closure (union-find, use lists, a signature table keyed by the
+    children's representatives); complete for ground equalities, near-linear. z3 is asked only
+    when this says no.
+    """
+    parent = list(range(len(nodes)))
+    uses: list[list[int]] = [[] for _ in nodes]
+    table: dict[tuple[str, tuple[int, ...]], int] = {}
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for i, (sym, kids) in enumerate(nodes):
+        if kids:
+            for k in set(kids):
+                uses[k].append(i)
+            table.setdefault((sym, kids), i)
+    pending = list(eqs)
+    while pending:
+        a, b = pending.pop()
+        ra, rb = find(a), find(b)
+        if ra == rb:
+            continue
+        if len(uses[ra]) < len(uses[rb]):
+            ra, rb = rb, ra
+        parent[rb] = ra
+        for p in uses[rb]:
+            sym, kids = nodes[p]
+            key = (sym, tuple(find(k) for k in kids))
+            q = table.get(key)
+            if q is None:
+                table[key] = p
+            elif find(q) != find(p):
+                pending.append((p, q))
+        uses[ra].extend(uses[rb])
+        uses[rb] = []
+    return all(find(a) == find(b) for a, b in goals)
+
+
+def _fold_eq(inst: RuleInstance, lhs: int, after: dict[str, int], fb: Function,
+             fa: Function) -> tuple[int, int] | None:
+    """A folded constant is trusted only after re-evaluating the original op (the reference
+    interpreter is the oracle): a wrong fold adds no equality, so validation catches it."""
+    import numpy as np
+
+    from llmir_core.interp import Interpreter
+
+    rhs = after.get(inst.replacement)
+    vb = next((v for v in fb.values() if v.name == inst.root), None)
+    va = next((v for v in fa.values() if v.name == inst.replacement), None)
+    if rhs is None or vb is None or va is None or vb.owner is None or va.owner is None:
+        return None
+    try:
+        args = [np.asarray(o.owner.attrs["value"].array) for o in vb.owner.operands]  # type: ignore[union-attr]
+        got = Interpreter(Module()).eval_op(vb.owner, args, {})[vb.index]
+        want = va.owner.attrs["value"].array
+    except Exception:  # noqa: BLE001 - cannot re-evaluate: no equality
+        return None
+    if np.shape(got) != np.shape(want) or not np.array_equal(np.asarray(got), want, equal_nan=True):
+        return None
+    return lhs, rhs
+
+
+def _euf_job(nodes: list[tuple[str, tuple[int, ...]]], eqs: list[tuple[int, int]],
+             goals: list[tuple[int, int]], limit_s: float) -> dict[str, Any]:
+    import z3
+
+    S = z3.DeclareSort("T")
+    funcs: dict[tuple[str, int], Any] = {}
+    terms: list[Any] = []
+    for i, (sym, kids) in enumerate(nodes):
+        if not kids:
+            terms.append(z3.Const(f"t{i}", S))
+            continue
+        key = (sym, len(kids))
+        f = funcs.get(key)
+        if f is None:
+            f = funcs[key] = z3.Function(f"f{len(funcs)}", *([S] * len(kids)), S)
+        terms.append(f(*[terms[k] for k in kids]))
+    s = z3.Solver()
+    s.set("timeout", int(limit_s * 1000))
+    for a, b in eqs:
+        s.add(terms[a] == terms[b])
+    s.add(z3.Or([terms[a] != terms[b] for a, b in goals]))
+    r = s.check()
+    verdict = "unsat" if r == z3.unsat else "sat" if r == z3.sat else "unknown"
+    return {"verdict": verdict, "reason": s.reason_unknown() if verdict == "unknown" else ""}
+
+
+def validate(before: Module, after: Module, instances: list[RuleInstance] | None = None,
+             limit_s: float = 10.0, differential: bool = True, seeds: int = 2) -> dict[str, Any]:
+    """Decide whether `after` computes what `before` computes. Returns a verdict dict."""
+    t0 = time.perf_counter()
+    why = signature_mismatch(before, after)
+    if why is not None:
+        return {"verdict": "not-equivalent", "method": "signature", "details": [why],
+                "seconds": time.perf_counter() - t0, "signature": why}
+    tt = Terms()
+    fb, fa = before.main, after.main
+    nb = tt.function(fb)
+    outs_b = [tt.of_value[id(v)] for v in fb.outputs]
+    na = tt.function(fa)
+    outs_a = [tt.of_value[id(v)] for v in fa.outputs]
+    goals = [(x, y) for x, y in zip(outs_b, outs_a) if x != y]
+    info: dict[str, Any] = {"terms": len(tt.nodes), "instances": len(instances or [])}
+    if not goals:
+        return {"verdict": "equivalent", "method": "smt (hash-consed terms identical)",
+                "seconds": time.perf_counter() - t0, **info}
+    eqs = []
+    for inst in instances or []:
+        e = _instance_eq(tt, inst, nb, na, fb, fa)
+        if e is not None:
+            eqs.append(e)
+    if congruence_closure(tt.nodes, eqs, goals):
+        return {"verdict": "equivalent", "method": "EUF (congruence closure over hash-consed terms + "
+                f"{len(eqs)} rule instances)", "seconds": time.perf_counter() - t0, **info}
+    res = run_job(_euf_job, tt.nodes, eqs, goals, limit_s, limit_s=limit_s)
+    info["smt"] = res["verdict"]
+    if res["verdict"] == "unsat":
+        return {"verdict": "equivalent", "method": "smt (EUF over hash-consed terms + rule instances)",
+                "seconds": time.perf_counter() - t0, **info}
+    if not differential:
+        v = "inconclusive"
+        return {"verdict": v, "method": "smt", "details": [res.get("reason", "z3 could not show equivalence")],
+                "seconds": time.perf_counter() - t0, **info}
+    from .differential import compare
+
+    d = compare(before, after, seeds=seeds)
+    d["seconds"] = time.perf_counter() - t0
+    d["smt"] = res["verdict"] if res["verdict"] != "sat" else "could not show equivalence"
+    if res["verdict"] == "inconclusive":
+        d.setdefault("details", []).insert(0, res.get("reason", ""))
+    return {**info, **d}
+
+
+def validate_pass(before: Module, after: Module, instances: list[RuleInstance], pass_name: str) -> dict[str, Any]:
+    return validate(before, after, instances)
