@@ -1,0 +1,477 @@
+"""Import a GGUF file (as llama.cpp's converter writes it) as an llmir decoder.
+
+The only module that imports the `gguf` package. `GGUFReader` memory-maps the file; metadata
+becomes a `DecoderConfig`, and every tensor a `core.weight` referencing the file by absolute byte
+offset: F32 as is, F16/BF16 followed by `core.cast`, block-quantized formats (Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0, Q2_K..Q6_K) kept packed as `!quant.*` tensors followed by `llm.dequantize` — nothing
+is dequantized or read at import. Architectures: llama (mistral is written as llama), qwen2,
+qwen3, phi3, gemma2.
+
+llama.cpp's converter permutes the rows of llama's Q and K projections so that its rotary
+embedding can rotate adjacent pairs (2i, 2i+1) instead of halves (i, i + d/2); the importer keeps
+the permuted weights and uses `interleaved = true` rotary for llama, which gives the same
+attention scores (q and k are permuted alike, so q.k is unchanged). The other architectures use
+the NeoX layout (no permutation, halves).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llmir_core.builder import Builder
+from llmir_core.errors import InputError
+from llmir_core.ir.core import Module, Value
+from llmir_core.ir.types import GGUF_QUANTS, DType, QuantType, TensorType
+
+from .hf import weight_file_attr
+from .llm_graph import DecoderConfig, RopeSpec, build_decoder, inv_freq_default
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2")
+TOKENIZER_MODELS = ("llama", "gpt2")
+
+_PLAIN = {"F32": DType.f32, "F16": DType.f16, "BF16": DType.bf16, "F64": DType.f64}
+_REDOWNLOAD = "the file is damaged or incomplete: download or convert it again"
+_ARRAY, _STRING = 9, 8  # GGUFValueType.ARRAY, GGUFValueType.STRING
+
+
+def _open_reader(path: str) -> Any:
+    import gguf
+
+    vt = gguf.GGUFValueType
+
+    class _Reader(gguf.GGUFReader):  # type: ignore[misc]
+        """GGUFReader with two changes, for multi-GB files with 100k-token vocabularies:
+
+        - an array of numbers is one numpy view, and an array of strings one byte view plus
+          offsets (stock GGUFReader makes a numpy view per element: 40 s and 650 MB for a
+          Llama 3 vocabulary); `strings(field)` decodes one when it is needed;
+        - each tensor's type and byte range are checked before it is viewed.
+        """
+
+        def __init__(self, p: str) -> None:
+            self.string_arrays: dict[int, tuple[list[int], list[int]]] = {}
+            super().__init__(p)
+
+        def _get_field_parts(self, orig_offs: int, raw_type: int) -> Any:
+            if raw_type != vt.ARRAY:
+                return super()._get_field_parts(orig_offs, raw_type)
+            raw_itype = self._get(orig_offs, np.uint32)
+            alen = self._get(orig_offs + 4, np.uint64)
+            if len(raw_itype) != 1 or len(alen) != 1:
+                raise ValueError(f"metadata array at byte {orig_offs} runs past the end of the file")
+            n, itype = int(alen[0]), vt(int(raw_itype[0]))
+            offs = orig_offs + 12
+            nptype = self.gguf_scalar_to_np.get(itype)
+            if nptype is not None:
+                vals = self._get(offs, nptype, n)
+                if len(vals) != n:
+                    raise ValueError(f"metadata array at byte {orig_offs} runs past the end of the file")
+                return 12 + int(vals.nbytes), [raw_itype, alen, vals], [2], [vt.ARRAY, itype]
+            if itype != vt.STRING:
+                return super()._get_field_parts(orig_offs, raw_type)
+            starts, lens, end = self._walk_strings(offs, n)
+            self.string_arrays[orig_offs] = (starts, lens)
+            blob = self.data[offs:end]
+            return end - orig_offs, [raw_itype, alen, blob], [2], [vt.ARRAY, vt.STRING]
+
+        def _walk_strings(self, offs: int, n: int) -> tuple[list[int], list[int], int]:
+            buf, size = memoryview(self.data), len(self.data)  # type: ignore[arg-type]
+            fmt = ">Q" if self.byte_order == "S" and sys.byteorder == "little" else "<Q"
+            unpack = struct.Struct(fmt).unpack_from
+            starts, lens = [], []
+            for _ in range(n):
+                if offs + 8 > size:
+                    raise ValueError("a metadata string array runs past the end of the file")
+                (length,) = unpack(buf, offs)
+                offs += 8
+                starts.append(offs)
+                lens.append(length)
+                offs += length
+            if offs > size:
+                raise ValueError("a metadata string array runs past the end of the file")
+            return starts, lens, offs
+
+        def strings(self, field: Any) -> list[str]:
+            key = field.offset + 8 + len(field.name.encode("utf-8")) + 4
+            starts, lens = self.string_arrays[key]
+            raw = bytes(self.data[starts[0]:starts[-1] + lens[-1]]) if starts else b""
+            base = starts[0] if starts else 0
+            return [raw[s - base:s - base + n].decode("utf-8", "replace") for s, n in zip(starts, lens)]
+
+        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+            size = len(self.data)
+            for f in fields:
+                _nl, name_data, _nd, dims, raw_dtype, offset = f.parts
+                name = bytes(name_data).decode("utf-8", "replace")
+                raw = int(raw_dtype[0])
+                try:
+                    qt = gguf.GGMLQuantizationType(raw)
+                except ValueError:
+                    raise InputError(f"{path}: tensor '{name}' has unknown tensor type {raw}",
+                                     hint="the file was written by a newer llama.cpp, or is damaged") from None
+                block, type_size = gguf.GGML_QUANT_SIZES[qt]
+                n = int(np.prod(dims.astype(np.int64))) if len(dims) else 1
+                begin = int(start_offs + offset[0])
+                end = begin + n * type_size // block
+                if end > size:
+                    raise InputError(f"{path}: truncated GGUF file: tensor '{name}' needs bytes "
+                                     f"{begin}..{end}, the file has {size}", hint=_REDOWNLOAD)
+            super()._build_tensors(start_offs, fields)
+
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    if size == 0:
+        raise InputError(f"{path}: empty file, not a GGUF model", hint=_REDOWNLOAD)
+    if magic != b"GGUF":
+        raise InputError(f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')",
+                         hint="pass a .gguf model file")
+    try:
+        return _Reader(path)
+    except InputError:
+        raise
+    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError, TypeError,
+            struct.error) as exc:
+        # the reader's own messages say what is wrong; numpy's (a view past the end) do not
+        said = str(exc)
+        known = any(k in said for k in ("version", "Duplicate", "alignment", "field type", "past the end"))
+        why = said if known else "the header is truncated or damaged"
+        raise InputError(f"{path}: not a readable GGUF file ({size} bytes): {why}",
+                         hint=_REDOWNLOAD) from None
+
+
+class GGUFFile:
+    """Metadata and tensors of one GGUF file."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = str(Path(path).resolve())
+        self.reader = _open_reader(self.path)
+        self.tensors = {t.name: t for t in self.reader.tensors}
+
+    def has(self, key: str) -> bool:
+        return key in self.reader.fields
+
+    def get(self, key: str, default: Any = None) -> Any:
+        f = self.reader.fields.get(key)
+        if f is None:
+            return default
+        try:
+            if f.types[:1] == [_ARRAY] and f.types[-1] == _STRING and len(f.data) == 1:
+                return self.reader.strings(f)
+            v = f.contents()
+        except (ValueError, IndexError, UnicodeDecodeError) as exc:
+            raise InputError(f"{self.path}: metadata field '{key}' cannot be read ({exc})",
+                             hint=_REDOWNLOAD) from None
+        return v.item() if isinstance(v, np.generic) else v
+
+    def req(self, key: str) -> Any:
+        v = self.get(key)
+        if v is None:
+            raise InputError(f"{self.path}: metadata field '{key}' is missing",
+                             hint="the file was not written by llama.cpp's converter for this architecture")
+        return v
+
+    def fail(self, key: str, message: str, hint: str | None = None) -> InputError:
+        return InputError(f"{self.path}: metadata field '{key}' {message}", hint=hint)
+
+    def tensor_values(self, name: str) -> np.ndarray:
+        """A small float tensor's values (rope frequency factors), read at import."""
+        t = self.tensors[name]
+        if t.tensor_type.name not in ("F32", "F16"):
+            raise InputError(f"{self.path}: tensor '{name}' must be F32, is {t.tensor_type.name}")
+        return np.asarray(t.data, dtype=np.float32).reshape(-1)
+
+
+# -- metadata -> DecoderConfig --------------------------------------------------------------------
+
+def decoder_config(g: GGUFFile) -> DecoderConfig:
+    arch = g.req("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise g.fail("general.architecture", f"is '{arch}', which is not supported",
+                     hint=f"supported: {', '.join(ARCHITECTURES)}")
+    a = arch + "."
+    hidden = int(g.req(a + "embedding_length"))
+    heads = int(g.req(a + "attention.head_count"))
+    kv_heads = int(g.get(a + "attention.head_count_kv") or heads)
+    layers = int(g.req(a + "block_count"))
+    head_dim = int(g.get(a + "attention.key_length") or hidden // heads)
+    if int(g.get(a + "attention.value_length") or head_dim) != head_dim:
+        raise g.fail(a + "attention.value_length", "differs from key_length, which is not supported")
+    if heads % kv_heads:
+        raise g.fail(a + "attention.head_count_kv", f"({kv_heads}) does not divide head_count ({heads})")
+    embd = g.tensors.get("token_embd.weight")
+    vocab = g.get(a + "vocab_size")
+    if vocab is None and embd is not None:
+        vocab = int(embd.shape[-1])
+    if vocab is None:
+        vocab = len(g.req("tokenizer.ggml.tokens"))
+    context = int(g.req(a + "context_length"))
+    dc = DecoderConfig(
+        arch=arch, vocab=int(vocab), hidden=hidden, intermediate=int(g.req(a + "feed_forward_length")),
+        layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+        eps=float(g.req(a + "attention.layer_norm_rms_epsilon")), context=context,
+        rope=[_rope(g, arch, head_dim)] * layers,
+        tie_embeddings="output.weight" not in g.tensors,
+    )
+    window = int(g.get(a + "attention.sliding_window") or 0)
+    if arch == "phi3":
+        dc.sliding_window = [window] * layers
+    if arch in ("qwen2", "llama", "qwen3"):
+        dc.qkv_bias = "blk.0.attn_q.bias" in g.tensors
+        dc.o_bias = "blk.0.attn_output.bias" in g.tensors
+    if arch == "qwen3":
+        dc.qk_norm = True
+    if arch == "gemma2":
+        dc.activation = "gelu_tanh"
+        dc.sandwich_norms = True  # the converter already added 1 to the norm weights
+        dc.embed_scale = float(np.float32(math.sqrt(hidden)))
+        scale = g.get(a + "attention.scale")
+        if scale is None:  # llama.cpp's rule: 27B scales by hidden / heads, the others by head_dim
+            scale = 1.0 / math.sqrt(hidden / heads if layers == 46 else head_dim)
+        dc.attn_scale = float(scale)
+        dc.attn_softcap = float(g.get(a + "attn_logit_softcapping") or 0.0)
+        dc.final_softcap = float(g.get(a + "final_logit_softcapping") or 0.0)
+        dc.sliding_window = [window if i % 2 == 0 else 0 for i in range(layers)]
+    return dc
+
+
+def _rope(g: GGUFFile, arch: str, head_dim: int) -> RopeSpec:
+    a = arch + "."
+    rdim = int(g.get(a + "rope.dimension_count") or head_dim)
+    inv = inv_freq_default(float(g.get(a + "rope.freq_base") or 10000.0), rdim)
+    stype = g.get(a + "rope.scaling.type") or "none"
+    factor = float(g.get(a + "rope.scaling.factor") or 1.0)
+    if stype == "linear" and factor != 1.0:
+        inv = (inv / np.float32(factor)).astype(np.float32)
+    elif stype not in ("none", "linear"):
+        raise g.fail(a + "rope.scaling.type", f"is '{stype}', which is not supported",
+                     hint="supported: none, linear, and llama3 (rope_freqs tensor)")
+    if "rope_freqs.weight" in g.tensors:  # llama 3.1: per-frequency divisors
+        factors = g.tensor_values("rope_freqs.weight")
+        if factors.shape != inv.shape:
+            raise InputError(f"{g.path}: tensor 'rope_freqs.weight' has {factors.size} values, "
+                             f"expected {inv.size}")
+        inv = (inv / factors).astype(np.float32)
+    if arch == "phi3" and ("rope_factors_long.weight" in g.tensors or "rope_factors_short.weight" in g.tensors):
+        raise InputError(f"{g.path}: tensors 'rope_factors_long/short' (phi3 longrope) are not supported",
+                         hint="use a Phi-3 model with the default rope (the 4k-context variants)")
+    return RopeSpec(tuple(float(f) for f in inv), rdim, interleaved=(arch == "llama"))
+
+
+# -- weights ----------------------------------------------------------------------------------
+
+_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+_LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+          "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+          "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+          "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+          "mlp.down_proj": "ffn_down"}
+_GEMMA2 = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+           "post_feedforward_layernorm": "post_ffw_norm"}
+# phi3 fuses projections: key -> (gguf tensor, part); parts are row blocks
+_PHI3_FUSED = {"self_attn.q_proj": ("attn_qkv", 0), "self_attn.k_proj": ("attn_qkv", 1),
+               "self_attn.v_proj": ("attn_qkv", 2), "mlp.gate_proj": ("ffn_up", 0),
+               "mlp.up_proj": ("ffn_up", 1)}
+
+
+def elem_type(g: GGUFFile, t: Any) -> DType | QuantType:
+    name = t.tensor_type.name
+    if name in _PLAIN:
+        return _PLAIN[name]
+    q = GGUF_QUANTS.get(name.lower())
+    if q is None:
+        supported = ", ".join(list(_PLAIN) + [k.upper() for k in GGUF_QUANTS])
+        raise InputError(f"{g.path}: tensor '{t.name}' has type {name}, which llmir does not support",
+                         hint=f"supported tensor types: {supported}; requantize with llama-quantize")
+    return q
+
+
+class GGUFWeights:
+    """Weight references into the GGUF file by absolute offset; dequantized only in the graph."""
+
+    def __init__(self, g: GGUFFile, dc: DecoderConfig, base_dir: str | None) -> None:
+        self.g, self.dc, self.base_dir = g, dc, base_dir
+        self._cache: dict[tuple[str, int | None], Value] = {}
+
+    def _fused(self, key: str, layer: int | None) -> tuple[str, int] | None:
+        if self.dc.arch != "phi3" or key not in _PHI3_FUSED or layer is None:
+            return None
+        fused, part = _PHI3_FUSED[key]
+        if fused == "ffn_up" and f"blk.{layer}.ffn_gate.weight" in self.g.tensors:
+            return None  # written unfused
+        if fused == "attn_qkv" and f"blk.{layer}.attn_qkv.weight" not in self.g.tensors:
+            return None
+        return fused, part
+
+    def tensor_name(self, key: str, layer: int | None) -> str:
+        bias = key.endswith(".bias")
+        base = key.removesuffix(".bias")
+        suffix = ".bias" if bias else ".weight"
+        if layer is None:
+            return _TOP[base] + suffix
+        fused = self._fused(base, layer)
+        if fused:
+            return f"blk.{layer}.{fused[0]}{suffix}"
+        table = {**_LAYER, **_GEMMA2} if self.dc.arch == "gemma2" else _LAYER
+        return f"blk.{layer}.{table[base]}{suffix}"
+
+    def has(self, key: str, layer: int | None = None) -> bool:
+        return self.tensor_name(key, layer) in self.g.tensors
+
+    def origin(self, key: str, layer: int | None = None) -> str:
+        if key == "model.rotary_emb":
+            return "gguf:rope"
+        if key in ("self_attn", "mlp"):
+            return f"gguf:blk.{layer}.{'attn' if key == 'self_attn' else 'ffn'}"
+        return "gguf:" + self.tensor_name(key, layer).removesuffix(".weight")
+
+    def _expected(self, key: str) -> tuple[int, ...]:
+        dc = self.dc
+        q, kv = dc.heads * dc.head_dim, dc.kv_heads * dc.head_dim
+        base = key.removesuffix(".bias")
+        if key.endswith(".bias"):
+            return ({"self_attn.o_proj": dc.hidden, "self_attn.q_proj": q}.get(base, kv),)
+        table = {
+            "model.embed_tokens": (dc.vocab, dc.hidden), "lm_head": (dc.vocab, dc.hidden),
+            "self_attn.q_proj": (q, dc.hidden), "self_attn.k_proj": (kv, dc.hidden),
+            "self_attn.v_proj": (kv, dc.hidden), "self_attn.o_proj": (dc.hidden, q),
+            "self_attn.q_norm": (dc.head_dim,), "self_attn.k_norm": (dc.head_dim,),
+            "mlp.gate_proj": (dc.intermediate, dc.hidden), "mlp.up_proj": (dc.intermediate, dc.hidden),
+            "mlp.down_proj": (dc.hidden, dc.intermediate),
+        }
+        return table.get(base, (dc.hidden,))
+
+    def weight(self, b: Builder, key: str, layer: int | None = None) -> Value:
+        ck = (key, layer)
+        if ck in self._cache:
+            return self._cache[ck]
+        name = self.tensor_name(key, layer)
+        t = self.g.tensors.get(name)
+        if t is None:
+            raise InputError(f"{self.g.path}: tensor '{name}' is missing",
+                             hint="the file does not match its metadata (architecture or layer count)")
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        offset, nbytes = int(t.data_offset), int(t.n_bytes)
+        fused = self._fused(key.removesuffix(".bias"), layer)
+        if fused:
+            dc = self.dc
+            sizes = [dc.heads * dc.head_dim, dc.kv_heads * dc.head_dim, dc.kv_heads * dc.head_dim] \
+                if fused[0] == "attn_qkv" else [dc.intermediate, dc.intermediate]
+            if shape[0] != sum(sizes):
+                raise InputError(f"{self.g.path}: tensor '{name}' has {shape[0]} rows, expected {sum(sizes)}")
+            row_bytes = nbytes // shape[0]
+            part = fused[1]
+            offset += sum(sizes[:part]) * row_bytes
+            name = f"{name}[{sum(sizes[:part])}:{sum(sizes[:part + 1])}]"  # a row block: its own name
+            shape = (sizes[part],) + shape[1:]
+            nbytes = sizes[part] * row_bytes
+        want = self._expected(key)
+        if shape != want:
+            raise InputError(f"{self.g.path}: tensor '{name}' has shape {list(shape)}, but the "
+                             f"metadata implies {list(want)}", hint=_REDOWNLOAD)
+        et = elem_type(self.g, t)
+        attrs = {"file": weight_file_attr(self.g.path, self.base_dir), "name": name, "offset": offset,
+                 "nbytes": nbytes}
+        v = b.create("core.weight", [], attrs, result_types=[TensorType(shape, et)],
+                     names=[name]).results[0]
+        if isinstance(et, QuantType):
+            v = b.op("llm.dequantize", v, dtype=DType.f32, name_hint=name + ".f32")
+        elif et != DType.f32:
+            v = b.op("core.cast", v, to=DType.f32, name_hint=name + ".f32")
+        self._cache[ck] = v
+        return v
+
+
+# -- tokenizer metadata ---------------------------------------------------------------------------
+
+_TOKENIZER_KEYS = ("model", "pre", "tokens", "scores", "token_type", "merges", "bos_token_id",
+                   "eos_token_id", "unknown_token_id", "padding_token_id", "eot_token_id",
+                   "add_bos_token", "add_eos_token", "add_space_prefix")
+
+
+def read_tokenizer(path: str | os.PathLike[str], g: GGUFFile | None = None) -> dict[str, Any]:
+    """The `tokenizer.ggml.*` fields (and the chat template) as plain Python values."""
+    g = g or GGUFFile(path)
+    out: dict[str, Any] = {"path": g.path}
+    for k in _TOKENIZER_KEYS:
+        v = g.get("tokenizer.ggml." + k)
+        if v is not None:
+            out[k] = v
+    template = g.get("tokenizer.chat_template")
+    if template is not None:
+        out["chat_template"] = template
+    return out
+
+
+def _check_tokenizer(g: GGUFFile) -> None:
+    model = g.get("tokenizer.ggml.model")
+    if model is None:
+        raise g.fail("tokenizer.ggml.model", "is missing: the file holds no tokenizer",
+                     hint="convert the model again with its tokenizer, or import with --no-tokenizer")
+    if model not in TOKENIZER_MODELS:
+        raise g.fail("tokenizer.ggml.model", f"is '{model}', which is not supported",
+                     hint=f"supported tokenizer models: {', '.join(TOKENIZER_MODELS)}")
+    if not g.has("tokenizer.ggml.tokens"):
+        raise g.fail("tokenizer.ggml.tokens", "is missing: the file holds no vocabulary")
+    from llmir_core.runtime.tokenizer import SUPPORTED_PRE
+
+    pre = g.get("tokenizer.ggml.pre") or "default"
+    if model == "gpt2" and pre not in SUPPORTED_PRE:
+        raise g.fail("tokenizer.ggml.pre", f"is '{pre}', a pre-tokenizer llmir does not know",
+                     hint=f"supported: {', '.join(SUPPORTED_PRE)}; or import with --no-tokenizer")
+
+
+def model_attributes(g: GGUFFile, dc: DecoderConfig, base_dir: str | None,
+                     require_tokenizer: bool) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        "llm.architecture": dc.arch, "llm.source": "gguf", "llm.context_length": dc.context,
+        "llm.vocab_size": dc.vocab, "llm.num_layers": dc.layers,
+    }
+    eos = [g.get("tokenizer.ggml.eos_token_id"), g.get("tokenizer.ggml.eot_token_id")]
+    attrs["llm.eos_token_ids"] = tuple(dict.fromkeys(int(e) for e in eos if e is not None))
+    bos = g.get("tokenizer.ggml.bos_token_id")
+    attrs["llm.bos_token_id"] = int(bos) if bos is not None else None
+    if require_tokenizer:
+        _check_tokenizer(g)
+    if g.has("tokenizer.ggml.tokens"):
+        attrs["llm.tokenizer"] = {"format": "gguf", "file": weight_file_attr(g.path, base_dir)}
+    template = g.get("tokenizer.chat_template")
+    if isinstance(template, str) and template:
+        attrs["llm.chat_template"] = template
+    return attrs
+
+
+def import_gguf(path: str | os.PathLike[str], out_path: str | os.PathLike[str] | None = None,
+                require_tokenizer: bool = True) -> Module:
+    """Import the GGUF file at `path`; weight paths are relative to `out_path`'s folder if given."""
+    g = GGUFFile(path)
+    dc = decoder_config(g)
+    base_dir = os.path.dirname(os.path.abspath(out_path)) if out_path is not None else None
+    src = GGUFWeights(g, dc, base_dir)
+    attrs = model_attributes(g, dc, base_dir, require_tokenizer)
+    module = build_decoder(dc, src, name=_module_name(g))
+    module.attrs.update(attrs)
+    if out_path is not None:
+        module.source = str(os.path.abspath(out_path))
+    return module
+
+
+def _module_name(g: GGUFFile) -> str:
+    raw = g.get("general.name") or Path(g.path).stem
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in str(raw))
+    return name if name and not name[0].isdigit() else "model_" + name
+
+
+__all__ = ["import_gguf", "GGUFFile", "read_tokenizer", "decoder_config", "ARCHITECTURES"]
