@@ -12,7 +12,7 @@ from llmir_core.dialects.opdef import REQUIRED, InferCtx, OpDef, OpVerifyError
 from llmir_core.dialects.registry import CORE_DIALECTS, DIALECTS, get_op, suggest
 from llmir_core.errors import Diagnostic, SourcePos
 from llmir_core.ir.attrs import DenseAttr
-from llmir_core.ir.core import Function, Module, Op, Value
+from llmir_core.ir.core import Function, Module, Op, Value, gc_paused
 from llmir_core.ir.dims import DYN, SymDim, _Dyn, dims_compatible, format_dim
 from llmir_core.ir.types import DType, KVCacheType, QuantType, TensorType, Type
 
@@ -253,4 +253,5 @@ def _signature(op: Op) -> tuple[Any, ...] | None:
 
 def verify(module: Module, check_files: bool = True) -> list[Diagnostic]:
     """Check a module; return its diagnostics (empty when it verifies)."""
-    return _Checker(module, check_files).run()
+    with gc_paused():
+        return _Checker(module, check_files).run()

@@ -66,7 +66,15 @@ class Interpreter:
         self.trace: list[tuple[Op, list[Any]]] | None = None
 
     def run(self, inputs: Mapping[str, Any] | Sequence[Any], fn_name: str | None = None) -> list[Any]:
-        fn = self.module.function(fn_name) if fn_name else self.module.main
+        if not self.module.functions:
+            raise InputError("the module has no function to run")
+        if fn_name is None:
+            return self.run_function(self.module.main, inputs)
+        try:
+            fn = self.module.function(fn_name)
+        except KeyError:
+            names = ", ".join("@" + f.name for f in self.module.functions)
+            raise InputError(f"no function @{fn_name} in the module", hint=f"its functions: {names}") from None
         return self.run_function(fn, inputs)
 
     def bind_inputs(self, fn: Function, inputs: Mapping[str, Any] | Sequence[Any]) -> tuple[dict[int, Any], dict[str, int]]:
@@ -104,7 +112,14 @@ class Interpreter:
                      env: dict[str, int] | None = None) -> list[Any]:
         vals, bound = self.bind_inputs(fn, inputs)
         env = {**(env or {}), **bound}
-        for op in fn.ops:
+        # drop each value after its last use, so a long function does not hold every activation
+        last_use: dict[int, int] = {}
+        for i, op in enumerate(fn.ops):
+            for v in op.operands:
+                last_use[id(v)] = i
+        for v in fn.outputs:
+            last_use[id(v)] = len(fn.ops)
+        for i, op in enumerate(fn.ops):
             args = [vals[id(v)] for v in op.operands]
             outs = self.eval_op(op, args, env)
             if len(outs) != len(op.results):
@@ -115,6 +130,9 @@ class Interpreter:
                 vals[id(r)] = o
             if self.trace is not None:
                 self.trace.append((op, outs))
+            for v in op.operands:
+                if last_use.get(id(v)) == i:
+                    vals.pop(id(v), None)
         return [vals[id(v)] for v in fn.outputs]
 
     def _check_result(self, op: Op, t: Type, o: Any, env: dict[str, int]) -> None:
@@ -144,7 +162,7 @@ class Interpreter:
             try:
                 with np.errstate(all="ignore"):
                     out = opdef.reference(args, attrs)
-            except (ValueError, IndexError, TypeError, ZeroDivisionError) as exc:
+            except (ValueError, IndexError, TypeError, ArithmeticError) as exc:
                 where = f"{op.pos}: " if op.pos else ""
                 origin = f" [{op.origin}]" if op.origin else ""
                 raise InterpError(f"{where}{op.name} failed at run time: {exc}{origin}") from exc

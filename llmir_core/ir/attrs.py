@@ -39,7 +39,7 @@ class DenseAttr:
         return f"DenseAttr({self.array!r})"
 
 
-AttrValue = Union[int, float, bool, str, tuple, dict, DType, SymDim, _Dyn, TensorType,
+AttrValue = Union[int, float, bool, str, tuple[Any, ...], dict[str, Any], DType, SymDim, _Dyn, TensorType,
                   KVCacheType, QuantType, DenseAttr, None]
 
 

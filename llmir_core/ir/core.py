@@ -8,7 +8,9 @@ an HF module path, a GGUF tensor name) is printed and compared.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from llmir_core import SPEC_VERSION
@@ -16,6 +18,23 @@ from llmir_core.errors import SourcePos
 
 from .attrs import attr_equal
 from .types import Type
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector (re-enabled after, if it was on).
+
+    Parsing, verifying and printing a large module allocate many small container objects and
+    free almost none; the collector's passes over them are pure cost (a third of the parse time
+    of a 20,000-op module). Nothing these functions build is cyclic garbage.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class Value:

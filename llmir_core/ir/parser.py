@@ -10,6 +10,12 @@ Grammar (informal; `docs/spec.md` has the full version):
 
 SSA rules that the text alone decides (single definition, defined before use, operand types equal
 to the definitions' types) are checked here, with the position of the offending token.
+
+Speed: tokens are produced lazily, and an op written on one line in the printer's canonical
+spelling is read by one regular expression (`_OP_LINE`) with its type lists and attribute
+dictionaries cached by text. Anything the fast path does not accept exactly (other spacing, an
+error of any kind) is re-read from the same offset by the token-level parser, which produces the
+diagnostics: the fast path only ever returns what the slow path would.
 """
 
 from __future__ import annotations
@@ -25,50 +31,74 @@ from llmir_core import SPEC_VERSION
 from llmir_core.errors import ParseError, SourcePos
 
 from .attrs import DenseAttr
-from .core import Function, Module, Op, Value
-from .dims import Dim
-from .typeparse import TypeSyntaxError, parse_dim_expr, parse_elem_type, parse_type_text
-from .types import DTYPE_NAMES, KVCacheType, QuantType, TensorType, Type, numpy_dtype
+from .core import Function, Module, Op, Value, gc_paused
+from .dims import Dim, SymDim, _Dyn
+from .typeparse import (
+    TYPE_PATTERN,
+    TypeSyntaxError,
+    parse_dim_expr,
+    parse_elem_type,
+    parse_type_text,
+)
+from .types import DTYPE_NAMES, DType, KVCacheType, QuantType, TensorType, Type, numpy_dtype
 
+_STR = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'  # a JSON string on one line (unrolled: fast)
 _TOKEN = re.compile(
-    r"""(?P<ws>(?:\s+|//[^\n]*)+)
-    |(?P<type>tensor<[^<>]*(?:<[^<>]*>[^<>]*)*>|!llm\.kv_cache<[^<>]*>)
+    r"(?:\s+|//[^\n]*)*"  # whitespace and comments before the token
+    rf"""(?:(?P<type>{TYPE_PATTERN})
     |(?P<quant>!quant(?:\.\w+|<[^<>]*>))
     |(?P<val>%[\w.$]+)
-    |(?P<sym>@[\w.$]+)
+    |(?P<sym>@(?:[\w.$]+|{_STR}))
     |(?P<dim>\?(?:[A-Za-z_]\w*)?)
     |(?P<num>-?(?:\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|inf\b)|nan\b)
-    |(?P<str>"(?:[^"\\\n]|\\.)*")
+    |(?P<str>{_STR})
     |(?P<id>[A-Za-z_][\w.$]*)
     |(?P<arrow>->)
-    |(?P<p>[(){}\[\]<>,:=+*\-])
-    |(?P<bad>.)""",
+    |(?P<p>[(){{}}\[\]<>,:=+*\-])
+    |(?P<bad>.)
+    |(?P<eof>\Z))""",
     re.X | re.S,
 )
 _OPNAME = re.compile(r"[A-Za-z_]\w*\.[A-Za-z_][\w.]*")
 _EOF = "eof"
+_NAMES = r"%[\w.$]+(?:, %[\w.$]+)*"
+_TYPES = rf"(?:{TYPE_PATTERN})(?:, (?:{TYPE_PATTERN}))*"
+# one op in the printer's spelling, on one line (the fast path; see the module docstring)
+_OP_LINE = re.compile(
+    r"(?:\s+|//[^\n]*)*"  # whitespace and comment lines before the op
+    rf"(?P<line>(?:(?P<res>{_NAMES}) = )?(?P<op>[A-Za-z_]\w*\.[A-Za-z_][\w.]*)(?: (?P<args>{_NAMES}))?"
+    rf"(?P<attrs> \{{[^{{}}\n]*\}})? : \((?P<ins>{_TYPES})?\) -> "  # nested dicts: token parser
+    rf"(?P<outs>{TYPE_PATTERN}|\((?:{_TYPES})?\))(?: loc\((?P<loc>{_STR})\))?)[ \t]*\r?(?=\n|\Z)"
+    # without a loc on the line, a `loc(...)` on a later line still belongs to this op
+    r"(?(loc)|(?!(?:\s+|//[^\n]*)*loc(?![\w.$])))")
+_TYPE_ITEM = re.compile(TYPE_PATTERN)
+_TYPES_CACHE: dict[str, list[Type]] = {}
+_ATTRS_CACHE: dict[str, dict[str, Any]] = {}
+_CACHE_LIMIT = 50_000
+MAX_NESTING = 64  # arrays, dictionaries and dense literals nested deeper than this are refused
+_IMMUTABLE = (int, float, str, DType, SymDim, _Dyn, TensorType, KVCacheType, QuantType, type(None))
+
+Token = tuple[str, str, int, int]  # kind, text, start, end
+
+
+def _immutable(v: Any) -> bool:
+    if isinstance(v, tuple):
+        return all(_immutable(x) for x in v)
+    return isinstance(v, _IMMUTABLE)
 
 
 class Parser:
-    def __init__(self, text: str, filename: str = "<string>") -> None:
+    def __init__(self, text: str, filename: str = "<string>", fast: bool = True) -> None:
         self.text = text
         self.filename = filename
-        kinds: list[str] = []
-        texts: list[str] = []
-        starts: list[int] = []
-        for m in _TOKEN.finditer(text):
-            kind = m.lastgroup
-            if kind == "ws":
-                continue
-            kinds.append(kind)  # type: ignore[arg-type]
-            texts.append(m.group())
-            starts.append(m.start())
-        kinds.append(_EOF)
-        texts.append("")
-        starts.append(len(text))
-        self.kinds, self.texts, self.starts = kinds, texts, starts
-        self.i = 0
+        self.fast = fast
+        self._buf: list[Token] = []  # lookahead tokens
+        self._pos = 0  # text offset after the last buffered token
+        self._last_end = 0  # end offset of the last token taken
         self._line_starts: list[int] | None = None
+        self._lines: list[str] | None = None
+        self._depth = 0
+        self._fast_off, self._fast_line = 0, 1  # the fast path's line count at an offset
 
     # -- positions and errors ------------------------------------------------------------
     def pos_at(self, offset: int) -> SourcePos:
@@ -79,64 +109,118 @@ class Parser:
         return SourcePos(self.filename, line, col)
 
     def line_text(self, line: int) -> str:
-        lines = self.text.splitlines()
-        return lines[line - 1] if 0 < line <= len(lines) else ""
+        # split on "\n" only, as pos_at counts lines (str.splitlines also splits on \x0c, \u2028...)
+        if self._lines is None:
+            self._lines = self.text.split("\n")
+        lines = self._lines
+        return lines[line - 1].rstrip("\r") if 0 < line <= len(lines) else ""
 
     def error(self, message: str, offset: int | None = None) -> ParseError:
-        off = self.starts[self.i] if offset is None else offset
+        off = self.offset() if offset is None else offset
         pos = self.pos_at(off)
         return ParseError(message, pos, self.line_text(pos.line))
 
-    def _describe(self, i: int) -> str:
-        if self.kinds[i] == _EOF:
+    def _describe(self, tok: Token) -> str:
+        kind, text = tok[0], tok[1]
+        if kind == _EOF:
             return "end of file"
-        if self.kinds[i] == "bad":
-            ch = self.texts[i]
-            return "an unterminated string" if ch == '"' else f"unexpected character '{ch}'"
-        return f"'{self.texts[i][:40]}'"
+        if kind == "bad":
+            return "an unterminated string" if text == '"' else f"unexpected character {text!r}"
+        return f"'{text[:40]}'"
 
     # -- token helpers --------------------------------------------------------------------
+    def _scan(self) -> None:
+        m = _TOKEN.match(self.text, self._pos)
+        assert m is not None  # `bad` matches any character, `eof` the end
+        kind = m.lastgroup
+        assert kind is not None
+        self._pos = m.end()
+        self._buf.append((kind, m.group(kind), m.start(kind), self._pos))
+
+    def tok(self, k: int = 0) -> Token:
+        buf = self._buf
+        while len(buf) <= k:
+            self._scan()
+        return buf[k]
+
     def peek(self, k: int = 0) -> str:
-        return self.texts[min(self.i + k, len(self.texts) - 1)]
+        return self.tok(k)[1]
 
     def kind(self, k: int = 0) -> str:
-        return self.kinds[min(self.i + k, len(self.kinds) - 1)]
+        return self.tok(k)[0]
+
+    def offset(self) -> int:
+        return self.tok(0)[2]
 
     def take(self) -> str:
-        t = self.texts[self.i]
-        if self.kinds[self.i] != _EOF:
-            self.i += 1
-        return t
+        t = self.tok(0)
+        if t[0] != _EOF:
+            del self._buf[0]
+            self._last_end = t[3]
+        return t[1]
+
+    def reset(self, offset: int) -> None:
+        """Continue tokenizing from a text offset (forgets the lookahead)."""
+        self._buf.clear()
+        self._pos = offset
 
     def accept(self, text: str) -> bool:
-        if self.texts[self.i] == text and self.kinds[self.i] in ("p", "id", "arrow"):
-            self.i += 1
+        t = self.tok(0)
+        if t[1] == text and t[0] in ("p", "id", "arrow"):
+            self.take()
             return True
         return False
 
     def expect(self, text: str, what: str | None = None) -> None:
         if not self.accept(text):
-            raise self.error(f"expected '{text}'{' ' + what if what else ''}, found {self._describe(self.i)}")
+            raise self.error(f"expected '{text}'{' ' + what if what else ''}, found {self._describe(self.tok())}")
 
     def expect_kind(self, kind: str, what: str) -> str:
-        if self.kinds[self.i] != kind:
-            raise self.error(f"expected {what}, found {self._describe(self.i)}")
+        if self.kind() != kind:
+            raise self.error(f"expected {what}, found {self._describe(self.tok())}")
         return self.take()
+
+    def string(self, text: str, offset: int) -> str:
+        """The value of a string token (JSON escapes)."""
+        if "\\" not in text:
+            return text[1:-1]
+        try:
+            value = json.loads(text, strict=False)
+        except json.JSONDecodeError as exc:  # point at the backslash that starts the bad escape
+            at = text.rfind("\\", 0, exc.pos + 1)
+            raise self.error(f"bad escape in string: {exc.msg}", offset + max(at, 0)) from None
+        assert isinstance(value, str)
+        return value
+
+    def symbol(self) -> str:
+        off = self.offset()
+        text = self.take()[1:]
+        return self.string(text, off + 1) if text.startswith('"') else text
 
     # -- module, functions -----------------------------------------------------------------
     def parse_module(self) -> Module:
+        try:
+            with gc_paused():
+                return self._parse_module()
+        except RecursionError:  # a last resort: nesting limits below should catch it first
+            raise self.error("input nested too deeply") from None
+
+    def _parse_module(self) -> Module:
         if self.kind() == _EOF:
             raise self.error("empty input: expected 'module'")
         self.expect("module", "at the start of the file")
         name = "module"
         if self.kind() == "sym":
-            name = self.take()[1:]
+            name = self.symbol()
         attrs: dict[str, Any] = {}
+        attrs_off = self.offset()
         if self.accept("attributes"):
+            attrs_off = self.offset()
             attrs = self.parse_attr_dict()
         version = attrs.get("llmir.version", SPEC_VERSION)
         if version != SPEC_VERSION:
-            raise self.error(f"unsupported llmir spec version {version!r}; this llmir reads {SPEC_VERSION!r}", 0)
+            raise self.error(f"unsupported llmir spec version {version!r}; this llmir reads "
+                             f"{SPEC_VERSION!r}", attrs_off)
         self.expect("{", "to open the module body")
         functions: list[Function] = []
         seen: dict[str, SourcePos] = {}
@@ -144,25 +228,29 @@ class Parser:
             if self.kind() == _EOF:
                 raise self.error("unexpected end of file: the module body is not closed with '}'")
             f = self.parse_function()
+            assert f.pos is not None
             if f.name in seen:
-                raise ParseError(f"redefinition of function @{f.name} (first defined at {seen[f.name]})",
-                                 f.pos, self.line_text(f.pos.line))  # type: ignore[arg-type]
-            seen[f.name] = f.pos  # type: ignore[assignment]
+                raise ParseError(f"redefinition of function @{f.name} (first defined at "
+                                 f"{seen[f.name].line}:{seen[f.name].col})",
+                                 f.pos, self.line_text(f.pos.line))
+            seen[f.name] = f.pos
             functions.append(f)
         if self.kind() != _EOF:
-            raise self.error(f"expected end of file after the module, found {self._describe(self.i)}")
+            raise self.error(f"expected end of file after the module, found {self._describe(self.tok())}")
         return Module(name, functions, attrs, source=self.filename)
 
     def parse_function(self) -> Function:
-        start = self.starts[self.i]
+        start = self.offset()
         self.expect("func.func", "(a function)")
-        fname = self.expect_kind("sym", "a function name like @main")[1:]
+        if self.kind() != "sym":
+            raise self.error(f"expected a function name like @main, found {self._describe(self.tok())}")
+        fname = self.symbol()
         self.expect("(")
         scope: dict[str, Value] = {}
         args: list[Value] = []
         if not self.accept(")"):
             while True:
-                off = self.starts[self.i]
+                off = self.offset()
                 aname = self.expect_kind("val", "an argument name like %x")[1:]
                 self.expect(":")
                 v = Value(aname, self.parse_type(), pos=self.pos_at(off))
@@ -181,29 +269,36 @@ class Parser:
             fattrs = self.parse_attr_dict()
         fn = Function(fname, args, attrs=fattrs, pos=self.pos_at(start))
         self.expect("{", "to open the function body")
+        ops = fn.ops
         while True:
-            if self.kind() == _EOF:
+            if self.fast and not self._buf:
+                op = self._parse_op_line(scope)
+                if op is not None:
+                    ops.append(op)
+                    continue
+            kind, text = self.tok(0)[:2]
+            if kind == _EOF:
                 raise self.error(f"unexpected end of file in function @{fname}: missing 'return' and '}}'")
-            if self.peek() == "return" and self.kind() == "id":
+            if kind == "id" and text == "return":
                 self.parse_return(fn, scope, sig_types)
                 break
-            fn.ops.append(self.parse_op(scope))
+            ops.append(self.parse_op(scope))
         self.expect("}", "after 'return' to close the function")
         return fn
 
     def parse_return(self, fn: Function, scope: dict[str, Value], sig_types: list[Type]) -> None:
-        ret_off = self.starts[self.i]
+        ret_off = self.offset()
         self.take()
         fn.return_pos = self.pos_at(ret_off)
         outs: list[tuple[Value, int]] = []
         if self.kind() == "val":
             while True:
-                off = self.starts[self.i]
+                off = self.offset()
                 outs.append((self.lookup(scope, self.take()[1:], off), off))
                 if not self.accept(","):
                     break
             self.expect(":", "and the returned types")
-            types_off = self.starts[self.i]
+            types_off = self.offset()
             types = [self.parse_type()]
             while self.accept(","):
                 types.append(self.parse_type())
@@ -224,24 +319,133 @@ class Parser:
             raise self.error(f"use of undefined value %{name}", off)
         return v
 
+    # -- ops -------------------------------------------------------------------------------
     def parse_op(self, scope: dict[str, Value]) -> Op:
-        start = self.starts[self.i]
+        if self.fast:
+            self.reset(self.offset())
+            op = self._parse_op_line(scope)
+            if op is not None:
+                return op
+        return self._parse_op_tokens(scope)
+
+    def _types_text(self, text: str | None) -> list[Type] | None:
+        """A cached `T, T, ...` list from the fast path; None when it does not parse exactly."""
+        if not text:
+            return []
+        types = _TYPES_CACHE.get(text)
+        if types is not None:
+            return types
+        items = _TYPE_ITEM.findall(text)
+        if ", ".join(items) != text:
+            return None
+        try:
+            types = [parse_type_text(t) for t in items]
+        except TypeSyntaxError:
+            return None
+        if len(_TYPES_CACHE) > _CACHE_LIMIT:
+            _TYPES_CACHE.clear()
+        _TYPES_CACHE[text] = types
+        return types
+
+    def _parse_op_line(self, scope: dict[str, Value]) -> Op | None:
+        # groups of _OP_LINE by number (faster than by name): 1 line, 2 res, 3 op, 4 args,
+        # 5 attrs, 6 ins, 7 outs, 8 loc
+        """The fast path: one canonical op line at the current offset, or None (nothing consumed)."""
+        saved = self._pos
+        m = _OP_LINE.match(self.text, saved)
+        if m is None:
+            return None
+        op = self._op_from_line(m, scope)
+        if op is None:
+            self.reset(saved)
+        return op
+
+    def _op_from_line(self, m: re.Match[str], scope: dict[str, Value]) -> Op | None:
+        start = m.start(1)
+        _, res, opname, args, attrs_text, ins, outs, loc = m.groups()  # see _OP_LINE's groups
+        if args:
+            try:
+                operands = [scope[n[1:]] for n in args.split(", ")]
+            except KeyError:
+                return None
+        else:
+            operands = []
+        in_types = _TYPES_CACHE.get(ins) if ins else []
+        if in_types is None:
+            in_types = self._types_text(ins)
+        if outs[0] == "(":
+            outs = outs[1:-1]
+        out_types = _TYPES_CACHE.get(outs) if outs else []
+        if out_types is None:
+            out_types = self._types_text(outs)
+        names = [n[1:] for n in res.split(", ")] if res else []
+        if in_types is None or out_types is None or len(in_types) != len(operands) or \
+                len(out_types) != len(names):
+            return None
+        for v, t in zip(operands, in_types):
+            if v.type is not t and v.type != t:
+                return None
+        for n in names:
+            if n in scope:
+                return None
+        attrs: dict[str, Any] = {}
+        if attrs_text:
+            cached = _ATTRS_CACHE.get(attrs_text)
+            if cached is not None:
+                attrs = cached  # Op copies it
+            else:
+                self.reset(m.start("attrs") + 1)
+                try:
+                    attrs = self.parse_attr_dict()
+                except ParseError:
+                    self._depth = 0  # ops start at depth 0; the token parser re-reads this one
+                    return None
+                if self._last_end != m.end("attrs"):
+                    return None
+                if all(_immutable(v) for v in attrs.values()):
+                    if len(_ATTRS_CACHE) > _CACHE_LIMIT:
+                        _ATTRS_CACHE.clear()
+                    _ATTRS_CACHE[attrs_text] = attrs  # never mutated: every Op copies it
+        origin = None
+        if loc is not None:
+            if "\\" in loc:
+                try:
+                    origin = json.loads(loc, strict=False)
+                except ValueError:
+                    return None
+            else:
+                origin = loc[1:-1]
+        # positions without a bisect per op: ops come in text order, so count lines forward
+        text, filename = self.text, self.filename
+        line = self._fast_line + text.count("\n", self._fast_off, start)
+        self._fast_off, self._fast_line = start, line
+        col = start - text.rfind("\n", 0, start)
+        op = Op(opname, operands, out_types, attrs, names, origin,
+                SourcePos(filename, line, col + m.start(3) - start))
+        for r in op.results:
+            r.pos = SourcePos(filename, line, col)
+            scope[r.name] = r
+            col += len(r.name) + 3
+        self.reset(m.end())
+        return op
+
+    def _parse_op_tokens(self, scope: dict[str, Value]) -> Op:
         result_names: list[tuple[str, int]] = []
         if self.kind() == "val":
             while True:
-                off = self.starts[self.i]
+                off = self.offset()
                 result_names.append((self.take()[1:], off))
                 if not self.accept(","):
                     break
             self.expect("=", "after the result names")
-        op_off = self.starts[self.i]
+        op_off = self.offset()
         if self.kind() != "id" or not _OPNAME.fullmatch(self.peek()):
-            raise self.error(f"expected an op name like core.add, found {self._describe(self.i)}")
+            raise self.error(f"expected an op name like core.add, found {self._describe(self.tok())}")
         opname = self.take()
         operands: list[tuple[Value, int]] = []
         if self.kind() == "val":
             while True:
-                off = self.starts[self.i]
+                off = self.offset()
                 operands.append((self.lookup(scope, self.take()[1:], off), off))
                 if not self.accept(","):
                     break
@@ -253,19 +457,20 @@ class Parser:
         in_types: list[tuple[Type, int]] = []
         if not self.accept(")"):
             while True:
-                off = self.starts[self.i]
+                off = self.offset()
                 in_types.append((self.parse_type(), off))
                 if self.accept(")"):
                     break
                 self.expect(",", "or ')' in the operand types")
         self.expect("->", "between operand and result types")
-        out_off = self.starts[self.i]
+        out_off = self.offset()
         out_types = self.parse_type_list()
         origin = None
         if self.peek() == "loc" and self.kind() == "id":
             self.take()
             self.expect("(")
-            origin = json.loads(self.expect_kind("str", "a location string"))
+            off = self.offset()
+            origin = self.string(self.expect_kind("str", "a location string"), off)
             self.expect(")")
         if len(in_types) != len(operands):
             raise self.error(f"{opname} has {len(operands)} operands but its signature lists "
@@ -285,14 +490,12 @@ class Parser:
                 raise self.error(f"redefinition of value %{n}{where}", off)
             r.pos = self.pos_at(off)
             scope[n] = r
-        if start != op_off:
-            pass
         return op
 
     # -- types -----------------------------------------------------------------------------
     def parse_type(self) -> Type:
         kind = self.kind()
-        off = self.starts[self.i]
+        off = self.offset()
         if kind == "type":
             text = self.take()
             try:
@@ -301,7 +504,7 @@ class Parser:
                 raise self.error(str(exc), off + exc.offset) from None
         if kind == "id" and self.peek() == "tensor":
             raise self.error("malformed tensor type: expected tensor<DIMS x DTYPE> with a closing '>'")
-        raise self.error(f"expected a type, found {self._describe(self.i)}")
+        raise self.error(f"expected a type, found {self._describe(self.tok())}")
 
     def parse_type_list(self) -> list[Type]:
         if self.accept("("):
@@ -316,33 +519,50 @@ class Parser:
         return [self.parse_type()]
 
     # -- attributes ------------------------------------------------------------------------
+    def _nest(self) -> None:
+        self._depth += 1
+        if self._depth > MAX_NESTING:
+            raise self.error(f"attribute nesting deeper than {MAX_NESTING} levels")
+
     def parse_attr_dict(self) -> dict[str, Any]:
         self.expect("{")
+        self._nest()
         out: dict[str, Any] = {}
         if self.accept("}"):
+            self._depth -= 1
             return out
         while True:
-            off = self.starts[self.i]
-            if self.kind() == "id":
+            off = self.offset()
+            kind = self.kind()
+            if kind == "id":
                 key = self.take()
-            elif self.kind() == "str":
-                key = json.loads(self.take())
+            elif kind == "str":
+                key = self.string(self.take(), off)
             else:
-                raise self.error(f"expected an attribute name, found {self._describe(self.i)}")
+                raise self.error(f"expected an attribute name, found {self._describe(self.tok())}")
             if key in out:
                 raise self.error(f"attribute '{key}' given twice", off)
             self.expect("=", f"after attribute name '{key}'")
             out[key] = self.parse_attr_value()
             if self.accept("}"):
+                self._depth -= 1
                 return out
             self.expect(",", "or '}' between attributes")
 
     def _dim_expr(self) -> Dim:
-        off = self.starts[self.i]
+        off = self.offset()
         parts: list[str] = []
-        while self.kind() in ("dim", "num") or (self.kind() == "p" and self.peek() in "+-*()"):
-            if self.kind() == "p" and self.peek() == ")" and parts.count("(") <= parts.count(")"):
+        depth = 0
+        while True:
+            kind, text = self.tok(0)[:2]
+            if kind not in ("dim", "num") and not (kind == "p" and text in "+-*()"):
                 break
+            if text == ")":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif text == "(":
+                depth += 1
             parts.append(self.take())
         try:
             return parse_dim_expr(" ".join(parts))
@@ -350,21 +570,21 @@ class Parser:
             raise self.error(str(exc), off) from None
 
     def parse_attr_value(self) -> Any:
-        kind = self.kind()
-        text = self.peek()
-        off = self.starts[self.i]
+        kind, text, off = self.tok(0)[:3]
         if kind == "dim":
             return self._dim_expr()
         if kind == "num":
-            nxt = self.peek(1)
-            if self.kind(1) == "p" and nxt in "*+" or (self.kind(1) == "num" and nxt.startswith("-")):
+            nk, nxt = self.tok(1)[:2]
+            if nk == "p" and nxt in ("*", "+", "-") or (nk == "num" and nxt.startswith("-")):
                 return self._dim_expr()
             self.take()
             if text.lstrip("-") in ("inf", "nan") or any(c in text for c in ".eE"):
                 return float(text)
             return int(text)
+        if kind == "p" and text in ("-", "(") and self.kind(1) in ("dim", "num", "p"):
+            return self._dim_expr()  # a symbolic dim such as -?a+4 (the printer's spelling)
         if kind == "str":
-            return json.loads(self.take())
+            return self.string(self.take(), off)
         if kind == "type":
             return self.parse_type()
         if kind == "quant":
@@ -376,14 +596,16 @@ class Parser:
             return q
         if kind == "p" and text == "[":
             self.take()
+            self._nest()
             items: list[Any] = []
-            if self.accept("]"):
-                return tuple(items)
-            while True:
-                items.append(self.parse_attr_value())
-                if self.accept("]"):
-                    return tuple(items)
-                self.expect(",", "or ']' in the array")
+            if not self.accept("]"):
+                while True:
+                    items.append(self.parse_attr_value())
+                    if self.accept("]"):
+                        break
+                    self.expect(",", "or ']' in the array")
+            self._depth -= 1
+            return tuple(items)
         if kind == "p" and text == "{":
             return self.parse_attr_dict()
         if kind == "id":
@@ -398,53 +620,49 @@ class Parser:
                 return DTYPE_NAMES[text]
             if text == "dense":
                 return self.parse_dense()
-        raise self.error(f"expected an attribute value, found {self._describe(self.i)}")
+        raise self.error(f"expected an attribute value, found {self._describe(self.tok())}")
 
     def parse_dense(self) -> DenseAttr:
         self.take()
         self.expect("<", "after 'dense'")
-        body_off = self.starts[self.i]
+        body_off = self.offset()
         body = self._dense_literal()
         self.expect(">", "to close dense<...>")
         self.expect(":", "and the type of the dense constant")
-        toff = self.starts[self.i]
+        toff = self.offset()
         t = self.parse_type()
         if not isinstance(t, TensorType) or t.static_shape() is None or t.is_quantized:
             raise self.error("a dense constant needs a static, non-quantized tensor type", toff)
         shape = t.static_shape()
-        assert shape is not None and not isinstance(t.dtype, QuantType)
+        assert shape is not None and isinstance(t.dtype, DType)
         try:
-            arr = np.array(body, dtype=np.float64 if t.dtype.is_float else None)
-            if t.dtype.is_int and arr.dtype.kind == "f":
-                raise ValueError(f"float values in an integer ({t.dtype}) constant")
-            if t.dtype.value == "bool" and arr.dtype.kind not in "b":
-                raise ValueError("bool constants take true/false")
-            arr = arr.astype(numpy_dtype(t.dtype))
+            arr = _dense_array(body, t.dtype)
         except (ValueError, TypeError, OverflowError) as exc:
             raise self.error(f"bad dense constant: {exc}", body_off) from None
         size = int(np.prod(shape)) if shape else 1
         if arr.ndim == 0 and shape != ():
             arr = np.full(shape, arr, dtype=arr.dtype)
         elif arr.shape != shape:
-            if arr.size == size and arr.shape == (0,) == shape:
-                pass
-            else:
+            if not (arr.size == 0 == size):  # `[]` is the literal of every empty shape
                 raise self.error(f"dense constant has shape {list(arr.shape)} but its type says "
                                  f"{list(shape)}", body_off)
+            arr = arr.reshape(shape)
         return DenseAttr(arr, t)
 
     def _dense_literal(self) -> Any:
-        kind, text = self.kind(), self.peek()
+        kind, text = self.tok(0)[:2]
         if kind == "p" and text == "[":
             self.take()
+            self._nest()
             items: list[Any] = []
-            if self.accept("]"):
-                return items
-            while True:
-                items.append(self._dense_literal())
-                if self.accept("]"):
-                    return items
-                self.expect(",", "or ']' in the dense literal")
+            if not self.accept("]"):
+                while True:
+                    items.append(self._dense_literal())
+                    if self.accept("]"):
+                        break
+                    self.expect(",", "or ']' in the dense literal")
+            self._depth -= 1
+            return items
         if kind == "num":
             self.take()
             if text.lstrip("-") in ("inf", "nan") or any(c in text for c in ".eE"):
@@ -453,7 +671,36 @@ class Parser:
         if kind == "id" and text in ("true", "false"):
             self.take()
             return text == "true"
-        raise self.error(f"expected a number in the dense literal, found {self._describe(self.i)}")
+        raise self.error(f"expected a number in the dense literal, found {self._describe(self.tok())}")
+
+
+def _dense_array(body: Any, dtype: DType) -> np.ndarray:
+    """The array a dense literal denotes; ValueError when its values do not fit `dtype`."""
+    target = numpy_dtype(dtype)
+    if dtype.is_float:
+        arr = np.array(body, dtype=np.float64)
+        if arr.dtype.kind != "f":
+            raise ValueError(f"non-numeric values in a {dtype} constant")
+        return arr.astype(target)
+    arr = np.array(body, dtype=object if dtype.is_int else None)
+    if dtype == DType.bool:
+        if arr.dtype.kind != "b" and arr.size:
+            raise ValueError("bool constants take true/false")
+        return arr.astype(np.bool_)
+    flat = arr.reshape(-1)
+    if any(isinstance(x, list) for x in flat):
+        raise ValueError("rows of different lengths")
+    if any(isinstance(x, (float, bool)) or not isinstance(x, int) for x in flat):
+        raise ValueError(f"{dtype} constants take integers")
+    if flat.size:
+        import ml_dtypes  # iinfo for int4/uint4 as well as the numpy ints
+
+        info = ml_dtypes.iinfo(target)  # type: ignore[no-untyped-call]
+        lo, hi = min(flat), max(flat)
+        if lo < info.min or hi > info.max:
+            bad = lo if lo < info.min else hi
+            raise ValueError(f"{bad} is out of range for {dtype} ({info.min}..{info.max})")
+    return arr.astype(np.int64).astype(target) if flat.size else np.zeros(arr.shape, target)
 
 
 def parse_module(text: str, filename: str = "<string>") -> Module:
@@ -479,4 +726,4 @@ def parse_file(path: str) -> Module:
     return parse_module(text, path)
 
 
-__all__ = ["parse_module", "parse_file", "Parser", "KVCacheType"]
+__all__ = ["parse_module", "parse_file", "Parser", "KVCacheType", "MAX_NESTING"]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import numpy as np
 
 from .attrs import DenseAttr
-from .core import Function, Module, Op
+from .core import Function, Module, Op, gc_paused
 from .dims import SymDim, _Dyn, format_dim
 from .types import DType, KVCacheType, QuantType, TensorType, Type
 
@@ -45,12 +46,15 @@ def _format_nested(arr: np.ndarray) -> str:
 
 def format_dense(d: DenseAttr) -> str:
     arr = d.array
+    if arr.dtype.kind not in "biuf":  # ml_dtypes (bf16, f8, int4): print as Python numbers
+        is_int = isinstance(d.type.dtype, DType) and d.type.dtype.is_int
+        arr = arr.astype(np.int64 if is_int else np.float64)
     flat = arr.reshape(-1)
-    if arr.ndim > 0 and flat.size > 1 and (flat == flat[0]).all() and not (
-            arr.dtype.kind == "f" and np.isnan(flat.astype(np.float64)).any()):
+    # a splat only when every element has the same bytes (0.0 == -0.0, but they differ)
+    if arr.ndim > 0 and flat.size > 1 and flat.tobytes() == flat[:1].tobytes() * flat.size:
         body = _format_nested(flat[0:1].reshape(()))
     else:
-        body = _format_nested(arr if arr.dtype.kind in "biuf" else arr.astype(np.float64))
+        body = _format_nested(arr)
     return f"dense<{body}> : {d.type}"
 
 
@@ -64,7 +68,7 @@ def format_attr(v: Any) -> str:
     if isinstance(v, DType):
         return v.value
     if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)
+        return format_string(v)
     if isinstance(v, (SymDim, _Dyn)):
         return format_dim(v)
     if isinstance(v, (TensorType, KVCacheType, QuantType)):
@@ -85,37 +89,63 @@ def format_attr_dict(d: dict[str, Any]) -> str:
     return "{" + items + "}"
 
 
+_BARE_KEY = re.compile(r"[A-Za-z_][\w.$]*")
+_BARE_SYMBOL = re.compile(r"[\w.$]+")
+
+
 def _format_key(k: str) -> str:
-    if k and (k[0].isalpha() or k[0] == "_") and all(c.isalnum() or c in "_.$" for c in k):
+    # bare when the tokenizer reads it back as one identifier ("inf"/"nan" read as numbers)
+    if _BARE_KEY.fullmatch(k) and k not in ("inf", "nan"):
         return k
-    return json.dumps(k)
+    return json.dumps(k, ensure_ascii=False)
+
+
+def format_symbol(name: str) -> str:
+    """`@name`, quoted (`@"my model"`) when the name is not made of word characters, '.', '$'."""
+    if _BARE_SYMBOL.fullmatch(name):
+        return "@" + name
+    return "@" + json.dumps(name, ensure_ascii=False)
 
 
 def _types(ts: list[Type]) -> str:
-    return ", ".join(str(t) for t in ts)
+    return ", ".join([str(t) for t in ts])
+
+
+_NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f\x7f]')
+
+
+def format_string(s: str) -> str:
+    """A JSON string literal (the parser's string syntax); quick when nothing needs escaping."""
+    if _NEEDS_ESCAPE.search(s) is None:
+        return f'"{s}"'
+    return json.dumps(s, ensure_ascii=False)
 
 
 def format_op(op: Op) -> str:
-    parts = []
-    if op.results:
-        parts.append(", ".join("%" + r.name for r in op.results) + " = ")
-    parts.append(op.name)
+    results = op.results
+    if len(results) == 1:
+        r = results[0]
+        text = f"%{r.name} = {op.name}"
+        out_text = str(r.type)
+    elif results:
+        text = ", ".join(["%" + r.name for r in results]) + " = " + op.name
+        out_text = f"({_types([r.type for r in results])})"
+    else:
+        text, out_text = op.name, "()"
     if op.operands:
-        parts.append(" " + ", ".join("%" + v.name for v in op.operands))
+        text += " " + ", ".join(["%" + v.name for v in op.operands])
     if op.attrs:
-        parts.append(" " + format_attr_dict(op.attrs))
-    outs = [r.type for r in op.results]
-    out_text = str(outs[0]) if len(outs) == 1 else f"({_types(outs)})"
-    parts.append(f" : ({_types([v.type for v in op.operands])}) -> {out_text}")
+        text += " " + format_attr_dict(op.attrs)
+    text += f" : ({_types([v.type for v in op.operands])}) -> {out_text}"
     if op.origin is not None:
-        parts.append(f" loc({json.dumps(op.origin, ensure_ascii=False)})")
-    return "".join(parts)
+        text += f" loc({format_string(op.origin)})"
+    return text
 
 
 def format_function(f: Function) -> list[str]:
     args = ", ".join(f"%{a.name}: {a.type}" for a in f.args)
     outs = f.output_types
-    sig = f"func.func @{f.name}({args})"
+    sig = f"func.func {format_symbol(f.name)}({args})"
     if len(outs) == 1:
         sig += f" -> {outs[0]}"
     elif outs:
@@ -135,7 +165,12 @@ def format_function(f: Function) -> list[str]:
 
 
 def print_module(m: Module) -> str:
-    header = f"module @{m.name}"
+    with gc_paused():
+        return _print_module(m)
+
+
+def _print_module(m: Module) -> str:
+    header = f"module {format_symbol(m.name)}"
     if m.attrs:
         header += " attributes " + format_attr_dict(m.attrs)
     lines = [header + " {"]

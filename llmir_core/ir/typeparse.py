@@ -16,7 +16,9 @@ from .types import DTYPE_NAMES, GGUF_QUANTS, DType, ElemType, KVCacheType, Quant
 
 _SPACED_SEP = re.compile(r"\s+x\s+")
 _DIM_TOKEN = re.compile(r"\s*(\?[A-Za-z_]\w*|\?|\d+|[+\-*()])")
-_KV = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*(\"[^\"]*\"|[^,>]+?)\s*(?:,|$)")
+# the text of one type, as the parser's tokenizer finds it (one level of <...> nesting inside)
+TYPE_PATTERN = r"tensor<[^<>]*(?:<[^<>]*>[^<>]*)*>|!llm\.kv_cache<[^<>]*>"
+_KV_PREFIX = "!llm.kv_cache<"
 
 
 class TypeSyntaxError(ValueError):
@@ -127,7 +129,10 @@ def parse_dim_expr(text: str, base: int = 0) -> Dim:
             v = dim_add(v, term()) if op == "+" else dim_sub(v, term())
         return v
 
-    result = expr()
+    try:
+        result = expr()
+    except RecursionError:
+        raise TypeSyntaxError("dimension expression nested too deeply", base) from None
     if i != len(toks):
         raise TypeSyntaxError(f"unexpected '{toks[i][0]}' in dimension", toks[i][1])
     if isinstance(result, int) and result < 0:
@@ -154,8 +159,11 @@ def parse_elem_type(text: str, base: int = 0) -> ElemType:
                 raise TypeSyntaxError(f"expected key=value in !quant<...>, got '{p}'", base)
             k, v = (s.strip() for s in p.split("=", 1))
             kv[k] = v
+        scale_name = kv.get("scale", "f16")
+        if scale_name not in DTYPE_NAMES:
+            raise TypeSyntaxError(f"unknown quant scale dtype '{scale_name}'", base)
         try:
-            scale = DTYPE_NAMES[kv.get("scale", "f16")]
+            scale = DTYPE_NAMES[scale_name]
             q = QuantType(pieces[0], int(kv["bits"]), int(kv["block"]), scale,
                           kv.get("zero", "none"),
                           int(kv["super_block"]) if "super_block" in kv else None)
@@ -163,6 +171,14 @@ def parse_elem_type(text: str, base: int = 0) -> ElemType:
             raise TypeSyntaxError(f"bad !quant<...> parameters: {exc}", base) from None
         if q.zero not in ("none", "int", "min"):
             raise TypeSyntaxError(f"quant zero must be none, int or min, got '{q.zero}'", base)
+        if not 1 <= q.bits <= 8:
+            raise TypeSyntaxError(f"quant bits must be 1 to 8, got {q.bits}", base)
+        if q.block < 1 or (q.super_block is not None and
+                           (q.super_block < 1 or q.super_block % q.block)):
+            raise TypeSyntaxError("quant block must be positive (and divide super_block)", base)
+        unknown = sorted(set(kv) - {"bits", "block", "scale", "zero", "super_block"})
+        if unknown:
+            raise TypeSyntaxError(f"unknown !quant<...> parameter '{unknown[0]}'", base)
         return q
     raise TypeSyntaxError(f"unknown element type '{t}'", base)
 
@@ -175,64 +191,80 @@ def _parse_tensor(text: str) -> TensorType:
     shape_text, _ = pieces[0]
     opts: dict[str, str] = {}
     for piece, off in pieces[1:]:
+        at = 7 + off + _lead(piece)
         m = re.fullmatch(r"\s*([A-Za-z_]\w*)\s*=\s*\"([^\"]*)\"\s*", piece)
         if not m:
-            raise TypeSyntaxError(f"expected key=\"value\" tensor option, got '{piece.strip()}'", 7 + off)
+            raise TypeSyntaxError(f"expected key=\"value\" tensor option, got '{piece.strip()}'", at)
         if m.group(1) not in ("layout", "device", "sema"):
-            raise TypeSyntaxError(f"unknown tensor option '{m.group(1)}' (known: layout, device, sema)", 7 + off)
+            raise TypeSyntaxError(f"unknown tensor option '{m.group(1)}' (known: layout, device, sema)", at)
         if m.group(1) in opts:
-            raise TypeSyntaxError(f"tensor option '{m.group(1)}' given twice", 7 + off)
+            raise TypeSyntaxError(f"tensor option '{m.group(1)}' given twice", at)
         opts[m.group(1)] = m.group(2)
     dims: list[Dim] = []
     if _SPACED_SEP.search(shape_text):
-        parts = _SPACED_SEP.split(shape_text.strip())
-        off = 7 + (len(shape_text) - len(shape_text.lstrip()))
-        for p in parts[:-1]:
-            dims.append(parse_dim_expr(p, off))
-            off += len(p) + 3
-        elem = parse_elem_type(parts[-1], off)
+        start = 0
+        for sep in _SPACED_SEP.finditer(shape_text):
+            dims.append(parse_dim_expr(shape_text[start:sep.start()].lstrip(),
+                                       7 + start + _lead(shape_text[start:])))
+            start = sep.end()
+        elem = parse_elem_type(shape_text[start:], 7 + start + _lead(shape_text[start:]))
     else:
         s = shape_text.strip()
+        lead = 7 + _lead(shape_text)
         pos = 0
         while pos < len(s) and (s[pos].isdigit() or s[pos] == "?"):
             start = pos
             if s[pos] == "?":
                 pos += 1
                 if pos < len(s) and (s[pos].isalpha() or s[pos] == "_") and s[pos] != "x":
-                    raise TypeSyntaxError("named dims need the spaced form: tensor<?batch x 4 x f32>", 7 + start)
+                    raise TypeSyntaxError("named dims need the spaced form: tensor<?batch x 4 x f32>", lead + start)
                 dims.append(DYN)
             else:
                 while pos < len(s) and s[pos].isdigit():
                     pos += 1
                 dims.append(int(s[start:pos]))
             if pos >= len(s) or s[pos] != "x":
-                raise TypeSyntaxError("expected 'x' after a dimension", 7 + pos)
+                raise TypeSyntaxError("expected 'x' after a dimension", lead + pos)
             pos += 1
-        elem = parse_elem_type(s[pos:], 7 + pos)
+        elem = parse_elem_type(s[pos:], lead + pos)
     return TensorType(tuple(dims), elem, opts.get("layout"), opts.get("device"), opts.get("sema"))
+
+
+def _lead(s: str) -> int:
+    """The number of leading whitespace characters."""
+    return len(s) - len(s.lstrip())
 
 
 def _parse_kv(text: str) -> KVCacheType:
     if not text.endswith(">"):
         raise TypeSyntaxError("kv_cache type is missing its closing '>'", len(text))
-    body = text[len("!llm.kv_cache<"):-1]
-    kv: dict[str, str] = {}
-    for piece, off in _split_top(body):
-        if "=" not in piece:
-            raise TypeSyntaxError(f"expected key=value in kv_cache, got '{piece.strip()}'", off)
-        k, v = (s.strip() for s in piece.split("=", 1))
-        kv[k] = v
+    base = len(_KV_PREFIX)
+    body = text[base:-1]
+    kv: dict[str, tuple[str, int]] = {}  # key -> (value, offset of the value)
     need = ("layers", "kv_heads", "max_len", "head_dim", "dtype")
+    for piece, off in _split_top(body):
+        at = base + off + _lead(piece)
+        if "=" not in piece:
+            raise TypeSyntaxError(f"expected key=value in kv_cache, got '{piece.strip()}'", at)
+        key, value = piece.split("=", 1)
+        k, v = key.strip(), value.strip()
+        if k in kv:
+            raise TypeSyntaxError(f"kv_cache field '{k}' given twice", at)
+        if k not in need:
+            raise TypeSyntaxError(f"unknown kv_cache field '{k}' (known: {', '.join(need)})", at)
+        kv[k] = (v, base + off + len(key) + 1 + _lead(value))
     missing = [k for k in need if k not in kv]
     if missing:
-        raise TypeSyntaxError(f"kv_cache is missing {', '.join(missing)}", 0)
-    extra = [k for k in kv if k not in need]
-    if extra:
-        raise TypeSyntaxError(f"unknown kv_cache field {', '.join(extra)}", 0)
-    if kv["dtype"] not in DTYPE_NAMES:
-        raise TypeSyntaxError(f"unknown dtype '{kv['dtype']}' in kv_cache", 0)
-    try:
-        return KVCacheType(int(kv["layers"]), int(kv["kv_heads"]), parse_dim_expr(kv["max_len"]),
-                           int(kv["head_dim"]), DType(kv["dtype"]))
-    except ValueError as exc:
-        raise TypeSyntaxError(f"bad kv_cache field: {exc}", 0) from None
+        raise TypeSyntaxError(f"kv_cache is missing {', '.join(missing)}", len(text) - 1)
+    dtype, at = kv["dtype"]
+    if dtype not in DTYPE_NAMES:
+        raise TypeSyntaxError(f"unknown dtype '{dtype}' in kv_cache", at)
+    ints: dict[str, int] = {}
+    for k in ("layers", "kv_heads", "head_dim"):
+        v, at = kv[k]
+        if not v.isdigit() or int(v) < 1:
+            raise TypeSyntaxError(f"kv_cache {k} must be a positive integer, got '{v}'", at)
+        ints[k] = int(v)
+    v, at = kv["max_len"]
+    max_len = parse_dim_expr(v, at)
+    return KVCacheType(ints["layers"], ints["kv_heads"], max_len, ints["head_dim"], DType(dtype))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Union
@@ -30,12 +31,13 @@ class DType(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    # `builtins.bool`: inside this class, `bool` is the member DType.bool
     @property
-    def is_float(self) -> bool:
+    def is_float(self) -> builtins.bool:
         return self in _FLOATS
 
     @property
-    def is_int(self) -> bool:
+    def is_int(self) -> builtins.bool:
         return self in _INTS
 
     @property
@@ -65,7 +67,8 @@ def numpy_dtype(d: DType) -> np.dtype[Any]:
     exotic = {DType.bf16: ml_dtypes.bfloat16, DType.f8e4m3: ml_dtypes.float8_e4m3fn,
               DType.f8e5m2: ml_dtypes.float8_e5m2, DType.i4: ml_dtypes.int4,
               DType.u4: ml_dtypes.uint4}
-    return np.dtype(exotic[d])
+    out: np.dtype[Any] = np.dtype(exotic[d])
+    return out
 
 
 def dtype_from_numpy(dt: np.dtype[Any]) -> DType:
@@ -157,8 +160,20 @@ class TensorType:
 
     def static_shape(self) -> tuple[int, ...] | None:
         if all(isinstance(d, int) for d in self.shape):
-            return tuple(d for d in self.shape)  # type: ignore[misc]
+            return self.shape  # type: ignore[return-value]
         return None
+
+    def __hash__(self) -> int:
+        # cached: the verifier and the parser's caches hash the same type objects many times
+        h: int | None = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.shape, self.dtype, self.layout, self.device, self.sema))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuild from the fields: never carry the cached hash (str hashes differ per process)
+        return (TensorType, (self.shape, self.dtype, self.layout, self.device, self.sema))
 
     def __str__(self) -> str:
         if self._text:
