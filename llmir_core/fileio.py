@@ -22,6 +22,10 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
                          hint="create the folder first or pick another output path")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+        # mkstemp creates 0600 files; give the result the mode a plain open() would
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
     except OSError as exc:
         raise InputError(f"{target}: cannot write in {parent}: {exc.strerror}",
                          hint="check the folder's permissions and free space") from exc

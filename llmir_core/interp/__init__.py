@@ -166,7 +166,9 @@ class Interpreter:
                 where = f"{op.pos}: " if op.pos else ""
                 origin = f" [{op.origin}]" if op.origin else ""
                 raise InterpError(f"{where}{op.name} failed at run time: {exc}{origin}") from exc
-            return list(out) if isinstance(out, (list, tuple)) else [out]
+            outs = list(out) if isinstance(out, (list, tuple)) else [out]
+            # a numpy scalar (np.float32(...)) from a 0-d reduction is still a 0-d array
+            return [np.asarray(o) if isinstance(o, np.generic) else o for o in outs]
         if opdef.decompose is not None:
             return self._eval_decomposed(op, args, env)
         raise InterpError(f"{op.name} has neither reference semantics nor a decomposition")

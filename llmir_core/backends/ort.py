@@ -1,0 +1,263 @@
+"""The onnxruntime backend: an llmir module to an ONNX model plain onnxruntime loads.
+
+`build(module, out_dir)` writes `model.onnx` (the graph, opset 23), `model.onnx.data` (every
+weight and every constant of 1 KiB or more, as ONNX external data; never inline, so protobuf's
+2 GB limit is never hit) and `manifest.json`, atomically (a temp folder renamed into place) and
+deterministically (the same input gives byte-identical files). The op-by-op lowering lives in
+`ort_lower.py`. This module is the only importer of onnxruntime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from llmir_core import SPEC_VERSION, __version__
+from llmir_core.errors import InputError
+from llmir_core.ir.core import Module, Value
+from llmir_core.ir.dims import format_dim
+from llmir_core.ir.types import DType, KVCacheType, TensorType, numpy_dtype
+
+from .ort_lower import MS, OPSET, BuildError, DataPlan, Lowering, onnx_dtype, value_info
+
+MODEL_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+MANIFEST = "manifest.json"
+
+
+# -- entry points --------------------------------------------------------------------------------------
+
+def to_onnx(module: Module, *, inline_weights: bool = False, base_dir: str | None = None,
+            fn_name: str | None = None) -> tuple[onnx.ModelProto, DataPlan, list[str], list[str]]:
+    """Lower a module's function to an ONNX ModelProto (+ the data file's plan, I/O names)."""
+    fn = module.function(fn_name) if fn_name else module.main
+    base = base_dir or (os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd())
+    L = Lowering(module, base, inline_weights)
+    for a in fn.args:
+        if isinstance(a.type, KVCacheType):
+            raise BuildError(f"input %{a.name} is a !llm.kv_cache, which the onnxruntime backend "
+                             "cannot take as an input yet")
+    input_names, output_names = L.lower_function(fn)
+    graph = helper.make_graph(
+        L.nodes, module.name or "main",
+        [value_info(n, a.type) for n, a in zip(input_names, fn.args)],
+        [value_info(n, v.type) for n, v in zip(output_names, fn.outputs)],
+        initializer=L.inits)
+    opsets = [helper.make_opsetid(d, v) for d, v in sorted(L.opsets.items())]
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="llmir",
+                              producer_version=__version__)
+    model.ir_version = max(10, helper.find_min_ir_version_for(opsets, ignore_unknown=True))
+    return model, L.plan, input_names, output_names
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        buf = bytearray(8 << 20)
+        view = memoryview(buf)
+        while True:
+            n = fh.readinto(view)
+            if not n:
+                break
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def _signature(names: list[str], values: list[Value]) -> list[dict[str, Any]]:
+    out = []
+    for n, v in zip(names, values):
+        t = v.type
+        assert isinstance(t, TensorType)
+        out.append({"name": n, "dtype": str(t.dtype),
+                    "shape": [d if isinstance(d, int) else format_dim(d) for d in t.shape]})
+    return out
+
+
+def build(module: Module, out_dir: str, target: str = "onnxruntime", *,
+          source_path: str | None = None) -> dict[str, Any]:
+    """Write an onnxruntime artifact for the module into out_dir; return its manifest."""
+    if target != "onnxruntime":
+        raise InputError(f"unknown target '{target}'", hint="the onnxruntime backend builds --target onnxruntime")
+    out_dir = os.path.abspath(out_dir)
+    parent = os.path.dirname(out_dir)
+    if not os.path.isdir(parent):
+        raise InputError(f"{out_dir}: folder {parent} does not exist", hint="create it first")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise InputError(f"{out_dir}: exists and is not a folder")
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, MANIFEST)):
+        raise InputError(f"{out_dir}: folder exists, is not empty and is not an llmir artifact",
+                         hint="pick a new output folder; llmir only replaces its own artifacts")
+    model, plan, inputs, outputs = to_onnx(module)
+    fn = module.main
+    src = source_path or module.source
+    if src and os.path.isfile(src):
+        src_sha, src_name = _sha256(src), os.path.basename(src)
+    else:
+        from llmir_core.ir.printer import print_module
+
+        src_sha, src_name = hashlib.sha256(print_module(module).encode()).hexdigest(), None
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".tmp", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the artifact is an ordinary folder
+    try:
+        files = [MODEL_FILE]
+        digests: dict[str, str] = {}
+        if plan.chunks:
+            digests[DATA_FILE] = plan.write(os.path.join(tmp, DATA_FILE))
+            files.append(DATA_FILE)
+        with open(os.path.join(tmp, MODEL_FILE), "wb") as fh:
+            fh.write(model.SerializeToString(deterministic=True))
+        manifest: dict[str, Any] = {
+            "schema_version": 1, "llmir_version": __version__, "spec_version": SPEC_VERSION,
+            "target": target, "opset": {d.domain or "ai.onnx": d.version for d in model.opset_import},
+            "model": MODEL_FILE,
+            "source": {"file": src_name, "sha256": src_sha},
+            "inputs": _signature(inputs, fn.args), "outputs": _signature(outputs, fn.outputs),
+            "files": {f: {"sha256": digests.get(f) or _sha256(os.path.join(tmp, f)),
+                          "bytes": os.path.getsize(os.path.join(tmp, f))} for f in files},
+        }
+        with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        _replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _replace_dir(tmp: str, out_dir: str) -> None:
+    if not os.path.exists(out_dir):
+        os.rename(tmp, out_dir)
+        return
+    old = out_dir + ".old-" + os.path.basename(tmp)
+    os.rename(out_dir, old)
+    try:
+        os.rename(tmp, out_dir)
+    except BaseException:
+        os.rename(old, out_dir)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# -- running ----------------------------------------------------------------------------------------------
+
+def _session(model: str | bytes, threads: int | None = None) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+    try:
+        return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise BuildError(f"onnxruntime cannot load the model: {str(exc).strip().splitlines()[0]}") from None
+
+
+_SPECIAL_IN = {"bfloat16": TensorProto.BFLOAT16, "float8_e4m3fn": TensorProto.FLOAT8E4M3FN,
+               "float8_e5m2": TensorProto.FLOAT8E5M2}
+_SPECIAL_OUT = {"tensor(bfloat16)": (DType.bf16, 2), "tensor(float8e4m3fn)": (DType.f8e4m3, 1),
+                "tensor(float8e5m2)": (DType.f8e5m2, 1), "tensor(int4)": (DType.i4, 0),
+                "tensor(uint4)": (DType.u4, 0)}
+
+
+def _ort_value(arr: np.ndarray) -> Any:
+    """numpy -> OrtValue, passing the types onnxruntime's numpy bridge lacks as raw bytes."""
+    import onnxruntime as ort
+
+    arr = np.ascontiguousarray(arr)
+    code = _SPECIAL_IN.get(arr.dtype.name)
+    if code is not None:
+        raw = arr.view(np.uint16 if arr.dtype.itemsize == 2 else np.uint8)
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(raw, onnx_element_type=code)
+    if arr.dtype.name in ("int4", "uint4"):
+        raise BuildError(f"onnxruntime's Python API cannot take {arr.dtype.name} inputs")
+    return ort.OrtValue.ortvalue_from_numpy(arr)
+
+
+def _from_ort_value(v: Any) -> np.ndarray:
+    special = _SPECIAL_OUT.get(v.data_type())
+    if special is None:
+        return np.asarray(v.numpy())
+    import ctypes
+
+    dt, width = special
+    shape = tuple(v.shape())
+    n = int(np.prod(shape)) if shape else 1
+    nbytes = n * width if width else (n + 1) // 2
+    raw = np.frombuffer(bytes((ctypes.c_char * nbytes).from_address(v.data_ptr())), np.uint8) \
+        if nbytes else np.zeros(0, np.uint8)
+    if width:
+        return raw.view(numpy_dtype(dt)).reshape(shape).copy()
+    lo, hi = raw & 0x0F, raw >> 4
+    codes = np.stack([lo, hi], axis=-1).reshape(-1)[:n].astype(np.int8)
+    if dt == DType.i4:
+        codes = np.where(codes > 7, codes - 16, codes).astype(np.int8)
+    return codes.astype(numpy_dtype(dt)).reshape(shape)
+
+
+def run_session(sess: Any, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """Run an onnxruntime session on numpy inputs, bf16/f8/int4 included."""
+    feeds = {k: _ort_value(np.asarray(v)) for k, v in inputs.items()}
+    return [_from_ort_value(o) for o in sess.run_with_ort_values(None, feeds)]
+
+
+class OrtRunner:
+    """An onnxruntime session over an artifact folder or an in-memory model."""
+
+    def __init__(self, model: str | bytes, threads: int | None = None) -> None:
+        self.sess = _session(model, threads)
+        self.input_names = [i.name for i in self.sess.get_inputs()]
+        self.output_names = [o.name for o in self.sess.get_outputs()]
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            outs = run_session(self.sess, inputs)
+        except BuildError:
+            raise
+        except Exception as exc:
+            raise BuildError(f"onnxruntime failed: {str(exc).strip().splitlines()[0]}") from None
+        return dict(zip(self.output_names, outs))
+
+
+def session_for_module(module: Module, threads: int | None = 1) -> tuple[OrtRunner, list[str], list[str]]:
+    """Build in memory (weights inline; small models only) and open a session."""
+    model, _, inputs, outputs = to_onnx(module, inline_weights=True)
+    return OrtRunner(model.SerializeToString(), threads), inputs, outputs
+
+
+def load_manifest(art_dir: str) -> dict[str, Any]:
+    path = os.path.join(art_dir, MANIFEST)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        raise InputError(f"{art_dir}: no {MANIFEST} (not an llmir artifact folder)",
+                         hint="build one with `llmir build MODEL.llmir --target onnxruntime -o DIR`") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read the manifest: {exc}") from None
+    if data.get("target") != "onnxruntime":
+        raise InputError(f"{art_dir}: artifact target is {data.get('target')!r}, not onnxruntime")
+    return dict(data)
+
+
+def runner_for_artifact(art_dir: str, threads: int | None = None) -> OrtRunner:
+    manifest = load_manifest(art_dir)
+    return OrtRunner(os.path.join(art_dir, manifest.get("model", MODEL_FILE)), threads)
+
+
+__all__ = ["build", "to_onnx", "BuildError", "OrtRunner", "session_for_module", "load_manifest",
+           "runner_for_artifact", "run_session", "OPSET", "MS", "Lowering", "onnx_dtype", "DataPlan",
+           "MODEL_FILE", "DATA_FILE", "MANIFEST"]
+

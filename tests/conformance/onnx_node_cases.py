@@ -1,0 +1,243 @@
+"""The official ONNX node tests, run through llmir: scope, classification, comparison.
+
+Shared by tests/conformance/test_onnx_node.py (the CI gate) and scripts/gen_onnx_conformance.py
+(writes docs/onnx-conformance.md). The cases come from the installed onnx package
+(`onnx.backend.test.case.node.collect_testcases()`, generated in memory).
+
+Scope. A node test is *for a supported op* when every node in it is an op the ONNX frontend maps
+(`onnx_ops.HANDLERS`), its model's default opset is 13 or newer, and every tensor type in it has
+an llmir dtype. Out-of-scope tests are counted, with the reason, but not run.
+
+Each in-scope test runs on two backends:
+- reference: import -> the numpy reference interpreter;
+- onnxruntime: import -> build (in memory) -> onnxruntime. A test onnxruntime cannot run in its
+  original form (a kernel or a numpy I/O type it lacks) is excluded from this column, with the
+  error as the reason; the built model is also compared with onnxruntime on the original.
+
+Outputs are compared with the test's expected outputs at the test's rtol/atol, raised to a floor
+per dtype (f16 2e-3, bf16 1.6e-2, f8 2.5e-1: about two units in the last place), NaNs equal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import os
+import time
+import warnings
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+
+from llmir_core.backends.ort import run_session
+from llmir_core.frontends.onnx import MIN_OPSET, ONNX_TO_DTYPE, onnx_dtype_name
+from llmir_core.frontends.onnx_ops import HANDLERS
+from llmir_core.onnx_backend import LlmirRep
+
+BACKENDS = ("reference", "onnxruntime")
+# (rtol, atol) floors per output dtype name
+TOL_FLOOR = {"float16": (2e-3, 1e-3), "bfloat16": (1.6e-2, 1e-2), "float8_e4m3fn": (2.5e-1, 1e-2),
+             "float8_e5m2": (2.5e-1, 1e-2)}
+
+
+# In-scope tests llmir does not run, with the reason (not counted in the pass rate).
+EXCLUDED = {
+    "test_training_dropout": "Dropout in training mode draws random numbers",
+    "test_training_dropout_default": "Dropout in training mode draws random numbers",
+    "test_training_dropout_default_mask": "Dropout in training mode draws random numbers",
+    "test_training_dropout_mask": "Dropout in training mode draws random numbers",
+}
+
+
+@dataclass
+class CaseResult:
+    name: str
+    ops: tuple[str, ...]
+    scope: str | None = None  # None = in scope; else why not
+    status: dict[str, str] = field(default_factory=dict)  # backend -> pass | fail | excluded
+    reason: dict[str, str] = field(default_factory=dict)
+    ort_original_agrees: bool | None = None
+
+
+@functools.lru_cache(maxsize=1)
+def node_cases() -> list[Any]:
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        return [c for c in collect_testcases() if c.kind == "node"]
+
+
+def _op_key(n: onnx.NodeProto) -> tuple[str, str]:
+    return ("" if n.domain in ("", "ai.onnx") else n.domain, n.op_type)
+
+
+def _types_in(model: onnx.ModelProto) -> set[int]:
+    """Every tensor element type the test's graph mentions (I/O, Cast targets, attribute tensors)."""
+    out: set[int] = set()
+    g = model.graph
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        t = vi.type
+        if t.HasField("tensor_type"):
+            out.add(t.tensor_type.elem_type)
+        else:
+            out.add(-1)  # sequence / optional / map
+    for n in g.node:
+        for a in n.attribute:
+            if n.op_type == "Cast" and a.name == "to":
+                out.add(a.i)
+            if a.type == onnx.AttributeProto.TENSOR:
+                out.add(a.t.data_type)
+    for t in g.initializer:
+        out.add(t.data_type)
+    return out
+
+
+def scope_of(case: Any) -> str | None:
+    """None when the case is in scope, else the reason it is not."""
+    missing = sorted({f"{d + ':' if d else ''}{o}" for d, o in map(_op_key, case.model.graph.node)
+                      if (d, o) not in HANDLERS})
+    if missing:
+        return f"op not in llmir's op set: {', '.join(missing)}"
+    opset = next((o.version for o in case.model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < MIN_OPSET:
+        return f"opset {opset} < {MIN_OPSET}"
+    bad = sorted(t for t in _types_in(case.model) if t not in ONNX_TO_DTYPE)
+    if bad:
+        names = ["sequence/optional" if t == -1 else onnx_dtype_name(t) for t in bad]
+        return f"type without an llmir dtype: {', '.join(names)}"
+    return None
+
+
+def _arrays(values: list[Any]) -> list[np.ndarray]:
+    return [np.asarray(onnx.numpy_helper.to_array(v)) if isinstance(v, onnx.TensorProto) else np.asarray(v)
+            for v in values]
+
+
+def compare(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> str | None:
+    """None when equal within tolerance, else a one-line reason."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape:
+        return f"shape {list(got.shape)}, expected {list(want.shape)}"
+    if got.dtype != want.dtype:
+        return f"dtype {got.dtype}, expected {want.dtype}"
+    floor = TOL_FLOOR.get(want.dtype.name)
+    if floor:
+        rtol, atol = max(rtol, floor[0]), max(atol, floor[1])
+    if want.dtype.kind in "biu" or want.dtype.name in ("int4", "uint4"):
+        bad = np.asarray(got != want)
+        return None if not bad.any() else f"{int(bad.sum())} of {bad.size} elements differ"
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        close = np.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
+    if close.all():
+        return None
+    idx = np.argwhere(~close)[0]
+    return (f"{int((~close).sum())} of {close.size} elements differ (first at {idx.tolist()}: "
+            f"{g[tuple(idx)]!r} vs {w[tuple(idx)]!r})")
+
+
+def _ort_original(case: Any, inputs: list[np.ndarray]) -> tuple[list[np.ndarray] | None, str | None]:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    so.intra_op_num_threads = 1
+    try:
+        sess = ort.InferenceSession(case.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        names = [i.name for i in sess.get_inputs()]
+        return run_session(sess, dict(zip(names, inputs))), None
+    except Exception as exc:
+        return None, str(exc).strip().splitlines()[0][:200]
+
+
+def run_case(case: Any) -> CaseResult:
+    ops = tuple(sorted({o for _, o in map(_op_key, case.model.graph.node)}))
+    res = CaseResult(case.name, ops, scope_of(case))
+    if res.scope:
+        return res
+    if case.name in EXCLUDED:
+        for b in BACKENDS:
+            res.status[b], res.reason[b] = "excluded", EXCLUDED[case.name]
+        return res
+    sets = [(_arrays(list(i)), _arrays(list(o))) for i, o in case.data_sets]
+    for backend in BACKENDS:
+        ort_outs: list[list[np.ndarray]] = []
+        if backend == "onnxruntime":
+            for ins, _ in sets:
+                outs, err = _ort_original(case, ins)
+                if err is not None:
+                    res.status[backend] = "excluded"
+                    res.reason[backend] = f"onnxruntime cannot run the original model: {err}"
+                    break
+                assert outs is not None
+                ort_outs.append(outs)
+            if backend in res.status:
+                continue
+        try:
+            rep = LlmirRep(case.model, backend)
+            agrees = True
+            why = None
+            for k, (ins, want) in enumerate(sets):
+                got = rep.run(ins)
+                for j, (g, w) in enumerate(zip(got, want)):
+                    why = why or compare(g, w, case.rtol, case.atol)
+                    if why:
+                        why = f"output #{j}: {why}"
+                    if ort_outs and compare(g, ort_outs[k][j], case.rtol, case.atol):
+                        agrees = False
+            if ort_outs:
+                res.ort_original_agrees = agrees
+            res.status[backend] = "fail" if why else "pass"
+            if why:
+                res.reason[backend] = why
+        except Exception as exc:
+            res.status[backend] = "fail"
+            lines = str(exc).strip().splitlines()
+            res.reason[backend] = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:240]
+    return res
+
+
+def run_all(names: list[str] | None = None) -> tuple[list[CaseResult], float]:
+    t0 = time.perf_counter()
+    out = []
+    sink = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sink), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        os.environ.setdefault("ORT_LOGGING_LEVEL", "4")
+        for case in node_cases():
+            if names is None or case.name in names:
+                out.append(run_case(case))
+    return out, time.perf_counter() - t0
+
+
+def summarize(results: list[CaseResult]) -> dict[str, Any]:
+    in_scope = [r for r in results if r.scope is None]
+    summary: dict[str, Any] = {"total": len(results), "in_scope": len(in_scope),
+                               "out_of_scope": len(results) - len(in_scope)}
+    for b in BACKENDS:
+        c = Counter(r.status.get(b) for r in in_scope)
+        runnable = len(in_scope) - c["excluded"]
+        summary[b] = {"pass": c["pass"], "fail": c["fail"], "excluded": c["excluded"],
+                      "runnable": runnable,
+                      "rate": c["pass"] / runnable if runnable else 1.0}
+    agree = [r.ort_original_agrees for r in in_scope if r.ort_original_agrees is not None]
+    summary["ort_original_agrees"] = sum(1 for a in agree if a)
+    summary["ort_original_compared"] = len(agree)
+    return summary
+
+
+def per_op(results: list[CaseResult]) -> dict[str, dict[str, Counter[str]]]:
+    table: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: {b: Counter() for b in BACKENDS})
+    for r in results:
+        if r.scope is not None:
+            continue
+        for op in r.ops:
+            for b in BACKENDS:
+                table[op][b][r.status.get(b, "fail")] += 1
+    return dict(sorted(table.items()))
