@@ -98,3 +98,23 @@ def load_weight(attrs: dict[str, Any], t: TensorType, base_dir: str, verify_hash
         return PackedArray(np.asarray(raw), t.dtype, shape)
     assert isinstance(t.dtype, DType)
     return np.asarray(raw).view(numpy_dtype(t.dtype)).reshape(shape)
+
+
+def rebase_weight_paths(module: Any, new_dir: str) -> int:
+    """Rewrite relative `core.weight` paths so they resolve from `new_dir` (where the module is
+    about to be written) to the same files they resolved to from the module's source folder.
+    Returns how many references changed."""
+    old_dir = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
+    new_dir = os.path.abspath(new_dir)
+    if old_dir == new_dir:
+        return 0
+    changed = 0
+    for fn in module.functions:
+        for op in fn.ops:
+            f = op.attrs.get("file") if op.name == "core.weight" else None
+            if not isinstance(f, str) or os.path.isabs(f):
+                continue
+            target = os.path.normpath(os.path.join(old_dir, f))
+            op.attrs["file"] = os.path.relpath(target, new_dir)
+            changed += 1
+    return changed

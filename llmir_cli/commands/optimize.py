@@ -3,6 +3,7 @@ dumps, timings, translation validation and a report."""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import typer
 
 from llmir_core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, InputError
 from llmir_core.fileio import write_text_atomic
+from llmir_core.weights import rebase_weight_paths
 from llmir_core.ir.parser import parse_file
 from llmir_core.ir.printer import print_module
 from llmir_core.passes import PRESETS
@@ -75,6 +77,9 @@ def optimize_cmd(
         if passes is not None and level is not None:
             raise InputError("give either -O or --passes, not both")
         pipeline = parse_pipeline(passes) if passes is not None else preset(2 if level is None else level)
+        if output is not None:  # weights a pass writes (quantize-weights) go beside OUT
+            pipeline = [dataclasses.replace(p, weights_file=str(output.with_name(f"{output.stem}.q{p.bits}.weights.bin")))
+                        if getattr(p, "weights_file", None) == "" else p for p in pipeline]
         if print_after:
             from llmir_core.passes import PASSES
 
@@ -94,6 +99,10 @@ def optimize_cmd(
         text = print_module(result.module)
         failed = result.failed_validation
         if output is not None and failed is None:
+            # weight paths are relative to the file's folder: keep them pointing at the same
+            # bytes when OUT is written somewhere else than IN
+            if rebase_weight_paths(result.module, str(output.resolve().parent)):
+                text = print_module(result.module)
             write_text_atomic(output, text)
         if ctx.json:
             payload = {"ok": failed is None, "file": str(file),

@@ -830,4 +830,142 @@ register(OpDef(
             "-> tensor<?batch x ?seq x 128 x f32>",
 ))
 
+
+# -- fused ops (targets of the -O3 fusion passes) -------------------------------------------------
+
+def _infer_add_rms_norm(ctx: InferCtx) -> list[Type]:
+    x, r = float_tensor(ctx, 0, "x"), tensor_arg(ctx, 1, "residual")
+    w = tensor_arg(ctx, 2, "weight")
+    if x.rank == 0:
+        raise OpVerifyError("x must have rank >= 1 (the normalized dim is the last)")
+    _need_dtype(r, x.dtype, "residual")
+    _need_dtype(w, x.dtype, "weight")
+    if r.rank != x.rank or not all(_same(a, c) for a, c in zip(x.shape, r.shape)):
+        raise OpVerifyError(f"residual {fmt_shape(r.shape)} must have x's shape {fmt_shape(x.shape)}")
+    _need_rank(w, 1, "weight")
+    _need_dim(w.shape[0], x.shape[-1], f"weight has {w.shape[0]} elements but x's last dim is {x.shape[-1]}")
+    if ctx["eps"] < 0:
+        raise OpVerifyError(f"eps must be >= 0, got {ctx['eps']}")
+    return [x, x]
+
+
+def _ref_add_rms_norm(args: list[np.ndarray], at: dict[str, Any]) -> list[np.ndarray]:
+    x, r, w = args
+    s = (_f64(x) + _f64(r)).astype(x.dtype)  # the sum is a result: rounded like core.add
+    return [_ref_rms_norm([s, w], at), s]
+
+
+def _dec_add_rms_norm(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
+    s = b.op("core.add", o[0], o[1])
+    return [_dec_rms_norm(b, [s, o[2]], at)[0], s]
+
+
+register(OpDef(
+    name="llm.add_rms_norm",
+    summary="Residual add fused with RMS normalization: sum = x + residual; "
+            "normed = sum / sqrt(mean(sum^2) + eps) * (weight + offset). Returns (normed, sum).",
+    operands=(Operand("x"), Operand("residual", doc="x's shape and dtype"),
+              Operand("weight", doc="[hidden]")),
+    attrs=(Attr("eps", "float", 1e-6, doc="added to the mean square"),
+           Attr("offset", "float", 0.0, doc="added to weight (gemma stores weight - 1: offset 1.0)")),
+    infer=_infer_add_rms_norm, reference=_ref_add_rms_norm, decompose=_dec_add_rms_norm,
+    results=("normed", "sum"),
+    verifies="x and residual share one float dtype and shape, weight is 1-D over the last dim, "
+             "and eps >= 0.",
+    example="%y, %s = llm.add_rms_norm %x, %r, %w {eps = 1e-05} : (tensor<?batch x ?seq x 64 x f32>, "
+            "tensor<?batch x ?seq x 64 x f32>, tensor<64xf32>) -> (tensor<?batch x ?seq x 64 x f32>, "
+            "tensor<?batch x ?seq x 64 x f32>)",
+))
+
+_LINEAR_ACTIVATIONS = ("none", "silu", "gelu", "gelu_tanh", "relu")
+
+
+def _infer_linear(ctx: InferCtx) -> list[Type]:
+    x, w = float_tensor(ctx, 0, "x"), tensor_arg(ctx, 1, "w")
+    if x.rank == 0:
+        raise OpVerifyError("x must have rank >= 1")
+    _need_rank(w, 2, "w")
+    _need_dtype(w, x.dtype, "w")
+    n, k = (w.shape[0], w.shape[1]) if ctx["transpose_b"] else (w.shape[1], w.shape[0])
+    _need_dim(k, x.shape[-1], f"contraction dims differ: x has {x.shape[-1]}, w {k}")
+    if len(ctx.types) > 2:
+        bias = tensor_arg(ctx, 2, "bias")
+        _need_rank(bias, 1, "bias")
+        _need_dtype(bias, x.dtype, "bias")
+        _need_dim(bias.shape[0], n, f"bias has {bias.shape[0]} elements but the output has {n}")
+    return [like(x, (*x.shape[:-1], n))]
+
+
+def _linear_act64(name: str, y: np.ndarray) -> np.ndarray:
+    if name == "none":
+        return y
+    if name == "relu":
+        return np.maximum(y, 0.0)
+    return _act64(name, y)
+
+
+def _ref_linear(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
+    x, w = _f64(args[0]), _f64(args[1])
+    y = x @ (w.T if at["transpose_b"] else w)
+    if len(args) > 2:
+        y = y + _f64(args[2])
+    with np.errstate(over="ignore"):
+        return _linear_act64(at["activation"], y).astype(args[0].dtype)
+
+
+def _dec_linear(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
+    y = b.op("core.matmul", o[0], o[1], transpose_b=at["transpose_b"])
+    if len(o) > 2:
+        y = b.op("core.add", y, o[2])
+    act = at["activation"]
+    if act in ("silu", "relu"):
+        y = b.op(f"core.{act}", y)
+    elif act in ("gelu", "gelu_tanh"):
+        y = b.op("core.gelu", y, approximate="none" if act == "gelu" else "tanh")
+    return [y]
+
+
+register(OpDef(
+    name="llm.linear",
+    summary="A projection with optional bias and activation: act(x @ w^T + bias) (transpose_b, "
+            "HF [out, in] weights) or act(x @ w + bias); activation none, silu, gelu (erf), "
+            "gelu_tanh or relu.",
+    operands=(Operand("x"), Operand("w", doc="[out, in] (transpose_b) or [in, out]"),
+              Operand("bias", optional=True, doc="[out]")),
+    attrs=(Attr("activation", "str", "none", choices=_LINEAR_ACTIVATIONS,
+                doc="applied after the bias"),
+           Attr("transpose_b", "bool", True, doc="w is [out, in] (true) or [in, out] (false)")),
+    infer=_infer_linear, reference=_ref_linear, decompose=_dec_linear,
+    verifies="x is a float tensor, w a 2-D matrix of x's dtype whose contraction dim matches x's "
+             "last dim, and bias (if any) is 1-D over the output dim.",
+    example='%y = llm.linear %x, %w, %b {activation = "gelu_tanh"} : (tensor<?batch x ?seq x 64 x f32>, '
+            "tensor<256x64xf32>, tensor<256xf32>) -> tensor<?batch x ?seq x 256 x f32>",
+))
+
+
+# -- placement (assign-precision) -----------------------------------------------------------------
+
+def _infer_to_device(ctx: InferCtx) -> list[Type]:
+    x = tensor_arg(ctx, 0, "x")
+    for key in ("device", "layout"):
+        v = ctx[key]
+        if not isinstance(v, str) or any(c in v for c in '"\\'):
+            raise OpVerifyError(f"{key} must be a plain string, got {v!r}")
+    return [TensorType(x.shape, x.dtype, ctx["layout"] or None, ctx["device"] or None, x.sema)]
+
+
+register(OpDef(
+    name="llm.to_device",
+    summary="Place x on a device with a physical layout: the same values, with the result type's "
+            "`device` and `layout` options set (\"\" clears one: host memory, row-major). A backend "
+            "copies and reorders; the reference interpreter returns x.",
+    operands=(Operand("x"),),
+    attrs=(Attr("device", "str", "", doc='e.g. "cuda", "cpu"; "" = host (no annotation)'),
+           Attr("layout", "str", "", doc='e.g. "nk" (a [out, in] matrix), "kn"; "" = row-major')),
+    infer=_infer_to_device, reference=lambda a, at: np.array(a[0], copy=True),
+    verifies="x is a tensor and device and layout are plain strings.",
+    example='%y = llm.to_device %x {device = "cuda"} : (tensor<?batch x ?seq x 64 x f16>) '
+            '-> tensor<?batch x ?seq x 64 x f16, device="cuda">',
+))
+
 __all__ = ["KVCacheValue"]

@@ -270,6 +270,10 @@ rule(Rule(
 ))
 
 
+# -- rules of the -O3 fusion and lifting passes, quantization and precision assignment ---------
+
+from . import fusion_rules, precision_rules, quant_rules  # noqa: E402,F401  (register into RULES)
+
 # -- the certificate -------------------------------------------------------------------------
 
 CERT_PATH = os.path.join(os.path.dirname(__file__), "proofs.json")

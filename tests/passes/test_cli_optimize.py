@@ -81,3 +81,26 @@ def test_verify_rules_subset_and_timeout() -> None:
     assert r.returncode == 3
     data = json.loads(r.stdout)
     assert data["rules"][0]["verdict"] == "inconclusive" and "timed out" in data["rules"][0]["detail"]
+
+
+def test_output_in_another_folder_keeps_weight_references(tmp_path) -> None:
+    """Regression: weight paths are relative to the .llmir's folder, so `-o other/x.llmir`
+    must rewrite them to still point at the same bytes."""
+    import numpy as np
+
+    from tests.conftest import run_cli
+
+    src_dir, out_dir = tmp_path / "src", tmp_path / "out" / "deep"
+    src_dir.mkdir()
+    out_dir.mkdir(parents=True)
+    np.arange(16, dtype=np.float32).tofile(src_dir / "w.bin")
+    (src_dir / "m.llmir").write_text(
+        'module @m attributes {llmir.dialects = ["core"], llmir.version = "0.1"} {\n'
+        '  func.func @main(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {\n'
+        '    %w = core.weight {file = "w.bin", name = "w", nbytes = 64, offset = 0} : () -> tensor<4x4xf32>\n'
+        '    %y = core.matmul %x, %w : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>\n'
+        '    return %y : tensor<2x4xf32>\n  }\n}\n')
+    r = run_cli("optimize", str(src_dir / "m.llmir"), "-O1", "-o", str(out_dir / "o.llmir"))
+    assert r.returncode == 0, r.stderr
+    assert 'file = "../../src/w.bin"' in (out_dir / "o.llmir").read_text()
+    assert run_cli("verify", str(out_dir / "o.llmir")).returncode == 0

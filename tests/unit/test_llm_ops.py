@@ -124,7 +124,7 @@ def test_catalog_is_complete() -> None:
     assert LLM_OPS == sorted(f"llm.{n}" for n in (
         "embedding", "rms_norm", "layer_norm", "rotary_embedding", "scaled_dot_product_attention",
         "silu_mul", "gated_mlp", "kv_cache_update", "kv_cache_read", "quantize", "dequantize",
-        "quantized_matmul"))
+        "quantized_matmul", "add_rms_norm", "linear", "to_device"))
 
 
 @pytest.mark.parametrize("name", LLM_OPS)
@@ -498,7 +498,7 @@ def test_decompose_quantized_matmul(fmt: str) -> None:
 def test_every_composite_op_has_a_decomposition() -> None:
     composite = {"llm.embedding", "llm.rms_norm", "llm.layer_norm", "llm.rotary_embedding",
                  "llm.scaled_dot_product_attention", "llm.silu_mul", "llm.gated_mlp",
-                 "llm.quantized_matmul"}
+                 "llm.quantized_matmul", "llm.add_rms_norm", "llm.linear"}
     assert {n for n in LLM_OPS if all_ops()[n].decompose is not None} == composite
 
 
@@ -556,6 +556,9 @@ BAD = {
     "llm.dequantize": (("128x64x!quant.q4_0", "128x48x!quant.q4_0"), "not a multiple of the q4_0 block (32)"),
     "llm.quantized_matmul": (("x 64 x f32>, tensor<128x64x", "x 32 x f32>, tensor<128x64x"),
                              "contraction dims differ: x has 32, the weight 64"),
+    "llm.add_rms_norm": (("tensor<64xf32>) ->", "tensor<32xf32>) ->"), "weight has 32 elements but x's last dim is 64"),
+    "llm.linear": (("tensor<256xf32>) ->", "tensor<128xf32>) ->"), "bias has 128 elements but the output has 256"),
+    "llm.to_device": (('{device = "cuda"}', '{device = 3}'), "device"),
 }
 
 

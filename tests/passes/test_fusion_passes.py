@@ -1,0 +1,173 @@
+"""The -O3 lifting and fusion passes (lift-layer-norm, lift-rotary, lift-attention,
+fuse-add-rms-norm, fuse-linear), their fused ops, their rules' proofs and mutants."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from llmir_core.builder import Builder, new_module
+from llmir_core.dialects.registry import get_op
+from llmir_core.interp import run
+from llmir_core.ir.core import Function
+from llmir_core.ir.printer import print_module
+from llmir_core.ir.types import DType, TensorType
+from llmir_core.passes import PASSES, PRESETS
+from llmir_core.passes.base import clone_module
+from llmir_core.passes.manager import run_pipeline
+from llmir_core.passes.pipeline import parse_pipeline, preset
+from llmir_core.rewrite import fusion_rules
+from llmir_core.rewrite.library import RULES, is_proved
+from llmir_core.rewrite.proof_obligations import equality
+from llmir_core.rewrite.terms import A, T, V, t
+from llmir_core.smt.differential import compare, make_inputs
+from llmir_core.smt.prove import prove
+from llmir_core.smt.tv import validate, validate_pass
+from llmir_core.verifier import verify
+from tests.passes.decoder import TINY, build_decoder
+from tests.passes.exported import exported_block
+
+NEW = ("lift-layer-norm", "lift-rotary", "lift-attention", "fuse-add-rms-norm", "fuse-linear")
+
+
+def _run_op(name: str, args: list[np.ndarray], **attrs: Any) -> list[np.ndarray]:
+    """The op's reference and its decomposition, on the same inputs."""
+    m = new_module("t", ("core", "llm"))
+    fn = Function("main", [])
+    m.functions.append(fn)
+    b = Builder(fn)
+    vals = [b.arg(f"a{i}", TensorType(a.shape, DType.f32)) for i, a in enumerate(args)]
+    op = b.create(name, vals, attrs)
+    b.ret(*op.results)
+    ref = run(m, {f"a{i}": a for i, a in enumerate(args)})
+    d = new_module("d", ("core", "llm"))
+    fd = Function("main", [])
+    d.functions.append(fd)
+    bd = Builder(fd)
+    dv = [bd.arg(f"a{i}", TensorType(a.shape, DType.f32)) for i, a in enumerate(args)]
+    od = get_op(name)
+    assert od is not None and od.decompose is not None
+    bd.ret(*od.decompose(bd, dv, od.with_defaults(attrs)))
+    dec = run(d, {f"a{i}": a for i, a in enumerate(args)})
+    for r, x in zip(ref, dec):
+        np.testing.assert_allclose(r, x, rtol=2e-5, atol=2e-6)
+    return ref
+
+
+def test_add_rms_norm_reference_by_hand() -> None:
+    rng = np.random.default_rng(0)
+    x, r, w = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 8), (2, 3, 8), (8,)))
+    y, s = _run_op("llm.add_rms_norm", [x, r, w], eps=1e-5, offset=1.0)
+    want_s = x + r
+    want_y = want_s / np.sqrt((want_s.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5) * (w + 1.0)
+    np.testing.assert_array_equal(s, want_s)
+    np.testing.assert_allclose(y, want_y, rtol=1e-6)
+
+
+@pytest.mark.parametrize("act", ["none", "silu", "gelu", "gelu_tanh", "relu"])
+def test_linear_reference_by_hand(act: str) -> None:
+    rng = np.random.default_rng(1)
+    x, w, bias = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 8), (5, 8), (5,)))
+    (y,) = _run_op("llm.linear", [x, w, bias], activation=act)
+    z = x.astype(np.float64) @ w.T.astype(np.float64) + bias
+    want = {"none": z, "relu": np.maximum(z, 0), "silu": z / (1 + np.exp(-z)),
+            "gelu": 0.5 * z * (1 + np.vectorize(__import__("math").erf)(z / np.sqrt(2))),
+            "gelu_tanh": 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))}[act]
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+    (y2,) = _run_op("llm.linear", [x, w.T.copy()], activation=act, transpose_b=False)
+    np.testing.assert_allclose(y2, _run_op("llm.linear", [x, w], activation=act)[0], rtol=1e-6)
+
+
+def test_O3_lifts_an_exported_block_and_validates_each_pass() -> None:
+    m = exported_block()
+    original = clone_module(m)
+    res = run_pipeline(m, preset(3), validator=validate_pass)
+    assert res.failed_validation is None
+    assert all(r.validation and r.validation["verdict"] == "equivalent" for r in res.runs)
+    c = res.after.op_counts
+    assert c["llm.layer_norm"] == 1 and c["llm.rotary_embedding"] == 2
+    assert c["llm.scaled_dot_product_attention"] == 1 and c["llm.linear"] == 3 and c["llm.add_rms_norm"] == 1
+    for gone in ("core.softmax", "core.trilu", "core.tile", "core.gather", "core.reduce_mean", "core.gelu"):
+        assert gone not in c, gone
+    sdpa = next(op for op in m.main.ops if op.name == "llm.scaled_dot_product_attention")
+    assert sdpa.attrs["causal"] is True and sdpa.operands[1].type.shape[1] == 2  # GQA: un-repeated k
+    assert res.after.ops < res.before.ops / 2 and not verify(m)
+    assert compare(original, m)["verdict"] == "equivalent"
+    assert validate(original, m)["verdict"] == "equivalent"
+    inputs = make_inputs(original, {"batch": 2, "seq": 5}, seed=3, scale=1.0)
+    inputs["pos"] = np.tile(np.arange(5), (2, 1)).astype(np.int64)
+    np.testing.assert_allclose(run(m, inputs)[0], run(original, inputs)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_O3_differs_from_O2_on_the_decoder() -> None:
+    assert set(PRESETS["O3"]) - set(PRESETS["O2"]) == set(NEW) and PRESETS["O2"] != PRESETS["O3"]
+    m2, m3 = build_decoder(TINY), build_decoder(TINY)
+    r2, r3 = run_pipeline(m2, preset(2)), run_pipeline(m3, preset(3), validator=validate_pass)
+    assert r3.failed_validation is None
+    assert "llm.add_rms_norm" not in r2.after.op_counts
+    # the post-attention norm of each layer and the next layer's input norm read residual adds
+    assert r3.after.op_counts["llm.add_rms_norm"] == 2 * TINY.layers - 1
+    assert r3.after.ops < r2.after.ops
+
+
+def test_new_passes_are_idempotent_and_listed() -> None:
+    for name in NEW:
+        assert name in PASSES and PASSES[name].summary
+    m = exported_block()
+    run_pipeline(m, preset(3))
+    once = print_module(m)
+    run_pipeline(m, preset(3))
+    assert print_module(m) == once
+
+
+def test_fusion_keeps_a_shared_product() -> None:
+    m = build_decoder(TINY)
+    ps = parse_pipeline("fuse-linear")
+    res = run_pipeline(m, ps)
+    assert not res.ctx.rewrites  # no bias or activation follows a projection here
+
+
+@pytest.mark.parametrize("name", sorted(n for n, r in RULES.items() if set(r.passes) & set(NEW)))
+def test_rules_are_certified(name: str) -> None:
+    assert is_proved(RULES[name])
+
+
+def _mut(name: str, **changes: Any) -> Any:
+    """A wrong variant of a rule, with the obligation rebuilt for its new sides."""
+    kw = changes.pop("proof", {})
+    r = dataclasses.replace(RULES[name], name=f"mutant-{name}", **changes)
+    return dataclasses.replace(r, obligation=equality(r.lhs, r.rhs, r.sig, r.batch_ranks, **kw))
+
+
+ROT = RULES["lift-rotary"]
+MUTANTS = {
+    # the sum result is the normalized one
+    "add-rms-norm-wrong-result": _mut("fuse-add-rms-norm-sum", rhs=T(
+        "llm.add_rms_norm", RULES["fuse-add-rms-norm"].rhs.args, RULES["fuse-add-rms-norm"].rhs.attrs, 0)),
+    # the activation is lost
+    "linear-drops-activation": _mut("linear-bias-silu", rhs=t("llm.linear", V("x"), V("w"), V("b"),
+                                                              activation="none", transpose_b=True)),
+    # transpose_b flipped: w used as [in, out]
+    "linear-transposed-weight": _mut("linear-silu", rhs=t("llm.linear", V("x"), V("w"), activation="silu",
+                                                          transpose_b=False), sig={"x": "... m k", "w": "k k"}),
+    # the bias is dropped from the lifted LayerNorm
+    "layer-norm-drops-bias": _mut("lift-layer-norm-mul-rsqrt", rhs=t("llm.layer_norm", V("x"), V("w"), eps=A("eps")),
+                                  proof={"assume": lambda s: [s["eps"] > 0], "proof_attrs": fusion_rules.layer_norm_attrs}),
+    # sin and cos swapped in the lifted rotary
+    "rotary-swaps-tables": _mut("lift-rotary", rhs=T("llm.rotary_embedding", (
+        ROT.rhs.args[0], ROT.rhs.args[2], ROT.rhs.args[1], ROT.rhs.args[3]), ROT.rhs.attrs),
+        proof={"proof_attrs": fusion_rules.rotary_attrs, "int_leaves": ("pos",),
+               "hyps_at": fusion_rules.rotary_hyps}),
+    # the tables' halves are not assumed to repeat (the pass's data precondition dropped)
+    "rotary-without-precondition": _mut("lift-rotary", proof={"proof_attrs": fusion_rules.rotary_attrs,
+                                                              "int_leaves": ("pos",)}),
+}
+
+
+@pytest.mark.parametrize("key", sorted(MUTANTS))
+def test_wrong_fusion_rule_is_refuted(key: str) -> None:
+    v = prove(MUTANTS[key], limit_s=10)
+    assert v.verdict == "refuted", (key, v.verdict, v.detail)
