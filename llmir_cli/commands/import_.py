@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Annotated
@@ -17,7 +18,9 @@ from .._render import handle_errors, make_ctx
 HELP = """Import a model into a readable .llmir file.
 
 SRC is an .onnx file (ONNX opsets 13 and newer, plus the com.microsoft ops LLM exports use), a
-Hugging Face model folder (with config.json) or a .gguf file. Weights are not copied into the
+Hugging Face model folder (with config.json), a .gguf file, or a model reference resolved as
+`llmir init` does: a registry NAME:TAG (`smollm2:135m`) or `hf:ORG/REPO[@REV]` (pulled into the
+Hugging Face cache and sha256-checked; inside an `llmir init` project the locked files are used). Weights are not copied into the
 text: they stay where they are and the .llmir references them by file and offset (tensors stored
 inside an .onnx protobuf are written once to OUT.weights.bin beside OUT.llmir). Nothing is
 written when the import fails.
@@ -29,13 +32,23 @@ Examples:
   llmir import model.onnx -o model.llmir --keep-unknown   # keep unmapped ops as onnx.opaque
 
   llmir import ./SmolLM2-135M -o smol.llmir
+
+  llmir import smollm2:135m -o smol.llmir --offline       # from the HF cache or a mirror
 """
 
 
+def _looks_like_ref(src: str) -> bool:
+    """A registry NAME:TAG or hf:ORG/REPO reference rather than a local path."""
+    return not os.path.exists(src) and (src.startswith("hf:") or (":" in src and "/" not in src.split(":", 1)[0]))
+
+
 def import_cmd(
-    src: Annotated[Path, typer.Argument(help="Model to import: .onnx, .gguf or a HF folder.", show_default=False)],
+    src: Annotated[str, typer.Argument(help="Model to import: .onnx, .gguf, a HF folder, NAME:TAG or hf:ORG/REPO.", show_default=False)],
     output: Annotated[Path, typer.Option("--output", "-o", help="The .llmir file to write.", show_default=False)],
     keep_unknown: Annotated[bool, typer.Option("--keep-unknown", help="Keep ops llmir does not know as opaque onnx.opaque ops (only the onnxruntime backend can build them).")] = False,
+    no_tokenizer: Annotated[bool, typer.Option("--no-tokenizer", help="Import an LLM without its tokenizer (the build then takes token ids only).")] = False,
+    registry: Annotated[str | None, typer.Option("--registry", envvar="LLMIR_REGISTRY", help="Registry index (path, URL or mirror folder) for NAME:TAG references.")] = None,
+    offline: Annotated[bool, typer.Option("--offline", help="Resolve NAME:TAG / hf: references without any network call.")] = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -45,10 +58,16 @@ def import_cmd(
     with handle_errors(ctx):
         if output.exists() and output.is_dir():
             raise InputError(f"{output}: is a folder, expected a .llmir file path")
-        kind = detect_kind(str(src))
+        if _looks_like_ref(src):
+            from llmir_core.registry import resolve_model_ref
+
+            ctx.log(f"resolving {src}")
+            src = str(resolve_model_ref(src, registry=registry, offline=offline))
+        kind = detect_kind(src)
         ctx.detail(f"importing {src} ({kind})")
         t0 = time.perf_counter()
-        module = import_model(src, keep_unknown=keep_unknown, out_path=output)
+        module = import_model(src, keep_unknown=keep_unknown, out_path=output,
+                              require_tokenizer=not no_tokenizer)
         dt = time.perf_counter() - t0
         weights = sum(1 for f in module.functions for op in f.ops if op.name == "core.weight")
         opaque = sum(1 for f in module.functions for op in f.ops if op.name == "onnx.opaque")

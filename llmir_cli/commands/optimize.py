@@ -13,13 +13,13 @@ import typer
 
 from llmir_core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, InputError
 from llmir_core.fileio import write_text_atomic
-from llmir_core.weights import rebase_weight_paths
 from llmir_core.ir.parser import parse_file
 from llmir_core.ir.printer import print_module
 from llmir_core.passes import PRESETS
 from llmir_core.passes.manager import run_pipeline
 from llmir_core.passes.pipeline import describe_passes, parse_pipeline, preset
 from llmir_core.passes.report import format_list, format_report, format_times
+from llmir_core.weights import rebase_weight_paths
 
 from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
 from .._render import handle_errors, make_ctx

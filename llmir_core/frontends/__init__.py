@@ -53,7 +53,8 @@ def _frontend(kind: str) -> Any:
 
 
 def import_model(path: str | os.PathLike[str], *, keep_unknown: bool = False,
-                 out_path: str | os.PathLike[str] | None = None) -> Module:
+                 out_path: str | os.PathLike[str] | None = None,
+                 require_tokenizer: bool = True) -> Module:
     """Import a model into an llmir Module.
 
     With `out_path`, also write it there (and any weights file the frontend needs beside it),
@@ -80,6 +81,8 @@ def import_model(path: str | os.PathLike[str], *, keep_unknown: bool = False,
             kwargs["keep_unknown"] = keep_unknown
         if "out_path" in params and out is not None:
             kwargs["out_path"] = out
+        if "require_tokenizer" in params:
+            kwargs["require_tokenizer"] = require_tokenizer
         module = fn(src, **kwargs)
     if out is not None:
         write_module(module, out, sidecar)
