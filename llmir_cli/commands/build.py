@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from llmir_core.backends import TARGETS, build
-from llmir_core.errors import EXIT_CHECK_FAILED, CheckFailed
+from llmir_core.errors import EXIT_CHECK_FAILED, CheckFailed, InputError
 from llmir_core.ir.parser import parse_file
 from llmir_core.verifier import verify
 
@@ -38,6 +38,11 @@ def build_cmd(
     file: Annotated[Path, typer.Argument(help="The .llmir module to build.", show_default=False)],
     output: Annotated[Path, typer.Option("--output", "-o", help="Artifact folder to write.", show_default=False)],
     target: Annotated[str, typer.Option("--target", "-t", help="Runtime to build for.")] = "onnxruntime",
+    quant: Annotated[str | None, typer.Option("--quant", help="Decoders: quantize float weights to int4 or int8 (MatMulNBits, blockwise).")] = None,
+    quant_block: Annotated[int, typer.Option("--quant-block", help="Decoders: block size for --quant.")] = 32,
+    max_len: Annotated[int | None, typer.Option("--max-len", help="Decoders: KV-cache positions to preallocate (default: the model's context).")] = None,
+    accuracy_level: Annotated[int | None, typer.Option("--accuracy-level", help="Decoders: MatMulNBits activation precision 0-4 (4 = int8, fastest; 1 = fp32).")] = None,
+    generic: Annotated[bool, typer.Option("--generic", help="Build a decoder with the generic op-by-op lowering (no KV-cache buffers).")] = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -51,7 +56,19 @@ def build_cmd(
             raise CheckFailed(f"{file}: does not verify ({len(errors)} error(s))", diagnostics=errors,
                               hint=f"run `llmir verify {file}` for details", exit_code=EXIT_CHECK_FAILED)
         t0 = time.perf_counter()
-        manifest = build(module, str(output), target, source_path=str(file))
+        from llmir_core.backends.ort_decoder import ACCURACY_LEVEL, build_decoder, is_decoder
+
+        decoder = target == "onnxruntime" and not generic and is_decoder(module)
+        if not decoder and (quant or max_len is not None or accuracy_level is not None):
+            raise InputError("--quant, --max-len and --accuracy-level apply to decoder builds only",
+                             hint="import an LLM (HF folder or GGUF) to get a decoder module")
+        if decoder:
+            ctx.detail("decoder module: KV-cache buffers shared between steps, fused attention")
+            manifest = build_decoder(module, str(output), max_len=max_len, quant=quant,
+                                     quant_block=quant_block, source_path=str(file),
+                                     accuracy_level=ACCURACY_LEVEL if accuracy_level is None else accuracy_level)
+        else:
+            manifest = build(module, str(output), target, source_path=str(file))
         dt = time.perf_counter() - t0
         if ctx.json:
             ctx.emit_json("build", {"ok": True, "output": str(output), "seconds": round(dt, 3), **manifest})

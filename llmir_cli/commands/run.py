@@ -1,7 +1,8 @@
-"""`llmir run TARGET --input NAME=FILE ... --output-dir DIR`: run a model on tensors from files."""
+"""`llmir run TARGET`: tensors in and out (`--input`), or text generation (`--prompt`, `--chat`)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -9,11 +10,28 @@ import typer
 
 from llmir_core.errors import InputError
 from llmir_core.runtime.tensors import parse_input_specs, run_target, summarize, write_outputs
+from llmir_core.runtime.textgen import (
+    TextGenOptions,
+    TextResult,
+    chat_loop,
+    generate_texts,
+    read_prompts_file,
+    results_json,
+)
 
 from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
-from .._render import handle_errors, make_ctx
+from .._render import Ctx, handle_errors, make_ctx
 
-HELP = """Run a model on input tensors and write its outputs as NAME.npy.
+HELP = """Run a model: generate text from a prompt, or run it on input tensors.
+
+With --prompt, --prompts-file or --chat, TARGET is an artifact folder built from an LLM
+(`llmir build`): tokens stream to stdout as they are generated, greedy unless --temperature is
+set, stopping at an end-of-sequence token, a --stop string, --max-new-tokens or the model's
+context (with a warning). --chat applies the model's chat template; on a terminal with no
+--prompt it starts an interactive conversation (/exit ends it). --format json gives the text,
+token ids and timings.
+
+With --input, the model runs on tensors and writes its outputs as NAME.npy.
 
 TARGET is an artifact folder from `llmir build` (run on onnxruntime) or a .llmir file (run on the
 numpy reference interpreter, or with --backend onnxruntime built into a temp folder and run
@@ -22,6 +40,12 @@ signature (names, dtypes, static and symbolic dims) before anything runs. A summ
 output (shape, dtype, min/max/mean) goes to stdout.
 
 Examples:
+
+  llmir run tiny.build --prompt "Once upon a time" --max-new-tokens 32
+
+  llmir run tiny.build --chat --prompt "Hi!" --temperature 0.7 --top-p 0.9 --seed 1
+
+  llmir run tiny.build --prompts-file prompts.txt --format json > out.json
 
   llmir run model.llmir --input x=x.npy --output-dir out/
 
@@ -37,6 +61,17 @@ def run_cmd(
     output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="Folder for NAME.npy outputs.")] = None,
     backend: Annotated[str | None, typer.Option("--backend", "-b", help="reference or onnxruntime (default: reference for .llmir, onnxruntime for a folder).")] = None,
     threads: Annotated[int | None, typer.Option("--threads", help="onnxruntime intra-op threads.")] = None,
+    prompt: Annotated[list[str] | None, typer.Option("--prompt", "-p", help="Text to continue (repeat for several prompts).")] = None,
+    prompts_file: Annotated[Path | None, typer.Option("--prompts-file", help="One prompt per line (.jsonl: a string or {\"prompt\": ...} per line).")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate at most.")] = 128,
+    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy.")] = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="Sample from the k most likely tokens (0 = off).")] = 0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Sample from the smallest set with this probability mass (1 = off).")] = 1.0,
+    repetition_penalty: Annotated[float, typer.Option("--repetition-penalty", help="Penalize tokens already seen (1 = off).")] = 1.0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Random seed: the same seed gives the same text.")] = None,
+    chat: Annotated[bool, typer.Option("--chat", help="Use the model's chat template (interactive on a terminal without --prompt).")] = False,
+    system: Annotated[str | None, typer.Option("--system", help="System message for --chat.")] = None,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop when this text appears (repeatable).")] = None,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -46,6 +81,17 @@ def run_cmd(
     with handle_errors(ctx):
         if not target.exists():
             raise InputError(f"{target}: no such file or folder", hint="pass an artifact folder or a .llmir file")
+        if prompt or prompts_file is not None or chat:
+            if inputs:
+                raise InputError("--input runs tensors; --prompt/--chat generate text: pick one")
+            options = TextGenOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                     top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,
+                                     chat=chat, system=system, stop=tuple(stop or ()), threads=threads)
+            _generate(ctx, target, list(prompt or []), prompts_file, options)
+            return
+        if not inputs:
+            raise InputError("nothing to run: give --input NAME=FILE (tensors) or --prompt TEXT (text)",
+                             hint="see `llmir run --help`")
         chosen = backend or ("onnxruntime" if target.is_dir() else "reference")
         values = parse_input_specs(list(inputs or []))
         outputs = run_target(str(target), values, chosen, threads)
@@ -61,6 +107,54 @@ def run_cmd(
             ctx.result(f"{row['name']}: {row['dtype']}{row['shape']}{stats}")
         if paths:
             ctx.log(f"wrote {len(paths)} file(s) to {output_dir}")
+
+
+def _generate(ctx: Ctx, target: Path, prompts: list[str], prompts_file: Path | None,
+              options: TextGenOptions) -> None:
+    if not target.is_dir():
+        raise InputError(f"{target}: text generation needs an artifact folder",
+                         hint=f"build one first: llmir build {target} -o {target.stem}.build")
+    if prompts_file is not None:
+        prompts += read_prompts_file(str(prompts_file))
+    options.validate()
+    if options.chat and not prompts:
+        if not sys.stdin.isatty():
+            lines = iter(sys.stdin.read().splitlines())
+            read = lambda: next(lines, None)  # noqa: E731  (scripted turns from a pipe)
+        else:
+            def read() -> str | None:
+                try:
+                    return input("> ")
+                except EOFError:
+                    return None
+        turns = chat_loop(str(target), options, read, _write)
+        if ctx.json:
+            ctx.emit_json("run", {"ok": True, "target": str(target), **results_json(turns)})
+        return
+    stream = not ctx.json
+
+    def on_text(i: int, piece: str) -> None:
+        if stream:
+            _write(piece)
+
+    def on_done(i: int, res: TextResult) -> None:
+        if stream:
+            _write("\n")
+            for w in res.warnings:
+                ctx.err.print(f"warning: {w}", markup=False)
+            r = res.result
+            ctx.detail(f"[{len(r.prompt_ids)} prompt tokens, {len(r.ids)} generated, "
+                       f"prefill {r.prefill_s * 1000:.1f} ms, {r.decode_tokens_per_s:.1f} tok/s, "
+                       f"stop: {r.stop_reason}]")
+
+    results = generate_texts(str(target), prompts, options, on_text, on_done)
+    if ctx.json:
+        ctx.emit_json("run", {"ok": True, "target": str(target), **results_json(results)})
+
+
+def _write(piece: str) -> None:
+    sys.stdout.write(piece)
+    sys.stdout.flush()
 
 
 def register(app: typer.Typer) -> None:

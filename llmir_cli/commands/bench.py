@@ -1,0 +1,89 @@
+"""`llmir bench ARTIFACT`: prefill and decode speed of a built decoder, with a machine fingerprint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
+from .._render import Ctx, handle_errors, make_ctx
+
+HELP = """Measure a decoder artifact on random token ids: prefill time and tokens/s, time to first
+token, decode tokens/s, inter-token latency P50/P90/P99 and peak RSS, as mean ± stddev over
+--runs runs after --warmup runs. The JSON result carries a hardware and model fingerprint (CPU,
+cores, flags, llmir and onnxruntime versions, model hash) so runs can be compared.
+
+Examples:
+
+  llmir bench smollm2/ --prompt-len 128 --gen-len 128
+
+  llmir bench smollm2/ --threads 1 --runs 5 --format json > bench.json
+"""
+
+
+def bench_cmd(
+    artifact: Annotated[Path, typer.Argument(help="An artifact folder built from an LLM.", show_default=False)],
+    prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt tokens per sequence.")] = 128,
+    gen_len: Annotated[int, typer.Option("--gen-len", help="Tokens generated per sequence.")] = 128,
+    batch: Annotated[int, typer.Option("--batch", help="Sequences decoded together.")] = 1,
+    threads: Annotated[int | None, typer.Option("--threads", help="onnxruntime intra-op threads (default: "
+                                                "one per core other processes leave free; 0 = onnxruntime's).")] = None,
+    runs: Annotated[int, typer.Option("--runs", help="Measured runs.")] = 3,
+    warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured runs first.")] = 1,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random prompt ids.")] = 0,
+    fmt: FormatOpt = OutputFormat.human,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    ctx = make_ctx(fmt, quiet, verbose, debug)
+    with handle_errors(ctx):
+        from llmir_core.runtime.textgen import bench_artifact, busy_warning
+
+        busy = busy_warning()
+        if busy:
+            ctx.log(f"warning: {busy}")
+
+        def progress(i: int, n: int) -> None:
+            ctx.detail(f"run {i}/{n} done")
+
+        res = bench_artifact(str(artifact), prompt_len=prompt_len, gen_len=gen_len, batch=batch,
+                             threads=threads, runs=runs, warmup=warmup, seed=seed, progress=progress)
+        data = res.to_json()
+        if ctx.json:
+            ctx.emit_json("bench", data)
+        else:
+            _table(ctx, data)
+
+
+def _table(ctx: Ctx, data: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    r, c, fp = data["results"], data["config"], data["fingerprint"]
+    title = (f"{fp.get('artifact')}: prompt {c['prompt_len']}, generate {c['gen_len']}, batch {c['batch']}, "
+             f"threads {c['threads']}, {c['runs']} runs")
+    t = Table(title=title, title_justify="left")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+
+    def pm(key: str, unit: str, digits: int = 1) -> str:
+        m = r[key]
+        return f"{m['mean']:.{digits}f} ± {m['stddev']:.{digits}f} {unit}"
+
+    t.add_row("prefill", pm("prefill_ms", "ms"))
+    t.add_row("prefill speed", pm("prefill_tokens_per_s", "tok/s"))
+    t.add_row("time to first token", pm("ttft_ms", "ms"))
+    t.add_row("decode speed", pm("decode_tokens_per_s", "tok/s"))
+    itl = r["itl_ms"]
+    t.add_row("inter-token latency P50 / P90 / P99", f"{itl['p50']:.2f} / {itl['p90']:.2f} / {itl['p99']:.2f} ms")
+    t.add_row("peak RSS", f"{r['peak_rss_mb']:.0f} MB")
+    ctx.out.print(t)
+    ctx.out.print(f"{fp.get('cpu')} ({fp.get('cores')} cores; {' '.join(fp.get('cpu_flags') or [])}), "
+                  f"llmir {fp.get('llmir')}, onnxruntime {fp.get('onnxruntime')}, model "
+                  f"{str(fp.get('model_sha256'))[:12]}", markup=False, highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench", help=HELP)(bench_cmd)

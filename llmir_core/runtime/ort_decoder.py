@@ -1,0 +1,277 @@
+"""Running a decoder artifact (built by `llmir_core.backends.ort_decoder`) on onnxruntime.
+
+`open_artifact(dir)` reads manifest.json and returns an `OrtDecoder`, which implements the
+`Decoder` protocol of `llmir_core.runtime.generate` (reset, forward, length, max_context).
+
+With `kv_cache: shared_buffer` (every layer built as GroupQueryAttention) each cache entry is one
+buffer [batch, kv_heads, capacity, head_dim], bound with I/O binding as both the past input and
+the present output of the session, so onnxruntime writes the new rows in place and nothing is
+copied between steps. The capacity is what `reserve(n)` asked for before `reset` (the generation
+loop and the bench know prompt + new tokens), else 256; a longer sequence doubles it (one copy
+of the rows so far, log2(n) times at most), up to `max_context`. (GroupQueryAttention touches the
+whole buffer at prefill, so a buffer sized for the full context would cost its memory and time
+on every prompt.) Otherwise (a layer fell back to concat attention) the present outputs stay
+onnxruntime values and are bound as the next step's past inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from llmir_core.errors import InputError
+
+# Intra-op threads when none is asked for: None = `auto_threads()`. Measured on the 2-core
+# machine (benchmarks/decode_vs_ortgenai.py --choices, SmolLM2-135M shape, decode): with the
+# other core idle, 2 threads decode 1.35-1.4x faster than 1 (f32 and int4); with other processes
+# using 1.2-1.6 cores, 1 thread is 1.4-2x faster than 2 (and thread spinning costs another
+# 1.3-1.5x). So the default looks at how busy the CPUs are when the session is made.
+DEFAULT_THREADS: int | None = None
+DEFAULT_CAPACITY = 256  # KV rows allocated at reset when nothing was reserved
+
+
+def _ort() -> Any:
+    try:
+        import onnxruntime
+    except ImportError:
+        raise InputError("onnxruntime is not installed", hint="pip install onnxruntime") from None
+    return onnxruntime
+
+
+def busy_cores(seconds: float) -> float:
+    """CPU cores other processes kept busy over the next `seconds` (we sleep meanwhile)."""
+    def busy() -> int:
+        with open("/proc/stat", encoding="ascii") as fh:
+            parts = [int(x) for x in fh.readline().split()[1:]]
+        return sum(parts) - parts[3] - (parts[4] if len(parts) > 4 else 0)
+
+    b0 = busy()
+    time.sleep(seconds)
+    return (busy() - b0) / os.sysconf("SC_CLK_TCK") / seconds
+
+
+def auto_threads(sample_s: float = 0.1) -> int:
+    """One thread per core that other processes leave free (at least 1): oversubscribed
+    cores make every decode step wait for the slowest thread."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        busy = busy_cores(sample_s)
+    except (OSError, ValueError, IndexError):  # no /proc/stat: trust the core count
+        return cores
+    return max(1, min(cores, cores - math.ceil(busy - 0.25)))
+
+
+def resolve_threads(threads: int | None) -> int:
+    """The intra-op thread count a session gets: threads, else DEFAULT_THREADS, else auto."""
+    n = threads if threads is not None else DEFAULT_THREADS
+    if n is None:
+        return auto_threads()
+    if n < 0:
+        raise InputError(f"--threads must be >= 0, got {n}")
+    return n
+
+
+def session_options(threads: int | None = None, spin: bool | None = None) -> Any:
+    """threads: intra-op threads (None = resolve_threads's default, 0 = onnxruntime's own)."""
+    ort = _ort()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    n = resolve_threads(threads)
+    if n:
+        so.intra_op_num_threads = n
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if spin is not None:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    return so
+
+
+class OrtDecoder:
+    """Prefill and decode through an onnxruntime session; the KV cache stays in bound buffers."""
+
+    def __init__(self, art_dir: str, manifest: dict[str, Any], threads: int | None = None,
+                 max_context: int | None = None, spin: bool | None = None) -> None:
+        dec = manifest.get("decoder")
+        if not isinstance(dec, dict):
+            raise InputError(f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
+                             hint="build it with `llmir build MODEL.llmir --target onnxruntime` from an "
+                                  "imported LLM")
+        self.art_dir = art_dir
+        self.manifest = manifest
+        self.decoder = dec
+        self.caches: list[dict[str, Any]] = list(dec["cache"])
+        self.shared = dec.get("kv_cache") == "shared_buffer"
+        limit = dec.get("max_len")
+        if max_context is not None and max_context < 1:
+            raise InputError(f"max context must be >= 1, got {max_context}")
+        self.max_context: int | None = min(x for x in (limit, max_context) if x is not None) \
+            if (limit or max_context) else None
+        if self.shared and self.max_context is None:
+            raise InputError(f"{art_dir}: the manifest gives no max_len for the shared KV buffers")
+        self.threads = resolve_threads(threads)
+        ort = _ort()
+        path = os.path.join(art_dir, manifest.get("model", "model.onnx"))
+        try:
+            self.sess = ort.InferenceSession(path, session_options(self.threads, spin),
+                                             providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise InputError(f"{path}: onnxruntime cannot load the model: "
+                             f"{str(exc).strip().splitlines()[0]}") from None
+        self.io = self.sess.io_binding()
+        self.length = 0
+        self.batch = 0
+        self.buffers: list[np.ndarray] = []  # shared mode: the cache memory (numpy owns it)
+        self.capacity = 0
+        self._reserved: int | None = None
+        self._values: list[Any] = []  # the OrtValues bound as past inputs
+        self._logits_name = self.sess.get_outputs()[0].name
+        self._last_only = dec.get("logits") == "last"
+        self._logits: dict[int, tuple[np.ndarray, Any]] = {}
+        self._step_bound = False  # the one-token buffers below are bound
+        self._step_ids = np.zeros((0, 1), np.int64)
+        self._step_pos = np.zeros((0, 1), np.int64)
+
+    @property
+    def vocab(self) -> int:
+        return int(self.decoder["vocab"])
+
+    def reserve(self, tokens: int) -> None:
+        """Size the KV buffers of the next `reset` for `tokens` positions (capped at max_context)."""
+        self._reserved = max(1, int(tokens))
+
+    def reset(self, batch: int = 1) -> None:
+        """Start new sequences; the shared buffers are kept when batch and capacity still fit."""
+        ort = _ort()
+        if batch < 1:
+            raise InputError(f"batch must be >= 1, got {batch}")
+        self.length = 0
+        if self.shared:
+            assert self.max_context is not None
+            want = min(self.max_context, self._reserved or DEFAULT_CAPACITY)
+            if batch != self.batch or not self.buffers or self.capacity < want:
+                self._allocate(batch, want)
+        else:
+            self._values = [ort.OrtValue.ortvalue_from_numpy(
+                np.zeros((batch, c["kv_heads"], 0, c["head_dim"]), np.float32)) for c in self.caches]
+        self.batch = batch
+
+    def _allocate(self, batch: int, capacity: int, keep: int = 0) -> None:
+        """New shared buffers of `capacity` rows (the first `keep` rows copied), bound in and out."""
+        ort = _ort()
+        old = self.buffers
+        self.buffers = [np.zeros((batch, c["kv_heads"], capacity, c["head_dim"]), np.float32) for c in self.caches]
+        if keep:
+            for new, prev in zip(self.buffers, old):
+                new[:, :, :keep] = prev[:, :, :keep]
+        self._values = [ort.OrtValue.ortvalue_from_numpy(b) for b in self.buffers]
+        for c, v in zip(self.caches, self._values):
+            self.io.bind_ortvalue_input(c["input"], v)
+            self.io.bind_ortvalue_output(c["output"], v)
+        self.capacity = capacity
+
+    def forward(self, ids: np.ndarray) -> np.ndarray:
+        """Run ids [batch, seq] after what is cached; return logits [batch, seq (or 1), vocab]."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        if ids.ndim != 2:
+            raise InputError(f"input ids must be [batch, seq], got shape {list(ids.shape)}")
+        batch, seq = ids.shape
+        if not self.batch:
+            self.reset(batch)
+        if batch != self.batch:
+            raise InputError(f"batch {batch} differs from the {self.batch} the cache was reset for")
+        if self.max_context is not None and self.length + seq > self.max_context:
+            raise InputError(f"{self.length + seq} tokens exceed the model's context of {self.max_context}",
+                             hint="use a shorter prompt or fewer --max-new-tokens")
+        if batch > 1 and seq > 1 and self.length and self.decoder.get("fused_attention_layers"):
+            # GroupQueryAttention takes a multi-token chunk after a cached prefix only for batch 1
+            steps = [self.forward(ids[:, i:i + 1]) for i in range(seq)]
+            return steps[-1] if self._last_only else np.concatenate(steps, axis=1)
+        if self.shared and self.length + seq > self.capacity:
+            assert self.max_context is not None
+            grown = min(self.max_context, max(2 * self.capacity, self.length + seq))
+            self._allocate(batch, grown, keep=self.length)
+        io = self.io
+        rows = 1 if self._last_only else seq
+        if seq == 1 and self.shared:
+            # a decode step: inputs and logits live in buffers bound once (just write the values)
+            logits = self._bind_step(batch)
+            self._step_ids[:] = ids
+            self._step_pos[:] = self.length
+        else:
+            self._step_bound = False
+            positions = np.ascontiguousarray(np.broadcast_to(
+                np.arange(self.length, self.length + seq, dtype=np.int64), (batch, seq)))
+            io.bind_cpu_input("input_ids", ids)
+            io.bind_cpu_input("positions", positions)
+            if not self.shared:
+                for c, v in zip(self.caches, self._values):
+                    io.bind_ortvalue_input(c["input"], v)
+                    io.bind_output(c["output"])
+            logits, logits_value = self._logits_buffer(batch, rows)
+            io.bind_ortvalue_output(self._logits_name, logits_value)
+        try:
+            self.sess.run_with_iobinding(io)
+        except Exception as exc:
+            raise InputError(f"onnxruntime failed: {str(exc).strip().splitlines()[0]}") from None
+        if not self.shared:
+            by_name = dict(zip(self._output_order(), io.get_outputs()))
+            self._values = [by_name[c["output"]] for c in self.caches]
+        self.length += seq
+        return logits.copy() if rows == 1 else logits
+
+    def _bind_step(self, batch: int) -> np.ndarray:
+        """Bind the one-token ids/positions buffers and the logits buffer (once per batch size)."""
+        if not self._step_bound or self._step_ids.shape[0] != batch:
+            ort = _ort()
+            self._step_ids = np.zeros((batch, 1), np.int64)
+            self._step_pos = np.zeros((batch, 1), np.int64)
+            self.io.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(self._step_ids))
+            self.io.bind_ortvalue_input("positions", ort.OrtValue.ortvalue_from_numpy(self._step_pos))
+            self.io.bind_ortvalue_output(self._logits_name, self._logits_buffer(batch, 1)[1])
+            self._step_bound = True
+        return self._logits[batch][0]
+
+    def _logits_buffer(self, batch: int, rows: int) -> tuple[np.ndarray, Any]:
+        """Where onnxruntime writes the logits: a reused buffer for one row (decode steps,
+        copied out), a fresh one (returned as is) for a prompt."""
+        if rows == 1 and batch in self._logits:
+            return self._logits[batch]
+        arr = np.empty((batch, rows, self.vocab), np.float32)
+        out = (arr, _ort().OrtValue.ortvalue_from_numpy(arr))
+        if rows == 1:
+            self._logits[batch] = out
+        return out
+
+    def _output_order(self) -> list[str]:
+        """Bound outputs in binding order: the caches (bound first), then the logits."""
+        return [c["output"] for c in self.caches] + [self._logits_name]
+
+    def cache_pointers(self) -> list[int]:
+        """Data addresses of the bound cache values (stay fixed across steps in shared mode)."""
+        return [int(v.data_ptr()) for v in self._values]
+
+
+def load_decoder_manifest(art_dir: str) -> dict[str, Any]:
+    from llmir_core.backends.ort import load_manifest
+
+    if not os.path.isdir(art_dir):
+        raise InputError(f"{art_dir}: not a folder", hint="pass an artifact folder built by `llmir build`")
+    manifest = load_manifest(art_dir)
+    if not isinstance(manifest.get("decoder"), dict):
+        raise InputError(f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
+                         hint="build an imported LLM with `llmir build MODEL.llmir --target onnxruntime`")
+    return manifest
+
+
+def open_artifact(art_dir: str, threads: int | None = None, max_context: int | None = None,
+                  spin: bool | None = None) -> OrtDecoder:
+    """The decoder in an artifact folder, ready for `reset` and `forward`."""
+    return OrtDecoder(art_dir, load_decoder_manifest(art_dir), threads, max_context, spin)
+
+
+__all__ = ["OrtDecoder", "open_artifact", "load_decoder_manifest", "session_options", "auto_threads", "busy_cores",
+           "resolve_threads", "DEFAULT_THREADS"]
