@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,3 +52,27 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     with atomic_write(path, "w") as fh:
         fh.write(text)
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """sha256 of a file's bytes, read in chunks (never the whole file at once)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(8 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def replace_dir(tmp: str, out_dir: str) -> None:
+    """Move a finished temp folder into place; the old folder goes only once the new one is in."""
+    if not os.path.exists(out_dir):
+        os.rename(tmp, out_dir)
+        return
+    old = out_dir + ".old-" + os.path.basename(tmp)
+    os.rename(out_dir, old)
+    try:
+        os.rename(tmp, out_dir)
+    except BaseException:
+        os.rename(old, out_dir)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -23,6 +23,7 @@ from onnx import TensorProto, helper
 
 from llmir_core import SPEC_VERSION, __version__
 from llmir_core.errors import InputError
+from llmir_core.fileio import replace_dir, sha256_file
 from llmir_core.ir.core import Module, Value
 from llmir_core.ir.dims import format_dim
 from llmir_core.ir.types import DType, KVCacheType, TensorType, numpy_dtype
@@ -59,17 +60,6 @@ def to_onnx(module: Module, *, inline_weights: bool = False, base_dir: str | Non
     return model, L.plan, input_names, output_names
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        buf = bytearray(8 << 20)
-        view = memoryview(buf)
-        while True:
-            n = fh.readinto(view)
-            if not n:
-                break
-            h.update(view[:n])
-    return h.hexdigest()
 
 
 def _signature(names: list[str], values: list[Value]) -> list[dict[str, Any]]:
@@ -100,7 +90,7 @@ def build(module: Module, out_dir: str, target: str = "onnxruntime", *,
     fn = module.main
     src = source_path or module.source
     if src and os.path.isfile(src):
-        src_sha, src_name = _sha256(src), os.path.basename(src)
+        src_sha, src_name = sha256_file(src), os.path.basename(src)
     else:
         from llmir_core.ir.printer import print_module
 
@@ -123,30 +113,18 @@ def build(module: Module, out_dir: str, target: str = "onnxruntime", *,
             "model": MODEL_FILE,
             "source": {"file": src_name, "sha256": src_sha},
             "inputs": _signature(inputs, fn.args), "outputs": _signature(outputs, fn.outputs),
-            "files": {f: {"sha256": digests.get(f) or _sha256(os.path.join(tmp, f)),
+            "files": {f: {"sha256": digests.get(f) or sha256_file(os.path.join(tmp, f)),
                           "bytes": os.path.getsize(os.path.join(tmp, f))} for f in files},
         }
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as fh:
             fh.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        _replace_dir(tmp, out_dir)
+        replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
 
 
-def _replace_dir(tmp: str, out_dir: str) -> None:
-    if not os.path.exists(out_dir):
-        os.rename(tmp, out_dir)
-        return
-    old = out_dir + ".old-" + os.path.basename(tmp)
-    os.rename(out_dir, old)
-    try:
-        os.rename(tmp, out_dir)
-    except BaseException:
-        os.rename(old, out_dir)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # -- running ----------------------------------------------------------------------------------------------

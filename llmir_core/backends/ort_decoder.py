@@ -48,6 +48,7 @@ from onnx import TensorProto, helper
 
 from llmir_core import SPEC_VERSION, __version__
 from llmir_core.errors import InputError
+from llmir_core.fileio import replace_dir, sha256_file
 from llmir_core.interp import Interpreter
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.dims import format_dim
@@ -1117,27 +1118,8 @@ _EMIT = {
 
 # -- the artifact -----------------------------------------------------------------------------------------
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(8 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
-def _replace_dir(tmp: str, out_dir: str) -> None:
-    """Move the finished temp folder into place (the old artifact goes only once the new one is in)."""
-    if not os.path.exists(out_dir):
-        os.rename(tmp, out_dir)
-        return
-    old = out_dir + ".old-" + os.path.basename(tmp)
-    os.rename(out_dir, old)
-    try:
-        os.rename(tmp, out_dir)
-    except BaseException:
-        os.rename(old, out_dir)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _check_out_dir(out_dir: str) -> None:
@@ -1224,7 +1206,7 @@ def build_decoder(module: Module, out_dir: str, *, max_len: int | None = None,
     _check_out_dir(out_dir)
     src = source_path or module.source
     if src and os.path.isfile(src):
-        src_sha, src_name = _sha256(src), os.path.basename(src)
+        src_sha, src_name = sha256_file(src), os.path.basename(src)
     else:
         from llmir_core.ir.printer import print_module
 
@@ -1254,7 +1236,7 @@ def build_decoder(module: Module, out_dir: str, *, max_len: int | None = None,
                              TEMPLATE_FILE if TEMPLATE_FILE in files else None)
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as fh:
             fh.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        _replace_dir(tmp, out_dir)
+        replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -1307,7 +1289,7 @@ def _manifest(module: Module, D: DecoderLowering, model: onnx.ModelProto, ins: l
         "source": {"file": src_name, "sha256": src_sha},
         "inputs": _signature(ins, list(fn.args), "past_len"),
         "outputs": _signature(outs, list(fn.outputs), "present_len", D.last_logits),
-        "files": {f: {"sha256": _sha256(os.path.join(tmp, f)), "bytes": os.path.getsize(os.path.join(tmp, f))}
+        "files": {f: {"sha256": sha256_file(os.path.join(tmp, f)), "bytes": os.path.getsize(os.path.join(tmp, f))}
                   for f in files},
         "decoder": decoder,
     }

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmir_core.errors import CheckFailed, Diagnostic, InputError
+from llmir_core.fileio import sha256_file
 
 from .home import HubSettings, hub_settings, llmir_home
 from .index import Entry, Index, load_index
@@ -83,12 +84,6 @@ class _Want:
     pinned_by: str | None
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def human_size(n: int | None) -> str:

@@ -6,7 +6,6 @@ Inputs are random token ids (seeded), so a benchmark needs no tokenizer. Each ru
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import resource
@@ -110,12 +109,6 @@ def hardware_fingerprint() -> dict[str, Any]:
     return info
 
 
-def file_digest(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def run_bench(decoder: Decoder, vocab: int, *, prompt_len: int, gen_len: int, batch: int = 1,
