@@ -72,12 +72,8 @@ def _signature(names: list[str], values: list[Value]) -> list[dict[str, Any]]:
     return out
 
 
-def build(module: Module, out_dir: str, target: str = "onnxruntime", *,
-          source_path: str | None = None) -> dict[str, Any]:
-    """Write an onnxruntime artifact for the module into out_dir; return its manifest."""
-    if target != "onnxruntime":
-        raise InputError(f"unknown target '{target}'", hint="the onnxruntime backend builds --target onnxruntime")
-    out_dir = os.path.abspath(out_dir)
+def check_artifact_dir(out_dir: str) -> None:
+    """Refuse an output folder llmir must not replace (its parent missing, a file, a foreign folder)."""
     parent = os.path.dirname(out_dir)
     if not os.path.isdir(parent):
         raise InputError(f"{out_dir}: folder {parent} does not exist", hint="create it first")
@@ -86,19 +82,39 @@ def build(module: Module, out_dir: str, target: str = "onnxruntime", *,
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, MANIFEST)):
         raise InputError(f"{out_dir}: folder exists, is not empty and is not an llmir artifact",
                          hint="pick a new output folder; llmir only replaces its own artifacts")
-    model, plan, inputs, outputs = to_onnx(module)
-    fn = module.main
+
+
+def source_digest(module: Module, source_path: str | None) -> tuple[str, str | None]:
+    """(sha256, file name) of the .llmir the artifact is built from (of its text when unsaved)."""
     src = source_path or module.source
     if src and os.path.isfile(src):
-        src_sha, src_name = sha256_file(src), os.path.basename(src)
-    else:
-        from llmir_core.ir.printer import print_module
+        return sha256_file(src), os.path.basename(src)
+    from llmir_core.ir.printer import print_module
 
-        src_sha, src_name = hashlib.sha256(print_module(module).encode()).hexdigest(), None
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".tmp", dir=parent)
+    return hashlib.sha256(print_module(module).encode()).hexdigest(), None
+
+
+def artifact_tmp_dir(out_dir: str) -> str:
+    """A temp folder beside out_dir to build into (then `replace_dir`), with ordinary permissions."""
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".tmp",
+                           dir=os.path.dirname(out_dir))
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the artifact is an ordinary folder
+    return tmp
+
+
+def build(module: Module, out_dir: str, target: str = "onnxruntime", *,
+          source_path: str | None = None) -> dict[str, Any]:
+    """Write an onnxruntime artifact for the module into out_dir; return its manifest."""
+    if target != "onnxruntime":
+        raise InputError(f"unknown target '{target}'", hint="the onnxruntime backend builds --target onnxruntime")
+    out_dir = os.path.abspath(out_dir)
+    check_artifact_dir(out_dir)
+    model, plan, inputs, outputs = to_onnx(module)
+    fn = module.main
+    src_sha, src_name = source_digest(module, source_path)
+    tmp = artifact_tmp_dir(out_dir)
     try:
         files = [MODEL_FILE]
         digests: dict[str, str] = {}

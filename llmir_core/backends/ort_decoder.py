@@ -33,11 +33,9 @@ and the files are byte-identical across builds of the same input.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,7 +54,18 @@ from llmir_core.ir.types import DType, QuantType, TensorType
 from llmir_core.quant import gguf_blocks, nbits
 from llmir_core.weights import load_weight, resolve_path
 
-from .ort import DATA_FILE, MANIFEST, MODEL_FILE, MS, BuildError, Lowering, onnx_dtype
+from .ort import (
+    DATA_FILE,
+    MANIFEST,
+    MODEL_FILE,
+    MS,
+    BuildError,
+    Lowering,
+    artifact_tmp_dir,
+    check_artifact_dir,
+    onnx_dtype,
+    source_digest,
+)
 
 DECODER_SCHEMA = 1
 ACCURACY_LEVEL = 4  # MatMulNBits int8 activations: measured fastest on AVX2 (see the report)
@@ -1116,21 +1125,7 @@ _EMIT = {
 }
 
 
-# -- the artifact -----------------------------------------------------------------------------------------
-
-
-
-
-
-def _check_out_dir(out_dir: str) -> None:
-    parent = os.path.dirname(out_dir)
-    if not os.path.isdir(parent):
-        raise InputError(f"{out_dir}: folder {parent} does not exist", hint="create it first")
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise InputError(f"{out_dir}: exists and is not a folder")
-    if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, MANIFEST)):
-        raise InputError(f"{out_dir}: folder exists, is not empty and is not an llmir artifact",
-                         hint="pick a new output folder; llmir only replaces its own artifacts")
+# -- the artifact ----------------------------------------------------------------------------------------
 
 
 def _signature(names: list[str], values: list[Value], len_name: str, last_logits: bool = False) -> list[dict[str, Any]]:
@@ -1203,16 +1198,9 @@ def build_decoder(module: Module, out_dir: str, *, max_len: int | None = None,
     if max_len is not None and max_len < 1:
         raise InputError(f"--max-len must be >= 1, got {max_len}")
     out_dir = os.path.abspath(out_dir)
-    _check_out_dir(out_dir)
-    src = source_path or module.source
-    if src and os.path.isfile(src):
-        src_sha, src_name = sha256_file(src), os.path.basename(src)
-    else:
-        from llmir_core.ir.printer import print_module
-
-        src_sha, src_name = hashlib.sha256(print_module(module).encode()).hexdigest(), None
-    parent = os.path.dirname(out_dir)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".tmp", dir=parent)
+    check_artifact_dir(out_dir)
+    src_sha, src_name = source_digest(module, source_path)
+    tmp = artifact_tmp_dir(out_dir)
     try:
         D = DecoderLowering(module, os.path.join(tmp, DATA_FILE), quant=fmt, accuracy_level=accuracy_level,
                             max_len=max_len, last_logits=last_logits, fuse_gate_up=fuse_gate_up)
