@@ -7,7 +7,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -63,9 +63,13 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
-def replace_dir(tmp: str, out_dir: str) -> None:
-    """Move a finished temp folder into place; the old folder goes only once the new one is in."""
-    if not os.path.exists(out_dir):
+def replace_dir(tmp: str, out_dir: str, guard: Callable[[str], None] | None = None) -> None:
+    """Move a finished temp folder into place; the old folder goes only once the new one is in.
+    `guard(out_dir)` runs right before the swap and raises to refuse it (a folder that became
+    something llmir must not delete while the new one was being written)."""
+    if guard is not None:
+        guard(out_dir)
+    if not os.path.exists(out_dir) and not os.path.islink(out_dir):
         os.rename(tmp, out_dir)
         return
     old = out_dir + ".old-" + os.path.basename(tmp)

@@ -72,16 +72,66 @@ def _signature(names: list[str], values: list[Value]) -> list[dict[str, Any]]:
     return out
 
 
+ARTIFACT_FORMAT = "llmir-artifact"  # the manifest's "format": marks a folder llmir built
+
+
+def _artifact_manifest_problem(out_dir: str) -> str | None:
+    """None when out_dir is provably an llmir artifact (a manifest that says so, and no file or
+    folder the manifest does not list), else why it is not."""
+    path = os.path.join(out_dir, MANIFEST)
+    if not os.path.isfile(path) or os.path.islink(path):
+        return f"no {MANIFEST}"
+    try:
+        if os.path.getsize(path) > 64 << 20:
+            return f"{MANIFEST} is too large for an llmir manifest"
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return f"{MANIFEST} is not an llmir manifest (not JSON)"
+    if not isinstance(data, dict):
+        return f"{MANIFEST} is not an llmir manifest (not a JSON object)"
+    files = data.get("files")
+    # Manifests written before the "format" marker: the fields only an llmir build writes.
+    legacy = (isinstance(data.get("llmir_version"), str) and data.get("schema_version") == 1
+              and isinstance(files, dict)
+              and all(isinstance(f, dict) and "sha256" in f and "bytes" in f for f in files.values()))
+    if data.get("format") != ARTIFACT_FORMAT and not legacy:
+        return f"{MANIFEST} is not an llmir manifest"
+    if not isinstance(files, dict) or not all(isinstance(n, str) for n in files):
+        return f"{MANIFEST} lists no files"
+    listed = set(files) | {MANIFEST}
+    for entry in sorted(os.listdir(out_dir)):
+        full = os.path.join(out_dir, entry)
+        if entry not in listed:
+            return f"it holds {entry!r}, which {MANIFEST} does not list"
+        if os.path.islink(full) or not os.path.isfile(full):
+            return f"{entry!r} is not a regular file"
+    return None
+
+
 def check_artifact_dir(out_dir: str) -> None:
-    """Refuse an output folder llmir must not replace (its parent missing, a file, a foreign folder)."""
+    """Refuse an output folder llmir must not replace: its parent missing, a file, a symbolic
+    link, or a non-empty folder that is not provably an llmir artifact (see
+    _artifact_manifest_problem). Called before the build and again right before the swap."""
     parent = os.path.dirname(out_dir)
     if not os.path.isdir(parent):
         raise InputError(f"{out_dir}: folder {parent} does not exist", hint="create it first")
+    if os.path.islink(out_dir):
+        raise InputError(f"{out_dir}: is a symbolic link; llmir replaces the output folder as a whole",
+                         hint="pass the folder it points to, or a new output folder")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise InputError(f"{out_dir}: exists and is not a folder")
-    if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, MANIFEST)):
-        raise InputError(f"{out_dir}: folder exists, is not empty and is not an llmir artifact",
-                         hint="pick a new output folder; llmir only replaces its own artifacts")
+    if not os.path.isdir(out_dir):
+        return
+    try:
+        empty = not os.listdir(out_dir)
+        problem = None if empty else _artifact_manifest_problem(out_dir)
+    except OSError as exc:
+        problem = f"cannot read it ({exc.strerror or exc})"
+    if problem:
+        raise InputError(f"{out_dir}: folder exists, is not empty and is not an llmir artifact: {problem}",
+                         hint="pick a new output folder; llmir only replaces a folder holding nothing but "
+                              "an artifact it built")
 
 
 def source_digest(module: Module, source_path: str | None) -> tuple[str, str | None]:
@@ -124,8 +174,8 @@ def build(module: Module, out_dir: str, target: str = "onnxruntime", *,
         with open(os.path.join(tmp, MODEL_FILE), "wb") as fh:
             fh.write(model.SerializeToString(deterministic=True))
         manifest: dict[str, Any] = {
-            "schema_version": 1, "llmir_version": __version__, "spec_version": SPEC_VERSION,
-            "target": target, "opset": {d.domain or "ai.onnx": d.version for d in model.opset_import},
+            "format": ARTIFACT_FORMAT, "schema_version": 1, "llmir_version": __version__,
+            "spec_version": SPEC_VERSION, "target": target, "opset": {d.domain or "ai.onnx": d.version for d in model.opset_import},
             "model": MODEL_FILE,
             "source": {"file": src_name, "sha256": src_sha},
             "inputs": _signature(inputs, fn.args), "outputs": _signature(outputs, fn.outputs),
@@ -134,7 +184,7 @@ def build(module: Module, out_dir: str, target: str = "onnxruntime", *,
         }
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as fh:
             fh.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        replace_dir(tmp, out_dir)
+        replace_dir(tmp, out_dir, guard=check_artifact_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -55,6 +55,7 @@ from llmir_core.quant import gguf_blocks, nbits
 from llmir_core.weights import load_weight, resolve_path
 
 from .ort import (
+    ARTIFACT_FORMAT,
     DATA_FILE,
     MANIFEST,
     MODEL_FILE,
@@ -1224,7 +1225,7 @@ def build_decoder(module: Module, out_dir: str, *, max_len: int | None = None,
                              TEMPLATE_FILE if TEMPLATE_FILE in files else None)
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as fh:
             fh.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        replace_dir(tmp, out_dir)
+        replace_dir(tmp, out_dir, guard=check_artifact_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -1270,8 +1271,8 @@ def _manifest(module: Module, D: DecoderLowering, model: onnx.ModelProto, ins: l
         "architecture": module.attrs.get("llm.architecture"),
     }
     return {
-        "schema_version": 1, "llmir_version": __version__, "spec_version": SPEC_VERSION,
-        "target": "onnxruntime", "builder": "decoder",
+        "format": ARTIFACT_FORMAT, "schema_version": 1, "llmir_version": __version__,
+        "spec_version": SPEC_VERSION, "target": "onnxruntime", "builder": "decoder",
         "opset": {d.domain or "ai.onnx": d.version for d in model.opset_import},
         "model": MODEL_FILE,
         "source": {"file": src_name, "sha256": src_sha},
