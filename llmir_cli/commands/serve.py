@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -138,7 +139,7 @@ def serve_cmd(
             f"{model.max_context} tokens, queue {max_queue}{', API key required' if api_key else ''}; "
             "Ctrl-C stops)"
         )
-        serve(
+        sig = serve(
             model,
             sock,
             api_key=api_key,
@@ -146,6 +147,8 @@ def serve_cmd(
             log_level="info" if verbose else "warning",
         )
         ctx.log("stopped: every admitted request finished")
+        if sig == signal.SIGINT:
+            raise typer.Exit(130)
 
 
 def _s(p: Path | None) -> str | None:

@@ -10,9 +10,11 @@ sequence without clearing: its rows past the new sequence's length are never rea
   `kv_cache: shared_buffer`. The graph computes GroupQueryAttention's `seqlens_k` per batch row
   from `positions`, so rows of different lengths decode in one call with no change to the build:
   the buffers are [slots, kv_heads, capacity, head_dim]; a decode step binds the first
-  `max(slot) + 1` rows (a contiguous view of the same memory: rows between active slots decode
-  a dummy token at position 0 of a free slot, which nothing reads), a prefill chunk binds the
-  one row of its slot.
+  `max(slot) + 1` rows (a contiguous view of the same memory), a prefill chunk binds the one
+  row of its slot. A row in the decode step's range that is not decoding (a free slot, or one
+  in the middle of its prefill) runs a dummy token at the last position, `capacity - 1`: a
+  sequence reads KV rows only up to its own position, and writes row `capacity - 1` itself
+  before it reads it, so the dummy write is never seen.
 - `SerialBatchDecoder` runs any single-sequence `Decoder` (the protocol of
   `llmir_core.runtime.generate`: the reference interpreter's `FunctionDecoder`, or another
   target) with one instance per slot, a forward per sequence: a target plugs into the server
@@ -149,7 +151,9 @@ class OrtBatchDecoder:
     ) -> np.ndarray:
         rows = max(slots) + 1
         tok = np.zeros((rows, 1), np.int64)
-        pos = np.zeros((rows, 1), np.int64)
+        pos = np.full(
+            (rows, 1), self.max_context - 1, np.int64
+        )  # rows not decoding: see the docstring
         for s, t, p in zip(slots, ids, positions):
             self._check(p + 1)
             tok[s, 0], pos[s, 0] = t, p

@@ -2,12 +2,17 @@
 
 On the first SIGTERM (or Ctrl-C) the scheduler refuses new requests (503), uvicorn stops
 accepting connections and waits for the responses in flight, then the scheduler finishes what
-it admitted and the process exits 0.
+it admitted and `serve` returns the signal (uvicorn's own handlers would re-raise it and kill
+the process; the CLI exits 0 after SIGTERM, 130 after Ctrl-C). A second Ctrl-C forces the exit.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from llmir_core.errors import InputError
@@ -51,9 +56,24 @@ def make_server(
         ) from None
 
     class _Server(uvicorn.Server):  # type: ignore[misc]
+        received: int | None = None
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             model.scheduler.close()
+            self.received = self.received or sig
             super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            old = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, h in old.items():
+                    signal.signal(s, h)
 
     app = create_app(model, api_key=api_key, max_body=max_body, playground=playground)
     config = uvicorn.Config(
@@ -67,9 +87,11 @@ def make_server(
     return _Server(config)
 
 
-def serve(model: ServedModel, sock: socket.socket, **kwargs: Any) -> None:
-    """Serve on sock until a signal; returns after draining."""
-    make_server(model, **kwargs).run(sockets=[sock])
+def serve(model: ServedModel, sock: socket.socket, **kwargs: Any) -> int | None:
+    """Serve on sock until a signal; return it (None when stopped otherwise) after draining."""
+    server = make_server(model, **kwargs)
+    server.run(sockets=[sock])
+    return server.received  # type: ignore[no-any-return]
 
 
 __all__ = ["bind", "make_server", "serve"]

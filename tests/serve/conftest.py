@@ -29,8 +29,9 @@ class Running:
         self.thread.join(30)
 
 
-def start_server(art: Path, *, api_key: str | None = None, playground: dict[str, Any] | None = None,
-                 **opts: Any) -> Running:
+def start_server(
+    art: Path, *, api_key: str | None = None, playground: dict[str, Any] | None = None, **opts: Any
+) -> Running:
     """Serve the artifact from a thread on a free port; wait until it answers."""
     import urllib.request
 

@@ -13,7 +13,7 @@ from .conftest import Running
 openai = pytest.importorskip("openai", reason="the test extra (openai) is not installed")
 
 
-def client(served: Running, **kw: object) -> "openai.OpenAI":
+def client(served: Running, **kw: object) -> openai.OpenAI:
     return openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0, **kw)  # type: ignore[arg-type]
 
 
@@ -28,17 +28,24 @@ def test_models(served: Running) -> None:
     assert ids == [served.model.name]
 
 
-@pytest.mark.parametrize("sampling", [{"temperature": 0.0}, {"temperature": 0.9, "top_p": 0.8, "seed": 7}])
-def test_completion_equals_run(served: Running, tiny_artifact: Path, sampling: dict[str, float]) -> None:
+@pytest.mark.parametrize(
+    "sampling", [{"temperature": 0.0}, {"temperature": 0.9, "top_p": 0.8, "seed": 7}]
+)
+def test_completion_equals_run(
+    served: Running, tiny_artifact: Path, sampling: dict[str, float]
+) -> None:
     c = client(served)
-    got = c.completions.create(model=served.model.name, prompt="Once upon a time", max_tokens=12, **sampling)
+    got = c.completions.create(
+        model=served.model.name, prompt="Once upon a time", max_tokens=12, **sampling
+    )
     want = run_text(tiny_artifact, "Once upon a time", max_new_tokens=12, **sampling)
     assert got.choices[0].text == want
     assert got.usage is not None and got.usage.completion_tokens >= 1
     assert got.choices[0].finish_reason in ("length", "stop")
     # streamed: the same text, in pieces, the last chunk with usage
-    stream = c.completions.create(model=served.model.name, prompt="Once upon a time", max_tokens=12,
-                                  stream=True, **sampling)
+    stream = c.completions.create(
+        model=served.model.name, prompt="Once upon a time", max_tokens=12, stream=True, **sampling
+    )
     chunks = list(stream)
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == want
     assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == got.usage.total_tokens
@@ -48,12 +55,23 @@ def test_chat_equals_run_chat(served: Running, tiny_artifact: Path) -> None:
     c = client(served)
     messages = [{"role": "user", "content": "Hi there"}]
     want = run_text(tiny_artifact, messages, max_new_tokens=10, chat=True, temperature=0.7, seed=3)
-    got = c.chat.completions.create(model=served.model.name, messages=messages, max_tokens=10,  # type: ignore[arg-type]
-                                    temperature=0.7, seed=3)
+    got = c.chat.completions.create(
+        model=served.model.name,
+        messages=messages,
+        max_tokens=10,  # type: ignore[arg-type]
+        temperature=0.7,
+        seed=3,
+    )
     assert got.choices[0].message.content == want
     assert got.choices[0].message.role == "assistant"
-    stream = c.chat.completions.create(model=served.model.name, messages=messages, max_tokens=10,  # type: ignore[arg-type]
-                                       temperature=0.7, seed=3, stream=True)
+    stream = c.chat.completions.create(
+        model=served.model.name,
+        messages=messages,
+        max_tokens=10,  # type: ignore[arg-type]
+        temperature=0.7,
+        seed=3,
+        stream=True,
+    )
     pieces, usage = [], None
     for ch in stream:
         if ch.choices and ch.choices[0].delta.content:
@@ -66,8 +84,9 @@ def test_chat_equals_run_chat(served: Running, tiny_artifact: Path) -> None:
 def test_stop_string(served: Running, tiny_artifact: Path) -> None:
     full = run_text(tiny_artifact, "abc", max_new_tokens=12)
     stop = full[4:6]
-    got = client(served).completions.create(model=served.model.name, prompt="abc", max_tokens=12,
-                                            temperature=0, stop=[stop])
+    got = client(served).completions.create(
+        model=served.model.name, prompt="abc", max_tokens=12, temperature=0, stop=[stop]
+    )
     assert got.choices[0].text == full[: full.index(stop)]
     assert got.choices[0].finish_reason == "stop"
 
