@@ -144,7 +144,8 @@ class OrtBatchDecoder:
         self._check(start + len(ids))
         arr = np.asarray([list(ids)], dtype=np.int64)
         pos = np.arange(start, start + len(ids), dtype=np.int64)[None]
-        return self._run(self._binding(slot, 1), arr, pos)[0]
+        logits: np.ndarray = self._run(self._binding(slot, 1), arr, pos)[0]
+        return logits
 
     def decode(
         self, slots: Sequence[int], ids: Sequence[int], positions: Sequence[int]
@@ -180,7 +181,8 @@ class SerialBatchDecoder:
             d.reset(1)
         elif d.length != start:
             raise InputError(f"slot {slot} holds {d.length} tokens, not {start}")
-        return np.asarray(d.forward(np.asarray([list(ids)], dtype=np.int64)))[0, -1]
+        logits: np.ndarray = np.asarray(d.forward(np.asarray([list(ids)], dtype=np.int64)))[0, -1]
+        return logits
 
     def decode(
         self, slots: Sequence[int], ids: Sequence[int], positions: Sequence[int]

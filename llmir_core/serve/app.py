@@ -336,7 +336,8 @@ def create_app(
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, APIError)
-        return error_response(exc)
+        response: Response = error_response(exc)
+        return response
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -352,7 +353,8 @@ def create_app(
             )
         else:
             err = APIError(exc.status_code, str(exc.detail))
-        return error_response(err)
+        response: Response = error_response(err)
+        return response
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:

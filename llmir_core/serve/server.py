@@ -55,7 +55,7 @@ def make_server(
             "`llmir serve` needs starlette and uvicorn", hint="pip install 'llmir[serve]'"
         ) from None
 
-    class _Server(uvicorn.Server):  # type: ignore[misc]
+    class _Server(uvicorn.Server):
         received: int | None = None
 
         def handle_exit(self, sig: int, frame: Any) -> None:

@@ -171,3 +171,41 @@ def test_disconnect_frees_the_slot(served: Running) -> None:
     while (sched.active or len(sched.free) != sched.decoder.slots) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not sched.active and len(sched.free) == sched.decoder.slots
+
+
+class Recording:
+    """A BatchDecoder that logs its calls (prefill chunk sizes, decode batches)."""
+
+    def __init__(self, inner: OrtBatchDecoder) -> None:
+        self.inner = inner
+        self.slots, self.max_context, self.vocab = inner.slots, inner.max_context, inner.vocab
+        self.calls: list[tuple[str, int]] = []
+
+    def prefill(self, slot: int, ids: list[int], start: int) -> object:
+        self.calls.append(("prefill", len(ids)))
+        return self.inner.prefill(slot, ids, start)
+
+    def decode(self, slots: list[int], ids: list[int], positions: list[int]) -> object:
+        self.calls.append(("decode", len(slots)))
+        return self.inner.decode(slots, ids, positions)
+
+
+def test_chunked_prefill_never_stalls_decoding_for_more_than_a_chunk(tiny_artifact: Path) -> None:
+    dec = Recording(OrtBatchDecoder(str(tiny_artifact), 2, threads=1))
+    sched = Scheduler(dec, lambda ids: "x" * len(ids), chunk=8)  # type: ignore[arg-type]
+    first = threading.Event()
+    a = GenRequest([1, 5, 6], 40, Sampler(SamplingConfig()), lambda s: first.set(), lambda r: None)
+    sched.submit(a)
+    sched.start()
+    assert first.wait(30)
+    long_prompt = [1, *range(3, 60)]  # 58 tokens: 8 chunks
+    res = run_all(sched, [long_prompt], 4)
+    assert res[0].token_ids == alone(tiny_artifact, long_prompt, 4)
+    sched.close()
+    assert sched.join(30)
+    chunks = [i for i, (kind, n) in enumerate(dec.calls) if kind == "prefill" and n <= 8 and i > 0]
+    assert len(chunks) >= 7
+    for i in chunks[
+        :-1
+    ]:  # while a decodes, each chunk of the newcomer is followed by a decode step
+        assert dec.calls[i + 1][0] == "decode", dec.calls
