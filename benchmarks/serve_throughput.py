@@ -46,13 +46,13 @@ def prepare(work: Path, shape: str, log: Any) -> Path:
     from tests.decoder.tiny import SMOLLM2_135M, TINY, make_llama_folder
 
     hf = work / f"{shape}-random"
-    art = work / f"{shape}.build"
+    art = work / f"{shape}.last-logits.build"
     if not (art / "manifest.json").is_file():
         if not (hf / "model.safetensors").is_file():
             log(f"generating the {shape} random model ...")
             make_llama_folder(hf, SMOLLM2_135M if shape == "smollm2" else TINY)
         log("importing and building ...")
-        build_decoder(import_hf(hf), str(art), max_len=512 if shape == "smollm2" else None)
+        build_decoder(import_hf(hf), str(art), max_len=512 if shape == "smollm2" else None, last_logits=True)
     return art
 
 
@@ -202,6 +202,9 @@ def main() -> None:
                     f"round {r} clients {c:2d}: {res['tokens_per_s']:7.1f} tok/s  wall {res['wall_s']:.2f} s  "
                     f"others+server busy {res['cpu_busy_cores']:.2f} cores"
                 )
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/health")
+        health = json.loads(conn.getresponse().read())
     finally:
         server.terminate()
         server.wait(60)
@@ -222,7 +225,8 @@ def main() -> None:
         itl = statistics.median(x["itl_p50_s"] or 0 for x in xs) * 1000
         label = "1 (seq)" if c == 1 else str(c)
         print(f"{label:>8} {tps:15.1f} {tps / base:13.2f}x {ttft:12.1f} {itl:11.1f}")
-    print(f"greedy texts differing from sequential: {mismatched}")
+    print(f"greedy texts differing from sequential: {mismatched}; largest decode batch: "
+          f"{health.get('max_batch_seen')} of {health.get('slots')} slots")
     if args.json:
         args.json.write_text(
             json.dumps(
