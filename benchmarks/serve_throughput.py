@@ -52,7 +52,9 @@ def prepare(work: Path, shape: str, log: Any) -> Path:
             log(f"generating the {shape} random model ...")
             make_llama_folder(hf, SMOLLM2_135M if shape == "smollm2" else TINY)
         log("importing and building ...")
-        build_decoder(import_hf(hf), str(art), max_len=512 if shape == "smollm2" else None, last_logits=True)
+        build_decoder(
+            import_hf(hf), str(art), max_len=512 if shape == "smollm2" else None, last_logits=True
+        )
     return art
 
 
@@ -135,6 +137,22 @@ def run_level(
     }
 
 
+def forward_steps(art: Path, threads: int | None, steps: int = 6) -> dict[int, float]:
+    """Median seconds of one batched decode forward at each level, no server (interleaved)."""
+    from llmir_core.runtime.batch_decoder import OrtBatchDecoder
+
+    dec = OrtBatchDecoder(str(art), max(LEVELS), threads=threads)
+    for s in range(max(LEVELS)):
+        dec.prefill(s, [1, 2, 3, 4, 5, 6, 7, 8], 0)
+    times: dict[int, list[float]] = {n: [] for n in LEVELS}
+    for k in range(steps):
+        for n in LEVELS:
+            t0 = time.perf_counter()
+            dec.decode(list(range(n)), [5] * n, [8 + k] * n)
+            times[n].append(time.perf_counter() - t0)
+    return {n: statistics.median(ts) for n, ts in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -208,6 +226,8 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(60)
+    log("timing the batched decode forward alone ...")
+    fwd = forward_steps(art, args.threads)
     seq_texts = next(x["texts"] for x in runs if x["clients"] == 1)
     mismatched = sum(1 for x in runs for a, b in zip(x["texts"], seq_texts) if a != b)
     print(
@@ -225,8 +245,17 @@ def main() -> None:
         itl = statistics.median(x["itl_p50_s"] or 0 for x in xs) * 1000
         label = "1 (seq)" if c == 1 else str(c)
         print(f"{label:>8} {tps:15.1f} {tps / base:13.2f}x {ttft:12.1f} {itl:11.1f}")
-    print(f"greedy texts differing from sequential: {mismatched}; largest decode batch: "
-          f"{health.get('max_batch_seen')} of {health.get('slots')} slots")
+    print(
+        "one batched decode forward, no server: "
+        + ", ".join(
+            f"batch {n}: {fwd[n] * 1000:.2f} ms ({n / fwd[n]:.1f} tok/s, {n / fwd[n] / (1 / fwd[1]):.2f}x)"
+            for n in LEVELS
+        )
+    )
+    print(
+        f"greedy texts differing from sequential: {mismatched}; largest decode batch: "
+        f"{health.get('max_batch_seen')} of {health.get('slots')} slots"
+    )
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -5,7 +5,8 @@ Each loop iteration (a *step*):
 1. drops cancelled requests (their slot is free again) and admits waiting ones while slots are
    free (first come, first served);
 2. runs one prefill chunk (at most `chunk` prompt tokens) of the oldest sequence still in
-   prefill: a newcomer never stalls the others for longer than one chunk;
+   prefill: a newcomer never stalls the others for longer than one chunk (when no sequence is
+   decoding, the whole rest of the prompt at once);
 3. runs one batched decode forward for every sequence past its prefill, samples each one's next
    token with its own `Sampler` (seeded per request) and streams its text.
 
@@ -218,7 +219,9 @@ class Scheduler:
         self.steps += 1
         pre = next((r for r in self.active if r.cached < len(r.prompt_ids)), None)
         if pre is not None:
-            part = pre.prompt_ids[pre.cached : pre.cached + self.chunk]
+            # chunks only bound the stall of sequences that decode: with none, prefill it all
+            decoding = any(r.ids and not r.cancelled for r in self.active)
+            part = pre.prompt_ids[pre.cached : pre.cached + self.chunk if decoding else None]
             logits = self.decoder.prefill(pre.slot, part, pre.cached)
             pre.cached += len(part)
             self.metrics.prompt(len(part))
