@@ -2,7 +2,7 @@
 per-pass diffs and bench results, gathered once when the server starts.
 
 - `source`: the `.llmir` the artifact was built from (`--ir`, else the file the manifest names,
-  looked for in the artifact folder and beside it); `lowered`: `--lowered`, else another
+  looked for in the artifact folder and in the folder that holds it); `lowered`: `--lowered`, else another
   `.llmir` in the artifact folder;
 - `report`: a text file (`llmir optimize --report` output);
 - `passes`: from a `--print-after-all --dump-dir` folder (`NN-pass.llmir` files): each pass's
@@ -40,7 +40,7 @@ def _find_source(art_dir: str, manifest: dict[str, Any]) -> str | None:
     name = (manifest.get("source") or {}).get("file")
     if not name:
         return None
-    for folder in (art_dir, os.path.dirname(os.path.abspath(art_dir)), os.getcwd()):
+    for folder in (art_dir, os.path.dirname(os.path.abspath(art_dir))):
         path = os.path.join(folder, name)
         if os.path.isfile(path):
             return path
