@@ -203,6 +203,7 @@ def test_cli_busy_port(tiny_artifact: Path, served: Running) -> None:
     assert r.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM")
 def test_sigterm_finishes_in_flight_and_refuses_new(tiny_artifact: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}

@@ -101,6 +101,7 @@ def _rss() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not os.path.exists("/proc/self/statm"), reason="needs /proc to read the memory in use"
 )

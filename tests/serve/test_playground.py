@@ -121,6 +121,7 @@ def _wait(cond: Any, what: str, timeout: float = 60) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.slow
 def test_playground_in_headless_chromium(
     tiny_artifact: Path, tiny_module: Any, playground_files: dict[str, str], tmp_path: Path
 ) -> None:
