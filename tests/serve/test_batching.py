@@ -22,15 +22,23 @@ from .conftest import Running, start_server
 PROMPTS = [[1, 5, 6, 7, 8, 9, 10], [1, 20, 21], [1, *range(30, 50)], [1, 50, 51, 52, 53], [1, 60]]
 
 
-def alone(art: Path, ids: list[int], n: int) -> list[int]:
-    gen = TextGenerator(str(art), TextGenOptions(threads=1, max_new_tokens=n))
-    from llmir_core.runtime.generate import generate
-    from llmir_core.runtime.textgen import _Codec
+class _Ids:
+    """A codec for prompts given as token ids (the text does not matter here)."""
 
-    gen.decoder.reserve(len(ids) + n)
-    return generate(
-        gen.decoder, _Codec(gen.tokenizer), ids, max_new_tokens=n, sampler=Sampler(SamplingConfig())
-    ).ids
+    def encode(self, text: str) -> list[int]:
+        return []
+
+    def decode(self, ids: list[int]) -> str:
+        return ""
+
+
+def alone(art: Path, ids: list[int], n: int) -> list[int]:
+    """The greedy ids `llmir run` generates for this prompt: one sequence, whole-prompt prefill."""
+    from llmir_core.runtime.generate import generate
+
+    dec = open_artifact(str(art), 1)
+    dec.reserve(len(ids) + n)
+    return generate(dec, _Ids(), ids, max_new_tokens=n, sampler=Sampler(SamplingConfig())).ids
 
 
 def run_all(
