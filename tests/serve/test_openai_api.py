@@ -89,6 +89,22 @@ def test_stop_string(served: Running, tiny_artifact: Path) -> None:
     )
     assert got.choices[0].text == full[: full.index(stop)]
     assert got.choices[0].finish_reason == "stop"
+    want = run_text(tiny_artifact, "abc", max_new_tokens=12, stop=(stop,))
+    assert want == got.choices[0].text  # as `llmir run --stop`
+    chunks = list(
+        client(served).completions.create(
+            model=served.model.name,
+            prompt="abc",
+            max_tokens=12,
+            temperature=0,
+            stop=[stop],
+            stream=True,
+        )
+    )
+    assert (
+        "".join(ch.choices[0].text for ch in chunks if ch.choices) == want
+    )  # nothing past the stop leaks
+    assert chunks[-1].choices[0].finish_reason == "stop"
 
 
 def test_openai_errors(served: Running) -> None:
