@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,7 +31,7 @@ class _Ids:
     def encode(self, text: str) -> list[int]:
         return []
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         return ""
 
 
@@ -54,11 +57,8 @@ def run_all(
             ev.set()
 
     for i, p in enumerate(prompts):
-        sched.submit(
-            GenRequest(
-                p, n, Sampler(SamplingConfig()), lambda s: None, lambda r, i=i: finished(i, r)
-            )
-        )
+        done_i = functools.partial(finished, i)
+        sched.submit(GenRequest(p, n, Sampler(SamplingConfig()), lambda s: None, done_i))
         time.sleep(stagger_s)
     assert ev.wait(60), "the scheduler hung"
     return [done[i] for i in range(len(prompts))]
@@ -122,7 +122,7 @@ def test_load_32_streaming_clients(tiny_artifact: Path) -> None:
     gen = TextGenerator(str(tiny_artifact), TextGenOptions(threads=1, max_new_tokens=16))
     want = {p: gen.generate(p).result.text for p in prompts}
 
-    async def one(c: openai.AsyncOpenAI, p: str) -> str | None:
+    async def one(c: Any, p: str) -> str | None:
         try:
             stream = await c.completions.create(
                 model=srv.model.name, prompt=p, max_tokens=16, temperature=0, stream=True

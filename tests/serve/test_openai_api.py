@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from .conftest import Running
 openai = pytest.importorskip("openai", reason="the test extra (openai) is not installed")
 
 
-def client(served: Running, **kw: object) -> openai.OpenAI:
+def client(served: Running, **kw: object) -> Any:
     return openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0, **kw)  # type: ignore[arg-type]
 
 
