@@ -29,7 +29,8 @@ Binds 127.0.0.1 unless --host says otherwise. With --api-key (or LLMIR_API_KEY) 
 
 The Playground (http://HOST:PORT/) chats with the model and shows the artifact's IR (--ir, or
 the .llmir the manifest names when found), --lowered IR, the --report of `llmir optimize`,
-per-pass diffs from a --dump-dir of `optimize --print-after-all`, and --bench JSON as charts.
+per-pass diffs from a --dump-dir of `optimize --print-after-all` (else llmir-dumps/ beside the
+artifact when its last dump is the source), and --bench JSON (else bench.json beside it) as charts.
 
 Examples:
 

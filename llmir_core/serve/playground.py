@@ -5,9 +5,12 @@ per-pass diffs and bench results, gathered once when the server starts.
   looked for in the artifact folder and in the folder that holds it); `lowered`: `--lowered`, else another
   `.llmir` in the artifact folder;
 - `report`: a text file (`llmir optimize --report` output);
-- `passes`: from a `--print-after-all --dump-dir` folder (`NN-pass.llmir` files): each pass's
-  unified diff against the module before it (the first against `source` when given);
-- `bench`: `llmir bench --format json` output, as parsed JSON.
+- `passes`: from a `--print-after-all --dump-dir` folder (`NN-pass.llmir` files; else an
+  `llmir-dumps` folder in or beside the artifact whose last dump is `source`): each pass's
+  unified diff against the module before it (the first against the input its reproduce line
+  names, when that file exists, else `source`);
+- `bench`: `llmir bench --format json` output (`--bench`, else a `bench.json` in or beside the
+  artifact), as parsed JSON.
 
 A file that is named but unreadable is an `InputError`; one that is merely absent is left out.
 """
@@ -47,32 +50,76 @@ def _find_source(art_dir: str, manifest: dict[str, Any]) -> str | None:
     return None
 
 
+def _body(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not line.startswith("//"))
+
+
+def _dumps(dump_dir: str) -> list[str]:
+    return sorted(f for f in os.listdir(dump_dir) if re.match(r"^\d+-.+\.llmir$", f))
+
+
+def _dump_input(dump_dir: str, first: str) -> str | None:
+    """The module `optimize` started from, named in the first dump's reproduce line, when it exists."""
+    m = re.search(r"^//\s+llmir optimize (\S+)", first, re.M)
+    if not m:
+        return None
+    for path in (m.group(1), os.path.join(os.path.dirname(os.path.abspath(dump_dir)), m.group(1))):
+        if os.path.isfile(path):
+            return path
+    return None
+
+
 def pass_diffs(dump_dir: str, before: str | None) -> list[dict[str, Any]]:
-    """One entry per `NN-pass.llmir` dump: name, file, unified diff against the previous module."""
+    """One entry per `NN-pass.llmir` dump: name, file, unified diff against the previous module
+    (the first against the module `optimize` started from when its file exists, else `before`)."""
     if not os.path.isdir(dump_dir):
         raise InputError(
             f"{dump_dir}: no such folder",
             hint="--dump-dir takes the folder of `llmir optimize --print-after-all --dump-dir DIR`",
         )
-    dumps = sorted(f for f in os.listdir(dump_dir) if re.match(r"^\d+-.+\.llmir$", f))
     out = []
     prev, prev_name = before, "source"
-    for f in dumps:
+    for i, f in enumerate(_dumps(dump_dir)):
         text = _read(os.path.join(dump_dir, f), "pass dump")
-        body = "\n".join(line for line in text.splitlines() if not line.startswith("//"))
+        start = _dump_input(dump_dir, text) if i == 0 else None
+        if start is not None:
+            prev, prev_name = _body(_read(start, "IR")), os.path.basename(start)
+        body = _body(text)
         name = re.sub(r"^\d+-|\.llmir$", "", f)
-        diff = (
-            ""
-            if prev is None
-            else "\n".join(
-                difflib.unified_diff(
-                    prev.splitlines(), body.splitlines(), prev_name, f, lineterm="", n=2
-                )
-            )
+        lines = difflib.unified_diff(
+            (prev or "").splitlines(), body.splitlines(), prev_name, f, lineterm="", n=2
         )
+        diff = "" if prev is None else "\n".join(lines)
         out.append({"pass": name, "file": f, "diff": diff, "changed": bool(diff)})
         prev, prev_name = body, f
     return out
+
+
+def _find_dumps(art_dir: str, source: str | None) -> str | None:
+    """An `llmir-dumps` folder (optimize's default) in or beside the artifact whose last dump is
+    the module the artifact was built from."""
+    if source is None:
+        return None
+    for folder in (art_dir, os.path.dirname(os.path.abspath(art_dir))):
+        d = os.path.join(folder, "llmir-dumps")
+        if os.path.isdir(d) and _dumps(d):
+            last = _read(os.path.join(d, _dumps(d)[-1]), "pass dump")
+            if _body(last).strip() == _body(source).strip():
+                return d
+    return None
+
+
+def _find_bench(art_dir: str) -> str | None:
+    """A `bench.json` in or beside the artifact that `llmir bench --format json` wrote."""
+    for folder in (art_dir, os.path.dirname(os.path.abspath(art_dir))):
+        path = os.path.join(folder, "bench.json")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                if "bench_schema" in json.load(fh):
+                    return path
+        except (OSError, ValueError, TypeError):
+            continue
+    return None
 
 
 def collect(
@@ -94,6 +141,8 @@ def collect(
             if f.endswith(".llmir") and (src_path is None or os.path.join(art_dir, f) != src_path)
         )
         lowered = os.path.join(art_dir, others[0]) if others else None
+    dump_dir = dump_dir or _find_dumps(art_dir, source)
+    bench = bench or _find_bench(art_dir)
     data: dict[str, Any] = {
         "source": {"file": os.path.basename(src_path), "text": source}
         if src_path and source is not None
@@ -102,7 +151,9 @@ def collect(
         if lowered
         else None,
         "report": _read(report, "report") if report else None,
-        "passes": pass_diffs(dump_dir, _strip_comments(source)) if dump_dir else [],
+        "passes": pass_diffs(dump_dir, None if source is None else _body(source))
+        if dump_dir
+        else [],
         "bench": None,
         "decoder": {
             k: manifest.get("decoder", {}).get(k)
@@ -129,12 +180,6 @@ def collect(
                 hint="pass the output of `llmir bench ARTIFACT --format json`",
             ) from None
     return data
-
-
-def _strip_comments(text: str | None) -> str | None:
-    return (
-        None if text is None else "\n".join(x for x in text.splitlines() if not x.startswith("//"))
-    )
 
 
 __all__ = ["collect", "pass_diffs"]

@@ -182,3 +182,38 @@ def test_playground_in_headless_chromium(
     finally:
         driver.quit()
         srv.stop()
+
+
+def test_collect_finds_dumps_and_bench_beside_the_artifact(
+    tmp_path: Path, playground_files: dict[str, str]
+) -> None:
+    """`optimize --print-after-all` (default folder llmir-dumps) then `build` and `bench > bench.json`
+    in one folder: the Playground finds them, and diffs the first pass against optimize's input."""
+    source = Path(playground_files["ir"]).read_text()
+    lines = source.splitlines()
+    cut = next(i for i, x in enumerate(lines) if " = core." in x)
+    optimized = "\n".join(lines[:cut] + lines[cut + 1 :]) + "\n"
+    (tmp_path / "model.llmir").write_text(source)
+    (tmp_path / "model.opt.llmir").write_text(optimized)
+    dumps = tmp_path / "llmir-dumps"
+    dumps.mkdir()
+    head = (
+        "// after pass {n} ({p}); reproduce with:\n//   llmir optimize model.llmir --passes {p}\n"
+    )
+    (dumps / "01-dce.llmir").write_text(head.format(n=1, p="dce") + optimized)
+    (dumps / "02-cse.llmir").write_text(head.format(n=2, p="cse") + optimized)
+    shutil.copy(playground_files["bench"], tmp_path / "bench.json")
+    art = tmp_path / "model.build"
+    art.mkdir()
+    manifest = {"source": {"file": "model.opt.llmir"}, "decoder": {}}
+    data = collect(str(art), manifest)
+    assert data["source"]["file"] == "model.opt.llmir"
+    assert [p["pass"] for p in data["passes"]] == ["dce", "cse"]
+    assert (
+        data["passes"][0]["diff"].startswith("--- model.llmir") and not data["passes"][1]["changed"]
+    )
+    assert data["bench"]["bench_schema"]
+    (dumps / "02-cse.llmir").write_text(
+        head.format(n=2, p="cse") + source
+    )  # not this artifact's run
+    assert collect(str(art), manifest)["passes"] == []
