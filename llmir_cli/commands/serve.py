@@ -22,7 +22,7 @@ template; stream: true gives server-sent events ending with usage), GET /health,
 token (continuous batching), prompts prefill in chunks of --prefill-chunk tokens between decode
 steps, and up to --max-queue more wait (then HTTP 429 with Retry-After). A client that
 disconnects frees its slot. SIGTERM or Ctrl-C finishes the requests in flight, refuses new ones,
-and exits 0.
+and exits 0 (130 after Ctrl-C).
 
 Binds 127.0.0.1 unless --host says otherwise. With --api-key (or LLMIR_API_KEY) /v1/* and
 /api/* need `Authorization: Bearer KEY`.
