@@ -1,0 +1,164 @@
+"""`llmir serve ARTIFACT`: an OpenAI-compatible HTTP server with continuous batching, and the Playground."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from llmir_core.errors import InputError
+
+from .._options import DebugOpt, QuietOpt, VerboseOpt
+from .._render import handle_errors, make_ctx
+
+HELP = """Serve a decoder artifact over HTTP with OpenAI's API, and the Playground at /.
+
+Endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (the model's chat
+template; stream: true gives server-sent events ending with usage), GET /health, GET /metrics
+(Prometheus). Requests decode together: up to --max-batch sequences share one forward per
+token (continuous batching), prompts prefill in chunks of --prefill-chunk tokens between decode
+steps, and up to --max-queue more wait (then HTTP 429 with Retry-After). A client that
+disconnects frees its slot. SIGTERM or Ctrl-C finishes the requests in flight, refuses new ones,
+and exits 0 (130 after Ctrl-C).
+
+Binds 127.0.0.1 unless --host says otherwise. With --api-key (or LLMIR_API_KEY) /v1/* and
+/api/* need `Authorization: Bearer KEY`.
+
+The Playground (http://HOST:PORT/) chats with the model and shows the artifact's IR (--ir, or
+the .llmir the manifest names when found), --lowered IR, the --report of `llmir optimize`,
+per-pass diffs from a --dump-dir of `optimize --print-after-all` (else llmir-dumps/ beside the
+artifact when its last dump is the source), and --bench JSON (else bench.json beside it) as charts.
+
+Examples:
+
+  llmir serve tiny.build
+
+  llmir serve tiny.build --port 8080 --max-batch 16 --api-key secret
+
+  llmir serve tiny.build --ir tiny.llmir --report report.txt --dump-dir dumps --bench bench.json
+
+  curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\
+    -d '{"model": "tiny.build", "prompt": "Hello", "max_tokens": 16, "temperature": 0}'
+"""
+
+
+def serve_cmd(
+    artifact: Annotated[
+        Path, typer.Argument(help="Decoder artifact folder (llmir build).", show_default=False)
+    ],
+    host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port (0 = any free one).")] = 8000,
+    max_batch: Annotated[
+        int, typer.Option("--max-batch", help="Sequences decoded together (KV slots).")
+    ] = 8,
+    max_queue: Annotated[
+        int, typer.Option("--max-queue", help="Requests waiting for a slot before 429.")
+    ] = 64,
+    prefill_chunk: Annotated[
+        int, typer.Option("--prefill-chunk", help="Prompt tokens prefilled per step.")
+    ] = 32,
+    max_context: Annotated[
+        int | None,
+        typer.Option(
+            "--max-context", help="KV rows per sequence (default: the artifact's max_len)."
+        ),
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option("--threads", help="onnxruntime intra-op threads.")
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="LLMIR_API_KEY",
+            help="Require this bearer key on /v1 and /api.",
+            show_default=False,
+        ),
+    ] = None,
+    model_name: Annotated[
+        str | None,
+        typer.Option("--model-name", help="Model id clients send (default: the folder name)."),
+    ] = None,
+    ir: Annotated[Path | None, typer.Option("--ir", help="Playground: the source .llmir.")] = None,
+    lowered: Annotated[
+        Path | None, typer.Option("--lowered", help="Playground: a lowered/optimized .llmir.")
+    ] = None,
+    report: Annotated[
+        Path | None, typer.Option("--report", help="Playground: `llmir optimize --report` output.")
+    ] = None,
+    dump_dir: Annotated[
+        Path | None,
+        typer.Option("--dump-dir", help="Playground: `optimize --print-after-all` dumps."),
+    ] = None,
+    bench: Annotated[
+        Path | None, typer.Option("--bench", help="Playground: `llmir bench --format json` output.")
+    ] = None,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    ctx = make_ctx(quiet=quiet, verbose=verbose, debug=debug)
+    with handle_errors(ctx):
+        from llmir_core.serve.model import open_served_model
+        from llmir_core.serve.playground import collect
+        from llmir_core.serve.server import bind, serve
+
+        if not artifact.is_dir():
+            raise InputError(
+                f"{artifact}: no such artifact folder",
+                hint="build one with `llmir build MODEL.llmir -o DIR`",
+            )
+        if not 0 <= port <= 65535:
+            raise InputError(f"--port must be in 0..65535, got {port}")
+        if api_key is not None and not api_key:
+            raise InputError("--api-key is empty", hint="pass a non-empty key or leave it out")
+        model = open_served_model(
+            str(artifact),
+            max_batch=max_batch,
+            max_queue=max_queue,
+            chunk=prefill_chunk,
+            threads=threads,
+            max_context=max_context,
+            name=model_name,
+        )
+        extra = collect(
+            str(artifact),
+            model.manifest,
+            ir=_s(ir),
+            lowered=_s(lowered),
+            report=_s(report),
+            dump_dir=_s(dump_dir),
+            bench=_s(bench),
+        )
+        sock = bind(host, port)
+        addr = sock.getsockname()
+        ctx.log(
+            f"serving {model.name} on http://{_url_host(addr[0])}:{addr[1]}/ ({max_batch} slots of "
+            f"{model.max_context} tokens, queue {max_queue}{', API key required' if api_key else ''}; "
+            "Ctrl-C stops)"
+        )
+        sig = serve(
+            model,
+            sock,
+            api_key=api_key,
+            playground=extra,
+            log_level="info" if verbose else "warning",
+        )
+        ctx.log("stopped: every admitted request finished")
+        if sig == signal.SIGINT:
+            raise typer.Exit(130)
+
+
+def _s(p: Path | None) -> str | None:
+    return os.fspath(p) if p is not None else None
+
+
+def _url_host(h: str) -> str:
+    return f"[{h}]" if ":" in h else h
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve", help=HELP)(serve_cmd)

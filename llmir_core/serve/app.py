@@ -1,0 +1,390 @@
+"""The HTTP side of `llmir serve`: an OpenAI-compatible API on starlette (imported lazily).
+
+Routes: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` (JSON, or
+server-sent events with `stream: true`, the last chunk carrying `usage`), `GET /health`,
+`GET /metrics` (Prometheus text), and the Playground: `GET /` with its static files and
+`GET /api/playground` (the artifact's IR, report, pass diffs and bench results).
+
+Errors have OpenAI's body, `{"error": {"message", "type", "param", "code"}}`: 400 bad JSON or
+parameter values and prompts over the context, 401 a missing or wrong API key (compared in
+constant time; `/v1/*` and `/api/*` only), 404 unknown model or route, 405 wrong method, 413
+oversize body, 429 full queue (with `Retry-After`), 503 while shutting down. A client that
+disconnects cancels its request, and its KV slot is freed at the next scheduler step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from llmir_core.errors import InputError
+from llmir_core.runtime.sampling import Sampler, SamplingConfig
+
+from .model import ServedModel
+from .scheduler import Completion, GenRequest, QueueFull, ShuttingDown
+from .schemas import (
+    APIError,
+    GenParams,
+    chunk_body,
+    completion_body,
+    new_id,
+    parse_chat,
+    parse_completion,
+    usage,
+)
+
+STATIC_DIR = Path(__file__).parent / "static"
+MAX_BODY = 1 << 20  # bytes
+ROUTES = (
+    "/",
+    "/v1/models",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/health",
+    "/metrics",
+    "/api/playground",
+)
+
+
+def error_response(err: APIError) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+async def read_json(request: Any, limit: int) -> Any:
+    """The request's JSON body: 413 past `limit` bytes (declared or streamed), 400 when malformed."""
+    declared = request.headers.get("content-length")
+    too_big = APIError(
+        413, f"the request body exceeds the limit of {limit} bytes", code="request_too_large"
+    )
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(
+            400, f"we could not parse the JSON body of your request ({exc})", code="invalid_json"
+        ) from None
+
+
+class _Guard:
+    """Pure ASGI middleware: API key check and request counting by route and status."""
+
+    def __init__(self, app: Any, model: ServedModel, api_key: str | None) -> None:
+        self.app = app
+        self.model = model
+        self.key = f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        route = path if path in ROUTES else ("/static" if path.startswith("/static/") else "other")
+        status = 500
+
+        async def counting_send(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            if self.key is not None and (path.startswith("/v1/") or path.startswith("/api/")):
+                given = dict(scope["headers"]).get(b"authorization", b"")
+                if not hmac.compare_digest(given, self.key):
+                    err = APIError(
+                        401,
+                        "incorrect API key provided"
+                        if given
+                        else "you didn't provide an API key (Authorization: Bearer KEY)",
+                        code="invalid_api_key",
+                    )
+                    await error_response(err)(scope, receive, counting_send)
+                    return
+            await self.app(scope, receive, counting_send)
+        finally:
+            self.model.metrics.request(route, status)
+
+
+def create_app(
+    model: ServedModel,
+    *,
+    api_key: str | None = None,
+    max_body: int = MAX_BODY,
+    playground: dict[str, Any] | None = None,
+) -> Any:
+    """The ASGI application; its lifespan starts the scheduler and drains it on shutdown."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import (
+        FileResponse,
+        JSONResponse,
+        PlainTextResponse,
+        Response,
+        StreamingResponse,
+    )
+    from starlette.routing import Mount, Route
+    from starlette.staticfiles import StaticFiles
+
+    sched = model.scheduler
+
+    def check_model(name: str) -> None:
+        if name != model.name:
+            raise APIError(
+                404,
+                f"the model '{name}' does not exist (this server has '{model.name}')",
+                param="model",
+                code="model_not_found",
+            )
+
+    async def models(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": model.name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "llmir",
+                        "max_model_len": model.max_context,
+                    }
+                ],
+            }
+        )
+
+    async def health(request: Request) -> Response:
+        status = "draining" if sched.closing else "ok"
+        return JSONResponse(
+            {"status": status, "model": model.name, **sched.snapshot()},
+            status_code=503 if sched.closing else 200,
+        )
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(model.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def info(request: Request) -> Response:
+        return JSONResponse(
+            {"model": model.name, "max_context": model.max_context, **(playground or {})}
+        )
+
+    async def index(request: Request) -> Response:
+        return FileResponse(STATIC_DIR / "index.html")
+
+    def encode(p: GenParams, chat: bool) -> list[int]:
+        try:
+            ids = model.encode_chat(p.messages or []) if chat else model.encode_text(p.prompt or "")
+        except InputError as exc:
+            raise APIError(400, str(exc), param="messages" if chat else "prompt") from None
+        if not ids:
+            raise APIError(
+                400, "the prompt encodes to no tokens", param="prompt", code="invalid_value"
+            )
+        if len(ids) >= model.max_context:
+            raise APIError(
+                400,
+                f"this model's maximum context length is {model.max_context} tokens; the "
+                f"prompt has {len(ids)} (with room for at least one new token)",
+                param="messages" if chat else "prompt",
+                code="context_length_exceeded",
+            )
+        return ids
+
+    async def generate(request: Request, chat: bool) -> Response:
+        if sched.closing:
+            raise APIError(
+                503, "the server is shutting down", type="server_error", code="shutting_down"
+            )
+        body = await read_json(request, max_body)
+        p = parse_chat(body) if chat else parse_completion(body)
+        check_model(p.model)
+        ids = encode(p, chat)
+        max_tokens = min(p.max_tokens or model.max_context, model.max_context - len(ids))
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+        def put(kind: str, value: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
+                loop.call_soon_threadsafe(events.put_nowait, (kind, value))
+
+        sampler = Sampler(SamplingConfig(temperature=p.temperature, top_p=p.top_p, seed=p.seed))
+        req = GenRequest(
+            ids,
+            max_tokens,
+            sampler,
+            lambda s: put("text", s),
+            lambda r: put("done", r),
+            stop=p.stop,
+            eos_ids=model.eos_ids,
+        )
+        try:
+            sched.submit(req)
+        except QueueFull as exc:
+            raise APIError(
+                429,
+                f"the server is busy: {exc}",
+                type="rate_limit_error",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": "1"},
+            ) from None
+        except ShuttingDown:
+            raise APIError(
+                503, "the server is shutting down", type="server_error", code="shutting_down"
+            ) from None
+        rid = new_id("chatcmpl" if chat else "cmpl")
+        if p.stream:
+            return StreamingResponse(
+                _sse(rid, p.model, chat, req, events),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        return await _whole(request, rid, p.model, chat, req, events)
+
+    async def _whole(
+        request: Request,
+        rid: str,
+        name: str,
+        chat: bool,
+        req: GenRequest,
+        events: asyncio.Queue[tuple[str, Any]],
+    ) -> Response:
+        async def done() -> Any:
+            while True:
+                kind, value = await events.get()
+                if kind == "done":
+                    return value
+
+        async def gone() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        waiter, watcher = asyncio.ensure_future(done()), asyncio.ensure_future(gone())
+        try:
+            await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not waiter.done():
+                waiter.cancel()
+                sched.cancel(req)
+        if waiter.cancelled():
+            return Response(status_code=499)
+        res = waiter.result()
+        if not isinstance(res, Completion):
+            raise APIError(
+                500, f"generation failed: {res}", type="server_error", code="internal_error"
+            )
+        return JSONResponse(
+            completion_body(
+                rid,
+                name,
+                res.text,
+                res.finish_reason,
+                usage(res.prompt_tokens, len(res.token_ids)),
+                chat,
+            )
+        )
+
+    async def _sse(
+        rid: str, name: str, chat: bool, req: GenRequest, events: asyncio.Queue[tuple[str, Any]]
+    ) -> AsyncIterator[str]:
+        created = int(time.time())
+        finished = False
+        try:
+            if chat:
+                yield _event(chunk_body(rid, name, created, "", None, True, first=True))
+            while True:
+                kind, value = await events.get()
+                if kind == "text":
+                    yield _event(chunk_body(rid, name, created, value, None, chat))
+                    continue
+                finished = True
+                if isinstance(value, Completion):
+                    use = usage(value.prompt_tokens, len(value.token_ids))
+                    yield _event(
+                        chunk_body(rid, name, created, None, value.finish_reason, chat, use)
+                    )
+                else:
+                    yield _event(
+                        APIError(500, f"generation failed: {value}", type="server_error").body()
+                    )
+                yield "data: [DONE]\n\n"
+                return
+        finally:
+            if not finished:
+                sched.cancel(req)
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    async def api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, APIError)
+        response: Response = error_response(exc)
+        return response
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            err = APIError(
+                404, f"unknown request URL: {request.method} {request.url.path}", code="unknown_url"
+            )
+        elif exc.status_code == 405:
+            err = APIError(
+                405,
+                f"method {request.method} is not allowed on {request.url.path}",
+                code="method_not_allowed",
+            )
+        else:
+            err = APIError(exc.status_code, str(exc.detail))
+        response: Response = error_response(err)
+        return response
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        sched.start()
+        try:
+            yield
+        finally:
+            sched.close()  # in-flight requests finish (uvicorn waited for their responses)
+            await asyncio.get_running_loop().run_in_executor(None, sched.join, 30.0)
+
+    routes = [
+        Route("/", index),
+        Route("/v1/models", models),
+        Route("/health", health),
+        Route("/metrics", metrics),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/api/playground", info),
+        Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={APIError: api_error, HTTPException: http_error},
+    )
+    return _Guard(app, model, api_key)
+
+
+def _event(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+__all__ = ["create_app", "read_json", "MAX_BODY", "STATIC_DIR"]

@@ -1,0 +1,302 @@
+"""Continuous batching: one thread runs every admitted sequence through a `BatchDecoder`.
+
+Each loop iteration (a *step*):
+
+1. drops cancelled requests (their slot is free again) and admits waiting ones while slots are
+   free (first come, first served);
+2. runs one prefill chunk (at most `chunk` prompt tokens) of the oldest sequence still in
+   prefill: a newcomer never stalls the others for longer than one chunk (when no sequence is
+   decoding, the whole rest of the prompt at once);
+3. runs one batched decode forward for every sequence past its prefill, samples each one's next
+   token with its own `Sampler` (seeded per request) and streams its text.
+
+A request arriving while others decode joins at the next step. Sampling and the stop rules are
+those of `llmir run` (`llmir_core.runtime.generate`), so a request gets the tokens it would get
+alone with the same seed. The waiting queue is bounded (`QueueFull`); after `close()` new
+requests are refused (`ShuttingDown`) and the loop ends once the admitted ones finish.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from llmir_core.runtime.batch_decoder import BatchDecoder
+from llmir_core.runtime.sampling import Sampler
+
+from .metrics import Metrics
+
+
+class QueueFull(Exception):
+    """The waiting queue is full: retry later."""
+
+
+class ShuttingDown(Exception):
+    """The server is draining and takes no new requests."""
+
+
+class TextStream:
+    """Incremental detokenization with stop strings, as `llmir run` streams: an incomplete UTF-8
+    sequence is held back, and so is a tail that could still become a stop string."""
+
+    def __init__(self, decode: Callable[[list[int]], str], stop: Sequence[str]) -> None:
+        self.decode = decode
+        self.stop = [s for s in stop if s]
+        self.hold = max((len(s) - 1 for s in self.stop), default=0)
+        self.ids: list[int] = []
+        self.emitted = ""
+        self.stopped = False
+
+    def push(self, tok: int) -> str:
+        """Add a token; return the text that became safe to show (sets `stopped` on a stop string)."""
+        self.ids.append(tok)
+        text = self.decode(self.ids)
+        stable = text[:-1] if text.endswith("\ufffd") else text
+        hit = next((s for s in self.stop if s in stable), None)
+        if hit is not None:
+            self.stopped = True
+            return self._advance(stable[: stable.index(hit)])
+        return self._advance(stable[: len(stable) - self.hold] if self.hold else stable)
+
+    def finish(self) -> str:
+        """The rest of the text once generation ends without a stop string."""
+        return "" if self.stopped else self._advance(self.decode(self.ids))
+
+    def _advance(self, safe: str) -> str:
+        if len(safe) > len(self.emitted) and safe.startswith(self.emitted):
+            piece = safe[len(self.emitted) :]
+            self.emitted = safe
+            return piece
+        return ""
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str  # stop | length
+    stop_reason: str  # eos | stop_string | length | context
+    ttft_s: float
+    token_times: list[float]  # monotonic time of each generated token
+
+
+@dataclass
+class GenRequest:
+    """One sequence to generate. `on_text(piece)` and `on_done(completion or exception)` are
+    called from the scheduler thread."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    sampler: Sampler
+    on_text: Callable[[str], None]
+    on_done: Callable[[Completion | BaseException], None]
+    stop: tuple[str, ...] = ()
+    eos_ids: tuple[int, ...] = ()
+    arrived: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+    # scheduler state
+    slot: int = -1
+    cached: int = 0  # prompt tokens already in the KV rows
+    ids: list[int] = field(default_factory=list)
+    stream: TextStream | None = None
+    token_times: list[float] = field(default_factory=list)
+
+
+class Scheduler:
+    """Owns the `BatchDecoder`; only its thread touches it."""
+
+    def __init__(
+        self,
+        decoder: BatchDecoder,
+        decode_text: Callable[[list[int]], str],
+        *,
+        max_queue: int = 64,
+        chunk: int = 32,
+        metrics: Metrics | None = None,
+    ) -> None:
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        if chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {chunk}")
+        self.decoder = decoder
+        self.decode_text = decode_text
+        self.max_queue = max_queue
+        self.chunk = chunk
+        self.metrics = metrics or Metrics()
+        self.metrics.queue_depth = lambda: len(self.waiting)
+        self.metrics.active = lambda: len(self.active)
+        self.waiting: deque[GenRequest] = deque()
+        self.active: list[GenRequest] = []
+        self.free = list(range(decoder.slots))
+        self.steps = 0
+        self.max_batch_seen = 0
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="llmir-scheduler", daemon=True)
+
+    # -- the request side (any thread) ------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, req: GenRequest) -> None:
+        if len(req.prompt_ids) >= self.decoder.max_context:
+            raise ValueError(
+                f"the prompt has {len(req.prompt_ids)} tokens, but the model's context is "
+                f"{self.decoder.max_context} (with room for at least one new token)"
+            )
+        with self._cond:
+            if self._closing:
+                raise ShuttingDown("the server is shutting down")
+            if len(self.waiting) >= self.max_queue + len(self.free):  # free slots take waiting ones
+                raise QueueFull(
+                    f"{len(self.waiting)} requests are waiting (--max-queue {self.max_queue})"
+                )
+            self.waiting.append(req)
+            self._cond.notify()
+
+    def cancel(self, req: GenRequest) -> None:
+        """Stop generating for req (its client went away); its slot is freed at the next step."""
+        with self._cond:
+            req.cancelled = True
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Refuse new requests; the loop ends after the admitted and waiting ones finish."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+
+    def join(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    # -- the scheduler thread -----------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._drop_cancelled()
+                while not self.waiting and not self.active and not self._closing:
+                    self._cond.wait()
+                    self._drop_cancelled()
+                if self._closing and not self.waiting and not self.active:
+                    return
+                while self.waiting and self.free:
+                    req = self.waiting.popleft()
+                    req.slot = self.free.pop(0)
+                    req.stream = TextStream(self.decode_text, req.stop)
+                    self.active.append(req)
+            try:
+                self._step()
+            except BaseException as exc:  # a failed forward fails its requests, not the server
+                for req in list(self.active):
+                    self._finish(req, exc)
+
+    def _drop_cancelled(self) -> None:
+        self.waiting = deque(r for r in self.waiting if not r.cancelled)
+        for req in [r for r in self.active if r.cancelled]:
+            self._release(req)
+
+    def _release(self, req: GenRequest) -> None:
+        if req in self.active:
+            self.active.remove(req)
+            self.free.append(req.slot)
+            self.free.sort()  # low slots first: a decode step binds rows up to the highest one
+
+    def _step(self) -> None:
+        self.steps += 1
+        pre = next((r for r in self.active if r.cached < len(r.prompt_ids)), None)
+        if pre is not None:
+            # chunks only bound the stall of sequences that decode: with none, prefill it all
+            decoding = any(r.ids and not r.cancelled for r in self.active)
+            part = pre.prompt_ids[pre.cached : pre.cached + self.chunk if decoding else None]
+            logits = self.decoder.prefill(pre.slot, part, pre.cached)
+            pre.cached += len(part)
+            self.metrics.prompt(len(part))
+            if pre.cached == len(pre.prompt_ids):
+                self._emit(pre, logits)
+        ready = [
+            r for r in self.active if r.cached == len(r.prompt_ids) and r.ids and not r.cancelled
+        ]
+        if not ready:
+            return
+        self.max_batch_seen = max(self.max_batch_seen, len(ready))
+        logits = self.decoder.decode(
+            [r.slot for r in ready],
+            [r.ids[-1] for r in ready],
+            [len(r.prompt_ids) + len(r.ids) - 1 for r in ready],
+        )
+        for r, row in zip(ready, logits):
+            self._emit(r, row)
+
+    def _emit(self, req: GenRequest, logits: np.ndarray) -> None:
+        """Sample req's next token from logits, stream it, and finish req when a stop rule says so."""
+        assert req.stream is not None
+        tok = req.sampler.pick(logits, [*req.prompt_ids, *req.ids])
+        now = time.monotonic()
+        if not req.token_times:
+            self.metrics.first_token(now - req.arrived)
+        if tok in req.eos_ids:
+            self._finish(req, "eos")
+            return
+        self.metrics.token(now - req.token_times[-1] if req.token_times else None)
+        req.token_times.append(now)
+        req.ids.append(tok)
+        piece = req.stream.push(tok)
+        if piece:
+            req.on_text(piece)
+        if req.stream.stopped:
+            self._finish(req, "stop_string")
+        elif len(req.ids) >= req.max_tokens:
+            self._finish(req, "length")
+        elif len(req.prompt_ids) + len(req.ids) > self.decoder.max_context:
+            self._finish(req, "context")
+
+    def _finish(self, req: GenRequest, why: str | BaseException) -> None:
+        with self._cond:
+            self._release(req)
+        if isinstance(why, BaseException):
+            req.on_done(why)
+            return
+        assert req.stream is not None
+        rest = req.stream.finish()
+        if rest:
+            req.on_text(rest)
+        ttft = (
+            req.token_times[0] - req.arrived if req.token_times else time.monotonic() - req.arrived
+        )
+        req.on_done(
+            Completion(
+                req.stream.emitted,
+                list(req.ids),
+                len(req.prompt_ids),
+                "stop" if why in ("eos", "stop_string") else "length",
+                why,
+                ttft,
+                list(req.token_times),
+            )
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "waiting": len(self.waiting),
+            "active": len(self.active),
+            "slots": self.decoder.slots,
+            "steps": self.steps,
+            "max_batch_seen": self.max_batch_seen,
+        }
+
+
+__all__ = ["Scheduler", "GenRequest", "Completion", "TextStream", "QueueFull", "ShuttingDown"]

@@ -1,0 +1,294 @@
+"""The OpenAI request and response bodies the server speaks, checked by hand (no pydantic).
+
+`parse_completion(body)` and `parse_chat(body)` turn a decoded JSON body into a `GenParams` or
+raise `APIError` with the status code, error type, offending parameter and code that OpenAI's
+API uses for the same mistake. Defaults follow OpenAI's: temperature 1, top_p 1, n 1; `max_tokens`
+16 for completions and the rest of the context for chat.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def bad(param: str, message: str, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+@dataclass
+class GenParams:
+    model: str
+    prompt: str | None = None  # completions
+    messages: list[dict[str, str]] | None = None  # chat
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_KNOWN = {
+    "model",
+    "prompt",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "user",
+    "logprobs",
+    "echo",
+    "presence_penalty",
+    "frequency_penalty",
+    "suffix",
+    "best_of",
+    "logit_bias",
+    "top_logprobs",
+}
+
+
+def _number(
+    body: dict[str, Any], name: str, default: float, low: float, high: float, low_open: bool = False
+) -> float:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise bad(name, f"'{name}' must be a number, got {v!r}", "invalid_type")
+    if v < low or v > high or (low_open and v == low):
+        span = f"({low:g}, {high:g}]" if low_open else f"[{low:g}, {high:g}]"
+        raise bad(name, f"'{name}' must be in {span}, got {v}")
+    return float(v)
+
+
+def _int(body: dict[str, Any], name: str, low: int) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise bad(name, f"'{name}' must be an integer, got {v!r}", "invalid_type")
+    if v < low:
+        raise bad(name, f"'{name}' must be >= {low}, got {v}")
+    return v
+
+
+def _common(body: Any) -> GenParams:
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("model", "you must provide a model parameter", "missing_required_parameter")
+    p = GenParams(model=model)
+    p.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    p.top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
+    p.seed = _int(body, "seed", -(2**63))
+    if p.seed is not None and p.seed < 0:
+        p.seed = p.seed % 2**64  # numpy seeds are non-negative; OpenAI takes any int64
+    n = _int(body, "n", 1)
+    if n is not None and n != 1:
+        raise bad("n", f"only n=1 is supported, got {n}")
+    mt = _int(body, "max_completion_tokens", 1)
+    p.max_tokens = _int(body, "max_tokens", 1) if mt is None else mt
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        p.stop = (stop,)
+    elif isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) for s in stop):
+        p.stop = tuple(stop)
+    elif stop is not None:
+        raise bad("stop", "'stop' must be a string or a list of at most 4 strings", "invalid_type")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool) and stream is not None:
+        raise bad("stream", f"'stream' must be a boolean, got {stream!r}", "invalid_type")
+    p.stream = bool(stream)
+    for name in ("logprobs", "echo"):
+        if body.get(name):
+            raise bad(name, f"'{name}' is not supported by this server", "unsupported_parameter")
+    p.extra = {k: v for k, v in body.items() if k not in _KNOWN}
+    return p
+
+
+def parse_completion(body: Any) -> GenParams:
+    p = _common(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise bad(
+            "prompt",
+            "'prompt' must be a string (or a list of one string)",
+            "missing_required_parameter" if prompt is None else "invalid_type",
+        )
+    p.prompt = prompt
+    if p.max_tokens is None:
+        p.max_tokens = 16
+    return p
+
+
+def _content(m: dict[str, Any], i: int) -> str:
+    c = m.get("content")
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list) and all(
+        isinstance(x, dict) and x.get("type") == "text" and isinstance(x.get("text"), str)
+        for x in c
+    ):
+        return "".join(x["text"] for x in c)
+    if c is None and m.get("role") == "assistant":
+        return ""
+    raise bad(
+        f"messages[{i}].content",
+        f"messages[{i}].content must be a string or a list of text parts",
+        "invalid_type",
+    )
+
+
+def parse_chat(body: Any) -> GenParams:
+    p = _common(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad(
+            "messages",
+            "'messages' must be a non-empty list",
+            "missing_required_parameter" if messages is None else "invalid_type",
+        )
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in (
+            "system",
+            "developer",
+            "user",
+            "assistant",
+            "tool",
+        ):
+            raise bad(
+                f"messages[{i}].role",
+                f"messages[{i}] needs a role: system, user, assistant or tool",
+                "invalid_type",
+            )
+        role = "system" if m["role"] == "developer" else m["role"]
+        out.append({"role": role, "content": _content(m, i)})
+    p.messages = out
+    return p
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def completion_body(
+    rid: str, model: str, text: str, finish: str, use: dict[str, int], chat: bool
+) -> dict[str, Any]:
+    if chat:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": finish,
+            "logprobs": None,
+        }
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+    return {
+        "id": rid,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": use,
+    }
+
+
+def chunk_body(
+    rid: str,
+    model: str,
+    created: int,
+    piece: str | None,
+    finish: str | None,
+    chat: bool,
+    use: dict[str, int] | None = None,
+    first: bool = False,
+) -> dict[str, Any]:
+    if chat:
+        delta: dict[str, Any] = (
+            {"role": "assistant", "content": piece or ""}
+            if first
+            else ({"content": piece} if piece else {})
+        )
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": delta,
+            "finish_reason": finish,
+            "logprobs": None,
+        }
+    else:
+        choice = {"index": 0, "text": piece or "", "finish_reason": finish, "logprobs": None}
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
+    if use is not None:
+        body["usage"] = use
+    return body
+
+
+__all__ = [
+    "APIError",
+    "GenParams",
+    "parse_completion",
+    "parse_chat",
+    "completion_body",
+    "chunk_body",
+    "usage",
+    "new_id",
+]

@@ -1,0 +1,64 @@
+"""Fixtures: the tiny decoder artifact of tests/decoder, served in-process on 127.0.0.1."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.decoder.conftest import tiny_artifact, tiny_dir, tiny_module  # noqa: F401  (fixtures)
+
+pytest.importorskip("starlette", reason="the serve extra (starlette) is not installed")
+pytest.importorskip("uvicorn", reason="the serve extra (uvicorn) is not installed")
+
+
+@dataclass
+class Running:
+    url: str
+    model: Any  # ServedModel
+    server: Any  # uvicorn.Server
+    thread: threading.Thread
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def start_server(
+    art: Path, *, api_key: str | None = None, playground: dict[str, Any] | None = None, **opts: Any
+) -> Running:
+    """Serve the artifact from a thread on a free port; wait until it answers."""
+    import urllib.request
+
+    from llmir_core.serve.model import open_served_model
+    from llmir_core.serve.server import bind, make_server
+
+    opts.setdefault("threads", 1)
+    model = open_served_model(str(art), **opts)
+    sock = bind("127.0.0.1", 0)
+    server = make_server(model, api_key=api_key, playground=playground)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=5).read()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    return Running(url, model, server, thread)
+
+
+@pytest.fixture(scope="session")
+def served(tiny_artifact: Path) -> Iterator[Running]:  # noqa: F811
+    run = start_server(tiny_artifact, max_batch=8, max_queue=8, chunk=8)
+    yield run
+    run.stop()
