@@ -204,13 +204,25 @@ class Recording:
 def test_chunked_prefill_never_stalls_decoding_for_more_than_a_chunk(tiny_artifact: Path) -> None:
     dec = Recording(OrtBatchDecoder(str(tiny_artifact), 2, threads=1))
     sched = Scheduler(dec, lambda ids: "x" * len(ids), chunk=8)  # type: ignore[arg-type]
-    first = threading.Event()
-    a = GenRequest([1, 5, 6], 40, Sampler(SamplingConfig()), lambda s: first.set(), lambda r: None)
-    sched.submit(a)
-    sched.start()
-    assert first.wait(30)
+    # both wait before the loop starts, so the order is fixed whatever the machine's load: a
+    # (oldest, nothing decoding) is prefilled whole, then the newcomer's chunks alternate with a's
+    # decode steps
+    a = GenRequest([1, 5, 6], 40, Sampler(SamplingConfig()), lambda s: None, lambda r: None)
     long_prompt = [1, *range(3, 60)]  # 58 tokens: 8 chunks
-    res = run_all(sched, [long_prompt], 4)
+    done: list[Completion] = []
+    ev = threading.Event()
+
+    def finished(r: object) -> None:
+        assert isinstance(r, Completion), r
+        done.append(r)
+        ev.set()
+
+    b = GenRequest(long_prompt, 4, Sampler(SamplingConfig()), lambda s: None, finished)
+    sched.submit(a)
+    sched.submit(b)
+    sched.start()
+    assert ev.wait(60), "the scheduler hung"
+    res = done
     assert res[0].token_ids == alone(tiny_artifact, long_prompt, 4)
     sched.close()
     assert sched.join(30)
