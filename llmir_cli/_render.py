@@ -14,15 +14,18 @@ import sys
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
 
 from llmir_core.errors import EXIT_INTERRUPTED, EXIT_USAGE, Diagnostic, LlmirError
 
 from ._options import OutputFormat
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 SCHEMA_VERSION = 1
 
@@ -32,6 +35,8 @@ def _no_color() -> bool:
 
 
 def make_console(stderr: bool) -> Console:
+    from rich.console import Console  # rich loads on the first styled line, not at startup
+
     stream = sys.stderr if stderr else sys.stdout
     return Console(file=stream, no_color=_no_color(), highlight=False, soft_wrap=True,
                    force_terminal=None if stream.isatty() else False)
@@ -45,8 +50,14 @@ class Ctx:
     quiet: bool = False
     verbose: bool = False
     debug: bool = False
-    out: Console = field(default_factory=lambda: make_console(stderr=False))
-    err: Console = field(default_factory=lambda: make_console(stderr=True))
+
+    @cached_property
+    def out(self) -> Console:
+        return make_console(stderr=False)
+
+    @cached_property
+    def err(self) -> Console:
+        return make_console(stderr=True)
 
     @property
     def json(self) -> bool:

@@ -15,10 +15,6 @@ from llmir_core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, InputError
 from llmir_core.fileio import write_text_atomic
 from llmir_core.ir.parser import parse_file
 from llmir_core.ir.printer import print_module
-from llmir_core.passes import PRESETS
-from llmir_core.passes.manager import run_pipeline
-from llmir_core.passes.pipeline import describe_passes, parse_pipeline, preset
-from llmir_core.passes.report import format_list, format_report, format_times
 from llmir_core.weights import rebase_weight_paths
 
 from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
@@ -64,6 +60,12 @@ def optimize_cmd(
 ) -> None:
     ctx = make_ctx(fmt, quiet, verbose, debug)
     with handle_errors(ctx):
+        # the pass and rule tables load here, when a pipeline is run or listed (not at startup)
+        from llmir_core.passes import PRESETS
+        from llmir_core.passes.manager import run_pipeline
+        from llmir_core.passes.pipeline import describe_passes, parse_pipeline, preset
+        from llmir_core.passes.report import format_list, format_report, format_times
+
         if list_:
             items = describe_passes()
             if ctx.json:

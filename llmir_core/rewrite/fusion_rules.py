@@ -23,8 +23,7 @@ from llmir_core.ir.types import TensorType
 from .library import rule
 from .proof_obligations import equality
 from .rule import Rule
-from .smt_ext import BIG
-from .terms import A, C, K, Match, T, V, t
+from .terms import BIG, A, C, K, Match, T, V, t
 
 
 def _type(v: Value) -> TensorType | None:
