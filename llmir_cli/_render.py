@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from llmir_core.errors import EXIT_INTERRUPTED, EXIT_USAGE, Diagnostic, LlmirError
+from llmir_core.errors import EXIT_USAGE, Diagnostic, LlmirError
+from llmir_core.interrupts import caused_by_interrupt
 
 from ._options import OutputFormat
+from ._signals import announce
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -101,9 +103,19 @@ def handle_errors(ctx: Ctx) -> Iterator[None]:
         yield
     except typer.Exit:
         raise
-    except LlmirError as exc:
+    except KeyboardInterrupt:
+        raise typer.Exit(announce()) from None
+    except BaseException as exc:
+        if caused_by_interrupt(exc):  # an error an interrupt turned into (ImportError, say)
+            raise typer.Exit(announce()) from None
+        _report(ctx, exc)
+
+
+def _report(ctx: Ctx, exc: BaseException) -> None:
+    """Report an error that escaped a command as one line (and hint), then exit with its code."""
+    if isinstance(exc, LlmirError):
         if ctx.debug:
-            traceback.print_exc()
+            traceback.print_exception(exc)
         if ctx.json:
             ctx.emit_json("error", {
                 "ok": False,
@@ -121,16 +133,15 @@ def handle_errors(ctx: Ctx) -> Iterator[None]:
             if exc.hint:
                 sys.stderr.write(f"hint: {exc.hint}\n")
         raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
-    except MemoryError:
+    if isinstance(exc, MemoryError):
         sys.stderr.write("error: out of memory\nhint: try a smaller model or free memory\n")
         raise typer.Exit(EXIT_USAGE) from None
-    except Exception as exc:  # an internal error: still one line unless --debug
-        if ctx.debug:
-            traceback.print_exc()
-        else:
-            sys.stderr.write(f"error: internal error: {type(exc).__name__}: {exc}\n"
-                             "hint: rerun with --debug for a traceback and report it\n")
-        raise typer.Exit(70) from None
+    if not isinstance(exc, Exception):  # SystemExit, GeneratorExit: not errors to report
+        raise exc
+    # an internal error: still one line unless --debug
+    if ctx.debug:
+        traceback.print_exception(exc)
+    else:
+        sys.stderr.write(f"error: internal error: {type(exc).__name__}: {exc}\n"
+                         "hint: rerun with --debug for a traceback and report it\n")
+    raise typer.Exit(70) from None

@@ -118,7 +118,10 @@ def _root(
 
 
 def main() -> None:
-    app()
+    """The CLI with its signal handling (see llmir_cli/main.py, the entry point)."""
+    from llmir_cli.main import main as entry
+
+    entry()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from llmir_core.errors import InputError
+from llmir_core.interrupts import import_optional
 
 # Intra-op threads when none is asked for: None = `auto_threads()`. Measured on the 2-core
 # machine (benchmarks/decode_vs_ortgenai.py --choices, SmolLM2-135M shape, decode): with the
@@ -35,11 +36,7 @@ DEFAULT_CAPACITY = 256  # KV rows allocated at reset when nothing was reserved
 
 
 def _ort() -> Any:
-    try:
-        import onnxruntime
-    except ImportError:
-        raise InputError("onnxruntime is not installed", hint="pip install onnxruntime") from None
-    return onnxruntime
+    return import_optional("onnxruntime", "onnxruntime is not installed", hint="pip install onnxruntime")
 
 
 def busy_cores(seconds: float) -> float:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmir_core.errors import InputError
+from llmir_core.interrupts import import_optional
 
 from .bench import BenchResult, run_bench
 from .generate import GenerationResult, generate
@@ -65,12 +66,10 @@ class TextResult:
 
 
 def _jinja_env() -> Any:
-    try:
-        import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:
-        raise InputError("rendering a chat template needs the `jinja2` package",
-                         hint="pip install jinja2") from None
+    sandbox = import_optional("jinja2.sandbox", "rendering a chat template needs the `jinja2` package",
+                              hint="pip install jinja2")
+    ImmutableSandboxedEnvironment = sandbox.ImmutableSandboxedEnvironment
+    import jinja2
 
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
