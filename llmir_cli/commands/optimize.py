@@ -40,7 +40,7 @@ Examples:
 """
 
 
-def optimize_cmd(
+def optimize_cmd(  # noqa: C901 (one branch per CLI option)
     file: Annotated[Path | None, typer.Argument(help="The .llmir file to optimize.", show_default=False)] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the result here (default: stdout).")] = None,
     level: Annotated[int | None, typer.Option("-O", help="Preset: 0, 1, 2 or 3 (default 2).")] = None,

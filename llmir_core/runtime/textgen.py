@@ -250,7 +250,7 @@ def chat_loop(art_dir: str, options: TextGenOptions, read: Callable[[], str | No
     options.chat = True
     gen = TextGenerator(art_dir, options)
     history: list[dict[str, str]] = []
-    turns = []
+    turns: list[TextResult] = []
     while True:
         line = read()
         if line is None or line.strip() in ("/exit", "/quit"):
