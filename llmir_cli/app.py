@@ -13,10 +13,10 @@ loads, registers that name, and that its short help here matches the module's.
 from __future__ import annotations
 
 import importlib
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from llmir_core import SPEC_VERSION, __version__
 
@@ -49,8 +49,53 @@ def load_command(name: str) -> Any:
             raise RuntimeError(f"{module_name}.register() did not add the command {name!r}")
         cmd = group.commands[name]
         cmd.short_help = short
+        _plain_metavars(cmd)
         _LOADED[name] = cmd
     return _LOADED[name]
+
+
+def _metavar(param: Any) -> str:
+    """An option's value placeholder as users know them (PATH, TEXT, INTEGER, human|json), not
+    typer's annotation spelling (`<list[str]>`, `<int range>`)."""
+    desc = param.type_descriptor
+    if desc.is_choice:
+        return "|".join(str(getattr(c, "value", c)) for c in desc.choices or ())
+    ann = desc.annotation
+    if desc.is_list:
+        ann = get_args(ann)[0] if get_args(ann) else str
+    if desc.is_path:
+        return "PATH"
+    return {int: "INTEGER", float: "NUMBER", bool: "BOOLEAN"}.get(ann, "TEXT")
+
+
+class _PlainArgument(TyperArgument):
+    """An argument shown as its upper-case name: `FILE` (required), `[FILE]`, `NAME...`."""
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw
+        name = name if self.required else f"[{name}]"
+        return name + ("..." if self.nargs != 1 and not name.endswith("...") else "")
+
+
+class _PlainOption(TyperOption):
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return self.metavar or _metavar(self)
+
+
+def _plain_metavars(cmd: Any) -> None:
+    """Give every parameter of a command (and of its subcommands) a plain placeholder."""
+    for sub in getattr(cmd, "commands", {}).values():
+        _plain_metavars(sub)
+    for param in cmd.params:
+        if isinstance(param, TyperArgument):
+            param.__class__ = _PlainArgument
+            if param.metavar is None and param.name:
+                param.metavar = param.name.upper()
+        elif isinstance(param, TyperOption):
+            param.__class__ = _PlainOption
 
 
 def _no_op() -> None:
