@@ -43,7 +43,7 @@ Examples:
 def optimize_cmd(  # noqa: C901 (one branch per CLI option)
     file: Annotated[Path | None, typer.Argument(help="The .llmir file to optimize.", show_default=False)] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the result here (default: stdout).")] = None,
-    level: Annotated[int | None, typer.Option("-O", help="Preset: 0, 1, 2 or 3 (default 2).")] = None,
+    level: Annotated[int | None, typer.Option("-O", help="Preset: 0, 1, 2 or 3 (default: [build] opt_level of ./llmir.toml, else 2).")] = None,
     passes: Annotated[str | None, typer.Option("--passes", help="Pipeline: a,b{opt=value},c")] = None,
     list_: Annotated[bool, typer.Option("--list", help="List passes, options and presets.")] = False,
     verify_each: Annotated[bool, typer.Option("--verify-each", help="Translation-validate every pass.")] = False,
@@ -78,7 +78,12 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
             raise InputError("missing input file", hint="llmir optimize IN.llmir -o OUT.llmir (or --list)")
         if passes is not None and level is not None:
             raise InputError("give either -O or --passes, not both")
-        pipeline = parse_pipeline(passes) if passes is not None else preset(2 if level is None else level)
+        if passes is None and level is None:
+            from llmir_core.registry.lockfile import project_here
+
+            project = project_here()
+            level = project.opt_level if project else 2
+        pipeline = parse_pipeline(passes) if passes is not None else preset(level or 0)
         if output is not None:  # weights a pass writes (quantize-weights) go beside OUT
             pipeline = [dataclasses.replace(p, weights_file=str(output.with_name(f"{output.stem}.q{p.bits}.weights.bin")))
                         if getattr(p, "weights_file", None) == "" else p for p in pipeline]
