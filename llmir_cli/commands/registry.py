@@ -86,7 +86,12 @@ def pull_progress(ctx: Ctx) -> Iterator[_RichProgress | None]:
 
 
 def _params(n: int) -> str:
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+    """A parameter count for a table: 1.24B, 135M, 123K, 950."""
+    if n >= 1e9:
+        return f"{n / 1e9:.2f}B"
+    if n >= 1e6:
+        return f"{n / 1e6:.0f}M"
+    return f"{n / 1e3:.0f}K" if n >= 1e3 else str(n)
 
 
 _COLUMNS = ("NAME", "FORMAT", "QUANT", "PARAMS", "LICENSE", "PINNED", "SOURCE")

@@ -48,7 +48,8 @@ class TextGenOptions:
 
     def validate(self) -> None:
         if self.max_new_tokens < 1:
-            raise InputError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+            raise InputError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}",
+                             hint="give the number of tokens to generate, e.g. -n 64")
         self.sampling()
 
 
@@ -281,7 +282,7 @@ def bench_artifact(art_dir: str, *, prompt_len: int = 128, gen_len: int = 128, b
     for name, v, low in (("--prompt-len", prompt_len, 1), ("--gen-len", gen_len, 1), ("--batch", batch, 1),
                          ("--runs", runs, 1), ("--warmup", warmup, 0)):
         if v < low:
-            raise InputError(f"{name} must be >= {low}, got {v}")
+            raise InputError(f"{name} must be >= {low}, got {v}", hint="see `llmir bench --help`")
     dec = open_artifact(art_dir, threads)
     need = prompt_len + gen_len
     if dec.max_context is not None and need > dec.max_context:
