@@ -14,15 +14,20 @@ import sys
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
 
-from llmir_core.errors import EXIT_INTERRUPTED, EXIT_USAGE, Diagnostic, LlmirError
+from llmir_core.errors import EXIT_USAGE, Diagnostic, LlmirError
+from llmir_core.interrupts import caused_by_interrupt
 
 from ._options import OutputFormat
+from ._signals import announce
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 SCHEMA_VERSION = 1
 
@@ -32,6 +37,8 @@ def _no_color() -> bool:
 
 
 def make_console(stderr: bool) -> Console:
+    from rich.console import Console  # rich loads on the first styled line, not at startup
+
     stream = sys.stderr if stderr else sys.stdout
     return Console(file=stream, no_color=_no_color(), highlight=False, soft_wrap=True,
                    force_terminal=None if stream.isatty() else False)
@@ -45,8 +52,14 @@ class Ctx:
     quiet: bool = False
     verbose: bool = False
     debug: bool = False
-    out: Console = field(default_factory=lambda: make_console(stderr=False))
-    err: Console = field(default_factory=lambda: make_console(stderr=True))
+
+    @cached_property
+    def out(self) -> Console:
+        return make_console(stderr=False)
+
+    @cached_property
+    def err(self) -> Console:
+        return make_console(stderr=True)
 
     @property
     def json(self) -> bool:
@@ -90,9 +103,19 @@ def handle_errors(ctx: Ctx) -> Iterator[None]:
         yield
     except typer.Exit:
         raise
-    except LlmirError as exc:
+    except KeyboardInterrupt:
+        raise typer.Exit(announce()) from None
+    except BaseException as exc:
+        if caused_by_interrupt(exc):  # an error an interrupt turned into (ImportError, say)
+            raise typer.Exit(announce()) from None
+        _report(ctx, exc)
+
+
+def _report(ctx: Ctx, exc: BaseException) -> None:
+    """Report an error that escaped a command as one line (and hint), then exit with its code."""
+    if isinstance(exc, LlmirError):
         if ctx.debug:
-            traceback.print_exc()
+            traceback.print_exception(exc)
         if ctx.json:
             ctx.emit_json("error", {
                 "ok": False,
@@ -110,16 +133,15 @@ def handle_errors(ctx: Ctx) -> Iterator[None]:
             if exc.hint:
                 sys.stderr.write(f"hint: {exc.hint}\n")
         raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
-    except MemoryError:
+    if isinstance(exc, MemoryError):
         sys.stderr.write("error: out of memory\nhint: try a smaller model or free memory\n")
         raise typer.Exit(EXIT_USAGE) from None
-    except Exception as exc:  # an internal error: still one line unless --debug
-        if ctx.debug:
-            traceback.print_exc()
-        else:
-            sys.stderr.write(f"error: internal error: {type(exc).__name__}: {exc}\n"
-                             "hint: rerun with --debug for a traceback and report it\n")
-        raise typer.Exit(70) from None
+    if not isinstance(exc, Exception):  # SystemExit, GeneratorExit: not errors to report
+        raise exc
+    # an internal error: still one line unless --debug
+    if ctx.debug:
+        traceback.print_exception(exc)
+    else:
+        sys.stderr.write(f"error: internal error: {type(exc).__name__}: {exc}\n"
+                         "hint: rerun with --debug for a traceback and report it\n")
+    raise typer.Exit(70) from None

@@ -1,28 +1,141 @@
-"""Assembles the `llmir` command from the modules in llmir_cli/commands."""
+"""Assembles the `llmir` command from the modules in llmir_cli/commands, loading each on first use.
+
+`COMMANDS` is the table of subcommands: name -> (module, short help). A command's module is
+imported only when that command runs (or its own --help is shown), so `llmir --version`,
+`llmir --help` and every command start without importing what the other commands need.
+
+Adding a command is one entry here: `"serve": ("llmir_cli.commands.serve", "Serve a built model
+over HTTP."),` where the module exposes `register(app: typer.Typer)` that adds exactly the
+command (or sub-Typer) named like the entry. tests/cli/test_startup.py checks that every entry
+loads, registers that name, and that its short help here matches the module's.
+"""
 
 from __future__ import annotations
 
 import importlib
-from typing import Annotated
+from typing import Annotated, Any, get_args
 
 import typer
+from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from llmir_core import SPEC_VERSION, __version__
 
-# One module per subcommand; each exposes `register(app)`. A command is listed
-# here only once it works end to end.
-COMMAND_MODULES = [
-    "llmir_cli.commands.verify",
-    "llmir_cli.commands.fmt",
-    "llmir_cli.commands.optimize",
-    "llmir_cli.commands.init", "llmir_cli.commands.registry",
-    "llmir_cli.commands.import_", "llmir_cli.commands.build", "llmir_cli.commands.run",
-    "llmir_cli.commands.bench",
-    "llmir_cli.commands.serve",
-]
+# name -> (module exposing `register(app)`, the one-line help `llmir --help` lists). In the order
+# `llmir --help` lists them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "verify": ("llmir_cli.commands.verify", "Check a .llmir file: syntax, SSA, ops, types, weights."),
+    "fmt": ("llmir_cli.commands.fmt", "Print a .llmir file in its canonical form."),
+    "optimize": ("llmir_cli.commands.optimize", "Optimize a .llmir module with a pass pipeline."),
+    "init": ("llmir_cli.commands.init", "Create a project: pull, verify and pin a model."),
+    "import": ("llmir_cli.commands.import_", "Import a model (ONNX, HF folder, GGUF, NAME:TAG) to .llmir."),
+    "build": ("llmir_cli.commands.build", "Build a .llmir module into an artifact folder for a runtime."),
+    "run": ("llmir_cli.commands.run", "Run a model: generate text, or run it on input tensors."),
+    "bench": ("llmir_cli.commands.bench", "Measure prefill and decode speed of a decoder artifact."),
+    "registry": ("llmir_cli.commands.registry", "Browse the model index, or mirror it."),
+    "serve": ("llmir_cli.commands.serve", "Serve a decoder artifact over an OpenAI-compatible HTTP API."),
+}
+
+_LOADED: dict[str, Any] = {}  # name -> the click command built from its module (once per process)
+
+
+def load_command(name: str) -> Any:
+    """The click command of a COMMANDS entry, importing its module on first use."""
+    if name not in _LOADED:
+        module_name, short = COMMANDS[name]
+        holder = typer.Typer(rich_markup_mode=None)
+        holder.callback()(_no_op)  # always a group, whether the module adds a command or a Typer
+        importlib.import_module(module_name).register(holder)
+        group = typer.main.get_group(holder)
+        if name not in group.commands:
+            raise RuntimeError(f"{module_name}.register() did not add the command {name!r}")
+        cmd = group.commands[name]
+        cmd.short_help = short
+        _plain_metavars(cmd)
+        _LOADED[name] = cmd
+    return _LOADED[name]
+
+
+def _metavar(param: Any) -> str:
+    """An option's value placeholder as users know them (PATH, TEXT, INTEGER, human|json), not
+    typer's annotation spelling (`<list[str]>`, `<int range>`)."""
+    desc = param.type_descriptor
+    if desc.is_choice:
+        return "|".join(str(getattr(c, "value", c)) for c in desc.choices or ())
+    ann = desc.annotation
+    if desc.is_list:
+        ann = get_args(ann)[0] if get_args(ann) else str
+    if desc.is_path:
+        return "PATH"
+    return {int: "INTEGER", float: "NUMBER", bool: "BOOLEAN"}.get(ann, "TEXT")
+
+
+class _PlainArgument(TyperArgument):
+    """An argument shown as its upper-case name: `FILE` (required), `[FILE]`, `NAME...`."""
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw
+        name = name if self.required else f"[{name}]"
+        return name + ("..." if self.nargs != 1 and not name.endswith("...") else "")
+
+
+class _PlainOption(TyperOption):
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return self.metavar or _metavar(self)
+
+
+def _plain_metavars(cmd: Any) -> None:
+    """Give every parameter of a command (and of its subcommands) a plain placeholder."""
+    for sub in getattr(cmd, "commands", {}).values():
+        _plain_metavars(sub)
+    for param in cmd.params:
+        if isinstance(param, TyperArgument):
+            param.__class__ = _PlainArgument
+            if param.metavar is None and param.name:
+                param.metavar = param.name.upper()
+        elif isinstance(param, TyperOption):
+            param.__class__ = _PlainOption
+
+
+def _no_op() -> None:
+    """(The callback that makes a module's holder Typer a group.)"""
+
+
+class LazyGroup(TyperGroup):
+    """A typer group whose table commands are imported when resolved, not when listed."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(dict.fromkeys([*COMMANDS, *self.commands]))
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            self.commands[cmd_name] = load_command(cmd_name)
+        return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        try:
+            return self._click_resolve_command(ctx, args)
+        except typer._click.exceptions.UsageError as e:
+            from difflib import get_close_matches
+
+            matches = get_close_matches(args[0], self.list_commands(ctx)) if args else []
+            if matches:
+                e.message = e.message.rstrip(".") + ". Did you mean " + ", ".join(map(repr, matches)) + "?"
+            raise
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = [(name, COMMANDS[name][1]) for name in COMMANDS]
+        rows += [(n, c.get_short_help_str(formatter.width)) for n, c in self.commands.items()
+                 if n not in COMMANDS and not c.hidden]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
 
 app = typer.Typer(
     name="llmir",
+    cls=LazyGroup,
     help="llmir: a typed, textual IR and verified compiler toolchain for LLMs.\n\n"
     "Exit codes: 0 ok, 1 check failed, 2 usage or input error, 3 inconclusive, "
     "70 internal error, 130 interrupted.",
@@ -50,12 +163,11 @@ def _root(
     """llmir: a typed, textual IR and verified compiler toolchain for LLMs."""
 
 
-for _name in COMMAND_MODULES:
-    importlib.import_module(_name).register(app)
-
-
 def main() -> None:
-    app()
+    """The CLI with its signal handling (see llmir_cli/main.py, the entry point)."""
+    from llmir_cli.main import main as entry
+
+    entry()
 
 
 if __name__ == "__main__":

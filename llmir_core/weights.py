@@ -91,7 +91,7 @@ def load_weight(attrs: dict[str, Any], t: TensorType, base_dir: str, verify_hash
     offset = int(attrs.get("offset", 0))
     raw = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(nbytes,)) if nbytes else np.zeros(0, np.uint8)
     if verify_hash and attrs.get("sha256"):
-        digest = hashlib.sha256(raw).hexdigest()
+        digest = hashlib.sha256(raw.data).hexdigest()
         if digest != attrs["sha256"]:
             raise WeightRefError(f"weight '{attrs.get('name')}' sha256 mismatch: {digest}")
     if isinstance(t.dtype, QuantType):

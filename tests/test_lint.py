@@ -12,12 +12,35 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+LINTED = ["llmir_core", "llmir_cli", "tests", "scripts", "benchmarks"]
+
+
+def _tool(name: str) -> str:
+    """The tool from the test extra, next to this interpreter or on PATH."""
+    found = Path(sys.executable).parent / name
+    path = str(found) if found.exists() else shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed (pip install -e '.[test]')")
+    return path
+
+
 def test_ruff_clean() -> None:
-    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
-    if not Path(ruff).exists():
-        pytest.skip("ruff is not installed (pip install -e '.[dev]')")
-    r = subprocess.run([ruff, "check", "--no-cache", "llmir_core", "llmir_cli", "tests", "scripts",
-                        "benchmarks"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    """Lint rules, the banned imports and the complexity bound (C901) in pyproject.toml."""
+    r = subprocess.run([_tool("ruff"), "check", "--no-cache", *LINTED], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ruff_formatted() -> None:
+    r = subprocess.run([_tool("ruff"), "format", "--check", "--no-cache", *LINTED], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, "run `ruff format .`:\n" + r.stdout + r.stderr
+
+
+def test_mypy_clean() -> None:
+    """mypy under the project's config ([tool.mypy] in pyproject.toml) over the packages."""
+    r = subprocess.run([_tool("mypy"), "llmir_core", "llmir_cli"], cwd=REPO, capture_output=True,
+                       text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
 
 

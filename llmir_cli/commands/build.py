@@ -37,7 +37,7 @@ Examples:
 def build_cmd(
     file: Annotated[Path, typer.Argument(help="The .llmir module to build.", show_default=False)],
     output: Annotated[Path, typer.Option("--output", "-o", help="Artifact folder to write.", show_default=False)],
-    target: Annotated[str, typer.Option("--target", "-t", help="Runtime to build for.")] = "onnxruntime",
+    target: Annotated[str | None, typer.Option("--target", "-t", help="Runtime to build for [default: [build] target of ./llmir.toml, else onnxruntime].", show_default=False)] = None,
     quant: Annotated[str | None, typer.Option("--quant", help="Decoders: quantize float weights to int4 or int8 (MatMulNBits, blockwise).")] = None,
     quant_block: Annotated[int, typer.Option("--quant-block", help="Decoders: block size for --quant.")] = 32,
     max_len: Annotated[int | None, typer.Option("--max-len", help="Decoders: KV-cache positions to preallocate (default: the model's context).")] = None,
@@ -50,6 +50,11 @@ def build_cmd(
 ) -> None:
     ctx = make_ctx(fmt, quiet, verbose, debug)
     with handle_errors(ctx):
+        if target is None:
+            from llmir_core.registry.lockfile import project_here
+
+            project = project_here()
+            target = project.target if project else "onnxruntime"
         module = parse_file(str(file))
         errors = [d for d in verify(module) if d.severity == "error"]
         if errors:

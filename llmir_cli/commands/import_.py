@@ -37,9 +37,20 @@ Examples:
 """
 
 
+_MODEL_SUFFIXES = (".onnx", ".gguf", ".llmir", ".json", ".safetensors", ".bin")
+_FORMAT_NAMES = {"onnx": "onnx", "hf": "huggingface", "gguf": "gguf"}
+_FORMAT_TEXT = {"onnx": "ONNX model", "hf": "Hugging Face folder", "gguf": "GGUF file"}
+
+
 def _looks_like_ref(src: str) -> bool:
-    """A registry NAME:TAG or hf:ORG/REPO reference rather than a local path."""
-    return not os.path.exists(src) and (src.startswith("hf:") or (":" in src and "/" not in src.split(":", 1)[0]))
+    """A registry NAME:TAG (or a bare NAME, resolved as NAME:latest like `llmir init` does) or an
+    hf:ORG/REPO reference rather than a local path."""
+    if os.path.exists(src):
+        return False
+    if src.startswith("hf:") or (":" in src and "/" not in src.split(":", 1)[0]):
+        return True
+    bare = not any(c in src for c in "/\\") and not src.lower().endswith(_MODEL_SUFFIXES)
+    return bare and src[:1].isalnum()
 
 
 def import_cmd(
@@ -72,13 +83,14 @@ def import_cmd(
         weights = sum(1 for f in module.functions for op in f.ops if op.name == "core.weight")
         opaque = sum(1 for f in module.functions for op in f.ops if op.name == "onnx.opaque")
         if ctx.json:
-            ctx.emit_json("import", {"ok": True, "source": str(src), "kind": kind, "output": str(output),
+            ctx.emit_json("import", {"ok": True, "source": str(src), "source_format": _FORMAT_NAMES[kind],
+                                     "output": str(output),
                                      "ops": module.op_count(), "weights": weights, "opaque_ops": opaque,
                                      "seconds": round(dt, 3)})
         elif not quiet:
             extra = f", {opaque} opaque" if opaque else ""
             ctx.result(f"{output}: {module.op_count()} ops, {weights} weights{extra} "
-                       f"(from {kind} {src}, {dt:.2f} s)")
+                       f"(from {_FORMAT_TEXT[kind]} {src}, {dt:.2f} s)")
 
 
 def register(app: typer.Typer) -> None:

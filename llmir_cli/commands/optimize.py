@@ -15,10 +15,6 @@ from llmir_core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, InputError
 from llmir_core.fileio import write_text_atomic
 from llmir_core.ir.parser import parse_file
 from llmir_core.ir.printer import print_module
-from llmir_core.passes import PRESETS
-from llmir_core.passes.manager import run_pipeline
-from llmir_core.passes.pipeline import describe_passes, parse_pipeline, preset
-from llmir_core.passes.report import format_list, format_report, format_times
 from llmir_core.weights import rebase_weight_paths
 
 from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
@@ -44,10 +40,10 @@ Examples:
 """
 
 
-def optimize_cmd(
+def optimize_cmd(  # noqa: C901 (one branch per CLI option)
     file: Annotated[Path | None, typer.Argument(help="The .llmir file to optimize.", show_default=False)] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the result here (default: stdout).")] = None,
-    level: Annotated[int | None, typer.Option("-O", help="Preset: 0, 1, 2 or 3 (default 2).")] = None,
+    level: Annotated[int | None, typer.Option("-O", help="Preset: 0, 1, 2 or 3 (default: [build] opt_level of ./llmir.toml, else 2).")] = None,
     passes: Annotated[str | None, typer.Option("--passes", help="Pipeline: a,b{opt=value},c")] = None,
     list_: Annotated[bool, typer.Option("--list", help="List passes, options and presets.")] = False,
     verify_each: Annotated[bool, typer.Option("--verify-each", help="Translation-validate every pass.")] = False,
@@ -64,6 +60,12 @@ def optimize_cmd(
 ) -> None:
     ctx = make_ctx(fmt, quiet, verbose, debug)
     with handle_errors(ctx):
+        # the pass and rule tables load here, when a pipeline is run or listed (not at startup)
+        from llmir_core.passes import PRESETS
+        from llmir_core.passes.manager import run_pipeline
+        from llmir_core.passes.pipeline import describe_passes, parse_pipeline, preset
+        from llmir_core.passes.report import format_list, format_report, format_times
+
         if list_:
             items = describe_passes()
             if ctx.json:
@@ -76,7 +78,12 @@ def optimize_cmd(
             raise InputError("missing input file", hint="llmir optimize IN.llmir -o OUT.llmir (or --list)")
         if passes is not None and level is not None:
             raise InputError("give either -O or --passes, not both")
-        pipeline = parse_pipeline(passes) if passes is not None else preset(2 if level is None else level)
+        if passes is None and level is None:
+            from llmir_core.registry.lockfile import project_here
+
+            project = project_here()
+            level = project.opt_level if project else 2
+        pipeline = parse_pipeline(passes) if passes is not None else preset(level or 0)
         if output is not None:  # weights a pass writes (quantize-weights) go beside OUT
             pipeline = [dataclasses.replace(p, weights_file=str(output.with_name(f"{output.stem}.q{p.bits}.weights.bin")))
                         if getattr(p, "weights_file", None) == "" else p for p in pipeline]

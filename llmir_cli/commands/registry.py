@@ -5,26 +5,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich import box
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
-from rich.table import Table
 
 from llmir_core.registry import Entry, load_index, write_mirror
 from llmir_core.registry.pull import human_size
 
 from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
 from .._render import Ctx, handle_errors, make_ctx
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 RegistryOpt = Annotated[
     str | None,
@@ -57,7 +49,7 @@ class _RichProgress:
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
-        self.tasks: dict[str, TaskID] = {}
+        self.tasks: dict[str, Any] = {}  # name -> rich TaskID
 
     def start(self, name: str, total: int | None, initial: int) -> None:
         if name in self.tasks:
@@ -78,6 +70,15 @@ def pull_progress(ctx: Ctx) -> Iterator[_RichProgress | None]:
     if ctx.quiet or not ctx.err.is_terminal:
         yield None
         return
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                   TransferSpeedColumn(), TimeRemainingColumn(), console=ctx.err,
                   transient=True) as progress:
@@ -85,7 +86,12 @@ def pull_progress(ctx: Ctx) -> Iterator[_RichProgress | None]:
 
 
 def _params(n: int) -> str:
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+    """A parameter count for a table: 1.24B, 135M, 123K, 950."""
+    if n >= 1e9:
+        return f"{n / 1e9:.2f}B"
+    if n >= 1e6:
+        return f"{n / 1e6:.0f}M"
+    return f"{n / 1e3:.0f}K" if n >= 1e3 else str(n)
 
 
 _COLUMNS = ("NAME", "FORMAT", "QUANT", "PARAMS", "LICENSE", "PINNED", "SOURCE")
@@ -105,6 +111,9 @@ def _emit_entries(ctx: Ctx, kind: str, entries: list[Entry], origin: str, **extr
         return
     rows = _rows(entries)
     if ctx.out.is_terminal:
+        from rich import box
+        from rich.table import Table
+
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
         for column in _COLUMNS:
             table.add_column(column, no_wrap=True)

@@ -198,8 +198,11 @@ def build(module: Module, out_dir: str, target: str = "onnxruntime", *,
 def _session(model: str | bytes, threads: int | None = None) -> Any:
     import onnxruntime as ort
 
+    # onnxruntime's own log lines (coloured whatever NO_COLOR says) stay off: a failure reaches
+    # llmir as an exception, reported in its one-line form
+    ort.set_default_logger_severity(4)
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # errors reach llmir as exceptions; no coloured log lines
     if threads:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1

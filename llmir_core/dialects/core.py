@@ -33,7 +33,7 @@ def _np(dt: Any) -> Any:
 
 def _erf(x: np.ndarray) -> np.ndarray:
     f = np.frompyfunc(math.erf, 1, 1)
-    return f(x.astype(np.float64)).astype(np.float64).astype(x.dtype)
+    return np.asarray(f(x.astype(np.float64))).astype(np.float64).astype(x.dtype)
 
 
 def _in_f64(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
@@ -183,10 +183,10 @@ def _same_dtype_binop(f: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Call
     return run
 
 
-for _name, (_doc, _fn, _comm) in _BINARY.items():
+for _name, (_doc, _bfn, _comm) in _BINARY.items():
     register(OpDef(
         name=f"core.{_name}", summary=f"Elementwise {_doc}, with numpy broadcasting.",
-        operands=_AB, attrs=(), infer=_infer_binary, reference=_same_dtype_binop(_fn),
+        operands=_AB, attrs=(), infer=_infer_binary, reference=_same_dtype_binop(_bfn),
         verifies="a and b have the same numeric dtype and broadcastable shapes.",
         traits=frozenset({"elementwise", "broadcast"} | ({"commutative"} if _comm else set())),
         example=f"%c = core.{_name} %a, %b : (tensor<?batch x 4 x f32>, tensor<4xf32>) -> tensor<?batch x 4 x f32>",
@@ -205,11 +205,11 @@ def _infer_compare(ctx: InferCtx) -> list[Type]:
     return [TensorType(broadcast_shapes(a.shape, b.shape), DType.bool)]
 
 
-for _name, (_doc, _fn) in _COMPARE.items():
+for _name, (_doc, _cfn) in _COMPARE.items():
     register(OpDef(
         name=f"core.{_name}", summary=f"Elementwise comparison {_doc}, giving bool.",
         operands=_AB, attrs=(), infer=_infer_compare,
-        reference=(lambda f: lambda a, at: f(a[0], a[1]))(_fn),
+        reference=(lambda f: lambda a, at: f(a[0], a[1]))(_cfn),
         verifies="a and b have the same dtype and broadcastable shapes; the result is bool.",
         traits=frozenset({"elementwise", "broadcast"}),
         example=f"%m = core.{_name} %a, %b : (tensor<4xi64>, tensor<4xi64>) -> tensor<4xbool>",
@@ -223,11 +223,11 @@ def _infer_logical(ctx: InferCtx) -> list[Type]:
     return [TensorType(broadcast_shapes(a.shape, b.shape), DType.bool)]
 
 
-for _name, _fn in _LOGICAL.items():
+for _name, _lfn in _LOGICAL.items():
     register(OpDef(
         name=f"core.{_name}", summary=f"Elementwise logical {_name} of bool tensors.",
         operands=_AB, attrs=(), infer=_infer_logical,
-        reference=(lambda f: lambda a, at: f(a[0], a[1]))(_fn),
+        reference=(lambda f: lambda a, at: f(a[0], a[1]))(_lfn),
         verifies="a and b are bool tensors with broadcastable shapes.",
         traits=frozenset({"elementwise", "broadcast", "commutative"}),
         example=f"%m = core.{_name} %a, %b : (tensor<4xbool>, tensor<4xbool>) -> tensor<4xbool>",

@@ -29,10 +29,6 @@ class _Required:
 
 REQUIRED: Any = _Required()
 
-# Attribute kinds and what they accept.
-ATTR_KINDS = ("int", "float", "bool", "str", "ints", "floats", "strs", "dtype", "dims", "dense",
-              "type", "quant", "dict", "any")
-
 
 class OpVerifyError(Exception):
     """Raised by shape rules: the op is ill-typed; the message says why (one line)."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from llmir_core.errors import InputError
 from llmir_core.fileio import atomic_write
+from llmir_core.interrupts import caused_by_interrupt
 from llmir_core.ir.core import Module
 
 
@@ -48,6 +49,8 @@ def _frontend(kind: str) -> Any:
         from .gguf import import_gguf
         return import_gguf
     except ImportError as exc:
+        if caused_by_interrupt(exc):  # a Ctrl-C during the import, not a missing package
+            raise KeyboardInterrupt from None
         raise InputError(f"the {kind} frontend is not available: {exc}",
                          hint="install llmir with its optional dependencies") from None
 

@@ -109,7 +109,7 @@ def _symbolic(op: Op, args: list[np.ndarray]) -> np.ndarray | None:
     return None
 
 
-def propagate(imp: _Importer, op: Op) -> None:
+def propagate(imp: _Importer, op: Op) -> None:  # noqa: C901 (one case per ONNX shape op)
     """Record the known contents of op's results in imp.known."""
     known = imp.known
     if op.name == "core.constant":

@@ -1209,10 +1209,3 @@ def _matmul_nbits(n: Node) -> list[Value | None]:
     if n.has(5):
         y = n.emit("core.add", y, n.inp(5))
     return [y]
-
-
-# -- small helpers used by onnx.py -----------------------------------------------------------------
-
-def supported_ops() -> list[tuple[str, str]]:
-    """(domain, op_type) of every ONNX op with a handler, sorted."""
-    return sorted(HANDLERS)

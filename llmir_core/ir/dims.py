@@ -137,15 +137,6 @@ def dim_div_exact(a: Dim, b: Dim) -> Dim:
     return _make(out, const)
 
 
-def is_static(d: Dim) -> bool:
-    return isinstance(d, int)
-
-
-def dims_equal(a: Dim, b: Dim) -> bool:
-    """Known to be equal (DYN is never known equal to anything)."""
-    if a is DYN or b is DYN:
-        return False
-    return a == b
 
 
 def dims_compatible(a: Dim, b: Dim) -> bool:

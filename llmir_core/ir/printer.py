@@ -17,10 +17,6 @@ from .types import DType, KVCacheType, QuantType, TensorType, Type
 INDENT = "  "
 
 
-def format_type(t: Type) -> str:
-    return str(t)
-
-
 def _format_float(x: float) -> str:
     if math.isnan(x):
         return "nan"

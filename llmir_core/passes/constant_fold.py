@@ -36,9 +36,10 @@ class ConstantFold:
         if not op.operands or any(v.owner is None or v.owner.name != "core.constant" for v in op.operands):
             return False
         for r in op.results:
-            if not isinstance(r.type, TensorType) or r.type.static_shape() is None:
+            shape = r.type.static_shape() if isinstance(r.type, TensorType) else None
+            if shape is None:
                 return False
-            if int(np.prod(r.type.static_shape())) > self.max_elements:
+            if int(np.prod(shape)) > self.max_elements:
                 return False
         return True
 

@@ -10,7 +10,7 @@ other use of s still sees the sum, now the fused op's second result.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from llmir_core.ir.core import Function, Module, Op
 from llmir_core.ir.types import TensorType
@@ -64,7 +64,7 @@ class FuseAddRmsNorm:
         w = norm.operands[1]
         at = max(pos[id(add)], pos[id(w.owner)] if w.owner is not None else -1) + 1
         b, new_ops = scratch_builder(fn, norm.origin)
-        attrs = {k: norm.attrs[k] for k in ("eps", "offset") if k in norm.attrs}
+        attrs: dict[str, Any] = {k: norm.attrs[k] for k in ("eps", "offset") if k in norm.attrs}
         fused = b.create("llm.add_rms_norm", [x, r, w], attrs)
         fn.ops[at:at] = new_ops
         full = {"eps": norm.attrs.get("eps", 1e-6), "offset": norm.attrs.get("offset", 0.0)}

@@ -91,8 +91,8 @@ def op_flops(op: Op, env: dict[str, int]) -> int:
         tokens = _numel(x, env) // max(_last(x, env), 1)
         return 2 * 3 * tokens * _numel(wg, env)
     if name == "llm.scaled_dot_product_attention":
-        q, k = op.operands[0].type, op.operands[1].type
-        skv = _dim(k, -2, env)
+        q, kt = op.operands[0].type, op.operands[1].type
+        skv = _dim(kt, -2, env)
         return 4 * _numel(q, env) * skv
     if name in ("llm.rms_norm", "llm.layer_norm"):
         return 4 * out

@@ -99,7 +99,7 @@ def spec_of(p: Any) -> str:
 
 
 def describe_passes() -> list[dict[str, Any]]:
-    return [{"name": n, "summary": c.summary,
+    return [{"name": n, "summary": getattr(c, "summary", ""),
              "options": {f.name: f.default for f in dataclasses.fields(c)},
              "doc": (c.__module__ and __import__(c.__module__, fromlist=["x"]).__doc__ or "").strip()}
             for n, c in PASSES.items()]

@@ -43,8 +43,8 @@ def format_report(res: PipelineResult) -> str:
     for r in res.ctx.rewrites:
         lines.append(f"  [{r.pass_name}] {r.rule} at {r.location}" + (f": {r.detail}" if r.detail else ""))
     lines.append(f"candidates rejected ({len(res.ctx.rejections)}):")
-    for r in res.ctx.rejections:
-        lines.append(f"  [{r.pass_name}] {r.rule} at {r.location}: {r.reason}")
+    for rj in res.ctx.rejections:
+        lines.append(f"  [{rj.pass_name}] {rj.rule} at {rj.location}: {rj.reason}")
     return "\n".join(lines) + "\n"
 
 

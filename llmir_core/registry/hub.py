@@ -11,7 +11,11 @@ disk only.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import socket
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +39,46 @@ class RemoteFile:
     sha256: str | None  # the LFS digest the hub declares; None for small (git) files
 
 
+# huggingface_hub logs every retry as a warning line; llmir owns the terminal and reports the
+# outcome itself (one error line and a hint).
+logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+
+PROBE_TIMEOUT_S = 5.0
+_reachable: dict[str, None] = {}  # (host, port) probed once per process
+
+
+def probe_target(endpoint: str) -> tuple[str, int, str]:
+    """(host, port, description) of the first hop to `endpoint`: its proxy when the proxy
+    variables (HTTPS_PROXY, ALL_PROXY, ... minus NO_PROXY) route it through one, else the hub."""
+    url = urllib.parse.urlsplit(endpoint)
+    host = url.hostname or ""
+    port = url.port or (443 if url.scheme == "https" else 80)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(url.scheme) or proxies.get("all")
+    if proxy and not urllib.request.proxy_bypass(host):
+        p = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        return p.hostname or "", p.port or (443 if p.scheme == "https" else 80), f"the proxy {proxy}"
+    return host, port, f"the hub at {endpoint}"
+
+
+def _check_reachable(s: HubSettings, what: str) -> None:
+    """Fail in seconds, not after huggingface_hub's retries (about 30 s), when the hub (or the
+    proxy in front of it) refuses or does not answer a TCP connection."""
+    host, port, desc = probe_target(s.endpoint)
+    key = f"{host}:{port}"
+    if key in _reachable:
+        return
+    try:
+        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        reason = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise InputError(f"cannot reach {desc} for {what}: {reason}",
+                         hint="check the network, HF_ENDPOINT and proxy settings; or rerun with "
+                              "--offline to use cached files or a directory registry") from None
+    _reachable[key] = None
+
+
 def _api(s: HubSettings) -> huggingface_hub.HfApi:
     return huggingface_hub.HfApi(endpoint=s.endpoint, token=s.token)
 
@@ -43,6 +87,7 @@ def _api(s: HubSettings) -> huggingface_hub.HfApi:
 def _hub_errors(s: HubSettings, repo: str, revision: str, path: str | None = None) -> Iterator[None]:
     """Turn huggingface_hub and transport errors into one clear line with a next step."""
     what = f"{repo}@{revision}" + (f" file {path}" if path else "")
+    _check_reachable(s, what)
     try:
         yield
     except hf_errors.GatedRepoError as exc:

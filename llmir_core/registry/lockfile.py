@@ -6,7 +6,7 @@ tomllib reads both; they are written by hand as flat tables, so no TOML writer i
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -19,9 +19,6 @@ LOCK_FILE = "llmir.lock"
 LOCK_VERSION = 1
 DEFAULT_TARGET = "onnxruntime"
 DEFAULT_OPT_LEVEL = 2
-# Each pipeline stage's file, relative to the project folder (the Makefile example uses these).
-DEFAULT_PATHS = {"model": "model.llmir", "optimized": "opt.llmir", "build": "build",
-                 "bench": "bench.json"}
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _RELOCK_HINT = "run `llmir init --force` in the project to re-pin it (rewrites llmir.lock)"
 
@@ -64,7 +61,6 @@ class ProjectConfig:
     registry: str | None = None
     target: str = DEFAULT_TARGET
     opt_level: int = DEFAULT_OPT_LEVEL
-    paths: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PATHS))
 
 
 def toml_str(value: str) -> str:
@@ -112,8 +108,8 @@ def render_project(config: ProjectConfig) -> str:
     lines = ["# llmir project: written by `llmir init`; edit freely.",
              "# The exact model files are pinned in llmir.lock.", ""]
     lines += _table("model", [("ref", config.model), ("registry", config.registry)])
-    lines += _table("build", [("target", config.target), ("opt_level", config.opt_level)])
-    lines += _table("paths", list(config.paths.items()))
+    lines += ["# `llmir build` and `llmir optimize` run in this folder default to these.",
+              *_table("build", [("target", config.target), ("opt_level", config.opt_level)])]
     return "\n".join(lines)
 
 
@@ -172,15 +168,21 @@ def read_project(path: Path) -> ProjectConfig:
         raise InputError(f"{path}: missing [model] ref",
                          hint='add `[model]` with `ref = "NAME:TAG"`, or rerun `llmir init --force`')
     build = data.get("build", {}) if isinstance(data.get("build"), dict) else {}
-    paths = dict(DEFAULT_PATHS)
-    if isinstance(data.get("paths"), dict):
-        paths.update({k: v for k, v in data["paths"].items() if isinstance(v, str)})
+    registry = model.get("registry") if isinstance(model.get("registry"), str) else None
+    if registry and "://" not in registry and not Path(registry).expanduser().is_absolute():
+        registry = str(path.parent / registry)  # stored relative to the project folder
     return ProjectConfig(
         model=model["ref"],
-        registry=model.get("registry") if isinstance(model.get("registry"), str) else None,
+        registry=registry,
         target=build.get("target", DEFAULT_TARGET) if isinstance(build.get("target"), str)
         else DEFAULT_TARGET,
         opt_level=build.get("opt_level", DEFAULT_OPT_LEVEL)
         if isinstance(build.get("opt_level"), int) else DEFAULT_OPT_LEVEL,
-        paths=paths,
     )
+
+
+def project_here(folder: Path | None = None) -> ProjectConfig | None:
+    """The llmir.toml of `folder` (the working folder by default), or None outside a project:
+    `llmir build` and `llmir optimize` take their defaults from its [build] table."""
+    path = (folder or Path.cwd()) / PROJECT_FILE
+    return read_project(path) if path.is_file() else None

@@ -44,8 +44,7 @@ class InitResult:
     def to_json(self) -> dict[str, Any]:
         return {"project": str(self.project), "reproduced": self.reproduced,
                 "wrote": [str(p) for p in self.wrote], "model": self.pulled.to_json(),
-                "target": self.config.target, "opt_level": self.config.opt_level,
-                "paths": self.config.paths}
+                "target": self.config.target, "opt_level": self.config.opt_level}
 
 
 def init_project(directory: Path, *, model: str | None, registry: str | None = None,
@@ -72,22 +71,35 @@ def init_project(directory: Path, *, model: str | None, registry: str | None = N
         raise InputError("no model given",
                          hint="pass --model NAME:TAG (see `llmir registry list`), "
                               "--model hf:ORG/REPO or --model PATH")
+    if target is not None:
+        from llmir_core.backends import TARGETS
+
+        if target not in TARGETS:
+            raise InputError(f"unknown --target {target!r}",
+                             hint=f"known targets: {', '.join(TARGETS)}")
     registry = registry_source(registry) or (existing.registry if existing else None)
     _check_writable(directory)
     pulled = pull(model, registry=registry, offline=offline, lock=lock, progress=progress,
                   reporter=reporter)
     config = ProjectConfig(
-        model=pulled.ref, registry=registry,
+        model=pulled.ref, registry=_relative_to(registry, directory),
         target=target or (existing.target if existing else ProjectConfig.target),
         opt_level=opt_level if opt_level is not None
-        else (existing.opt_level if existing else ProjectConfig.opt_level),
-        paths=existing.paths if existing else ProjectConfig(model="").paths)
+        else (existing.opt_level if existing else ProjectConfig.opt_level))
     contents = {} if existing and lock else {PROJECT_FILE: render_project(config)}
     if lock is None:
         contents[LOCK_FILE] = render_lock(pulled.lock)
     wrote = write_files(directory, contents)
     return InitResult(project=directory, pulled=pulled, config=config,
                       reproduced=lock is not None, wrote=wrote)
+
+
+def _relative_to(registry: str | None, directory: Path) -> str | None:
+    """A local registry path as llmir.toml stores it: relative to the project folder (so the
+    project works from its own folder, and moves together with a mirror beside it)."""
+    if not registry or "://" in registry:
+        return registry
+    return os.path.relpath(Path(registry).expanduser().resolve(), directory.resolve())
 
 
 def _refuse_non_empty(directory: Path, force: bool) -> None:

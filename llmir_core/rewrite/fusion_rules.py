@@ -11,6 +11,7 @@ assumed in the proof at the symbolic index. Registered into `library.RULES` on i
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,8 +24,7 @@ from llmir_core.ir.types import TensorType
 from .library import rule
 from .proof_obligations import equality
 from .rule import Rule
-from .smt_ext import BIG
-from .terms import A, C, K, Match, T, V, t
+from .terms import BIG, A, C, K, Match, T, V, t
 
 
 def _type(v: Value) -> TensorType | None:
@@ -301,13 +301,18 @@ def _attention_patterns() -> list[tuple[str, T, T, dict[str, str], Any]]:
     return out
 
 
+def _positive(name: str) -> Callable[[dict[str, Any]], list[Any]]:
+    """The proof assumption that the symbol `name` is positive."""
+    return lambda s: [s[name] > 0]
+
+
 for _name, _lhs, _rhs, _sig, _pa in _attention_patterns():
     _pos = "c" if "-div" in _name else "sc"
     rule(Rule(
         name=_name, summary="softmax(q @ k^T * scale (+ mask)) @ v is llm.scaled_dot_product_attention",
         lhs=_lhs, rhs=_rhs, sig=_sig, check=_attn_check, batch_ranks=(0,), tag="reassociating",
         obligation=equality(_lhs, _rhs, _sig, (0,), proof_attrs=_pa,
-                            assume=(lambda s, p=_pos: [s[p] > 0])),
+                            assume=_positive(_pos)),
         passes=("lift-attention",),
     ))
 

@@ -27,7 +27,7 @@ from llmir_core.ir.types import DType, TensorType
 from .library import rule
 from .proof_obligations import Obligation, equality, rounding_bound
 from .rule import Rule
-from .terms import A, Match, T, V, t
+from .terms import A, Match, T, Term, V, t
 
 # op kind -> class: "low" computes in the target's low precision, "f32" stays in f32 (norms,
 # softmax, reductions, exp/log, rotary, lookups), "follow" takes the low precision when its
@@ -71,7 +71,7 @@ def prep(i: int, kind: str, reorder: bool = False) -> T:
     return moved if i in MOVE_ONLY.get(kind, ()) else t("core.cast", moved, to=A(f"__to{i}"))
 
 
-def restore(y: T) -> T:
+def restore(y: Term) -> T:
     return t("llm.to_device", t("core.cast", y, to=A("__back")), device="", layout="")
 
 

@@ -27,10 +27,9 @@ import z3
 
 from llmir_core.smt.semantics import EncodeError, Encoder, STensor, _is_square, _zero_at
 
-from .terms import A, C, K, T, Term, V, leaves
+from .terms import BIG, A, C, K, T, Term, V, leaves
 
 Idx = tuple[Any, ...]
-BIG = 2 ** 62  # ends at or past this mean "to the end" (ONNX uses INT64_MAX)
 
 
 @dataclass

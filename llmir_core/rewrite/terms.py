@@ -27,6 +27,8 @@ from llmir_core.ir.attrs import DenseAttr, attr_equal
 from llmir_core.ir.core import Op, Value
 from llmir_core.ir.types import DType, TensorType
 
+BIG = 2 ** 62  # a slice end at or past this means "to the end" (ONNX uses INT64_MAX)
+
 
 @dataclass(frozen=True)
 class V:

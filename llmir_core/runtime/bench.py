@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from llmir_core import __version__
+from llmir_core.interrupts import caused_by_interrupt
 
 from .generate import Decoder
 
@@ -104,7 +105,9 @@ def hardware_fingerprint() -> dict[str, Any]:
         import onnxruntime  # noqa: PLC0415  (optional: only to report its version)
 
         info["onnxruntime"] = onnxruntime.__version__
-    except ImportError:
+    except ImportError as exc:
+        if caused_by_interrupt(exc):  # a Ctrl-C during the import, not a missing package
+            raise KeyboardInterrupt from None
         info["onnxruntime"] = None
     return info
 

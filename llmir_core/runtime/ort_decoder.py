@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from llmir_core.errors import InputError
+from llmir_core.interrupts import import_optional
 
 # Intra-op threads when none is asked for: None = `auto_threads()`. Measured on the 2-core
 # machine (benchmarks/decode_vs_ortgenai.py --choices, SmolLM2-135M shape, decode): with the
@@ -35,11 +36,11 @@ DEFAULT_CAPACITY = 256  # KV rows allocated at reset when nothing was reserved
 
 
 def _ort() -> Any:
-    try:
-        import onnxruntime
-    except ImportError:
-        raise InputError("onnxruntime is not installed", hint="pip install onnxruntime") from None
-    return onnxruntime
+    ort = import_optional("onnxruntime", "onnxruntime is not installed", hint="pip install onnxruntime")
+    # onnxruntime's own log lines (coloured whatever NO_COLOR says) stay off: every failure
+    # reaches llmir as an exception, reported in its one-line form
+    ort.set_default_logger_severity(4)
+    return ort
 
 
 def busy_cores(seconds: float) -> float:
@@ -79,7 +80,7 @@ def session_options(threads: int | None = None, spin: bool | None = None) -> Any
     """threads: intra-op threads (None = resolve_threads's default, 0 = onnxruntime's own)."""
     ort = _ort()
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # errors reach llmir as exceptions; no coloured log lines
     n = resolve_threads(threads)
     if n:
         so.intra_op_num_threads = n

@@ -24,13 +24,17 @@ class SamplingConfig:
 
     def validate(self) -> None:
         if self.temperature < 0:
-            raise InputError(f"--temperature must be >= 0, got {self.temperature}")
+            raise InputError(f"--temperature must be >= 0, got {self.temperature}",
+                             hint="0 picks the most likely token (greedy); 0.7 to 1.0 samples")
         if self.top_k < 0:
-            raise InputError(f"--top-k must be >= 0, got {self.top_k}")
+            raise InputError(f"--top-k must be >= 0, got {self.top_k}",
+                             hint="0 turns top-k off; 40 keeps the 40 most likely tokens")
         if not 0.0 < self.top_p <= 1.0:
-            raise InputError(f"--top-p must be in (0, 1], got {self.top_p}")
+            raise InputError(f"--top-p must be in (0, 1], got {self.top_p}",
+                             hint="1 turns top-p off; 0.9 keeps the tokens making up 90% of the probability")
         if self.repetition_penalty <= 0:
-            raise InputError(f"--repetition-penalty must be > 0, got {self.repetition_penalty}")
+            raise InputError(f"--repetition-penalty must be > 0, got {self.repetition_penalty}",
+                             hint="1 turns it off; 1.1 to 1.3 discourages repeats")
 
 
 @dataclass

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmir_core.errors import InputError
+from llmir_core.interrupts import import_optional
 
 from .bench import BenchResult, run_bench
 from .generate import GenerationResult, generate
@@ -47,7 +48,8 @@ class TextGenOptions:
 
     def validate(self) -> None:
         if self.max_new_tokens < 1:
-            raise InputError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+            raise InputError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}",
+                             hint="give the number of tokens to generate, e.g. -n 64")
         self.sampling()
 
 
@@ -65,12 +67,10 @@ class TextResult:
 
 
 def _jinja_env() -> Any:
-    try:
-        import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:
-        raise InputError("rendering a chat template needs the `jinja2` package",
-                         hint="pip install jinja2") from None
+    sandbox = import_optional("jinja2.sandbox", "rendering a chat template needs the `jinja2` package",
+                              hint="pip install jinja2")
+    ImmutableSandboxedEnvironment = sandbox.ImmutableSandboxedEnvironment
+    import jinja2
 
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
@@ -251,7 +251,7 @@ def chat_loop(art_dir: str, options: TextGenOptions, read: Callable[[], str | No
     options.chat = True
     gen = TextGenerator(art_dir, options)
     history: list[dict[str, str]] = []
-    turns = []
+    turns: list[TextResult] = []
     while True:
         line = read()
         if line is None or line.strip() in ("/exit", "/quit"):
@@ -282,7 +282,7 @@ def bench_artifact(art_dir: str, *, prompt_len: int = 128, gen_len: int = 128, b
     for name, v, low in (("--prompt-len", prompt_len, 1), ("--gen-len", gen_len, 1), ("--batch", batch, 1),
                          ("--runs", runs, 1), ("--warmup", warmup, 0)):
         if v < low:
-            raise InputError(f"{name} must be >= {low}, got {v}")
+            raise InputError(f"{name} must be >= {low}, got {v}", hint="see `llmir bench --help`")
     dec = open_artifact(art_dir, threads)
     need = prompt_len + gen_len
     if dec.max_context is not None and need > dec.max_context:

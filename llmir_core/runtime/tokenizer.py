@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmir_core.errors import InputError
+from llmir_core.interrupts import import_optional
 
 # tokenizer.ggml.pre values -> the split regex before byte-level encoding (None: GPT-2's own)
 _LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -57,12 +58,8 @@ class Tokenizer:
 
 
 def _tokenizers() -> Any:
-    try:
-        import tokenizers
-    except ImportError:
-        raise InputError("the `tokenizers` package is not installed",
-                         hint="pip install tokenizers") from None
-    return tokenizers
+    return import_optional("tokenizers", "the `tokenizers` package is not installed",
+                           hint="pip install tokenizers")
 
 
 def from_hf_file(path: str) -> Any:

@@ -48,7 +48,7 @@ def make_inputs(module: Module, env: dict[str, int], seed: int, scale: float) ->
         shape = tuple(eval_dim(d, env) or 1 if isinstance(d, (int, SymDim)) else 1 for d in t.shape)
         dt = t.dtype
         if isinstance(dt, DType) and dt.is_float:
-            arr = rng.standard_normal(shape) * scale / max(1.0, np.sqrt(shape[-1]) if shape and a.type.rank >= 2 else 1.0)
+            arr = rng.standard_normal(shape) * scale / max(1.0, np.sqrt(shape[-1]) if shape and t.rank >= 2 else 1.0)
             out[a.name] = arr.astype(numpy_dtype(dt))
         elif isinstance(dt, DType) and dt == DType.bool:
             out[a.name] = rng.random(shape) < 0.7

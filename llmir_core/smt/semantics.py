@@ -126,7 +126,7 @@ class Encoder:
                 if j >= 0 and not _is_one(t.shape[j]):
                     d = t.shape[j] if _is_one(d) else d
             out.append(d)
-        maps = []
+        maps: list[Callable[[Idx], Idx]] = []
         for t in ts:
             off = rank - t.rank
 

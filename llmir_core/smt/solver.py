@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,10 @@ DEFAULT_LIMIT_S = float(os.environ.get("LLMIR_SMT_TIMEOUT", "10"))
 
 
 def _child(conn: Any, job: Callable[..., dict[str, Any]], args: tuple[Any, ...]) -> None:
+    # A Ctrl-C reaches the whole process group: the parent handles it (and kills this child);
+    # here it would only print multiprocessing's traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         res = job(*args)
     except MemoryError:

@@ -124,9 +124,9 @@ def signature_mismatch(a: Module, b: Module) -> str | None:
             return f"argument #{i} (%{x.name} vs %{y.name}) has type {x.type} vs {y.type}"
     if len(fa.outputs) != len(fb.outputs):
         return f"@{fa.name} returns {len(fa.outputs)} values in one file and {len(fb.outputs)} in the other"
-    for i, (x, y) in enumerate(zip(fa.output_types, fb.output_types)):
-        if x != y:
-            return f"result #{i} has type {x} vs {y}"
+    for i, (xt, yt) in enumerate(zip(fa.output_types, fb.output_types)):
+        if xt != yt:
+            return f"result #{i} has type {xt} vs {yt}"
     return None
 
 

@@ -93,7 +93,7 @@ class FakeHub:
         return [r for r in self.requests if r[1].endswith("/" + path) and "/resolve/" in r[1]]
 
 
-def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
+def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:  # noqa: C901 (a fake HTTP server, one branch per hub route)
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 

@@ -47,7 +47,7 @@ def test_init_real_pull_resumes_after_a_dropped_connection(env, hub, tmp_path) -
     assert {f["path"]: f["sha256"] for f in lock["files"]} == {p: sha256(d) for p, d in files.items()}
     toml = tomllib.loads((proj / "llmir.toml").read_text())
     assert toml["model"]["ref"] == "big:1" and toml["build"] == {"target": "onnxruntime", "opt_level": 2}
-    assert toml["paths"]["model"] == "model.llmir"
+    assert "paths" not in toml  # no command reads a [paths] table
     # Result on stdout, logs on stderr, no progress bar in a pipe.
     assert r.stdout.startswith(f"initialised {proj} for big:1")
     assert "downloading org/big/model.safetensors" in r.stderr
@@ -57,11 +57,11 @@ def test_init_real_pull_resumes_after_a_dropped_connection(env, hub, tmp_path) -
 def test_init_json_output_and_offline_rerun(env, hub, tiny, tmp_path) -> None:
     files, commit, index = tiny
     r = cli("init", str(tmp_path / "a"), "-m", "tiny:1", "--registry", str(index),
-              "--format", "json", "-O", "3", "--target", "triton")
+              "--format", "json", "-O", "3", "--target", "onnxruntime")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["schema_version"] == 1 and data["kind"] == "init" and data["ok"] is True
-    assert data["opt_level"] == 3 and data["target"] == "triton"
+    assert data["opt_level"] == 3 and data["target"] == "onnxruntime"
     assert data["model"]["lock"]["commit"] == commit
     assert len(data["model"]["files"]) == len(files)
     before = hub.connections
