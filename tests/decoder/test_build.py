@@ -102,7 +102,7 @@ def test_artifact_files_and_manifest(tiny_artifact: Path) -> None:
     assert d["max_len"] == 256 and d["eos_token_ids"] == [2] and d["bos_token_id"] == 1
     assert d["tokenizer"] == {"format": "hf", "file": "tokenizer.json"}
     assert "<|im_start|>" in (tiny_artifact / d["chat_template"]).read_text()
-    assert d["generic_ops"] == {} and d["packed_qkv_layers"] == 2
+    assert set(d["generic_ops"]) <= {"core.mul"} and d["packed_qkv_layers"] == 2  # the SwiGLU product
     assert man["target"] == "onnxruntime" and man["source"]["sha256"]
     assert [i["name"] for i in man["inputs"]][:3] == ["input_ids", "positions", "past_key_values.0.key"]
     assert [o["name"] for o in man["outputs"]][:2] == ["logits", "present.0.key"]
