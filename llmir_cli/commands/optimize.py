@@ -40,7 +40,12 @@ Examples:
 
   llmir optimize model.llmir -O2 --print-after-all --dump-dir dumps/ -o out.llmir
 
+  llmir optimize model.llmir --target onnxruntime --verify-each --report -o lowered.llmir
+
   llmir optimize --list
+
+--target NAME appends the target's lowering passes (after -O/--passes; alone, only the lowering
+runs); `llmir build` of the result gives the artifact `llmir build` of the input gives.
 """
 
 
@@ -56,6 +61,7 @@ def optimize_cmd(
     print_after_all: Annotated[bool, typer.Option("--print-after-all", help="Dump the module after every pass.")] = False,
     print_after: Annotated[list[str] | None, typer.Option("--print-after", help="Dump the module after pass NAME (repeatable).")] = None,
     dump_dir: Annotated[Path, typer.Option("--dump-dir", help="Folder for NN-pass.llmir dumps.")] = Path("llmir-dumps"),
+    target: Annotated[str | None, typer.Option("--target", help="Append this target's lowering passes.")] = None,
     allow_unproved: Annotated[bool, typer.Option("--allow-unproved", help="Let passes use rules without a proof certificate.")] = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
@@ -76,7 +82,12 @@ def optimize_cmd(
             raise InputError("missing input file", hint="llmir optimize IN.llmir -o OUT.llmir (or --list)")
         if passes is not None and level is not None:
             raise InputError("give either -O or --passes, not both")
-        pipeline = parse_pipeline(passes) if passes is not None else preset(2 if level is None else level)
+        default = 0 if target is not None else 2  # --target alone: only the lowering
+        pipeline = parse_pipeline(passes) if passes is not None else preset(default if level is None else level)
+        if target is not None:
+            from llmir_core.backends import get_target
+
+            pipeline = pipeline + list(get_target(target).lowering({}))
         if output is not None:  # weights a pass writes (quantize-weights) go beside OUT
             pipeline = [dataclasses.replace(p, weights_file=str(output.with_name(f"{output.stem}.q{p.bits}.weights.bin")))
                         if getattr(p, "weights_file", None) == "" else p for p in pipeline]

@@ -74,6 +74,7 @@ DECODER_SCHEMA = 1
 TOKENIZER_FILE = "tokenizer.json"
 TEMPLATE_FILE = "chat_template.jinja"
 _ALIGN_SMALL, _ALIGN_LARGE, _LARGE = 64, 65536, 1 << 20
+_FOLD_MAX = 1 << 16  # elements: static values up to this size are folded into constants
 _CHUNK = 32 << 20  # bytes of f32 rows processed at once when a weight is transformed
 
 
@@ -329,6 +330,13 @@ class DecoderSerializer:
         op = v.owner
         if op is None:
             raise BuildError(f"value %{v.name} is used before it is defined")
+        t = v.type
+        if id(v) in self.g.static and op.name not in ("core.weight", "core.constant") \
+                and isinstance(t, TensorType) and t.static_shape() is not None \
+                and int(np.prod(t.static_shape() or ())) <= _FOLD_MAX:
+            name = self.w.small(self.w.eval(v), _label(op, v.name))  # computed from constants: folded
+            self.bind(v, name)
+            return name
         for o in op.operands:
             self.name(o)
         self._generic(op)

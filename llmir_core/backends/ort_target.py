@@ -97,10 +97,11 @@ class OrtTarget:
                              source=dict(src) if isinstance(src, dict) else None)
 
     def open(self, artifact_dir: str, **options: Any) -> Any:
+        """threads, max_context, spin; tensors=True: a tensor runner even for a decoder."""
         from . import read_manifest
 
         manifest = read_manifest(artifact_dir)
-        if isinstance(manifest.get("decoder"), dict):
+        if isinstance(manifest.get("decoder"), dict) and not options.get("tensors"):
             from llmir_core.runtime.ort_decoder import OrtDecoder
 
             return OrtDecoder(artifact_dir, manifest, options.get("threads"), options.get("max_context"),

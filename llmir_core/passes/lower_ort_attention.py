@@ -31,6 +31,7 @@ from .ort_common import (
     declare_ort,
     is_decoder,
     nbits_format,
+    packed_src,
     parse_quant,
     tt,
     weight_src,
@@ -171,45 +172,87 @@ class LowerOrtAttention:
         return _Attn(op, claims, qh[0], kh[0], vh[0], lin, out, out_3d, past_k, past_v, k_all, v_all,
                      heads, kv_heads, d, rope_q)
 
-    def _packable(self, g: Graph, a: _Attn, fmt: object) -> list[Op] | None:
-        """The q/k/v matmuls when they can be packed into one (same activation, one format)."""
+    def _projection(self, g: Graph, lin: Value) -> tuple[Op, Value, Value, Value | None, list[Op]] | None:
+        """lin = x @ W^T (+ bias) by a static weight: (matmul-like op, x, W, bias, ops replaced)."""
+        if len(g.uses(lin)) != 1 or id(lin) in g.outputs or lin.owner is None:
+            return None
+        op = lin.owner
+        bias = None
+        claims = [op]
+        if op.name == "core.add":
+            mmv, bias = op.operands
+            if id(mmv) in g.static:
+                mmv, bias = bias, mmv
+            if id(bias) not in g.static or tt(bias).rank != 1 or len(g.uses(mmv)) != 1 \
+                    or id(mmv) in g.outputs or mmv.owner is None:
+                return None
+            op = mmv.owner
+            claims.append(op)
+        if op.name == "core.matmul" and not op.attrs.get("transpose_a") and op.attrs.get("transpose_b"):
+            return op, op.operands[0], op.operands[1], bias, claims
+        if op.name == "llm.linear" and op.attrs.get("activation", "none") == "none" \
+                and op.attrs.get("transpose_b", True) and bias is None:
+            lb = op.operands[2] if len(op.operands) > 2 else None
+            if lb is not None and id(lb) not in g.static:
+                return None
+            return op, op.operands[0], op.operands[1], lb, claims
+        if op.name == "llm.quantized_matmul" and op.attrs.get("transpose_b", True) \
+                and packed_src(g, op.operands[1], list(op.operands[2:])) is not None:
+            return op, op.operands[0], op.operands[1], bias, claims  # W packed: dequantized when merged
+        return None
+
+    def _packable(self, g: Graph, a: _Attn, fmt: object) -> tuple[list[Op], list[Value], Value, list[Op]] | Value | None:
+        """How q, k and v pack: the input of a split they already are (a Value), or (weights,
+        biases, activation, ops replaced) when they are projections of one activation by weights
+        of one storage format; None when they do not pack."""
         if not a.lin:
             return None
-        mms = []
-        for lin in (a.q, a.k, a.v):
-            op = lin.owner
-            if op is None or op.name != "core.matmul" or op.attrs.get("transpose_a") \
-                    or not op.attrs.get("transpose_b") or len(g.uses(lin)) != 1 or id(lin) in g.outputs:
-                return None
-            mms.append(op)
-        x = mms[0].operands[0]
-        if any(m.operands[0] is not x for m in mms):
+        sp = a.q.owner
+        if sp is not None and sp.name == "core.split" and sp.attrs.get("axis") in (-1, 2) \
+                and [a.q, a.k, a.v] == list(sp.results) and len(g.uses(a.q)) == 1:
+            return sp.operands[0]
+        projs = [self._projection(g, lin) for lin in (a.q, a.k, a.v)]
+        if any(p is None for p in projs):
             return None
-        srcs = [weight_src(g, m.operands[1]) for m in mms]
+        x = projs[0][1]  # type: ignore[index]
+        if any(p[1] is not x for p in projs):  # type: ignore[index]
+            return None
+        biases = [p[3] for p in projs if p[3] is not None]  # type: ignore[index]
+        if biases and len(biases) != 3:
+            return None
+        ws = [p[2] for p in projs]  # type: ignore[index]
+        srcs = [packed_src(g, p[0].operands[1], list(p[0].operands[2:])) if p[0].name == "llm.quantized_matmul"  # type: ignore[index]
+                else weight_src(g, w) for p, w in zip(projs, ws)]
         if any(s is None for s in srcs):
             return None
         fmts = {nbits_format(s, fmt) for s in srcs if s is not None}  # type: ignore[arg-type]
         if len(fmts) != 1:
             return None
-        return mms
+        return [p[0] for p in projs], biases, x, [o for p in projs for o in p[4]]  # type: ignore[index,misc]
 
     def _rewrite(self, g: Graph, fn: Function, a: _Attn, ctx: PassContext, fmt: object) -> None:
         b, new_ops = scratch_builder(fn, a.sdpa.origin)
-        mms = self._packable(g, a, fmt)
-        if mms is not None:
-            x = mms[0].operands[0]
-            ws = [m.operands[1] for m in mms]
+        pack = self._packable(g, a, fmt)
+        if isinstance(pack, Value):  # already one projection, split: feed it whole
+            ins = [pack]
+            a.claims.append(a.q.owner)  # type: ignore[arg-type]
+        elif pack is not None:
+            mms, biases, x, replaced = pack
+            ws = [b.op("llm.dequantize", *m.operands[1:], dtype=DType.f32) if m.name == "llm.quantized_matmul"
+                  else m.operands[1] for m in mms]
             sizes = tuple(tt(w).shape[0] for w in ws)
             cat = b.op("core.concat", *ws, axis=0)
             qkv = b.op("core.matmul", x, cat, transpose_b=True)
+            if biases:  # validated differentially (no rule states the biased merge)
+                qkv = b.op("core.add", qkv, b.op("core.concat", *biases, axis=0))
+            elif all(o.name == "core.matmul" for o in replaced):
+                for key, lin in zip("qkv", (a.q, a.k, a.v)):
+                    ctx.instances.append(RuleInstance(
+                        f"merge-qkv-{key}", lin.name, lin.name,
+                        {"x": x.name, "wq": ws[0].name, "wk": ws[1].name, "wv": ws[2].name}, {},
+                        {"sizes": sizes}, value_loc(lin)))
             ins = [qkv]
-            for key, m in zip("qkv", mms):
-                name = m.results[0].name
-                ctx.instances.append(RuleInstance(
-                    f"merge-qkv-{key}", name, name,
-                    {"x": x.name, "wq": ws[0].name, "wk": ws[1].name, "wv": ws[2].name}, {},
-                    {"sizes": sizes}, value_loc(m.results[0])))
-            a.claims += mms
+            a.claims += replaced
         else:
             ins = [a.q, a.k, a.v]
         ins += [a.past_k, a.past_v, a.rope.operands[3] if a.rope is not None else fn.args[1]]
@@ -228,7 +271,7 @@ class LowerOrtAttention:
                 attrs["rotary_interleaved"] = True
             if a.rope.attrs.get("rotary_dim"):
                 attrs["rotary_dim"] = int(a.rope.attrs["rotary_dim"])
-        if mms is not None:
+        if pack is not None:
             attrs["packed"] = True
         gqa = b.create("ort.group_query_attention", ins, attrs)
         out = gqa.results[0]
@@ -244,5 +287,5 @@ class LowerOrtAttention:
             old.name = name + ".dead"
             new.name = name
         erase_dead(fn, a.claims)
-        detail = ("packed QKV, " if mms is not None else "") + ("rotary in the op" if a.rope is not None else "no rotary")
+        detail = ("packed QKV, " if pack is not None else "") + ("rotary in the op" if a.rope is not None else "no rotary")
         ctx.applied("group-query-attention", gqa.results[0], f"{layer}: {detail}")
