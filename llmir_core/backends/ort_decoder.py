@@ -47,6 +47,7 @@ from llmir_core.passes.ort_common import (
     WSrc,
     cache_args,
     is_decoder,
+    kv_bytes_per_token,
     module_options,
     packed_src,
     parse_quant,
@@ -782,7 +783,8 @@ def _manifest(module: Module, D: DecoderSerializer, model: onnx.ModelProto, ins:
     fn = module.main
     caches = cache_args(fn)
     t0 = tt(caches[0])
-    shared = len(D.gqa_ops) * 2 == len(caches)
+    layers = sum(1 for a in caches if a.name.endswith(".key"))
+    shared = len(D.gqa_ops) == layers and len(caches) == 2 * layers
     vocab = tt(fn.outputs[0]).shape[-1]
     ctx = module.attrs.get("llm.context_length")
     max_len = D.max_len or D.max_len_opt or (int(ctx) if isinstance(ctx, int) else None)
@@ -790,12 +792,13 @@ def _manifest(module: Module, D: DecoderSerializer, model: onnx.ModelProto, ins:
     src = module.attrs.get("llmir.source") or {}
     decoder = {
         "schema": DECODER_SCHEMA,
-        "layers": len(caches) // 2, "kv_heads": t0.shape[1], "head_dim": t0.shape[3],
+        "layers": layers, "kv_heads": t0.shape[1], "head_dim": t0.shape[3],
+        "kv_dtype": str(t0.dtype), "kv_bytes_per_token": kv_bytes_per_token(fn),
         "heads": int(D.gqa_ops[0].attrs["num_heads"]) if D.gqa_ops else None,
         "vocab": vocab, "max_len": max_len, "context_length": ctx,
         "kv_cache": "shared_buffer" if shared else "concat",
-        "cache": [{"input": a.name, "output": o, "kv_heads": tt(a).shape[1], "head_dim": tt(a).shape[3]}
-                  for a, o in zip(caches, outs[1:])],
+        "cache": [{"input": a.name, "output": o, "kv_heads": tt(a).shape[1], "head_dim": tt(a).shape[3],
+                   "dtype": str(tt(a).dtype)} for a, o in zip(caches, outs[1:])],
         "logits": "last" if D.last_logits else "all",
         "accuracy_level": D.accuracy_level,
         "quant": {"f32_weights": (f"int{D.quant.bits}" if D.quant else "f32"),

@@ -27,21 +27,47 @@ def cache_args(fn: Function) -> list[Value]:
 
 
 def is_decoder(module: Module) -> bool:
-    """True when main has the decoder signature: input_ids, positions, then pairs of
-    past_key_values.{l}.key/.value [batch, kv_heads, past, head_dim] -> logits + one present each."""
+    """True when main has the decoder signature: input_ids, positions, then per layer
+    past_key_values.{l}.key/.value [batch, kv_heads, past, head_dim] (f32; or i8 codes each
+    followed by its `_scale` [batch, kv_heads, past, 1] f32, kv-cache-int8's interface) ->
+    logits + one present per past."""
     if not module.functions:
         return False
     fn = module.main
     names = [a.name for a in fn.args]
-    if names[:2] != ["input_ids", "positions"] or len(names) < 4 or len(names) % 2:
+    if names[:2] != ["input_ids", "positions"] or len(names) < 4:
         return False
-    for i, a in enumerate(cache_args(fn)):
-        want = f"past_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}"
-        t = a.type
-        if a.name != want or not isinstance(t, TensorType) or t.rank != 4 or t.is_quantized \
-                or not isinstance(t.shape[1], int) or not isinstance(t.shape[3], int):
-            return False
-    return len(fn.outputs) == len(fn.args) - 1
+    want = []
+    i = 2
+    layer = 0
+    while i < len(fn.args):
+        for kind in ("key", "value"):
+            if i >= len(fn.args):
+                return False
+            a = fn.args[i]
+            t = a.type
+            if a.name != f"past_key_values.{layer}.{kind}" or not isinstance(t, TensorType) or t.rank != 4 \
+                    or t.is_quantized or not isinstance(t.shape[1], int) or not isinstance(t.shape[3], int):
+                return False
+            want.append(a)
+            i += 1
+            if t.dtype == DType.i8:
+                if i >= len(fn.args) or fn.args[i].name != a.name + "_scale":
+                    return False
+                i += 1
+            elif t.dtype != DType.f32:
+                return False
+        layer += 1
+    return len(fn.outputs) == len(fn.args) - 1 and bool(want)
+
+
+def kv_bytes_per_token(fn: Function) -> int:
+    """Bytes one position of the KV cache takes (codes and scales), per batch row."""
+    total = 0
+    for a in cache_args(fn):
+        t = tt(a)
+        total += int(t.shape[1]) * int(t.shape[3]) * (t.dtype.bits // 8 if isinstance(t.dtype, DType) else 4)  # type: ignore[arg-type]
+    return total
 
 
 # -- options ---------------------------------------------------------------------------------------
@@ -229,4 +255,4 @@ def module_options(module: Module) -> dict[str, Any]:
 
 __all__ = ["is_decoder", "cache_args", "NbitsFormat", "parse_quant", "Graph", "WSrc", "weight_src",
            "weight_srcs", "packed_src", "nbits_format", "quantize_mode", "declare_ort", "tt",
-           "ACCURACY_LEVEL", "QUANT_MODES", "TARGET", "module_options", "check_accuracy_level"]
+           "ACCURACY_LEVEL", "QUANT_MODES", "kv_bytes_per_token", "TARGET", "module_options", "check_accuracy_level"]

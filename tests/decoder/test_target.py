@@ -144,3 +144,23 @@ def test_transformers_models_lower_with_validation(arch: str, tmp_path: Path) ->
     lowered = _lower_validated(module)
     layers = int(module.attrs["llm.num_layers"])
     assert sum(op.name == "ort.group_query_attention" for op in lowered.main.ops) == layers
+
+
+def test_kv_cache_int8_interface_runs(lowered: Path) -> None:
+    """kv-cache-int8{interface=true} output lowers and builds a decoder artifact with an int8 KV
+    cache (codes + per-position scales) that `run` and `bench` use; greedy tokens match f32's here."""
+    r = _cli("optimize", "m.llmir", "--passes", "kv-cache-int8{interface=true}", "--target", "onnxruntime",
+             "-o", "ki.llmir", cwd=lowered)
+    assert r.returncode == 0, r.stderr
+    assert _cli("build", "ki.llmir", "-o", "KI", cwd=lowered).returncode == 0
+    import json
+
+    d = json.loads((lowered / "KI" / "manifest.json").read_text())["decoder"]
+    assert d["kv_dtype"] == "i8" and d["kv_bytes_per_token"] == 160 and d["layers"] == 2
+    if not (lowered / "A").is_dir():
+        assert _cli("build", "m.llmir", "-o", "A", cwd=lowered).returncode == 0
+    a = _cli("run", "A", "--prompt", "hi", "--max-new-tokens", "6", cwd=lowered)
+    b = _cli("run", "KI", "--prompt", "hi", "--max-new-tokens", "6", cwd=lowered)
+    assert a.returncode == b.returncode == 0 and a.stdout == b.stdout
+    r = _cli("bench", "KI", "--prompt-len", "8", "--gen-len", "4", "--runs", "1", "--format", "json", cwd=lowered)
+    assert r.returncode == 0, r.stderr
