@@ -556,6 +556,16 @@ def _l_cast(L: Lowering, op: Op) -> list[str]:
     return L.node("Cast", _ins(L, op), to=onnx_dtype(to), saturate=sat)
 
 
+@lowers("llm.to_device")
+def _l_to_device(L: Lowering, op: Op) -> list[str]:
+    """Host/CPU placement is what onnxruntime's CPU provider does anyway: the same values."""
+    device = op.attrs.get("device", "")
+    if device not in ("", "cpu"):
+        raise BuildError(f"llm.to_device to '{device}': the onnxruntime backend runs on the CPU only"
+                         + (f" [{op.origin}]" if op.origin else ""))
+    return L.node("Identity", _ins(L, op))
+
+
 @lowers("core.range")
 def _l_range(L: Lowering, op: Op) -> list[str]:
     dt = _t(op.operands[0]).dtype

@@ -22,8 +22,6 @@ NAME = "onnxruntime"
 _OPTIONS = ("quant", "quant_block", "accuracy_level", "max_len", "last_logits", "generic")
 # ops with a definition the generic lowering cannot express in ONNX
 _REASONS = {
-    "llm.to_device": "onnxruntime places tensors itself (no device placement op); build without "
-                     "assign-precision{target=cuda}, or for a target that runs on that device",
     "llm.kv_cache_update": "the !llm.kv_cache type has no onnxruntime form; decoders keep their cache as "
                            "past/present tensors",
     "llm.kv_cache_read": "the !llm.kv_cache type has no onnxruntime form",

@@ -89,7 +89,7 @@ def _infer_gqa(ctx: InferCtx) -> list[Type]:
     if ctx["do_rotary"]:
         cos, sin = tensor_arg(ctx, idx["cos"], "cos_cache"), tensor_arg(ctx, idx["sin"], "sin_cache")
         _need(cos.rank == 2 and sin.shape == cos.shape, f"cos/sin caches must be [max_pos, rotary_dim/2], got {cos}")
-        rd = ctx["rotary_dim"] or d
+        rd = int(ctx["rotary_dim"] or d)  # type: ignore[arg-type]  # d is static (checked above)
         _need(cos.shape[1] == rd // 2, f"cos_cache width {cos.shape[1]} is not rotary_dim/2 = {rd // 2}")
     for key in ("scale", "softcap"):
         _need(ctx[key] >= 0 and math.isfinite(ctx[key]), f"{key} must be finite and >= 0, got {ctx[key]}")
@@ -274,7 +274,7 @@ def _ref_nbits(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
     if len(args) > 2:
         from llmir_core.quant import dequantize
 
-        w = dequantize(w, *args[2:])
+        w = dequantize(w, *args[2:])  # type: ignore[arg-type]  # a PackedArray at run time
     elif at["quantize"] != "none":
         w = fake_quant(w, at["bits"], at["block_size"], at["quantize"])
     return (a.astype(_F64) @ np.asarray(w, _F64).T).astype(a.dtype)

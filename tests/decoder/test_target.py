@@ -66,7 +66,7 @@ def test_verify_target_lists_unsupported_ops(tmp_path: Path) -> None:
         "    return %y : tensor<4xf32, device=\"cuda\">\n  }\n}\n")
     r = _cli("verify", "d.llmir", "--target", "onnxruntime", cwd=tmp_path)
     assert r.returncode == 1
-    assert "d.llmir:3:" in r.stderr and "llm.to_device cannot run here" in r.stderr
+    assert "d.llmir:3:" in r.stderr and "llm.to_device places its result on device 'cuda'" in r.stderr
     assert _cli("verify", "d.llmir", "--target", "nope", cwd=tmp_path).returncode == 2
 
 
@@ -164,3 +164,17 @@ def test_kv_cache_int8_interface_runs(lowered: Path) -> None:
     assert a.returncode == b.returncode == 0 and a.stdout == b.stdout
     r = _cli("bench", "KI", "--prompt-len", "8", "--gen-len", "4", "--runs", "1", "--format", "json", cwd=lowered)
     assert r.returncode == 0, r.stderr
+
+
+def test_assign_precision_builds_or_is_refused(lowered: Path) -> None:
+    """assign-precision for the CPU (bf16 compute, host placement) builds and runs; for CUDA it is
+    refused at optimize time with the capability table's reason and its location."""
+    r = _cli("optimize", "m.llmir", "--passes", "assign-precision{target=cpu},canonicalize", "--target",
+             "onnxruntime", "-o", "ap.llmir", cwd=lowered)
+    assert r.returncode == 0, r.stderr
+    assert _cli("build", "ap.llmir", "-o", "AP", cwd=lowered).returncode == 0
+    assert _cli("run", "AP", "--prompt", "hi", "--max-new-tokens", "2", cwd=lowered).returncode == 0
+    r = _cli("optimize", "m.llmir", "--passes", "assign-precision{target=cuda}", "--target", "onnxruntime",
+             "-o", "apc.llmir", cwd=lowered)
+    assert r.returncode == 1 and "on device 'cuda' (target devices: cpu)" in r.stderr
+    assert not (lowered / "apc.llmir").exists()
