@@ -70,54 +70,17 @@ from .ort import (
     check_artifact_dir,
     onnx_dtype,
 )
+from .ort_lower import DataWriter
 
 DECODER_SCHEMA = 1
 TOKENIZER_FILE = "tokenizer.json"
 TEMPLATE_FILE = "chat_template.jinja"
-_ALIGN_SMALL, _ALIGN_LARGE, _LARGE = 64, 65536, 1 << 20
+_LARGE = 1 << 20  # tensors of at least this many bytes are aligned to 64 KiB
 _FOLD_MAX = 1 << 16  # elements: static values up to this size are folded into constants
 _CHUNK = 32 << 20  # bytes of f32 rows processed at once when a weight is transformed
 
 
 # -- the data file ---------------------------------------------------------------------------------
-
-class _DataFile:
-    """The external data file, written tensor by tensor as the graph is built (aligned)."""
-
-    def __init__(self, path: str) -> None:
-        self.fh = open(path, "wb")  # noqa: SIM115 - closed by close()
-        self.pos = 0
-
-    def start(self, large: bool) -> int:
-        align = _ALIGN_LARGE if large else _ALIGN_SMALL
-        pad = (-self.pos) % align
-        if pad:
-            self.fh.write(b"\0" * pad)
-            self.pos += pad
-        return self.pos
-
-    def write(self, arr: np.ndarray | bytes) -> None:
-        data = arr if isinstance(arr, bytes) else np.ascontiguousarray(arr).tobytes()
-        self.fh.write(data)
-        self.pos += len(data)
-
-    def copy(self, path: str, offset: int, nbytes: int) -> None:
-        with open(path, "rb") as src:
-            src.seek(offset)
-            left = nbytes
-            while left > 0:
-                chunk = src.read(min(left, 16 << 20))
-                if not chunk:
-                    raise BuildError(f"weight file {path} ended early while copying")
-                self.fh.write(chunk)
-                left -= len(chunk)
-        self.pos += nbytes
-
-    def close(self) -> None:
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
-        self.fh.close()
-
 
 # -- weights ---------------------------------------------------------------------------------------
 
@@ -138,7 +101,7 @@ def _weight_type(op: Op) -> TensorType:
 class _Weights:
     """Materializes static values as initializers in the data file, each once."""
 
-    def __init__(self, L: Lowering, data: _DataFile, interp: Interpreter, base_dir: str,
+    def __init__(self, L: Lowering, data: DataWriter, interp: Interpreter, base_dir: str,
                  log: _QuantLog) -> None:
         self.L, self.data, self.interp, self.base_dir, self.log = L, data, interp, base_dir, log
         self.names: dict[Any, Any] = {}
@@ -307,7 +270,7 @@ class DecoderSerializer:
         self.base_dir = base
         self.L = Lowering(module, base, inline_weights=False)
         self.g = Graph(self.fn)
-        self.data = _DataFile(data_path)
+        self.data = DataWriter(data_path)
         self.log = _QuantLog()
         self.w = _Weights(self.L, self.data, Interpreter(module, check_types=False), base, self.log)
         self.quant = parse_quant(str(opts.get("quant", "f32")), int(opts.get("quant_block", 32)))
@@ -420,22 +383,12 @@ class DecoderSerializer:
         """Append the generic lowering's constants after the streamed weights; fix their offsets."""
         plan = self.L.plan
         if plan.chunks:
-            base = self.data.start(True)
+            base = self.data.append_plan(plan)
             for t in self.L.inits:
                 if t.data_location == TensorProto.EXTERNAL and t.name not in self.w.own:
                     for e in t.external_data:
                         if e.key == "offset":
                             e.value = str(int(e.value) + base)
-            pos = 0
-            for c in plan.chunks:
-                if c.offset > pos:
-                    self.data.write(b"\0" * (c.offset - pos))
-                if c.data is not None:
-                    self.data.write(c.data)
-                else:
-                    assert c.src is not None
-                    self.data.copy(c.src, c.src_offset, c.nbytes)
-                pos = c.offset + c.nbytes
         self.data.close()
 
     # -- pieces ----------------------------------------------------------------------------
@@ -754,8 +707,7 @@ def serialize_decoder(module: Module, out_dir: str) -> dict[str, Any]:
         try:
             model, ins, outs = D.run()
         finally:
-            if not D.data.fh.closed:
-                D.data.fh.close()
+            D.data.fh.close()
         with open(os.path.join(tmp, MODEL_FILE), "wb") as fh:
             fh.write(model.SerializeToString(deterministic=True))
         files = [MODEL_FILE, DATA_FILE]
