@@ -259,9 +259,7 @@ def choices(work: Path, a: argparse.Namespace) -> None:
 
     prepare(work, a.threads, ["llmir-f32", "llmir-int4"], lambda m: print(m, file=sys.stderr))
     for name, kw in (("llmir-int4-acc0", {"quant": "int4", "accuracy_level": 0}),
-                     ("llmir-int8", {"quant": "int8"}),
-                     ("llmir-int4-gateup", {"quant": "int4", "fuse_gate_up": True}),
-                     ("llmir-f32-gateup", {"fuse_gate_up": True})):
+                     ("llmir-int8", {"quant": "int8"})):
         if not (work / name / "manifest.json").is_file():
             build_decoder(import_hf(work / "smollm2-135m-random"), str(work / name), **kw)
     sets = {
@@ -271,10 +269,6 @@ def choices(work: Path, a: argparse.Namespace) -> None:
                                              "int4 acc 0": ("llmir-int4-acc0", 2, None),
                                              "int8 acc 4": ("llmir-int8", 2, None)},
         "spinning (int4, 2 threads)": {"spin on": ("llmir-int4", 2, True), "spin off": ("llmir-int4", 2, False)},
-        "gate+up fused (2 threads)": {"int4 separate": ("llmir-int4", 2, None),
-                                      "int4 fused": ("llmir-int4-gateup", 2, None),
-                                      "f32 separate": ("llmir-f32", 2, None),
-                                      "f32 fused": ("llmir-f32-gateup", 2, None)},
     }
     prompt = np.random.default_rng(0).integers(3, 49152, a.prompt_len)
     for title, variants in sets.items():

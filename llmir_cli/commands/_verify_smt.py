@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from llmir_core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, InputError
+from llmir_core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, CheckFailed, InputError
 from llmir_core.ir.parser import parse_file
 
 from .._render import Ctx, handle_errors
@@ -46,6 +46,12 @@ def verify_against(ctx: Ctx, file: Path, original: Path, timeout: float) -> None
 
     after = parse_file(str(file))
     before = parse_file(str(original))
+    from llmir_core.verifier import verify
+
+    errors = [d for d in verify(after, check_files=False) if d.severity == "error"]
+    if errors:  # an ill-typed op (e.g. an edited head count) cannot be equivalent
+        raise CheckFailed(f"{file}: does not verify ({len(errors)} error(s)), so it is not equivalent to "
+                          f"{original}", diagnostics=errors, hint=f"run `llmir verify {file}` for details")
     res = validate(before, after, None, limit_s=timeout)
     if res.get("method") == "signature":
         raise InputError(f"{file} and {original} have different signatures: {res['signature']}",

@@ -61,19 +61,18 @@ def build_cmd(
             raise CheckFailed(f"{file}: does not verify ({len(errors)} error(s))", diagnostics=errors,
                               hint=f"run `llmir verify {file}` for details", exit_code=EXIT_CHECK_FAILED)
         t0 = time.perf_counter()
-        from llmir_core.backends.ort_decoder import ACCURACY_LEVEL, build_decoder, is_decoder
+        from llmir_core.passes.ort_common import is_decoder
 
-        decoder = target == "onnxruntime" and not generic and is_decoder(module)
-        if not decoder and (quant or max_len is not None or accuracy_level is not None):
+        given = {k: v for k, v in (("quant", quant), ("max_len", max_len), ("accuracy_level", accuracy_level))
+                 if v is not None}
+        if given and (target != "onnxruntime" or generic or not is_decoder(module)):
             raise InputError("--quant, --max-len and --accuracy-level apply to decoder builds only",
                              hint="import an LLM (HF folder or GGUF) to get a decoder module")
-        if decoder:
-            ctx.detail("decoder module: KV-cache buffers shared between steps, fused attention")
-            manifest = build_decoder(module, str(output), max_len=max_len, quant=quant,
-                                     quant_block=quant_block, source_path=str(file),
-                                     accuracy_level=ACCURACY_LEVEL if accuracy_level is None else accuracy_level)
-        else:
-            manifest = build(module, str(output), target, source_path=str(file))
+        if quant:
+            given["quant_block"] = quant_block
+        if generic:
+            given["generic"] = True
+        manifest = build(module, str(output), target, source_path=str(file), options=given or None)
         dt = time.perf_counter() - t0
         if ctx.json:
             ctx.emit_json("build", {"ok": True, "output": str(output), "seconds": round(dt, 3), **manifest})

@@ -36,7 +36,12 @@ Examples:
 
   llmir optimize model.llmir -O2 --print-after-all --dump-dir dumps/ -o out.llmir
 
+  llmir optimize model.llmir --target onnxruntime --verify-each --report -o lowered.llmir
+
   llmir optimize --list
+
+--target NAME appends the target's lowering passes (after -O/--passes; alone, only the lowering
+runs); `llmir build` of the result gives the artifact `llmir build` of the input gives.
 """
 
 
@@ -52,6 +57,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
     print_after_all: Annotated[bool, typer.Option("--print-after-all", help="Dump the module after every pass.")] = False,
     print_after: Annotated[list[str] | None, typer.Option("--print-after", help="Dump the module after pass NAME (repeatable).")] = None,
     dump_dir: Annotated[Path, typer.Option("--dump-dir", help="Folder for NN-pass.llmir dumps.")] = Path("llmir-dumps"),
+    target: Annotated[str | None, typer.Option("--target", help="Append this target's lowering passes.")] = None,
     allow_unproved: Annotated[bool, typer.Option("--allow-unproved", help="Let passes use rules without a proof certificate.")] = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
@@ -78,12 +84,17 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
             raise InputError("missing input file", hint="llmir optimize IN.llmir -o OUT.llmir (or --list)")
         if passes is not None and level is not None:
             raise InputError("give either -O or --passes, not both")
-        if passes is None and level is None:
+        if passes is None and level is None and target is None:
             from llmir_core.registry.lockfile import project_here
 
             project = project_here()
             level = project.opt_level if project else 2
-        pipeline = parse_pipeline(passes) if passes is not None else preset(level or 0)
+        default = 0 if target is not None else 2  # --target alone: only the lowering
+        pipeline = parse_pipeline(passes) if passes is not None else preset(default if level is None else level)
+        if target is not None:
+            from llmir_core.backends import get_target
+
+            pipeline = pipeline + list(get_target(target).lowering({}))
         if output is not None:  # weights a pass writes (quantize-weights) go beside OUT
             pipeline = [dataclasses.replace(p, weights_file=str(output.with_name(f"{output.stem}.q{p.bits}.weights.bin")))
                         if getattr(p, "weights_file", None) == "" else p for p in pipeline]

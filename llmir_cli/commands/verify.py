@@ -19,6 +19,7 @@ HELP = """Check a .llmir file: syntax, SSA, op signatures, attributes, types and
 Exit 0 when it verifies, 1 when it does not, 2 when the file cannot be read or parsed.
 With --rules: prove every rewrite rule (exit 0 all proved, 1 one refuted, 3 inconclusive).
 With --against ORIGINAL: translation validation (exit 0 equivalent, 1 not, 3 inconclusive).
+With --target NAME: also list every op the target cannot run, with file:line (exit 1 if any).
 
 Examples:
 
@@ -29,6 +30,8 @@ Examples:
   llmir verify --rules
 
   llmir verify optimized.llmir --against model.llmir
+
+  llmir verify model.llmir --target onnxruntime
 """
 
 
@@ -42,6 +45,7 @@ def verify_cmd(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per solver call (killed after).")] = 10.0,
     ranges: Annotated[bool, typer.Option("--ranges", help="Interval analysis: value ranges, fp16 overflow, verify_invariant attributes.")] = False,
     input_range: Annotated[float, typer.Option("--input-range", help="With --ranges: inputs lie in [-R, R].")] = 1.0,
+    target: Annotated[str | None, typer.Option("--target", help="Also check every op runs on this target.")] = None,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -71,6 +75,10 @@ def verify_cmd(
         except ParseError:
             raise
         diags = verify(module, check_files=not no_weights)
+        if target is not None:
+            from llmir_core.backends import get_target
+
+            diags = diags + get_target(target).capabilities.check(module)
         errors = [d for d in diags if d.severity == "error"]
         if ctx.json:
             ctx.emit_json("verify", {

@@ -1,28 +1,97 @@
-"""Backends: an llmir module to an artifact a runtime loads.
+"""Backends: an llmir module to an artifact a runtime loads, behind one contract (target.py).
 
-`build(module, out_dir, target)` dispatches on the target; each backend module is imported only
-when its target is built, so a missing runtime library matters only for that target.
+`TARGETS` maps each target's name to its lazily imported object (a missing runtime library
+matters only for that target). `build` = the target's lowering pipeline (when the module is not
+lowered yet) + its serializer; `open_artifact` reads the manifest's target and dispatches.
 """
 
 from __future__ import annotations
 
+import importlib
+import json
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from llmir_core.errors import InputError
 from llmir_core.ir.core import Module
 
-TARGETS = ("onnxruntime",)
+TARGETS: dict[str, str] = {
+    "onnxruntime": "llmir_core.backends.ort_target:TARGET",
+    "triton": "llmir_core.backends.triton.target:TARGET",
+}
+MANIFEST = "manifest.json"
 
 
-def build(module: Module, out_dir: str, target: str = "onnxruntime", *,
-          source_path: str | None = None) -> dict[str, Any]:
-    """Build an artifact folder for `target`; return its manifest."""
-    if target == "onnxruntime":
-        from .ort import build as build_ort
+def get_target(name: str) -> Any:
+    """The target object registered as `name`."""
+    spec = TARGETS.get(name)
+    if spec is None:
+        raise InputError(f"unknown target '{name}' (known: {', '.join(TARGETS)})",
+                         hint="use --target " + " or --target ".join(TARGETS))
+    mod, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(mod)
+    except ModuleNotFoundError as exc:
+        raise InputError(f"target '{name}' is not available here: {exc}",
+                         hint="install its runtime, or pick another --target") from None
+    return getattr(module, attr)
 
-        return build_ort(module, out_dir, target, source_path=source_path)
-    raise InputError(f"unknown target '{target}' (known: {', '.join(TARGETS)})",
-                     hint="use --target onnxruntime")
+
+def lower(module: Module, target: str = "onnxruntime", options: Mapping[str, Any] | None = None, *,
+          source_path: str | None = None) -> Module:
+    """The module lowered for `target` (a copy; through its printed text, so building it gives
+    what building the saved `llmir optimize --target` output gives)."""
+    from llmir_core.ir.parser import parse_module
+    from llmir_core.ir.printer import print_module
+    from llmir_core.passes.base import clone_module
+    from llmir_core.passes.lower_ort_module import source_record
+    from llmir_core.passes.manager import run_pipeline
+
+    t = get_target(target)
+    m = clone_module(module)
+    m.attrs.setdefault("llmir.source", source_record(module, source_path))
+    res = run_pipeline(m, t.lowering(options or {}))
+    return parse_module(print_module(res.module), module.source or "<lowered>")
 
 
-__all__ = ["build", "TARGETS"]
+def build(module: Module, out_dir: str, target: str = "onnxruntime", *, source_path: str | None = None,
+          options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Lower (unless the module is lowered for `target` already) and serialize; the manifest."""
+    t = get_target(target)
+    lowered_for = module.attrs.get("target")
+    if lowered_for is not None and lowered_for != t.name:
+        raise InputError(f"module @{module.name} is lowered for '{lowered_for}', not '{t.name}'",
+                         hint=f"build it with --target {lowered_for}, or lower the unlowered module")
+    if lowered_for is None:
+        module = lower(module, t.name, options, source_path=source_path)
+    elif options:
+        raise InputError(f"module @{module.name} is already lowered for {t.name}: build options "
+                         f"({', '.join(sorted(options))}) were fixed when it was lowered",
+                         hint="pass them to `llmir optimize --target` instead")
+    return dict(t.serialize(module, out_dir, source_path=source_path))
+
+
+def read_manifest(artifact_dir: str) -> dict[str, Any]:
+    if not os.path.isdir(artifact_dir):
+        raise InputError(f"{artifact_dir}: not a folder", hint="pass an artifact folder built by `llmir build`")
+    path = os.path.join(artifact_dir, MANIFEST)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        raise InputError(f"{artifact_dir}: no {MANIFEST} (not an llmir artifact folder)",
+                         hint="build one with `llmir build MODEL.llmir -o DIR`") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read the manifest: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("target"), str):
+        raise InputError(f"{path}: the manifest names no target")
+    return data
+
+
+def open_artifact(artifact_dir: str, **options: Any) -> Any:
+    """The runner of an artifact folder, from the target its manifest names."""
+    return get_target(read_manifest(artifact_dir)["target"]).open(artifact_dir, **options)
+
+
+__all__ = ["build", "lower", "get_target", "open_artifact", "read_manifest", "TARGETS"]

@@ -155,15 +155,19 @@ def artifact_tmp_dir(out_dir: str) -> str:
 
 
 def build(module: Module, out_dir: str, target: str = "onnxruntime", *,
-          source_path: str | None = None) -> dict[str, Any]:
-    """Write an onnxruntime artifact for the module into out_dir; return its manifest."""
+          source_path: str | None = None, source: dict[str, str] | None = None) -> dict[str, Any]:
+    """Write an onnxruntime artifact for the module into out_dir (the generic op-by-op lowering);
+    return its manifest. `source` ({file, sha256}) names the module it was lowered from."""
     if target != "onnxruntime":
         raise InputError(f"unknown target '{target}'", hint="the onnxruntime backend builds --target onnxruntime")
     out_dir = os.path.abspath(out_dir)
     check_artifact_dir(out_dir)
     model, plan, inputs, outputs = to_onnx(module)
     fn = module.main
-    src_sha, src_name = source_digest(module, source_path)
+    if source is not None:
+        src_sha, src_name = source["sha256"], source.get("file") or None
+    else:
+        src_sha, src_name = source_digest(module, source_path)
     tmp = artifact_tmp_dir(out_dir)
     try:
         files = [MODEL_FILE]

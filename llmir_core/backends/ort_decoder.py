@@ -1,34 +1,23 @@
-"""onnxruntime build tuned for decoder modules: one GroupQueryAttention per layer over a KV buffer
-shared between past and present, fused norms, and MatMulNBits for quantized weights.
+"""The onnxruntime decoder serializer: a lowered decoder module (ort ops) to an artifact folder.
 
-`build_decoder(module, out_dir)` takes a decoder function in the convention `llm_graph` emits
-(`input_ids`, `positions`, `past_key_values.{l}.key/.value` -> `logits`, `present.{l}.key/.value`)
-and writes an artifact folder like the generic backend's (`model.onnx`, `model.onnx.data`,
-`manifest.json`) plus the tokenizer and chat template, and a `decoder` section in the manifest.
+`serialize_decoder(module, out_dir)` maps each op of a module lowered by the onnxruntime lowering
+passes (llmir_core/passes/lower_ort_*.py) to its ONNX node(s), with no pattern matching:
 
-What the recognised pattern becomes:
+- `ort.group_query_attention` -> com.microsoft.GroupQueryAttention (plus `seqlens_k` and
+  `total_sequence_length` computed from its positions operand, and com.microsoft.RotaryEmbedding
+  on q and k when the rotary table is too narrow for the op's own rotary). Its present outputs
+  keep the IR's names, so the runtime binds past and present to one buffer;
+- `ort.matmul_nbits` -> MatMulNBits, its logical weight packed into blocks (GGUF repacked,
+  nbits passed through, float weights quantized as the op's `quantize` says);
+- `ort.fused_matmul` -> FusedMatMul; `ort.(skip_)simplified_layer_norm` ->
+  (Skip)SimplifiedLayerNormalization; `ort.quick_gelu` -> QuickGelu;
+- `llm.embedding` -> Gather over the streamed table, or GatherBlockQuantized when the table is
+  also the quantized lm_head (stored once);
+- everything else through the generic op-by-op lowering (`ort_lower.Lowering`).
 
-- per layer, rotary + KV concat + `llm.scaled_dot_product_attention` (+ the head reshapes and
-  transposes around it) -> `com.microsoft.GroupQueryAttention` with `do_rotary` and the
-  position ids. The past and present cache tensors keep the IR's names and layout
-  [batch, kv_heads, len, head_dim]; bound to one preallocated buffer (I/O binding) the op
-  writes only the new rows (onnxruntime's past/present buffer sharing), so decoding never
-  copies the whole cache. `seqlens_k` and `total_sequence_length` are computed in the graph
-  from `positions`, so the signature stays the IR's;
-- Q, K and V projections of one activation -> one packed matmul feeding the op's packed-QKV form;
-- `llm.rms_norm` -> `SimplifiedLayerNormalization`, or `SkipSimplifiedLayerNormalization` when
-  its input is a residual `core.add` (the sum comes out of the same op);
-- `core.matmul` by a weight -> `FusedMatMul` (transB, f32; the tied embedding table is shared
-  with the `Gather`) or `com.microsoft.MatMulNBits`: GGUF q4_0, q8_0, q5_0, q6_k and q3_k repack
-  losslessly (same dequantized values), q4_1, q5_1, q2_k, q4_k and q5_k are requantized (the
-  max error is recorded in the manifest), nbits weights pass through, and f32/f16/bf16
-  weights are quantized to int4/int8 when `quant` asks for it;
-- `llm.gated_mlp` -> two matmuls, `QuickGelu` (SiLU) or `Gelu`, `Mul`, a matmul.
-
-Every other op is lowered by the generic backend (`llmir_core.backends.ort.Lowering`), so a
-module that only partly matches still builds. Weights are streamed into the data file (row
-chunks; never a whole large tensor in memory unless it has to be computed), each stored once,
-and the files are byte-identical across builds of the same input.
+Weights are streamed into the data file (row chunks), each stored once, and the files are
+byte-identical across builds of the same input. The artifact holds `model.onnx`,
+`model.onnx.data`, `manifest.json` (with a `decoder` section), the tokenizer and chat template.
 """
 
 from __future__ import annotations
@@ -50,8 +39,24 @@ from llmir_core.fileio import replace_dir, sha256_file
 from llmir_core.interp import Interpreter
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.dims import format_dim
-from llmir_core.ir.types import DType, QuantType, TensorType
+from llmir_core.ir.types import QuantType, TensorType
+from llmir_core.passes.ort_common import (
+    ACCURACY_LEVEL,
+    Graph,
+    NbitsFormat,
+    WSrc,
+    cache_args,
+    is_decoder,
+    kv_bytes_per_token,
+    module_options,
+    packed_src,
+    parse_quant,
+    tt,
+    weight_src,
+    weight_srcs,
+)
 from llmir_core.quant import gguf_blocks, nbits
+from llmir_core.quant.gguf_repack import LOSSLESS, REQUANT, repack_gguf
 from llmir_core.weights import load_weight, resolve_path
 
 from .ort import (
@@ -65,126 +70,20 @@ from .ort import (
     artifact_tmp_dir,
     check_artifact_dir,
     onnx_dtype,
-    source_digest,
 )
+from .ort_lower import DataWriter
 
 DECODER_SCHEMA = 1
-ACCURACY_LEVEL = 4  # MatMulNBits int8 activations: measured fastest on AVX2 (see the report)
-QUANT_MODES = ("int4", "int8")
 TOKENIZER_FILE = "tokenizer.json"
 TEMPLATE_FILE = "chat_template.jinja"
-_ALIGN_SMALL, _ALIGN_LARGE, _LARGE = 64, 65536, 1 << 20
+_LARGE = 1 << 20  # tensors of at least this many bytes are aligned to 64 KiB
+_FOLD_MAX = 1 << 16  # elements: static values up to this size are folded into constants
 _CHUNK = 32 << 20  # bytes of f32 rows processed at once when a weight is transformed
-
-# GGUF block formats that map exactly onto MatMulNBits (bits, block): x = scale * q with a
-# symmetric integer q, so code = q + 2**(bits-1) and the block scale is kept as float32
-LOSSLESS = {"q4_0": (4, 32), "q8_0": (8, 32), "q5_0": (8, 32), "q6_k": (8, 16), "q3_k": (4, 16)}
-# formats with a float minimum per block: requantized (asymmetric) at these (bits, block)
-REQUANT = {"q4_1": (4, 32), "q4_k": (4, 32), "q2_k": (4, 16), "q5_1": (8, 32), "q5_k": (8, 32)}
-
-
-# -- what is a decoder ---------------------------------------------------------------------------
-
-def _cache_args(fn: Function) -> list[Value]:
-    return fn.args[2:]
-
-
-def is_decoder(module: Module) -> bool:
-    """True when main has the decoder signature: input_ids, positions, then pairs of
-    past_key_values.{l}.key/.value [batch, kv_heads, past, head_dim] -> logits + one present each."""
-    if not module.functions:
-        return False
-    fn = module.main
-    names = [a.name for a in fn.args]
-    if names[:2] != ["input_ids", "positions"] or len(names) < 4 or len(names) % 2:
-        return False
-    for i, a in enumerate(_cache_args(fn)):
-        want = f"past_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}"
-        t = a.type
-        if a.name != want or not isinstance(t, TensorType) or t.rank != 4 or t.is_quantized \
-                or not isinstance(t.shape[1], int) or not isinstance(t.shape[3], int):
-            return False
-    return len(fn.outputs) == len(fn.args) - 1
-
-
-def _output_names(fn: Function) -> list[str]:
-    return ["logits"] + ["present." + a.name.removeprefix("past_key_values.") for a in _cache_args(fn)]
-
-
-# -- options -------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class NbitsFormat:
-    bits: int
-    block: int
-    asym: bool  # integer zero points stored
-
-
-def parse_quant(quant: str | None, block: int = 32, symmetric: bool = True) -> NbitsFormat | None:
-    """`int4`/`int8` (or None/`f32` for none) -> the MatMulNBits format float weights get."""
-    if quant in (None, "", "none", "f32"):
-        return None
-    if quant not in QUANT_MODES:
-        raise InputError(f"unknown --quant '{quant}'", hint=f"use one of: {', '.join(QUANT_MODES)}")
-    if block < 16 or block & (block - 1):
-        raise InputError(f"quantization block size must be a power of two >= 16, got {block}")
-    return NbitsFormat(4 if quant == "int4" else 8, block, not symmetric)
 
 
 # -- the data file ---------------------------------------------------------------------------------
 
-class _DataFile:
-    """The external data file, written tensor by tensor as the graph is built (aligned)."""
-
-    def __init__(self, path: str) -> None:
-        self.fh = open(path, "wb")  # noqa: SIM115 - closed by close()
-        self.pos = 0
-
-    def start(self, large: bool) -> int:
-        align = _ALIGN_LARGE if large else _ALIGN_SMALL
-        pad = (-self.pos) % align
-        if pad:
-            self.fh.write(b"\0" * pad)
-            self.pos += pad
-        return self.pos
-
-    def write(self, arr: np.ndarray | bytes) -> None:
-        data = arr if isinstance(arr, bytes) else np.ascontiguousarray(arr).tobytes()
-        self.fh.write(data)
-        self.pos += len(data)
-
-    def copy(self, path: str, offset: int, nbytes: int) -> None:
-        with open(path, "rb") as src:
-            src.seek(offset)
-            left = nbytes
-            while left > 0:
-                chunk = src.read(min(left, 16 << 20))
-                if not chunk:
-                    raise BuildError(f"weight file {path} ended early while copying")
-                self.fh.write(chunk)
-                left -= len(chunk)
-        self.pos += nbytes
-
-    def close(self) -> None:
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
-        self.fh.close()
-
-
 # -- weights ---------------------------------------------------------------------------------------
-
-@dataclass
-class _WSrc:
-    """A static 2-D weight [rows, cols] and how to read it in row chunks."""
-
-    value: Value
-    kind: str  # f32 (file bytes as is) | cast | gguf | nbits | eval
-    op: Op | None  # the core.weight op (None for eval)
-    rows: int
-    cols: int
-    extra: tuple[Value, ...] = ()  # nbits scales / zero points
-    transpose: bool = False  # eval only: the value is [cols, rows] and is transposed
-
 
 @dataclass
 class _QuantLog:
@@ -200,44 +99,10 @@ def _weight_type(op: Op) -> TensorType:
     return t
 
 
-def _f16(b: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
-
-
-def gguf_block_scales(raw: np.ndarray, scheme: str) -> np.ndarray:
-    """Per-(sub)block float32 scales of lossless-repackable GGUF blocks ([n_blocks, bytes])."""
-    if scheme in ("q4_0", "q8_0", "q5_0"):
-        return _f16(raw[:, 0:2])
-    if scheme == "q6_k":
-        return _f16(raw[:, 208:210]) * np.ascontiguousarray(raw[:, 192:208]).view(np.int8).astype(np.float32)
-    if scheme == "q3_k":
-        n = raw.shape[0]
-        s = raw[:, 96:108]
-        low = np.concatenate([s[:, :8] & 0x0F, s[:, :8] >> 4], axis=1)
-        high = (s[:, 8:12].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], np.uint8)[None, :, None]).reshape(n, 16) & 3
-        sc = (low | (high << 4)).astype(np.int8) - np.int8(32)
-        return _f16(raw[:, 108:110]) * sc.astype(np.float32)
-    raise ValueError(f"{scheme} has no lossless MatMulNBits form")
-
-
-def repack_gguf(raw_rows: np.ndarray, scheme: str, cols: int) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Losslessly repack GGUF rows ([n, row_bytes] uint8) for MatMulNBits: (codes [n, cols*bits/8],
-    scales [n, cols/block] f32, bits, block); nbits.dequantize gives exactly gguf's values."""
-    bits, block = LOSSLESS[scheme]
-    n = raw_rows.shape[0]
-    elems, nbytes = gguf_blocks.BLOCKS[scheme]
-    x = gguf_blocks.dequantize(raw_rows, scheme, (n, cols)).reshape(n, cols // block, block)
-    scales = gguf_block_scales(np.ascontiguousarray(raw_rows).reshape(-1, nbytes), scheme).reshape(n, cols // block)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(scales[..., None] != 0, np.rint(x / scales[..., None]), 0)
-    codes = (q + (1 << (bits - 1))).astype(np.uint8).reshape(n, cols)
-    return nbits.pack_codes(codes, bits), scales.astype(np.float32), bits, block
-
-
 class _Weights:
     """Materializes static values as initializers in the data file, each once."""
 
-    def __init__(self, L: Lowering, data: _DataFile, interp: Interpreter, base_dir: str,
+    def __init__(self, L: Lowering, data: DataWriter, interp: Interpreter, base_dir: str,
                  log: _QuantLog) -> None:
         self.L, self.data, self.interp, self.base_dir, self.log = L, data, interp, base_dir, log
         self.names: dict[Any, Any] = {}
@@ -259,7 +124,7 @@ class _Weights:
         return outs[op.results.index(v)]
 
     # -- reading a weight in row chunks --------------------------------------------
-    def rows_f32(self, src: _WSrc) -> Iterator[np.ndarray]:
+    def rows_f32(self, src: WSrc) -> Iterator[np.ndarray]:
         step = max(1, _CHUNK // max(1, src.cols * 4))
         if src.kind == "eval":
             arr = self.eval(src.value).astype(np.float32, copy=False)
@@ -299,7 +164,7 @@ class _Weights:
         return name
 
     # -- f32 -------------------------------------------------------------------------
-    def f32(self, srcs: list[_WSrc], name: str) -> str:
+    def f32(self, srcs: list[WSrc], name: str) -> str:
         """The row-concatenation of srcs as one f32 [rows, cols] initializer."""
         key = ("f32", tuple((id(s.value), s.transpose) for s in srcs))
         if key in self.names:
@@ -320,26 +185,7 @@ class _Weights:
         return out
 
     # -- MatMulNBits ---------------------------------------------------------------
-    def nbits_format(self, src: _WSrc, quant: NbitsFormat | None) -> NbitsFormat | None:
-        """The MatMulNBits format this weight takes, or None for f32."""
-        if src.kind == "gguf":
-            assert src.op is not None
-            scheme = _weight_type(src.op).dtype.scheme  # type: ignore[union-attr]
-            if scheme in LOSSLESS:
-                bits, block = LOSSLESS[scheme]
-                return NbitsFormat(bits, block, False)
-            bits, block = REQUANT[scheme]
-            return NbitsFormat(bits, block, True)
-        if src.kind == "nbits":
-            assert src.op is not None
-            q = _weight_type(src.op).dtype
-            assert isinstance(q, QuantType)
-            return NbitsFormat(q.bits, q.block, q.zero == "int")
-        if quant is not None and src.cols % quant.block == 0:
-            return quant
-        return None
-
-    def nbits(self, srcs: list[_WSrc], fmt: NbitsFormat, name: str) -> tuple[str, str, str | None]:
+    def nbits(self, srcs: list[WSrc], fmt: NbitsFormat, name: str) -> tuple[str, str, str | None]:
         """(B, scales, zero points) initializers of the row-concatenation of srcs."""
         key = ("nbits", tuple(id(s.value) for s in srcs), fmt)
         if key in self.names:
@@ -370,7 +216,7 @@ class _Weights:
         self.names[key] = (b, s_name, z_name)
         return b, s_name, z_name
 
-    def _nbits_chunks(self, s: _WSrc, fmt: NbitsFormat) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    def _nbits_chunks(self, s: WSrc, fmt: NbitsFormat) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
         label = s.op.attrs.get("name", s.value.name) if s.op is not None else s.value.name
         if s.kind == "nbits":
             assert s.op is not None
@@ -414,154 +260,27 @@ class _Weights:
         return self.L.const(np.ascontiguousarray(arr), name)
 
 
-# -- the IR, indexed ---------------------------------------------------------------------------------
+class DecoderSerializer:
+    """Maps a lowered decoder module to ONNX, op by op, writing weights into `data_path`."""
 
-class _Graph:
-    def __init__(self, fn: Function) -> None:
-        self.fn = fn
-        self.index = {id(op): i for i, op in enumerate(fn.ops)}
-        self.users: dict[int, list[Op]] = {}
-        for op in fn.ops:
-            for v in op.operands:
-                self.users.setdefault(id(v), []).append(op)
-        self.outputs = {id(v): i for i, v in enumerate(fn.outputs)}
-        self.static: set[int] = set()
-        for op in fn.ops:
-            if op.name in ("core.weight", "core.constant") or (
-                    op.operands and all(id(v) in self.static for v in op.operands)):
-                self.static.update(id(r) for r in op.results)
-
-    def uses(self, v: Value) -> list[Op]:
-        return self.users.get(id(v), [])
-
-    def only_use(self, v: Value, user: Op) -> bool:
-        return id(v) not in self.outputs and all(u is user for u in self.uses(v))
-
-    def producer(self, v: Value, name: str) -> Op | None:
-        op = v.owner
-        return op if op is not None and op.name == name else None
-
-
-def _tt(v: Value) -> TensorType:
-    t = v.type
-    if not isinstance(t, TensorType):
-        raise BuildError(f"%{v.name} is not a tensor")
-    return t
-
-
-def _weight_src(g: _Graph, v: Value) -> _WSrc | None:
-    """How to read a static 2-D weight value, or None if v is not static 2-D float."""
-    if id(v) not in g.static:
-        return None
-    t = _tt(v)
-    shape = t.static_shape()
-    if shape is None or len(shape) != 2 or not isinstance(t.dtype, DType) or not t.dtype.is_float:
-        return None
-    rows, cols = shape
-    op = v.owner
-    assert op is not None
-    if op.name == "core.weight" and t.dtype == DType.f32:
-        return _WSrc(v, "f32", op, rows, cols)
-    if op.name == "core.cast" and op.attrs.get("to") == DType.f32:
-        src = op.operands[0].owner
-        if src is not None and src.name == "core.weight" and isinstance(_tt(op.operands[0]).dtype, DType):
-            return _WSrc(v, "cast", src, rows, cols)
-    if op.name == "llm.dequantize" and t.dtype == DType.f32:
-        src = op.operands[0].owner
-        q = _tt(op.operands[0]).dtype
-        if src is not None and src.name == "core.weight" and isinstance(q, QuantType):
-            if q.scheme in LOSSLESS or q.scheme in REQUANT:
-                return _WSrc(v, "gguf", src, rows, cols)
-            if q.scheme == "nbits":
-                return _WSrc(v, "nbits", src, rows, cols, tuple(op.operands[1:]))
-    return _WSrc(v, "eval", None, rows, cols)
-
-
-def _qmatmul_src(op: Op) -> _WSrc | None:
-    """The weight of llm.quantized_matmul(x, packed core.weight [, scales[, zero points]])."""
-    w = op.operands[1]
-    wop = w.owner
-    q = _tt(w).dtype
-    if wop is None or wop.name != "core.weight" or not isinstance(q, QuantType) or _tt(w).rank != 2 \
-            or not op.attrs.get("transpose_b", True):
-        return None
-    rows, cols = _tt(w).static_shape() or (0, 0)
-    if q.scheme == "nbits":
-        return _WSrc(w, "nbits", wop, rows, cols, tuple(op.operands[2:]))
-    if q.scheme in LOSSLESS or q.scheme in REQUANT:
-        return _WSrc(w, "gguf", wop, rows, cols)
-    return None
-
-
-def _projection(g: _Graph, op: Op | None) -> tuple[_WSrc, Value | None] | None:
-    """x @ W^T by a static weight, as core.matmul, llm.quantized_matmul or llm.linear (no
-    activation): its weight and static bias (or None)."""
-    if op is None or op.attrs.get("transpose_a") or not op.attrs.get("transpose_b", op.name != "core.matmul"):
-        return None
-    if op.name == "core.matmul":
-        src = _weight_src(g, op.operands[1])
-        return (src, None) if src is not None else None
-    if op.name == "llm.quantized_matmul":
-        src = _qmatmul_src(op)
-        return (src, None) if src is not None else None
-    if op.name == "llm.linear" and op.attrs.get("activation", "none") == "none":
-        src = _weight_src(g, op.operands[1])
-        bias = op.operands[2] if len(op.operands) > 2 else None
-        if src is None or (bias is not None and id(bias) not in g.static):
-            return None
-        return src, bias
-    return None
-
-
-@dataclass
-class _Attn:
-    """One matched attention block."""
-
-    sdpa: Op
-    claims: list[Op]
-    q: tuple[str, Value]  # ("lin", [B,S,H*D] value) or ("4d", [B,S,H,D] value)
-    k: tuple[str, Value]
-    v: tuple[str, Value]
-    out: Value  # the value GQA's [B,S,H*D] output stands for
-    out_is_3d: bool
-    past_k: Value
-    past_v: Value
-    present_k: int  # output index
-    present_v: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    rope: Op | None = None  # the rotary op on q (k's matches it)
-    rope_in_gqa: bool = True  # else com.microsoft.RotaryEmbedding on q and k before the op
-    packed: list[Op] | None = None  # q/k/v matmuls fused into one packed projection
-    packed_bias: list[Value] | None = None  # their static biases (added after the matmul)
-    packed_srcs: list[_WSrc] | None = None  # their weights
-
-
-class DecoderLowering:
-    """Lowers a decoder module to ONNX, writing weights into `data_path` as it goes."""
-
-    def __init__(self, module: Module, data_path: str, *, quant: NbitsFormat | None,
-                 accuracy_level: int, max_len: int | None, last_logits: bool,
-                 fuse_gate_up: bool = False) -> None:
+    def __init__(self, module: Module, data_path: str) -> None:
         self.module = module
         self.fn = module.main
+        opts = module_options(module)
         base = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
         self.base_dir = base
         self.L = Lowering(module, base, inline_weights=False)
-        self.g = _Graph(self.fn)
-        self.data = _DataFile(data_path)
+        self.g = Graph(self.fn)
+        self.data = DataWriter(data_path)
         self.log = _QuantLog()
         self.w = _Weights(self.L, self.data, Interpreter(module, check_types=False), base, self.log)
-        self.quant, self.accuracy_level = quant, accuracy_level
-        self.max_len_opt, self.last_logits = max_len, last_logits
-        self.fuse_gate_up = fuse_gate_up
+        self.quant = parse_quant(str(opts.get("quant", "f32")), int(opts.get("quant_block", 32)))
+        self.accuracy_level = int(opts.get("accuracy_level", ACCURACY_LEVEL))
+        self.max_len_opt: int | None = int(opts.get("max_len") or 0) or None
+        self.last_logits = bool(opts.get("last_logits", False))
         self.max_len: int | None = None
-        self.claimed: set[int] = set()
-        self.fused_adds: dict[int, Op] = {}  # id(rms_norm op) -> the add it absorbs
-        self.attn: dict[int, _Attn] = {}
-        self.fallback_reasons: dict[str, int] = {}
         self.generic_ops: dict[str, int] = {}
+        self.gqa_ops = [op for op in self.fn.ops if op.name == "ort.group_query_attention"]
         self._seqlens: dict[int, tuple[str, str]] = {}
         self._rope_tables: dict[int, tuple[str, str]] = {}
 
@@ -574,8 +293,15 @@ class DecoderLowering:
         if id(v) in L.weights:
             return L.name_of(v)
         op = v.owner
-        if op is None or id(op) in self.claimed:
+        if op is None:
             raise BuildError(f"value %{v.name} is used before it is defined")
+        t = v.type
+        if id(v) in self.g.static and op.name not in ("core.weight", "core.constant") \
+                and isinstance(t, TensorType) and t.static_shape() is not None \
+                and int(np.prod(t.static_shape() or ())) <= _FOLD_MAX:
+            name = self.w.small(self.w.eval(v), _label(op, v.name))  # computed from constants: folded
+            self.bind(v, name)
+            return name
         for o in op.operands:
             self.name(o)
         self._generic(op)
@@ -595,165 +321,6 @@ class DecoderLowering:
              out_names: list[str] | None = None, **attrs: Any) -> list[str]:
         return self.L.node(op_type, inputs, n_out, domain, out_names, **attrs)
 
-    def reason(self, why: str) -> None:
-        self.fallback_reasons[why] = self.fallback_reasons.get(why, 0) + 1
-
-    # -- matching ------------------------------------------------------------------------
-    def _heads(self, v: Value, user: Op, n: int, d: int, claims: list[Op]) -> tuple[str, Value] | None:
-        """v = transpose([B,S,n,D], perm 0,2,1,3): the projection it came from."""
-        g = self.g
-        t = g.producer(v, "core.transpose")
-        if t is None or tuple(t.attrs.get("perm") or ()) != (0, 2, 1, 3) or not g.only_use(v, user):
-            return None
-        x4 = t.operands[0]
-        xt = _tt(x4)
-        if xt.rank != 4 or xt.shape[2:] != (n, d):
-            return None
-        claims.append(t)
-        r = g.producer(x4, "core.reshape")
-        if r is not None and g.only_use(x4, t):
-            lin = r.operands[0]
-            lt = _tt(lin)
-            if lt.rank == 3 and lt.shape[2] == n * d and lt.shape[:2] == xt.shape[:2]:
-                claims.append(r)
-                return ("lin", lin)
-        return ("4d", x4)
-
-    def _match_attention(self, op: Op) -> _Attn | None:
-        g, fn = self.g, self.fn
-        at = op.attrs
-        if len(op.operands) != 3 or not at.get("causal") or at.get("softmax_eps", 0.0):
-            self.reason("attention with a mask, non-causal or softmax_eps")
-            return None
-        q, k_all, v_all = op.operands
-        qt, kt = _tt(q), _tt(k_all)
-        if qt.dtype != DType.f32 or not all(isinstance(d, int) for d in (qt.shape[1], kt.shape[1], qt.shape[3])):
-            self.reason("attention not f32 or with symbolic heads")
-            return None
-        heads, kv_heads, d = int(qt.shape[1]), int(kt.shape[1]), int(qt.shape[3])  # type: ignore[arg-type]
-        claims: list[Op] = [op]
-        cache_args = {id(a): a for a in _cache_args(fn)}
-        parts = []
-        for val in (k_all, v_all):
-            c = g.producer(val, "core.concat")
-            if c is None or len(c.operands) != 2 or c.attrs.get("axis") not in (2, -2) \
-                    or id(c.operands[0]) not in cache_args or id(val) not in g.outputs \
-                    or any(u is not op for u in g.uses(val)) or list(g.outputs).count(id(val)) != 1:
-                self.reason("KV concat of a past input not found")
-                return None
-            claims.append(c)
-            parts.append((c.operands[0], c.operands[1], g.outputs[id(val)]))
-        (past_k, k_new, ok), (past_v, v_new, ov) = parts
-        rope_q = g.producer(q, "llm.rotary_embedding")
-        rope_k = g.producer(k_new, "llm.rotary_embedding")
-        if (rope_q is None) != (rope_k is None):
-            self.reason("rotary on only one of q and k")
-            return None
-        if rope_q is not None and rope_k is not None:
-            same = rope_q.attrs == rope_k.attrs and all(a is b for a, b in zip(rope_q.operands[1:], rope_k.operands[1:]))
-            if not same or id(rope_q.operands[1]) not in g.static or not g.only_use(q, op) \
-                    or not all(u is claims[1] for u in g.uses(k_new)):
-                self.reason("rotary tables of q and k differ or are not constant")
-                return None
-            claims += [rope_q, rope_k]
-            q_src, k_src, q_user, k_user = rope_q.operands[0], rope_k.operands[0], rope_q, rope_k
-        else:
-            q_src, k_src, q_user, k_user = q, k_new, op, claims[1]
-        qh = self._heads(q_src, q_user, heads, d, claims)
-        kh = self._heads(k_src, k_user, kv_heads, d, claims)
-        vh = self._heads(v_new, claims[2], kv_heads, d, claims)
-        if qh is None or kh is None or vh is None:
-            self.reason("q/k/v head split (reshape + transpose) not found")
-            return None
-        out, out_3d = op.results[0], False
-        users = g.uses(out)
-        if len(users) == 1 and users[0].name == "core.transpose" and id(out) not in g.outputs \
-                and tuple(users[0].attrs.get("perm") or ()) == (0, 2, 1, 3):
-            t = users[0]
-            tu = g.uses(t.results[0])
-            if len(tu) == 1 and tu[0].name == "core.reshape" and id(t.results[0]) not in g.outputs:
-                rt = _tt(tu[0].results[0])
-                if rt.rank == 3 and rt.shape[2] == heads * d:
-                    claims += [t, tu[0]]
-                    out, out_3d = tu[0].results[0], True
-        a = _Attn(op, claims, qh, kh, vh, out, out_3d, past_k, past_v, ok, ov, heads, kv_heads, d, rope_q)
-        if rope_q is not None:
-            # GroupQueryAttention's own rotary needs a table width that is a multiple of 8
-            width = _tt(rope_q.operands[1]).shape[1]
-            a.rope_in_gqa = isinstance(width, int) and width % 8 == 0 and 2 * width <= d
-        return a
-
-    def _match_packed(self, a: _Attn) -> None:
-        """q, k and v projections of one activation by static weights -> one packed matmul."""
-        g = self.g
-        if not all(kind == "lin" for kind, _ in (a.q, a.k, a.v)) or not a.rope_in_gqa:
-            return
-        mms: list[Op] = []
-        adds: list[Op] = []
-        biases: list[Value] = []
-        srcs: list[_WSrc] = []
-        for _, lin in (a.q, a.k, a.v):
-            if len(g.uses(lin)) != 1 or id(lin) in g.outputs or lin.owner is None:
-                return
-            op: Op | None = lin.owner
-            bias = None
-            if op is not None and op.name == "core.add":  # projection + bias
-                mmv, bias = op.operands
-                if id(mmv) in g.static:
-                    mmv, bias = bias, mmv
-                if id(bias) not in g.static or _tt(bias).rank != 1 or len(g.uses(mmv)) != 1 \
-                        or id(mmv) in g.outputs:
-                    return
-                adds.append(op)
-                op = mmv.owner
-            proj = _projection(g, op)
-            if proj is None or op is None:
-                return
-            if proj[1] is not None:
-                if bias is not None:
-                    return
-                bias = proj[1]
-            mms.append(op)
-            srcs.append(proj[0])
-            if bias is not None:
-                biases.append(bias)
-        if biases and len(biases) != 3:
-            return
-        x = mms[0].operands[0]
-        if any(m.operands[0] is not x for m in mms):
-            return
-        fmts = {self.w.nbits_format(s, self.quant) for s in srcs}
-        if len(fmts) != 1:
-            self.reason("q/k/v weights in different formats: not packed")
-            return
-        a.packed = mms
-        a.packed_srcs = srcs
-        a.packed_bias = biases or None
-        a.claims += mms + adds
-
-    def match(self) -> None:
-        for op in self.fn.ops:
-            if op.name == "llm.scaled_dot_product_attention":
-                a = self._match_attention(op)
-                if a is not None:
-                    self._match_packed(a)
-                    self.attn[id(op)] = a
-                    self.claimed.update(id(c) for c in a.claims if c is not op)
-        g = self.g
-        for op in self.fn.ops:
-            if op.name != "llm.rms_norm" or id(op) in self.claimed or _tt(op.operands[0]).dtype != DType.f32:
-                continue
-            add = g.producer(op.operands[0], "core.add")
-            if add is None or id(add) in self.claimed or id(op.operands[1]) not in g.static:
-                continue
-            s = add.results[0]
-            if _tt(add.operands[0]).shape != _tt(s).shape or _tt(add.operands[1]).shape != _tt(s).shape:
-                continue
-            if any(g.index[id(u)] < g.index[id(op)] for u in g.uses(s)):
-                continue
-            self.fused_adds[id(op)] = add
-            self.claimed.add(id(add))
-
     # -- emitting ------------------------------------------------------------------------
     def run(self) -> tuple[onnx.ModelProto, list[str], list[str]]:
         fn, L = self.fn, self.L
@@ -764,10 +331,7 @@ class DecoderLowering:
         out_names = _output_names(fn)
         L.used_names.update(out_names)
         L.bind_dims(fn, input_names)
-        self.match()
         for op in fn.ops:
-            if id(op) in self.claimed:
-                continue
             L.origin = op.origin
             handler = _EMIT.get(op.name)
             if handler is not None and handler(self, op):
@@ -806,7 +370,7 @@ class DecoderLowering:
         ins = [_value_info(n, a.type, "past_len" if i >= 2 else None) for i, (n, a) in enumerate(zip(input_names, fn.args))]
         outs = []
         for i, (n, v) in enumerate(zip(out_names, fn.outputs)):
-            t = _tt(v)
+            t = tt(v)
             if i == 0 and self.last_logits:
                 t = TensorType((t.shape[0], 1, t.shape[2]), t.dtype)
             outs.append(_value_info(n, t, "present_len" if i else None))
@@ -820,38 +384,15 @@ class DecoderLowering:
         """Append the generic lowering's constants after the streamed weights; fix their offsets."""
         plan = self.L.plan
         if plan.chunks:
-            base = self.data.start(True)
+            base = self.data.append_plan(plan)
             for t in self.L.inits:
                 if t.data_location == TensorProto.EXTERNAL and t.name not in self.w.own:
                     for e in t.external_data:
                         if e.key == "offset":
                             e.value = str(int(e.value) + base)
-            pos = 0
-            for c in plan.chunks:
-                if c.offset > pos:
-                    self.data.write(b"\0" * (c.offset - pos))
-                if c.data is not None:
-                    self.data.write(c.data)
-                else:
-                    assert c.src is not None
-                    self.data.copy(c.src, c.src_offset, c.nbytes)
-                pos = c.offset + c.nbytes
         self.data.close()
 
     # -- pieces ----------------------------------------------------------------------------
-    def linear(self, x: str, src: _WSrc, label: str, srcs: list[_WSrc] | None = None) -> str:
-        """x @ W^T for a static weight (or the row-concatenation of several)."""
-        srcs = srcs or [src]
-        fmt = self.w.nbits_format(src, self.quant)
-        if fmt is not None and srcs[0].cols % fmt.block == 0:
-            b, s, z = self.w.nbits(srcs, fmt, label)
-            n, k = sum(x.rows for x in srcs), src.cols
-            ins = [x, b, s] + ([z] if z else [])
-            return self.node("MatMulNBits", ins, domain=MS, K=k, N=n, bits=fmt.bits, block_size=fmt.block,
-                             accuracy_level=self.accuracy_level)[0]
-        w = self.w.f32(srcs, label)
-        return self.node("FusedMatMul", [x, w], domain=MS, transA=0, transB=1)[0]
-
     def seqlens(self, positions: Value) -> tuple[str, str]:
         """seqlens_k [B] i32 (last position) and total_sequence_length (max + 1), from positions."""
         if id(positions) in self._seqlens:
@@ -867,12 +408,12 @@ class DecoderLowering:
         self._seqlens[id(positions)] = (seqlens, total)
         return seqlens, total
 
-    def rope_tables(self, rope: Op) -> tuple[str, str]:
-        key = id(rope.operands[1])
+    def rope_tables(self, cos_v: Value, sin_v: Value) -> tuple[str, str]:
+        key = id(cos_v)
         if key in self._rope_tables:
             return self._rope_tables[key]
-        cos = self.w.eval(rope.operands[1]).astype(np.float32)
-        sin = self.w.eval(rope.operands[2]).astype(np.float32)
+        cos = self.w.eval(cos_v).astype(np.float32)
+        sin = self.w.eval(sin_v).astype(np.float32)
         rows = cos.shape[0]
         if self.max_len_opt is not None and self.max_len_opt > rows:
             raise InputError(f"--max-len {self.max_len_opt} exceeds the {rows} positions the model's "
@@ -882,6 +423,12 @@ class DecoderLowering:
         out = (self.w.small(cos[:n], "cos_cache"), self.w.small(sin[:n], "sin_cache"))
         self._rope_tables[key] = out
         return out
+
+    def weight(self, v: Value) -> list[WSrc]:
+        srcs = weight_srcs(self.g, v)
+        if srcs is None:
+            raise BuildError(f"%{v.name} is not a constant 2-D float weight")
+        return srcs
 
 
 def _value_info(name: str, t: Any, len_name: str | None) -> onnx.ValueInfoProto:
@@ -896,61 +443,8 @@ def _value_info(name: str, t: Any, len_name: str | None) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, onnx_dtype(t), shape)
 
 
-# -- per-op emitters (return True when handled) -------------------------------------------------------
-
-def _emit_attention(D: DecoderLowering, op: Op) -> bool:
-    a = D.attn.get(id(op))
-    if a is None:
-        return False
-    L = D.L
-    ins: list[str]
-    if a.packed is not None and a.packed_srcs is not None:
-        srcs = a.packed_srcs
-        qkv = D.linear(D.name(a.packed[0].operands[0]), srcs[0], _label(a.packed[0], "qkv_proj"), srcs)
-        if a.packed_bias:
-            bias = np.concatenate([D.w.eval(b).astype(np.float32) for b in a.packed_bias])
-            qkv = L.one("Add", qkv, D.w.small(bias, _label(a.packed[0], "qkv_proj.bias")))
-        ins = [qkv, "", ""]
-    else:
-        def three(part: tuple[str, Value], n: int) -> str:
-            kind, val = part
-            name = D.name(val)
-            return name if kind == "lin" else L.one("Reshape", name, L.ints([0, 0, n * a.head_dim]))
-        ins = [three(a.q, a.heads), three(a.k, a.kv_heads), three(a.v, a.kv_heads)]
-    positions = a.rope.operands[3] if a.rope is not None else D.fn.args[1]
-    if a.rope is not None and not a.rope_in_gqa:
-        cos, sin = D.rope_tables(a.rope)
-        rd = int(a.rope.attrs.get("rotary_dim", 0)) or a.head_dim
-        inter = int(bool(a.rope.attrs.get("interleaved", False)))
-        for i, n in ((0, a.heads), (1, a.kv_heads)):
-            ins[i] = L.one("RotaryEmbedding", ins[i], D.name(positions), cos, sin, domain=MS,
-                           num_heads=n, rotary_embedding_dim=rd, interleaved=inter)
-    seqlens, total = D.seqlens(positions)
-    attrs: dict[str, Any] = {"num_heads": a.heads, "kv_num_heads": a.kv_heads}
-    at = op.attrs
-    if at.get("scale"):
-        attrs["scale"] = float(at["scale"])
-    if at.get("softcap"):
-        attrs["softcap"] = float(at["softcap"])
-    if at.get("sliding_window"):
-        attrs["local_window_size"] = int(at["sliding_window"])
-    ins += [D.name(a.past_k), D.name(a.past_v), seqlens, total]
-    if a.rope is not None and a.rope_in_gqa:
-        cos, sin = D.rope_tables(a.rope)
-        attrs["do_rotary"] = 1
-        attrs["rotary_interleaved"] = int(bool(a.rope.attrs.get("interleaved", False)))
-        ins += [cos, sin, D.name(positions)]
-    names = _output_names(D.fn)
-    out = D.L.fresh(f"attn{a.present_k // 2}")
-    D.node("GroupQueryAttention", ins, 3, MS, [out, names[a.present_k], names[a.present_v]], **attrs)
-    D.bind(D.fn.outputs[a.present_k], names[a.present_k])
-    D.bind(D.fn.outputs[a.present_v], names[a.present_v])
-    if a.out_is_3d:
-        D.bind(a.out, out)
-    else:
-        r = L.one("Reshape", out, L.ints([0, 0, a.heads, a.head_dim]))
-        D.bind(a.out, L.one("Transpose", r, perm=[0, 2, 1, 3]))
-    return True
+def _output_names(fn: Function) -> list[str]:
+    return ["logits"] + ["present." + a.name.removeprefix("past_key_values.") for a in cache_args(fn)]
 
 
 def _label(op: Op, default: str) -> str:
@@ -959,42 +453,128 @@ def _label(op: Op, default: str) -> str:
     return (base + "." + default) if base and not base.endswith(default) else (base or default)
 
 
-def _emit_rms_norm(D: DecoderLowering, op: Op) -> bool:
-    x, w = op.operands
-    if _tt(x).dtype != DType.f32 or id(w) not in D.g.static:
-        return False
+# -- one emitter per op (return True when handled) -----------------------------------------------------
+
+def _emit_gqa(D: DecoderSerializer, op: Op) -> bool:
+    at = op.attrs
+    L = D.L
+    packed, rotary = bool(at.get("packed")), bool(at.get("do_rotary"))
+    n_in = 1 if packed else 3
+    ops_ = op.operands
+    past_k, past_v, positions = ops_[n_in], ops_[n_in + 1], ops_[n_in + 2]
+    heads, kv_heads = int(at["num_heads"]), int(at["kv_num_heads"])
+    d = int(tt(past_k).shape[3])  # type: ignore[arg-type]
+    if packed:
+        ins = [D.name(ops_[0]), "", ""]
+    else:
+        ins = []
+        for v, n in zip(ops_[:3], (heads, kv_heads, kv_heads)):
+            x = D.name(v)
+            ins.append(x if tt(v).rank == 3 else L.one("Reshape", x, L.ints([0, 0, n * d])))
+    attrs: dict[str, Any] = {"num_heads": heads, "kv_num_heads": kv_heads}
+    if at.get("scale"):
+        attrs["scale"] = float(at["scale"])
+    if at.get("softcap"):
+        attrs["softcap"] = float(at["softcap"])
+    if at.get("local_window_size"):
+        attrs["local_window_size"] = int(at["local_window_size"])
+    cos = sin = ""
+    in_op = False
+    if rotary:
+        cos, sin = D.rope_tables(ops_[n_in + 3], ops_[n_in + 4])
+        width = tt(ops_[n_in + 3]).shape[1]
+        # GroupQueryAttention's own rotary needs a table width that is a multiple of 8
+        in_op = isinstance(width, int) and width % 8 == 0 and 2 * width <= d
+        if not in_op:
+            if packed:
+                ins = D.node("Split", [ins[0], L.ints([heads * d, kv_heads * d, kv_heads * d])], 3, axis=-1)
+            rd = int(at.get("rotary_dim", 0)) or d
+            inter = int(bool(at.get("rotary_interleaved", False)))
+            for i, n in ((0, heads), (1, kv_heads)):
+                ins[i] = L.one("RotaryEmbedding", ins[i], D.name(positions), cos, sin, domain=MS,
+                               num_heads=n, rotary_embedding_dim=rd, interleaved=inter)
+    seqlens, total = D.seqlens(positions)
+    ins += [D.name(past_k), D.name(past_v), seqlens, total]
+    if in_op:
+        attrs["do_rotary"] = 1
+        attrs["rotary_interleaved"] = int(bool(at.get("rotary_interleaved", False)))
+        ins += [cos, sin, D.name(positions)]
+    names = _output_names(D.fn)
+    outs = D.fn.outputs
+    ik = next(i for i, v in enumerate(outs) if v is op.results[1])
+    iv = next(i for i, v in enumerate(outs) if v is op.results[2])
+    out = L.fresh(f"attn{ik // 2}")
+    D.node("GroupQueryAttention", ins, 3, MS, [out, names[ik], names[iv]], **attrs)
+    D.bind(op.results[0], out)
+    D.bind(op.results[1], names[ik])
+    D.bind(op.results[2], names[iv])
+    return True
+
+
+def _emit_norm(D: DecoderSerializer, op: Op) -> bool:
+    w = op.operands[-1]
     gamma = D.w.eval(w).astype(np.float64) + float(op.attrs.get("offset", 0.0))
     g = D.w.small(gamma.astype(np.float32), _label(op, "weight"))
-    eps = float(op.attrs.get("eps", 1e-6))
-    add = D.fused_adds.get(id(op))
-    if add is not None:
-        a, b = (D.name(v) for v in add.operands)
+    eps = float(op.attrs.get("epsilon", 1e-6))
+    if op.name == "ort.skip_simplified_layer_norm":
+        a, b = (D.name(v) for v in op.operands[:2])
         y, s = D.L.fresh("norm"), D.L.fresh("residual")
         D.node("SkipSimplifiedLayerNormalization", [a, b, g], 4, MS, [y, "", "", s], epsilon=eps)
-        D.bind(add.results[0], s)
+        D.bind(op.results[1], s)
     else:
-        y = D.node("SimplifiedLayerNormalization", [D.name(x), g], axis=-1, epsilon=eps, stash_type=1)[0]
+        y = D.node("SimplifiedLayerNormalization", [D.name(op.operands[0]), g], axis=-1, epsilon=eps,
+                   stash_type=1)[0]
     D.bind(op.results[0], y)
     return True
 
 
-def _emit_matmul(D: DecoderLowering, op: Op) -> bool:
-    if op.attrs.get("transpose_a"):
-        return False
-    x, wv = op.operands
-    src = _weight_src(D.g, wv)
-    if src is None or _tt(x).dtype != DType.f32 or _tt(x).rank < 2:
-        return False
-    if not op.attrs.get("transpose_b"):
-        src = _WSrc(wv, "eval", None, src.cols, src.rows, transpose=True)
-    xn = D.name(x)
+def _lhs(D: DecoderSerializer, op: Op) -> str:
+    xn = D.name(op.operands[0])
     if D.last_logits and _feeds_logits(D, op):
         xn = D.L.one("Gather", xn, D.L.const(np.array([-1], np.int64), "last_position"), axis=1)
-    D.bind(op.results[0], D.linear(xn, src, _label(op, "weight")))
+    return xn
+
+
+def _emit_fused_matmul(D: DecoderSerializer, op: Op) -> bool:
+    srcs = D.weight(op.operands[1])
+    trans_b = bool(op.attrs.get("transB", True))
+    if not trans_b:
+        srcs = [WSrc(s.value, "eval", None, s.cols, s.rows, transpose=True) for s in srcs]
+    w = D.w.f32(srcs, _label(op, "weight"))
+    D.bind(op.results[0], D.node("FusedMatMul", [_lhs(D, op), w], domain=MS, transA=0, transB=1)[0])
     return True
 
 
-def _feeds_logits(D: DecoderLowering, op: Op) -> bool:
+def _emit_matmul_nbits(D: DecoderSerializer, op: Op) -> bool:
+    at = op.attrs
+    fmt = NbitsFormat(int(at["bits"]), int(at["block_size"]), at.get("quantize", "none") == "asym")
+    if len(op.operands) > 2:
+        src = packed_src(D.g, op.operands[1], list(op.operands[2:]))
+        if src is None:
+            raise BuildError(f"%{op.operands[1].name}: ort.matmul_nbits needs a packed core.weight")
+        srcs = [src]
+        fmt = NbitsFormat(fmt.bits, fmt.block, len(op.operands) > 3)
+    else:
+        srcs = D.weight(op.operands[1])
+        kinds = {s.kind for s in srcs}
+        if kinds & {"nbits"} or {s.scheme for s in srcs} & set(REQUANT):
+            fmt = NbitsFormat(fmt.bits, fmt.block, any(s.kind == "nbits" and _zero(s) for s in srcs)
+                              or at.get("quantize") == "asym")
+    b, s, z = D.w.nbits(srcs, fmt, _label(op, "weight"))
+    n, k = sum(x.rows for x in srcs), srcs[0].cols
+    ins = [_lhs(D, op), b, s] + ([z] if z else [])
+    D.bind(op.results[0], D.node("MatMulNBits", ins, domain=MS, K=k, N=n, bits=fmt.bits, block_size=fmt.block,
+                                 accuracy_level=int(at.get("accuracy_level", ACCURACY_LEVEL)))[0])
+    return True
+
+
+def _zero(s: WSrc) -> bool:
+    assert s.op is not None
+    q = tt(s.op.results[0]).dtype
+    return isinstance(q, QuantType) and q.zero == "int"
+
+
+def _feeds_logits(D: DecoderSerializer, op: Op) -> bool:
     """The lm_head: the last matmul on the way to the logits output through elementwise ops."""
     v = op.results[0]
     for _ in range(8):
@@ -1007,34 +587,17 @@ def _feeds_logits(D: DecoderLowering, op: Op) -> bool:
     return False
 
 
-def _emit_gated_mlp(D: DecoderLowering, op: Op) -> bool:
-    x, wg, wu, wd = op.operands
-    srcs = [_weight_src(D.g, w) for w in (wg, wu, wd)]
-    if any(s is None for s in srcs) or _tt(x).dtype != DType.f32:
-        return False
-    sg, su, sd = srcs
-    assert sg is not None and su is not None and sd is not None
-    xn = D.name(x)
-    if D.fuse_gate_up and D.w.nbits_format(sg, D.quant) == D.w.nbits_format(su, D.quant):
-        both = D.linear(xn, sg, _label(op, "gate_up_proj"), [sg, su])
-        gate, up = D.node("Split", [both, D.L.ints([sg.rows, su.rows])], 2, axis=-1)
-    else:
-        gate = D.linear(xn, sg, _label(op, "gate_proj"))
-        up = D.linear(xn, su, _label(op, "up_proj"))
-    h = _activation(D, gate, op.attrs.get("activation", "silu"))
-    D.bind(op.results[0], D.linear(D.L.one("Mul", h, up), sd, _label(op, "down_proj")))
-    return True
-
-
-def _emit_embedding(D: DecoderLowering, op: Op) -> bool:
-    src = _weight_src(D.g, op.operands[0])
+def _emit_embedding(D: DecoderSerializer, op: Op) -> bool:
+    src = weight_src(D.g, op.operands[0])
     if src is None:
         return False
     ids = D.name(op.operands[1])
-    fmt = D.w.nbits_format(src, D.quant) if _tied_head(D, op.operands[0]) else None
-    if fmt is not None and not fmt.asym:
+    head = next((u for u in D.g.uses(op.operands[0]) if u.name == "ort.matmul_nbits" and len(u.operands) == 2
+                 and u.operands[1] is op.operands[0]), None)
+    if head is not None and head.attrs.get("quantize", "none") != "asym":
         # the lm_head is this table, quantized: look rows up in its blocks (stored once)
-        b, s, _ = D.w.nbits([src], fmt, _label(op, "weight"))
+        fmt = NbitsFormat(int(head.attrs["bits"]), int(head.attrs["block_size"]), False)
+        b, s, _ = D.w.nbits([src], fmt, _label(head, "weight"))
         flat = D.L.one("Reshape", b, D.L.ints([src.rows, src.cols * fmt.bits // 8]))
         D.bind(op.results[0], D.L.one("GatherBlockQuantized", flat, ids, s, domain=MS, bits=fmt.bits,
                                       block_size=fmt.block, gather_axis=0, quantize_axis=1))
@@ -1044,85 +607,20 @@ def _emit_embedding(D: DecoderLowering, op: Op) -> bool:
     return True
 
 
-def _tied_head(D: DecoderLowering, table: Value) -> bool:
-    """The embedding table is also a matmul weight (x @ table^T): a tied lm_head."""
-    return any(u.name == "core.matmul" and u.operands[1] is table and u.attrs.get("transpose_b")
-               for u in D.g.uses(table))
-
-
-def _emit_silu(D: DecoderLowering, op: Op) -> bool:
-    if _tt(op.operands[0]).dtype != DType.f32:
-        return False
-    D.bind(op.results[0], D.L.one("QuickGelu", D.name(op.operands[0]), domain=MS, alpha=1.0))
-    return True
-
-
-def _emit_qmatmul(D: DecoderLowering, op: Op) -> bool:
-    """llm.quantized_matmul by a GGUF or nbits weight: like a matmul by its dequantized value."""
-    src = _qmatmul_src(op)
-    if src is None or _tt(op.operands[0]).dtype != DType.f32:
-        return False
-    D.bind(op.results[0], D.linear(D.name(op.operands[0]), src, _label(op, "weight")))
-    return True
-
-
-def _activation(D: DecoderLowering, x: str, act: str) -> str:
-    if act == "silu":
-        return D.L.one("QuickGelu", x, domain=MS, alpha=1.0)
-    if act == "relu":
-        return D.L.one("Relu", x)
-    return D.L.one("Gelu", x, approximate="none" if act == "gelu" else "tanh")
-
-
-def _emit_linear(D: DecoderLowering, op: Op) -> bool:
-    """llm.linear: act(x @ W^T + bias) with a static weight."""
-    src = _weight_src(D.g, op.operands[1])
-    if src is None or _tt(op.operands[0]).dtype != DType.f32:
-        return False
-    if not op.attrs.get("transpose_b", True):
-        src = _WSrc(op.operands[1], "eval", None, src.cols, src.rows, transpose=True)
-    y = D.linear(D.name(op.operands[0]), src, _label(op, "weight"))
-    if len(op.operands) > 2:
-        y = D.L.one("Add", y, D.name(op.operands[2]))
-    act = op.attrs.get("activation", "none")
-    D.bind(op.results[0], y if act == "none" else _activation(D, y, act))
-    return True
-
-
-def _emit_add_rms_norm(D: DecoderLowering, op: Op) -> bool:
-    """llm.add_rms_norm (-O3's fused residual add) -> SkipSimplifiedLayerNormalization."""
-    x, r, w = op.operands
-    if _tt(x).dtype != DType.f32 or id(w) not in D.g.static:
-        return False
-    gamma = D.w.eval(w).astype(np.float64) + float(op.attrs.get("offset", 0.0))
-    g = D.w.small(gamma.astype(np.float32), _label(op, "weight"))
-    y, s = D.L.fresh("norm"), D.L.fresh("residual")
-    D.node("SkipSimplifiedLayerNormalization", [D.name(x), D.name(r), g], 4, MS, [y, "", "", s],
-           epsilon=float(op.attrs.get("eps", 1e-6)))
-    D.bind(op.results[0], y)
-    D.bind(op.results[1], s)
-    return True
-
-
-def _emit_silu_mul(D: DecoderLowering, op: Op) -> bool:
-    gate, up = op.operands
-    if _tt(gate).dtype != DType.f32:
-        return False
-    D.bind(op.results[0], D.L.one("Mul", _activation(D, D.name(gate), "silu"), D.name(up)))
+def _emit_quick_gelu(D: DecoderSerializer, op: Op) -> bool:
+    D.bind(op.results[0], D.L.one("QuickGelu", D.name(op.operands[0]), domain=MS,
+                                  alpha=float(op.attrs.get("alpha", 1.0))))
     return True
 
 
 _EMIT = {
-    "llm.scaled_dot_product_attention": _emit_attention,
-    "llm.rms_norm": _emit_rms_norm,
-    "core.matmul": _emit_matmul,
-    "llm.gated_mlp": _emit_gated_mlp,
+    "ort.group_query_attention": _emit_gqa,
+    "ort.simplified_layer_norm": _emit_norm,
+    "ort.skip_simplified_layer_norm": _emit_norm,
+    "ort.fused_matmul": _emit_fused_matmul,
+    "ort.matmul_nbits": _emit_matmul_nbits,
+    "ort.quick_gelu": _emit_quick_gelu,
     "llm.embedding": _emit_embedding,
-    "core.silu": _emit_silu,
-    "llm.quantized_matmul": _emit_qmatmul,
-    "llm.linear": _emit_linear,
-    "llm.add_rms_norm": _emit_add_rms_norm,
-    "llm.silu_mul": _emit_silu_mul,
 }
 
 
@@ -1132,7 +630,7 @@ _EMIT = {
 def _signature(names: list[str], values: list[Value], len_name: str, last_logits: bool = False) -> list[dict[str, Any]]:
     out = []
     for n, v in zip(names, values):
-        t = _tt(v)
+        t = tt(v)
         shape: list[Any] = [d if isinstance(d, int) else format_dim(d) for d in t.shape]
         if t.rank == 4 and n != "input_ids":
             shape[2] = "?" + len_name
@@ -1176,40 +674,41 @@ def _jsonable(x: Any) -> Any:
 
 def build_decoder(module: Module, out_dir: str, *, max_len: int | None = None,
                   accuracy_level: int = ACCURACY_LEVEL, quant: str | None = None, quant_block: int = 32,
-                  quant_symmetric: bool = True, last_logits: bool = False, fuse_gate_up: bool = False,
-                  source_path: str | None = None) -> dict[str, Any]:
-    """Write the decoder artifact for `module` into out_dir (atomically); return its manifest.
+                  last_logits: bool = False, source_path: str | None = None) -> dict[str, Any]:
+    """Lower a decoder module for onnxruntime and write its artifact (= `llmir build` with these
+    options); return the manifest.
 
     max_len: KV positions the artifact supports (the rotary table is cut to it; default: the
       model's whole table). accuracy_level: MatMulNBits' activation precision (4 = int8, the
       fastest measured on AVX2; 1 = fp32, exact against the reference). quant: `int4`/`int8`
-      quantizes float weights (block `quant_block`, symmetric unless quant_symmetric=False;
-      GGUF-quantized weights keep their format regardless). last_logits: logits only for the
-      last position ([batch, 1, vocab]; prefill 14-16% faster on SmolLM2-135M). fuse_gate_up:
-      one matmul for gate and up (measured no faster; off).
+      quantizes float weights (block `quant_block`; GGUF-quantized weights keep their format
+      regardless). last_logits: logits only for the last position ([batch, 1, vocab]).
     """
     if not is_decoder(module):
         raise InputError(f"module @{module.name} is not a decoder (inputs input_ids, positions, "
                          "past_key_values.{l}.key/.value; outputs logits and one present per past)",
                          hint="import a Hugging Face folder or a GGUF file with `llmir import`, or build "
                               "with the generic onnxruntime backend")
-    if accuracy_level not in (0, 1, 2, 3, 4):
-        raise InputError(f"accuracy level must be 0..4, got {accuracy_level}")
-    fmt = parse_quant(quant, quant_block, quant_symmetric)
-    if max_len is not None and max_len < 1:
-        raise InputError(f"--max-len must be >= 1, got {max_len}")
+    from . import build
+
+    options: dict[str, Any] = {"accuracy_level": accuracy_level, "quant": quant or "",
+                               "quant_block": quant_block, "last_logits": last_logits}
+    if max_len is not None:
+        options["max_len"] = max_len
+    return build(module, out_dir, "onnxruntime", source_path=source_path, options=options)
+
+
+def serialize_decoder(module: Module, out_dir: str) -> dict[str, Any]:
+    """Write the artifact of a lowered decoder module into out_dir (atomically); the manifest."""
     out_dir = os.path.abspath(out_dir)
     check_artifact_dir(out_dir)
-    src_sha, src_name = source_digest(module, source_path)
     tmp = artifact_tmp_dir(out_dir)
     try:
-        D = DecoderLowering(module, os.path.join(tmp, DATA_FILE), quant=fmt, accuracy_level=accuracy_level,
-                            max_len=max_len, last_logits=last_logits, fuse_gate_up=fuse_gate_up)
+        D = DecoderSerializer(module, os.path.join(tmp, DATA_FILE))
         try:
             model, ins, outs = D.run()
         finally:
-            if not D.data.fh.closed:
-                D.data.fh.close()
+            D.data.fh.close()
         with open(os.path.join(tmp, MODEL_FILE), "wb") as fh:
             fh.write(model.SerializeToString(deterministic=True))
         files = [MODEL_FILE, DATA_FILE]
@@ -1221,7 +720,7 @@ def build_decoder(module: Module, out_dir: str, *, max_len: int | None = None,
             with open(os.path.join(tmp, TEMPLATE_FILE), "w", encoding="utf-8", newline="") as fh:
                 fh.write(template)
             files.append(TEMPLATE_FILE)
-        manifest = _manifest(module, D, model, ins, outs, files, tmp, src_name, src_sha, tok,
+        manifest = _manifest(module, D, model, ins, outs, files, tmp, tok,
                              TEMPLATE_FILE if TEMPLATE_FILE in files else None)
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as fh:
             fh.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -1232,25 +731,27 @@ def build_decoder(module: Module, out_dir: str, *, max_len: int | None = None,
     return manifest
 
 
-def _manifest(module: Module, D: DecoderLowering, model: onnx.ModelProto, ins: list[str], outs: list[str],
-              files: list[str], tmp: str, src_name: str | None, src_sha: str,
-              tok: dict[str, Any] | None, template: str | None) -> dict[str, Any]:
+def _manifest(module: Module, D: DecoderSerializer, model: onnx.ModelProto, ins: list[str], outs: list[str],
+              files: list[str], tmp: str, tok: dict[str, Any] | None, template: str | None) -> dict[str, Any]:
     fn = module.main
-    caches = _cache_args(fn)
-    t0 = _tt(caches[0])
-    shared = len(D.attn) * 2 == len(caches)
-    vocab = _tt(fn.outputs[0]).shape[-1]
+    caches = cache_args(fn)
+    t0 = tt(caches[0])
+    layers = sum(1 for a in caches if a.name.endswith(".key"))
+    shared = len(D.gqa_ops) == layers and len(caches) == 2 * layers
+    vocab = tt(fn.outputs[0]).shape[-1]
     ctx = module.attrs.get("llm.context_length")
     max_len = D.max_len or D.max_len_opt or (int(ctx) if isinstance(ctx, int) else None)
     eos = module.attrs.get("llm.eos_token_ids") or ()
+    src = module.attrs.get("llmir.source") or {}
     decoder = {
         "schema": DECODER_SCHEMA,
-        "layers": len(caches) // 2, "kv_heads": t0.shape[1], "head_dim": t0.shape[3],
-        "heads": next(iter(D.attn.values())).heads if D.attn else None,
+        "layers": layers, "kv_heads": t0.shape[1], "head_dim": t0.shape[3],
+        "kv_dtype": str(t0.dtype), "kv_bytes_per_token": kv_bytes_per_token(fn),
+        "heads": int(D.gqa_ops[0].attrs["num_heads"]) if D.gqa_ops else None,
         "vocab": vocab, "max_len": max_len, "context_length": ctx,
         "kv_cache": "shared_buffer" if shared else "concat",
-        "cache": [{"input": a.name, "output": o, "kv_heads": _tt(a).shape[1], "head_dim": _tt(a).shape[3]}
-                  for a, o in zip(caches, outs[1:])],
+        "cache": [{"input": a.name, "output": o, "kv_heads": tt(a).shape[1], "head_dim": tt(a).shape[3],
+                   "dtype": str(tt(a).dtype)} for a, o in zip(caches, outs[1:])],
         "logits": "last" if D.last_logits else "all",
         "accuracy_level": D.accuracy_level,
         "quant": {"f32_weights": (f"int{D.quant.bits}" if D.quant else "f32"),
@@ -1260,10 +761,10 @@ def _manifest(module: Module, D: DecoderLowering, model: onnx.ModelProto, ins: l
                   "gguf_requantized": D.log.requantized,
                   "quantized": dict(sorted(D.log.quantized.items())),
                   "nbits_passthrough": D.log.passthrough},
-        "fused_attention_layers": len(D.attn),
-        "packed_qkv_layers": sum(1 for a in D.attn.values() if a.packed),
+        "fused_attention_layers": len(D.gqa_ops),
+        "packed_qkv_layers": sum(1 for op in D.gqa_ops if op.attrs.get("packed")),
         "generic_ops": dict(sorted(D.generic_ops.items())),
-        "not_fused": dict(sorted(D.fallback_reasons.items())),
+        "not_fused": _jsonable(module.attrs.get("ort.not_fused") or {}),
         "eos_token_ids": [int(e) for e in eos],
         "bos_token_id": module.attrs.get("llm.bos_token_id"),
         "tokenizer": tok, "chat_template": template,
@@ -1275,7 +776,7 @@ def _manifest(module: Module, D: DecoderLowering, model: onnx.ModelProto, ins: l
         "spec_version": SPEC_VERSION, "target": "onnxruntime", "builder": "decoder",
         "opset": {d.domain or "ai.onnx": d.version for d in model.opset_import},
         "model": MODEL_FILE,
-        "source": {"file": src_name, "sha256": src_sha},
+        "source": {"file": src.get("file") or None, "sha256": src.get("sha256")},
         "inputs": _signature(ins, list(fn.args), "past_len"),
         "outputs": _signature(outs, list(fn.outputs), "present_len", D.last_logits),
         "files": {f: {"sha256": sha256_file(os.path.join(tmp, f)), "bytes": os.path.getsize(os.path.join(tmp, f))}
@@ -1284,5 +785,5 @@ def _manifest(module: Module, D: DecoderLowering, model: onnx.ModelProto, ins: l
     }
 
 
-__all__ = ["is_decoder", "build_decoder", "parse_quant", "repack_gguf", "gguf_block_scales", "NbitsFormat",
-           "DecoderLowering", "LOSSLESS", "REQUANT", "ACCURACY_LEVEL", "DECODER_SCHEMA"]
+__all__ = ["build_decoder", "serialize_decoder", "is_decoder", "DecoderSerializer", "LOSSLESS", "REQUANT",
+           "repack_gguf", "ACCURACY_LEVEL", "DECODER_SCHEMA"]

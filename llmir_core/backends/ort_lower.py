@@ -135,6 +135,58 @@ class DataPlan:
         return hasher.hexdigest()
 
 
+class DataWriter:
+    """The external data file written front to back as a graph is built (the decoder serializer
+    streams transformed weights through it); the same alignment as `DataPlan`, and file ranges
+    copied by the kernel. `append_plan` places a generic `DataPlan` after what is written."""
+
+    def __init__(self, path: str) -> None:
+        self.fh = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self.pos = 0
+
+    def start(self, large: bool) -> int:
+        """Pad to the alignment of a small or large tensor; its offset."""
+        align = _ALIGN_LARGE if large else _ALIGN_SMALL
+        pad = (-self.pos) % align
+        if pad:
+            self.fh.write(b"\0" * pad)
+            self.pos += pad
+        return self.pos
+
+    def write(self, arr: np.ndarray | bytes) -> None:
+        data = arr if isinstance(arr, bytes) else np.ascontiguousarray(arr).tobytes()
+        self.fh.write(data)
+        self.pos += len(data)
+
+    def copy(self, path: str, offset: int, nbytes: int) -> None:
+        self.fh.flush()
+        _copy_range(path, offset, nbytes, self.fh.fileno(), self.pos)
+        self.pos += nbytes
+        self.fh.seek(self.pos)
+
+    def append_plan(self, plan: DataPlan) -> int:
+        """Write a DataPlan's chunks at the next large alignment; the base their offsets move by."""
+        base = self.start(True)
+        pos = 0
+        for c in plan.chunks:
+            if c.offset > pos:
+                self.write(b"\0" * (c.offset - pos))
+            if c.data is not None:
+                self.write(c.data)
+            else:
+                assert c.src is not None
+                self.copy(c.src, c.src_offset, c.nbytes)
+            pos = c.offset + c.nbytes
+        return base
+
+    def close(self) -> None:
+        if self.fh.closed:
+            return
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+        self.fh.close()
+
+
 def _read_range(src: str, offset: int, nbytes: int, sink: Callable[[bytes], Any]) -> None:
     with open(src, "rb", buffering=0) as fin:
         fin.seek(offset)
@@ -554,6 +606,16 @@ def _l_cast(L: Lowering, op: Op) -> list[str]:
     # llmir's cast does not saturate float8 (out of range -> NaN / inf); ONNX's does by default
     sat = 0 if to in (DType.f8e4m3, DType.f8e5m2) else None
     return L.node("Cast", _ins(L, op), to=onnx_dtype(to), saturate=sat)
+
+
+@lowers("llm.to_device")
+def _l_to_device(L: Lowering, op: Op) -> list[str]:
+    """Host/CPU placement is what onnxruntime's CPU provider does anyway: the same values."""
+    device = op.attrs.get("device", "")
+    if device not in ("", "cpu"):
+        raise BuildError(f"llm.to_device to '{device}': the onnxruntime backend runs on the CPU only"
+                         + (f" [{op.origin}]" if op.origin else ""))
+    return L.node("Identity", _ins(L, op))
 
 
 @lowers("core.range")

@@ -156,8 +156,9 @@ class OrtDecoder:
             if batch != self.batch or not self.buffers or self.capacity < want:
                 self._allocate(batch, want)
         else:
-            self._values = [ort.OrtValue.ortvalue_from_numpy(
-                np.zeros((batch, c["kv_heads"], 0, c["head_dim"]), np.float32)) for c in self.caches]
+            self._values = [ort.OrtValue.ortvalue_from_numpy(np.zeros(
+                (batch, c["kv_heads"], 0, c["head_dim"]), np.int8 if c.get("dtype") == "i8" else np.float32))
+                for c in self.caches]
         self.batch = batch
 
     def _allocate(self, batch: int, capacity: int, keep: int = 0) -> None:

@@ -217,12 +217,12 @@ def run_target(target: str, inputs: Mapping[str, np.ndarray], backend: str = "re
         if backend != "onnxruntime":
             raise InputError(f"{target}: an artifact folder runs on onnxruntime",
                              hint="pass --backend onnxruntime, or run the .llmir file on the reference")
-        from llmir_core.backends.ort import load_manifest, runner_for_artifact
+        from llmir_core.backends import open_artifact, read_manifest
 
-        manifest = load_manifest(target)
+        manifest = read_manifest(target)
         ins, _ = manifest_signature(manifest)
         check_inputs(ins, inputs)
-        return runner_for_artifact(target, threads).run(inputs)
+        return dict(open_artifact(target, threads=threads, tensors=True).run(inputs))
     from llmir_core.ir.parser import parse_file
 
     module = parse_file(target)
@@ -230,12 +230,12 @@ def run_target(target: str, inputs: Mapping[str, np.ndarray], backend: str = "re
         return run_module(module, inputs)
     ins, _ = module_signature(module)
     check_inputs(ins, inputs)
-    from llmir_core.backends.ort import build, runner_for_artifact
+    from llmir_core.backends import build, open_artifact
 
     with tempfile.TemporaryDirectory(prefix="llmir-run-") as tmp:
         art = os.path.join(tmp, "artifact")
-        build(module, art, source_path=target)
-        return runner_for_artifact(art, threads).run(inputs)
+        build(module, art, backend, source_path=target)
+        return dict(open_artifact(art, threads=threads, tensors=True).run(inputs))
 
 
 __all__ = ["TensorSig", "module_signature", "manifest_signature", "check_inputs", "load_tensor",

@@ -107,6 +107,17 @@ def render_chat(template: str, messages: Sequence[dict[str, str]], *, bos_token:
                          hint="run without --chat to send the prompt as plain text") from None
 
 
+def open_decoder(art_dir: str, **options: Any) -> Any:
+    """The `Decoder` of an LLM artifact, from the target its manifest names."""
+    from llmir_core.backends import open_artifact
+
+    dec = open_artifact(art_dir, **options)
+    if not hasattr(dec, "forward"):
+        raise InputError(f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
+                         hint="build an imported LLM with `llmir build MODEL.llmir`")
+    return dec
+
+
 def load_artifact_tokenizer(art_dir: str, manifest: dict[str, Any]) -> Tokenizer:
     dec = manifest["decoder"]
     tok = dec.get("tokenizer")
@@ -139,11 +150,9 @@ class TextGenerator:
     """A decoder artifact with its tokenizer, ready to generate."""
 
     def __init__(self, art_dir: str, options: TextGenOptions | None = None) -> None:
-        from .ort_decoder import open_artifact
-
         self.options = options or TextGenOptions()
         self.options.validate()
-        self.decoder = open_artifact(art_dir, self.options.threads, self.options.max_context)
+        self.decoder = open_decoder(art_dir, threads=self.options.threads, max_context=self.options.max_context)
         self.manifest = self.decoder.manifest
         self.tokenizer = load_artifact_tokenizer(art_dir, self.manifest)
 
@@ -277,13 +286,11 @@ def bench_artifact(art_dir: str, *, prompt_len: int = 128, gen_len: int = 128, b
                    threads: int | None = None, runs: int = 3, warmup: int = 1, seed: int = 0,
                    progress: Callable[[int, int], None] | None = None) -> BenchResult:
     """`llmir bench ARTIFACT`: prefill and decode timings on random token ids."""
-    from .ort_decoder import open_artifact
-
     for name, v, low in (("--prompt-len", prompt_len, 1), ("--gen-len", gen_len, 1), ("--batch", batch, 1),
                          ("--runs", runs, 1), ("--warmup", warmup, 0)):
         if v < low:
             raise InputError(f"{name} must be >= {low}, got {v}", hint="see `llmir bench --help`")
-    dec = open_artifact(art_dir, threads)
+    dec = open_decoder(art_dir, threads=threads)
     need = prompt_len + gen_len
     if dec.max_context is not None and need > dec.max_context:
         raise InputError(f"--prompt-len + --gen-len = {need} exceeds the model's context of {dec.max_context}")

@@ -3,8 +3,8 @@
 Both modules become hash-consed tensor-level terms in one table (an op is an uninterpreted
 function of its operand terms, keyed by its name, attributes and result type; structurally
 equal subgraphs get the same term). `llm.*` ops with a decomposition are expanded through it
-(their definitions, proved by the rule library's definition rules), so a fused op and the core
-ops it stands for meet. Each rule instance a pass logged adds `lhs == rhs` (`lhs` the replaced
+(their definitions, proved by the rule library's definition rules), and so are exact target ops
+(`ort.*`, through the ops they replaced), so a fused or lowered op and the ops it stands for meet. Each rule instance a pass logged adds `lhs == rhs` (`lhs` the replaced
 value's term in the original, `rhs` the rule's replacement built over the original's leaves).
 z3 (in a killable child) then decides whether any output can differ (EUF). When it cannot show
 equivalence, differential testing against the float64 reference interpreter gives the verdict,
@@ -68,7 +68,7 @@ class Terms:
     def op(self, op: Op) -> list[int]:
         od = get_op(op.name)
         kids = tuple(self.of_value[id(v)] for v in op.operands)
-        if self.expand and od is not None and od.decompose is not None and op.name.startswith("llm."):
+        if self.expand and od is not None and od.decompose is not None and op.name.startswith(("llm.", "ort.")):
             outs = self._expand(op, od)
             if outs is not None:
                 for r, t in zip(op.results, outs):

@@ -102,7 +102,7 @@ def test_artifact_files_and_manifest(tiny_artifact: Path) -> None:
     assert d["max_len"] == 256 and d["eos_token_ids"] == [2] and d["bos_token_id"] == 1
     assert d["tokenizer"] == {"format": "hf", "file": "tokenizer.json"}
     assert "<|im_start|>" in (tiny_artifact / d["chat_template"]).read_text()
-    assert d["generic_ops"] == {} and d["packed_qkv_layers"] == 2
+    assert set(d["generic_ops"]) <= {"core.mul"} and d["packed_qkv_layers"] == 2  # the SwiGLU product
     assert man["target"] == "onnxruntime" and man["source"]["sha256"]
     assert [i["name"] for i in man["inputs"]][:3] == ["input_ids", "positions", "past_key_values.0.key"]
     assert [o["name"] for o in man["outputs"]][:2] == ["logits", "present.0.key"]
@@ -287,5 +287,6 @@ def test_optimized_modules_keep_the_fused_build(pipeline: str, tmp_path: Path) -
     module = run_pipeline(module, passes, allow_unproved=True).module
     man = build_decoder(module, str(tmp_path / "a"), accuracy_level=1)
     d = man["decoder"]
-    assert d["fused_attention_layers"] == d["packed_qkv_layers"] == 2 and d["generic_ops"] == {}
+    assert d["fused_attention_layers"] == d["packed_qkv_layers"] == 2
+    assert set(d["generic_ops"]) <= {"core.add", "core.mul"}  # the QKV bias and the SwiGLU product
     assert parity(module, open_artifact(str(tmp_path / "a")), PROMPT, steps=3) <= 1e-4

@@ -1,0 +1,114 @@
+"""The onnxruntime target: capability table, lowering pipeline, serializer and runners.
+
+Decoder modules (the `llm_graph` signature) lower to `ort.*` ops (GroupQueryAttention over a
+shared KV buffer, MatMulNBits, fused norms) and serialize through `ort_decoder`; any other module
+keeps the op-by-op lowering of `ort_lower` (`ort.build`). `open` returns the `OrtDecoder` (the
+`Decoder` protocol) for decoder artifacts and an `OrtRunner` (tensor runner) otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from llmir_core.dialects.registry import all_ops
+from llmir_core.errors import InputError
+from llmir_core.ir.core import Module
+
+from .target import Capabilities
+
+NAME = "onnxruntime"
+_OPTIONS = ("quant", "quant_block", "accuracy_level", "max_len", "last_logits", "generic")
+# ops with a definition the generic lowering cannot express in ONNX
+_REASONS = {
+    "llm.kv_cache_update": "the !llm.kv_cache type has no onnxruntime form; decoders keep their cache as "
+                           "past/present tensors",
+    "llm.kv_cache_read": "the !llm.kv_cache type has no onnxruntime form",
+}
+
+
+def _capabilities() -> Capabilities:
+    from .ort_lower import LOWER
+
+    ops = set(LOWER) | {"core.weight", "ort.*", "llm.embedding"}
+    for name, od in all_ops().items():
+        if od.decompose is not None and name not in _REASONS:
+            ops.add(name)  # lowered through its decomposition
+    dtypes = {"f64", "f32", "f16", "bf16", "i64", "i32", "i16", "i8", "u8", "u16", "u32", "u64", "bool",
+              "f8e4m3", "f8e5m2", "i4", "u4"}
+    return Capabilities(frozenset(ops), frozenset(dtypes), frozenset({"cpu"}), dict(_REASONS), folds_constants=True)
+
+
+@dataclass
+class OrtTarget:
+    name: str = NAME
+    _caps: Capabilities | None = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        if self._caps is None:
+            self._caps = _capabilities()
+        return self._caps
+
+    def lowering(self, options: Mapping[str, Any]) -> list[Any]:
+        """lower-ort-attention, -norms, -matmul (decoders only; no-ops elsewhere) and -module."""
+        from llmir_core.passes.lower_ort_attention import LowerOrtAttention
+        from llmir_core.passes.lower_ort_matmul import LowerOrtMatmul
+        from llmir_core.passes.lower_ort_module import LowerOrtModule
+        from llmir_core.passes.lower_ort_norms import LowerOrtNorms
+        from llmir_core.passes.ort_common import ACCURACY_LEVEL
+
+        unknown = sorted(set(options) - set(_OPTIONS))
+        if unknown:
+            raise InputError(f"unknown onnxruntime build option(s): {', '.join(unknown)}",
+                             hint=f"valid: {', '.join(_OPTIONS)}")
+        quant = str(options.get("quant") or "")
+        block = int(options.get("quant_block", 32))
+        level = int(options.get("accuracy_level", ACCURACY_LEVEL))
+        module = LowerOrtModule(quant, block, level, int(options.get("max_len") or 0),
+                                bool(options.get("last_logits", False)), bool(options.get("generic", False)))
+        if options.get("generic"):
+            return [module]
+        return [LowerOrtAttention(quant, block), LowerOrtNorms(), LowerOrtMatmul(quant, block, level), module]
+
+    def serialize(self, module: Module, out_dir: str, *, source_path: str | None = None) -> dict[str, Any]:
+        """A lowered module -> artifact folder: the decoder serializer for decoder modules, the
+        generic op-by-op build otherwise (and for `generic` lowerings)."""
+        from llmir_core.passes.ort_common import is_decoder, module_options
+
+        opts = module_options(module)
+        if is_decoder(module) and not opts.get("generic"):
+            from .ort_decoder import serialize_decoder
+
+            return serialize_decoder(module, out_dir)
+        decoder_only = [k for k in ("max_len", "last_logits") if opts.get(k)]
+        if opts.get("quant", "f32") != "f32":
+            decoder_only.append("quant")
+        if decoder_only:
+            raise InputError(f"{', '.join(decoder_only)} apply to decoder builds only",
+                             hint="import an LLM (HF folder or GGUF) to get a decoder module")
+        from .ort import build as build_generic
+
+        src = module.attrs.get("llmir.source")
+        return build_generic(module, out_dir, NAME, source_path=source_path,
+                             source=dict(src) if isinstance(src, dict) else None)
+
+    def open(self, artifact_dir: str, **options: Any) -> Any:
+        """threads, max_context, spin; tensors=True: a tensor runner even for a decoder."""
+        from . import read_manifest
+
+        manifest = read_manifest(artifact_dir)
+        if isinstance(manifest.get("decoder"), dict) and not options.get("tensors"):
+            from llmir_core.runtime.ort_decoder import OrtDecoder
+
+            return OrtDecoder(artifact_dir, manifest, options.get("threads"), options.get("max_context"),
+                              options.get("spin"))
+        from .ort import runner_for_artifact
+
+        return runner_for_artifact(artifact_dir, options.get("threads"))
+
+
+TARGET = OrtTarget()
+
+__all__ = ["TARGET", "OrtTarget"]

@@ -1,0 +1,291 @@
+"""lower-ort-attention: each decoder layer's attention becomes one `ort.group_query_attention`.
+
+Pattern (the convention `llm_graph` emits): q/k/v projections split into heads
+(`core.reshape` to [B, S, N, D] + `core.transpose` 0,2,1,3), optional `llm.rotary_embedding` of q
+and k with one constant cos/sin table, `core.concat(past, k/v, axis 2)` returned as the present
+outputs, causal `llm.scaled_dot_product_attention` (no mask, no softmax_eps), and the merge of its
+heads (transpose + reshape to [B, S, H*D]). Replacement: one `ort.group_query_attention` whose
+results are the merged output and the two presents (do_rotary when there is rotary). When q, k
+and v are plain projections of one activation by weights of one storage format (`core.matmul`,
+no bias), they are packed: `core.matmul(x, core.concat(wq, wk, wv, axis 0))` feeds the op's
+packed form, logged as instances of the proved merge-qkv-q/k/v rules.
+
+Invariant: the op's decomposition is the matched subgraph (same attributes), so translation
+validation meets the original terms; presents keep their names and layout [B, Hkv, len, D].
+Rejected candidates are reported with the reason (they keep concat attention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from llmir_core.ir.core import Function, Module, Op, Value
+from llmir_core.ir.types import DType
+from llmir_core.rewrite.rule import RuleInstance, value_loc
+
+from .base import PassContext, erase_dead, replace_uses, scratch_builder
+from .ort_common import (
+    Graph,
+    cache_args,
+    declare_ort,
+    is_decoder,
+    nbits_format,
+    packed_src,
+    parse_quant,
+    tt,
+    weight_src,
+)
+
+
+@dataclass
+class _Attn:
+    sdpa: Op
+    claims: list[Op]
+    q: Value  # [B, S, H*D] or [B, S, H, D]
+    k: Value
+    v: Value
+    lin: bool  # q/k/v are the 3-D projections
+    out: Value  # the value the op's [B, S, H*D] output stands for
+    out_is_3d: bool
+    past_k: Value
+    past_v: Value
+    present_k: Value
+    present_v: Value
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rope: Op | None = None
+
+
+def _heads(g: Graph, v: Value, user: Op, n: int, d: int, claims: list[Op]) -> tuple[Value, bool] | None:
+    """v = transpose([B,S,n,D], perm 0,2,1,3): (the 3-D projection, True) or ([B,S,n,D], False)."""
+    t = g.producer(v, "core.transpose")
+    if t is None or tuple(t.attrs.get("perm") or ()) != (0, 2, 1, 3) or not g.only_use(v, user):
+        return None
+    x4 = t.operands[0]
+    xt = tt(x4)
+    if xt.rank != 4 or xt.shape[2:] != (n, d):
+        return None
+    claims.append(t)
+    r = g.producer(x4, "core.reshape")
+    if r is not None and g.only_use(x4, t) and tuple(r.attrs.get("shape") or ()) == (0, 0, n, d):
+        lin = r.operands[0]
+        lt = tt(lin)
+        if lt.rank == 3 and lt.shape[2] == n * d and lt.shape[:2] == xt.shape[:2]:
+            claims.append(r)
+            return lin, True
+    return x4, False
+
+
+@dataclass(frozen=True)
+class LowerOrtAttention:
+    name: ClassVar[str] = "lower-ort-attention"
+    summary: ClassVar[str] = "decoder attention -> ort.group_query_attention over the KV buffer (packed QKV)"
+    quant: str = ""
+    quant_block: int = 32
+
+    def run(self, module: Module, ctx: PassContext) -> bool:
+        if not module.functions or not is_decoder(module):
+            return False
+        fn = module.main
+        changed = False
+        fmt = parse_quant(self.quant, self.quant_block)
+        n_rejected = len(ctx.rejections)
+        for sdpa in [op for op in fn.ops if op.name == "llm.scaled_dot_product_attention"]:
+            g = Graph(fn)
+            a = self._match(g, fn, sdpa, ctx)
+            if a is None:
+                continue
+            self._rewrite(g, fn, a, ctx, fmt)
+            changed = True
+        reasons: dict[str, int] = {}
+        for r in ctx.rejections[n_rejected:]:
+            reasons[r.reason] = reasons.get(r.reason, 0) + 1
+        if reasons:  # the manifest reports why layers keep concat attention
+            module.attrs["ort.not_fused"] = reasons
+            changed = True
+        if changed:
+            declare_ort(module)
+        return changed
+
+    def _reject(self, ctx: PassContext, op: Op, why: str) -> None:
+        ctx.rejected(self.name, op.results[0], why)
+
+    def _match(self, g: Graph, fn: Function, op: Op, ctx: PassContext) -> _Attn | None:
+        at = op.attrs
+        if len(op.operands) != 3 or not at.get("causal") or at.get("softmax_eps", 0.0) \
+                or at.get("verify_invariant"):
+            self._reject(ctx, op, "attention with a mask, non-causal, softmax_eps or verify_invariant")
+            return None
+        q, k_all, v_all = op.operands
+        qt, kt = tt(q), tt(k_all)
+        if qt.dtype != DType.f32 or not all(isinstance(d, int) for d in (qt.shape[1], kt.shape[1], qt.shape[3])):
+            self._reject(ctx, op, "attention not f32 or with symbolic heads")
+            return None
+        heads, kv_heads, d = int(qt.shape[1]), int(kt.shape[1]), int(qt.shape[3])  # type: ignore[arg-type]
+        claims: list[Op] = [op]
+        pasts = {id(a) for a in cache_args(fn)}
+        parts = []
+        for val in (k_all, v_all):
+            c = g.producer(val, "core.concat")
+            if c is None or len(c.operands) != 2 or c.attrs.get("axis") != 2 \
+                    or id(c.operands[0]) not in pasts or id(val) not in g.outputs \
+                    or any(u is not op for u in g.uses(val)) or list(fn.outputs).count(val) != 1:
+                self._reject(ctx, op, "KV concat (axis 2) of a past input, returned once, not found")
+                return None
+            claims.append(c)
+            parts.append((c.operands[0], c.operands[1]))
+        (past_k, k_new), (past_v, v_new) = parts
+        rope_q = g.producer(q, "llm.rotary_embedding")
+        rope_k = g.producer(k_new, "llm.rotary_embedding")
+        if (rope_q is None) != (rope_k is None):
+            self._reject(ctx, op, "rotary on only one of q and k")
+            return None
+        if rope_q is not None and rope_k is not None:
+            same = rope_q.attrs == rope_k.attrs and all(x is y for x, y in zip(rope_q.operands[1:], rope_k.operands[1:]))
+            if not same or id(rope_q.operands[1]) not in g.static or not g.only_use(q, op) \
+                    or not all(u is claims[1] for u in g.uses(k_new)):
+                self._reject(ctx, op, "rotary tables of q and k differ or are not constant")
+                return None
+            claims += [rope_q, rope_k]
+            q_src, k_src, q_user, k_user = rope_q.operands[0], rope_k.operands[0], rope_q, rope_k
+        else:
+            q_src, k_src, q_user, k_user = q, k_new, op, claims[1]
+        qh = _heads(g, q_src, q_user, heads, d, claims)
+        kh = _heads(g, k_src, k_user, kv_heads, d, claims)
+        vh = _heads(g, v_new, claims[2], kv_heads, d, claims)
+        if qh is None or kh is None or vh is None:
+            self._reject(ctx, op, "q/k/v head split (reshape + transpose 0,2,1,3) not found")
+            return None
+        out, out_3d = op.results[0], False
+        users = g.uses(out)
+        if len(users) == 1 and users[0].name == "core.transpose" and id(out) not in g.outputs \
+                and tuple(users[0].attrs.get("perm") or ()) == (0, 2, 1, 3):
+            t = users[0]
+            tu = g.uses(t.results[0])
+            if len(tu) == 1 and tu[0].name == "core.reshape" and id(t.results[0]) not in g.outputs \
+                    and tuple(tu[0].attrs.get("shape") or ()) == (0, 0, heads * d):
+                claims += [t, tu[0]]
+                out, out_3d = tu[0].results[0], True
+        lin = qh[1] and kh[1] and vh[1]
+        return _Attn(op, claims, qh[0], kh[0], vh[0], lin, out, out_3d, past_k, past_v, k_all, v_all,
+                     heads, kv_heads, d, rope_q)
+
+    def _projection(self, g: Graph, lin: Value) -> tuple[Op, Value, Value, Value | None, list[Op]] | None:
+        """lin = x @ W^T (+ bias) by a static weight: (matmul-like op, x, W, bias, ops replaced)."""
+        if len(g.uses(lin)) != 1 or id(lin) in g.outputs or lin.owner is None:
+            return None
+        op = lin.owner
+        bias = None
+        claims = [op]
+        if op.name == "core.add":
+            mmv, bias = op.operands
+            if id(mmv) in g.static:
+                mmv, bias = bias, mmv
+            if id(bias) not in g.static or tt(bias).rank != 1 or len(g.uses(mmv)) != 1 \
+                    or id(mmv) in g.outputs or mmv.owner is None:
+                return None
+            op = mmv.owner
+            claims.append(op)
+        if op.name == "core.matmul" and not op.attrs.get("transpose_a") and op.attrs.get("transpose_b"):
+            return op, op.operands[0], op.operands[1], bias, claims
+        if op.name == "llm.linear" and op.attrs.get("activation", "none") == "none" \
+                and op.attrs.get("transpose_b", True) and bias is None:
+            lb = op.operands[2] if len(op.operands) > 2 else None
+            if lb is not None and id(lb) not in g.static:
+                return None
+            return op, op.operands[0], op.operands[1], lb, claims
+        if op.name == "llm.quantized_matmul" and op.attrs.get("transpose_b", True) \
+                and packed_src(g, op.operands[1], list(op.operands[2:])) is not None:
+            return op, op.operands[0], op.operands[1], bias, claims  # W packed: dequantized when merged
+        return None
+
+    def _packable(self, g: Graph, a: _Attn, fmt: object) -> tuple[list[Op], list[Value], Value, list[Op]] | Value | None:
+        """How q, k and v pack: the input of a split they already are (a Value), or (weights,
+        biases, activation, ops replaced) when they are projections of one activation by weights
+        of one storage format; None when they do not pack."""
+        if not a.lin:
+            return None
+        sp = a.q.owner
+        if sp is not None and sp.name == "core.split" and sp.attrs.get("axis") in (-1, 2) \
+                and [a.q, a.k, a.v] == list(sp.results) and len(g.uses(a.q)) == 1:
+            return sp.operands[0]
+        projs = [self._projection(g, lin) for lin in (a.q, a.k, a.v)]
+        if any(p is None for p in projs):
+            return None
+        x = projs[0][1]  # type: ignore[index]
+        if any(p[1] is not x for p in projs):  # type: ignore[index]
+            return None
+        biases = [p[3] for p in projs if p[3] is not None]  # type: ignore[index]
+        if biases and len(biases) != 3:
+            return None
+        ws = [p[2] for p in projs]  # type: ignore[index]
+        srcs = [packed_src(g, p[0].operands[1], list(p[0].operands[2:])) if p[0].name == "llm.quantized_matmul"  # type: ignore[index]
+                else weight_src(g, w) for p, w in zip(projs, ws)]
+        if any(s is None for s in srcs):
+            return None
+        fmts = {nbits_format(s, fmt) for s in srcs if s is not None}  # type: ignore[arg-type]
+        if len(fmts) != 1:
+            return None
+        return [p[0] for p in projs], biases, x, [o for p in projs for o in p[4]]  # type: ignore[index,misc]
+
+    def _rewrite(self, g: Graph, fn: Function, a: _Attn, ctx: PassContext, fmt: object) -> None:
+        b, new_ops = scratch_builder(fn, a.sdpa.origin)
+        pack = self._packable(g, a, fmt)
+        if isinstance(pack, Value):  # already one projection, split: feed it whole
+            ins = [pack]
+            a.claims.append(a.q.owner)  # type: ignore[arg-type]
+        elif pack is not None:
+            mms, biases, x, replaced = pack
+            ws = [b.op("llm.dequantize", *m.operands[1:], dtype=DType.f32) if m.name == "llm.quantized_matmul"
+                  else m.operands[1] for m in mms]
+            sizes = tuple(tt(w).shape[0] for w in ws)
+            cat = b.op("core.concat", *ws, axis=0)
+            qkv = b.op("core.matmul", x, cat, transpose_b=True)
+            if biases:  # validated differentially (no rule states the biased merge)
+                qkv = b.op("core.add", qkv, b.op("core.concat", *biases, axis=0))
+            elif all(o.name == "core.matmul" for o in replaced):
+                for key, lin in zip("qkv", (a.q, a.k, a.v)):
+                    ctx.instances.append(RuleInstance(
+                        f"merge-qkv-{key}", lin.name, lin.name,
+                        {"x": x.name, "wq": ws[0].name, "wk": ws[1].name, "wv": ws[2].name}, {},
+                        {"sizes": sizes}, value_loc(lin)))
+            ins = [qkv]
+            a.claims += replaced
+        else:
+            ins = [a.q, a.k, a.v]
+        ins += [a.past_k, a.past_v, a.rope.operands[3] if a.rope is not None else fn.args[1]]
+        attrs: dict[str, object] = {"num_heads": a.heads, "kv_num_heads": a.kv_heads}
+        at = a.sdpa.attrs
+        if at.get("scale"):
+            attrs["scale"] = float(at["scale"])
+        if at.get("softcap"):
+            attrs["softcap"] = float(at["softcap"])
+        if at.get("sliding_window"):
+            attrs["local_window_size"] = int(at["sliding_window"])
+        if a.rope is not None:
+            ins += [a.rope.operands[1], a.rope.operands[2]]
+            attrs["do_rotary"] = True
+            if a.rope.attrs.get("interleaved"):
+                attrs["rotary_interleaved"] = True
+            if a.rope.attrs.get("rotary_dim"):
+                attrs["rotary_dim"] = int(a.rope.attrs["rotary_dim"])
+        if pack is not None:
+            attrs["packed"] = True
+        gqa = b.create("ort.group_query_attention", ins, attrs)
+        out = gqa.results[0]
+        if not a.out_is_3d:
+            r = b.op("core.reshape", out, shape=(0, 0, a.heads, a.head_dim))
+            out = b.op("core.transpose", r, perm=(0, 2, 1, 3))
+        at_i = next(i for i, o in enumerate(fn.ops) if o is a.sdpa)
+        fn.ops[at_i:at_i] = new_ops
+        layer = a.present_k.name
+        for old, new in ((a.out, out), (a.present_k, gqa.results[1]), (a.present_v, gqa.results[2])):
+            name = old.name
+            replace_uses(fn, old, new)
+            old.name = name + ".dead"
+            new.name = name
+        erase_dead(fn, a.claims)
+        detail = ("packed QKV, " if pack is not None else "") + ("rotary in the op" if a.rope is not None else "no rotary")
+        ctx.applied("group-query-attention", gqa.results[0], f"{layer}: {detail}")

@@ -1,0 +1,160 @@
+"""lower-ort-matmul: projections by constant weights become onnxruntime's matmul ops.
+
+First the composite ops over constant weights are expanded through their own definitions
+(`llm.gated_mlp`, `llm.linear`, `llm.silu_mul`, `llm.quantized_matmul`: exact). Then each
+`core.matmul(x, W)` of an f32 activation by a static 2-D weight (or a row-concatenation of
+weights, the packed QKV) becomes:
+
+- `ort.matmul_nbits` when W is stored in blocks: GGUF q4_0/q8_0/q5_0/q6_k/q3_k and nbits
+  weights are repacked losslessly (`quantize = "none"`), GGUF q4_1/q5_1/q2_k/q4_k/q5_k are
+  requantized to blocks with zero points (the report gives the max error), and f32 weights are
+  quantized when `quant` is int4/int8 (`quantize = "sym"`);
+- `ort.fused_matmul` otherwise.
+
+`core.silu` of f32 becomes `ort.quick_gelu` (alpha 1). Invariant: every exact op's
+decomposition is the op it replaced; requantizing ops are validated differentially.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from llmir_core.dialects.registry import get_op
+from llmir_core.ir.core import Function, Module, Op
+from llmir_core.ir.types import DType
+
+from .base import PassContext, erase_dead, replace_uses, scratch_builder
+from .ort_common import (
+    ACCURACY_LEVEL,
+    Graph,
+    NbitsFormat,
+    WSrc,
+    check_accuracy_level,
+    declare_ort,
+    is_decoder,
+    nbits_format,
+    parse_quant,
+    quantize_mode,
+    tt,
+    weight_srcs,
+)
+
+_EXPAND = ("llm.gated_mlp", "llm.linear", "llm.silu_mul", "llm.quantized_matmul")
+
+
+def _swap(fn: Function, op: Op, new_results: list) -> None:  # type: ignore[type-arg]
+    for old, new in zip(op.results, new_results):
+        name = old.name
+        replace_uses(fn, old, new)
+        old.name = name + ".dead"
+        new.name = name
+
+
+@dataclass(frozen=True)
+class LowerOrtMatmul:
+    name: ClassVar[str] = "lower-ort-matmul"
+    summary: ClassVar[str] = "matmuls by constant weights -> ort.matmul_nbits (GGUF repack, int4/int8) / ort.fused_matmul"
+    quant: str = ""
+    quant_block: int = 32
+    accuracy_level: int = ACCURACY_LEVEL
+
+    def run(self, module: Module, ctx: PassContext) -> bool:
+        if not is_decoder(module):  # other modules keep the generic op-by-op build
+            return False
+        fmt = parse_quant(self.quant, self.quant_block)
+        check_accuracy_level(self.accuracy_level)
+        base = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
+        changed = False
+        for fn in module.functions:
+            changed |= self._expand(fn)
+            g = Graph(fn)
+            for op in list(fn.ops):
+                if op.name == "core.matmul":
+                    changed |= self._matmul(fn, g, op, ctx, fmt, base)
+                elif op.name == "core.silu" and tt(op.operands[0]).dtype == DType.f32:
+                    b, new_ops = scratch_builder(fn, op.origin)
+                    y = b.op("ort.quick_gelu", op.operands[0], alpha=1.0)
+                    self._splice(fn, op, new_ops, [y])
+                    changed = True
+        if changed:
+            declare_ort(module)
+        return changed
+
+    def _splice(self, fn: Function, op: Op, new_ops: list[Op], results: list) -> None:  # type: ignore[type-arg]
+        i = next(i for i, o in enumerate(fn.ops) if o is op)
+        fn.ops[i:i] = new_ops
+        _swap(fn, op, results)
+        erase_dead(fn, [op])
+
+    def _expand(self, fn: Function) -> bool:
+        g = Graph(fn)
+        changed = False
+        for op in list(fn.ops):
+            if op.name not in _EXPAND or tt(op.operands[0]).dtype != DType.f32:
+                continue
+            weights = op.operands[1:] if op.name != "llm.silu_mul" else []
+            if any(id(w) not in g.static for w in weights):
+                continue
+            od = get_op(op.name)
+            assert od is not None and od.decompose is not None
+            b, new_ops = scratch_builder(fn, op.origin)
+            outs = od.decompose(b, list(op.operands), od.with_defaults(op.attrs))
+            self._splice(fn, op, new_ops, outs)
+            changed = True
+        return changed
+
+    def _matmul(self, fn: Function, g: Graph, op: Op, ctx: PassContext, fmt: NbitsFormat | None,
+                base: str) -> bool:
+        x, w = op.operands
+        if op.attrs.get("transpose_a") or tt(x).dtype != DType.f32 or tt(x).rank < 2:
+            return False
+        srcs = weight_srcs(g, w)
+        if srcs is None:
+            return False
+        trans_b = bool(op.attrs.get("transpose_b"))
+        b, new_ops = scratch_builder(fn, op.origin)
+        fmts = {nbits_format(s, fmt) for s in srcs} if trans_b else {None}
+        nb = fmts.pop() if len(fmts) == 1 else None
+        if nb is not None and srcs[0].cols % nb.block == 0:
+            modes = {quantize_mode(s, nb) for s in srcs}
+            mode = "none" if modes == {"none"} else ("asym" if nb.asym else "sym")
+            y = b.op("ort.matmul_nbits", x, w, bits=nb.bits, block_size=nb.block,
+                     accuracy_level=self.accuracy_level, quantize=mode)
+            ctx.applied("matmul-nbits", y, "; ".join(self._describe(s, nb, base) for s in srcs))
+        else:
+            y = b.op("ort.fused_matmul", x, w, transB=trans_b)
+        self._splice(fn, op, new_ops, [y])
+        return True
+
+    def _describe(self, s: WSrc, nb: NbitsFormat, base: str) -> str:
+        tag = f"int{nb.bits} block {nb.block}"
+        if s.kind == "nbits":
+            return f"{s.label}: nbits {tag} passed through"
+        if s.kind == "gguf" and quantize_mode(s, nb) == "none":
+            return f"{s.label}: {s.scheme} repacked losslessly to {tag}"
+        if s.kind == "gguf":
+            return f"{s.label}: {s.scheme} requantized to {tag} with zero points, " \
+                   f"max abs error {_requant_error(s, nb, base):.3g}"
+        return f"{s.label}: f32 quantized to {tag} ({'asym' if nb.asym else 'sym'})"
+
+
+def _requant_error(s: WSrc, nb: NbitsFormat, base: str) -> float:
+    """Max |requantized - gguf| over the weight (what the serializer's repacking loses)."""
+    from llmir_core.dialects.ort import fake_quant
+    from llmir_core.quant import gguf_blocks
+    from llmir_core.weights import load_weight
+
+    assert s.op is not None and s.scheme is not None
+    w = load_weight(s.op.attrs, tt(s.op.results[0]), base)
+    raw = np.asarray(w.data).reshape(s.rows, -1)
+    err = 0.0
+    step = max(1, (8 << 20) // max(1, s.cols * 4))
+    for r in range(0, s.rows, step):
+        x = gguf_blocks.dequantize(raw[r:r + step], s.scheme, (min(step, s.rows - r), s.cols))
+        back = fake_quant(x, nb.bits, nb.block, "asym" if nb.asym else "sym")
+        err = max(err, float(np.abs(back - x).max()))
+    return err

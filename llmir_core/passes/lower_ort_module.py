@@ -1,0 +1,71 @@
+"""lower-ort-module: the last onnxruntime lowering step. It checks that every op left is one the
+target runs (its capability table; the first op it cannot run fails the pass with its location
+and reason) and records on the module what the serializer needs: `target = "onnxruntime"`,
+`ort.options` (max_len, last_logits, quant, accuracy_level: the build options) and `llmir.source`
+(file name and sha256 of the module as it was before lowering, which the artifact's manifest
+names). A module with `target` set is lowered: `llmir build` serializes it as is.
+
+Invariant: computes what it got (it changes no op); idempotent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import ClassVar
+
+from llmir_core.errors import CheckFailed
+from llmir_core.ir.core import Module
+
+from .base import PassContext
+from .ort_common import ACCURACY_LEVEL, TARGET, check_accuracy_level, declare_ort, parse_quant
+
+
+def source_record(module: Module, source_path: str | None = None) -> dict[str, str]:
+    """{file, sha256} of the .llmir a module comes from (of its text when it has no file)."""
+    src = source_path or module.source
+    if src and os.path.isfile(src):
+        from llmir_core.fileio import sha256_file
+
+        return {"file": os.path.basename(src), "sha256": sha256_file(src)}
+    from llmir_core.ir.printer import print_module
+
+    return {"file": "", "sha256": hashlib.sha256(print_module(module).encode()).hexdigest()}
+
+
+@dataclass(frozen=True)
+class LowerOrtModule:
+    name: ClassVar[str] = "lower-ort-module"
+    summary: ClassVar[str] = "check the onnxruntime capability table; record target and build options"
+    quant: str = ""
+    quant_block: int = 32
+    accuracy_level: int = ACCURACY_LEVEL
+    max_len: int = 0
+    last_logits: bool = False
+    generic: bool = False  # keep the generic op-by-op build for a decoder (no KV buffers)
+
+    def run(self, module: Module, ctx: PassContext) -> bool:
+        parse_quant(self.quant, self.quant_block)
+        check_accuracy_level(self.accuracy_level)
+        if self.max_len < 0:
+            from llmir_core.errors import InputError
+
+            raise InputError(f"--max-len must be >= 1, got {self.max_len}")
+        from llmir_core.backends import get_target
+
+        problems = get_target(TARGET).capabilities.check(module)
+        if problems:
+            raise CheckFailed(f"{len(problems)} op(s) cannot run on {TARGET}: {problems[0].message}",
+                              diagnostics=problems,
+                              hint="remove or change them before lowering (see `llmir verify FILE --target onnxruntime`)")
+        opts = {"quant": self.quant or "f32", "quant_block": self.quant_block,
+                "accuracy_level": self.accuracy_level, "max_len": self.max_len,
+                "last_logits": self.last_logits, "generic": self.generic}
+        before = dict(module.attrs)
+        if "llmir.source" not in module.attrs:
+            module.attrs["llmir.source"] = source_record(module)
+        module.attrs["target"] = TARGET
+        module.attrs["ort.options"] = opts
+        declare_ort(module)
+        return module.attrs != before

@@ -1,0 +1,258 @@
+"""What the onnxruntime lowering passes share (not a pass): the decoder signature, an indexed
+view of a function, how a static weight is stored (and so which MatMulNBits format it takes),
+and the options every lowering pass accepts.
+
+Nothing here imports onnx: the passes run in `llmir optimize`, the serializer imports onnx.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llmir_core.errors import InputError
+from llmir_core.ir.core import Function, Module, Op, Value
+from llmir_core.ir.types import DType, QuantType, TensorType
+from llmir_core.quant.gguf_repack import LOSSLESS, REQUANT
+
+QUANT_MODES = ("int4", "int8")
+ACCURACY_LEVEL = 4  # MatMulNBits int8 activations: measured fastest on AVX2
+TARGET = "onnxruntime"
+
+
+# -- what is a decoder ---------------------------------------------------------------------------
+
+def cache_args(fn: Function) -> list[Value]:
+    return fn.args[2:]
+
+
+def is_decoder(module: Module) -> bool:
+    """True when main has the decoder signature: input_ids, positions, then per layer
+    past_key_values.{l}.key/.value [batch, kv_heads, past, head_dim] (f32; or i8 codes each
+    followed by its `_scale` [batch, kv_heads, past, 1] f32, kv-cache-int8's interface) ->
+    logits + one present per past."""
+    if not module.functions:
+        return False
+    fn = module.main
+    names = [a.name for a in fn.args]
+    if names[:2] != ["input_ids", "positions"] or len(names) < 4:
+        return False
+    want = []
+    i = 2
+    layer = 0
+    while i < len(fn.args):
+        for kind in ("key", "value"):
+            if i >= len(fn.args):
+                return False
+            a = fn.args[i]
+            t = a.type
+            if a.name != f"past_key_values.{layer}.{kind}" or not isinstance(t, TensorType) or t.rank != 4 \
+                    or t.is_quantized or not isinstance(t.shape[1], int) or not isinstance(t.shape[3], int):
+                return False
+            want.append(a)
+            i += 1
+            if t.dtype == DType.i8:
+                if i >= len(fn.args) or fn.args[i].name != a.name + "_scale":
+                    return False
+                i += 1
+            elif t.dtype != DType.f32:
+                return False
+        layer += 1
+    return len(fn.outputs) == len(fn.args) - 1 and bool(want)
+
+
+def kv_bytes_per_token(fn: Function) -> int:
+    """Bytes one position of the KV cache takes (codes and scales), per batch row."""
+    total = 0
+    for a in cache_args(fn):
+        t = tt(a)
+        total += int(t.shape[1]) * int(t.shape[3]) * (t.dtype.bits // 8 if isinstance(t.dtype, DType) else 4)  # type: ignore[arg-type]
+    return total
+
+
+# -- options ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NbitsFormat:
+    bits: int
+    block: int
+    asym: bool  # integer zero points stored
+
+
+def parse_quant(quant: str | None, block: int = 32, symmetric: bool = True) -> NbitsFormat | None:
+    """`int4`/`int8` (or None/""/`f32` for none) -> the MatMulNBits format float weights get."""
+    if quant in (None, "", "none", "f32"):
+        return None
+    if quant not in QUANT_MODES:
+        raise InputError(f"unknown --quant '{quant}'", hint=f"use one of: {', '.join(QUANT_MODES)}")
+    if block < 16 or block & (block - 1):
+        raise InputError(f"quantization block size must be a power of two >= 16, got {block}")
+    return NbitsFormat(4 if quant == "int4" else 8, block, not symmetric)
+
+
+def check_accuracy_level(level: int) -> None:
+    if level not in (0, 1, 2, 3, 4):
+        raise InputError(f"accuracy level must be 0..4, got {level}")
+
+
+def declare_ort(module: Module) -> None:
+    """List the ort dialect in the module header (the verifier requires it)."""
+    ds = tuple(module.attrs.get("llmir.dialects") or ("core",))
+    if "ort" not in ds:
+        module.attrs["llmir.dialects"] = (*ds, "ort")
+
+
+# -- the IR, indexed ---------------------------------------------------------------------------------
+
+class Graph:
+    """Users, output positions and statically computable values of one function."""
+
+    def __init__(self, fn: Function) -> None:
+        self.fn = fn
+        self.index = {id(op): i for i, op in enumerate(fn.ops)}
+        self.users: dict[int, list[Op]] = {}
+        for op in fn.ops:
+            for v in op.operands:
+                self.users.setdefault(id(v), []).append(op)
+        self.outputs = {id(v): i for i, v in enumerate(fn.outputs)}
+        self.static: set[int] = set()
+        for op in fn.ops:
+            if op.name in ("core.weight", "core.constant") or (
+                    op.operands and all(id(v) in self.static for v in op.operands)):
+                self.static.update(id(r) for r in op.results)
+
+    def uses(self, v: Value) -> list[Op]:
+        return self.users.get(id(v), [])
+
+    def only_use(self, v: Value, user: Op) -> bool:
+        return id(v) not in self.outputs and all(u is user for u in self.uses(v))
+
+    def producer(self, v: Value, name: str) -> Op | None:
+        op = v.owner
+        return op if op is not None and op.name == name else None
+
+
+def tt(v: Value) -> TensorType:
+    t = v.type
+    if not isinstance(t, TensorType):
+        raise InputError(f"%{v.name} is not a tensor")
+    return t
+
+
+# -- weights -------------------------------------------------------------------------------------
+
+@dataclass
+class WSrc:
+    """A static 2-D weight [rows, cols] and how it is stored."""
+
+    value: Value
+    kind: str  # f32 (file bytes as is) | cast | gguf | nbits | eval
+    op: Op | None  # the core.weight op (None for eval)
+    rows: int
+    cols: int
+    extra: tuple[Value, ...] = ()  # nbits scales / zero points
+    transpose: bool = False  # eval only: the value is [cols, rows] and is transposed
+
+    @property
+    def scheme(self) -> str | None:
+        if self.op is None:
+            return None
+        q = tt(self.op.results[0]).dtype
+        return q.scheme if isinstance(q, QuantType) else None
+
+    @property
+    def label(self) -> str:
+        if self.op is not None:
+            return str(self.op.attrs.get("name", self.value.name))
+        return self.value.name
+
+
+def weight_src(g: Graph, v: Value) -> WSrc | None:
+    """How to read a static 2-D float weight value, or None if v is not one."""
+    if id(v) not in g.static:
+        return None
+    t = tt(v)
+    shape = t.static_shape()
+    if shape is None or len(shape) != 2 or not isinstance(t.dtype, DType) or not t.dtype.is_float:
+        return None
+    rows, cols = shape
+    op = v.owner
+    assert op is not None
+    if op.name == "core.weight" and t.dtype == DType.f32:
+        return WSrc(v, "f32", op, rows, cols)
+    if op.name == "core.cast" and op.attrs.get("to") == DType.f32:
+        src = op.operands[0].owner
+        if src is not None and src.name == "core.weight" and isinstance(tt(op.operands[0]).dtype, DType):
+            return WSrc(v, "cast", src, rows, cols)
+    if op.name == "llm.dequantize" and t.dtype == DType.f32:
+        src = op.operands[0].owner
+        q = tt(op.operands[0]).dtype
+        if src is not None and src.name == "core.weight" and isinstance(q, QuantType):
+            if q.scheme in LOSSLESS or q.scheme in REQUANT:
+                return WSrc(v, "gguf", src, rows, cols)
+            if q.scheme == "nbits":
+                return WSrc(v, "nbits", src, rows, cols, tuple(op.operands[1:]))
+    return WSrc(v, "eval", None, rows, cols)
+
+
+def weight_srcs(g: Graph, v: Value) -> list[WSrc] | None:
+    """The weight v, or the parts of its row-concatenation (core.concat axis 0 of weights)."""
+    op = v.owner
+    if op is not None and op.name == "core.concat" and op.attrs.get("axis") == 0:
+        parts = [weight_src(g, p) for p in op.operands]
+        if all(p is not None for p in parts):
+            return parts  # type: ignore[return-value]
+    one = weight_src(g, v)
+    return None if one is None else [one]
+
+
+def packed_src(g: Graph, w: Value, extra: list[Value]) -> WSrc | None:
+    """An nbits- or GGUF-packed core.weight [N, K] used as is (llm.quantized_matmul's weight)."""
+    wop = w.owner
+    q = tt(w).dtype
+    if wop is None or wop.name != "core.weight" or not isinstance(q, QuantType) or tt(w).rank != 2:
+        return None
+    rows, cols = tt(w).static_shape() or (0, 0)
+    if q.scheme == "nbits":
+        return WSrc(w, "nbits", wop, rows, cols, tuple(extra))
+    if q.scheme in LOSSLESS or q.scheme in REQUANT:
+        return WSrc(w, "gguf", wop, rows, cols)
+    return None
+
+
+def nbits_format(src: WSrc, quant: NbitsFormat | None) -> NbitsFormat | None:
+    """The MatMulNBits format this weight takes, or None (kept f32)."""
+    if src.kind == "gguf":
+        scheme = src.scheme
+        assert scheme is not None
+        if scheme in LOSSLESS:
+            bits, block = LOSSLESS[scheme]
+            return NbitsFormat(bits, block, False)
+        bits, block = REQUANT[scheme]
+        return NbitsFormat(bits, block, True)
+    if src.kind == "nbits":
+        assert src.op is not None
+        q = tt(src.op.results[0]).dtype
+        assert isinstance(q, QuantType)
+        return NbitsFormat(q.bits, q.block, q.zero == "int")
+    if quant is not None and src.cols % quant.block == 0:
+        return quant
+    return None
+
+
+def quantize_mode(src: WSrc, fmt: NbitsFormat) -> str:
+    """ort.matmul_nbits' `quantize`: none when the packing is lossless, else sym/asym."""
+    if src.kind == "nbits" or (src.kind == "gguf" and src.scheme in LOSSLESS):
+        return "none"
+    return "asym" if fmt.asym else "sym"
+
+
+def module_options(module: Module) -> dict[str, Any]:
+    """The lowering options recorded on a lowered module (`ort.options`)."""
+    opts = module.attrs.get("ort.options")
+    return dict(opts) if isinstance(opts, dict) else {}
+
+
+__all__ = ["is_decoder", "cache_args", "NbitsFormat", "parse_quant", "Graph", "WSrc", "weight_src",
+           "weight_srcs", "packed_src", "nbits_format", "quantize_mode", "declare_ort", "tt",
+           "ACCURACY_LEVEL", "QUANT_MODES", "kv_bytes_per_token", "TARGET", "module_options", "check_accuracy_level"]
