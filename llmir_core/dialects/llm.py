@@ -23,6 +23,7 @@ from llmir_core.ir.attrs import DenseAttr
 from llmir_core.ir.dims import DYN, Dim, SymDim, dim_div_exact
 from llmir_core.ir.types import DType, KVCacheType, QuantType, TensorType, Type, numpy_dtype
 
+from . import ranges
 from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError
 from .registry import register, register_dialect
 from .shapes import broadcast_shapes, float_tensor, fmt_shape, kv_arg, like, tensor_arg
@@ -860,6 +861,19 @@ def _dec_add_rms_norm(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     return [_dec_rms_norm(b, [s, o[2]], at)[0], s]
 
 
+def _iv_add_rms_norm(op: Any, ins: list[ranges.Iv], env: dict[str, int], max_dim: int) -> ranges.Iv:
+    """One range for both results: the normed bound and the sum's."""
+    n = ranges.dim(op.operands[0].type, -1, env, max_dim)
+    normed = ranges.norm_bound(n, ins[2], float(op.attrs.get("offset", 0.0)))
+    return ranges.union(normed, (ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]))
+
+
+def _cost_add_rms_norm(op: Any, env: dict[str, int]) -> tuple[int, int]:
+    """An add, then square, mean, rsqrt and two multiplies per element; x, r and w read once."""
+    n = ranges.numel(op.operands[0].type, env)
+    return 5 * n, 4 * (2 * n + ranges.numel(op.operands[2].type, env))
+
+
 register(OpDef(
     name="llm.add_rms_norm",
     summary="Residual add fused with RMS normalization: sum = x + residual; "
@@ -869,6 +883,7 @@ register(OpDef(
     attrs=(Attr("eps", "float", 1e-6, doc="added to the mean square"),
            Attr("offset", "float", 0.0, doc="added to weight (gemma stores weight - 1: offset 1.0)")),
     infer=_infer_add_rms_norm, reference=_ref_add_rms_norm, decompose=_dec_add_rms_norm,
+    interval=_iv_add_rms_norm, cost=_cost_add_rms_norm,
     results=("normed", "sum"),
     verifies="x and residual share one float dtype and shape, weight is 1-D over the last dim, "
              "and eps >= 0.",
@@ -925,6 +940,20 @@ def _dec_linear(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     return [y]
 
 
+def _iv_linear(op: Any, ins: list[ranges.Iv], env: dict[str, int], max_dim: int) -> ranges.Iv:
+    k = ranges.dim(op.operands[0].type, -1, env, max_dim)
+    m = k * ranges.absmax(ins[0]) * ranges.absmax(ins[1])
+    bias = ins[2] if len(ins) > 2 else (0.0, 0.0)
+    return ranges.activation(str(op.attrs.get("activation", "none")), (-m + bias[0], m + bias[1]))
+
+
+def _cost_linear(op: Any, env: dict[str, int]) -> tuple[int, int]:
+    """2 * K FLOPs per output element plus the bias and activation; every operand read once."""
+    out = ranges.numel(op.results[0].type, env)
+    k = ranges.dim(op.operands[0].type, -1, env, 1)
+    return 2 * out * k + 2 * out, sum(4 * ranges.numel(v.type, env) for v in op.operands)
+
+
 register(OpDef(
     name="llm.linear",
     summary="A projection with optional bias and activation: act(x @ w^T + bias) (transpose_b, "
@@ -936,6 +965,7 @@ register(OpDef(
                 doc="applied after the bias"),
            Attr("transpose_b", "bool", True, doc="w is [out, in] (true) or [in, out] (false)")),
     infer=_infer_linear, reference=_ref_linear, decompose=_dec_linear,
+    interval=_iv_linear, cost=_cost_linear,
     verifies="x is a float tensor, w a 2-D matrix of x's dtype whose contraction dim matches x's "
              "last dim, and bias (if any) is 1-D over the output dim.",
     example='%y = llm.linear %x, %w, %b {activation = "gelu_tanh"} : (tensor<?batch x ?seq x 64 x f32>, '
@@ -963,6 +993,8 @@ register(OpDef(
     attrs=(Attr("device", "str", "", doc='e.g. "cuda", "cpu"; "" = host (no annotation)'),
            Attr("layout", "str", "", doc='e.g. "nk" (a [out, in] matrix), "kn"; "" = row-major')),
     infer=_infer_to_device, reference=lambda a, at: np.array(a[0], copy=True),
+    smt=lambda enc, args, at: args[0],  # the same values, placed elsewhere
+    interval=lambda op, ins, env, max_dim: ins[0],
     verifies="x is a tensor and device and layout are plain strings.",
     example='%y = llm.to_device %x {device = "cuda"} : (tensor<?batch x ?seq x 64 x f16>) '
             '-> tensor<?batch x ?seq x 64 x f16, device="cuda">',
