@@ -45,9 +45,9 @@ def format_report(res: PipelineResult) -> str:
     validated = [r for r in res.runs if r.validation is not None and r.changed]
     if validated:  # how each changing pass was validated: SMT (rule instances) or differential
         lines.append("validation of the passes that changed the module:")
-        for r in validated:
-            v = r.validation or {}
-            lines.append(f"  [{r.name}] {v.get('verdict')} by {v.get('method')}")
+        for run in validated:
+            v = run.validation or {}
+            lines.append(f"  [{run.name}] {v.get('verdict')} by {v.get('method')}")
     lines.append(f"candidates rejected ({len(res.ctx.rejections)}):")
     for r in res.ctx.rejections:
         lines.append(f"  [{r.pass_name}] {r.rule} at {r.location}: {r.reason}")

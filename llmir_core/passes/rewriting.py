@@ -174,19 +174,19 @@ def hoist(fn: Function, at: int, values: Iterable[Value],
     when that is impossible (an op with effects, or one of the `forbidden` ops, e.g. the roots)."""
     pos = {id(o): i for i, o in enumerate(fn.ops)}
     move: dict[int, Op] = {}
-    stack = [v for v in values if v.owner is not None and pos.get(id(v.owner), -1) >= at]
+    stack = [(v, v) for v in values if v.owner is not None and pos.get(id(v.owner), -1) >= at]
     while stack:
-        v = stack.pop()
+        v, leaf = stack.pop()  # v is computed for the value `leaf` the replacement reads
         op = v.owner
         assert op is not None
         if id(op) in move:
             continue
         if id(op) in forbidden:
-            return f"%{v.name} is computed from the replaced value"
+            return f"%{leaf.name} is computed from the replaced value %{v.name}"
         if not is_pure(op):
-            return f"%{v.name} is defined after the replaced op by {op.name}, which has effects"
+            return f"%{leaf.name} is defined after the replaced op, by {op.name}, which has effects"
         move[id(op)] = op
-        stack.extend(u for u in op.operands if u.owner is not None and pos.get(id(u.owner), -1) >= at)
+        stack.extend((u, leaf) for u in op.operands if u.owner is not None and pos.get(id(u.owner), -1) >= at)
     if move:
         moved = [o for o in fn.ops if id(o) in move]
         rest = [o for o in fn.ops if id(o) not in move]

@@ -102,3 +102,27 @@ def test_o2_keeps_quantized_gguf_projections_apart(tmp_path: Path) -> None:
     assert len(reasons) == 2 and all("is stored as !quant.q8_0" in r for r in reasons)
     assert Counter(r.pass_name for r in res.ctx.rewrites)["fuse-add-rms-norm"] == 8
     _same_generation(module, after)
+
+
+_CYCLIC = """module @m attributes {llmir.dialects = ["core", "llm"], llmir.version = "0.1"} {
+  func.func @main(%x: tensor<2x8xf32>, %wq: tensor<8x8xf32>, %wv: tensor<4x8xf32>) -> (tensor<2x8xf32>, tensor<2x4xf32>, tensor<2x4xf32>) {
+    %q = core.matmul %x, %wq {transpose_b = true} : (tensor<2x8xf32>, tensor<8x8xf32>) -> tensor<2x8xf32>
+    %wk = core.concat %q, %q {axis = 0} : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<4x8xf32>
+    %k = core.matmul %x, %wk {transpose_b = true} : (tensor<2x8xf32>, tensor<4x8xf32>) -> tensor<2x4xf32>
+    %v = core.matmul %x, %wv {transpose_b = true} : (tensor<2x8xf32>, tensor<4x8xf32>) -> tensor<2x4xf32>
+    return %q, %k, %v : tensor<2x8xf32>, tensor<2x4xf32>, tensor<2x4xf32>
+  }
+}
+"""
+
+
+def test_a_weight_computed_from_a_replaced_value_is_not_hoisted() -> None:
+    from llmir_core.ir.parser import parse_module
+    from llmir_core.ir.printer import print_module
+    from llmir_core.passes.pipeline import parse_pipeline
+
+    m = parse_module(_CYCLIC, "cyclic.llmir")
+    before = print_module(m)
+    res = run_pipeline(m, parse_pipeline("merge-qkv"))
+    assert not res.ctx.rewrites and print_module(m) == before
+    assert [r.reason for r in res.ctx.rejections] == ["%wk is computed from the replaced value %q"]
