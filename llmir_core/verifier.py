@@ -132,7 +132,7 @@ class _Checker:
             return
         attrs = opdef.with_defaults(op.attrs)
         try:
-            inferred = opdef.infer(InferCtx(opdef, [v.type for v in op.operands], attrs, len(op.results),
+            inferred = opdef.run_infer(InferCtx(opdef, [v.type for v in op.operands], attrs, len(op.results),
                                             [r.type for r in op.results]))
         except OpVerifyError as exc:
             self.error(f"{op.name}: {exc}", op.pos, op.origin)

@@ -461,9 +461,8 @@ register(OpDef(
 
 # -- gated MLP ----------------------------------------------------------------------------------
 
-def _infer_silu_mul(ctx: InferCtx) -> list[Type]:
-    g, u = float_tensor(ctx, 0, "gate"), tensor_arg(ctx, 1, "up")
-    _need_dtype(u, g.dtype, "up")
+def _infer_silu_mul(ctx: InferCtx) -> list[Type]:  # operand kinds and dtypes: declared
+    g, u = tensor_arg(ctx, 0), tensor_arg(ctx, 1)
     return [like(g, broadcast_shapes(g.shape, u.shape))]
 
 
@@ -473,7 +472,8 @@ def _silu64(x: np.ndarray) -> np.ndarray:
 
 register(OpDef(
     name="llm.silu_mul", summary="silu(gate) * up, elementwise with broadcasting (the SwiGLU product).",
-    operands=(Operand("gate"), Operand("up")), attrs=(), infer=_infer_silu_mul,
+    operands=(Operand("gate", kind="float"), Operand("up", kind="tensor", dtype_of="gate")), attrs=(),
+    infer=_infer_silu_mul,
     reference=lambda a, at: (_silu64(_f64(a[0])) * _f64(a[1])).astype(a[0].dtype),
     decompose=lambda b, o, at: [b.op("core.mul", b.op("core.silu", o[0]), o[1])],
     verifies="gate and up share a float dtype and broadcastable shapes.",
@@ -834,16 +834,12 @@ register(OpDef(
 
 # -- fused ops (targets of the -O3 fusion passes) -------------------------------------------------
 
-def _infer_add_rms_norm(ctx: InferCtx) -> list[Type]:
-    x, r = float_tensor(ctx, 0, "x"), tensor_arg(ctx, 1, "residual")
-    w = tensor_arg(ctx, 2, "weight")
+def _infer_add_rms_norm(ctx: InferCtx) -> list[Type]:  # operand kinds, dtypes, ranks: declared
+    x, r, w = (tensor_arg(ctx, i) for i in range(3))
     if x.rank == 0:
         raise OpVerifyError("x must have rank >= 1 (the normalized dim is the last)")
-    _need_dtype(r, x.dtype, "residual")
-    _need_dtype(w, x.dtype, "weight")
     if r.rank != x.rank or not all(_same(a, c) for a, c in zip(x.shape, r.shape)):
         raise OpVerifyError(f"residual {fmt_shape(r.shape)} must have x's shape {fmt_shape(x.shape)}")
-    _need_rank(w, 1, "weight")
     _need_dim(w.shape[0], x.shape[-1], f"weight has {w.shape[0]} elements but x's last dim is {x.shape[-1]}")
     if ctx["eps"] < 0:
         raise OpVerifyError(f"eps must be >= 0, got {ctx['eps']}")
@@ -878,8 +874,8 @@ register(OpDef(
     name="llm.add_rms_norm",
     summary="Residual add fused with RMS normalization: sum = x + residual; "
             "normed = sum / sqrt(mean(sum^2) + eps) * (weight + offset). Returns (normed, sum).",
-    operands=(Operand("x"), Operand("residual", doc="x's shape and dtype"),
-              Operand("weight", doc="[hidden]")),
+    operands=(Operand("x", kind="float"), Operand("residual", doc="x's shape and dtype", kind="tensor", dtype_of="x"),
+              Operand("weight", doc="[hidden]", kind="tensor", rank=1, dtype_of="x")),
     attrs=(Attr("eps", "float", 1e-6, doc="added to the mean square"),
            Attr("offset", "float", 0.0, doc="added to weight (gemma stores weight - 1: offset 1.0)")),
     infer=_infer_add_rms_norm, reference=_ref_add_rms_norm, decompose=_dec_add_rms_norm,

@@ -68,6 +68,13 @@ class Operand:
     variadic: bool = False  # zero or more (only the last operand)
     optional: bool = False  # may be absent (only trailing operands)
     doc: str = ""
+    # declared constraints, checked before the shape rule runs (so `infer` need not code them):
+    kind: str = ""  # "tensor", "float" (a float tensor); "" = unchecked
+    rank: int | None = None  # exact rank
+    dtype_of: str = ""  # has the dtype of the operand of this name
+
+
+OPERAND_KINDS = ("", "tensor", "float")
 
 
 @dataclass(frozen=True)
@@ -150,13 +157,41 @@ class OpDef:
                     errs.append(f"attribute {a.name!r}: choice {bad[0]!r} is not a {a.kind}")
                 elif not a.required and a.default is not None and a.default not in a.choices:
                     errs.append(f"attribute {a.name!r}: default {a.default!r} is not one of its choices")
+        names = [o.name for o in self.operands]
         for i, o in enumerate(self.operands):
             last = i == len(self.operands) - 1
+            if o.kind not in OPERAND_KINDS:
+                errs.append(f"operand {o.name!r} has unknown kind {o.kind!r} (kinds: tensor, float)")
+            if o.dtype_of and o.dtype_of not in names[:i]:
+                errs.append(f"operand {o.name!r}: dtype_of names no earlier operand ({o.dtype_of!r})")
             if o.variadic and not last:
                 errs.append(f"operand {o.name!r} is variadic but not the last operand")
             if o.optional and any(not p.optional and not p.variadic for p in self.operands[i + 1:]):
                 errs.append(f"operand {o.name!r} is optional but a required operand follows it")
         return errs
+
+    def check_operands(self, types: Sequence[Type]) -> None:
+        """Raise OpVerifyError for the first operand that breaks its declared constraints."""
+        by_name: dict[str, Type] = {}
+        for i, (o, t) in enumerate(zip(self.operands, types)):
+            by_name[o.name] = t
+            what = f"operand #{i} ({o.name})"
+            if not (o.kind or o.rank is not None or o.dtype_of):
+                continue
+            if not isinstance(t, TensorType):
+                raise OpVerifyError(f"{what} must be a tensor, got {t}")
+            if o.kind == "float" and not (isinstance(t.dtype, DType) and t.dtype.is_float):
+                raise OpVerifyError(f"{what} must have a float dtype, got {t.dtype}")
+            if o.rank is not None and t.rank != o.rank:
+                raise OpVerifyError(f"{o.name} must have rank {o.rank}, got {t}")
+            ref = by_name.get(o.dtype_of)
+            if isinstance(ref, TensorType) and t.dtype != ref.dtype:
+                raise OpVerifyError(f"{o.name} has dtype {t.dtype}, expected {ref.dtype} (insert core.cast)")
+
+    def run_infer(self, ctx: InferCtx) -> list[Type]:
+        """The declared operand constraints, then the shape rule."""
+        self.check_operands(ctx.types)
+        return self.infer(ctx)
 
     def operand_range(self) -> tuple[int, int | None]:
         """(min, max) operand count; max None when variadic."""

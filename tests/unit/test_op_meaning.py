@@ -67,3 +67,34 @@ def test_bad_declarations_are_refused_at_registration(attrs: tuple[Attr, ...], m
     with pytest.raises(ValueError, match=message):
         register(od)
     assert get_op("test.bad_decl") is None
+
+
+_ARN = """module @m attributes {llmir.dialects = ["core", "llm"], llmir.version = "0.1"} {
+  func.func @main(%x: tensor<2x8xX>, %r: tensor<2x8xR>, %w: tensor<W>) -> tensor<2x8xX> {
+    %y, %s = llm.add_rms_norm %x, %r, %w : (tensor<2x8xX>, tensor<2x8xR>, tensor<W>) -> (tensor<2x8xX>, tensor<2x8xX>)
+    return %y : tensor<2x8xX>
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("x, r, w, message", [
+    ("i32", "i32", "8xi32", "operand #0 (x) must have a float dtype, got i32"),
+    ("f32", "f16", "8xf32", "residual has dtype f16, expected f32 (insert core.cast)"),
+    ("f32", "f32", "1x8xf32", "weight must have rank 1, got tensor<1x8xf32>"),
+])
+def test_declared_operand_constraints_are_checked(x: str, r: str, w: str, message: str) -> None:
+    from llmir_core.verifier import verify
+
+    text = _ARN.replace("xX>", f"x{x}>").replace("xR>", f"x{r}>").replace("<W>", f"<{w}>")
+    diags = verify(parse_module(text, "arn.llmir"))
+    assert [d.message for d in diags] == [f"llm.add_rms_norm: {message}"]
+    assert str(diags[0].pos) == "arn.llmir:3:14"
+
+
+def test_operand_constraint_declarations_are_checked() -> None:
+    od = OpDef(name="test.bad_operand", summary="", operands=(Operand("x", dtype_of="y"), Operand("y", kind="floaty")),
+               attrs=(), infer=lambda ctx: [], reference=None, verifies="")
+    errs = od.declaration_errors()
+    assert "operand 'x': dtype_of names no earlier operand ('y')" in errs
+    assert "operand 'y' has unknown kind 'floaty' (kinds: tensor, float)" in errs
