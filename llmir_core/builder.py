@@ -41,7 +41,7 @@ class Builder:
             raise KeyError(f"unknown op {name}")
         ctx = InferCtx(opdef, [v.type for v in operands], opdef.with_defaults(attrs), num_results,
                        declared)
-        return opdef.infer(ctx)
+        return opdef.run_infer(ctx)
 
     def create(self, name: str, operands: list[Value], attrs: dict[str, Any] | None = None,
                result_types: list[Type] | None = None, names: list[str] | None = None,

@@ -8,31 +8,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from llmir_core.dialects.opdef import REQUIRED, InferCtx, OpDef, OpVerifyError
+from llmir_core.dialects.opdef import ATTR_KIND_CHECKS, REQUIRED, InferCtx, OpDef, OpVerifyError
 from llmir_core.dialects.registry import CORE_DIALECTS, DIALECTS, get_op, suggest
 from llmir_core.errors import Diagnostic, SourcePos
-from llmir_core.ir.attrs import DenseAttr
 from llmir_core.ir.core import Function, Module, Op, Value, gc_paused
-from llmir_core.ir.dims import DYN, SymDim, _Dyn, dims_compatible, format_dim
-from llmir_core.ir.types import DType, KVCacheType, QuantType, TensorType, Type
+from llmir_core.ir.dims import DYN, SymDim, dims_compatible, format_dim
+from llmir_core.ir.types import DType, KVCacheType, Type
 
-_KIND_CHECK: dict[str, Any] = {
-    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "float": lambda v: isinstance(v, (float, int)) and not isinstance(v, bool),
-    "bool": lambda v: isinstance(v, bool),
-    "str": lambda v: isinstance(v, str) and not isinstance(v, DType),
-    "ints": lambda v: isinstance(v, tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
-    "floats": lambda v: isinstance(v, tuple) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v),
-    "strs": lambda v: isinstance(v, tuple) and all(isinstance(x, str) for x in v),
-    "dtype": lambda v: isinstance(v, DType),
-    "dims": lambda v: isinstance(v, tuple) and all(
-        (isinstance(x, int) and not isinstance(x, bool)) or isinstance(x, (SymDim, _Dyn)) for x in v),
-    "dense": lambda v: isinstance(v, DenseAttr),
-    "type": lambda v: isinstance(v, (TensorType, KVCacheType)),
-    "quant": lambda v: isinstance(v, QuantType),
-    "dict": lambda v: isinstance(v, dict),
-    "any": lambda v: True,
-}
+_KIND_CHECK = ATTR_KIND_CHECKS
 
 
 def types_compatible(inferred: Type, annotated: Type) -> bool:
@@ -149,7 +132,7 @@ class _Checker:
             return
         attrs = opdef.with_defaults(op.attrs)
         try:
-            inferred = opdef.infer(InferCtx(opdef, [v.type for v in op.operands], attrs, len(op.results),
+            inferred = opdef.run_infer(InferCtx(opdef, [v.type for v in op.operands], attrs, len(op.results),
                                             [r.type for r in op.results]))
         except OpVerifyError as exc:
             self.error(f"{op.name}: {exc}", op.pos, op.origin)

@@ -23,6 +23,7 @@ from llmir_core.ir.attrs import DenseAttr
 from llmir_core.ir.dims import DYN, Dim, SymDim, dim_div_exact
 from llmir_core.ir.types import DType, KVCacheType, QuantType, TensorType, Type, numpy_dtype
 
+from . import ranges
 from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError
 from .registry import register, register_dialect
 from .shapes import broadcast_shapes, float_tensor, fmt_shape, kv_arg, like, tensor_arg
@@ -460,9 +461,8 @@ register(OpDef(
 
 # -- gated MLP ----------------------------------------------------------------------------------
 
-def _infer_silu_mul(ctx: InferCtx) -> list[Type]:
-    g, u = float_tensor(ctx, 0, "gate"), tensor_arg(ctx, 1, "up")
-    _need_dtype(u, g.dtype, "up")
+def _infer_silu_mul(ctx: InferCtx) -> list[Type]:  # operand kinds and dtypes: declared
+    g, u = tensor_arg(ctx, 0), tensor_arg(ctx, 1)
     return [like(g, broadcast_shapes(g.shape, u.shape))]
 
 
@@ -472,7 +472,8 @@ def _silu64(x: np.ndarray) -> np.ndarray:
 
 register(OpDef(
     name="llm.silu_mul", summary="silu(gate) * up, elementwise with broadcasting (the SwiGLU product).",
-    operands=(Operand("gate"), Operand("up")), attrs=(), infer=_infer_silu_mul,
+    operands=(Operand("gate", kind="float"), Operand("up", kind="tensor", dtype_of="gate")), attrs=(),
+    infer=_infer_silu_mul,
     reference=lambda a, at: (_silu64(_f64(a[0])) * _f64(a[1])).astype(a[0].dtype),
     decompose=lambda b, o, at: [b.op("core.mul", b.op("core.silu", o[0]), o[1])],
     verifies="gate and up share a float dtype and broadcastable shapes.",
@@ -833,16 +834,12 @@ register(OpDef(
 
 # -- fused ops (targets of the -O3 fusion passes) -------------------------------------------------
 
-def _infer_add_rms_norm(ctx: InferCtx) -> list[Type]:
-    x, r = float_tensor(ctx, 0, "x"), tensor_arg(ctx, 1, "residual")
-    w = tensor_arg(ctx, 2, "weight")
+def _infer_add_rms_norm(ctx: InferCtx) -> list[Type]:  # operand kinds, dtypes, ranks: declared
+    x, r, w = (tensor_arg(ctx, i) for i in range(3))
     if x.rank == 0:
         raise OpVerifyError("x must have rank >= 1 (the normalized dim is the last)")
-    _need_dtype(r, x.dtype, "residual")
-    _need_dtype(w, x.dtype, "weight")
     if r.rank != x.rank or not all(_same(a, c) for a, c in zip(x.shape, r.shape)):
         raise OpVerifyError(f"residual {fmt_shape(r.shape)} must have x's shape {fmt_shape(x.shape)}")
-    _need_rank(w, 1, "weight")
     _need_dim(w.shape[0], x.shape[-1], f"weight has {w.shape[0]} elements but x's last dim is {x.shape[-1]}")
     if ctx["eps"] < 0:
         raise OpVerifyError(f"eps must be >= 0, got {ctx['eps']}")
@@ -860,15 +857,29 @@ def _dec_add_rms_norm(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     return [_dec_rms_norm(b, [s, o[2]], at)[0], s]
 
 
+def _iv_add_rms_norm(op: Any, ins: list[ranges.Iv], env: dict[str, int], max_dim: int) -> ranges.Iv:
+    """One range for both results: the normed bound and the sum's."""
+    n = ranges.dim(op.operands[0].type, -1, env, max_dim)
+    normed = ranges.norm_bound(n, ins[2], float(op.attrs.get("offset", 0.0)))
+    return ranges.union(normed, (ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]))
+
+
+def _cost_add_rms_norm(op: Any, env: dict[str, int]) -> tuple[int, int]:
+    """An add, then square, mean, rsqrt and two multiplies per element; x, r and w read once."""
+    n = ranges.numel(op.operands[0].type, env)
+    return 5 * n, 4 * (2 * n + ranges.numel(op.operands[2].type, env))
+
+
 register(OpDef(
     name="llm.add_rms_norm",
     summary="Residual add fused with RMS normalization: sum = x + residual; "
             "normed = sum / sqrt(mean(sum^2) + eps) * (weight + offset). Returns (normed, sum).",
-    operands=(Operand("x"), Operand("residual", doc="x's shape and dtype"),
-              Operand("weight", doc="[hidden]")),
+    operands=(Operand("x", kind="float"), Operand("residual", doc="x's shape and dtype", kind="tensor", dtype_of="x"),
+              Operand("weight", doc="[hidden]", kind="tensor", rank=1, dtype_of="x")),
     attrs=(Attr("eps", "float", 1e-6, doc="added to the mean square"),
            Attr("offset", "float", 0.0, doc="added to weight (gemma stores weight - 1: offset 1.0)")),
     infer=_infer_add_rms_norm, reference=_ref_add_rms_norm, decompose=_dec_add_rms_norm,
+    interval=_iv_add_rms_norm, cost=_cost_add_rms_norm,
     results=("normed", "sum"),
     verifies="x and residual share one float dtype and shape, weight is 1-D over the last dim, "
              "and eps >= 0.",
@@ -925,6 +936,20 @@ def _dec_linear(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     return [y]
 
 
+def _iv_linear(op: Any, ins: list[ranges.Iv], env: dict[str, int], max_dim: int) -> ranges.Iv:
+    k = ranges.dim(op.operands[0].type, -1, env, max_dim)
+    m = k * ranges.absmax(ins[0]) * ranges.absmax(ins[1])
+    bias = ins[2] if len(ins) > 2 else (0.0, 0.0)
+    return ranges.activation(str(op.attrs.get("activation", "none")), (-m + bias[0], m + bias[1]))
+
+
+def _cost_linear(op: Any, env: dict[str, int]) -> tuple[int, int]:
+    """2 * K FLOPs per output element plus the bias and activation; every operand read once."""
+    out = ranges.numel(op.results[0].type, env)
+    k = ranges.dim(op.operands[0].type, -1, env, 1)
+    return 2 * out * k + 2 * out, sum(4 * ranges.numel(v.type, env) for v in op.operands)
+
+
 register(OpDef(
     name="llm.linear",
     summary="A projection with optional bias and activation: act(x @ w^T + bias) (transpose_b, "
@@ -936,6 +961,7 @@ register(OpDef(
                 doc="applied after the bias"),
            Attr("transpose_b", "bool", True, doc="w is [out, in] (true) or [in, out] (false)")),
     infer=_infer_linear, reference=_ref_linear, decompose=_dec_linear,
+    interval=_iv_linear, cost=_cost_linear,
     verifies="x is a float tensor, w a 2-D matrix of x's dtype whose contraction dim matches x's "
              "last dim, and bias (if any) is 1-D over the output dim.",
     example='%y = llm.linear %x, %w, %b {activation = "gelu_tanh"} : (tensor<?batch x ?seq x 64 x f32>, '
@@ -963,6 +989,8 @@ register(OpDef(
     attrs=(Attr("device", "str", "", doc='e.g. "cuda", "cpu"; "" = host (no annotation)'),
            Attr("layout", "str", "", doc='e.g. "nk" (a [out, in] matrix), "kn"; "" = row-major')),
     infer=_infer_to_device, reference=lambda a, at: np.array(a[0], copy=True),
+    smt=lambda enc, args, at: args[0],  # the same values, placed elsewhere
+    interval=lambda op, ins, env, max_dim: ins[0],
     verifies="x is a tensor and device and layout are plain strings.",
     example='%y = llm.to_device %x {device = "cuda"} : (tensor<?batch x ?seq x 64 x f16>) '
             '-> tensor<?batch x ?seq x 64 x f16, device="cuda">',

@@ -3,6 +3,12 @@
 An OpDef holds the op's name, its operand/result/attribute signature, a one-sentence statement of
 what its verifier checks, a shape/dtype rule over symbolic dims (`infer`), the numpy reference
 semantics (`reference`), and for composite ops a decomposition into simpler ops (`decompose`).
+The rest of the op's meaning is optional, each with a generic fallback where it is absent:
+`smt` (its element-level encoding for the SMT prover and translation validation; fallback: the
+encoder library of `llmir_core.smt.semantics`), `interval` (the range of its result from its
+operands' ranges; fallback: the rules of `llmir_core.smt.intervals`, else unbounded) and `cost`
+(FLOPs and bytes read per evaluation; fallback: one FLOP per result element, every operand read
+once). `meaning_of` says which an op has.
 Every docstring-style `example` is parsed and verified by the test-suite, and `docs/spec.md`'s op
 reference is generated from these entries.
 """
@@ -15,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from llmir_core.ir.types import Type
+from llmir_core.ir.attrs import DenseAttr
+from llmir_core.ir.dims import SymDim, _Dyn
+from llmir_core.ir.types import DType, KVCacheType, QuantType, TensorType, Type
 
 if TYPE_CHECKING:
     from llmir_core.builder import Builder
@@ -29,6 +37,26 @@ class _Required:
 
 REQUIRED: Any = _Required()
 
+# Attribute kinds and what they accept.
+ATTR_KIND_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (float, int)) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str) and not isinstance(v, DType),
+    "ints": lambda v: isinstance(v, tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
+    "floats": lambda v: isinstance(v, tuple) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v),
+    "strs": lambda v: isinstance(v, tuple) and all(isinstance(x, str) for x in v),
+    "dtype": lambda v: isinstance(v, DType),
+    "dims": lambda v: isinstance(v, tuple) and all(
+        (isinstance(x, int) and not isinstance(x, bool)) or isinstance(x, (SymDim, _Dyn)) for x in v),
+    "dense": lambda v: isinstance(v, DenseAttr),
+    "type": lambda v: isinstance(v, (TensorType, KVCacheType)),
+    "quant": lambda v: isinstance(v, QuantType),
+    "dict": lambda v: isinstance(v, dict),
+    "any": lambda v: True,
+}
+ATTR_KINDS = tuple(ATTR_KIND_CHECKS)
+
 
 class OpVerifyError(Exception):
     """Raised by shape rules: the op is ill-typed; the message says why (one line)."""
@@ -40,6 +68,13 @@ class Operand:
     variadic: bool = False  # zero or more (only the last operand)
     optional: bool = False  # may be absent (only trailing operands)
     doc: str = ""
+    # declared constraints, checked before the shape rule runs (so `infer` need not code them):
+    kind: str = ""  # "tensor", "float" (a float tensor); "" = unchecked
+    rank: int | None = None  # exact rank
+    dtype_of: str = ""  # has the dtype of the operand of this name
+
+
+OPERAND_KINDS = ("", "tensor", "float")
 
 
 @dataclass(frozen=True)
@@ -56,6 +91,12 @@ class Attr:
 
 
 InferFn = Callable[["InferCtx"], list[Type]]
+# (encoder, operand STensors, attributes with defaults) -> result STensor(s); see smt/semantics.py
+SmtFn = Callable[[Any, Sequence[Any], dict[str, Any]], Any]
+# (op, operand ranges (lo, hi), dim bindings, default dim) -> the first result's range
+IntervalFn = Callable[[Any, list[tuple[float, float]], dict[str, int], int], tuple[float, float]]
+# (op, dim bindings) -> (FLOPs, bytes read)
+CostFn = Callable[[Any, dict[str, int]], tuple[int, int]]
 RefFn = Callable[[list[np.ndarray], dict[str, Any]], "np.ndarray | list[np.ndarray]"]
 DecomposeFn = Callable[["Builder", list["Value"], dict[str, Any]], list["Value"]]
 
@@ -75,6 +116,9 @@ class OpDef:
     example: str = ""
     effects: bool = False  # has an effect beyond its results (never dead-code eliminated)
     traits: frozenset[str] = field(default_factory=frozenset)
+    smt: SmtFn | None = None  # element-level SMT encoding (None: the encoder library's, if any)
+    interval: IntervalFn | None = None  # result range rule (None: the generic rules)
+    cost: CostFn | None = None  # FLOPs and bytes read (None: one FLOP per result element)
 
     @property
     def dialect(self) -> str:
@@ -90,6 +134,64 @@ class OpDef:
         out = {a.name: a.default for a in self.attrs if not a.required}
         out.update(attrs)
         return out
+
+    def declaration_errors(self) -> list[str]:
+        """What is wrong with the declaration itself (checked when the op is registered)."""
+        errs = []
+        if "." not in self.name:
+            errs.append(f"op name {self.name!r} has no dialect prefix")
+        seen: set[str] = set()
+        for a in self.attrs:
+            check = ATTR_KIND_CHECKS.get(a.kind)
+            if a.name in seen:
+                errs.append(f"attribute {a.name!r} declared twice")
+            seen.add(a.name)
+            if check is None:
+                errs.append(f"attribute {a.name!r} has unknown kind {a.kind!r} (kinds: {', '.join(ATTR_KINDS)})")
+                continue
+            if not a.required and a.default is not None and not check(a.default):
+                errs.append(f"attribute {a.name!r}: default {a.default!r} is not a {a.kind}")
+            if a.choices is not None:
+                bad = [c for c in a.choices if not check(c)]
+                if bad:
+                    errs.append(f"attribute {a.name!r}: choice {bad[0]!r} is not a {a.kind}")
+                elif not a.required and a.default is not None and a.default not in a.choices:
+                    errs.append(f"attribute {a.name!r}: default {a.default!r} is not one of its choices")
+        names = [o.name for o in self.operands]
+        for i, o in enumerate(self.operands):
+            last = i == len(self.operands) - 1
+            if o.kind not in OPERAND_KINDS:
+                errs.append(f"operand {o.name!r} has unknown kind {o.kind!r} (kinds: tensor, float)")
+            if o.dtype_of and o.dtype_of not in names[:i]:
+                errs.append(f"operand {o.name!r}: dtype_of names no earlier operand ({o.dtype_of!r})")
+            if o.variadic and not last:
+                errs.append(f"operand {o.name!r} is variadic but not the last operand")
+            if o.optional and any(not p.optional and not p.variadic for p in self.operands[i + 1:]):
+                errs.append(f"operand {o.name!r} is optional but a required operand follows it")
+        return errs
+
+    def check_operands(self, types: Sequence[Type]) -> None:
+        """Raise OpVerifyError for the first operand that breaks its declared constraints."""
+        by_name: dict[str, Type] = {}
+        for i, (o, t) in enumerate(zip(self.operands, types)):
+            by_name[o.name] = t
+            what = f"operand #{i} ({o.name})"
+            if not (o.kind or o.rank is not None or o.dtype_of):
+                continue
+            if not isinstance(t, TensorType):
+                raise OpVerifyError(f"{what} must be a tensor, got {t}")
+            if o.kind == "float" and not (isinstance(t.dtype, DType) and t.dtype.is_float):
+                raise OpVerifyError(f"{what} must have a float dtype, got {t.dtype}")
+            if o.rank is not None and t.rank != o.rank:
+                raise OpVerifyError(f"{o.name} must have rank {o.rank}, got {t}")
+            ref = by_name.get(o.dtype_of)
+            if isinstance(ref, TensorType) and t.dtype != ref.dtype:
+                raise OpVerifyError(f"{o.name} has dtype {t.dtype}, expected {ref.dtype} (insert core.cast)")
+
+    def run_infer(self, ctx: InferCtx) -> list[Type]:
+        """The declared operand constraints, then the shape rule."""
+        self.check_operands(ctx.types)
+        return self.infer(ctx)
 
     def operand_range(self) -> tuple[int, int | None]:
         """(min, max) operand count; max None when variadic."""

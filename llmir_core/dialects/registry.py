@@ -15,6 +15,9 @@ def register(*defs: OpDef) -> None:
     for d in defs:
         if d.name in OPS:
             raise ValueError(f"op {d.name} registered twice")
+        errs = d.declaration_errors()
+        if errs:
+            raise ValueError(f"op {d.name}: " + "; ".join(errs))
         OPS[d.name] = d
 
 

@@ -41,10 +41,10 @@ PRESETS: dict[str, list[str]] = {
     "O0": [],
     "O1": list(_CLEANUP),
     "O2": _CLEANUP + ["lift-activations", "lift-rms-norm", "fuse-matmul-transpose", "fuse-silu-mul",
-                      "fuse-gated-mlp", "merge-qkv", "cse", "dce"],
+                      "fuse-gated-mlp", "merge-qkv", "fuse-add-rms-norm", "cse", "dce"],
 }
-# -O3 also lifts exported LayerNorm (before RMSNorm: a LayerNorm is an RMSNorm of x - mean), rotary and attention patterns and fuses ops that change the
-# op granularity a backend sees (residual add + norm, matmul + bias + activation)
+# -O3 also lifts exported LayerNorm (before RMSNorm: a LayerNorm is an RMSNorm of x - mean), rotary
+# and attention patterns and fuses matmul + bias + activation (a granularity not every backend has)
 PRESETS["O3"] = _CLEANUP + ["lift-activations", "lift-layer-norm", "lift-rms-norm", "lift-rotary",
                             "lift-attention", "fuse-matmul-transpose", "fuse-silu-mul", "fuse-gated-mlp",
                             "merge-qkv", "fuse-add-rms-norm", "fuse-linear", "constant-fold", "cse", "dce"]

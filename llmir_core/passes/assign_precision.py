@@ -1,5 +1,6 @@
 """assign-precision: dtype and device assignment from a per-target capability table, with
-explicit conversions (`core.cast`, `llm.to_device`) and weight reorders (`core.transpose`).
+explicit conversions (`core.cast`, `llm.to_device`) and weight reorders (`core.transpose`),
+applied through the rewrite engine (one rewrite per op, one rule per result).
 
 Rewrite: walking the function in order, each op the target supports (the op classes of
 `llmir_core.rewrite.precision_rules.OP_CLASSES`) is computed on the target device in a dtype
@@ -29,19 +30,18 @@ from llmir_core.dialects.registry import get_op
 from llmir_core.errors import InputError
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DTYPE_NAMES, DType, TensorType
-from llmir_core.rewrite.library import RULES, is_proved
+from llmir_core.rewrite.library import RULES
 from llmir_core.rewrite.precision_rules import (
     MOVE_ONLY,
     OP_CLASSES,
     arities,
     reorder_rule,
-    restore,
     rule_name,
 )
-from llmir_core.rewrite.rule import RuleInstance, value_loc
-from llmir_core.rewrite.terms import Match, V, build
+from llmir_core.rewrite.terms import Match
 
-from .base import PassContext, replace_uses, scratch_builder
+from .base import PassContext
+from .rewriting import Part, rewrite
 from .static_eval import static_slice
 
 
@@ -103,12 +103,8 @@ class AssignPrecision:
             rule, reorder = self._rule_for(op, tgt, static)
             if rule is None:
                 continue
-            if not ctx.allow_unproved and not is_proved(RULES[rule]):
-                ctx.rejected(rule, op.results[0], "rule has no proof certificate")
-                continue
             dt = self._dtype(op, low, is_low, static)
-            self._rewrite(fn, op, ctx, tgt, dt, rule, reorder, is_low)
-            changed = True
+            changed |= self._rewrite(fn, op, ctx, tgt, dt, rule, reorder, is_low)
         return changed
 
     def _rule_for(self, op: Op, tgt: Target, static: set[int]) -> tuple[str | None, bool]:
@@ -138,44 +134,29 @@ class AssignPrecision:
         return low if live and all(id(v) in is_low for v in live) else DType.f32
 
     def _rewrite(self, fn: Function, op: Op, ctx: PassContext, tgt: Target, dt: DType, rule: str,
-                 reorder: bool, is_low: set[int]) -> None:
+                 reorder: bool, is_low: set[int]) -> bool:
         od = get_op(op.name)
         assert od is not None
-        m = Match()
-        m.attrs = od.with_defaults(op.attrs)
-        m.attrs["__dev"] = tgt.device
+        seed = Match()
+        seed.attrs = od.with_defaults(op.attrs)
+        seed.attrs["__dev"] = tgt.device
         for i, v in enumerate(op.operands):
-            m.values[f"a{i}"] = v
+            seed.values[f"a{i}"] = v
             vt = v.type
             assert isinstance(vt, TensorType)
-            m.attrs[f"__to{i}"] = dt if _float(v) and i not in MOVE_ONLY.get(op.name, ()) else vt.dtype
-            m.attrs[f"__lay{i}"] = tgt.weight_layout if op.name == "core.matmul" and i == 1 and reorder else ""
-        b, new_ops = scratch_builder(fn, op.origin)
-        outs = []
-        inner: Op | None = None
-        for r_i, old in enumerate(op.results):
-            name = rule if r_i == 0 else rule_name(op.name, len(op.operands), r_i)
-            m.attrs["__back"] = old.type.dtype  # type: ignore[union-attr]
-            if inner is None:
-                new_v = build(RULES[name].rhs, m, b)
-                inner = next(o for o in new_ops if o.name == op.name)
-            else:  # the other results of the same converted op
-                m.values["__y"] = inner.results[r_i]
-                new_v = build(restore(V("__y")), m, b)
-            outs.append((name, old, new_v))
-        at = fn.ops.index(op)
-        fn.ops[at:at] = new_ops
-        ctx.applied(rule, op.results[0], f"{op.name} on {tgt.device} in {dt}"
-                    + (f", weight reordered to {tgt.weight_layout}" if reorder else ""))
-        for name, old, new_v in outs:
-            loc = value_loc(old)
-            replace_uses(fn, old, new_v)
-            keep = old.name
-            old.name = keep + ".dead"
-            new_v.name = keep
-            if inner is not None and dt != DType.f32 and inner.results[old.index].type.dtype == dt:  # type: ignore[union-attr]
-                is_low.add(id(new_v))
-            bindings = {f"a{i}": v.name for i, v in enumerate(op.operands)}
-            ctx.instances.append(RuleInstance(name, keep, keep, bindings, {}, dict(m.attrs), loc))
-        fn.ops.remove(op)
-
+            seed.attrs[f"__to{i}"] = dt if _float(v) and i not in MOVE_ONLY.get(op.name, ()) else vt.dtype
+            seed.attrs[f"__lay{i}"] = tgt.weight_layout if op.name == "core.matmul" and i == 1 and reorder else ""
+        detail = f"{op.name} on {tgt.device} in {dt}" + (f", weight reordered to {tgt.weight_layout}" if reorder else "")
+        parts = [Part(RULES[rule if r_i == 0 else rule_name(op.name, len(op.operands), r_i)], old,
+                      {"__back": old.type.dtype}, detail if r_i == 0 else "")  # type: ignore[union-attr]
+                 for r_i, old in enumerate(op.results)]
+        if rewrite(fn, ctx, parts, seed) is not None:
+            return False
+        for p in parts:
+            assert p.replacement is not None and p.replacement.owner is not None
+            cast = p.replacement.owner.operands[0].owner  # restore(y) = to_device(cast(y))
+            assert cast is not None
+            inner = cast.operands[0]
+            if dt != DType.f32 and isinstance(inner.type, TensorType) and inner.type.dtype == dt:
+                is_low.add(id(p.replacement))
+        return True

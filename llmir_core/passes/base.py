@@ -108,11 +108,6 @@ def erase_dead(fn: Function, candidates: Iterable[Op] | None = None) -> int:
     return removed
 
 
-def insert_before(fn: Function, anchor: Op, new_ops: list[Op]) -> None:
-    i = next(i for i, o in enumerate(fn.ops) if o is anchor)
-    fn.ops[i:i] = new_ops
-
-
 def scratch_builder(fn: Function, origin: str | None) -> tuple[Builder, list[Op]]:
     """A builder whose ops go to a side list (spliced in by the caller)."""
     ops: list[Op] = []

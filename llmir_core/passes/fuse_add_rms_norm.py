@@ -2,7 +2,8 @@
 results are the normalized value and the sum (the residual stream the next layer adds to).
 
 Rewrite: `s = x + r; y = rms_norm(s, w)` -> `y, s = llm.add_rms_norm(x, r, w)`; it applies the
-proved rules fuse-add-rms-norm (y) and fuse-add-rms-norm-sum (s) and logs both.
+proved rules fuse-add-rms-norm (y) and fuse-add-rms-norm-sum (s) as one rewrite of the engine
+(the norm weight, when defined between the add and the norm, is hoisted above the add).
 Invariant: y and s keep their values and types; x and r have one shape (no broadcasting); every
 other use of s still sees the sum, now the fused op's second result.
 """
@@ -10,30 +11,24 @@ other use of s still sees the sum, now the fused op's second result.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from llmir_core.ir.core import Function, Module, Op
+from llmir_core.ir.core import Module, Op
 from llmir_core.ir.types import TensorType
-from llmir_core.rewrite.library import RULES, is_proved
-from llmir_core.rewrite.rule import RuleInstance, value_loc
+from llmir_core.rewrite.library import RULES
 
-from .base import PassContext, erase_dead, replace_uses, scratch_builder
+from .base import PassContext
+from .rewriting import Part, rewrite
 
 RULE_NAMES = ("fuse-add-rms-norm", "fuse-add-rms-norm-sum")
 
 
-def _reason(norm: Op, pos: dict[int, int], fn: Function) -> str | None:
+def _reason(norm: Op) -> str | None:
     add = norm.operands[0].owner
-    if add is None or add.name != "core.add":
-        return "the normalized value is not a residual add"
+    assert add is not None
     x, r = add.operands
     if not isinstance(x.type, TensorType) or x.type != r.type or x.type != norm.results[0].type:
         return f"the add broadcasts ({x.type} + {r.type})"
-    w = norm.operands[1]
-    at = max(pos[id(add)], pos[id(w.owner)] if w.owner is not None else -1) + 1
-    early = [o for o in fn.ops[pos[id(add)] + 1:at] if any(v is add.results[0] for v in o.operands)]
-    if early:
-        return f"the sum is used by {early[0].name} before the norm weight %{w.name} is defined"
     return None
 
 
@@ -43,39 +38,16 @@ class FuseAddRmsNorm:
     summary: ClassVar[str] = "residual add + rms_norm -> llm.add_rms_norm (normed, sum)"
 
     def run(self, module: Module, ctx: PassContext) -> bool:
-        if not ctx.allow_unproved and not all(is_proved(RULES[n]) for n in RULE_NAMES):
-            return False
         changed = False
         for fn in module.functions:
             for norm in [o for o in fn.ops if o.name == "llm.rms_norm"]:
-                pos = {id(o): i for i, o in enumerate(fn.ops)}
-                reason = _reason(norm, pos, fn)
-                if reason is None:
-                    self._rewrite(fn, ctx, norm, pos)
-                    changed = True
-                elif norm.operands[0].owner is not None and norm.operands[0].owner.name == "core.add":
+                add = norm.operands[0].owner
+                if add is None or add.name != "core.add":
+                    continue
+                reason = _reason(norm)
+                if reason is not None:
                     ctx.rejected(RULE_NAMES[0], norm.results[0], reason)
+                    continue
+                parts = [Part(RULES[RULE_NAMES[0]], norm.results[0]), Part(RULES[RULE_NAMES[1]], add.results[0])]
+                changed |= rewrite(fn, ctx, parts) is None
         return changed
-
-    def _rewrite(self, fn: Function, ctx: PassContext, norm: Op, pos: dict[int, int]) -> None:
-        add = norm.operands[0].owner
-        assert add is not None
-        x, r = add.operands
-        w = norm.operands[1]
-        at = max(pos[id(add)], pos[id(w.owner)] if w.owner is not None else -1) + 1
-        b, new_ops = scratch_builder(fn, norm.origin)
-        attrs: dict[str, Any] = {k: norm.attrs[k] for k in ("eps", "offset") if k in norm.attrs}
-        fused = b.create("llm.add_rms_norm", [x, r, w], attrs)
-        fn.ops[at:at] = new_ops
-        full = {"eps": norm.attrs.get("eps", 1e-6), "offset": norm.attrs.get("offset", 0.0)}
-        for rule, old, new in ((RULE_NAMES[0], norm.results[0], fused.results[0]),
-                               (RULE_NAMES[1], add.results[0], fused.results[1])):
-            loc = value_loc(old)
-            ctx.applied(rule, old, RULES[rule].summary)
-            replace_uses(fn, old, new)
-            name = old.name
-            old.name = name + ".dead"
-            new.name = name
-            ctx.instances.append(RuleInstance(rule, name, name, {"x": x.name, "r": r.name, "w": w.name},
-                                              {}, dict(full), loc))
-        erase_dead(fn, [norm, add])

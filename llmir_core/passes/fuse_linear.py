@@ -16,7 +16,7 @@ from llmir_core.ir.core import Module
 from llmir_core.rewrite.library import rules_for
 
 from .base import PassContext
-from .fusing import apply_fusions
+from .rewriting import apply_rules
 
 
 @dataclass(frozen=True)
@@ -25,4 +25,4 @@ class FuseLinear:
     summary: ClassVar[str] = "matmul + bias + activation -> llm.linear"
 
     def run(self, module: Module, ctx: PassContext) -> bool:
-        return apply_fusions(module, ctx, rules_for(self.name))
+        return apply_rules(module, ctx, rules_for(self.name), exclusive=True)

@@ -28,10 +28,10 @@ from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType, TensorType
 from llmir_core.rewrite.library import RULES, is_proved
 from llmir_core.rewrite.quant_rules import kv_codes, kv_dequant, kv_scale
-from llmir_core.rewrite.rule import RuleInstance, value_loc
 from llmir_core.rewrite.terms import Match, V, build
 
 from .base import PassContext, erase_dead, replace_uses, scratch_builder
+from .rewriting import Part, rewrite
 
 RULE = "kv-cache-int8"
 CACHE_ARG = re.compile(r"^past_key_values\.\d+\.(key|value)$")
@@ -85,8 +85,8 @@ class KvCacheInt8:
                     continue
                 if self.interface:
                     self._int8_interface(fn, arg, cat)
-                else:
-                    self._roundtrip(fn, cat, ctx)
+                elif not self._roundtrip(fn, cat, ctx):
+                    continue
                 changed = True
             if changed:
                 after = kv_bytes_per_token(fn, True)
@@ -104,22 +104,9 @@ class KvCacheInt8:
             return "the appended block is not [batch, heads, seq, head_dim] of the cache's dtype"
         return None
 
-    def _roundtrip(self, fn: Function, cat: Op, ctx: PassContext) -> None:
-        rule = RULES[RULE]
-        m = Match(values={"past": cat.operands[0], "new": cat.operands[1]})
-        b, new_ops = scratch_builder(fn, cat.origin)
-        new_v = build(rule.rhs, m, b)
-        at = fn.ops.index(cat)
-        fn.ops[at:at] = new_ops
-        old = cat.results[0]
-        loc = value_loc(old)
-        replace_uses(fn, old, new_v)
-        name = old.name
-        old.name = name + ".dead"
-        new_v.name = name
-        ctx.instances.append(RuleInstance(RULE, name, name, {"past": m.values["past"].name,
-                                                             "new": m.values["new"].name}, {}, {}, loc))
-        erase_dead(fn, [cat])
+    def _roundtrip(self, fn: Function, cat: Op, ctx: PassContext) -> bool:
+        detail = f"int8 codes and per-position scales of the block appended to %{cat.operands[0].name}"
+        return rewrite(fn, ctx, [Part(RULES[RULE], cat.results[0], detail=detail)]) is None
 
     def _int8_interface(self, fn: Function, arg: Value, cat: Op) -> None:
         t = arg.type

@@ -20,7 +20,7 @@ from llmir_core.ir.core import Module
 from llmir_core.rewrite.library import rules_for
 
 from .base import PassContext
-from .fusing import apply_fusions
+from .rewriting import apply_rules
 
 
 @dataclass(frozen=True)
@@ -29,4 +29,4 @@ class LiftAttention:
     summary: ClassVar[str] = "softmax(q k^T * scale + mask) v -> llm.scaled_dot_product_attention (GQA, causal)"
 
     def run(self, module: Module, ctx: PassContext) -> bool:
-        return apply_fusions(module, ctx, rules_for(self.name))
+        return apply_rules(module, ctx, rules_for(self.name), exclusive=True)

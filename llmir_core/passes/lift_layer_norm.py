@@ -15,7 +15,7 @@ from llmir_core.ir.core import Module
 from llmir_core.rewrite.library import rules_for
 
 from .base import PassContext
-from .fusing import apply_fusions
+from .rewriting import apply_rules
 
 
 @dataclass(frozen=True)
@@ -24,4 +24,4 @@ class LiftLayerNorm:
     summary: ClassVar[str] = "decomposed (x - mean) / sqrt(var + eps) * w + b -> llm.layer_norm"
 
     def run(self, module: Module, ctx: PassContext) -> bool:
-        return apply_fusions(module, ctx, rules_for(self.name))
+        return apply_rules(module, ctx, rules_for(self.name), exclusive=True)

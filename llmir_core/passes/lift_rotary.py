@@ -23,7 +23,7 @@ from llmir_core.rewrite.rule import Rule
 from llmir_core.rewrite.terms import Match
 
 from .base import PassContext
-from .fusing import apply_fusions
+from .rewriting import apply_rules
 from .static_eval import static_value
 
 
@@ -52,4 +52,4 @@ class LiftRotary:
     def run(self, module: Module, ctx: PassContext) -> bool:
         rules = [_with_table_check(r, module) for r in rules_for(self.name)]
         # the gathered tables are shared by the q and k rotaries of a layer
-        return apply_fusions(module, ctx, rules, may_share=frozenset({"core.gather", "core.unsqueeze"}))
+        return apply_rules(module, ctx, rules, exclusive=True, may_share=frozenset({"core.gather", "core.unsqueeze"}))

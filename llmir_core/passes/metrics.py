@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmir_core.dialects.registry import get_op
 from llmir_core.ir.core import Module, Op, Value
 from llmir_core.ir.dims import SymDim, eval_dim
 from llmir_core.ir.types import DType, KVCacheType, QuantType, TensorType
@@ -75,7 +76,26 @@ def _env(module: Module, dims: dict[str, int] | None) -> dict[str, int]:
     return env
 
 
+def op_cost(op: Op, env: dict[str, int]) -> tuple[int, int]:
+    """(FLOPs, bytes read) of one evaluation: the op declaration's `cost`, else the generic
+    estimate (`generic_flops`, every operand read once; views read nothing)."""
+    od = get_op(op.name)
+    if od is not None and od.cost is not None:
+        return od.cost(op, env)
+    read = 0 if op.name in VIEWS else sum(nbytes(v.type, env) for v in op.operands)
+    return generic_flops(op, env), read
+
+
+VIEWS = ("core.reshape", "core.identity")  # no data movement of their own
+
+
 def op_flops(op: Op, env: dict[str, int]) -> int:
+    return op_cost(op, env)[0]
+
+
+def generic_flops(op: Op, env: dict[str, int]) -> int:
+    """The FLOP estimate of ops without a declared `cost`: the known kernels by name, else one
+    FLOP per result element."""
     out = sum(_numel(r.type, env) for r in op.results)
     ins = [_numel(v.type, env) for v in op.operands]
     name = op.name
@@ -136,11 +156,11 @@ def measure(module: Module, dims: dict[str, int] | None = None) -> Metrics:
             if op.operands and all(id(v) in static for v in op.operands):
                 static.update(id(r) for r in op.results)
                 continue
-            m.flops_per_token += op_flops(op, env)
-            if op.name in ("core.reshape", "core.identity"):
+            flops, read = op_cost(op, env)
+            m.flops_per_token += flops
+            if op.name in VIEWS:
                 continue
-            m.bytes_per_token += sum(nbytes(v.type, env) for v in op.operands)
-            m.bytes_per_token += sum(nbytes(r.type, env) for r in op.results)
+            m.bytes_per_token += read + sum(nbytes(r.type, env) for r in op.results)
     m.ops = sum(counts.values())
     m.op_counts = dict(counts)
     return m

@@ -5,7 +5,7 @@ Rewrite: `x @ W^T` (or `x @ W`) and `llm.gated_mlp(x, Wg, Wu, Wd)` whose weights
 (core.weight / core.constant, possibly through a cast: known at build time) ->
 `llm.quantized_matmul(x, codes, scales[, zero_points])` over the `nbits` layout (onnxruntime
 MatMulNBits: blocks of `block` along the reduction dim), by the approximate rules
-quantize-weights-int{4,8}-{sym,asym}-*. The codes, scales and zero points go to `weights_file`
+quantize-weights-int{4,8}-{sym,asym}-* (through the rewrite engine). The codes, scales and zero points go to `weights_file`
 (default: `<input stem>.q<bits>.weights.bin` beside the input), referenced by new core.weight
 ops with their sha256; each rewrite's report line gives the op's error: the weight's max |error|
 and its ratio to the proved bound scale/2, the weight's relative (Frobenius) error, and the op
@@ -33,10 +33,10 @@ from llmir_core.ir.types import DType, QuantType, TensorType
 from llmir_core.quant import nbits
 from llmir_core.rewrite.library import RULES, is_proved
 from llmir_core.rewrite.quant_rules import levels, weight_rule_name
-from llmir_core.rewrite.rule import RuleInstance, value_loc
-from llmir_core.rewrite.terms import Match, build
+from llmir_core.rewrite.terms import Match
 
-from .base import PassContext, erase_dead, replace_uses, scratch_builder, use_counts
+from .base import PassContext, erase_dead, scratch_builder, use_counts
+from .rewriting import Part, rewrite
 from .static_eval import static_slice, static_value
 
 ALIGN = 64
@@ -185,7 +185,8 @@ class QuantizeWeights:
             if reason is not None:
                 ctx.rejected(self._rule(op), op.results[0], reason)
                 continue
-            self._rewrite(fn, op, ws, got, ctx, rng)
+            if not self._rewrite(fn, op, ws, got, ctx, rng):
+                continue
             replaced.append(op)
             for _, w in ws:
                 replaced.extend(static_slice(w) or [])
@@ -242,44 +243,28 @@ class QuantizeWeights:
             blob.extend(data)
 
     def _rewrite(self, fn: Function, op: Op, ws: list[tuple[str, Value]], got: list[Quantized],
-                 ctx: PassContext, rng: np.random.Generator) -> None:
+                 ctx: PassContext, rng: np.random.Generator) -> bool:
         rule = RULES[self._rule(op)]
-        b, new_ops = scratch_builder(fn, op.origin)
-        m = Match()
-        m.values["x"] = op.operands[0]
-        bindings = {"x": op.operands[0].name}
+        b, prelude = scratch_builder(fn, op.origin)
+        seed = Match()
         for (leaf, w), q in zip(ws, got):
             prefix = "w" if leaf == "w" else leaf[1]
-            bindings[leaf] = w.name
             types = {"q": TensorType(q.shape, q.qtype), "scales": TensorType(q.scales.shape, DType.f32)}
             if q.zeros is not None:
                 types["zeros"] = TensorType(q.zeros.shape, DType.u8)
             for part, ty in types.items():
                 v = b.create("core.weight", [], dict(q.refs[part]), result_types=[ty],
                              names=[f"{w.name}.{part if part != 'q' else f'q{self.bits}'}"]).results[0]
-                leaf_name = prefix + {"q": "q", "scales": "s", "zeros": "z"}[part]
-                m.values[leaf_name] = v
-                bindings[leaf_name] = v.name
-        new_v = build(rule.rhs, m, b)
-        at = fn.ops.index(op)
-        fn.ops[at:at] = new_ops
-        old = op.results[0]
-        loc = value_loc(old)
-        replace_uses(fn, old, new_v)
-        name = old.name
+                seed.values[prefix + {"q": "q", "scales": "s", "zeros": "z"}[part]] = v
         k = got[0].shape[1]
         x = rng.standard_normal((16, k))
-        mats = [q.original for q in got]
-        out_abs, out_rel = _output_error(op, x, mats, [q.restored for q in got])
+        out_abs, out_rel = _output_error(op, x, [q.original for q in got], [q.restored for q in got])
         errs = [q.weight_error() for q in got]
         kind = f"int{self.bits} {'sym' if self.symmetric else 'asym'} block {self.block}"
         detail = (f"{kind}: weight max|err| {max(e[0] for e in errs):.3g} "
                   f"({max(e[1] for e in errs):.3f} of the bound scale/2), rel err "
                   f"{max(e[2] for e in errs):.2%}; output max|err| {out_abs:.3g}, rel err {out_rel:.2%}")
-        ctx.applied(rule.name, old, detail)  # at the original op's location
-        old.name = name + ".dead"
-        new_v.name = name
-        ctx.instances.append(RuleInstance(rule.name, name, name, bindings, {}, {}, loc))
+        return rewrite(fn, ctx, [Part(rule, op.results[0], detail=detail)], seed, prelude=prelude) is None
 
 
 def _source_name(w: Value) -> str:

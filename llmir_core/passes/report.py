@@ -42,6 +42,12 @@ def format_report(res: PipelineResult) -> str:
     lines.append(f"rewrites applied ({len(res.ctx.rewrites)}):")
     for r in res.ctx.rewrites:
         lines.append(f"  [{r.pass_name}] {r.rule} at {r.location}" + (f": {r.detail}" if r.detail else ""))
+    validated = [r for r in res.runs if r.validation is not None and r.changed]
+    if validated:  # how each changing pass was validated: SMT (rule instances) or differential
+        lines.append("validation of the passes that changed the module:")
+        for run in validated:
+            v = run.validation or {}
+            lines.append(f"  [{run.name}] {v.get('verdict')} by {v.get('method')}")
     lines.append(f"candidates rejected ({len(res.ctx.rejections)}):")
     for rj in res.ctx.rejections:
         lines.append(f"  [{rj.pass_name}] {rj.rule} at {rj.location}: {rj.reason}")

@@ -150,9 +150,6 @@ class ExtEncoder(Encoder):
         return MaskTensor(x.shape, x.f, lambda i: z3.And(x.cond(i), (i[1] - i[0] >= k) if upper
                                                          else (i[1] - i[0] <= k)))
 
-    def op_llm_to_device(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
-        return args[0]  # placement changes where a value lives, not the value
-
     # -- fused and lifted llm ops: their definitions ------------------------------------------
     def op_llm_add_rms_norm(self, args: Sequence[STensor], attrs: dict[str, Any]) -> list[STensor]:
         x, r, w = args

@@ -169,8 +169,10 @@ def subst_attrs(attrs: Mapping[str, Any], bound: Mapping[str, Any]) -> dict[str,
 
 
 def build(term: Term, m: Match, b: Any, const_dtype: DType = DType.f32,
-          cache: dict[int, Value] | None = None) -> Value:
-    """Build `term` with builder `b`, taking leaves from the match."""
+          cache: dict[Any, Op] | None = None) -> Value:
+    """Build `term` with builder `b`, taking leaves from the match. Ops are shared through
+    `cache` by name, operands and attributes, so terms that differ only in the result they
+    take (the results of one fused op, the parts of one split) build one op."""
     cache = {} if cache is None else cache
     if isinstance(term, V):
         return m.values[term.name]
@@ -182,15 +184,13 @@ def build(term: Term, m: Match, b: Any, const_dtype: DType = DType.f32,
             return existing
         arr = np.array(m.consts[term.name], dtype=const_dtype.to_numpy())
         return b.op("core.constant", value=DenseAttr(arr))
-    key = id(term)
-    if key in cache:
-        return cache[key]
     args = [build(a, m, b, const_dtype, cache) for a in term.args]
     attrs = subst_attrs(term.attrs, {**m.consts, **m.attrs})
-    op = b.create(term.op, args, attrs)
-    v = op.results[term.result]
-    cache[key] = v
-    return v
+    key = (term.op, tuple(id(a) for a in args), repr(sorted(attrs.items())))
+    op = cache.get(key)
+    if op is None:
+        op = cache[key] = b.create(term.op, args, attrs)
+    return op.results[term.result]
 
 
 def leaves(term: Term, acc: dict[str, Term] | None = None) -> dict[str, Term]:

@@ -120,7 +120,7 @@ class _Guard:
             self.model.metrics.request(route, status)
 
 
-def create_app(
+def create_app(  # noqa: C901 (one nested handler per route)
     model: ServedModel,
     *,
     api_key: str | None = None,

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from llmir_core.dialects import ranges
 from llmir_core.errors import InputError
 from llmir_core.ir.core import Module, Op
-from llmir_core.ir.dims import SymDim, eval_dim
 from llmir_core.ir.types import DType, TensorType
 
 INF = math.inf
@@ -31,121 +31,161 @@ F16_MAX = 65504.0
 Iv = tuple[float, float]
 
 
-def _mul(a: Iv, b: Iv) -> Iv:
-    ps = [x * y for x in a for y in b if not (math.isinf(x) and y == 0) and not (math.isinf(y) and x == 0)]
-    return (min(ps, default=-INF), max(ps, default=INF))
+_mul, _absmax, _union, _dim = ranges.mul, ranges.absmax, ranges.union, ranges.dim
 
 
-def _absmax(a: Iv) -> float:
-    return max(abs(a[0]), abs(a[1]))
+def _constant(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
+    arr = np.asarray(op.attrs["value"].array, dtype=np.float64)
+    return (float(arr.min()), float(arr.max())) if arr.size else (0.0, 0.0)
 
 
-def _union(*ivs: Iv) -> Iv:
-    return (min(i[0] for i in ivs), max(i[1] for i in ivs))
+def _div(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
+    b = ins[1]
+    return (-INF, INF) if b[0] <= 0 <= b[1] else _mul(ins[0], (1 / b[1], 1 / b[0]))
 
 
-def _dim(t: Any, i: int, env: dict[str, int], default: int) -> int:
-    if not isinstance(t, TensorType) or not t.rank:
-        return 1
-    d = t.shape[i]
-    v = eval_dim(d, env) if isinstance(d, (int, SymDim)) else None
-    return v if v is not None else default
-
-
-def _op_range(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:  # noqa: C901 (one case per op)
-    n = op.name
-    a = ins[0] if ins else (-INF, INF)
-    if n == "core.constant":
-        arr = np.asarray(op.attrs["value"].array, dtype=np.float64)
-        return (float(arr.min()), float(arr.max())) if arr.size else (0.0, 0.0)
-    if n == "core.add":
-        return (ins[0][0] + ins[1][0], ins[0][1] + ins[1][1])
-    if n == "core.sub":
-        return (ins[0][0] - ins[1][1], ins[0][1] - ins[1][0])
-    if n == "core.mul":
-        return _mul(ins[0], ins[1])
-    if n == "core.div":
-        b = ins[1]
-        if b[0] <= 0 <= b[1]:
-            return (-INF, INF)
-        return _mul(a, (1 / b[1], 1 / b[0]))
-    if n == "core.pow":
-        if ins[1] == (2.0, 2.0):
-            m = _absmax(a)
-            return (0.0 if a[0] <= 0 <= a[1] else min(a[0] ** 2, a[1] ** 2), m * m)
+def _pow(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
+    a = ins[0]
+    if ins[1] != (2.0, 2.0):
         return (-INF, INF)
-    if n == "core.neg":
-        return (-a[1], -a[0])
-    if n == "core.abs":
-        return (0.0 if a[0] <= 0 <= a[1] else min(abs(a[0]), abs(a[1])), _absmax(a))
-    if n == "core.relu":
-        return (max(a[0], 0.0), max(a[1], 0.0))
-    if n in ("core.sigmoid",):
-        return (0.0, 1.0)
-    if n in ("core.tanh", "core.erf", "core.sin", "core.cos"):
-        return (-1.0, 1.0)
-    if n == "core.exp":
-        return (math.exp(min(a[0], 700)), math.exp(min(a[1], 700)) if a[1] < 700 else INF)
-    if n in ("core.silu", "core.gelu"):
-        return (-0.28, max(a[1], 0.0))
-    if n == "llm.silu_mul":
-        return _mul((-0.28, max(ins[0][1], 0.0)), ins[1])
-    if n in ("core.softmax",):
-        return (0.0, 1.0)
-    if n in ("core.sqrt", "core.rsqrt", "core.log", "core.reciprocal"):
+    m = _absmax(a)
+    return (0.0 if a[0] <= 0 <= a[1] else min(a[0] ** 2, a[1] ** 2), m * m)
+
+
+def _exp(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
+    a = ins[0]
+    return (math.exp(min(a[0], 700)), math.exp(min(a[1], 700)) if a[1] < 700 else INF)
+
+
+def _monotone_positive(f: Any, log: bool = False) -> Any:
+    """sqrt, rsqrt, log, reciprocal: monotone on (0, inf); unbounded when 0 may be reached."""
+    def rule(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
+        a = ins[0]
         if a[0] <= 0:
-            return (-INF, INF) if n == "core.log" else (0.0, INF)
-        f = {"core.sqrt": math.sqrt, "core.rsqrt": lambda x: 1 / math.sqrt(x),
-             "core.log": math.log, "core.reciprocal": lambda x: 1 / x}[n]
+            return (-INF, INF) if log else (0.0, INF)
         lo, hi = f(a[0]), f(a[1])
         return (min(lo, hi), max(lo, hi))
-    if n in ("core.matmul", "llm.quantized_matmul"):
-        k = _dim(op.operands[0].type, -2 if op.attrs.get("transpose_a") else -1, env, max_dim)
-        m = k * _absmax(ins[0]) * _absmax(ins[1])
-        return (-m, m)
-    if n == "llm.gated_mlp":
-        k = _dim(op.operands[0].type, -1, env, max_dim)
-        width = _dim(op.operands[1].type, 0, env, max_dim)
-        g = k * _absmax(ins[0]) * _absmax(ins[1])
-        u = k * _absmax(ins[0]) * _absmax(ins[2])
-        m = width * max(g, 0.28) * u * _absmax(ins[3])
-        return (-m, m)
-    if n == "core.reduce_sum":
-        cnt = 1
-        t = op.operands[0].type
-        axes = op.attrs.get("axes", ()) or tuple(range(t.rank if isinstance(t, TensorType) else 0))
-        for ax in axes:
-            cnt *= _dim(t, ax, env, max_dim)
-        return (a[0] * cnt if a[0] < 0 else a[0], a[1] * cnt if a[1] > 0 else a[1])
-    if n in ("core.reduce_mean", "core.reduce_max", "core.reduce_min", "core.cast", "core.reshape",
-             "core.transpose", "core.identity", "core.expand", "core.slice", "core.gather",
-             "core.split", "core.squeeze", "core.unsqueeze", "core.flatten", "core.tile",
-             "llm.embedding", "llm.dequantize", "core.pad"):
-        return a if n != "core.pad" else _union(a, (0.0, 0.0))
-    if n == "core.concat":
-        return _union(*ins)
-    if n == "core.where":
-        return _union(ins[1], ins[2])
-    if n in ("core.max", "core.min"):
-        f = max if n == "core.max" else min
-        return (f(ins[0][0], ins[1][0]), f(ins[0][1], ins[1][1]))
-    if n in ("llm.rms_norm", "llm.layer_norm"):
-        nn = _dim(op.operands[0].type, -1, env, max_dim)
-        w = ins[1]
-        off = float(op.attrs.get("offset", 0.0))
-        m = math.sqrt(nn) * _absmax((w[0] + off, w[1] + off))
-        if n == "llm.layer_norm" and len(ins) > 2:
-            return (-m + ins[2][0], m + ins[2][1])
-        return (-m, m)
-    if n == "llm.scaled_dot_product_attention":
-        return ins[2]  # a convex combination of the rows of v
-    if n == "llm.rotary_embedding":
-        m = math.sqrt(2) * _absmax(a) * max(_absmax(ins[1]), _absmax(ins[2]), 1.0)
-        return (-m, m)
-    if any(isinstance(r.type, TensorType) and isinstance(r.type.dtype, DType) and r.type.dtype == DType.bool
-           for r in op.results):
-        return (0.0, 1.0)
-    return (-INF, INF)
+    return rule
+
+
+def _matmul(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
+    k = _dim(op.operands[0].type, -2 if op.attrs.get("transpose_a") else -1, env, max_dim)
+    m = k * _absmax(ins[0]) * _absmax(ins[1])
+    return (-m, m)
+
+
+def _gated_mlp(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
+    k = _dim(op.operands[0].type, -1, env, max_dim)
+    f = _dim(op.operands[1].type, 0, env, max_dim)
+    g = k * _absmax(ins[0]) * _absmax(ins[1])
+    u = k * _absmax(ins[0]) * _absmax(ins[2])
+    m = f * max(g, 0.28) * u * _absmax(ins[3])
+    return (-m, m)
+
+
+def _reduce_sum(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
+    a = ins[0]
+    cnt = 1
+    t = op.operands[0].type
+    axes = op.attrs.get("axes", ()) or tuple(range(t.rank if isinstance(t, TensorType) else 0))
+    for ax in axes:
+        cnt *= _dim(t, ax, env, max_dim)
+    return (a[0] * cnt if a[0] < 0 else a[0], a[1] * cnt if a[1] > 0 else a[1])
+
+
+def _norm(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
+    lo, hi = ranges.norm_bound(_dim(op.operands[0].type, -1, env, max_dim), ins[1], float(op.attrs.get("offset", 0.0)))
+    if op.name == "llm.layer_norm" and len(ins) > 2:
+        return (lo + ins[2][0], hi + ins[2][1])
+    return (lo, hi)
+
+
+def _rotary(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
+    m = math.sqrt(2) * _absmax(ins[0]) * max(_absmax(ins[1]), _absmax(ins[2]), 1.0)
+    return (-m, m)
+
+
+def _fixed(lo: float, hi: float) -> Any:
+    return lambda op, ins, env, max_dim: (lo, hi)
+
+
+def _first(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
+    return ins[0]
+
+
+def _select(i: int) -> Any:
+    return lambda op, ins, env, max_dim: ins[i]
+
+
+def _extreme(f: Any) -> Any:
+    return lambda op, ins, env, max_dim: (f(ins[0][0], ins[1][0]), f(ins[0][1], ins[1][1]))
+
+
+# The generic interval rules, by op: what an op gets when its declaration has no `interval`.
+INTERVAL_RULES: dict[str, Any] = {
+    "core.constant": _constant,
+    "core.add": lambda op, ins, env, md: (ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]),
+    "core.sub": lambda op, ins, env, md: (ins[0][0] - ins[1][1], ins[0][1] - ins[1][0]),
+    "core.mul": lambda op, ins, env, md: _mul(ins[0], ins[1]),
+    "core.div": _div,
+    "core.pow": _pow,
+    "core.neg": lambda op, ins, env, md: (-ins[0][1], -ins[0][0]),
+    "core.abs": lambda op, ins, env, md: (0.0 if ins[0][0] <= 0 <= ins[0][1] else min(abs(ins[0][0]), abs(ins[0][1])),
+                                          _absmax(ins[0])),
+    "core.relu": lambda op, ins, env, md: (max(ins[0][0], 0.0), max(ins[0][1], 0.0)),
+    "core.sigmoid": _fixed(0.0, 1.0),
+    "core.softmax": _fixed(0.0, 1.0),
+    **{n: _fixed(-1.0, 1.0) for n in ("core.tanh", "core.erf", "core.sin", "core.cos")},
+    "core.exp": _exp,
+    "core.silu": lambda op, ins, env, md: (-0.28, max(ins[0][1], 0.0)),
+    "core.gelu": lambda op, ins, env, md: (-0.28, max(ins[0][1], 0.0)),
+    "llm.silu_mul": lambda op, ins, env, md: _mul((-0.28, max(ins[0][1], 0.0)), ins[1]),
+    "core.sqrt": _monotone_positive(math.sqrt),
+    "core.rsqrt": _monotone_positive(lambda x: 1 / math.sqrt(x)),
+    "core.log": _monotone_positive(math.log, log=True),
+    "core.reciprocal": _monotone_positive(lambda x: 1 / x),
+    "core.matmul": _matmul,
+    "llm.quantized_matmul": _matmul,
+    "llm.gated_mlp": _gated_mlp,
+    "core.reduce_sum": _reduce_sum,
+    # ops whose result elements are elements (or means, maxima) of their first operand
+    **{n: _first for n in ("core.reduce_mean", "core.reduce_max", "core.reduce_min", "core.cast", "core.reshape",
+                           "core.transpose", "core.identity", "core.expand", "core.slice", "core.gather",
+                           "core.split", "core.squeeze", "core.unsqueeze", "core.flatten", "core.tile",
+                           "llm.embedding", "llm.dequantize")},
+    "core.pad": lambda op, ins, env, md: _union(ins[0], (0.0, 0.0)),
+    "core.concat": lambda op, ins, env, md: _union(*ins),
+    "core.where": lambda op, ins, env, md: _union(ins[1], ins[2]),
+    "core.max": _extreme(max),
+    "core.min": _extreme(min),
+    "llm.rms_norm": _norm,
+    "llm.layer_norm": _norm,
+    "llm.scaled_dot_product_attention": _select(2),  # a convex combination of the rows of v
+    "llm.rotary_embedding": _rotary,
+}
+
+
+def _bool_result(op: Op) -> bool:
+    return any(isinstance(r.type, TensorType) and r.type.dtype == DType.bool for r in op.results)
+
+
+def interval_rule(name: str) -> tuple[str, Any]:
+    """(where the rule comes from, the rule) for op `name`: `explicit` (its declaration's
+    `interval`), `generic` (INTERVAL_RULES), or the fallbacks `bool results` / `unbounded`."""
+    from llmir_core.dialects.registry import get_op
+
+    od = get_op(name)
+    if od is not None and od.interval is not None:
+        return "explicit", od.interval
+    if name in INTERVAL_RULES:
+        return "generic", INTERVAL_RULES[name]
+    return "fallback", lambda op, ins, env, md: (0.0, 1.0) if _bool_result(op) else (-INF, INF)
+
+
+def _op_range(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
+    _, rule = interval_rule(op.name)
+    r: Iv = rule(op, ins if ins else [(-INF, INF)], env, max_dim)
+    return r
 
 
 @dataclass

@@ -375,7 +375,3 @@ def _obligation_job(rule: Rule, limit_s: float) -> dict[str, Any]:
     m = s.model()
     return {"verdict": "sat", "reason": "the error bound fails",
             "model": {str(k): str(m.eval(k, model_completion=True)) for k in show}}
-
-
-def prove_all(rules: list[Rule], limit_s: float = 10.0) -> list[RuleVerdict]:
-    return [prove(r, limit_s) for r in rules]

@@ -30,6 +30,15 @@ class STensor:
         return len(self.shape)
 
 
+def has_encoding(name: str) -> bool:
+    """Whether the encoder library (the fallback for ops without a declared `smt`) covers op
+    `name`: the elementwise tables or an `op_<dialect>_<name>` method (here or in
+    `llmir_core.rewrite.smt_ext`, which extends the Encoder)."""
+    from llmir_core.rewrite.smt_ext import ExtEncoder
+
+    return name in BINARY or name in UNARY or hasattr(ExtEncoder, f"op_{name.replace('.', '_')}")
+
+
 class EncodeError(Exception):
     """The op has no element-level semantics here (the prover reports `unknown`)."""
 
@@ -141,6 +150,12 @@ class Encoder:
 
     # -- ops -----------------------------------------------------------------------------
     def op(self, name: str, args: Sequence[STensor], attrs: dict[str, Any], leaf_dtype: str = "f32") -> list[STensor]:
+        from llmir_core.dialects.registry import get_op
+
+        od = get_op(name)
+        if od is not None and od.smt is not None:  # the op declares its own encoding
+            out = od.smt(self, args, od.with_defaults(attrs))
+            return out if isinstance(out, list) else [out]
         short = name.split(".", 1)[1]
         if name in BINARY:
             return [self.elementwise(BINARY[name](self), *args)]
