@@ -225,7 +225,10 @@ def run_target(target: str, inputs: Mapping[str, np.ndarray], backend: str = "re
         return runner_for_artifact(target, threads).run(inputs)
     from llmir_core.ir.parser import parse_file
 
+    from llmir_core.verifier import require_verified
+
     module = parse_file(target)
+    require_verified(module, target)  # weights inside their files, static shapes, pinned sha256
     if backend == "reference":
         return run_module(module, inputs)
     ins, _ = module_signature(module)
