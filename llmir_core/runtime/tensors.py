@@ -224,7 +224,6 @@ def run_target(target: str, inputs: Mapping[str, np.ndarray], backend: str = "re
         check_inputs(ins, inputs)
         return runner_for_artifact(target, threads).run(inputs)
     from llmir_core.ir.parser import parse_file
-
     from llmir_core.verifier import require_verified
 
     module = parse_file(target)
