@@ -26,6 +26,7 @@ from llmir_core.ir.types import DType, TensorType
 
 from .llm_graph import DecoderConfig, RopeSpec, build_decoder, inv_freq_default, inv_freq_llama3
 from .safetensors_index import SafetensorsIndex, TensorEntry, open_index
+from .validate_config import check_hf_config
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2")
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
@@ -422,8 +423,11 @@ def import_hf(path: str | os.PathLike[str], out_path: str | os.PathLike[str] | N
     if not folder.is_dir():
         raise InputError(f"{folder}: not a folder", hint="point at a Hugging Face model folder")
     cfg = read_config(folder)
-    dc = decoder_config(cfg)
     index = open_index(folder)
+    _check_unsupported(cfg)
+    check_hf_config(cfg, ((e.name, e.shape) for e in index.tensors.values()),
+                    ", ".join(os.path.basename(f) for f in index.files))
+    dc = decoder_config(cfg)
     base_dir = os.path.dirname(os.path.abspath(out_path)) if out_path is not None else None
     src = HFWeights(index, dc, base_dir)
     module = build_decoder(dc, src, name=_module_name(folder))
