@@ -60,8 +60,15 @@ def whole(fail: Fail, key: str, value: Any, low: int = 1, high: int | None = Non
     return n
 
 
-def number(fail: Fail, key: str, value: Any, low: float | None = None, *, above: bool = False,
-           high: float | None = None) -> float:
+def number(
+    fail: Fail,
+    key: str,
+    value: Any,
+    low: float | None = None,
+    *,
+    above: bool = False,
+    high: float | None = None,
+) -> float:
     """`value` as a finite float, >= low (> low with `above`) and <= high."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise fail(key, f"must be a number, got {value!r:.60}")
@@ -85,7 +92,9 @@ def layer_count(fail: Fail, key: str, value: Any, b: Backing) -> int:
 def width(fail: Fail, key: str, value: Any, b: Backing) -> int:
     n = whole(fail, key, value, 1)
     if n > b.max_dim:
-        raise fail(key, f"is {n}, larger than any tensor dimension in {b.files} (at most {b.max_dim})")
+        raise fail(
+            key, f"is {n}, larger than any tensor dimension in {b.files} (at most {b.max_dim})"
+        )
     return n
 
 
@@ -95,14 +104,26 @@ def _present(get: Callable[[str], Any], key: str) -> bool:
 
 # -- Hugging Face config.json -----------------------------------------------------------------------
 
-_HF_WIDTHS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-              "intermediate_size", "vocab_size")
+_HF_WIDTHS = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+)
 
 
 def check_hf_config(cfg: Any, tensors: Iterable[tuple[str, Iterable[int]]], files: str) -> None:
     """Check config.json's sizes and numbers (`cfg` is the importer's `_Cfg`) against the tensors
     of the checkpoint, given as (name, shape)."""
-    for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size"):
+    for key in (
+        "hidden_size",
+        "num_attention_heads",
+        "num_hidden_layers",
+        "vocab_size",
+        "intermediate_size",
+    ):
         cfg.req(key)  # a missing field is named before any size is compared
     b = backing(tensors, r"model\.layers\.(\d+)\.", files)
     fail: Fail = cfg.fail
@@ -116,7 +137,14 @@ def check_hf_config(cfg: Any, tensors: Iterable[tuple[str, Iterable[int]]], file
         if cfg.get(key) is not None:
             number(fail, key, cfg.get(key), 0.0, above=True)
     if cfg.get("partial_rotary_factor") is not None:
-        number(fail, "partial_rotary_factor", cfg.get("partial_rotary_factor"), 0.0, above=True, high=1.0)
+        number(
+            fail,
+            "partial_rotary_factor",
+            cfg.get("partial_rotary_factor"),
+            0.0,
+            above=True,
+            high=1.0,
+        )
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if cfg.get(key) is not None:
             number(fail, key, cfg.get(key), 0.0)
@@ -141,17 +169,40 @@ def _check_rope_dict(fail: Fail, key: str, rp: dict[str, Any]) -> None:
         if rp.get(k) is not None:
             number(fail, f"{key}.{k}", rp[k], 0.0, above=True)
     if rp.get("partial_rotary_factor") is not None:
-        number(fail, f"{key}.partial_rotary_factor", rp["partial_rotary_factor"], 0.0, above=True, high=1.0)
+        number(
+            fail,
+            f"{key}.partial_rotary_factor",
+            rp["partial_rotary_factor"],
+            0.0,
+            above=True,
+            high=1.0,
+        )
     if rp.get("original_max_position_embeddings") is not None:
-        whole(fail, f"{key}.original_max_position_embeddings", rp["original_max_position_embeddings"], 1,
-              MAX_CONTEXT)
+        whole(
+            fail,
+            f"{key}.original_max_position_embeddings",
+            rp["original_max_position_embeddings"],
+            1,
+            MAX_CONTEXT,
+        )
 
 
 # -- GGUF -----------------------------------------------------------------------------------------
 
-_GGUF_REQUIRED = ("embedding_length", "attention.head_count", "block_count", "context_length",
-                  "feed_forward_length", "attention.layer_norm_rms_epsilon")
-_GGUF_TOKEN_ARRAYS = {"tokens": "string", "merges": "string", "scores": "number", "token_type": "number"}
+_GGUF_REQUIRED = (
+    "embedding_length",
+    "attention.head_count",
+    "block_count",
+    "context_length",
+    "feed_forward_length",
+    "attention.layer_norm_rms_epsilon",
+)
+_GGUF_TOKEN_ARRAYS = {
+    "tokens": "string",
+    "merges": "string",
+    "scores": "number",
+    "token_type": "number",
+}
 
 
 def check_gguf(g: Any) -> None:
@@ -162,9 +213,11 @@ def check_gguf(g: Any) -> None:
     base = int(getattr(reader, "data_offset", 0))
     for t in reader.tensors:
         if (int(t.data_offset) - base) % align:
-            raise InputError(f"{g.path}: tensor '{t.name}' starts at byte {int(t.data_offset)}, not on "
-                             f"the file's {align}-byte alignment (general.alignment)",
-                             hint="the file is damaged or was written by a broken converter")
+            raise InputError(
+                f"{g.path}: tensor '{t.name}' starts at byte {int(t.data_offset)}, not on "
+                f"the file's {align}-byte alignment (general.alignment)",
+                hint="the file is damaged or was written by a broken converter",
+            )
     from .gguf import ARCHITECTURES
 
     arch = g.get("general.architecture")
@@ -173,18 +226,30 @@ def check_gguf(g: Any) -> None:
     a = arch + "."
     for key in _GGUF_REQUIRED:  # a missing field is named before any size is compared
         g.req(a + key)
-    b = backing(((t.name, [int(d) for d in t.shape]) for t in reader.tensors), r"blk\.(\d+)\.", "the file")
+    b = backing(
+        ((t.name, [int(d) for d in t.shape]) for t in reader.tensors), r"blk\.(\d+)\.", "the file"
+    )
     fail: Fail = g.fail
     layer_count(fail, a + "block_count", g.req(a + "block_count"), b)
     for key in ("embedding_length", "attention.head_count", "feed_forward_length"):
         width(fail, a + key, g.req(a + key), b)
-    for key in ("attention.head_count_kv", "attention.key_length", "attention.value_length", "vocab_size",
-                "rope.dimension_count"):
+    for key in (
+        "attention.head_count_kv",
+        "attention.key_length",
+        "attention.value_length",
+        "vocab_size",
+        "rope.dimension_count",
+    ):
         if _present(g.get, a + key):
             width(fail, a + key, g.get(a + key), b)
     whole(fail, a + "context_length", g.req(a + "context_length"), 1, MAX_CONTEXT)
-    number(fail, a + "attention.layer_norm_rms_epsilon", g.req(a + "attention.layer_norm_rms_epsilon"),
-           0.0, high=1.0)
+    number(
+        fail,
+        a + "attention.layer_norm_rms_epsilon",
+        g.req(a + "attention.layer_norm_rms_epsilon"),
+        0.0,
+        high=1.0,
+    )
     for key in ("rope.freq_base", "rope.scaling.factor", "attention.scale"):
         if _present(g.get, a + key):
             number(fail, a + key, g.get(a + key), 0.0, above=True)
@@ -207,10 +272,19 @@ def _check_gguf_tokenizer(g: Any) -> None:
         elem_string = is_array and types[-1] == 8
         if not is_array or (kind == "string") != elem_string:
             want = "an array of strings" if kind == "string" else "an array of numbers"
-            raise g.fail("tokenizer.ggml." + key, f"must be {want}",
-                         hint="the file's tokenizer is damaged: convert the model again")
+            raise g.fail(
+                "tokenizer.ggml." + key,
+                f"must be {want}",
+                hint="the file's tokenizer is damaged: convert the model again",
+            )
     n = len(g.get("tokenizer.ggml.tokens") or [])
-    for key in ("bos_token_id", "eos_token_id", "eot_token_id", "unknown_token_id", "padding_token_id"):
+    for key in (
+        "bos_token_id",
+        "eos_token_id",
+        "eot_token_id",
+        "unknown_token_id",
+        "padding_token_id",
+    ):
         v = g.get("tokenizer.ggml." + key)
         if v is not None:
             whole(g.fail, "tokenizer.ggml." + key, v, 0, n - 1 if n else None)

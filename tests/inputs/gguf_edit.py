@@ -11,8 +11,19 @@ from pathlib import Path
 from typing import Any
 
 # value type -> struct format (8 string, 9 array handled apart)
-SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
-          12: "<d"}
+SCALAR = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 STRING, ARRAY, U32, I32, F32, U64, I64 = 8, 9, 4, 5, 6, 10, 11
 
 
@@ -65,7 +76,7 @@ class _Rd:
 
     def string(self) -> str:
         n = self.take("<Q")
-        s = self.b[self.i:self.i + n].decode("utf-8")
+        s = self.b[self.i : self.i + n].decode("utf-8")
         self.i += n
         return s
 

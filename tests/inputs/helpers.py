@@ -21,7 +21,9 @@ def invoke(*args: str, input: str | None = None) -> tuple[int, str, str]:
     return r.exit_code, r.stdout, r.stderr
 
 
-def rejected(code: int, err: str, *, expect: int | tuple[int, ...] = (1, 2), names: str | None = None) -> str:
+def rejected(
+    code: int, err: str, *, expect: int | tuple[int, ...] = (1, 2), names: str | None = None
+) -> str:
     """Assert a clean rejection: the exit code, one `error:` line (naming `names`), no traceback,
     no internal error. Returns the error line."""
     codes = (expect,) if isinstance(expect, int) else expect

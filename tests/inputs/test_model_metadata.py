@@ -16,20 +16,39 @@ from tests.inputs import gguf_edit as ge
 from tests.inputs.helpers import invoke, listing, rejected
 
 HF_CASES: dict[str, tuple[dict[str, Any], str]] = {
-    "layers as a word": ({"num_hidden_layers": "two"}, "field 'num_hidden_layers' must be a whole number, got 'two'"),
-    "layers 1e9 (a hang before)": ({"num_hidden_layers": 1e9},
-                                   "field 'num_hidden_layers' is 1000000000, but the weights in model.safetensors cover 2 layer(s)"),
-    "layers 2.5": ({"num_hidden_layers": 2.5}, "field 'num_hidden_layers' must be a whole number, got 2.5"),
+    "layers as a word": (
+        {"num_hidden_layers": "two"},
+        "field 'num_hidden_layers' must be a whole number, got 'two'",
+    ),
+    "layers 1e9 (a hang before)": (
+        {"num_hidden_layers": 1e9},
+        "field 'num_hidden_layers' is 1000000000, but the weights in model.safetensors cover 2 layer(s)",
+    ),
+    "layers 2.5": (
+        {"num_hidden_layers": 2.5},
+        "field 'num_hidden_layers' must be a whole number, got 2.5",
+    ),
     "negative eps": ({"rms_norm_eps": -1}, "field 'rms_norm_eps' is -1, must be at least 0"),
     "eps NaN": ({"rms_norm_eps": float("nan")}, "field 'rms_norm_eps' must be a finite number"),
-    "zero heads": ({"num_attention_heads": 0}, "field 'num_attention_heads' is 0, must be at least 1"),
-    "huge hidden": ({"hidden_size": 10**12}, "field 'hidden_size' is 1000000000000, larger than any tensor dimension"),
+    "zero heads": (
+        {"num_attention_heads": 0},
+        "field 'num_attention_heads' is 0, must be at least 1",
+    ),
+    "huge hidden": (
+        {"hidden_size": 10**12},
+        "field 'hidden_size' is 1000000000000, larger than any tensor dimension",
+    ),
     "head_dim as bool": ({"head_dim": True}, "field 'head_dim' must be a whole number, got True"),
-    "context -1": ({"max_position_embeddings": -1}, "field 'max_position_embeddings' is -1, must be at least 1"),
+    "context -1": (
+        {"max_position_embeddings": -1},
+        "field 'max_position_embeddings' is -1, must be at least 1",
+    ),
     "rope_theta 0": ({"rope_theta": 0}, "field 'rope_theta' is 0, must be greater than 0"),
     "rope_scaling a list": ({"rope_scaling": [1]}, "field 'rope_scaling' must be an object"),
-    "rope factor a string": ({"rope_scaling": {"rope_type": "linear", "factor": "2"}},
-                             "field 'rope_scaling.factor' must be a number"),
+    "rope factor a string": (
+        {"rope_scaling": {"rope_type": "linear", "factor": "2"}},
+        "field 'rope_scaling.factor' must be a number",
+    ),
 }
 
 
@@ -69,18 +88,30 @@ def _unaligned(g: ge.GGUF) -> None:
 
 
 GGUF_CASES: dict[str, tuple[Any, str]] = {
-    "head_count 0": (_set("llama.attention.head_count", ge.U32, 0),
-                     "metadata field 'llama.attention.head_count' is 0, must be at least 1"),
-    "eps as a string": (_set("llama.attention.layer_norm_rms_epsilon", ge.STRING, "1e-5"),
-                        "metadata field 'llama.attention.layer_norm_rms_epsilon' must be a number, got '1e-5'"),
-    "absurd block_count": (_set("llama.block_count", ge.U64, 10**15),
-                           "metadata field 'llama.block_count' is 1000000000000000, but the weights in the file cover 2 layer(s)"),
-    "context_length -1": (_set("llama.context_length", ge.I32, -1),
-                          "metadata field 'llama.context_length' is -1, must be at least 1"),
-    "tokens stored as U32": (_set("tokenizer.ggml.tokens", ge.ARRAY, (ge.U32, list(range(128)))),
-                             "metadata field 'tokenizer.ggml.tokens' must be an array of strings"),
-    "eos id past the vocabulary": (_set("tokenizer.ggml.eos_token_id", ge.U32, 5000),
-                                   "metadata field 'tokenizer.ggml.eos_token_id' is 5000, more than 127"),
+    "head_count 0": (
+        _set("llama.attention.head_count", ge.U32, 0),
+        "metadata field 'llama.attention.head_count' is 0, must be at least 1",
+    ),
+    "eps as a string": (
+        _set("llama.attention.layer_norm_rms_epsilon", ge.STRING, "1e-5"),
+        "metadata field 'llama.attention.layer_norm_rms_epsilon' must be a number, got '1e-5'",
+    ),
+    "absurd block_count": (
+        _set("llama.block_count", ge.U64, 10**15),
+        "metadata field 'llama.block_count' is 1000000000000000, but the weights in the file cover 2 layer(s)",
+    ),
+    "context_length -1": (
+        _set("llama.context_length", ge.I32, -1),
+        "metadata field 'llama.context_length' is -1, must be at least 1",
+    ),
+    "tokens stored as U32": (
+        _set("tokenizer.ggml.tokens", ge.ARRAY, (ge.U32, list(range(128)))),
+        "metadata field 'tokenizer.ggml.tokens' must be an array of strings",
+    ),
+    "eos id past the vocabulary": (
+        _set("tokenizer.ggml.eos_token_id", ge.U32, 5000),
+        "metadata field 'tokenizer.ggml.eos_token_id' is 5000, more than 127",
+    ),
     "offset not aligned": (_unaligned, "not on the file's 32-byte alignment (general.alignment)"),
 }
 
@@ -98,6 +129,10 @@ def test_bad_gguf_metadata(llama_gguf: Path, tmp_path: Path, case: str) -> None:
 def test_gguf_codec_round_trips(llama_gguf: Path, tmp_path: Path) -> None:
     """The test codec writes back the same bytes, so each case above differs only by its edit."""
     assert ge.encode(ge.read(llama_gguf)) == llama_gguf.read_bytes()
-    code, out, err = invoke("import", str(_gguf(llama_gguf, tmp_path / "m.gguf", lambda g: None)),
-                            "-o", str(tmp_path / "m.llmir"))
+    code, out, err = invoke(
+        "import",
+        str(_gguf(llama_gguf, tmp_path / "m.gguf", lambda g: None)),
+        "-o",
+        str(tmp_path / "m.llmir"),
+    )
     assert code == 0, err

@@ -20,17 +20,31 @@ GOOD = """module @m {
 """
 
 CASES = {
-    "lone high surrogate": (GOOD.replace("module @m {", 'module @m attributes {a = "ok \\ud800"} {'),
-                            ":1:31:", "a lone UTF-16 surrogate"),
+    "lone high surrogate": (
+        GOOD.replace("module @m {", 'module @m attributes {a = "ok \\ud800"} {'),
+        ":1:31:",
+        "a lone UTF-16 surrogate",
+    ),
     "lone low surrogate after a pair": (
-        GOOD.replace("module @m {", 'module @m attributes {a = "\\ud83d\\ude00\\udc00"} {'), ":1:40:",
-        "a lone UTF-16 surrogate"),
-    "surrogate in a location": (GOOD.replace("f32>\n    return", 'f32> loc("\\udfff")\n    return'),
-                                ":3:", "a lone UTF-16 surrogate"),
-    "dimension of 10^23": (GOOD.replace("?b x 4 x f32>) ->", "?b x 100000000000000000000000 x f32>) ->", 1),
-                           ":2:35:", "larger than the largest int64"),
-    "compact dimension of 10^23": (GOOD.replace("%x: tensor<?b x 4 x f32>", "%x: tensor<100000000000000000000000x4xf32>"),
-                                   ":2:30:", "larger than the largest int64"),
+        GOOD.replace("module @m {", 'module @m attributes {a = "\\ud83d\\ude00\\udc00"} {'),
+        ":1:40:",
+        "a lone UTF-16 surrogate",
+    ),
+    "surrogate in a location": (
+        GOOD.replace("f32>\n    return", 'f32> loc("\\udfff")\n    return'),
+        ":3:",
+        "a lone UTF-16 surrogate",
+    ),
+    "dimension of 10^23": (
+        GOOD.replace("?b x 4 x f32>) ->", "?b x 100000000000000000000000 x f32>) ->", 1),
+        ":2:35:",
+        "larger than the largest int64",
+    ),
+    "compact dimension of 10^23": (
+        GOOD.replace("%x: tensor<?b x 4 x f32>", "%x: tensor<100000000000000000000000x4xf32>"),
+        ":2:30:",
+        "larger than the largest int64",
+    ),
 }
 
 
@@ -40,8 +54,12 @@ def test_bad_text_is_located(tmp_path: Path, case: str, command: str) -> None:
     text, where, message = CASES[case]
     f = tmp_path / "m.llmir"
     f.write_text(text, encoding="utf-8")
-    args = {"verify": ["verify"], "fmt -i": ["fmt", "-i"], "build": ["build", "-o", str(tmp_path / "out")],
-            "optimize": ["optimize", "-o", str(tmp_path / "o.llmir")]}[command]
+    args = {
+        "verify": ["verify"],
+        "fmt -i": ["fmt", "-i"],
+        "build": ["build", "-o", str(tmp_path / "out")],
+        "optimize": ["optimize", "-o", str(tmp_path / "o.llmir")],
+    }[command]
     code, out, err = invoke(*args, str(f))
     line = rejected(code, err, expect=2, names=f"{f}{where}")
     assert message in line
@@ -50,7 +68,9 @@ def test_bad_text_is_located(tmp_path: Path, case: str, command: str) -> None:
 
 def test_surrogate_pairs_still_parse(tmp_path: Path) -> None:
     f = tmp_path / "m.llmir"
-    f.write_text(GOOD.replace("module @m {", 'module @m attributes {a = "\\ud83d\\ude00 \\\\ud800"} {'))
+    f.write_text(
+        GOOD.replace("module @m {", 'module @m attributes {a = "\\ud83d\\ude00 \\\\ud800"} {')
+    )
     code, out, err = invoke("fmt", str(f))
     assert code == 0, err
     assert '"\U0001f600 \\\\ud800"' in out
@@ -66,7 +86,9 @@ def test_not_utf8_gets_line_and_column(tmp_path: Path) -> None:
 
 def test_long_line_diagnostic_is_clipped_around_the_column(tmp_path: Path) -> None:
     f = tmp_path / "m.llmir"
-    f.write_text(GOOD.replace("module @m {", "module @m attributes {a = [" + "1, " * 300_000 + "%]} {"))
+    f.write_text(
+        GOOD.replace("module @m {", "module @m attributes {a = [" + "1, " * 300_000 + "%]} {")
+    )
     code, out, err = invoke("verify", str(f))
     rejected(code, err, expect=2, names=f"{f}:1:900028:")
     assert len(err) < 1000
