@@ -27,6 +27,7 @@ from llmir_core.ir.types import DType, TensorType
 from .llm_graph import DecoderConfig, RopeSpec, build_decoder, inv_freq_default, inv_freq_llama3
 from .safetensors_index import SafetensorsIndex, TensorEntry, open_index
 from .validate_config import check_hf_config
+from .validate_tokenizer import check_tokenizer_json
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2")
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
@@ -403,6 +404,8 @@ def model_attributes(folder: Path, cfg: _Cfg, dc: DecoderConfig, base_dir: str |
         attrs["llm.generation"] = gen
     tok = folder / "tokenizer.json"
     if tok.is_file():
+        if require_tokenizer:
+            check_tokenizer_json(tok)
         attrs["llm.tokenizer"] = {"format": "hf", "file": weight_file_attr(str(tok), base_dir)}
     elif require_tokenizer:
         extra = " (tokenizer.model alone needs sentencepiece: save the tokenizer with transformers " \

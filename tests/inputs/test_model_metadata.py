@@ -136,3 +136,33 @@ def test_gguf_codec_round_trips(llama_gguf: Path, tmp_path: Path) -> None:
         str(tmp_path / "m.llmir"),
     )
     assert code == 0, err
+
+
+TOKENIZER_CASES = {
+    "empty": (b"", "tokenizer.json: empty file"),
+    "not JSON": (b'{"model": {', "tokenizer.json:1:12: not valid JSON"),
+    "not UTF-8": (b'{"model": "\xff"}', "tokenizer.json:1:12: not UTF-8 text (byte 0xff)"),
+    "a list": (b"[]", "tokenizer.json: must be a JSON object, got list"),
+    "model not an object": (b'{"model": 3}', "tokenizer.json: field 'model' must be an object"),
+    "unloadable": (
+        b'{"model": {"type": "BPE", "vocab": 7}}',
+        "tokenizer.json: not a valid tokenizer.json",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(TOKENIZER_CASES))
+def test_bad_tokenizer_json_is_refused_at_import(
+    llama_dir: Path, tmp_path: Path, case: str
+) -> None:
+    data, message = TOKENIZER_CASES[case]
+    folder = _hf(llama_dir, tmp_path / "m")
+    (folder / "tokenizer.json").write_bytes(data)
+    code, out, err = invoke("import", str(folder), "-o", str(tmp_path / "m.llmir"))
+    line = rejected(code, err, expect=2, names=str(folder))
+    assert message in line
+    assert not (tmp_path / "m.llmir").exists()
+    code, out, err = invoke(
+        "import", str(folder), "-o", str(tmp_path / "m.llmir"), "--no-tokenizer"
+    )
+    assert code == 0, err
