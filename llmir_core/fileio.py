@@ -76,3 +76,21 @@ def replace_dir(tmp: str, out_dir: str) -> None:
         os.rename(old, out_dir)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def read_text_lines(path: str | os.PathLike[str]) -> list[str]:
+    """A UTF-8 text file's lines; a byte that is not UTF-8 is an InputError at `file:line:col`."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a folder, expected a text file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        col = len(data[data.rfind(b"\n", 0, exc.start) + 1:exc.start].decode("utf-8", "replace")) + 1
+        raise InputError(f"{path}:{line}:{col}: not UTF-8 text (byte {data[exc.start]:#04x})",
+                         hint="save the file as UTF-8") from None

@@ -232,18 +232,13 @@ def session_for_module(module: Module, threads: int | None = 1) -> tuple[OrtRunn
 
 
 def load_manifest(art_dir: str) -> dict[str, Any]:
-    path = os.path.join(art_dir, MANIFEST)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        raise InputError(f"{art_dir}: no {MANIFEST} (not an llmir artifact folder)",
-                         hint="build one with `llmir build MODEL.llmir --target onnxruntime -o DIR`") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read the manifest: {exc}") from None
+    """The artifact's manifest, after checking its files against it (llmir_core.artifact_check)."""
+    from llmir_core.artifact_check import open_checked
+
+    data = open_checked(art_dir)
     if data.get("target") != "onnxruntime":
         raise InputError(f"{art_dir}: artifact target is {data.get('target')!r}, not onnxruntime")
-    return dict(data)
+    return data
 
 
 def runner_for_artifact(art_dir: str, threads: int | None = None) -> OrtRunner:

@@ -41,8 +41,30 @@ class JsonSyntaxError(ValueError):
         self.message, self.line, self.col = message, line, col
 
 
+MAX_DEPTH = 128  # nesting no index needs; deeper text would exhaust Python's recursion limit
+_STRUCTURE = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.S)
+
+
+def too_deep(text: str, limit: int = MAX_DEPTH) -> int | None:
+    """Offset of the first bracket that opens more than `limit` levels, if any (strings skipped)."""
+    depth = 0
+    for m in _STRUCTURE.finditer(text):
+        ch = m.group()
+        if ch in "[{":
+            depth += 1
+            if depth > limit:
+                return m.start()
+        elif ch in "]}":
+            depth -= 1
+    return None
+
+
 def parse(text: str) -> Located:
     """Parse `text`; raise JsonSyntaxError (with line and column) when it is not JSON."""
+    deep = too_deep(text)
+    if deep is not None:
+        line = text.count("\n", 0, deep) + 1
+        raise JsonSyntaxError(f"nested deeper than {MAX_DEPTH} levels", line, deep - (text.rfind("\n", 0, deep) + 1) + 1)
     try:
         json.loads(text)
     except json.JSONDecodeError as exc:

@@ -87,10 +87,11 @@ def check_inputs(sigs: list[TensorSig], inputs: Mapping[str, np.ndarray]) -> dic
     missing = [n for n in names if n not in inputs]
     extra = [n for n in inputs if n not in names]
     want = "; ".join(s.describe() for s in sigs)
+    if extra:  # named first: a misspelt name is usually why another one is missing
+        also = f" (and missing: {', '.join(missing)})" if missing else ""
+        raise InputError(f"unknown input(s): {', '.join(extra)}{also}", hint=f"the model takes {want}")
     if missing:
         raise InputError(f"missing input(s): {', '.join(missing)}", hint=f"the model takes {want}")
-    if extra:
-        raise InputError(f"unknown input(s): {', '.join(extra)}", hint=f"the model takes {want}")
     env: dict[str, int] = {}
     where: dict[str, str] = {}
     deferred: list[tuple[TensorSig, int, Dim, int]] = []
