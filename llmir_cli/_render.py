@@ -8,6 +8,7 @@ shown only with --debug.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -15,7 +16,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -113,13 +114,35 @@ def handle_errors(ctx: Ctx) -> Iterator[None]:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except OSError as exc:
+        if exc.errno not in _ENVIRONMENT_ERRNOS:
+            _internal(ctx, exc)
+        where = f"{exc.filename}: " if exc.filename else ""
+        sys.stderr.write(f"error: {where}{exc.strerror}\nhint: {_ENVIRONMENT_ERRNOS[exc.errno]}\n")
+        raise typer.Exit(EXIT_USAGE) from None
     except MemoryError:
         sys.stderr.write("error: out of memory\nhint: try a smaller model or free memory\n")
         raise typer.Exit(EXIT_USAGE) from None
     except Exception as exc:  # an internal error: still one line unless --debug
-        if ctx.debug:
-            traceback.print_exc()
-        else:
-            sys.stderr.write(f"error: internal error: {type(exc).__name__}: {exc}\n"
-                             "hint: rerun with --debug for a traceback and report it\n")
-        raise typer.Exit(70) from None
+        _internal(ctx, exc)
+
+
+# errors of the machine, not of llmir: the disk is full or read-only, access is denied
+_ENVIRONMENT_ERRNOS = {
+    errno.ENOSPC: "free disk space, or write the output somewhere else",
+    errno.EDQUOT: "free space within your disk quota, or write the output somewhere else",
+    errno.EFBIG: "the file system cannot hold a file this large: write the output somewhere else",
+    errno.EROFS: "the file system is read-only: write the output somewhere else",
+    errno.EACCES: "check the permissions of the file and its folder",
+    errno.EPERM: "check the permissions of the file and its folder",
+    errno.EIO: "the disk reported an I/O error: check it, or use another one",
+}
+
+
+def _internal(ctx: Ctx, exc: BaseException) -> NoReturn:
+    if ctx.debug:
+        traceback.print_exc()
+    else:
+        sys.stderr.write(f"error: internal error: {type(exc).__name__}: {exc}\n"
+                         "hint: rerun with --debug for a traceback and report it\n")
+    raise typer.Exit(70) from None

@@ -96,8 +96,12 @@ def source_digest(module: Module, source_path: str | None) -> tuple[str, str | N
 
 def artifact_tmp_dir(out_dir: str) -> str:
     """A temp folder beside out_dir to build into (then `replace_dir`), with ordinary permissions."""
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".tmp",
-                           dir=os.path.dirname(out_dir))
+    try:
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".tmp",
+                               dir=os.path.dirname(out_dir))
+    except OSError as exc:  # a read-only or full disk, no permission: the user's to fix
+        raise InputError(f"{out_dir}: cannot create the artifact in {os.path.dirname(out_dir)}: "
+                         f"{exc.strerror}", hint="write the artifact somewhere else (-o DIR)") from None
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the artifact is an ordinary folder
