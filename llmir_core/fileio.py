@@ -78,19 +78,26 @@ def replace_dir(tmp: str, out_dir: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def read_text_lines(path: str | os.PathLike[str]) -> list[str]:
-    """A UTF-8 text file's lines; a byte that is not UTF-8 is an InputError at `file:line:col`."""
+def read_text(path: str | os.PathLike[str]) -> str:
+    """A UTF-8 text file; a byte that is not UTF-8 is an InputError at `file:line:col`."""
     try:
         with open(path, "rb") as fh:
             data = fh.read()
     except IsADirectoryError:
         raise InputError(f"{path}: is a folder, expected a text file") from None
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror}") from None
     try:
-        return data.decode("utf-8").splitlines()
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         col = len(data[data.rfind(b"\n", 0, exc.start) + 1:exc.start].decode("utf-8", "replace")) + 1
         raise InputError(f"{path}:{line}:{col}: not UTF-8 text (byte {data[exc.start]:#04x})",
                          hint="save the file as UTF-8") from None
+
+
+def read_text_lines(path: str | os.PathLike[str]) -> list[str]:
+    """A UTF-8 text file's lines (see read_text)."""
+    return read_text(path).splitlines()

@@ -96,6 +96,8 @@ def _read_json(path: Path) -> Any:
         raise InputError(f"{path}: file not found") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise InputError(f"{path}: not valid JSON (nested too deeply)") from None
 
 
 def read_config(folder: Path) -> _Cfg:

@@ -151,6 +151,15 @@ def check_hf_config(cfg: Any, tensors: Iterable[tuple[str, Iterable[int]]], file
     for key in ("sliding_window", "max_window_layers"):
         if cfg.get(key) is not None:
             whole(fail, key, cfg.get(key), 0)
+    for key in ("hidden_act", "hidden_activation"):
+        if cfg.get(key) is not None and not isinstance(cfg.get(key), str):
+            raise fail(key, f"must be a string, got {cfg.get(key)!r:.60}")
+    for key in ("tie_word_embeddings", "attention_bias", "use_sliding_window", "mlp_bias"):
+        if cfg.get(key) is not None and not isinstance(cfg.get(key), bool):
+            raise fail(key, f"must be true or false, got {cfg.get(key)!r:.60}")
+    types = cfg.data.get("layer_types")
+    if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
+        raise fail("layer_types", "must be a list of strings")
     for key in ("rope_parameters", "rope_scaling"):
         rp = cfg.data.get(key)
         if rp is not None and not isinstance(rp, dict):
@@ -165,6 +174,9 @@ def _check_rope_dict(fail: Fail, key: str, rp: dict[str, Any]) -> None:
         for sub, v in items:
             _check_rope_dict(fail, f"{key}.{sub}", v)
         return
+    for k in ("rope_type", "type"):
+        if rp.get(k) is not None and not isinstance(rp[k], str):
+            raise fail(f"{key}.{k}", f"must be a string, got {rp[k]!r:.60}")
     for k in ("rope_theta", "factor", "low_freq_factor", "high_freq_factor"):
         if rp.get(k) is not None:
             number(fail, f"{key}.{k}", rp[k], 0.0, above=True)

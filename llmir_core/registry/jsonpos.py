@@ -59,6 +59,16 @@ def too_deep(text: str, limit: int = MAX_DEPTH) -> int | None:
     return None
 
 
+class _Constant(ValueError):
+    def __init__(self, word: str) -> None:
+        super().__init__(word)
+        self.word = word
+
+
+def _no_constant(word: str) -> Any:
+    raise _Constant(word)
+
+
 def parse(text: str) -> Located:
     """Parse `text`; raise JsonSyntaxError (with line and column) when it is not JSON."""
     deep = too_deep(text)
@@ -66,9 +76,13 @@ def parse(text: str) -> Located:
         line = text.count("\n", 0, deep) + 1
         raise JsonSyntaxError(f"nested deeper than {MAX_DEPTH} levels", line, deep - (text.rfind("\n", 0, deep) + 1) + 1)
     try:
-        json.loads(text)
+        json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise JsonSyntaxError(exc.msg, exc.lineno, exc.colno) from None
+    except _Constant as exc:  # NaN / Infinity: Python's extension, not JSON
+        at = text.find(exc.word)
+        line = text.count("\n", 0, at) + 1
+        raise JsonSyntaxError(f"{exc.word} is not valid JSON", line, at - (text.rfind("\n", 0, at) + 1) + 1) from None
     walker = _Walker(text)
     _, value = walker.value_at(0, ())
     return Located(value=value, positions=walker.positions, duplicates=walker.duplicates)
