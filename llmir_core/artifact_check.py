@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmir_core.errors import CheckFailed, InputError
-from llmir_core.fileio import sha256_file
+from llmir_core.fileio import read_json, sha256_file
 
 MANIFEST = "manifest.json"
 STATE_FILE = "artifact-checks.json"
@@ -71,26 +71,12 @@ def read_manifest(art_dir: str) -> dict[str, Any]:
         raise InputError(
             f"{art_dir}: not a folder", hint="pass an artifact folder built by `llmir build`"
         )
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError:
+    if not os.path.exists(path):
         raise InputError(
             f"{art_dir}: no {MANIFEST} (not an llmir artifact folder)",
             hint="build one with `llmir build MODEL.llmir --target onnxruntime -o DIR`",
-        ) from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the manifest: {exc.strerror}") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text (byte {exc.start})", hint=_REBUILD) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})", hint=_REBUILD
-        ) from None
-    except RecursionError:
-        raise InputError(f"{path}: JSON nested too deeply", hint=_REBUILD) from None
+        )
+    data = read_json(path, hint=_REBUILD)
     if not isinstance(data, dict):
         raise InputError(f"{path}: must be a JSON object, got {type(data).__name__}", hint=_REBUILD)
     _check_shape(path, data)

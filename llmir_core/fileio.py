@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from .errors import InputError
 
@@ -76,6 +77,23 @@ def replace_dir(tmp: str, out_dir: str) -> None:
         os.rename(old, out_dir)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def read_json(path: str | os.PathLike[str], *, hint: str | None = None) -> Any:
+    """A JSON file's value; bytes that are not UTF-8, a syntax error or nesting too deep for
+    Python is an InputError at `file:line:col` (with `hint`)."""
+    try:
+        text = read_text(path)
+    except InputError as exc:
+        raise InputError(exc.message, hint=hint or exc.hint) from None
+    if not text.strip():
+        raise InputError(f"{path}: empty file, expected JSON", hint=hint)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})", hint=hint) from None
+    except RecursionError:
+        raise InputError(f"{path}: not valid JSON (nested too deeply)", hint=hint) from None
 
 
 def read_text(path: str | os.PathLike[str]) -> str:

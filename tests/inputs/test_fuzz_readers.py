@@ -14,7 +14,7 @@ import pytest
 
 from tests.inputs.fuzzing import Seeds, make_readers, peak_rss_mb, run_reader
 
-CASES = int(os.environ.get("LLMIR_FUZZ_CASES", "150"))
+CASES = int(os.environ.get("LLMIR_FUZZ_CASES", "250"))
 READERS = [
     "llmir",
     "onnx",
