@@ -19,8 +19,15 @@ def build(module: Module, out_dir: str, target: str = "onnxruntime", *,
     """Build an artifact folder for `target`; return its manifest."""
     if target == "onnxruntime":
         from .ort import build as build_ort
+        from .ort_lower import BuildError
 
-        return build_ort(module, out_dir, target, source_path=source_path)
+        try:
+            return build_ort(module, out_dir, target, source_path=source_path)
+        except BuildError as exc:
+            src = source_path or module.source
+            if not src or exc.message.startswith(src) or exc.diagnostics:
+                raise
+            raise BuildError(f"{src}: {exc.message}", hint=exc.hint) from None  # name the file built
     raise InputError(f"unknown target '{target}' (known: {', '.join(TARGETS)})",
                      hint="use --target onnxruntime")
 

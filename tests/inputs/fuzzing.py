@@ -315,7 +315,8 @@ def make_readers(seeds: Seeds) -> dict[str, Reader]:
         else:
             f.write_text(text, encoding="utf-8", errors="surrogatepass")
         cmd = rng.choice([["verify"], ["fmt"], ["build", "-o", str(work / "out")]])
-        return [*cmd, str(f)], str(f), True
+        # text errors are located; what a backend cannot build (after the text verified) names the file
+        return [*cmd, str(f)], str(f), cmd[0] != "build"
 
     readers["llmir"] = Reader("llmir", llmir)
 
