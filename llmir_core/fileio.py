@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -89,11 +90,28 @@ def read_json(path: str | os.PathLike[str], *, hint: str | None = None) -> Any:
     if not text.strip():
         raise InputError(f"{path}: empty file, expected JSON", hint=hint)
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})", hint=hint) from None
     except RecursionError:
         raise InputError(f"{path}: not valid JSON (nested too deeply)", hint=hint) from None
+    reject_surrogates(value, text, path, hint)
+    return value
+
+
+def reject_surrogates(value: Any, text: str, path: str | os.PathLike[str], hint: str | None = None) -> None:
+    """A JSON value decoded from `text` must be text all through: a lone surrogate escape such as
+    "\\ud800" decodes to a string no file can hold, so refuse it where it is written."""
+    if "\\u" not in text:
+        return
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        m = re.search(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}", text)
+        at = m.start() if m else 0
+        line, col = text.count("\n", 0, at) + 1, at - (text.rfind("\n", 0, at) + 1) + 1
+        raise InputError(f"{path}:{line}:{col}: a lone UTF-16 surrogate escape, which is not text",
+                         hint=hint) from None
 
 
 def read_text(path: str | os.PathLike[str]) -> str:

@@ -21,6 +21,7 @@ import numpy as np
 
 from llmir_core.builder import Builder
 from llmir_core.errors import InputError
+from llmir_core.fileio import reject_surrogates
 from llmir_core.ir.core import Module, Value
 from llmir_core.ir.types import DType, TensorType
 
@@ -91,7 +92,10 @@ class _Cfg:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        value = json.loads(text)
+        reject_surrogates(value, text, path)
+        return value
     except FileNotFoundError:
         raise InputError(f"{path}: file not found") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

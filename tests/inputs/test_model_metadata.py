@@ -166,3 +166,24 @@ def test_bad_tokenizer_json_is_refused_at_import(
         "import", str(folder), "-o", str(tmp_path / "m.llmir"), "--no-tokenizer"
     )
     assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    "file, key",
+    [
+        ("config.json", "torch_dtype"),
+        ("generation_config.json", "temperature"),
+        ("tokenizer_config.json", "chat_template"),
+    ],
+)
+def test_lone_surrogate_in_model_json(llama_dir: Path, tmp_path: Path, file: str, key: str) -> None:
+    """A lone "\\ud800" decodes to a string no file can hold: refused where it is read, not when
+    the .llmir is written."""
+    folder = _hf(llama_dir, tmp_path / "m")
+    data = json.loads((folder / file).read_text())
+    data[key] = "ok \ud800"
+    (folder / file).write_text(json.dumps(data))
+    code, out, err = invoke("import", str(folder), "-o", str(tmp_path / "m.llmir"))
+    line = rejected(code, err, expect=2, names=f"{folder / file}:1:")
+    assert "a lone UTF-16 surrogate escape" in line
+    assert not (tmp_path / "m.llmir").exists()
