@@ -250,19 +250,17 @@ def check_artifact(
 
 
 def check_decoder_context(art_dir: str, manifest: dict[str, Any]) -> None:
-    """The decoder's context fields fit the rotary tables baked into model.onnx."""
+    """The positions the runtime will use (`max_len`, else `context_length`) fit the rotary
+    tables baked into model.onnx."""
     dec = manifest.get("decoder")
     if not isinstance(dec, dict):
         return
-    want = max(
-        (v for v in (dec.get("max_len"), dec.get("context_length")) if isinstance(v, int)),
-        default=None,
-    )
-    if want is None:
+    field_name = "max_len" if isinstance(dec.get("max_len"), int) else "context_length"
+    want = dec.get(field_name)
+    if not isinstance(want, int):
         return
     rows = _rotary_rows(os.path.join(art_dir, manifest.get("model", "model.onnx")))
     if rows is not None and want > rows:
-        field_name = "max_len" if dec.get("max_len") == want else "context_length"
         raise InputError(
             f"{os.path.join(art_dir, MANIFEST)}: field 'decoder.{field_name}' is {want}, "
             f"but the model's rotary tables cover {rows} positions",

@@ -181,3 +181,14 @@ def test_unknown_input_is_named(tmp_path: Path) -> None:
     np.save(tmp_path / "x.npy", np.zeros(2, np.float32))
     code, out, err = invoke("run", str(f), "--input", f"bogus={tmp_path / 'x.npy'}")
     rejected(code, err, expect=2, names="unknown input(s): bogus (and missing: x)")
+
+
+def test_short_max_len_build_still_runs(art: Path, llama_dir: Path, tmp_path: Path) -> None:
+    """--max-len sizes the rotary tables below context_length: the manifest check allows it."""
+    from llmir_core.backends.ort_decoder import build_decoder
+    from llmir_core.frontends.hf import import_hf
+
+    out = tmp_path / "short"
+    build_decoder(import_hf(llama_dir, tmp_path / "m.llmir"), str(out), max_len=12)
+    code, out_text, err = invoke("run", str(out), *RUN)
+    assert code == 0, err
