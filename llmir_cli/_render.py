@@ -8,15 +8,16 @@ shown only with --debug.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
@@ -133,12 +134,32 @@ def _report(ctx: Ctx, exc: BaseException) -> None:
             if exc.hint:
                 sys.stderr.write(f"hint: {exc.hint}\n")
         raise typer.Exit(exc.exit_code) from None
+    if isinstance(exc, OSError) and exc.errno in _ENVIRONMENT_ERRNOS:
+        where = f"{exc.filename}: " if exc.filename else ""
+        sys.stderr.write(f"error: {where}{exc.strerror}\nhint: {_ENVIRONMENT_ERRNOS[exc.errno]}\n")
+        raise typer.Exit(EXIT_USAGE) from None
     if isinstance(exc, MemoryError):
         sys.stderr.write("error: out of memory\nhint: try a smaller model or free memory\n")
         raise typer.Exit(EXIT_USAGE) from None
     if not isinstance(exc, Exception):  # SystemExit, GeneratorExit: not errors to report
         raise exc
-    # an internal error: still one line unless --debug
+    _internal(ctx, exc)
+
+
+# errors of the machine, not of llmir: the disk is full or read-only, access is denied
+_ENVIRONMENT_ERRNOS = {
+    errno.ENOSPC: "free disk space, or write the output somewhere else",
+    errno.EDQUOT: "free space within your disk quota, or write the output somewhere else",
+    errno.EFBIG: "the file system cannot hold a file this large: write the output somewhere else",
+    errno.EROFS: "the file system is read-only: write the output somewhere else",
+    errno.EACCES: "check the permissions of the file and its folder",
+    errno.EPERM: "check the permissions of the file and its folder",
+    errno.EIO: "the disk reported an I/O error: check it, or use another one",
+}
+
+
+def _internal(ctx: Ctx, exc: BaseException) -> NoReturn:
+    """An internal error: still one line unless --debug."""
     if ctx.debug:
         traceback.print_exception(exc)
     else:

@@ -30,6 +30,27 @@ class SourcePos(NamedTuple):
         return f"{self.file}:{self.line}:{self.col}"
 
 
+SNIPPET_MAX = 400  # a source line longer than this is clipped under a diagnostic ...
+SNIPPET_WIDTH = 160  # ... to this many characters around the column
+
+
+def clip_line(line: str, col: int, width: int = SNIPPET_WIDTH, limit: int = SNIPPET_MAX) -> tuple[str, int]:
+    """The part of `line` shown under a diagnostic, and the caret's 0-based column in it: a line
+    longer than `limit` (a 1 MB attribute) is cut to `width` characters around `col`, with '...'
+    where cut."""
+    at = max(col - 1, 0)
+    if len(line) <= limit:
+        return line, at
+    start = max(0, min(at - width // 2, len(line) - width))
+    shown = line[start:start + width]
+    caret = at - start
+    if start > 0:
+        shown, caret = "..." + shown, caret + 3
+    if start + width < len(line):
+        shown += "..."
+    return shown, caret
+
+
 @dataclass
 class Diagnostic:
     """One finding: severity, message, where, and optional notes."""
@@ -50,8 +71,9 @@ class Diagnostic:
         """Render as text: header, the source line with a caret, then notes."""
         lines = [self.header()]
         if self.source_line is not None and self.pos is not None:
-            lines.append("  " + self.source_line.rstrip("\n"))
-            lines.append("  " + " " * max(self.pos.col - 1, 0) + "^")
+            shown, caret = clip_line(self.source_line.rstrip("\n"), self.pos.col)
+            lines.append("  " + shown)
+            lines.append("  " + " " * caret + "^")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 

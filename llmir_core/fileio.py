@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from .errors import InputError
 
@@ -80,3 +82,62 @@ def replace_dir(tmp: str, out_dir: str, guard: Callable[[str], None] | None = No
         os.rename(old, out_dir)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def read_json(path: str | os.PathLike[str], *, hint: str | None = None) -> Any:
+    """A JSON file's value; bytes that are not UTF-8, a syntax error or nesting too deep for
+    Python is an InputError at `file:line:col` (with `hint`)."""
+    try:
+        text = read_text(path)
+    except InputError as exc:
+        raise InputError(exc.message, hint=hint or exc.hint) from None
+    if not text.strip():
+        raise InputError(f"{path}: empty file, expected JSON", hint=hint)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})", hint=hint) from None
+    except RecursionError:
+        raise InputError(f"{path}: not valid JSON (nested too deeply)", hint=hint) from None
+    reject_surrogates(value, text, path, hint)
+    return value
+
+
+def reject_surrogates(value: Any, text: str, path: str | os.PathLike[str], hint: str | None = None) -> None:
+    """A JSON value decoded from `text` must be text all through: a lone surrogate escape such as
+    "\\ud800" decodes to a string no file can hold, so refuse it where it is written."""
+    if "\\u" not in text:
+        return
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        m = re.search(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}", text)
+        at = m.start() if m else 0
+        line, col = text.count("\n", 0, at) + 1, at - (text.rfind("\n", 0, at) + 1) + 1
+        raise InputError(f"{path}:{line}:{col}: a lone UTF-16 surrogate escape, which is not text",
+                         hint=hint) from None
+
+
+def read_text(path: str | os.PathLike[str]) -> str:
+    """A UTF-8 text file; a byte that is not UTF-8 is an InputError at `file:line:col`."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a folder, expected a text file") from None
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        col = len(data[data.rfind(b"\n", 0, exc.start) + 1:exc.start].decode("utf-8", "replace")) + 1
+        raise InputError(f"{path}:{line}:{col}: not UTF-8 text (byte {data[exc.start]:#04x})",
+                         hint="save the file as UTF-8") from None
+
+
+def read_text_lines(path: str | os.PathLike[str]) -> list[str]:
+    """A UTF-8 text file's lines (see read_text)."""
+    return read_text(path).splitlines()

@@ -238,3 +238,14 @@ def verify(module: Module, check_files: bool = True) -> list[Diagnostic]:
     """Check a module; return its diagnostics (empty when it verifies)."""
     with gc_paused():
         return _Checker(module, check_files).run()
+
+
+def require_verified(module: Module, label: str) -> None:
+    """Raise CheckFailed (exit 1) with the located diagnostics when `module` does not verify:
+    what `build` and `run` check before they read a single weight."""
+    from llmir_core.errors import CheckFailed
+
+    errors = [d for d in verify(module) if d.severity == "error"]
+    if errors:
+        raise CheckFailed(f"{label}: does not verify ({len(errors)} error(s))", diagnostics=errors,
+                          hint=f"run `llmir verify {label}` for details")

@@ -55,7 +55,33 @@ def resolve_path(file: str, base_dir: str) -> str:
     return file if os.path.isabs(file) else os.path.normpath(os.path.join(base_dir, file))
 
 
+# (realpath, size, mtime_ns, offset, nbytes) -> sha256: a weight is hashed once per process even
+# when verify, build and the interpreter each check it
+_RANGE_SHA: dict[tuple[str, int, int, int, int], str] = {}
+
+
+def range_sha256(path: str, offset: int, nbytes: int) -> str:
+    """sha256 of `nbytes` bytes at `offset` in `path`, read in chunks (memoized per file state)."""
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, offset, nbytes)
+    if key not in _RANGE_SHA:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            left = nbytes
+            while left > 0:
+                chunk = fh.read(min(left, 8 << 20))
+                if not chunk:
+                    break
+                h.update(chunk)
+                left -= len(chunk)
+        _RANGE_SHA[key] = h.hexdigest()
+    return _RANGE_SHA[key]
+
+
 def check_weight_ref(attrs: dict[str, Any], t: Type, base_dir: str, check_files: bool) -> None:
+    """Check a weight reference; with `check_files`, its bytes lie in the file and match a pinned
+    sha256 (a mismatch is a failed check, exit 1, as the README promises)."""
     if not isinstance(t, TensorType):
         raise WeightRefError(f"result must be a tensor, got {t}")
     offset, nbytes = attrs.get("offset", 0), attrs.get("nbytes")
@@ -71,6 +97,8 @@ def check_weight_ref(attrs: dict[str, Any], t: Type, base_dir: str, check_files:
         raise WeightRefError("sha256 must be 64 lowercase hex digits")
     if check_files:
         path = resolve_path(attrs["file"], base_dir)
+        if os.path.isdir(path):
+            raise WeightRefError(f"weight file {attrs['file']} is a folder, not a file (looked in {path})")
         if not os.path.isfile(path):
             raise WeightRefError(f"weight file {attrs['file']} not found (looked in {path})")
         size = os.path.getsize(path)
@@ -78,10 +106,19 @@ def check_weight_ref(attrs: dict[str, Any], t: Type, base_dir: str, check_files:
         if end > size:
             raise WeightRefError(f"tensor '{attrs.get('name', '?')}' needs bytes {offset}..{end} "
                                  f"but {attrs['file']} has only {size} bytes")
+        if sha is not None:
+            try:
+                digest = range_sha256(path, offset, end - offset)
+            except OSError as exc:
+                raise WeightRefError(f"weight file {attrs['file']} cannot be read: {exc.strerror}") from None
+            if digest != sha:
+                raise WeightRefError(f"tensor '{attrs.get('name', '?')}': sha256 of its bytes in "
+                                     f"{attrs['file']} is {digest}, but the reference pins {sha}")
 
 
-def load_weight(attrs: dict[str, Any], t: TensorType, base_dir: str, verify_hash: bool = False) -> Any:
-    """Map a weight's bytes as a read-only numpy array (or PackedArray for quantized types)."""
+def load_weight(attrs: dict[str, Any], t: TensorType, base_dir: str) -> Any:
+    """Map a weight's bytes as a read-only numpy array (or PackedArray for quantized types),
+    after checking the reference (bytes inside the file, a pinned sha256 matches)."""
     path = resolve_path(attrs["file"], base_dir)
     shape = t.static_shape()
     if shape is None:
@@ -90,10 +127,6 @@ def load_weight(attrs: dict[str, Any], t: TensorType, base_dir: str, verify_hash
     nbytes = attrs.get("nbytes") or expected_nbytes(t) or 0
     offset = int(attrs.get("offset", 0))
     raw = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(nbytes,)) if nbytes else np.zeros(0, np.uint8)
-    if verify_hash and attrs.get("sha256"):
-        digest = hashlib.sha256(raw.data).hexdigest()
-        if digest != attrs["sha256"]:
-            raise WeightRefError(f"weight '{attrs.get('name')}' sha256 mismatch: {digest}")
     if isinstance(t.dtype, QuantType):
         return PackedArray(np.asarray(raw), t.dtype, shape)
     assert isinstance(t.dtype, DType)

@@ -7,6 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
+from llmir_core.artifact_check import full_checks
+
 from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
 from .._render import Ctx, handle_errors, make_ctx
 
@@ -33,13 +35,14 @@ def bench_cmd(
     runs: Annotated[int, typer.Option("--runs", help="Measured runs.")] = 3,
     warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured runs first.")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random prompt ids.")] = 0,
+    verify_artifact: Annotated[bool, typer.Option("--verify-artifact", help="Hash every artifact file against manifest.json (by default only when they changed since the last check).")] = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     ctx = make_ctx(fmt, quiet, verbose, debug)
-    with handle_errors(ctx):
+    with handle_errors(ctx), full_checks(verify_artifact):
         from llmir_core.runtime.textgen import bench_artifact, busy_warning
 
         busy = busy_warning()

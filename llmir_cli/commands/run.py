@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from llmir_core.artifact_check import full_checks
 from llmir_core.errors import InputError
 from llmir_core.runtime.tensors import parse_input_specs, run_target, summarize, write_outputs
 from llmir_core.runtime.textgen import (
@@ -72,13 +73,14 @@ def run_cmd(
     chat: Annotated[bool, typer.Option("--chat", help="Use the model's chat template (interactive on a terminal without --prompt).")] = False,
     system: Annotated[str | None, typer.Option("--system", help="System message for --chat.")] = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop when this text appears (repeatable).")] = None,
+    verify_artifact: Annotated[bool, typer.Option("--verify-artifact", help="Hash every artifact file against manifest.json (by default only when they changed since the last check).")] = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     ctx = make_ctx(fmt, quiet, verbose, debug)
-    with handle_errors(ctx):
+    with handle_errors(ctx), full_checks(verify_artifact):
         if not target.exists():
             raise InputError(f"{target}: no such file or folder", hint="pass an artifact folder or a .llmir file")
         if prompt or prompts_file is not None or chat:

@@ -69,7 +69,15 @@ def build(module: Module, out_dir: str, target: str = "onnxruntime", *, source_p
         raise InputError(f"module @{module.name} is already lowered for {t.name}: build options "
                          f"({', '.join(sorted(options))}) were fixed when it was lowered",
                          hint="pass them to `llmir optimize --target` instead")
-    return dict(t.serialize(module, out_dir, source_path=source_path))
+    from .ort_lower import BuildError
+
+    try:
+        return dict(t.serialize(module, out_dir, source_path=source_path))
+    except BuildError as exc:
+        src = source_path or module.source
+        if not src or exc.message.startswith(src) or exc.diagnostics:
+            raise
+        raise BuildError(f"{src}: {exc.message}", hint=exc.hint) from None  # name the file built
 
 
 def read_manifest(artifact_dir: str) -> dict[str, Any]:

@@ -146,8 +146,12 @@ def source_digest(module: Module, source_path: str | None) -> tuple[str, str | N
 
 def artifact_tmp_dir(out_dir: str) -> str:
     """A temp folder beside out_dir to build into (then `replace_dir`), with ordinary permissions."""
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".tmp",
-                           dir=os.path.dirname(out_dir))
+    try:
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".tmp",
+                               dir=os.path.dirname(out_dir))
+    except OSError as exc:  # a read-only or full disk, no permission: the user's to fix
+        raise InputError(f"{out_dir}: cannot create the artifact in {os.path.dirname(out_dir)}: "
+                         f"{exc.strerror}", hint="write the artifact somewhere else (-o DIR)") from None
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the artifact is an ordinary folder
@@ -289,18 +293,13 @@ def session_for_module(module: Module, threads: int | None = 1) -> tuple[OrtRunn
 
 
 def load_manifest(art_dir: str) -> dict[str, Any]:
-    path = os.path.join(art_dir, MANIFEST)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        raise InputError(f"{art_dir}: no {MANIFEST} (not an llmir artifact folder)",
-                         hint="build one with `llmir build MODEL.llmir --target onnxruntime -o DIR`") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read the manifest: {exc}") from None
+    """The artifact's manifest, after checking its files against it (llmir_core.artifact_check)."""
+    from llmir_core.artifact_check import open_checked
+
+    data = open_checked(art_dir)
     if data.get("target") != "onnxruntime":
         raise InputError(f"{art_dir}: artifact target is {data.get('target')!r}, not onnxruntime")
-    return dict(data)
+    return data
 
 
 def runner_for_artifact(art_dir: str, threads: int | None = None) -> OrtRunner:

@@ -32,6 +32,7 @@ from llmir_core.ir.types import GGUF_QUANTS, DType, QuantType, TensorType
 
 from .hf import weight_file_attr
 from .llm_graph import DecoderConfig, RopeSpec, build_decoder, inv_freq_default
+from .validate_config import check_gguf
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2")
 TOKENIZER_MODELS = ("llama", "gpt2")
@@ -457,6 +458,7 @@ def import_gguf(path: str | os.PathLike[str], out_path: str | os.PathLike[str] |
                 require_tokenizer: bool = True) -> Module:
     """Import the GGUF file at `path`; weight paths are relative to `out_path`'s folder if given."""
     g = GGUFFile(path)
+    check_gguf(g)
     dc = decoder_config(g)
     base_dir = os.path.dirname(os.path.abspath(out_path)) if out_path is not None else None
     src = GGUFWeights(g, dc, base_dir)

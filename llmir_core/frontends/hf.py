@@ -21,11 +21,14 @@ import numpy as np
 
 from llmir_core.builder import Builder
 from llmir_core.errors import InputError
+from llmir_core.fileio import reject_surrogates
 from llmir_core.ir.core import Module, Value
 from llmir_core.ir.types import DType, TensorType
 
 from .llm_graph import DecoderConfig, RopeSpec, build_decoder, inv_freq_default, inv_freq_llama3
 from .safetensors_index import SafetensorsIndex, TensorEntry, open_index
+from .validate_config import check_hf_config
+from .validate_tokenizer import check_tokenizer_json
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2")
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
@@ -89,11 +92,16 @@ class _Cfg:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        value = json.loads(text)
+        reject_surrogates(value, text, path)
+        return value
     except FileNotFoundError:
         raise InputError(f"{path}: file not found") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise InputError(f"{path}: not valid JSON (nested too deeply)") from None
 
 
 def read_config(folder: Path) -> _Cfg:
@@ -402,6 +410,8 @@ def model_attributes(folder: Path, cfg: _Cfg, dc: DecoderConfig, base_dir: str |
         attrs["llm.generation"] = gen
     tok = folder / "tokenizer.json"
     if tok.is_file():
+        if require_tokenizer:
+            check_tokenizer_json(tok)
         attrs["llm.tokenizer"] = {"format": "hf", "file": weight_file_attr(str(tok), base_dir)}
     elif require_tokenizer:
         extra = " (tokenizer.model alone needs sentencepiece: save the tokenizer with transformers " \
@@ -422,8 +432,11 @@ def import_hf(path: str | os.PathLike[str], out_path: str | os.PathLike[str] | N
     if not folder.is_dir():
         raise InputError(f"{folder}: not a folder", hint="point at a Hugging Face model folder")
     cfg = read_config(folder)
-    dc = decoder_config(cfg)
     index = open_index(folder)
+    _check_unsupported(cfg)
+    check_hf_config(cfg, ((e.name, e.shape) for e in index.tensors.values()),
+                    ", ".join(os.path.basename(f) for f in index.files))
+    dc = decoder_config(cfg)
     base_dir = os.path.dirname(os.path.abspath(out_path)) if out_path is not None else None
     src = HFWeights(index, dc, base_dir)
     module = build_decoder(dc, src, name=_module_name(folder))

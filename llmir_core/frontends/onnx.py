@@ -38,6 +38,7 @@ from llmir_core.ir.types import DType, TensorType, Type, numpy_dtype
 from llmir_core.weights import expected_nbytes
 
 from .onnx_ops import HANDLERS, NeedsConstant, Node, NotMapped
+from .validate_onnx import check_model_proto
 
 MIN_OPSET = 13
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -739,6 +740,7 @@ def import_onnx(src: str | os.PathLike[str] | onnx.ModelProto, *, out_path: str 
         proto = load_proto(label)
         base = base_dir or os.path.dirname(os.path.abspath(label))
     opsets = _check_opsets(proto, label)
+    check_model_proto(proto, label, opsets)
     if len(proto.functions):
         try:
             proto = onnx.inliner.inline_local_functions(proto)

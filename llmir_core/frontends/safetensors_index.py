@@ -59,7 +59,7 @@ class SafetensorsIndex:
     def get(self, name: str) -> TensorEntry:
         entry = self.tensors.get(name)
         if entry is None:
-            where = ", ".join(os.path.basename(f) for f in self.files)
+            where = ", ".join(self.files)
             raise InputError(f"tensor '{name}' is not in {where}",
                              hint="the checkpoint does not match its config.json (wrong architecture "
                                   "or an incomplete download)")
@@ -92,6 +92,8 @@ def read_header(path: str) -> tuple[dict[str, TensorEntry], dict[str, str]]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{path}: the safetensors header is not valid JSON ({exc})",
                          hint=_REDOWNLOAD) from None
+    except RecursionError:
+        raise InputError(f"{path}: the safetensors header is JSON nested too deeply", hint=_REDOWNLOAD) from None
     if not isinstance(header, dict):
         raise InputError(f"{path}: the safetensors header must be a JSON object")
     meta = header.pop("__metadata__", None) or {}
@@ -114,14 +116,14 @@ def _entry(path: str, name: str, info: Any, data_start: int, data_size: int) -> 
     if not isinstance(info, dict):
         raise InputError(f"{field}: header entry must be an object")
     dt = info.get("dtype")
-    if dt not in DTYPES:
-        raise InputError(f"{field}: dtype {dt!r} is not supported "
+    if not isinstance(dt, str) or dt not in DTYPES:
+        raise InputError(f"{field}: dtype {dt!r:.60} is not supported "
                          f"(supported: {', '.join(DTYPES)})")
     shape = info.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise InputError(f"{field}: shape must be a list of non-negative integers, got {shape!r}")
     offs = info.get("data_offsets")
-    if (not isinstance(offs, list) or len(offs) != 2 or not all(isinstance(o, int) for o in offs)
+    if (not isinstance(offs, list) or len(offs) != 2 or not all(type(o) is int for o in offs)
             or offs[0] < 0 or offs[1] < offs[0]):
         raise InputError(f"{field}: data_offsets must be [begin, end] with 0 <= begin <= end, "
                          f"got {offs!r}")

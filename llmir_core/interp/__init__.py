@@ -19,7 +19,7 @@ from llmir_core.errors import CheckFailed, InputError
 from llmir_core.ir.core import Function, Module, Op
 from llmir_core.ir.dims import DYN, SymDim, eval_dim, format_dim
 from llmir_core.ir.types import KVCacheType, QuantType, TensorType, Type, numpy_dtype
-from llmir_core.weights import PackedArray, load_weight
+from llmir_core.weights import PackedArray, WeightRefError, load_weight
 
 
 class InterpError(CheckFailed):
@@ -151,7 +151,11 @@ class Interpreter:
         if op.name == "core.weight":
             t = op.results[0].type
             assert isinstance(t, TensorType)
-            return [load_weight(op.attrs, t, self.base_dir)]
+            try:
+                return [load_weight(op.attrs, t, self.base_dir)]
+            except WeightRefError as exc:
+                where = f"{op.pos}: " if op.pos else ""
+                raise InterpError(f"{where}core.weight: {exc}") from None
         opdef = get_op(op.name)
         if opdef is None:
             raise InterpError(f"unknown op '{op.name}'")

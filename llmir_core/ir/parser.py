@@ -190,6 +190,9 @@ class Parser:
             at = text.rfind("\\", 0, exc.pos + 1)
             raise self.error(f"bad escape in string: {exc.msg}", offset + max(at, 0)) from None
         assert isinstance(value, str)
+        if _has_surrogate(value):  # "\ud800" alone: no UTF-8 spelling, so nothing could write it
+            raise self.error("bad escape in string: a lone UTF-16 surrogate (\\ud800-\\udfff "
+                             "must come in high-low pairs)", offset + _lone_surrogate_at(text))
         return value
 
     def symbol(self) -> str:
@@ -412,6 +415,8 @@ class Parser:
                 try:
                     origin = json.loads(loc, strict=False)
                 except ValueError:
+                    return None
+                if _has_surrogate(origin):
                     return None
             else:
                 origin = loc[1:-1]
@@ -708,19 +713,59 @@ def parse_module(text: str, filename: str = "<string>") -> Module:
     return Parser(text, filename).parse_module()
 
 
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", re.S)
+
+
+def _lone_surrogate_at(text: str) -> int:
+    """Offset in a string token of the first \\uXXXX surrogate escape that is not half of a
+    high-low pair (0 when none is found)."""
+    escapes = [(m.start(), int(m.group(1), 16) if m.group(1) else -1, m.end()) for m in _ESCAPE.finditer(text)]
+    i = 0
+    while i < len(escapes):
+        at, code, end = escapes[i]
+        if 0xD800 <= code <= 0xDBFF and i + 1 < len(escapes) and escapes[i + 1][0] == end \
+                and 0xDC00 <= escapes[i + 1][1] <= 0xDFFF:
+            i += 2
+            continue
+        if 0xD800 <= code <= 0xDFFF:
+            return at
+        i += 1
+    return 0
+
+
+def _has_surrogate(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _not_utf8(path: str, data: bytes, at: int) -> ParseError:
+    """A located error for the first byte that is not UTF-8 (line and column in characters)."""
+    line_start = data.rfind(b"\n", 0, at) + 1
+    line_end = data.find(b"\n", at)
+    shown = data[line_start:line_end if line_end >= 0 else len(data)].decode("utf-8", "replace")
+    col = len(data[line_start:at].decode("utf-8", "replace")) + 1
+    err = ParseError(f"not UTF-8 text (byte {data[at]:#04x} at offset {at})",
+                     SourcePos(path, data.count(b"\n", 0, at) + 1, col), shown)
+    err.hint = "is this a binary model file? use `llmir import` for models"
+    return err
+
+
 def parse_file(path: str) -> Module:
     from llmir_core.errors import InputError
 
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fb:
+            data = fb.read()
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise InputError(f"{path}: no such file", hint="check the path") from None
     except IsADirectoryError:
         raise InputError(f"{path}: is a folder, expected a .llmir file") from None
     except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text (byte {exc.start})",
-                         hint="is this a binary model file? use `llmir import` for models") from None
+        raise _not_utf8(path, data, exc.start) from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror}") from None
     return parse_module(text, path)

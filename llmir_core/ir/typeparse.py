@@ -94,7 +94,7 @@ def parse_dim_expr(text: str, base: int = 0) -> Dim:  # noqa: C901 (a hand-writt
         tok, off = toks[i]
         i += 1
         if tok.isdigit():
-            return int(tok)
+            return _dim_int(tok, off)
         if tok == "?":
             raise TypeSyntaxError("anonymous '?' cannot be part of an expression", off)
         if tok.startswith("?"):
@@ -222,12 +222,25 @@ def _parse_tensor(text: str) -> TensorType:
             else:
                 while pos < len(s) and s[pos].isdigit():
                     pos += 1
-                dims.append(int(s[start:pos]))
+                dims.append(_dim_int(s[start:pos], lead + start))
             if pos >= len(s) or s[pos] != "x":
                 raise TypeSyntaxError("expected 'x' after a dimension", lead + pos)
             pos += 1
         elem = parse_elem_type(s[pos:], lead + pos)
     return TensorType(tuple(dims), elem, opts.get("layout"), opts.get("device"), opts.get("sema"))
+
+
+MAX_DIM = 2**63 - 1  # ONNX, numpy and onnxruntime keep dims in int64
+
+
+def _dim_int(text: str, offset: int) -> int:
+    if not text.isascii():  # str.isdigit also accepts digits such as '²' that int() refuses
+        raise TypeSyntaxError(f"dimension '{text}' is not a decimal number", offset)
+    value = int(text)
+    if value > MAX_DIM:
+        raise TypeSyntaxError(f"dimension {text[:30]}{'...' if len(text) > 30 else ''} is larger "
+                              f"than the largest int64 ({MAX_DIM})", offset)
+    return value
 
 
 def _lead(s: str) -> int:

@@ -41,12 +41,48 @@ class JsonSyntaxError(ValueError):
         self.message, self.line, self.col = message, line, col
 
 
+MAX_DEPTH = 128  # nesting no index needs; deeper text would exhaust Python's recursion limit
+_STRUCTURE = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.S)
+
+
+def too_deep(text: str, limit: int = MAX_DEPTH) -> int | None:
+    """Offset of the first bracket that opens more than `limit` levels, if any (strings skipped)."""
+    depth = 0
+    for m in _STRUCTURE.finditer(text):
+        ch = m.group()
+        if ch in "[{":
+            depth += 1
+            if depth > limit:
+                return m.start()
+        elif ch in "]}":
+            depth -= 1
+    return None
+
+
+class _Constant(ValueError):
+    def __init__(self, word: str) -> None:
+        super().__init__(word)
+        self.word = word
+
+
+def _no_constant(word: str) -> Any:
+    raise _Constant(word)
+
+
 def parse(text: str) -> Located:
     """Parse `text`; raise JsonSyntaxError (with line and column) when it is not JSON."""
+    deep = too_deep(text)
+    if deep is not None:
+        line = text.count("\n", 0, deep) + 1
+        raise JsonSyntaxError(f"nested deeper than {MAX_DEPTH} levels", line, deep - (text.rfind("\n", 0, deep) + 1) + 1)
     try:
-        json.loads(text)
+        json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise JsonSyntaxError(exc.msg, exc.lineno, exc.colno) from None
+    except _Constant as exc:  # NaN / Infinity: Python's extension, not JSON
+        at = text.find(exc.word)
+        line = text.count("\n", 0, at) + 1
+        raise JsonSyntaxError(f"{exc.word} is not valid JSON", line, at - (text.rfind("\n", 0, at) + 1) + 1) from None
     walker = _Walker(text)
     _, value = walker.value_at(0, ())
     return Located(value=value, positions=walker.positions, duplicates=walker.duplicates)

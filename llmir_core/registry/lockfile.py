@@ -13,6 +13,7 @@ from typing import Any
 import tomllib
 
 from llmir_core.errors import InputError
+from llmir_core.fileio import read_text
 
 PROJECT_FILE = "llmir.toml"
 LOCK_FILE = "llmir.lock"
@@ -114,14 +115,17 @@ def render_project(config: ProjectConfig) -> str:
 
 
 def _load(path: Path) -> dict[str, Any]:
+    hint = f"restore it from version control, or {_RELOCK_HINT}"
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror}",
-                         hint="check the file's permissions") from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid TOML: {exc}",
-                         hint=f"restore it from version control, or {_RELOCK_HINT}") from exc
+        text = read_text(path)
+    except InputError as exc:
+        raise InputError(exc.message, hint=hint) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path}: not valid TOML: {exc}", hint=hint) from None
+    except RecursionError:  # tomllib recurses per nested array or inline table
+        raise InputError(f"{path}: not valid TOML: nested too deeply", hint=hint) from None
 
 
 def read_lock(path: Path) -> Lock:

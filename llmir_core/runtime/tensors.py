@@ -87,10 +87,11 @@ def check_inputs(sigs: list[TensorSig], inputs: Mapping[str, np.ndarray]) -> dic
     missing = [n for n in names if n not in inputs]
     extra = [n for n in inputs if n not in names]
     want = "; ".join(s.describe() for s in sigs)
+    if extra:  # named first: a misspelt name is usually why another one is missing
+        also = f" (and missing: {', '.join(missing)})" if missing else ""
+        raise InputError(f"unknown input(s): {', '.join(extra)}{also}", hint=f"the model takes {want}")
     if missing:
         raise InputError(f"missing input(s): {', '.join(missing)}", hint=f"the model takes {want}")
-    if extra:
-        raise InputError(f"unknown input(s): {', '.join(extra)}", hint=f"the model takes {want}")
     env: dict[str, int] = {}
     where: dict[str, str] = {}
     deferred: list[tuple[TensorSig, int, Dim, int]] = []
@@ -224,8 +225,10 @@ def run_target(target: str, inputs: Mapping[str, np.ndarray], backend: str = "re
         check_inputs(ins, inputs)
         return dict(open_artifact(target, threads=threads, tensors=True).run(inputs))
     from llmir_core.ir.parser import parse_file
+    from llmir_core.verifier import require_verified
 
     module = parse_file(target)
+    require_verified(module, target)  # weights inside their files, static shapes, pinned sha256
     if backend == "reference":
         return run_module(module, inputs)
     ins, _ = module_signature(module)

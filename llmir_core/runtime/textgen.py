@@ -18,6 +18,7 @@ from typing import Any
 
 from llmir_core.errors import InputError
 from llmir_core.interrupts import import_optional
+from llmir_core.fileio import read_text_lines
 
 from .bench import BenchResult, run_bench
 from .generate import GenerationResult, generate
@@ -209,8 +210,7 @@ def read_prompts_file(path: str) -> list[str]:
     one prompt per non-empty line."""
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such file", hint="--prompts-file takes a text file, one prompt per line")
-    with open(path, encoding="utf-8") as fh:
-        lines = fh.read().splitlines()
+    lines = read_text_lines(path)
     prompts: list[str] = []
     for n, line in enumerate(lines, start=1):
         if not line.strip():

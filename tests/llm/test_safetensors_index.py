@@ -137,5 +137,5 @@ def test_folder_without_weights(tmp_path: Path) -> None:
 
 def test_missing_tensor_names_the_files(tmp_path: Path) -> None:
     write_st(tmp_path / "model.safetensors", tensors())
-    with pytest.raises(InputError, match=r"tensor 'lm_head.weight' is not in model\.safetensors"):
+    with pytest.raises(InputError, match=r"tensor 'lm_head.weight' is not in .*model\.safetensors"):
         open_index(tmp_path).get("lm_head.weight")

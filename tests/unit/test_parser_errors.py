@@ -300,7 +300,7 @@ def test_parse_file_folder(tmp_path: Path) -> None:
 def test_parse_file_binary(tmp_path: Path) -> None:
     f = tmp_path / "model.onnx"
     f.write_bytes(b"\x08\x07\xff\xfe\x00binary")
-    with pytest.raises(InputError, match=r"not UTF-8 text \(byte 2\)") as info:
+    with pytest.raises(InputError, match=r"model.onnx:1:3: error: not UTF-8 text \(byte 0xff at offset 2\)") as info:
         parse_file(str(f))
     assert "llmir import" in (info.value.hint or "")
 

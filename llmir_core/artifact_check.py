@@ -1,0 +1,305 @@
+"""An artifact folder checked against its manifest before `run` or `bench` loads it.
+
+`llmir build` records every file's size and sha256 in `manifest.json`. Before a session opens,
+`check_artifact(art_dir)`:
+
+- reads the manifest as an object of the shape the builders write (a list, a string where a
+  number belongs, a file name leading outside the folder: one line naming the manifest field);
+- always stats every listed file: it exists, is a file, and has the recorded size (cheap);
+- hashes every listed file and compares with the recorded sha256 when the files or the manifest
+  changed since the last successful check, or when asked (`--verify-artifact`); a mismatch is a
+  failed check (exit 1) naming the file;
+- for a decoder, checks the context fields (`max_len`, `context_length`) against the rotary
+  tables in `model.onnx`, so an edited manifest gets a line naming its field instead of an
+  onnxruntime error mid-generation.
+
+A successful hash is recorded in `$LLMIR_HOME/artifact-checks.json` (keyed by the folder's real
+path, with the manifest's sha256 and each file's size, mtime and inode), never in the artifact
+folder itself, so a check never changes what it checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmir_core.errors import CheckFailed, InputError
+from llmir_core.fileio import read_json, sha256_file
+
+MANIFEST = "manifest.json"
+STATE_FILE = "artifact-checks.json"
+_SHA = re.compile(r"[0-9a-f]{64}")
+_REBUILD = "rebuild the artifact with `llmir build`"
+_MAX_STATE = 256  # artifacts remembered
+_FULL: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "llmir_full_artifact_check", default=False
+)
+
+
+@contextlib.contextmanager
+def full_checks(on: bool = True) -> Iterator[None]:
+    """Within the block, every artifact opened is hashed in full (`--verify-artifact`)."""
+    token = _FULL.set(on)
+    try:
+        yield
+    finally:
+        _FULL.reset(token)
+
+
+@dataclass
+class CheckReport:
+    """What `check_artifact` did: the files it stat'ed and hashed."""
+
+    files: list[str] = field(default_factory=list)
+    hashed: list[str] = field(default_factory=list)
+
+
+def _fail(path: str, key: str, message: str) -> InputError:
+    return InputError(f"{path}: field '{key}' {message}", hint=_REBUILD)
+
+
+def read_manifest(art_dir: str) -> dict[str, Any]:
+    """The manifest as a dict, with the fields a runtime reads checked for type."""
+    path = os.path.join(art_dir, MANIFEST)
+    if not os.path.isdir(art_dir):
+        raise InputError(
+            f"{art_dir}: not a folder", hint="pass an artifact folder built by `llmir build`"
+        )
+    if not os.path.exists(path):
+        raise InputError(
+            f"{art_dir}: no {MANIFEST} (not an llmir artifact folder)",
+            hint="build one with `llmir build MODEL.llmir --target onnxruntime -o DIR`",
+        )
+    data = read_json(path, hint=_REBUILD)
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: must be a JSON object, got {type(data).__name__}", hint=_REBUILD)
+    _check_shape(path, data)
+    return data
+
+
+def _check_shape(path: str, m: dict[str, Any]) -> None:
+    if not isinstance(m.get("target"), str):
+        raise _fail(path, "target", "must be a string")
+    model = m.get("model", "model.onnx")
+    if not isinstance(model, str) or not _plain_name(model):
+        raise _fail(path, "model", f"must name a file in the artifact folder, got {model!r:.60}")
+    files = m.get("files")
+    if not isinstance(files, dict):
+        raise _fail(path, "files", "must be an object (file name -> sha256 and bytes)")
+    for name, info in files.items():
+        if not _plain_name(name):
+            raise _fail(path, f"files.{name}", "names a file outside the artifact folder")
+        if (
+            not isinstance(info, dict)
+            or not isinstance(info.get("sha256"), str)
+            or not _SHA.fullmatch(info["sha256"])
+        ):
+            raise _fail(path, f"files.{name}.sha256", "must be 64 lowercase hex digits")
+        n = info.get("bytes")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise _fail(path, f"files.{name}.bytes", f"must be a byte count, got {n!r:.40}")
+    if model not in files:
+        raise _fail(path, "files", f"does not list the model file {model!r}")
+    for key in ("inputs", "outputs"):
+        entries = m.get(key)
+        if not isinstance(entries, list) or not all(
+            isinstance(e, dict)
+            and isinstance(e.get("name"), str)
+            and isinstance(e.get("dtype"), str)
+            and isinstance(e.get("shape"), list)
+            for e in entries
+        ):
+            raise _fail(path, key, "must be a list of {name, dtype, shape} objects")
+    dec = m.get("decoder")
+    if dec is None:
+        return
+    if not isinstance(dec, dict):
+        raise _fail(path, "decoder", "must be an object")
+    for key in ("max_len", "context_length", "layers", "heads", "kv_heads", "head_dim", "vocab"):
+        v = dec.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise _fail(path, f"decoder.{key}", f"must be a positive whole number, got {v!r:.40}")
+    if (
+        isinstance(dec.get("max_len"), int)
+        and isinstance(dec.get("context_length"), int)
+        and dec["max_len"] > dec["context_length"]
+    ):
+        raise _fail(
+            path,
+            "decoder.max_len",
+            f"is {dec['max_len']}, more than decoder.context_length ({dec['context_length']})",
+        )
+    for key in ("eos_token_ids",):
+        v = dec.get(key)
+        if v is not None and not (
+            isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+        ):
+            raise _fail(path, f"decoder.{key}", "must be a list of token ids")
+    for key in ("tokenizer",):
+        v = dec.get(key)
+        if v is not None and not (
+            isinstance(v, dict) and isinstance(v.get("file"), str) and _plain_name(v["file"])
+        ):
+            raise _fail(path, f"decoder.{key}", "must name a file in the artifact folder")
+    ct = dec.get("chat_template")
+    if ct is not None and not (isinstance(ct, str) and _plain_name(ct)):
+        raise _fail(path, "decoder.chat_template", "must name a file in the artifact folder")
+
+
+def _plain_name(name: str) -> bool:
+    """A relative path that stays inside the folder."""
+    if not name or os.path.isabs(name) or "\\" in name or "\0" in name:
+        return False
+    return ".." not in name.split("/")
+
+
+# -- integrity ----------------------------------------------------------------------------------
+
+
+def _state_path() -> str:
+    from llmir_core.registry.home import llmir_home
+
+    return os.path.join(str(llmir_home()), STATE_FILE)
+
+
+def _load_state() -> dict[str, Any]:
+    try:
+        with open(_state_path(), encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _save_state(state: dict[str, Any]) -> None:
+    """Best effort: a read-only LLMIR_HOME only means the next run hashes again."""
+    from llmir_core.fileio import atomic_write
+
+    if len(state) > _MAX_STATE:
+        for key in sorted(state, key=lambda k: state[k].get("at", 0))[: len(state) - _MAX_STATE]:
+            del state[key]
+    with contextlib.suppress(OSError, InputError):
+        os.makedirs(os.path.dirname(_state_path()), exist_ok=True)
+        with atomic_write(_state_path(), "w") as fh:
+            json.dump(state, fh)
+
+
+def _stat_key(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def check_artifact(
+    art_dir: str, manifest: dict[str, Any] | None = None, *, full: bool = False
+) -> CheckReport:
+    """Check the artifact's files against its manifest (see the module docstring); raise
+    CheckFailed (exit 1) naming the first file that differs, InputError (exit 2) when one is missing."""
+    m = manifest if manifest is not None else read_manifest(art_dir)
+    mpath = os.path.join(art_dir, MANIFEST)
+    report = CheckReport()
+    stats: dict[str, list[int]] = {}
+    for name, info in m["files"].items():
+        p = os.path.join(art_dir, name)
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            raise InputError(f"{p}: missing (listed in {mpath})", hint=_REBUILD) from None
+        except OSError as exc:
+            raise InputError(f"{p}: cannot read: {exc.strerror}", hint=_REBUILD) from None
+        if not os.path.isfile(p):
+            raise InputError(f"{p}: not a file (listed in {mpath})", hint=_REBUILD)
+        if st.st_size != info["bytes"]:
+            raise CheckFailed(
+                f"{p}: {st.st_size} bytes, but {mpath} records {info['bytes']}: the "
+                "artifact was changed or damaged after it was built",
+                hint=_REBUILD,
+            )
+        stats[name] = _stat_key(st)
+        report.files.append(name)
+    key = os.path.realpath(art_dir)
+    manifest_sha = sha256_file(mpath) if os.path.isfile(mpath) else ""
+    state = _load_state()
+    seen = state.get(key)
+    if (
+        not full
+        and isinstance(seen, dict)
+        and seen.get("manifest") == manifest_sha
+        and seen.get("files") == stats
+    ):
+        return report
+    for name, info in m["files"].items():
+        p = os.path.join(art_dir, name)
+        digest = sha256_file(p)
+        report.hashed.append(name)
+        if digest != info["sha256"]:
+            raise CheckFailed(
+                f"{p}: sha256 {digest}, but {mpath} records {info['sha256']}: the "
+                "artifact was changed or damaged after it was built",
+                hint=_REBUILD,
+            )
+    import time
+
+    state[key] = {"manifest": manifest_sha, "files": stats, "at": time.time()}
+    _save_state(state)
+    return report
+
+
+def check_decoder_context(art_dir: str, manifest: dict[str, Any]) -> None:
+    """The positions the runtime will use (`max_len`, else `context_length`) fit the rotary
+    tables baked into model.onnx."""
+    dec = manifest.get("decoder")
+    if not isinstance(dec, dict):
+        return
+    field_name = "max_len" if isinstance(dec.get("max_len"), int) else "context_length"
+    want = dec.get(field_name)
+    if not isinstance(want, int):
+        return
+    rows = _rotary_rows(os.path.join(art_dir, manifest.get("model", "model.onnx")))
+    if rows is not None and want > rows:
+        raise InputError(
+            f"{os.path.join(art_dir, MANIFEST)}: field 'decoder.{field_name}' is {want}, "
+            f"but the model's rotary tables cover {rows} positions",
+            hint=_REBUILD,
+        )
+
+
+def _rotary_rows(model_path: str) -> int | None:
+    """Rows of the cos_cache initializer of a built decoder (None when there is none)."""
+    try:
+        import onnx
+    except ImportError:
+        return None
+    try:
+        proto = onnx.load(model_path, load_external_data=False)
+    except Exception:  # not readable: onnxruntime names the problem when it opens the file
+        return None
+    for t in proto.graph.initializer:
+        if t.name == "cos_cache" and len(t.dims) >= 1:
+            return int(t.dims[0])
+    return None
+
+
+def open_checked(art_dir: str, *, full: bool = False) -> dict[str, Any]:
+    """Read and check an artifact before a session opens it; return its manifest. Hashes in
+    full with `full` or inside a `full_checks()` block."""
+    m = read_manifest(art_dir)
+    check_artifact(art_dir, m, full=full or _FULL.get())
+    check_decoder_context(art_dir, m)
+    return m
+
+
+__all__ = [
+    "read_manifest",
+    "check_artifact",
+    "check_decoder_context",
+    "open_checked",
+    "full_checks",
+    "CheckReport",
+    "MANIFEST",
+    "STATE_FILE",
+]
