@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmir_core.errors import InputError
-from llmir_core.interrupts import import_optional
 from llmir_core.fileio import read_text_lines
+from llmir_core.interrupts import import_optional
 
 from .bench import BenchResult, run_bench
 from .generate import GenerationResult, generate
