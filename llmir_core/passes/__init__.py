@@ -22,13 +22,14 @@ from .lift_attention import LiftAttention
 from .lift_layer_norm import LiftLayerNorm
 from .lift_rms_norm import LiftRmsNorm
 from .lift_rotary import LiftRotary
+from .lower_triton import LowerTriton
 from .merge_qkv import MergeQkv
 from .quantize_weights import QuantizeWeights
 
 PASS_CLASSES: list[type] = [Canonicalize, ConstantFold, Cse, Dce, LiftActivations, LiftRmsNorm,
                             FuseMatmulTranspose, FuseSiluMul, FuseGatedMlp, MergeQkv,
                             LiftLayerNorm, LiftRotary, LiftAttention, FuseAddRmsNorm, FuseLinear,
-                            QuantizeWeights, KvCacheInt8, AssignPrecision]
+                            QuantizeWeights, KvCacheInt8, AssignPrecision, LowerTriton]
 PASSES: dict[str, type] = {c.name: c for c in PASS_CLASSES}  # type: ignore[attr-defined]
 
 _CLEANUP = ["canonicalize", "constant-fold", "cse", "dce"]
