@@ -13,6 +13,8 @@ capacity, so a CUDA graph replays the step at every position.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -201,7 +203,7 @@ def decode_attention(
     else:
         po, plse = workspace
     quant = k_cache.dtype == torch.int8
-    ks = k_scales if quant else k_cache
+    ks: Any = k_scales if quant else k_cache
     vs = v_scales if quant else v_cache
     pos = positions.contiguous()
     sm = scale or d**-0.5

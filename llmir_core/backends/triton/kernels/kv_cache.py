@@ -10,6 +10,8 @@ CUDA graph replays the step at each new position.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -79,7 +81,7 @@ def kv_append(
     quant = cache.dtype == torch.int8
     if quant and scales is None:
         raise ValueError("an int8 KV cache needs its scales buffer")
-    sc = scales if quant else cache
+    sc: Any = scales if quant else cache
     if new.numel():
         kv_append_kernel[(b * s, h)](
             new,

@@ -72,7 +72,7 @@ def rms_norm(
     rows = x.numel() // n if n else 0
     out = torch.empty_like(x) if out is None else out
     has_res = residual is not None
-    if has_res:
+    if residual is not None:
         residual = residual.contiguous()
         sum_out = torch.empty_like(x) if sum_out is None else sum_out
     if rows:

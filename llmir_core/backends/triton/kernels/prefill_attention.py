@@ -11,6 +11,8 @@ q head h to kv head h // group. K/V are read from the cache buffers [B, Hkv, cap
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -163,7 +165,7 @@ def prefill_attention(
     kv_len = k.shape[2] if kv_len is None else kv_len
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     quant = k.dtype == torch.int8
-    ks = k_scales if quant else k
+    ks: Any = k_scales if quant else k
     vs = v_scales if quant else v
     if q.numel():
         prefill_attn_kernel[(cdiv(sq, block_m), bsz * hq)](
