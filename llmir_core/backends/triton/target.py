@@ -132,7 +132,12 @@ class TritonTarget:
 
         from .aot import DEFAULT_ARCHS, parse_archs
 
-        archs = parse_archs(arch if arch is not None else ",".join(DEFAULT_ARCHS))
+        # "none": no ahead-of-time kernels (all compile at load, cached)
+        archs = (
+            []
+            if arch == "none"
+            else parse_archs(arch if arch is not None else ",".join(DEFAULT_ARCHS))
+        )
         if not _is_lowered(module):
             module = clone_module(module)
             ctx = PassContext()
