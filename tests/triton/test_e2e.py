@@ -127,3 +127,40 @@ def test_unsupported_op_is_reported(tiny_module: Any, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="op 'core.erf' has no triton kernel"):
         TARGET.serialize(parse_module(text, "m.llmir"), str(tmp_path / "x"), arch="sm_90")
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "phi3", "qwen3", "mistral", "llama-kv-int8"])
+def test_architectures_match_the_reference(arch: str, tmp_path: Path) -> None:
+    """gemma2 (norm offset, soft-caps, gelu_tanh, sliding window), phi3 (fused qkv, partial
+    rotary), qwen3 (q/k norms), mistral (sliding window shorter than the prompt): a prefill and a
+    decode step on the triton build (no AOT kernels: arch none) against the reference interpreter;
+    llama-kv-int8: an int8 KV cache against the reference of the lowered module (whose
+    triton.kv_append declares the int8 round trip)."""
+    from llmir_core.frontends.hf import import_hf
+    from llmir_core.interp import run
+    from llmir_core.passes.base import PassContext
+
+    from ..decoder.tiny import ARCH_SHAPES
+
+    int8 = arch == "llama-kv-int8"
+    module = import_hf(make_llama_folder(tmp_path / "m", ARCH_SHAPES["llama" if int8 else arch]))
+    if int8:
+        for p in TARGET.lowering({"kv_cache": "int8"}):
+            p.run(module, PassContext())
+    TARGET.serialize(module, str(tmp_path / "art"), arch="none")
+    prompt = PROMPT + [3]
+    feeds: dict[str, Any] = {
+        "input_ids": np.asarray([prompt]),
+        "positions": np.arange(len(prompt))[None],
+    }
+    for a in module.main.args[2:]:
+        feeds[a.name] = np.zeros((1, a.type.shape[1], 0, a.type.shape[3]), np.float32)
+    want = run(module, feeds)[0]
+    dec = TARGET.open(str(tmp_path / "art"))
+    dec.reset(1)
+    np.testing.assert_allclose(
+        dec.forward(np.asarray([prompt[:-1]])), want[:, :-1], rtol=1e-4, atol=1e-4
+    )
+    np.testing.assert_allclose(
+        dec.forward(np.asarray([prompt[-1:]])), want[:, -1:], rtol=1e-4, atol=1e-4
+    )
