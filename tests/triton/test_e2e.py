@@ -158,6 +158,8 @@ def test_architectures_match_the_reference(arch: str, tmp_path: Path) -> None:
     want = run(module, feeds)[0]
     dec = TARGET.open(str(tmp_path / "art"))
     dec.reset(1)
+    if int8:
+        assert {str(b.dtype) for b, _ in dec.buffers.values()} == {"torch.int8"}
     np.testing.assert_allclose(
         dec.forward(np.asarray([prompt[:-1]])), want[:, :-1], rtol=1e-4, atol=1e-4
     )
