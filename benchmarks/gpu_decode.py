@@ -171,7 +171,8 @@ def run_hf(folder: Path, prompt: list[int], gen: int, device: str, compiled: boo
 
     peak_reset(device)
     dtype = torch.float16 if device == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    model = model.to(device).eval()
     ids = torch.tensor([prompt], device=device)
     kw: dict[str, Any] = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
     if compiled:

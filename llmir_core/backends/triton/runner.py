@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +97,16 @@ class TritonDecoder:
         from .plan import split_static
 
         self.torch = torch
+        if self.device == "cuda":
+            major, minor = torch.cuda.get_device_capability()
+            arch = f"sm_{major}{minor}"
+            built = manifest.get("archs") or []
+            if arch not in built:
+                print(
+                    f"note: {art_dir} has no kernels compiled ahead of time for {arch} (it has "
+                    f"{', '.join(built) or 'none'}); compiling them at load (cached by Triton)",
+                    file=sys.stderr,
+                )
         self.k = {
             "embedding": embedding,
             "norm": norm,
