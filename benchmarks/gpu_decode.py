@@ -43,12 +43,41 @@ from tests.decoder.tiny import LlamaShape, make_llama_folder  # noqa: E402
 
 SHAPES = {
     "tiny": LlamaShape(),
-    "smollm2-135m": LlamaShape(vocab=49152, hidden=576, intermediate=1536, layers=30, heads=9, kv_heads=3,
-                               context=8192, rope_theta=100000.0, tie=True),
-    "qwen2.5-0.5b": LlamaShape(arch="qwen2", vocab=151936, hidden=896, intermediate=4864, layers=24, heads=14,
-                               kv_heads=2, context=32768, rope_theta=1000000.0, tie=True, eps=1e-6),
-    "llama3-8b": LlamaShape(vocab=128256, hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8,
-                            context=8192, rope_theta=500000.0, eps=1e-5),
+    "smollm2-135m": LlamaShape(
+        vocab=49152,
+        hidden=576,
+        intermediate=1536,
+        layers=30,
+        heads=9,
+        kv_heads=3,
+        context=8192,
+        rope_theta=100000.0,
+        tie=True,
+    ),
+    "qwen2.5-0.5b": LlamaShape(
+        arch="qwen2",
+        vocab=151936,
+        hidden=896,
+        intermediate=4864,
+        layers=24,
+        heads=14,
+        kv_heads=2,
+        context=32768,
+        rope_theta=1000000.0,
+        tie=True,
+        eps=1e-6,
+    ),
+    "llama3-8b": LlamaShape(
+        vocab=128256,
+        hidden=4096,
+        intermediate=14336,
+        layers=32,
+        heads=32,
+        kv_heads=8,
+        context=8192,
+        rope_theta=500000.0,
+        eps=1e-5,
+    ),
 }
 VARIANTS = ("llmir-f16", "llmir-int4", "hf-eager", "hf-compile")
 
@@ -85,7 +114,9 @@ def build_llmir(folder: Path, out: Path, quant: bool, arch: str) -> Path:
         return out
     module = import_hf(folder)
     if quant:
-        PASSES["quantize-weights"](bits=4, weights_file=str(out) + ".q4.weights.bin").run(module, PassContext())
+        PASSES["quantize-weights"](bits=4, weights_file=str(out) + ".q4.weights.bin").run(
+            module, PassContext()
+        )
     TARGET.serialize(module, str(out), arch=arch)
     return out
 
@@ -136,11 +167,11 @@ def run_llmir(art: Path, prompt: list[int], gen: int, device: str) -> dict[str, 
     peak_reset(device)
     dec = TARGET.open(str(art))
     dec.reserve(len(prompt) + gen + 1)
-    # warm-up: compiles the kernels and captures the decode graph
-    dec.reset(1)
-    logits = dec.forward(np.asarray([prompt]))
-    for _ in range(2):
-        logits = dec.forward(np.asarray([[int(np.argmax(logits[0, -1]))]]))
+    if device == "cuda":  # warm-up: compiles the kernels and captures the decode graph
+        dec.reset(1)
+        logits = dec.forward(np.asarray([prompt]))
+        for _ in range(2):
+            logits = dec.forward(np.asarray([[int(np.argmax(logits[0, -1]))]]))
     dec.reset(1)
     sync(device)
     t0 = time.perf_counter()
@@ -161,11 +192,19 @@ def run_llmir(art: Path, prompt: list[int], gen: int, device: str) -> dict[str, 
     kv_rows = len(prompt) + gen / 2
     kv_bytes = sum(2 * c["kv_heads"] * c["head_dim"] * kv_elem * kv_rows for c in d["cache"]) / 2
     weights = m["files"]["weights.bin"]["bytes"]
-    return {"ttft_ms": 1e3 * ttft, "decode_tok_s": gen / dt, "peak_gpu_bytes": peak(device), "tokens": toks,
-            "bytes_per_token": weights + kv_bytes, "weights_bytes": weights}
+    return {
+        "ttft_ms": 1e3 * ttft,
+        "decode_tok_s": gen / dt,
+        "peak_gpu_bytes": peak(device),
+        "tokens": toks,
+        "bytes_per_token": weights + kv_bytes,
+        "weights_bytes": weights,
+    }
 
 
-def run_hf(folder: Path, prompt: list[int], gen: int, device: str, compiled: bool) -> dict[str, Any]:
+def run_hf(
+    folder: Path, prompt: list[int], gen: int, device: str, compiled: bool
+) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -185,14 +224,18 @@ def run_hf(folder: Path, prompt: list[int], gen: int, device: str, compiled: boo
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
         sync(device)
-        return time.perf_counter() - t, out[0, len(prompt):].tolist()
+        return time.perf_counter() - t, out[0, len(prompt) :].tolist()
 
     for _ in range(2 if compiled else 1):  # warm-up (compilation, graph capture)
         generate(4)
     t_first, _ = generate(1)
     t_all, toks = generate(gen + 1)
-    return {"ttft_ms": 1e3 * t_first, "decode_tok_s": gen / max(t_all - t_first, 1e-9),
-            "peak_gpu_bytes": peak(device), "tokens": toks}
+    return {
+        "ttft_ms": 1e3 * t_first,
+        "decode_tok_s": gen / max(t_all - t_first, 1e-9),
+        "peak_gpu_bytes": peak(device),
+        "tokens": toks,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,33 +248,50 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check-tokens", type=int, default=16)
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--copy-bytes", type=int, default=1 << 30)
-    ap.add_argument("--tiny", action="store_true", help="the tiny llama shape only (tests, CPU interpreter)")
-    ap.add_argument("--dtype", default="", choices=["", "f16", "f32"],
-                    help="weights of the model folders (default f16 on a GPU, f32 on the CPU)")
+    ap.add_argument(
+        "--tiny", action="store_true", help="the tiny llama shape only (tests, CPU interpreter)"
+    )
+    ap.add_argument(
+        "--dtype",
+        default="",
+        choices=["", "f16", "f32"],
+        help="weights of the model folders (default f16 on a GPU, f32 on the CPU)",
+    )
     ap.add_argument("--json", default="")
     a = ap.parse_args(argv)
-    import torch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        print("error: no CUDA device (set TRITON_INTERPRET=1 to run the kernels on the CPU, slowly)",
-              file=sys.stderr)
-        return 2
     shapes = ["tiny"] if a.tiny else [s.strip() for s in a.shapes.split(",") if s.strip()]
     unknown = [s for s in shapes if s not in SHAPES]
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]
     bad = [v for v in variants if v not in VARIANTS]
     if unknown or bad:
-        print(f"error: unknown shape(s)/variant(s): {', '.join(unknown + bad)} "
-              f"(shapes: {', '.join(SHAPES)}; variants: {', '.join(VARIANTS)})", file=sys.stderr)
+        print(
+            f"error: unknown shape(s)/variant(s): {', '.join(unknown + bad)} "
+            f"(shapes: {', '.join(SHAPES)}; variants: {', '.join(VARIANTS)})",
+            file=sys.stderr,
+        )
+        return 2
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        print(
+            "error: no CUDA device (set TRITON_INTERPRET=1 to run the kernels on the CPU, slowly)",
+            file=sys.stderr,
+        )
         return 2
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     bw = copy_bandwidth(device, a.copy_bytes)
     log(f"device {device}: copy bandwidth {bw / 1e9:.1f} GB/s")
-    result: dict[str, Any] = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-                              "torch": torch.__version__, "copy_bandwidth_gb_s": bw / 1e9,
-                              "dtype": a.dtype or ("f16" if device == "cuda" else "f32"), "prompt_len": a.prompt_len, "gen_len": a.gen_len, "shapes": {}}
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "copy_bandwidth_gb_s": bw / 1e9,
+        "dtype": a.dtype or ("f16" if device == "cuda" else "f32"),
+        "prompt_len": a.prompt_len,
+        "gen_len": a.gen_len,
+        "shapes": {},
+    }
     try:
         import triton
 
@@ -262,7 +322,9 @@ def main(argv: list[str] | None = None) -> int:
             if v in runs:
                 for base in ("hf-eager", "hf-compile"):
                     if base in runs:
-                        runs[v][f"decode_x_{base}"] = runs[v]["decode_tok_s"] / runs[base]["decode_tok_s"]
+                        runs[v][f"decode_x_{base}"] = (
+                            runs[v]["decode_tok_s"] / runs[base]["decode_tok_s"]
+                        )
         result["shapes"][name] = runs
     text = json.dumps(result, indent=2)
     if a.json:
@@ -270,13 +332,17 @@ def main(argv: list[str] | None = None) -> int:
         tmp = a.json + ".tmp"
         Path(tmp).write_text(text + "\n")
         os.replace(tmp, a.json)
-    print(f"{'shape':<14}{'variant':<12}{'TTFT ms':>10}{'tok/s':>10}{'peak MB':>10}{'BW frac':>9}  tokens ok")
+    print(
+        f"{'shape':<14}{'variant':<12}{'TTFT ms':>10}{'tok/s':>10}{'peak MB':>10}{'BW frac':>9}  tokens ok"
+    )
     for name, runs in result["shapes"].items():
         for v, r in runs.items():
             pk = f"{r['peak_gpu_bytes'] / 2**20:.0f}" if r.get("peak_gpu_bytes") else "-"
             frac = f"{r['bandwidth_fraction']:.2f}" if "bandwidth_fraction" in r else "-"
             ok = r.get("tokens_agree_with_hf", "")
-            print(f"{name:<14}{v:<12}{r['ttft_ms']:>10.2f}{r['decode_tok_s']:>10.1f}{pk:>10}{frac:>9}  {ok}")
+            print(
+                f"{name:<14}{v:<12}{r['ttft_ms']:>10.2f}{r['decode_tok_s']:>10.1f}{pk:>10}{frac:>9}  {ok}"
+            )
     return 0
 
 

@@ -146,7 +146,13 @@ class TritonDecoder:
         self.capacity = 0
         self._reserved: int | None = None
         self.buffers: dict[str, tuple[Any, Any]] = {}
-        self.graphs = graphs and self.device == "cuda"
+        # graphs replay a step whose one-token attention reads positions on the device: only the
+        # causal decode kernel does (a non-causal one-token attention would bake kv_len in)
+        causal = all(
+            op.attrs.get("causal") for op in self.step_ops if op.name == "triton.attention"
+        )
+        self.graphs = graphs and self.device == "cuda" and causal
+        self.threads = 0  # CPU intra-op threads: not used (the bench fingerprint reads it)
         self._graph: dict[int, Any] = {}
 
     @property

@@ -304,6 +304,7 @@ def write_artifact(
             "context_length": ctx,
             "heads": heads,
             "kv_cache": "int8" if kv_i8 else "native",
+            "quant": {"f32_weights": _weights_kind(module, str(dt))},
             "cache": [
                 {"input": s.name, "kv_heads": s.kv_heads, "head_dim": s.head_dim} for s in specs
             ],
@@ -344,6 +345,16 @@ def write_artifact(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
+
+
+def _weights_kind(module: Module, dtype: str) -> str:
+    """int4 / int8 when projections read quantized weights, else the compute dtype."""
+    for op in module.main.ops:
+        if op.name == "triton.q_matmul":
+            t = op.operands[1].type
+            if isinstance(t, TensorType) and not isinstance(t.dtype, DType):
+                return f"int{t.dtype.bits}"
+    return dtype
 
 
 def _shape(v: Any) -> tuple[Any, ...]:
