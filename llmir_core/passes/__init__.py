@@ -26,6 +26,7 @@ from .lower_ort_attention import LowerOrtAttention
 from .lower_ort_matmul import LowerOrtMatmul
 from .lower_ort_module import LowerOrtModule
 from .lower_ort_norms import LowerOrtNorms
+from .lower_triton import LowerTriton
 from .merge_qkv import MergeQkv
 from .quantize_weights import QuantizeWeights
 
@@ -33,7 +34,7 @@ PASS_CLASSES: list[type] = [Canonicalize, ConstantFold, Cse, Dce, LiftActivation
                             FuseMatmulTranspose, FuseSiluMul, FuseGatedMlp, MergeQkv,
                             LiftLayerNorm, LiftRotary, LiftAttention, FuseAddRmsNorm, FuseLinear,
                             QuantizeWeights, KvCacheInt8, AssignPrecision,
-                            LowerOrtAttention, LowerOrtNorms, LowerOrtMatmul, LowerOrtModule]
+                            LowerOrtAttention, LowerOrtNorms, LowerOrtMatmul, LowerOrtModule, LowerTriton]
 PASSES: dict[str, type] = {c.name: c for c in PASS_CLASSES}  # type: ignore[attr-defined]
 
 _CLEANUP = ["canonicalize", "constant-fold", "cse", "dce"]
