@@ -34,7 +34,9 @@ def test_ruff_clean() -> None:
 def test_ruff_formatted() -> None:
     r = subprocess.run([_tool("ruff"), "format", "--check", "--no-cache", *LINTED], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, "run `ruff format .`:\n" + r.stdout + r.stderr
+    files = sorted({line.split("-->", 1)[1].strip().split(":", 1)[0] for line in r.stdout.splitlines()
+                    if line.strip().startswith("-->")})
+    assert r.returncode == 0, "run `ruff format .`; unformatted: " + (", ".join(files) or r.stdout + r.stderr)
 
 
 def test_mypy_clean() -> None:

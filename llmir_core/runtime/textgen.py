@@ -23,6 +23,7 @@ from llmir_core.interrupts import import_optional
 from .bench import BenchResult, run_bench
 from .generate import GenerationResult, generate
 from .sampling import Sampler, SamplingConfig
+from .textstream import decode_tokens, token_bytes_fn
 from .tokenizer import Tokenizer, from_hf_file
 
 
@@ -139,12 +140,15 @@ class _Codec:
 
     def __init__(self, tok: Tokenizer) -> None:
         self.tok = tok
+        self.token_bytes = token_bytes_fn(tok.backend)
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=True)
+        """Display-safe text from the tokens' bytes (see textstream): no U+FFFD for split or
+        invalid UTF-8, control characters and noncharacters escaped."""
+        return decode_tokens(ids, self.token_bytes, lambda x: self.tok.decode(x, skip_special_tokens=True))
 
 
 class TextGenerator:
