@@ -398,7 +398,9 @@ class GGUFWeights:
 
 _TOKENIZER_KEYS = ("model", "pre", "tokens", "scores", "token_type", "merges", "bos_token_id",
                    "eos_token_id", "unknown_token_id", "padding_token_id", "eot_token_id",
-                   "add_bos_token", "add_eos_token", "add_space_prefix")
+                   "eom_token_id", "seperator_token_id", "add_bos_token", "add_eos_token",
+                   "add_sep_token", "add_space_prefix", "remove_extra_whitespaces",
+                   "precompiled_charsmap")
 
 
 def read_tokenizer(path: str | os.PathLike[str], g: GGUFFile | None = None) -> dict[str, Any]:
@@ -425,12 +427,24 @@ def _check_tokenizer(g: GGUFFile) -> None:
                      hint=f"supported tokenizer models: {', '.join(TOKENIZER_MODELS)}")
     if not g.has("tokenizer.ggml.tokens"):
         raise g.fail("tokenizer.ggml.tokens", "is missing: the file holds no vocabulary")
-    from llmir_core.runtime.tokenizer import SUPPORTED_PRE
+    from llmir_core.runtime.pretokenize import SUPPORTED_PRE, pre_tokenizer
 
     pre = g.get("tokenizer.ggml.pre") or "default"
-    if model == "gpt2" and pre not in SUPPORTED_PRE:
+    if model == "gpt2" and pre_tokenizer(pre) is None:
         raise g.fail("tokenizer.ggml.pre", f"is '{pre}', a pre-tokenizer llmir does not know",
                      hint=f"supported: {', '.join(SUPPORTED_PRE)}; or import with --no-tokenizer")
+
+
+def special_ids(g: GGUFFile) -> tuple[tuple[int, ...], int | None]:
+    """End-of-generation ids and the BOS id, by llama.cpp's rules (its defaults for absent keys)."""
+    if not g.has("tokenizer.ggml.tokens"):
+        eos = [g.get("tokenizer.ggml.eos_token_id"), g.get("tokenizer.ggml.eot_token_id")]
+        bos = g.get("tokenizer.ggml.bos_token_id")
+        return tuple(dict.fromkeys(int(e) for e in eos if e is not None)), (int(bos) if bos is not None else None)
+    from llmir_core.runtime.pretokenize import special_tokens
+
+    st = special_tokens(read_tokenizer(g.path, g))
+    return st.eog_ids, st.bos_id
 
 
 def model_attributes(g: GGUFFile, dc: DecoderConfig, base_dir: str | None,
@@ -439,14 +453,11 @@ def model_attributes(g: GGUFFile, dc: DecoderConfig, base_dir: str | None,
         "llm.architecture": dc.arch, "llm.source": "gguf", "llm.context_length": dc.context,
         "llm.vocab_size": dc.vocab, "llm.num_layers": dc.layers,
     }
-    eos = [g.get("tokenizer.ggml.eos_token_id"), g.get("tokenizer.ggml.eot_token_id")]
-    attrs["llm.eos_token_ids"] = tuple(dict.fromkeys(int(e) for e in eos if e is not None))
-    bos = g.get("tokenizer.ggml.bos_token_id")
-    attrs["llm.bos_token_id"] = int(bos) if bos is not None else None
-    if require_tokenizer:
-        _check_tokenizer(g)
-    if g.has("tokenizer.ggml.tokens"):
-        attrs["llm.tokenizer"] = {"format": "gguf", "file": weight_file_attr(g.path, base_dir)}
+    attrs["llm.eos_token_ids"], attrs["llm.bos_token_id"] = special_ids(g)
+    if not require_tokenizer:  # --no-tokenizer: the module (and its build) take token ids only
+        return attrs
+    _check_tokenizer(g)
+    attrs["llm.tokenizer"] = {"format": "gguf", "file": weight_file_attr(g.path, base_dir)}
     template = g.get("tokenizer.chat_template")
     if isinstance(template, str) and template:
         attrs["llm.chat_template"] = template

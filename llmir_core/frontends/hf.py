@@ -401,7 +401,7 @@ def model_attributes(folder: Path, cfg: _Cfg, dc: DecoderConfig, base_dir: str |
     if gen:
         attrs["llm.generation"] = gen
     tok = folder / "tokenizer.json"
-    if tok.is_file():
+    if tok.is_file() and require_tokenizer:  # --no-tokenizer: the module takes token ids only
         attrs["llm.tokenizer"] = {"format": "hf", "file": weight_file_attr(str(tok), base_dir)}
     elif require_tokenizer:
         extra = " (tokenizer.model alone needs sentencepiece: save the tokenizer with transformers " \
