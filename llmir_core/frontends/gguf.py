@@ -34,7 +34,6 @@ from .hf import weight_file_attr
 from .llm_graph import DecoderConfig, RopeSpec, build_decoder, inv_freq_default
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2")
-TOKENIZER_MODELS = ("llama", "gpt2")
 
 _PLAIN = {"F32": DType.f32, "F16": DType.f16, "BF16": DType.bf16, "F64": DType.f64}
 _REDOWNLOAD = "the file is damaged or incomplete: download or convert it again"
@@ -400,7 +399,7 @@ _TOKENIZER_KEYS = ("model", "pre", "tokens", "scores", "token_type", "merges", "
                    "eos_token_id", "unknown_token_id", "padding_token_id", "eot_token_id",
                    "eom_token_id", "seperator_token_id", "add_bos_token", "add_eos_token",
                    "add_sep_token", "add_space_prefix", "remove_extra_whitespaces",
-                   "precompiled_charsmap")
+                   "precompiled_charsmap", "lowercase", "strip_accents")
 
 
 def read_tokenizer(path: str | os.PathLike[str], g: GGUFFile | None = None) -> dict[str, Any]:
@@ -418,6 +417,8 @@ def read_tokenizer(path: str | os.PathLike[str], g: GGUFFile | None = None) -> d
 
 
 def _check_tokenizer(g: GGUFFile) -> None:
+    from llmir_core.runtime.tokenizer import TOKENIZER_MODELS
+
     model = g.get("tokenizer.ggml.model")
     if model is None:
         raise g.fail("tokenizer.ggml.model", "is missing: the file holds no tokenizer",

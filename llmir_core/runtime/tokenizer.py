@@ -22,9 +22,11 @@ from typing import Any
 
 from llmir_core.errors import InputError
 
+from .gguf_tokenizers import BUILDERS
 from .pretokenize import SUPPORTED_PRE, build_pre_tokenizer, pre_tokenizer, special_tokens
 
-_CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 3, 4, 5, 6
+_UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 2, 3, 4, 5, 6
+TOKENIZER_MODELS = ("llama", "gpt2", *BUILDERS)  # tokenizer.ggml.model values llmir rebuilds
 
 
 @dataclass
@@ -110,7 +112,7 @@ def _post_processor(tk: Any, meta: dict[str, Any], tokens: list[str]) -> Any:
 def _added_tokens(tk: Any, tokens: list[str], types: list[int] | None, byte_level: bool) -> list[Any]:
     out = []
     for i, ty in enumerate(types or []):
-        if ty == _CONTROL:
+        if ty in (_CONTROL, _UNKNOWN):  # as HF saves them: special, skipped when decoding
             out.append(tk.AddedToken(tokens[i], special=True, normalized=False))
         elif ty == _USER_DEFINED:
             out.append(tk.AddedToken(tokens[i], special=False, normalized=byte_level))
@@ -159,9 +161,11 @@ def from_gguf_metadata(meta: dict[str, Any]) -> Any:
         if prefix:
             dec.append(tk.decoders.Strip(" ", 1, 0))
         t.decoder = tk.decoders.Sequence(dec)
+    elif model in BUILDERS:
+        t = BUILDERS[model](tk, meta, tokens)
     else:
         raise InputError(f"{where}: metadata field 'tokenizer.ggml.model' is '{model}', which is not "
-                         "supported", hint="supported tokenizer models: llama, gpt2")
+                         "supported", hint=f"supported tokenizer models: {', '.join(TOKENIZER_MODELS)}")
     added = _added_tokens(tk, tokens, types, byte_level=model == "gpt2")
     if added:
         t.add_tokens(added)
@@ -195,4 +199,5 @@ def load_tokenizer(module: Any, base_dir: str | None = None) -> Tokenizer:
                      module.attrs.get("llm.chat_template"))
 
 
-__all__ = ["Tokenizer", "load_tokenizer", "from_gguf_metadata", "from_hf_file", "SUPPORTED_PRE"]
+__all__ = ["Tokenizer", "load_tokenizer", "from_gguf_metadata", "from_hf_file", "SUPPORTED_PRE",
+           "TOKENIZER_MODELS"]
