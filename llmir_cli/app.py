@@ -17,7 +17,7 @@ COMMAND_MODULES = [
     "llmir_cli.commands.optimize",
     "llmir_cli.commands.init", "llmir_cli.commands.registry",
     "llmir_cli.commands.import_", "llmir_cli.commands.build", "llmir_cli.commands.run",
-    "llmir_cli.commands.bench",
+    "llmir_cli.commands.bench", "llmir_cli.commands.tokenize",
 ]
 
 app = typer.Typer(

@@ -6,7 +6,6 @@ the prompt is a list of ids and the "text" streamed is the generated ids, each f
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 
 from llmir_core.errors import InputError
@@ -14,6 +13,7 @@ from llmir_core.errors import InputError
 from .generate import generate
 from .sampling import Sampler
 from .textgen import TextGenOptions, TextResult
+from .tokenize_src import parse_ids
 
 
 class IdsCodec:
@@ -28,20 +28,12 @@ class IdsCodec:
 
 def parse_prompt_ids(text: str) -> list[int]:
     """'1,2,3' or '1 2 3' (or a JSON array) -> [1, 2, 3]; InputError naming the bad item."""
-    items = [t for t in re.split(r"[\s,\[\]]+", text.strip()) if t]
-    if not items:
+    ids = parse_ids(text, f"--prompt-ids '{text}'")
+    if not ids:
         raise InputError(
             f"--prompt-ids '{text}': no token ids", hint="pass ids like --prompt-ids 1,2,3"
         )
-    out = []
-    for t in items:
-        if not re.fullmatch(r"\d+", t):
-            raise InputError(
-                f"--prompt-ids '{text}': '{t}' is not a token id (a non-negative integer)",
-                hint="pass ids like --prompt-ids 1,2,3",
-            )
-        out.append(int(t))
-    return out
+    return ids
 
 
 def generate_ids(
