@@ -1,5 +1,8 @@
 """Import a GGUF file (as llama.cpp's converter writes it) as an llmir decoder.
 
+A split model (`NAME-00001-of-0000N.gguf`, `split.count` > 1) is read from its first shard;
+every shard is opened and each weight references its own shard (see `gguf_split`).
+
 The only module that imports the `gguf` package. `GGUFReader` memory-maps the file; metadata
 becomes a `DecoderConfig`, and every tensor a `core.weight` referencing the file by absolute byte
 offset: F32 as is, F16/BF16 followed by `core.cast`, block-quantized formats (Q4_0, Q4_1, Q5_0,
@@ -158,6 +161,35 @@ class GGUFFile:
         self.path = str(Path(path).resolve())
         self.reader = _open_reader(self.path)
         self.tensors = {t.name: t for t in self.reader.tensors}
+        self.tensor_paths: dict[str, str] = {}  # tensors of other shards -> their file
+        self.shards = [self.path]
+        count = self.get("split.count")
+        if count is not None and int(count) > 1:
+            self._open_shards(int(count))
+
+    def _open_shards(self, count: int) -> None:
+        """Tensors of every shard of a split model (their data stays in their own file)."""
+        from .gguf_split import SPLIT_TENSORS, check_shard, shard_paths
+
+        self.shards = shard_paths(self.path, int(self.get("split.no") or 0), count)
+        for no, p in enumerate(self.shards[1:], 1):
+            reader = _open_reader(p)
+            fields = reader.fields
+            got = [fields[k].contents() if k in fields else None for k in ("split.no", "split.count")]
+            check_shard(p, no, count, *got)
+            for t in reader.tensors:
+                if t.name in self.tensors:
+                    raise InputError(f"{p}: tensor '{t.name}' is also in another shard", hint=_REDOWNLOAD)
+                self.tensors[t.name] = t
+                self.tensor_paths[t.name] = p
+        want = self.get(SPLIT_TENSORS)
+        if want is not None and int(want) != len(self.tensors):
+            raise InputError(f"{self.path}: metadata field '{SPLIT_TENSORS}' is {int(want)}, the "
+                             f"{count} shards hold {len(self.tensors)} tensors", hint=_REDOWNLOAD)
+
+    def tensor_path(self, name: str) -> str:
+        """The file (shard) that holds tensor `name`."""
+        return self.tensor_paths.get(name, self.path)
 
     def has(self, key: str) -> bool:
         return key in self.reader.fields
@@ -381,7 +413,7 @@ class GGUFWeights:
             raise InputError(f"{self.g.path}: tensor '{name}' has shape {list(shape)}, but the "
                              f"metadata implies {list(want)}", hint=_REDOWNLOAD)
         et = elem_type(self.g, t)
-        attrs = {"file": weight_file_attr(self.g.path, self.base_dir), "name": name, "offset": offset,
+        attrs = {"file": weight_file_attr(self.g.tensor_path(t.name), self.base_dir), "name": name, "offset": offset,
                  "nbytes": nbytes}
         v = b.create("core.weight", [], attrs, result_types=[TensorType(shape, et)],
                      names=[name]).results[0]

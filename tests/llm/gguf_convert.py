@@ -67,7 +67,7 @@ def _qtype_for(name: str, arr: np.ndarray, policy: str | dict[str, str]) -> str:
 
 def write_gguf(folder: Path, state: dict[str, np.ndarray], out: Path, policy: str | dict[str, str] = "F32",
                tokenizer: dict[str, Any] | None | bool = None, raw: dict[str, tuple[np.ndarray, str]] | None = None,
-               ) -> dict[str, np.ndarray]:
+               split_max_tensors: int = 0) -> dict[str, np.ndarray]:
     """Write `state` (HF names -> float32 arrays) of the model in `folder` as GGUF at `out`.
 
     `raw` gives pre-encoded blocks for some GGUF tensors (name -> (uint8 bytes [rows, row_bytes],
@@ -83,7 +83,8 @@ def write_gguf(folder: Path, state: dict[str, np.ndarray], out: Path, policy: st
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     rp = cfg.get("rope_parameters") or {"rope_theta": cfg.get("rope_theta", 10000.0), **(cfg.get("rope_scaling") or {})}
-    w = gguf.GGUFWriter(str(out), arch_name)
+    # split_max_tensors > 0: shards OUT-00001-of-0000N.gguf as llama.cpp's gguf-split writes them
+    w = gguf.GGUFWriter(str(out), arch_name, split_max_tensors=split_max_tensors)
     w.add_name("tiny-" + mt)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
