@@ -39,6 +39,8 @@ class RopeSpec:
     rotary_dim: int
     interleaved: bool = False  # pairs (2i, 2i+1) rotate together (GGUF llama); else halves
     scaling: float = 1.0  # multiplies cos and sin (yarn-style attention factor; 1 otherwise)
+    inv_freq_long: tuple[float, ...] = ()  # longrope: the frequencies of positions >= long_from
+    long_from: int = 0
 
 
 @dataclass
@@ -118,18 +120,26 @@ class _Graph:
             return self._rope[spec]
         b, n = self.b, self.cfg.context
         b.origin = self.src.origin("model.rotary_emb")
-        pos = b.op("core.range", self.const(0, DType.i64), self.const(n, DType.i64),
-                   self.const(1, DType.i64), name_hint="rope.positions")
-        pos = b.op("core.cast", pos, to=DType.f32)
-        pos = b.op("core.reshape", pos, shape=(n, 1))
-        freqs = b.op("core.mul", pos, self.const(np.array(spec.inv_freq, np.float32)),
-                     name_hint="rope.freqs")
+        if spec.inv_freq_long:  # longrope: rows [0, long_from) short factors, the rest long ones
+            freqs = b.op("core.concat", self.rope_freqs(0, spec.long_from, spec.inv_freq),
+                         self.rope_freqs(spec.long_from, n, spec.inv_freq_long), axis=0, name_hint="rope.freqs")
+        else:
+            freqs = self.rope_freqs(0, n, spec.inv_freq)
         cos, sin = b.op("core.cos", freqs, name_hint="rope.cos"), b.op("core.sin", freqs, name_hint="rope.sin")
         if spec.scaling != 1.0:
             s = self.const(spec.scaling)
             cos, sin = b.op("core.mul", cos, s), b.op("core.mul", sin, s)
         self._rope[spec] = (cos, sin)
         return cos, sin
+
+    def rope_freqs(self, start: int, stop: int, inv_freq: tuple[float, ...]) -> Value:
+        """positions [start, stop) times the inverse frequencies: [stop - start, rotary_dim / 2]."""
+        b = self.b
+        pos = b.op("core.range", self.const(start, DType.i64), self.const(stop, DType.i64),
+                   self.const(1, DType.i64), name_hint="rope.positions")
+        pos = b.op("core.cast", pos, to=DType.f32)
+        pos = b.op("core.reshape", pos, shape=(stop - start, 1))
+        return b.op("core.mul", pos, self.const(np.array(inv_freq, np.float32)), name_hint="rope.freqs")
 
     def linear(self, x: Value, key: str, layer: int, bias: bool) -> Value:
         self.at(key, layer)
