@@ -26,11 +26,12 @@ from llmir_core.errors import InputError
 from llmir_core.ir.core import Module, Value
 from llmir_core.ir.types import DType, TensorType
 
+from .hf_moe import MOE_ARCHS, MOE_DEFAULTS, moe_layers, moe_weights
 from .llm_graph import DecoderConfig, RopeSpec, build_decoder
 from .rope import ROPE_TYPES, RopeParams, rope_spec_from
 from .safetensors_index import SafetensorsIndex, TensorEntry, open_index
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", *MOE_ARCHS)
 
 # transformers' per-class defaults for fields a saved config.json may leave out
 _DEFAULTS: dict[str, dict[str, Any]] = {
@@ -56,6 +57,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                     "query_pre_attn_scalar": 256, "final_logit_softcapping": None,
                     "attn_logit_softcapping": None, "head_dim": 256},
 }
+_DEFAULTS.update(MOE_DEFAULTS)
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                 "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
 _GENERATION_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "do_sample", "temperature",
@@ -190,7 +192,7 @@ def _check_unsupported(cfg: _Cfg) -> None:
         raise cfg.fail("mlp_bias", "is true, which is not supported")
     if d.get("use_bidirectional_attention"):
         raise cfg.fail("use_bidirectional_attention", "is true: only causal decoders are supported")
-    if cfg.arch == "mistral" and d.get("attention_bias"):
+    if cfg.arch in ("mistral", "mixtral") and d.get("attention_bias"):
         raise cfg.fail("attention_bias", "is true, which is not supported for mistral")
 
 
@@ -219,9 +221,10 @@ def _layer_windows(cfg: _Cfg, layers: int) -> list[int]:
         if "sliding_attention" in types and not window:
             raise cfg.fail("sliding_window", "is missing but layer_types has sliding_attention layers")
         return [int(window) if t == "sliding_attention" else 0 for t in types]
-    if cfg.arch in ("mistral", "phi3"):
+    base = MOE_ARCHS.get(cfg.arch, cfg.arch)
+    if base in ("mistral", "phi3"):
         return [int(window)] * layers
-    if cfg.arch in ("qwen2", "qwen3"):
+    if base in ("qwen2", "qwen3"):
         if not cfg.get("use_sliding_window"):
             return [0] * layers
         first = int(cfg.get("max_window_layers") or 0)
@@ -254,12 +257,15 @@ def decoder_config(cfg: _Cfg) -> DecoderConfig:
         activation=_ACTIVATIONS[act_name], tie_embeddings=bool(cfg.get("tie_word_embeddings")),
         sliding_window=_layer_windows(cfg, layers),
     )
-    if arch == "qwen2":
+    base = MOE_ARCHS.get(arch, arch)
+    if base == "qwen2":
         dc.qkv_bias = True
-    elif arch in ("llama", "qwen3"):
+    elif base in ("llama", "qwen3"):
         dc.qkv_bias = dc.o_bias = bool(cfg.get("attention_bias", False))
-    if arch == "qwen3":
+    if base == "qwen3":
         dc.qk_norm = True
+    if arch in MOE_ARCHS:
+        dc.moe = moe_layers(cfg, layers, dc.intermediate)
     if arch == "gemma3_text":
         dc.qk_norm = True
         dc.qkv_bias = dc.o_bias = bool(cfg.get("attention_bias", False))
@@ -456,7 +462,7 @@ def import_hf(path: str | os.PathLike[str], out_path: str | os.PathLike[str] | N
     dc = decoder_config(cfg)
     index = open_index(folder)
     base_dir = os.path.dirname(os.path.abspath(out_path)) if out_path is not None else None
-    src = HFWeights(index, dc, base_dir)
+    src = (moe_weights(HFWeights) if dc.moe else HFWeights)(index, dc, base_dir)
     module = build_decoder(dc, src, name=_module_name(folder))
     module.attrs.update(model_attributes(folder, cfg, dc, base_dir, require_tokenizer))
     if out_path is not None:

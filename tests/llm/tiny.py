@@ -50,6 +50,12 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
                                "rope_parameters": {
                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                    "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 2.0}}}),
+    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}),
+    "qwen2-moe": ("qwen2_moe", {"num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
+                                "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
+                                "mlp_only_layers": [1], "norm_topk_prob": False}),
+    "qwen3-moe": ("qwen3_moe", {"num_experts": 6, "num_experts_per_tok": 3, "moe_intermediate_size": 40,
+                                "norm_topk_prob": True, "head_dim": 32}),
 }
 # architectures whose rope changes with the position (longrope): compared against transformers'
 # own cached decoding, not one forward over the whole sequence
