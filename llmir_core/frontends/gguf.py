@@ -34,9 +34,9 @@ from llmir_core.ir.core import Module, Value
 from llmir_core.ir.types import GGUF_QUANTS, DType, QuantType, TensorType
 
 from .hf import weight_file_attr
-from .llm_graph import DecoderConfig, RopeSpec, build_decoder, inv_freq_default
+from .llm_graph import DecoderConfig, MoeSpec, RopeSpec, build_decoder, inv_freq_default
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "qwen2moe", "qwen3moe")
 
 _PLAIN = {"F32": DType.f32, "F16": DType.f16, "BF16": DType.bf16, "F64": DType.f64}
 _REDOWNLOAD = "the file is damaged or incomplete: download or convert it again"
@@ -259,11 +259,12 @@ def decoder_config(g: GGUFFile) -> DecoderConfig:
     window = int(g.get(a + "attention.sliding_window") or 0)
     if arch == "phi3":
         dc.sliding_window = [window] * layers
-    if arch in ("qwen2", "llama", "qwen3"):
+    if arch in ("qwen2", "llama", "qwen3", "qwen2moe", "qwen3moe"):
         dc.qkv_bias = "blk.0.attn_q.bias" in g.tensors
         dc.o_bias = "blk.0.attn_output.bias" in g.tensors
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen3moe"):
         dc.qk_norm = True
+    dc.moe = moe_layers(g, arch, layers, dc.intermediate)
     if arch == "gemma2":
         dc.activation = "gelu_tanh"
         dc.sandwich_norms = True  # the converter already added 1 to the norm weights
@@ -276,6 +277,30 @@ def decoder_config(g: GGUFFile) -> DecoderConfig:
         dc.final_softcap = float(g.get(a + "final_logit_softcapping") or 0.0)
         dc.sliding_window = [window if i % 2 == 0 else 0 for i in range(layers)]
     return dc
+
+
+# llama.cpp's expert-weight renormalisation per architecture (the expert_weights_norm key wins)
+_MOE_NORM = {"llama": True, "qwen2moe": False, "qwen3moe": True}
+
+
+def moe_layers(g: GGUFFile, arch: str, layers: int, intermediate: int) -> list[MoeSpec | None]:
+    """Mixture-of-experts layers (llama.cpp's stacked ffn_*_exps tensors); [] for a dense model."""
+    a = arch + "."
+    experts = int(g.get(a + "expert_count") or 0)
+    if experts == 0:
+        return []
+    if arch not in _MOE_NORM:
+        raise g.fail(a + "expert_count", f"is {experts}: mixture of experts is not supported for {arch}")
+    top_k = int(g.req(a + "expert_used_count"))
+    if not 1 <= top_k <= experts:
+        raise g.fail(a + "expert_used_count", f"({top_k}) must be between 1 and expert_count ({experts})")
+    norm = g.get(a + "expert_weights_norm")
+    shared = int(g.get(a + "expert_shared_feed_forward_length") or 0) \
+        if "blk.0.ffn_gate_shexp.weight" in g.tensors else 0
+    spec = MoeSpec(experts, top_k, int(g.get(a + "expert_feed_forward_length") or intermediate),
+                   norm_topk=bool(_MOE_NORM[arch] if norm is None else norm), shared_inter=shared,
+                   shared_gate=shared > 0 and "blk.0.ffn_gate_inp_shexp.weight" in g.tensors)
+    return [spec if f"blk.{i}.ffn_gate_inp.weight" in g.tensors else None for i in range(layers)]
 
 
 def _rope(g: GGUFFile, arch: str, head_dim: int) -> RopeSpec:
@@ -309,6 +334,9 @@ _LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"
           "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
           "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
           "mlp.down_proj": "ffn_down"}
+_MOE = {"moe.router": "ffn_gate_inp", "moe.w_gate": "ffn_gate_exps", "moe.w_up": "ffn_up_exps",
+        "moe.w_down": "ffn_down_exps", "moe.shared_gate": "ffn_gate_shexp", "moe.shared_up": "ffn_up_shexp",
+        "moe.shared_down": "ffn_down_shexp", "moe.shared_router": "ffn_gate_inp_shexp"}
 _GEMMA2 = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
            "post_feedforward_layernorm": "post_ffw_norm"}
 # phi3 fuses projections: key -> (gguf tensor, part); parts are row blocks
@@ -355,7 +383,7 @@ class GGUFWeights:
         fused = self._fused(base, layer)
         if fused:
             return f"blk.{layer}.{fused[0]}{suffix}"
-        table = {**_LAYER, **_GEMMA2} if self.dc.arch == "gemma2" else _LAYER
+        table = {**_LAYER, **_GEMMA2} if self.dc.arch == "gemma2" else {**_LAYER, **_MOE}
         return f"blk.{layer}.{table[base]}{suffix}"
 
     def has(self, key: str, layer: int | None = None) -> bool:
@@ -368,8 +396,14 @@ class GGUFWeights:
             return f"gguf:blk.{layer}.{'attn' if key == 'self_attn' else 'ffn'}"
         return "gguf:" + self.tensor_name(key, layer).removesuffix(".weight")
 
-    def _expected(self, key: str) -> tuple[int, ...]:
+    def _expected(self, key: str, layer: int | None = None) -> tuple[int, ...]:
         dc = self.dc
+        spec = dc.moe[layer] if dc.moe and layer is not None else None
+        if spec is not None and key.startswith("moe."):
+            e, h, i, si = spec.experts, dc.hidden, spec.inter, spec.shared_inter
+            return {"moe.router": (e, h), "moe.w_gate": (e, i, h), "moe.w_up": (e, i, h), "moe.w_down": (e, h, i),
+                    "moe.shared_gate": (si, h), "moe.shared_up": (si, h), "moe.shared_down": (h, si),
+                    "moe.shared_router": (1, h)}[key]
         q, kv = dc.heads * dc.head_dim, dc.kv_heads * dc.head_dim
         base = key.removesuffix(".bias")
         if key.endswith(".bias"):
@@ -408,7 +442,9 @@ class GGUFWeights:
             name = f"{name}[{sum(sizes[:part])}:{sum(sizes[:part + 1])}]"  # a row block: its own name
             shape = (sizes[part],) + shape[1:]
             nbytes = sizes[part] * row_bytes
-        want = self._expected(key)
+        want = self._expected(key, layer)
+        if key == "moe.shared_router" and shape == want[1:]:
+            shape = want  # llama.cpp stores it as {n_embd}: the same bytes as [1, n_embd]
         if shape != want:
             raise InputError(f"{self.g.path}: tensor '{name}' has shape {list(shape)}, but the "
                              f"metadata implies {list(want)}", hint=_REDOWNLOAD)

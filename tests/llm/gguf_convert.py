@@ -13,13 +13,32 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 _ARCH = {"llama": "LLAMA", "mistral": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3", "phi3": "PHI3",
-         "gemma2": "GEMMA2"}
+         "gemma2": "GEMMA2", "mixtral": "LLAMA", "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE"}
+_EXPERT = re.compile(r"^(model\.layers\.\d+\.(?:block_sparse_moe|mlp)\.experts)\.(\d+)\.(\w+)\.weight$")
+
+
+def stack_experts(state: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, list[str]]]:
+    """Per-expert HF tensors stacked [experts, out, in] under `...experts.NAME.weight` (as
+    convert_hf_to_gguf.py does); also the per-expert names of each stacked tensor, in order."""
+    out: dict[str, np.ndarray] = {}
+    parts: dict[str, dict[int, str]] = {}
+    for name, arr in state.items():
+        m = _EXPERT.match(name)
+        if m is None:
+            out[name] = arr
+            continue
+        parts.setdefault(f"{m[1]}.{m[3]}.weight", {})[int(m[2])] = name
+    members = {k: [v[i] for i in sorted(v)] for k, v in parts.items()}
+    for k, names in members.items():
+        out[k] = np.stack([np.asarray(state[n], np.float32) for n in names])
+    return out, members
 
 
 def permute(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
@@ -111,7 +130,16 @@ def write_gguf(folder: Path, state: dict[str, np.ndarray], out: Path, policy: st
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
         if cfg["query_pre_attn_scalar"] != head_dim:  # not written by llama.cpp (it assumes head_dim)
             w.add_float32(f"{arch_name}.attention.scale", cfg["query_pre_attn_scalar"] ** -0.5)
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if cfg.get("moe_intermediate_size"):
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if cfg.get("shared_expert_intermediate_size"):
+            w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     _add_tokenizer(w, tokenizer, cfg["vocab_size"])
+    state, members = stack_experts(state)
 
     names = gguf.get_tensor_name_map(arch, n_layers)
     reference: dict[str, np.ndarray] = {}
@@ -122,7 +150,9 @@ def write_gguf(folder: Path, state: dict[str, np.ndarray], out: Path, policy: st
         if mt == "gemma2" and hf_name == "lm_head.weight":
             continue
         arr = np.asarray(arr, dtype=np.float32)
-        if mt in ("llama", "mistral"):
+        if hf_name.endswith("shared_expert_gate.weight"):
+            arr = arr.reshape(-1)  # llama.cpp's ffn_gate_inp_shexp is {n_embd}
+        if mt in ("llama", "mistral", "mixtral"):
             if hf_name.endswith("q_proj.weight"):
                 arr = permute(arr, heads, heads)
             elif hf_name.endswith("k_proj.weight"):
@@ -152,7 +182,13 @@ def write_gguf(folder: Path, state: dict[str, np.ndarray], out: Path, policy: st
         if not hf_name:
             continue
         values = np.asarray(values, dtype=np.float32)
-        if mt in ("llama", "mistral") and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+        if hf_name in members:  # a stacked expert tensor: one reference per expert
+            for e, n in enumerate(members[hf_name]):
+                reference[n] = values[e]
+            continue
+        if hf_name.endswith("shared_expert_gate.weight"):
+            values = values.reshape(1, -1)
+        if mt in ("llama", "mistral", "mixtral") and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             values = unpermute(values, heads, heads if "q_proj" in hf_name else kv)
         if mt == "gemma2" and hf_name.endswith("norm.weight"):
             values = np.asarray(state[hf_name], dtype=np.float32)  # F32: (1 + w) rounds alike

@@ -54,6 +54,8 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2-moe": ("qwen2_moe", {"num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
                                 "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
                                 "mlp_only_layers": [1], "norm_topk_prob": False}),
+    "qwen2-moe-all": ("qwen2_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                    "shared_expert_intermediate_size": 48, "norm_topk_prob": False}),
     "qwen3-moe": ("qwen3_moe", {"num_experts": 6, "num_experts_per_tok": 3, "moe_intermediate_size": 40,
                                 "norm_topk_prob": True, "head_dim": 32}),
 }
