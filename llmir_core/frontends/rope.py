@@ -73,15 +73,23 @@ Result = tuple[np.ndarray, float, np.ndarray | None, int]
 
 
 def _default(p: RopeParams) -> Result:
+    """1 / theta^(2i/d)."""
     return inv_freq_default(p.theta(), p.rotary_dim), 1.0, None, 0
 
 
+def _dynamic(p: RopeParams) -> Result:
+    """default: dynamic NTK changes nothing inside `max_position_embeddings`, the context recorded."""
+    return _default(p)
+
+
 def _linear(p: RopeParams) -> Result:
+    """default / `factor`."""
     inv = inv_freq_default(p.theta(), p.rotary_dim)
     return (inv / np.float32(p.num("factor"))).astype(np.float32), 1.0, None, 0
 
 
 def _llama3(p: RopeParams) -> Result:
+    """Llama 3.1: low frequencies / `factor`, high kept, a smooth ramp between."""
     inv = inv_freq_default(p.theta(), p.rotary_dim)
     return (
         inv_freq_llama3(
@@ -98,6 +106,7 @@ def _mscale(scale: float, m: float = 1.0) -> float:
 
 
 def _yarn(p: RopeParams) -> Result:
+    """YaRN: interpolated below, extrapolated above the `beta_slow`..`beta_fast` ramp; cos/sin times the attention factor."""
     base, dim, original = p.theta(), p.rotary_dim, p.original()
     factor = p.opt("factor")
     if factor is None:
@@ -151,6 +160,7 @@ def _factors(p: RopeParams, key: str) -> np.ndarray:
 
 
 def _longrope(p: RopeParams) -> Result:
+    """LongRoPE: `short_factor` divisors, `long_factor` from `original_max_position_embeddings` on; attention factor."""
     base, dim, original = p.theta(), p.rotary_dim, p.original()
     factor = p.opt("factor")
     if factor is None:
@@ -170,7 +180,7 @@ def _longrope(p: RopeParams) -> Result:
 ROPE_TYPES: dict[str, Callable[[RopeParams], Result]] = {
     "default": _default,
     "linear": _linear,
-    "dynamic": _default,
+    "dynamic": _dynamic,
     "llama3": _llama3,
     "yarn": _yarn,
     "longrope": _longrope,
