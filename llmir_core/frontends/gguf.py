@@ -309,6 +309,9 @@ def _rope(g: GGUFFile, arch: str, head_dim: int) -> RopeSpec:
     inv = inv_freq_default(float(g.get(a + "rope.freq_base") or 10000.0), rdim)
     stype = g.get(a + "rope.scaling.type") or "none"
     factor = float(g.get(a + "rope.scaling.factor") or 1.0)
+    scaled = _yarn_or_longrope(g, arch, str(stype), rdim)
+    if scaled is not None:
+        return scaled
     if stype == "linear" and factor != 1.0:
         inv = (inv / np.float32(factor)).astype(np.float32)
     elif stype not in ("none", "linear"):
@@ -320,10 +323,46 @@ def _rope(g: GGUFFile, arch: str, head_dim: int) -> RopeSpec:
             raise InputError(f"{g.path}: tensor 'rope_freqs.weight' has {factors.size} values, "
                              f"expected {inv.size}")
         inv = (inv / factors).astype(np.float32)
-    if arch == "phi3" and ("rope_factors_long.weight" in g.tensors or "rope_factors_short.weight" in g.tensors):
-        raise InputError(f"{g.path}: tensors 'rope_factors_long/short' (phi3 longrope) are not supported",
-                         hint="use a Phi-3 model with the default rope (the 4k-context variants)")
     return RopeSpec(tuple(float(f) for f in inv), rdim, interleaved=(arch == "llama"))
+
+
+def _yarn_or_longrope(g: GGUFFile, arch: str, stype: str, rdim: int) -> RopeSpec | None:
+    """YaRN (`rope.scaling.type = yarn`) and Phi-3 longrope (`rope_factors_long/short` tensors),
+    through the same frequency rules as the Hugging Face importer (`rope`); None for the others."""
+    from .rope import RopeParams, rope_spec_from
+
+    a = arch + "."
+    long_t, short_t = "rope_factors_long.weight", "rope_factors_short.weight"
+    if stype != "yarn" and not (long_t in g.tensors or short_t in g.tensors):
+        return None
+    context = int(g.req(a + "context_length"))
+    params: dict[str, Any] = {"rope_theta": float(g.get(a + "rope.freq_base") or 10000.0)}
+    original = g.get(a + "rope.scaling.original_context_length")
+    if original is not None:
+        params["original_max_position_embeddings"] = int(original)
+    attn = g.get(a + "rope.scaling.attn_factor")
+    if attn is not None:
+        params["attention_factor"] = float(attn)
+    if stype == "yarn":
+        params["factor"] = float(g.req(a + "rope.scaling.factor"))
+        for key, name in (("rope.scaling.yarn_beta_fast", "beta_fast"), ("rope.scaling.yarn_beta_slow", "beta_slow")):
+            v = g.get(a + key)
+            if v is not None:
+                params[name] = float(v)
+        ext = g.get(a + "rope.scaling.yarn_ext_factor")
+        if ext is not None and float(ext) not in (-1.0, 1.0):  # -1: llama.cpp's "default" (1 for yarn)
+            raise g.fail(a + "rope.scaling.yarn_ext_factor", f"is {float(ext)}: only 1 (full YaRN) is supported")
+        kind = "yarn"
+    else:
+        if long_t not in g.tensors or short_t not in g.tensors:
+            raise InputError(f"{g.path}: longrope needs both tensors '{long_t}' and '{short_t}'", hint=_REDOWNLOAD)
+        params["long_factor"] = [float(x) for x in g.tensor_values(long_t)]
+        params["short_factor"] = [float(x) for x in g.tensor_values(short_t)]
+        kind = "longrope"
+    rp = RopeParams(params, "rope", g.path, rdim, context)
+    spec = rope_spec_from(kind, rp)
+    return RopeSpec(spec.inv_freq, spec.rotary_dim, interleaved=(arch == "llama"), scaling=spec.scaling,
+                    inv_freq_long=spec.inv_freq_long, long_from=spec.long_from)
 
 
 # -- weights ----------------------------------------------------------------------------------

@@ -122,6 +122,16 @@ def write_gguf(folder: Path, state: dict[str, np.ndarray], out: Path, policy: st
     if rp.get("rope_type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rp["factor"])
+    if rp.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rp["factor"])
+        w.add_rope_scaling_orig_ctx_len(rp.get("original_max_position_embeddings") or cfg["max_position_embeddings"])
+    longrope = rp.get("rope_type") == "longrope"
+    if longrope:  # as convert_hf_to_gguf.py's Phi3MiniModel: factor tensors, attention factor
+        orig = cfg.get("original_max_position_embeddings") or rp["original_max_position_embeddings"]
+        scale = cfg["max_position_embeddings"] / orig
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0)
+        w.add_rope_scaling_orig_ctx_len(orig)
     if mt == "phi3" and cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
     if mt == "gemma2":
@@ -146,6 +156,9 @@ def write_gguf(folder: Path, state: dict[str, np.ndarray], out: Path, policy: st
     tensors: list[tuple[str, np.ndarray, str, str]] = []  # gguf name, data, qtype, hf name
     if rp.get("rope_type") == "llama3":
         tensors.append(("rope_freqs.weight", llama3_rope_factors(rp, head_dim), "F32", ""))
+    if longrope:
+        tensors.append(("rope_factors_long.weight", np.asarray(rp["long_factor"], np.float32), "F32", ""))
+        tensors.append(("rope_factors_short.weight", np.asarray(rp["short_factor"], np.float32), "F32", ""))
     for hf_name, arr in state.items():
         if mt == "gemma2" and hf_name == "lm_head.weight":
             continue
