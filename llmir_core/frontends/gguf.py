@@ -8,7 +8,7 @@ becomes a `DecoderConfig`, and every tensor a `core.weight` referencing the file
 offset: F32 as is, F16/BF16 followed by `core.cast`, block-quantized formats (Q4_0, Q4_1, Q5_0,
 Q5_1, Q8_0, Q2_K..Q6_K) kept packed as `!quant.*` tensors followed by `llm.dequantize` — nothing
 is dequantized or read at import. Architectures: llama (mistral is written as llama), qwen2,
-qwen3, phi3, gemma2.
+qwen3, phi3, gemma2, gemma3, and the mixture-of-experts qwen2moe, qwen3moe (and llama with experts).
 
 llama.cpp's converter permutes the rows of llama's Q and K projections so that its rotary
 embedding can rotate adjacent pairs (2i, 2i+1) instead of halves (i, i + d/2); the importer keeps
@@ -36,7 +36,7 @@ from llmir_core.ir.types import GGUF_QUANTS, DType, QuantType, TensorType
 from .hf import weight_file_attr
 from .llm_graph import DecoderConfig, MoeSpec, RopeSpec, build_decoder, inv_freq_default
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "qwen2moe", "qwen3moe")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen2moe", "qwen3moe")
 
 _PLAIN = {"F32": DType.f32, "F16": DType.f16, "BF16": DType.bf16, "F64": DType.f64}
 _REDOWNLOAD = "the file is damaged or incomplete: download or convert it again"
@@ -265,6 +265,8 @@ def decoder_config(g: GGUFFile) -> DecoderConfig:
     if arch in ("qwen3", "qwen3moe"):
         dc.qk_norm = True
     dc.moe = moe_layers(g, arch, layers, dc.intermediate)
+    if arch == "gemma3":
+        gemma3_layers(g, dc)
     if arch == "gemma2":
         dc.activation = "gelu_tanh"
         dc.sandwich_norms = True  # the converter already added 1 to the norm weights
@@ -277,6 +279,37 @@ def decoder_config(g: GGUFFile) -> DecoderConfig:
         dc.final_softcap = float(g.get(a + "final_logit_softcapping") or 0.0)
         dc.sliding_window = [window if i % 2 == 0 else 0 for i in range(layers)]
     return dc
+
+
+def gemma3_layers(g: GGUFFile, dc: DecoderConfig) -> None:
+    """Gemma 3 as llama.cpp reads it: gemma2's norms and scales without soft-capping by default,
+    q/k norms, local (sliding) layers by `attention.sliding_window_pattern` (default: every 6th
+    layer global) with their own rope base (`rope.freq_base_swa`, default 10000, unscaled)."""
+    a = "gemma3."
+    layers = dc.layers
+    dc.activation = "gelu_tanh"
+    dc.sandwich_norms = dc.qk_norm = True  # the converter already added 1 to every norm weight
+    dc.embed_scale = float(np.float32(math.sqrt(dc.hidden)))
+    scale = g.get(a + "attention.scale")
+    if scale is None:  # llama.cpp's rule: 27B (62 layers) scales by hidden / heads, the others by head_dim
+        scale = 1.0 / math.sqrt(dc.hidden / dc.heads if layers == 62 else dc.head_dim)
+    dc.attn_scale = float(scale)
+    dc.attn_softcap = float(g.get(a + "attn_logit_softcapping") or 0.0)
+    dc.final_softcap = float(g.get(a + "final_logit_softcapping") or 0.0)
+    pattern = g.get(a + "attention.sliding_window_pattern")
+    if pattern is None or isinstance(pattern, int):
+        n = int(pattern or 6)
+        local = [(i % n) < n - 1 for i in range(layers)]
+    else:
+        local = [bool(x) for x in pattern]
+        if len(local) != layers:
+            raise g.fail(a + "attention.sliding_window_pattern", f"has {len(local)} entries for {layers} layers")
+    window = int(g.req(a + "attention.sliding_window"))
+    dc.sliding_window = [window if x else 0 for x in local]
+    rdim = int(g.get(a + "rope.dimension_count") or dc.head_dim)
+    swa = RopeSpec(tuple(float(f) for f in inv_freq_default(float(g.get(a + "rope.freq_base_swa") or 10000.0), rdim)),
+                   rdim)
+    dc.rope = [swa if x else dc.rope[i] for i, x in enumerate(local)]
 
 
 # llama.cpp's expert-weight renormalisation per architecture (the expert_weights_norm key wins)
@@ -422,7 +455,7 @@ class GGUFWeights:
         fused = self._fused(base, layer)
         if fused:
             return f"blk.{layer}.{fused[0]}{suffix}"
-        table = {**_LAYER, **_GEMMA2} if self.dc.arch == "gemma2" else {**_LAYER, **_MOE}
+        table = {**_LAYER, **_GEMMA2} if self.dc.arch in ("gemma2", "gemma3") else {**_LAYER, **_MOE}
         return f"blk.{layer}.{table[base]}{suffix}"
 
     def has(self, key: str, layer: int | None = None) -> bool:

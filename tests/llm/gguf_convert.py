@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 _ARCH = {"llama": "LLAMA", "mistral": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3", "phi3": "PHI3",
-         "gemma2": "GEMMA2", "mixtral": "LLAMA", "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE"}
+         "gemma2": "GEMMA2", "mixtral": "LLAMA", "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE", "gemma3_text": "GEMMA3"}
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.(?:block_sparse_moe|mlp)\.experts)\.(\d+)\.(\w+)\.weight$")
 
 
@@ -102,6 +102,9 @@ def write_gguf(folder: Path, state: dict[str, np.ndarray], out: Path, policy: st
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     rp = cfg.get("rope_parameters") or {"rope_theta": cfg.get("rope_theta", 10000.0), **(cfg.get("rope_scaling") or {})}
+    local_rp = None
+    if mt == "gemma3_text":  # per layer type: the global layers' rope is the model's, the local base apart
+        local_rp, rp = rp["sliding_attention"], rp["full_attention"]
     # split_max_tensors > 0: shards OUT-00001-of-0000N.gguf as llama.cpp's gguf-split writes them
     w = gguf.GGUFWriter(str(out), arch_name, split_max_tensors=split_max_tensors)
     w.add_name("tiny-" + mt)
@@ -134,6 +137,12 @@ def write_gguf(folder: Path, state: dict[str, np.ndarray], out: Path, policy: st
         w.add_rope_scaling_orig_ctx_len(orig)
     if mt == "phi3" and cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
+    if mt == "gemma3_text":
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+        w.add_rope_freq_base_swa(local_rp["rope_theta"])
+        if cfg["query_pre_attn_scalar"] != head_dim:
+            w.add_float32(f"{arch_name}.attention.scale", cfg["query_pre_attn_scalar"] ** -0.5)
     if mt == "gemma2":
         w.add_sliding_window(cfg["sliding_window"])
         w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
@@ -160,7 +169,7 @@ def write_gguf(folder: Path, state: dict[str, np.ndarray], out: Path, policy: st
         tensors.append(("rope_factors_long.weight", np.asarray(rp["long_factor"], np.float32), "F32", ""))
         tensors.append(("rope_factors_short.weight", np.asarray(rp["short_factor"], np.float32), "F32", ""))
     for hf_name, arr in state.items():
-        if mt == "gemma2" and hf_name == "lm_head.weight":
+        if mt in ("gemma2", "gemma3_text") and hf_name == "lm_head.weight":
             continue
         arr = np.asarray(arr, dtype=np.float32)
         if hf_name.endswith("shared_expert_gate.weight"):
@@ -170,7 +179,7 @@ def write_gguf(folder: Path, state: dict[str, np.ndarray], out: Path, policy: st
                 arr = permute(arr, heads, heads)
             elif hf_name.endswith("k_proj.weight"):
                 arr = permute(arr, heads, kv)
-        if mt == "gemma2" and hf_name.endswith("norm.weight"):
+        if mt in ("gemma2", "gemma3_text") and hf_name.endswith("norm.weight"):
             arr = arr + 1
         gname = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert gname is not None, hf_name
@@ -203,7 +212,7 @@ def write_gguf(folder: Path, state: dict[str, np.ndarray], out: Path, policy: st
             values = values.reshape(1, -1)
         if mt in ("llama", "mistral", "mixtral") and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             values = unpermute(values, heads, heads if "q_proj" in hf_name else kv)
-        if mt == "gemma2" and hf_name.endswith("norm.weight"):
+        if mt in ("gemma2", "gemma3_text") and hf_name.endswith("norm.weight"):
             values = np.asarray(state[hf_name], dtype=np.float32)  # F32: (1 + w) rounds alike
         reference[hf_name] = values
     w.write_header_to_file()

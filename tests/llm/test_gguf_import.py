@@ -45,7 +45,7 @@ def check_parity(module: Any, model: Any, steps: int = 16) -> None:
     assert max(diffs) <= TOL, f"max relative logit difference {max(diffs):.2e}"
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama3-rope", "llama-linear", "qwen2", "qwen3", "phi3", "gemma2"])
+@pytest.mark.parametrize("arch", ["llama", "llama3-rope", "llama-linear", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"])
 def test_f32_parity(arch: str, tiny_model: Any, tmp_path: Path) -> None:
     ref = convert(tiny_model, arch, tmp_path / "m.gguf")
     module = import_gguf(tmp_path / "m.gguf")
