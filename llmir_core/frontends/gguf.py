@@ -584,7 +584,10 @@ def special_ids(g: GGUFFile) -> tuple[tuple[int, ...], int | None]:
         return tuple(dict.fromkeys(int(e) for e in eos if e is not None)), (int(bos) if bos is not None else None)
     from llmir_core.runtime.pretokenize import special_tokens
 
-    st = special_tokens(read_tokenizer(g.path, g))
+    keys = ("model", "pre", "tokens", "bos_token_id", "eos_token_id", "eot_token_id", "eom_token_id",
+            "seperator_token_id", "add_bos_token", "add_eos_token", "add_sep_token")
+    meta = {k: g.get("tokenizer.ggml." + k) for k in keys}  # not the merges: a 128k vocabulary has 280k
+    st = special_tokens({k: v for k, v in meta.items() if v is not None})
     return st.eog_ids, st.bos_id
 
 
