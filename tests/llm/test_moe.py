@@ -21,7 +21,17 @@ from .test_rope_types import STEPS, _prompt, _same, ort_greedy
 from .tiny import hf_greedy
 
 E, H, INTER, SI = 5, 8, 6, 7
-SHAPES = [(2, 3, H), (E, H), (E, INTER, H), (E, INTER, H), (E, H, INTER), (SI, H), (SI, H), (H, SI), (1, H)]
+SHAPES = [
+    (2, 3, H),
+    (E, H),
+    (E, INTER, H),
+    (E, INTER, H),
+    (E, H, INTER),
+    (SI, H),
+    (SI, H),
+    (H, SI),
+    (1, H),
+]
 
 
 def _module(n: int, attrs: dict[str, Any], decomposed: bool) -> Module:
@@ -113,3 +123,39 @@ def test_onnxruntime_build_parity(arch: str, tiny_model: Any, tmp_path: Path) ->
     _same(
         ort_greedy(module, tmp_path / "art", _prompt(), STEPS), hf_greedy(model, _prompt(), STEPS)
     )
+
+
+def test_generic_build_of_many_decomposed_ops(tmp_path: Path) -> None:
+    """Regression: ort_lower keyed decomposition values by id() and let the decomposition
+    functions die, so a later op's value could take a dead one's id and its name or weight (seen
+    as a Qwen2-MoE router wired to another layer's shared expert). Eight chained llm.moe ops with
+    their own stored weights must match the interpreter."""
+    pytest.importorskip("onnxruntime", reason="onnxruntime builds are checked when it is installed")
+    from safetensors.numpy import save_file
+
+    from llmir_core.backends.ort import build, runner_for_artifact
+    from llmir_core.frontends.hf import emit_weight
+    from llmir_core.frontends.safetensors_index import open_index
+
+    rng = np.random.default_rng(0)
+    arrays = {
+        f"w{layer}_{i}": (rng.standard_normal(s) / np.sqrt(s[-1])).astype(np.float32)
+        for layer in range(8)
+        for i, s in enumerate(SHAPES[1:5])
+    }
+    save_file(arrays, str(tmp_path / "model.safetensors"))
+    index = open_index(tmp_path)
+    fn = Function("main", [])
+    b = Builder(fn)
+    y = b.arg("x", TensorType((1, 4, H), DType.f32))
+    for layer in range(8):
+        ws = [emit_weight(b, index.get(f"w{layer}_{i}"), str(tmp_path)) for i in range(4)]
+        y = b.create("llm.moe", [y, *ws], {"top_k": 1 + layer % 3}).result
+    b.ret(y)
+    module = Module("m", [fn], {"llmir.dialects": ("core", "llm")})
+    module.source = str(tmp_path / "m.llmir")
+    feeds = {"x": rng.standard_normal((1, 4, H)).astype(np.float32)}
+    want = Interpreter(module).run(feeds)[0]
+    build(module, str(tmp_path / "art"))
+    got = next(iter(runner_for_artifact(str(tmp_path / "art")).run(feeds).values()))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
