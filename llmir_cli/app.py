@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("llmir_cli.commands.bench", "Measure prefill and decode speed of a decoder artifact."),
     "registry": ("llmir_cli.commands.registry", "Browse the model index, or mirror it."),
     "serve": ("llmir_cli.commands.serve", "Serve a decoder artifact over an OpenAI-compatible HTTP API."),
+    "tokenize": ("llmir_cli.commands.tokenize", "Tokenize text (or --decode ids) with a model's tokenizer."),
 }
 
 _LOADED: dict[str, Any] = {}  # name -> the click command built from its module (once per process)

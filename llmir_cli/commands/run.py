@@ -32,6 +32,9 @@ context (with a warning). --chat applies the model's chat template; on a termina
 --prompt it starts an interactive conversation (/exit ends it). --format json gives the text,
 token ids and timings.
 
+With --prompt-ids (a model imported with --no-tokenizer has no tokenizer), the prompt is token
+ids and the generated token ids are printed.
+
 With --input, the model runs on tensors and writes its outputs as NAME.npy.
 
 TARGET is an artifact folder from `llmir build` (run on onnxruntime) or a .llmir file (run on the
@@ -48,6 +51,8 @@ Examples:
 
   llmir run tiny.build --prompts-file prompts.txt --format json > out.json
 
+  llmir run ids.build --prompt-ids 1,15043,3186 -n 16   # built with import --no-tokenizer
+
   llmir run model.llmir --input x=x.npy --output-dir out/
 
   llmir run model-ort/ --backend onnxruntime --input input_ids=ids.npy --output-dir out/
@@ -63,6 +68,7 @@ def run_cmd(
     backend: Annotated[str | None, typer.Option("--backend", "-b", help="reference or onnxruntime (default: reference for .llmir, onnxruntime for a folder).")] = None,
     threads: Annotated[int | None, typer.Option("--threads", help="onnxruntime intra-op threads.")] = None,
     prompt: Annotated[list[str] | None, typer.Option("--prompt", "-p", help="Text to continue (repeat for several prompts).")] = None,
+    prompt_ids: Annotated[list[str] | None, typer.Option("--prompt-ids", help="Token ids to continue, e.g. 1,2,3 (repeat for several prompts); prints ids.")] = None,
     prompts_file: Annotated[Path | None, typer.Option("--prompts-file", help="One prompt per line (.jsonl: a string or {\"prompt\": ...} per line).")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate at most.")] = 128,
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy.")] = 0.0,
@@ -83,6 +89,14 @@ def run_cmd(
     with handle_errors(ctx), full_checks(verify_artifact):
         if not target.exists():
             raise InputError(f"{target}: no such file or folder", hint="pass an artifact folder or a .llmir file")
+        if prompt_ids:
+            if inputs or prompt or prompts_file is not None:
+                raise InputError("--prompt-ids gives token ids; --prompt, --prompts-file and --input: pick one")
+            options = TextGenOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                     top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,
+                                     chat=chat, system=system, stop=tuple(stop or ()), threads=threads)
+            _generate_ids(ctx, target, prompt_ids, options)
+            return
         if prompt or prompts_file is not None or chat:
             if inputs:
                 raise InputError("--input runs tensors; --prompt/--chat generate text: pick one")
@@ -150,6 +164,30 @@ def _generate(ctx: Ctx, target: Path, prompts: list[str], prompts_file: Path | N
                        f"stop: {r.stop_reason}]")
 
     results = generate_texts(str(target), prompts, options, on_text, on_done)
+    if ctx.json:
+        ctx.emit_json("run", {"ok": True, "target": str(target), **results_json(results)})
+
+
+def _generate_ids(ctx: Ctx, target: Path, prompt_ids: list[str], options: TextGenOptions) -> None:
+    from llmir_core.runtime.idgen import generate_ids, parse_prompt_ids
+
+    if not target.is_dir():
+        raise InputError(f"{target}: generation needs an artifact folder",
+                         hint=f"build one first: llmir build {target} -o {target.stem}.build")
+    prompts = [parse_prompt_ids(p) for p in prompt_ids]
+    stream = not ctx.json
+
+    def on_text(i: int, piece: str) -> None:
+        if stream:
+            _write(piece)
+
+    def on_done(i: int, res: TextResult) -> None:
+        if stream:
+            _write("\n")
+            for w in res.warnings:
+                ctx.err.print(f"warning: {w}", markup=False)
+
+    results = generate_ids(str(target), prompts, options, on_text, on_done)
     if ctx.json:
         ctx.emit_json("run", {"ok": True, "target": str(target), **results_json(results)})
 

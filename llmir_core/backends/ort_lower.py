@@ -257,6 +257,9 @@ class Lowering:
         self.names: dict[int, str] = {}
         self.used_names: set[str] = set()
         self.weights: dict[int, Op] = {}  # id(value) -> core.weight op, materialized on use
+        # the decomposition functions built while lowering: kept alive so that the id() keys of
+        # their values in `names` / `weights` are never reused by later values
+        self._decomposed: list[Function] = []
         self.const_cache: dict[Any, str] = {}
         self.dim_sources: dict[str, tuple[str, int]] = {}
         self.dim_cache: dict[str, str] = {}
@@ -470,6 +473,7 @@ class Lowering:
                              + (f" [{op.origin}]" if op.origin else ""),
                              hint="this op cannot be built for onnxruntime yet")
         sub = Function(f"{op.name}.decomposed", [])
+        self._decomposed.append(sub)
         params = [Value(f"d{i}", v.type) for i, v in enumerate(op.operands)]
         sub.args = params
         b = Builder(sub, prefix="dec")

@@ -1,11 +1,14 @@
 """Import a GGUF file (as llama.cpp's converter writes it) as an llmir decoder.
 
+A split model (`NAME-00001-of-0000N.gguf`, `split.count` > 1) is read from its first shard;
+every shard is opened and each weight references its own shard (see `gguf_split`).
+
 The only module that imports the `gguf` package. `GGUFReader` memory-maps the file; metadata
 becomes a `DecoderConfig`, and every tensor a `core.weight` referencing the file by absolute byte
 offset: F32 as is, F16/BF16 followed by `core.cast`, block-quantized formats (Q4_0, Q4_1, Q5_0,
 Q5_1, Q8_0, Q2_K..Q6_K) kept packed as `!quant.*` tensors followed by `llm.dequantize` — nothing
 is dequantized or read at import. Architectures: llama (mistral is written as llama), qwen2,
-qwen3, phi3, gemma2.
+qwen3, phi3, gemma2, gemma3, and the mixture-of-experts qwen2moe, qwen3moe (and llama with experts).
 
 llama.cpp's converter permutes the rows of llama's Q and K projections so that its rotary
 embedding can rotate adjacent pairs (2i, 2i+1) instead of halves (i, i + d/2); the importer keeps
@@ -31,11 +34,10 @@ from llmir_core.ir.core import Module, Value
 from llmir_core.ir.types import GGUF_QUANTS, DType, QuantType, TensorType
 
 from .hf import weight_file_attr
-from .llm_graph import DecoderConfig, RopeSpec, build_decoder, inv_freq_default
+from .llm_graph import DecoderConfig, MoeSpec, RopeSpec, build_decoder, inv_freq_default
 from .validate_config import check_gguf
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2")
-TOKENIZER_MODELS = ("llama", "gpt2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen2moe", "qwen3moe")
 
 _PLAIN = {"F32": DType.f32, "F16": DType.f16, "BF16": DType.bf16, "F64": DType.f64}
 _REDOWNLOAD = "the file is damaged or incomplete: download or convert it again"
@@ -160,6 +162,35 @@ class GGUFFile:
         self.path = str(Path(path).resolve())
         self.reader = _open_reader(self.path)
         self.tensors = {t.name: t for t in self.reader.tensors}
+        self.tensor_paths: dict[str, str] = {}  # tensors of other shards -> their file
+        self.shards = [self.path]
+        count = self.get("split.count")
+        if count is not None and int(count) > 1:
+            self._open_shards(int(count))
+
+    def _open_shards(self, count: int) -> None:
+        """Tensors of every shard of a split model (their data stays in their own file)."""
+        from .gguf_split import SPLIT_TENSORS, check_shard, shard_paths
+
+        self.shards = shard_paths(self.path, int(self.get("split.no") or 0), count)
+        for no, p in enumerate(self.shards[1:], 1):
+            reader = _open_reader(p)
+            fields = reader.fields
+            got = [fields[k].contents() if k in fields else None for k in ("split.no", "split.count")]
+            check_shard(p, no, count, *got)
+            for t in reader.tensors:
+                if t.name in self.tensors:
+                    raise InputError(f"{p}: tensor '{t.name}' is also in another shard", hint=_REDOWNLOAD)
+                self.tensors[t.name] = t
+                self.tensor_paths[t.name] = p
+        want = self.get(SPLIT_TENSORS)
+        if want is not None and int(want) != len(self.tensors):
+            raise InputError(f"{self.path}: metadata field '{SPLIT_TENSORS}' is {int(want)}, the "
+                             f"{count} shards hold {len(self.tensors)} tensors", hint=_REDOWNLOAD)
+
+    def tensor_path(self, name: str) -> str:
+        """The file (shard) that holds tensor `name`."""
+        return self.tensor_paths.get(name, self.path)
 
     def has(self, key: str) -> bool:
         return key in self.reader.fields
@@ -229,11 +260,14 @@ def decoder_config(g: GGUFFile) -> DecoderConfig:
     window = int(g.get(a + "attention.sliding_window") or 0)
     if arch == "phi3":
         dc.sliding_window = [window] * layers
-    if arch in ("qwen2", "llama", "qwen3"):
+    if arch in ("qwen2", "llama", "qwen3", "qwen2moe", "qwen3moe"):
         dc.qkv_bias = "blk.0.attn_q.bias" in g.tensors
         dc.o_bias = "blk.0.attn_output.bias" in g.tensors
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen3moe"):
         dc.qk_norm = True
+    dc.moe = moe_layers(g, arch, layers, dc.intermediate)
+    if arch == "gemma3":
+        gemma3_layers(g, dc)
     if arch == "gemma2":
         dc.activation = "gelu_tanh"
         dc.sandwich_norms = True  # the converter already added 1 to the norm weights
@@ -248,12 +282,70 @@ def decoder_config(g: GGUFFile) -> DecoderConfig:
     return dc
 
 
+def gemma3_layers(g: GGUFFile, dc: DecoderConfig) -> None:
+    """Gemma 3 as llama.cpp reads it: gemma2's norms and scales without soft-capping by default,
+    q/k norms, local (sliding) layers by `attention.sliding_window_pattern` (default: every 6th
+    layer global) with their own rope base (`rope.freq_base_swa`, default 10000, unscaled)."""
+    a = "gemma3."
+    layers = dc.layers
+    dc.activation = "gelu_tanh"
+    dc.sandwich_norms = dc.qk_norm = True  # the converter already added 1 to every norm weight
+    dc.embed_scale = float(np.float32(math.sqrt(dc.hidden)))
+    scale = g.get(a + "attention.scale")
+    if scale is None:  # llama.cpp's rule: 27B (62 layers) scales by hidden / heads, the others by head_dim
+        scale = 1.0 / math.sqrt(dc.hidden / dc.heads if layers == 62 else dc.head_dim)
+    dc.attn_scale = float(scale)
+    dc.attn_softcap = float(g.get(a + "attn_logit_softcapping") or 0.0)
+    dc.final_softcap = float(g.get(a + "final_logit_softcapping") or 0.0)
+    pattern = g.get(a + "attention.sliding_window_pattern")
+    if pattern is None or isinstance(pattern, int):
+        n = int(pattern or 6)
+        local = [(i % n) < n - 1 for i in range(layers)]
+    else:
+        local = [bool(x) for x in pattern]
+        if len(local) != layers:
+            raise g.fail(a + "attention.sliding_window_pattern", f"has {len(local)} entries for {layers} layers")
+    window = int(g.req(a + "attention.sliding_window"))
+    dc.sliding_window = [window if x else 0 for x in local]
+    rdim = int(g.get(a + "rope.dimension_count") or dc.head_dim)
+    swa = RopeSpec(tuple(float(f) for f in inv_freq_default(float(g.get(a + "rope.freq_base_swa") or 10000.0), rdim)),
+                   rdim)
+    dc.rope = [swa if x else dc.rope[i] for i, x in enumerate(local)]
+
+
+# llama.cpp's expert-weight renormalisation per architecture (the expert_weights_norm key wins)
+_MOE_NORM = {"llama": True, "qwen2moe": False, "qwen3moe": True}
+
+
+def moe_layers(g: GGUFFile, arch: str, layers: int, intermediate: int) -> list[MoeSpec | None]:
+    """Mixture-of-experts layers (llama.cpp's stacked ffn_*_exps tensors); [] for a dense model."""
+    a = arch + "."
+    experts = int(g.get(a + "expert_count") or 0)
+    if experts == 0:
+        return []
+    if arch not in _MOE_NORM:
+        raise g.fail(a + "expert_count", f"is {experts}: mixture of experts is not supported for {arch}")
+    top_k = int(g.req(a + "expert_used_count"))
+    if not 1 <= top_k <= experts:
+        raise g.fail(a + "expert_used_count", f"({top_k}) must be between 1 and expert_count ({experts})")
+    norm = g.get(a + "expert_weights_norm")
+    shared = int(g.get(a + "expert_shared_feed_forward_length") or 0) \
+        if "blk.0.ffn_gate_shexp.weight" in g.tensors else 0
+    spec = MoeSpec(experts, top_k, int(g.get(a + "expert_feed_forward_length") or intermediate),
+                   norm_topk=bool(_MOE_NORM[arch] if norm is None else norm), shared_inter=shared,
+                   shared_gate=shared > 0 and "blk.0.ffn_gate_inp_shexp.weight" in g.tensors)
+    return [spec if f"blk.{i}.ffn_gate_inp.weight" in g.tensors else None for i in range(layers)]
+
+
 def _rope(g: GGUFFile, arch: str, head_dim: int) -> RopeSpec:
     a = arch + "."
     rdim = int(g.get(a + "rope.dimension_count") or head_dim)
     inv = inv_freq_default(float(g.get(a + "rope.freq_base") or 10000.0), rdim)
     stype = g.get(a + "rope.scaling.type") or "none"
     factor = float(g.get(a + "rope.scaling.factor") or 1.0)
+    scaled = _yarn_or_longrope(g, arch, str(stype), rdim)
+    if scaled is not None:
+        return scaled
     if stype == "linear" and factor != 1.0:
         inv = (inv / np.float32(factor)).astype(np.float32)
     elif stype not in ("none", "linear"):
@@ -265,10 +357,46 @@ def _rope(g: GGUFFile, arch: str, head_dim: int) -> RopeSpec:
             raise InputError(f"{g.path}: tensor 'rope_freqs.weight' has {factors.size} values, "
                              f"expected {inv.size}")
         inv = (inv / factors).astype(np.float32)
-    if arch == "phi3" and ("rope_factors_long.weight" in g.tensors or "rope_factors_short.weight" in g.tensors):
-        raise InputError(f"{g.path}: tensors 'rope_factors_long/short' (phi3 longrope) are not supported",
-                         hint="use a Phi-3 model with the default rope (the 4k-context variants)")
     return RopeSpec(tuple(float(f) for f in inv), rdim, interleaved=(arch == "llama"))
+
+
+def _yarn_or_longrope(g: GGUFFile, arch: str, stype: str, rdim: int) -> RopeSpec | None:
+    """YaRN (`rope.scaling.type = yarn`) and Phi-3 longrope (`rope_factors_long/short` tensors),
+    through the same frequency rules as the Hugging Face importer (`rope`); None for the others."""
+    from .rope import RopeParams, rope_spec_from
+
+    a = arch + "."
+    long_t, short_t = "rope_factors_long.weight", "rope_factors_short.weight"
+    if stype != "yarn" and not (long_t in g.tensors or short_t in g.tensors):
+        return None
+    context = int(g.req(a + "context_length"))
+    params: dict[str, Any] = {"rope_theta": float(g.get(a + "rope.freq_base") or 10000.0)}
+    original = g.get(a + "rope.scaling.original_context_length")
+    if original is not None:
+        params["original_max_position_embeddings"] = int(original)
+    attn = g.get(a + "rope.scaling.attn_factor")
+    if attn is not None:
+        params["attention_factor"] = float(attn)
+    if stype == "yarn":
+        params["factor"] = float(g.req(a + "rope.scaling.factor"))
+        for key, name in (("rope.scaling.yarn_beta_fast", "beta_fast"), ("rope.scaling.yarn_beta_slow", "beta_slow")):
+            v = g.get(a + key)
+            if v is not None:
+                params[name] = float(v)
+        ext = g.get(a + "rope.scaling.yarn_ext_factor")
+        if ext is not None and float(ext) not in (-1.0, 1.0):  # -1: llama.cpp's "default" (1 for yarn)
+            raise g.fail(a + "rope.scaling.yarn_ext_factor", f"is {float(ext)}: only 1 (full YaRN) is supported")
+        kind = "yarn"
+    else:
+        if long_t not in g.tensors or short_t not in g.tensors:
+            raise InputError(f"{g.path}: longrope needs both tensors '{long_t}' and '{short_t}'", hint=_REDOWNLOAD)
+        params["long_factor"] = [float(x) for x in g.tensor_values(long_t)]
+        params["short_factor"] = [float(x) for x in g.tensor_values(short_t)]
+        kind = "longrope"
+    rp = RopeParams(params, "rope", g.path, rdim, context)
+    spec = rope_spec_from(kind, rp)
+    return RopeSpec(spec.inv_freq, spec.rotary_dim, interleaved=(arch == "llama"), scaling=spec.scaling,
+                    inv_freq_long=spec.inv_freq_long, long_from=spec.long_from)
 
 
 # -- weights ----------------------------------------------------------------------------------
@@ -279,6 +407,9 @@ _LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"
           "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
           "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
           "mlp.down_proj": "ffn_down"}
+_MOE = {"moe.router": "ffn_gate_inp", "moe.w_gate": "ffn_gate_exps", "moe.w_up": "ffn_up_exps",
+        "moe.w_down": "ffn_down_exps", "moe.shared_gate": "ffn_gate_shexp", "moe.shared_up": "ffn_up_shexp",
+        "moe.shared_down": "ffn_down_shexp", "moe.shared_router": "ffn_gate_inp_shexp"}
 _GEMMA2 = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
            "post_feedforward_layernorm": "post_ffw_norm"}
 # phi3 fuses projections: key -> (gguf tensor, part); parts are row blocks
@@ -325,7 +456,7 @@ class GGUFWeights:
         fused = self._fused(base, layer)
         if fused:
             return f"blk.{layer}.{fused[0]}{suffix}"
-        table = {**_LAYER, **_GEMMA2} if self.dc.arch == "gemma2" else _LAYER
+        table = {**_LAYER, **_GEMMA2} if self.dc.arch in ("gemma2", "gemma3") else {**_LAYER, **_MOE}
         return f"blk.{layer}.{table[base]}{suffix}"
 
     def has(self, key: str, layer: int | None = None) -> bool:
@@ -338,8 +469,14 @@ class GGUFWeights:
             return f"gguf:blk.{layer}.{'attn' if key == 'self_attn' else 'ffn'}"
         return "gguf:" + self.tensor_name(key, layer).removesuffix(".weight")
 
-    def _expected(self, key: str) -> tuple[int, ...]:
+    def _expected(self, key: str, layer: int | None = None) -> tuple[int, ...]:
         dc = self.dc
+        spec = dc.moe[layer] if dc.moe and layer is not None else None
+        if spec is not None and key.startswith("moe."):
+            e, h, i, si = spec.experts, dc.hidden, spec.inter, spec.shared_inter
+            return {"moe.router": (e, h), "moe.w_gate": (e, i, h), "moe.w_up": (e, i, h), "moe.w_down": (e, h, i),
+                    "moe.shared_gate": (si, h), "moe.shared_up": (si, h), "moe.shared_down": (h, si),
+                    "moe.shared_router": (1, h)}[key]
         q, kv = dc.heads * dc.head_dim, dc.kv_heads * dc.head_dim
         base = key.removesuffix(".bias")
         if key.endswith(".bias"):
@@ -378,12 +515,14 @@ class GGUFWeights:
             name = f"{name}[{sum(sizes[:part])}:{sum(sizes[:part + 1])}]"  # a row block: its own name
             shape = (sizes[part],) + shape[1:]
             nbytes = sizes[part] * row_bytes
-        want = self._expected(key)
+        want = self._expected(key, layer)
+        if key == "moe.shared_router" and shape == want[1:]:
+            shape = want  # llama.cpp stores it as {n_embd}: the same bytes as [1, n_embd]
         if shape != want:
             raise InputError(f"{self.g.path}: tensor '{name}' has shape {list(shape)}, but the "
                              f"metadata implies {list(want)}", hint=_REDOWNLOAD)
         et = elem_type(self.g, t)
-        attrs = {"file": weight_file_attr(self.g.path, self.base_dir), "name": name, "offset": offset,
+        attrs = {"file": weight_file_attr(self.g.tensor_path(t.name), self.base_dir), "name": name, "offset": offset,
                  "nbytes": nbytes}
         v = b.create("core.weight", [], attrs, result_types=[TensorType(shape, et)],
                      names=[name]).results[0]
@@ -399,7 +538,9 @@ class GGUFWeights:
 
 _TOKENIZER_KEYS = ("model", "pre", "tokens", "scores", "token_type", "merges", "bos_token_id",
                    "eos_token_id", "unknown_token_id", "padding_token_id", "eot_token_id",
-                   "add_bos_token", "add_eos_token", "add_space_prefix")
+                   "eom_token_id", "seperator_token_id", "add_bos_token", "add_eos_token",
+                   "add_sep_token", "add_space_prefix", "remove_extra_whitespaces",
+                   "precompiled_charsmap", "lowercase", "strip_accents")
 
 
 def read_tokenizer(path: str | os.PathLike[str], g: GGUFFile | None = None) -> dict[str, Any]:
@@ -417,6 +558,8 @@ def read_tokenizer(path: str | os.PathLike[str], g: GGUFFile | None = None) -> d
 
 
 def _check_tokenizer(g: GGUFFile) -> None:
+    from llmir_core.runtime.tokenizer import TOKENIZER_MODELS
+
     model = g.get("tokenizer.ggml.model")
     if model is None:
         raise g.fail("tokenizer.ggml.model", "is missing: the file holds no tokenizer",
@@ -426,12 +569,27 @@ def _check_tokenizer(g: GGUFFile) -> None:
                      hint=f"supported tokenizer models: {', '.join(TOKENIZER_MODELS)}")
     if not g.has("tokenizer.ggml.tokens"):
         raise g.fail("tokenizer.ggml.tokens", "is missing: the file holds no vocabulary")
-    from llmir_core.runtime.tokenizer import SUPPORTED_PRE
+    from llmir_core.runtime.pretokenize import SUPPORTED_PRE, pre_tokenizer
 
     pre = g.get("tokenizer.ggml.pre") or "default"
-    if model == "gpt2" and pre not in SUPPORTED_PRE:
+    if model == "gpt2" and pre_tokenizer(pre) is None:
         raise g.fail("tokenizer.ggml.pre", f"is '{pre}', a pre-tokenizer llmir does not know",
                      hint=f"supported: {', '.join(SUPPORTED_PRE)}; or import with --no-tokenizer")
+
+
+def special_ids(g: GGUFFile) -> tuple[tuple[int, ...], int | None]:
+    """End-of-generation ids and the BOS id, by llama.cpp's rules (its defaults for absent keys)."""
+    if not g.has("tokenizer.ggml.tokens"):
+        eos = [g.get("tokenizer.ggml.eos_token_id"), g.get("tokenizer.ggml.eot_token_id")]
+        bos = g.get("tokenizer.ggml.bos_token_id")
+        return tuple(dict.fromkeys(int(e) for e in eos if e is not None)), (int(bos) if bos is not None else None)
+    from llmir_core.runtime.pretokenize import special_tokens
+
+    keys = ("model", "pre", "tokens", "bos_token_id", "eos_token_id", "eot_token_id", "eom_token_id",
+            "seperator_token_id", "add_bos_token", "add_eos_token", "add_sep_token")
+    meta = {k: g.get("tokenizer.ggml." + k) for k in keys}  # not the merges: a 128k vocabulary has 280k
+    st = special_tokens({k: v for k, v in meta.items() if v is not None})
+    return st.eog_ids, st.bos_id
 
 
 def model_attributes(g: GGUFFile, dc: DecoderConfig, base_dir: str | None,
@@ -440,14 +598,11 @@ def model_attributes(g: GGUFFile, dc: DecoderConfig, base_dir: str | None,
         "llm.architecture": dc.arch, "llm.source": "gguf", "llm.context_length": dc.context,
         "llm.vocab_size": dc.vocab, "llm.num_layers": dc.layers,
     }
-    eos = [g.get("tokenizer.ggml.eos_token_id"), g.get("tokenizer.ggml.eot_token_id")]
-    attrs["llm.eos_token_ids"] = tuple(dict.fromkeys(int(e) for e in eos if e is not None))
-    bos = g.get("tokenizer.ggml.bos_token_id")
-    attrs["llm.bos_token_id"] = int(bos) if bos is not None else None
-    if require_tokenizer:
-        _check_tokenizer(g)
-    if g.has("tokenizer.ggml.tokens"):
-        attrs["llm.tokenizer"] = {"format": "gguf", "file": weight_file_attr(g.path, base_dir)}
+    attrs["llm.eos_token_ids"], attrs["llm.bos_token_id"] = special_ids(g)
+    if not require_tokenizer:  # --no-tokenizer: the module (and its build) take token ids only
+        return attrs
+    _check_tokenizer(g)
+    attrs["llm.tokenizer"] = {"format": "gguf", "file": weight_file_attr(g.path, base_dir)}
     template = g.get("tokenizer.chat_template")
     if isinstance(template, str) and template:
         attrs["llm.chat_template"] = template

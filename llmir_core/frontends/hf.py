@@ -4,9 +4,11 @@ Reads `config.json` (transformers 4.x fields `rope_theta`/`rope_scaling` and 5.x
 `rope_parameters`), indexes the safetensors files without reading tensor data, and emits the
 decoder of `llm_graph` with `core.weight` ops that reference each tensor by absolute byte offset.
 `generation_config.json`, `tokenizer.json` and the chat template (`tokenizer_config.json` or
-`chat_template.jinja`) become module attributes. Architectures: llama (rope scaling default,
-linear, dynamic, llama3), mistral, qwen2, qwen3, phi3, gemma2. Anything else that would change
-the model's meaning is an `InputError` naming the file and the field.
+`chat_template.jinja`) become module attributes. Architectures: llama, mistral, qwen2, qwen3,
+phi3, gemma2, gemma3_text (local/global layers with their own rope, q/k norms); rope types
+default, linear, dynamic, llama3, yarn, longrope (see `rope`), per layer type where the config
+says so. Anything else that would change the model's meaning is an `InputError` naming the file
+and the field.
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from llmir_core.fileio import reject_surrogates
 from llmir_core.ir.core import Module, Value
 from llmir_core.ir.types import DType, TensorType
 
-from .llm_graph import DecoderConfig, RopeSpec, build_decoder, inv_freq_default, inv_freq_llama3
+from .hf_moe import MOE_ARCHS, MOE_DEFAULTS, moe_layers, moe_weights
+from .llm_graph import DecoderConfig, RopeSpec, build_decoder
+from .rope import ROPE_TYPES, RopeParams, rope_spec_from
 from .safetensors_index import SafetensorsIndex, TensorEntry, open_index
 from .validate_config import check_hf_config
 from .validate_tokenizer import check_tokenizer_json
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2")
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", *MOE_ARCHS)
 
 # transformers' per-class defaults for fields a saved config.json may leave out
 _DEFAULTS: dict[str, dict[str, Any]] = {
@@ -51,7 +54,13 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                "hidden_activation": "gelu_pytorch_tanh", "rope_theta": 10000.0, "sliding_window": 4096,
                "query_pre_attn_scalar": 256, "final_logit_softcapping": 30.0,
                "attn_logit_softcapping": 50.0},
+    "gemma3_text": {"rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "tie_word_embeddings": True,
+                    "hidden_activation": "gelu_pytorch_tanh", "rope_theta": 1000000.0,
+                    "rope_local_base_freq": 10000.0, "sliding_window": 4096, "sliding_window_pattern": 6,
+                    "query_pre_attn_scalar": 256, "final_logit_softcapping": None,
+                    "attn_logit_softcapping": None, "head_dim": 256},
 }
+_DEFAULTS.update(MOE_DEFAULTS)
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                 "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
 _GENERATION_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "do_sample", "temperature",
@@ -123,52 +132,60 @@ def read_config(folder: Path) -> _Cfg:
 
 # -- rope -----------------------------------------------------------------------------------
 
-def _rope_params(cfg: _Cfg) -> tuple[str, dict[str, Any]]:
-    """The rope dict (5.x `rope_parameters`, or 4.x `rope_theta` + `rope_scaling`) and its field name."""
+def _rope_params(cfg: _Cfg) -> tuple[str, dict[str | None, dict[str, Any]]]:
+    """The rope dicts (5.x `rope_parameters`, or 4.x `rope_theta` + `rope_scaling`) by layer type
+    (None: every layer), and the field they came from."""
     rp = cfg.data.get("rope_parameters")
+    partial = cfg.data.get("partial_rotary_factor")
     if isinstance(rp, dict) and rp:
         if all(isinstance(v, dict) for v in rp.values()):
-            kinds = list(rp.values())
-            if any(k != kinds[0] for k in kinds):
-                raise cfg.fail("rope_parameters", "differs per layer type, which is not supported")
-            rp = kinds[0]
-        return "rope_parameters", dict(rp)
+            return "rope_parameters", {k: {"rope_theta": cfg.get("rope_theta"), **v} for k, v in rp.items()}
+        return "rope_parameters", {None: dict(rp)}
     params: dict[str, Any] = {"rope_theta": cfg.get("rope_theta")}
+    if partial is not None:
+        params["partial_rotary_factor"] = partial
     scaling = cfg.data.get("rope_scaling")
+    field = "rope_theta"
     if isinstance(scaling, dict):
         params.update(scaling)
-        return "rope_scaling", params
-    return "rope_theta", params
+        field = "rope_scaling"
+    if cfg.arch == "gemma3_text":  # 4.x: local layers use their own base and no scaling
+        local = {"rope_type": "default", "rope_theta": cfg.get("rope_local_base_freq")}
+        return field, {"full_attention": params, "sliding_attention": local}
+    return field, {None: params}
 
 
-def rope_spec(cfg: _Cfg, head_dim: int) -> RopeSpec:
-    field, rp = _rope_params(cfg)
-    rtype = rp.get("rope_type") or rp.get("type") or "default"
+def rope_spec(cfg: _Cfg, head_dim: int, params: dict[str, Any] | None = None, field: str | None = None) -> RopeSpec:
+    if params is None or field is None:
+        field, sets = _rope_params(cfg)
+        params = next(iter(sets.values()))
+    rtype = params.get("rope_type") or params.get("type") or "default"
     if rtype not in ROPE_TYPES:
         raise cfg.fail(f"{field}.rope_type", f"is '{rtype}', which is not supported",
                        hint=f"supported rope types: {', '.join(ROPE_TYPES)}")
-    theta = rp.get("rope_theta") or cfg.get("rope_theta") or 10000.0
-    partial = rp.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0
+    params = {**params, "rope_theta": params.get("rope_theta") or cfg.get("rope_theta") or 10000.0}
+    partial = params.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0
     rdim = int(head_dim * partial)
     if rdim % 2 or rdim <= 0:
         raise cfg.fail("partial_rotary_factor", f"gives an odd rotary dimension {rdim}")
-    inv = inv_freq_default(float(theta), rdim)
-    if rtype == "linear":
-        inv = (inv / np.float32(_num(cfg, rp, field, "factor"))).astype(np.float32)
-    elif rtype == "llama3":
-        old = rp.get("original_max_position_embeddings") or cfg.num("max_position_embeddings")
-        inv = inv_freq_llama3(inv, _num(cfg, rp, field, "factor"), _num(cfg, rp, field, "low_freq_factor"),
-                              _num(cfg, rp, field, "high_freq_factor"), int(old))
-    # dynamic NTK scaling only changes frequencies beyond max_position_embeddings, which is
-    # the context limit recorded for the model: inside it, it is the default rope
-    return RopeSpec(tuple(float(f) for f in inv), rdim, False)
+    original = cfg.data.get("original_max_position_embeddings")
+    rp = RopeParams(params, field, str(cfg.path), rdim, int(cfg.num("max_position_embeddings")),
+                    int(original) if isinstance(original, int) and rtype in ("llama3", "yarn", "longrope") else None)
+    return rope_spec_from(str(rtype), rp)
 
 
-def _num(cfg: _Cfg, rp: dict[str, Any], field: str, key: str) -> float:
-    v = rp.get(key)
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        raise cfg.fail(f"{field}.{key}", "is missing or not a number")
-    return float(v)
+def rope_specs(cfg: _Cfg, head_dim: int, layer_types: list[str]) -> list[RopeSpec]:
+    """One RopeSpec per layer: per layer type where the config gives rope parameters per type."""
+    field, sets = _rope_params(cfg)
+    if None in sets:
+        spec = rope_spec(cfg, head_dim, sets[None], field)
+        return [spec] * len(layer_types)
+    specs: dict[str, RopeSpec] = {}
+    for t in dict.fromkeys(layer_types):
+        if t not in sets or not isinstance(sets[t], dict):
+            raise cfg.fail(field, f"gives no rope parameters for layer type '{t}'")
+        specs[t] = rope_spec(cfg, head_dim, sets[t], f"{field}.{t}")
+    return [specs[t] for t in layer_types]
 
 
 # -- config -> DecoderConfig --------------------------------------------------------------------
@@ -183,13 +200,26 @@ def _check_unsupported(cfg: _Cfg) -> None:
         raise cfg.fail("mlp_bias", "is true, which is not supported")
     if d.get("use_bidirectional_attention"):
         raise cfg.fail("use_bidirectional_attention", "is true: only causal decoders are supported")
-    if cfg.arch == "mistral" and d.get("attention_bias"):
+    if cfg.arch in ("mistral", "mixtral") and d.get("attention_bias"):
         raise cfg.fail("attention_bias", "is true, which is not supported for mistral")
+
+
+def _layer_types(cfg: _Cfg, layers: int) -> list[str]:
+    """`layer_types` as given, or as the class derives it (gemma3: every Nth layer global)."""
+    types = cfg.data.get("layer_types")
+    if isinstance(types, list):
+        return [str(t) for t in types]
+    if cfg.arch == "gemma3_text":
+        n = int(cfg.get("sliding_window_pattern") or 6)
+        return ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(layers)]
+    return ["full_attention"] * layers
 
 
 def _layer_windows(cfg: _Cfg, layers: int) -> list[int]:
     window = cfg.get("sliding_window") or 0
     types = cfg.data.get("layer_types")
+    if types is None and cfg.arch == "gemma3_text":
+        types = _layer_types(cfg, layers)
     if isinstance(types, list):
         if len(types) != layers:
             raise cfg.fail("layer_types", f"has {len(types)} entries for {layers} layers")
@@ -199,9 +229,10 @@ def _layer_windows(cfg: _Cfg, layers: int) -> list[int]:
         if "sliding_attention" in types and not window:
             raise cfg.fail("sliding_window", "is missing but layer_types has sliding_attention layers")
         return [int(window) if t == "sliding_attention" else 0 for t in types]
-    if cfg.arch in ("mistral", "phi3"):
+    base = MOE_ARCHS.get(cfg.arch, cfg.arch)
+    if base in ("mistral", "phi3"):
         return [int(window)] * layers
-    if cfg.arch in ("qwen2", "qwen3"):
+    if base in ("qwen2", "qwen3"):
         if not cfg.get("use_sliding_window"):
             return [0] * layers
         first = int(cfg.get("max_window_layers") or 0)
@@ -220,27 +251,33 @@ def decoder_config(cfg: _Cfg) -> DecoderConfig:
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     if heads % kv_heads:
         raise cfg.fail("num_key_value_heads", f"({kv_heads}) does not divide num_attention_heads ({heads})")
-    act_field = "hidden_activation" if arch == "gemma2" else "hidden_act"
+    act_field = "hidden_activation" if arch in ("gemma2", "gemma3_text") else "hidden_act"
     act_name = cfg.get(act_field) or cfg.get("hidden_act")
     if act_name not in _ACTIVATIONS:
         raise cfg.fail(act_field, f"is '{act_name}', which is not supported",
                        hint=f"supported: {', '.join(_ACTIVATIONS)}")
-    rope = rope_spec(cfg, head_dim)
+    rope = rope_specs(cfg, head_dim, _layer_types(cfg, layers))
     dc = DecoderConfig(
         arch=arch, vocab=int(cfg.req("vocab_size")), hidden=hidden,
         intermediate=int(cfg.req("intermediate_size")), layers=layers, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, eps=float(cfg.num("rms_norm_eps")),
-        context=int(cfg.num("max_position_embeddings")), rope=[rope] * layers,
+        context=int(cfg.num("max_position_embeddings")), rope=rope,
         activation=_ACTIVATIONS[act_name], tie_embeddings=bool(cfg.get("tie_word_embeddings")),
         sliding_window=_layer_windows(cfg, layers),
     )
-    if arch == "qwen2":
+    base = MOE_ARCHS.get(arch, arch)
+    if base == "qwen2":
         dc.qkv_bias = True
-    elif arch in ("llama", "qwen3"):
+    elif base in ("llama", "qwen3"):
         dc.qkv_bias = dc.o_bias = bool(cfg.get("attention_bias", False))
-    if arch == "qwen3":
+    if base == "qwen3":
         dc.qk_norm = True
-    if arch == "gemma2":
+    if arch in MOE_ARCHS:
+        dc.moe = moe_layers(cfg, layers, dc.intermediate)
+    if arch == "gemma3_text":
+        dc.qk_norm = True
+        dc.qkv_bias = dc.o_bias = bool(cfg.get("attention_bias", False))
+    if arch in ("gemma2", "gemma3_text"):
         dc.norm_offset = 1.0
         dc.sandwich_norms = True
         dc.embed_scale = float(np.float32(math.sqrt(hidden)))
@@ -409,9 +446,8 @@ def model_attributes(folder: Path, cfg: _Cfg, dc: DecoderConfig, base_dir: str |
     if gen:
         attrs["llm.generation"] = gen
     tok = folder / "tokenizer.json"
-    if tok.is_file():
-        if require_tokenizer:
-            check_tokenizer_json(tok)
+    if tok.is_file() and require_tokenizer:  # --no-tokenizer: the module takes token ids only
+        check_tokenizer_json(tok)
         attrs["llm.tokenizer"] = {"format": "hf", "file": weight_file_attr(str(tok), base_dir)}
     elif require_tokenizer:
         extra = " (tokenizer.model alone needs sentencepiece: save the tokenizer with transformers " \
@@ -438,7 +474,7 @@ def import_hf(path: str | os.PathLike[str], out_path: str | os.PathLike[str] | N
                     ", ".join(os.path.basename(f) for f in index.files))
     dc = decoder_config(cfg)
     base_dir = os.path.dirname(os.path.abspath(out_path)) if out_path is not None else None
-    src = HFWeights(index, dc, base_dir)
+    src = (moe_weights(HFWeights) if dc.moe else HFWeights)(index, dc, base_dir)
     module = build_decoder(dc, src, name=_module_name(folder))
     module.attrs.update(model_attributes(folder, cfg, dc, base_dir, require_tokenizer))
     if out_path is not None:

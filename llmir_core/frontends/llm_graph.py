@@ -39,6 +39,22 @@ class RopeSpec:
     rotary_dim: int
     interleaved: bool = False  # pairs (2i, 2i+1) rotate together (GGUF llama); else halves
     scaling: float = 1.0  # multiplies cos and sin (yarn-style attention factor; 1 otherwise)
+    inv_freq_long: tuple[float, ...] = ()  # longrope: the frequencies of positions >= long_from
+    long_from: int = 0
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """A mixture-of-experts MLP layer (`llm.moe`): routed experts, optionally a shared one."""
+
+    experts: int
+    top_k: int
+    inter: int  # each expert's intermediate size
+    norm_topk: bool = True
+    scoring: str = "softmax"
+    routed_scale: float = 1.0
+    shared_inter: int = 0  # the shared expert's intermediate size; 0 = none
+    shared_gate: bool = False  # the shared expert's output times sigmoid(x @ shared_router^T)
 
 
 @dataclass
@@ -68,6 +84,7 @@ class DecoderConfig:
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
     sliding_window: list[int] = field(default_factory=list)  # per layer; 0 = full attention
+    moe: list[MoeSpec | None] = field(default_factory=list)  # per layer; None (or empty) = dense MLP
 
 
 class WeightSource(Protocol):
@@ -118,18 +135,26 @@ class _Graph:
             return self._rope[spec]
         b, n = self.b, self.cfg.context
         b.origin = self.src.origin("model.rotary_emb")
-        pos = b.op("core.range", self.const(0, DType.i64), self.const(n, DType.i64),
-                   self.const(1, DType.i64), name_hint="rope.positions")
-        pos = b.op("core.cast", pos, to=DType.f32)
-        pos = b.op("core.reshape", pos, shape=(n, 1))
-        freqs = b.op("core.mul", pos, self.const(np.array(spec.inv_freq, np.float32)),
-                     name_hint="rope.freqs")
+        if spec.inv_freq_long:  # longrope: rows [0, long_from) short factors, the rest long ones
+            freqs = b.op("core.concat", self.rope_freqs(0, spec.long_from, spec.inv_freq),
+                         self.rope_freqs(spec.long_from, n, spec.inv_freq_long), axis=0, name_hint="rope.freqs")
+        else:
+            freqs = self.rope_freqs(0, n, spec.inv_freq)
         cos, sin = b.op("core.cos", freqs, name_hint="rope.cos"), b.op("core.sin", freqs, name_hint="rope.sin")
         if spec.scaling != 1.0:
             s = self.const(spec.scaling)
             cos, sin = b.op("core.mul", cos, s), b.op("core.mul", sin, s)
         self._rope[spec] = (cos, sin)
         return cos, sin
+
+    def rope_freqs(self, start: int, stop: int, inv_freq: tuple[float, ...]) -> Value:
+        """positions [start, stop) times the inverse frequencies: [stop - start, rotary_dim / 2]."""
+        b = self.b
+        pos = b.op("core.range", self.const(start, DType.i64), self.const(stop, DType.i64),
+                   self.const(1, DType.i64), name_hint="rope.positions")
+        pos = b.op("core.cast", pos, to=DType.f32)
+        pos = b.op("core.reshape", pos, shape=(stop - start, 1))
+        return b.op("core.mul", pos, self.const(np.array(inv_freq, np.float32)), name_hint="rope.freqs")
 
     def linear(self, x: Value, key: str, layer: int, bias: bool) -> Value:
         self.at(key, layer)
@@ -192,12 +217,32 @@ class _Graph:
         return o, k_all, v_all
 
     def mlp(self, x: Value, layer: int) -> Value:
+        spec = self.cfg.moe[layer] if self.cfg.moe else None
+        if spec is not None:
+            return self.moe(x, layer, spec)
         ws = []
         for p in ("gate", "up", "down"):
             self.at(f"mlp.{p}_proj", layer)
             ws.append(self.src.weight(self.b, f"mlp.{p}_proj", layer))
         self.at("mlp", layer)
         return self.b.op("llm.gated_mlp", x, *ws, activation=self.cfg.activation, name_hint=f"layers.{layer}.mlp")
+
+    def moe(self, x: Value, layer: int, spec: MoeSpec) -> Value:
+        """`llm.moe` with weights `moe.router`, stacked `moe.w_gate/w_up/w_down` and the shared
+        expert's `moe.shared_gate/up/down` (+ `moe.shared_router`)."""
+        keys = ["moe.router", "moe.w_gate", "moe.w_up", "moe.w_down"]
+        if spec.shared_inter:
+            keys += ["moe.shared_gate", "moe.shared_up", "moe.shared_down"]
+            if spec.shared_gate:
+                keys.append("moe.shared_router")
+        ws = []
+        for k in keys:
+            self.at(k, layer)
+            ws.append(self.src.weight(self.b, k, layer))
+        self.at("mlp", layer)
+        attrs = {"top_k": spec.top_k, "scoring": spec.scoring, "norm_topk": spec.norm_topk,
+                 "routed_scale": float(spec.routed_scale), "activation": self.cfg.activation}
+        return self.b.create("llm.moe", [x, *ws], attrs, names=[f"layers.{layer}.moe"]).result
 
     def softcap(self, x: Value, cap: float) -> Value:
         c = self.const(cap)
@@ -251,5 +296,5 @@ def build_decoder(cfg: DecoderConfig, src: WeightSource, name: str = "model") ->
     return Module(name, [fn], {"llmir.dialects": ("core", "llm")})
 
 
-__all__ = ["DecoderConfig", "RopeSpec", "WeightSource", "build_decoder", "inv_freq_default",
+__all__ = ["DecoderConfig", "MoeSpec", "RopeSpec", "WeightSource", "build_decoder", "inv_freq_default",
            "inv_freq_llama3", "BATCH", "SEQ", "PAST"]

@@ -125,8 +125,8 @@ def load_artifact_tokenizer(art_dir: str, manifest: dict[str, Any]) -> Tokenizer
     tok = dec.get("tokenizer")
     if not tok:
         raise InputError(f"{art_dir}: the artifact has no tokenizer, so it cannot take text",
-                         hint="import the model with its tokenizer.json and build it again, or run "
-                              "it on token ids with `llmir run ARTIFACT --input ...`")
+                         hint="give token ids with `llmir run ARTIFACT --prompt-ids 1,2,3`, or import "
+                              "the model with its tokenizer and build it again")
     template = None
     if dec.get("chat_template"):
         with open(os.path.join(art_dir, dec["chat_template"]), encoding="utf-8") as fh:

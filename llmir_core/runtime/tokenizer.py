@@ -23,14 +23,11 @@ from typing import Any
 from llmir_core.errors import InputError
 from llmir_core.interrupts import import_optional
 
-# tokenizer.ggml.pre values -> the split regex before byte-level encoding (None: GPT-2's own)
-_LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-SUPPORTED_PRE = ("default", "gpt-2", "gpt2", "llama-bpe", "llama3", "qwen2", "smollm")
+from .gguf_tokenizers import BUILDERS
+from .pretokenize import SUPPORTED_PRE, build_pre_tokenizer, pre_tokenizer, special_tokens
 
-_CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 3, 4, 5, 6
+_UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 2, 3, 4, 5, 6
+TOKENIZER_MODELS = ("llama", "gpt2", *BUILDERS)  # tokenizer.ggml.model values llmir rebuilds
 
 
 @dataclass
@@ -94,30 +91,25 @@ def _spm_merges(tokens: list[str], scores: list[float] | None, types: list[int] 
     return [(r[4], r[5]) for r in ranked]
 
 
-def _post_processor(tk: Any, meta: dict[str, Any], tokens: list[str], default_bos: bool) -> Any:
-    add_bos = bool(meta.get("add_bos_token", default_bos)) and meta.get("bos_token_id") is not None
-    add_eos = bool(meta.get("add_eos_token", False)) and meta.get("eos_token_id") is not None
-    if not add_bos and not add_eos:
+def _post_processor(tk: Any, meta: dict[str, Any], tokens: list[str]) -> Any:
+    """BOS / EOS / SEP around the text as llama.cpp adds them (its defaults when keys are absent)."""
+    st = special_tokens(meta)
+    before = [st.bos_id] if st.add_bos and st.bos_id is not None else []
+    after = [i for i, on in ((st.eos_id, st.add_eos), (st.sep_id, st.add_sep)) if on and i is not None]
+    if not before and not after:
         return None
-    specials = []
-    single, pair = "$A:0", "$A:0 $B:1"
-    if add_bos:
-        bos = tokens[int(meta["bos_token_id"])]
-        single, pair = f"{bos}:0 {single}", f"{bos}:0 $A:0 {bos}:1 $B:1"
-        specials.append((bos, int(meta["bos_token_id"])))
-    if add_eos:
-        eos = tokens[int(meta["eos_token_id"])]
-        single += f" {eos}:0"
-        pair = pair.replace("$A:0", f"$A:0 {eos}:0").replace("$B:1", f"$B:1 {eos}:1")
-        if eos not in dict(specials):
-            specials.append((eos, int(meta["eos_token_id"])))
-    return tk.processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
+    def seq(body: str, type_id: int) -> str:
+        return " ".join([*(f"{tokens[i]}:{type_id}" for i in before), body,
+                         *(f"{tokens[i]}:{type_id}" for i in after)])
+    specials = list(dict.fromkeys((tokens[i], i) for i in before + after))
+    return tk.processors.TemplateProcessing(single=seq("$A:0", 0), pair=seq("$A:0", 0) + " " + seq("$B:1", 1),
+                                            special_tokens=specials)
 
 
 def _added_tokens(tk: Any, tokens: list[str], types: list[int] | None, byte_level: bool) -> list[Any]:
     out = []
     for i, ty in enumerate(types or []):
-        if ty == _CONTROL:
+        if ty in (_CONTROL, _UNKNOWN):  # as HF saves them: special, skipped when decoding
             out.append(tk.AddedToken(tokens[i], special=True, normalized=False))
         elif ty == _USER_DEFINED:
             out.append(tk.AddedToken(tokens[i], special=False, normalized=byte_level))
@@ -138,28 +130,17 @@ def from_gguf_metadata(meta: dict[str, Any]) -> Any:
     if model == "gpt2":
         merges_raw = meta.get("merges") or []
         merges = [tuple(m.split(" ", 1)) for m in merges_raw]
-        pre = meta.get("pre") or "default"
-        if pre not in SUPPORTED_PRE:
-            raise InputError(f"{where}: metadata field 'tokenizer.ggml.pre' is '{pre}', a "
+        pre = pre_tokenizer(meta.get("pre"))
+        if pre is None:
+            raise InputError(f"{where}: metadata field 'tokenizer.ggml.pre' is '{meta.get('pre')}', a "
                              "pre-tokenizer llmir does not know",
-                             hint=f"supported: {', '.join(SUPPORTED_PRE)}")
+                             hint=f"supported: {', '.join(SUPPORTED_PRE)}; or import with --no-tokenizer")
         vocab = {t: i for i, t in enumerate(tokens)}
-        bpe = tk.models.BPE(vocab, merges, ignore_merges=pre in ("llama-bpe", "llama3"))
-        t = tk.Tokenizer(bpe)
-        pt, byte_level = tk.pre_tokenizers, tk.pre_tokenizers.ByteLevel
-        if pre in ("llama-bpe", "llama3", "qwen2"):
-            regex = _LLAMA3_RE if pre != "qwen2" else _QWEN2_RE
-            t.pre_tokenizer = pt.Sequence([pt.Split(tk.Regex(regex), behavior="isolated", invert=False),
-                                           byte_level(add_prefix_space=False, use_regex=False)])
-        elif pre == "smollm":
-            t.pre_tokenizer = pt.Sequence([pt.Digits(individual_digits=True),
-                                           byte_level(add_prefix_space=False, use_regex=True)])
-        else:
-            t.pre_tokenizer = byte_level(add_prefix_space=False, use_regex=True)
-        if pre == "qwen2":
+        t = tk.Tokenizer(tk.models.BPE(vocab, merges, ignore_merges=pre.ignore_merges))
+        t.pre_tokenizer = build_pre_tokenizer(tk, pre)
+        if pre.nfc:
             t.normalizer = tk.normalizers.NFC()
         t.decoder = tk.decoders.ByteLevel()
-        default_bos = False
     elif model == "llama":
         scores = [float(s) for s in meta["scores"]] if meta.get("scores") is not None else None
         vocab = {t: i for i, t in enumerate(tokens)}
@@ -177,14 +158,15 @@ def from_gguf_metadata(meta: dict[str, Any]) -> Any:
         if prefix:
             dec.append(tk.decoders.Strip(" ", 1, 0))
         t.decoder = tk.decoders.Sequence(dec)
-        default_bos = True
+    elif model in BUILDERS:
+        t = BUILDERS[model](tk, meta, tokens)
     else:
         raise InputError(f"{where}: metadata field 'tokenizer.ggml.model' is '{model}', which is not "
-                         "supported", hint="supported tokenizer models: llama, gpt2")
+                         "supported", hint=f"supported tokenizer models: {', '.join(TOKENIZER_MODELS)}")
     added = _added_tokens(tk, tokens, types, byte_level=model == "gpt2")
     if added:
         t.add_tokens(added)
-    post = _post_processor(tk, meta, tokens, default_bos)
+    post = _post_processor(tk, meta, tokens)
     if post is not None:
         t.post_processor = post
     return t
@@ -214,4 +196,5 @@ def load_tokenizer(module: Any, base_dir: str | None = None) -> Tokenizer:
                      module.attrs.get("llm.chat_template"))
 
 
-__all__ = ["Tokenizer", "load_tokenizer", "from_gguf_metadata", "from_hf_file", "SUPPORTED_PRE"]
+__all__ = ["Tokenizer", "load_tokenizer", "from_gguf_metadata", "from_hf_file", "SUPPORTED_PRE",
+           "TOKENIZER_MODELS"]

@@ -13,13 +13,32 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 _ARCH = {"llama": "LLAMA", "mistral": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3", "phi3": "PHI3",
-         "gemma2": "GEMMA2"}
+         "gemma2": "GEMMA2", "mixtral": "LLAMA", "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE", "gemma3_text": "GEMMA3"}
+_EXPERT = re.compile(r"^(model\.layers\.\d+\.(?:block_sparse_moe|mlp)\.experts)\.(\d+)\.(\w+)\.weight$")
+
+
+def stack_experts(state: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, list[str]]]:
+    """Per-expert HF tensors stacked [experts, out, in] under `...experts.NAME.weight` (as
+    convert_hf_to_gguf.py does); also the per-expert names of each stacked tensor, in order."""
+    out: dict[str, np.ndarray] = {}
+    parts: dict[str, dict[int, str]] = {}
+    for name, arr in state.items():
+        m = _EXPERT.match(name)
+        if m is None:
+            out[name] = arr
+            continue
+        parts.setdefault(f"{m[1]}.{m[3]}.weight", {})[int(m[2])] = name
+    members = {k: [v[i] for i in sorted(v)] for k, v in parts.items()}
+    for k, names in members.items():
+        out[k] = np.stack([np.asarray(state[n], np.float32) for n in names])
+    return out, members
 
 
 def permute(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
@@ -65,9 +84,10 @@ def _qtype_for(name: str, arr: np.ndarray, policy: str | dict[str, str]) -> str:
     return policy
 
 
-def write_gguf(folder: Path, state: dict[str, np.ndarray], out: Path, policy: str | dict[str, str] = "F32",
+def write_gguf(  # noqa: C901 (a test writer: one branch per GGUF field kind)
+    folder: Path, state: dict[str, np.ndarray], out: Path, policy: str | dict[str, str] = "F32",
                tokenizer: dict[str, Any] | None | bool = None, raw: dict[str, tuple[np.ndarray, str]] | None = None,
-               ) -> dict[str, np.ndarray]:
+               split_max_tensors: int = 0) -> dict[str, np.ndarray]:
     """Write `state` (HF names -> float32 arrays) of the model in `folder` as GGUF at `out`.
 
     `raw` gives pre-encoded blocks for some GGUF tensors (name -> (uint8 bytes [rows, row_bytes],
@@ -83,7 +103,11 @@ def write_gguf(folder: Path, state: dict[str, np.ndarray], out: Path, policy: st
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     rp = cfg.get("rope_parameters") or {"rope_theta": cfg.get("rope_theta", 10000.0), **(cfg.get("rope_scaling") or {})}
-    w = gguf.GGUFWriter(str(out), arch_name)
+    local_rp = None
+    if mt == "gemma3_text":  # per layer type: the global layers' rope is the model's, the local base apart
+        local_rp, rp = rp["sliding_attention"], rp["full_attention"]
+    # split_max_tensors > 0: shards OUT-00001-of-0000N.gguf as llama.cpp's gguf-split writes them
+    w = gguf.GGUFWriter(str(out), arch_name, split_max_tensors=split_max_tensors)
     w.add_name("tiny-" + mt)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
@@ -102,31 +126,61 @@ def write_gguf(folder: Path, state: dict[str, np.ndarray], out: Path, policy: st
     if rp.get("rope_type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rp["factor"])
+    if rp.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rp["factor"])
+        w.add_rope_scaling_orig_ctx_len(rp.get("original_max_position_embeddings") or cfg["max_position_embeddings"])
+    longrope = rp.get("rope_type") == "longrope"
+    if longrope:  # as convert_hf_to_gguf.py's Phi3MiniModel: factor tensors, attention factor
+        orig = cfg.get("original_max_position_embeddings") or rp["original_max_position_embeddings"]
+        scale = cfg["max_position_embeddings"] / orig
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0)
+        w.add_rope_scaling_orig_ctx_len(orig)
     if mt == "phi3" and cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
+    if mt == "gemma3_text":
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+        w.add_rope_freq_base_swa(local_rp["rope_theta"])
+        if cfg["query_pre_attn_scalar"] != head_dim:
+            w.add_float32(f"{arch_name}.attention.scale", cfg["query_pre_attn_scalar"] ** -0.5)
     if mt == "gemma2":
         w.add_sliding_window(cfg["sliding_window"])
         w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
         if cfg["query_pre_attn_scalar"] != head_dim:  # not written by llama.cpp (it assumes head_dim)
             w.add_float32(f"{arch_name}.attention.scale", cfg["query_pre_attn_scalar"] ** -0.5)
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if cfg.get("moe_intermediate_size"):
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if cfg.get("shared_expert_intermediate_size"):
+            w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     _add_tokenizer(w, tokenizer, cfg["vocab_size"])
+    state, members = stack_experts(state)
 
     names = gguf.get_tensor_name_map(arch, n_layers)
     reference: dict[str, np.ndarray] = {}
     tensors: list[tuple[str, np.ndarray, str, str]] = []  # gguf name, data, qtype, hf name
     if rp.get("rope_type") == "llama3":
         tensors.append(("rope_freqs.weight", llama3_rope_factors(rp, head_dim), "F32", ""))
+    if longrope:
+        tensors.append(("rope_factors_long.weight", np.asarray(rp["long_factor"], np.float32), "F32", ""))
+        tensors.append(("rope_factors_short.weight", np.asarray(rp["short_factor"], np.float32), "F32", ""))
     for hf_name, arr in state.items():
-        if mt == "gemma2" and hf_name == "lm_head.weight":
+        if mt in ("gemma2", "gemma3_text") and hf_name == "lm_head.weight":
             continue
         arr = np.asarray(arr, dtype=np.float32)
-        if mt in ("llama", "mistral"):
+        if hf_name.endswith("shared_expert_gate.weight"):
+            arr = arr.reshape(-1)  # llama.cpp's ffn_gate_inp_shexp is {n_embd}
+        if mt in ("llama", "mistral", "mixtral"):
             if hf_name.endswith("q_proj.weight"):
                 arr = permute(arr, heads, heads)
             elif hf_name.endswith("k_proj.weight"):
                 arr = permute(arr, heads, kv)
-        if mt == "gemma2" and hf_name.endswith("norm.weight"):
+        if mt in ("gemma2", "gemma3_text") and hf_name.endswith("norm.weight"):
             arr = arr + 1
         gname = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert gname is not None, hf_name
@@ -151,9 +205,15 @@ def write_gguf(folder: Path, state: dict[str, np.ndarray], out: Path, policy: st
         if not hf_name:
             continue
         values = np.asarray(values, dtype=np.float32)
-        if mt in ("llama", "mistral") and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+        if hf_name in members:  # a stacked expert tensor: one reference per expert
+            for e, n in enumerate(members[hf_name]):
+                reference[n] = values[e]
+            continue
+        if hf_name.endswith("shared_expert_gate.weight"):
+            values = values.reshape(1, -1)
+        if mt in ("llama", "mistral", "mixtral") and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             values = unpermute(values, heads, heads if "q_proj" in hf_name else kv)
-        if mt == "gemma2" and hf_name.endswith("norm.weight"):
+        if mt in ("gemma2", "gemma3_text") and hf_name.endswith("norm.weight"):
             values = np.asarray(state[hf_name], dtype=np.float32)  # F32: (1 + w) rounds alike
         reference[hf_name] = values
     w.write_header_to_file()

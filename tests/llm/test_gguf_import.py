@@ -45,7 +45,7 @@ def check_parity(module: Any, model: Any, steps: int = 16) -> None:
     assert max(diffs) <= TOL, f"max relative logit difference {max(diffs):.2e}"
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama3-rope", "llama-linear", "qwen2", "qwen3", "phi3", "gemma2"])
+@pytest.mark.parametrize("arch", ["llama", "llama3-rope", "llama-linear", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"])
 def test_f32_parity(arch: str, tiny_model: Any, tmp_path: Path) -> None:
     ref = convert(tiny_model, arch, tmp_path / "m.gguf")
     module = import_gguf(tmp_path / "m.gguf")
@@ -212,3 +212,26 @@ def test_attributes_and_relative_paths(tiny_model: Any, tmp_path: Path) -> None:
     weights = [op for op in m.main.ops if op.name == "core.weight"]
     assert all(op.attrs["file"] == "../m.gguf" for op in weights)
     assert weights[0].origin == "gguf:token_embd"
+
+
+def test_yarn_parity(tiny_model: Any, tmp_path: Path) -> None:
+    """`rope.scaling.type = yarn` with factor and original_context_length (Qwen2.5 long context)."""
+    ref = convert(tiny_model, "qwen2-yarn", tmp_path / "m.gguf")
+    module = import_gguf(tmp_path / "m.gguf")
+    check_parity(module, ref, steps=32)
+
+
+def test_phi3_longrope_parity(tiny_model: Any, tmp_path: Path) -> None:
+    """Phi-3.5 longrope: rope_factors_short/long tensors switch at original_context_length (24),
+    crossed by 10 + 32 tokens; transformers' own cached decoding is the reference."""
+    from .tiny import hf_greedy, rel_diff
+
+    ref = convert(tiny_model, "phi3-longrope", tmp_path / "m.gguf")
+    module = import_gguf(tmp_path / "m.gguf")
+    p = np.random.default_rng(5).integers(3, VOCAB, (1, 10))
+    logits, tokens = ir_greedy(module, p, 32)
+    hf_logits, hf_tokens = hf_greedy(ref, p, 32)
+    np.testing.assert_array_equal(tokens, hf_tokens)
+    assert max(rel_diff(a, b) for a, b in zip(logits, hf_logits)) <= TOL
+    g = gguf.GGUFReader(str(tmp_path / "m.gguf"))
+    assert "rope_factors_long.weight" in {t.name for t in g.tensors}

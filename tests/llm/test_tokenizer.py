@@ -40,8 +40,15 @@ def byte_level_bpe(pre: str = "llama-bpe") -> Any:
         t.pre_tokenizer = pt.Sequence([pt.Split(tk.Regex(LLAMA3_RE if pre == "llama-bpe" else QWEN2_RE),
                                                 behavior="isolated"),
                                        pt.ByteLevel(add_prefix_space=False, use_regex=False)])
-    elif pre == "smollm":
+    elif pre in ("smollm", "starcoder", "refact", "command-r"):
         t.pre_tokenizer = pt.Sequence([pt.Digits(individual_digits=True), pt.ByteLevel(add_prefix_space=False)])
+    elif pre in ("deepseek-coder", "deepseek-llm"):  # their tokenizer.json: a Sequence of Split regexes
+        from llmir_core.runtime.pretokenize import pre_tokenizer
+
+        spec = pre_tokenizer(pre)
+        assert spec is not None
+        t.pre_tokenizer = pt.Sequence([pt.Split(tk.Regex(r), behavior="isolated") for r in spec.regexes]
+                                      + [pt.ByteLevel(add_prefix_space=False, use_regex=False)])
     else:
         t.pre_tokenizer = pt.ByteLevel(add_prefix_space=False)
     if pre == "qwen2":
@@ -101,7 +108,9 @@ def gguf_vocab(hf: Any, model: str, pre: str = "llama-bpe") -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("kind, pre", [("gpt2", "llama-bpe"), ("gpt2", "qwen2"), ("gpt2", "smollm"),
-                                       ("gpt2", "gpt-2"), ("llama", "")])
+                                       ("gpt2", "gpt-2"), ("gpt2", "mpt"), ("gpt2", "starcoder"),
+                                       ("gpt2", "refact"), ("gpt2", "command-r"), ("gpt2", "deepseek-coder"),
+                                       ("gpt2", "deepseek-llm"), ("llama", "")])
 def test_rebuilt_tokenizer_matches(kind: str, pre: str) -> None:
     from llmir_core.runtime.tokenizer import from_gguf_metadata
 
@@ -167,7 +176,10 @@ def test_no_tokenizer_and_unknown_pre(tiny_model: Any, tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"names no tokenizer \(attribute llm\.tokenizer\)"):
         load_tokenizer(module)
     meta = gguf_vocab(byte_level_bpe(), "gpt2")
-    meta["pre"] = "deepseek-coder"
+    meta["pre"] = "no-such-pre"
     write_gguf(folder, model_state(model), tmp_path / "b.gguf", tokenizer=meta)
-    with pytest.raises(InputError, match=r"b\.gguf: metadata field 'tokenizer\.ggml\.pre' is 'deepseek-coder'"):
+    with pytest.raises(InputError, match=r"b\.gguf: metadata field 'tokenizer\.ggml\.pre' is 'no-such-pre'"):
         import_gguf(tmp_path / "b.gguf")
+    # --no-tokenizer really drops it: the module names none, so the build takes token ids only
+    module = import_gguf(tmp_path / "b.gguf", require_tokenizer=False)
+    assert "llm.tokenizer" not in module.attrs and module.attrs["llm.eos_token_ids"] == (1,)

@@ -34,7 +34,34 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     "gemma2": ("gemma2", {"head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 8,
                           "final_logit_softcapping": 3.0, "attn_logit_softcapping": 2.0,
                           "num_hidden_layers": 3, "pad_token_id": 0}),
+    "qwen2-yarn": ("qwen2", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                 "original_max_position_embeddings": 24}}),
+    "llama-yarn-mscale": ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 5000.0, "factor": 8.0,
+                                                        "original_max_position_embeddings": 16, "mscale": 1.0,
+                                                        "mscale_all_dim": 0.5, "beta_fast": 16, "beta_slow": 2}}),
+    "llama-dynamic": ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}}),
+    "phi3-longrope": ("phi3", {"num_key_value_heads": 4, "pad_token_id": 0, "original_max_position_embeddings": 24,
+                               "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                                   "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                                                   "long_factor": [1.0, 1.5, 2.2, 3.4, 5.0, 7.5, 11.0, 16.0]}}),
+    "gemma3": ("gemma3_text", {"head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 8,
+                               "num_hidden_layers": 3, "pad_token_id": 0,
+                               "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                               "rope_parameters": {
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                   "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 2.0}}}),
+    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}),
+    "qwen2-moe": ("qwen2_moe", {"num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
+                                "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
+                                "mlp_only_layers": [1], "norm_topk_prob": False}),
+    "qwen2-moe-all": ("qwen2_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                    "shared_expert_intermediate_size": 48, "norm_topk_prob": False}),
+    "qwen3-moe": ("qwen3_moe", {"num_experts": 6, "num_experts_per_tok": 3, "moe_intermediate_size": 40,
+                                "norm_topk_prob": True, "head_dim": 32}),
 }
+# architectures whose rope changes with the position (longrope): compared against transformers'
+# own cached decoding, not one forward over the whole sequence
+STEPWISE = {"phi3-longrope"}
 
 
 def make_model(arch: str, folder: Path, seed: int = 0, legacy_config: bool = False) -> Any:
@@ -50,7 +77,7 @@ def make_model(arch: str, folder: Path, seed: int = 0, legacy_config: bool = Fal
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                base = 0.0 if model_type == "gemma2" else 1.0
+                base = 0.0 if model_type in ("gemma2", "gemma3_text") else 1.0
                 p.copy_(base + 0.2 * torch.randn(p.shape, generator=gen))
             elif name.endswith("bias"):
                 p.copy_(0.2 * torch.randn(p.shape, generator=gen))

@@ -124,7 +124,7 @@ def test_catalog_is_complete() -> None:
     assert LLM_OPS == sorted(f"llm.{n}" for n in (
         "embedding", "rms_norm", "layer_norm", "rotary_embedding", "scaled_dot_product_attention",
         "silu_mul", "gated_mlp", "kv_cache_update", "kv_cache_read", "quantize", "dequantize",
-        "quantized_matmul", "add_rms_norm", "linear", "to_device"))
+        "quantized_matmul", "add_rms_norm", "linear", "to_device", "moe"))
 
 
 @pytest.mark.parametrize("name", LLM_OPS)
@@ -498,7 +498,7 @@ def test_decompose_quantized_matmul(fmt: str) -> None:
 def test_every_composite_op_has_a_decomposition() -> None:
     composite = {"llm.embedding", "llm.rms_norm", "llm.layer_norm", "llm.rotary_embedding",
                  "llm.scaled_dot_product_attention", "llm.silu_mul", "llm.gated_mlp",
-                 "llm.quantized_matmul", "llm.add_rms_norm", "llm.linear"}
+                 "llm.quantized_matmul", "llm.add_rms_norm", "llm.linear", "llm.moe"}
     assert {n for n in LLM_OPS if all_ops()[n].decompose is not None} == composite
 
 
@@ -550,6 +550,7 @@ BAD = {
     "llm.silu_mul": (("-> tensor<?batch x ?seq x 256 x f32>", "-> tensor<?batch x ?seq x 256 x f32>"),
                      "up has dtype f16, expected f32"),
     "llm.gated_mlp": (("tensor<64x256xf32>)", "tensor<64x128xf32>)"), "w_down takes 128 inputs but the gate gives 256"),
+    "llm.moe": (("{top_k = 2}", "{top_k = 9}"), "top_k must be in 1..8, got 9"),
     "llm.kv_cache_update": (("{layer = 0}", "{layer = 2}"), "layer 2 is out of range for a cache of 2 layers"),
     "llm.kv_cache_read": (("tensor<i64>)", "tensor<f32>)"), "length must be an integer scalar"),
     "llm.quantize": (("!quant.q4_0}", "!quant.q4_k}"), "quantizing to q4_k is not supported"),
