@@ -71,10 +71,12 @@ def _schema(onnx: Any, node: Any, opsets: dict[str, int]) -> Any:
     version = opsets.get(domain)
     if version is None:
         return None
-    try:
-        return onnx.defs.get_schema(node.op_type, version, domain)
-    except onnx.defs.SchemaError:
-        return None
+    for args in ((node.op_type, version, domain), (node.op_type, domain)):
+        try:  # the op at the model's opset, else its latest version (attribute types rarely change)
+            return onnx.defs.get_schema(*args)
+        except onnx.defs.SchemaError:
+            continue
+    return None
 
 
 def _type_name(onnx: Any, t: int) -> str:
