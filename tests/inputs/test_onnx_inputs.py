@@ -144,3 +144,14 @@ def test_attribute_type_checked_at_an_opset_without_the_op(tmp_path: Path) -> No
     code, out, err = invoke("import", str(f), "-o", str(tmp_path / "m.llmir"))
     line = rejected(code, err, expect=2, names=f"{f}: ")
     assert "node 'norm' (RMSNormalization): attribute 'epsilon' must be FLOAT, got FLOATS" in line
+
+
+def test_op_type_not_utf8(tmp_path: Path) -> None:
+    model = _model([helper.make_node("Transpose", ["x"], ["y"], name="t", perm=[1, 0])], [])
+    f = tmp_path / "m.onnx"
+    f.write_bytes(model.SerializeToString().replace(b"Transpose", b"Tr\xafnspose"))
+    code, out, err = invoke("import", str(f), "-o", str(tmp_path / "m.llmir"))
+    line = rejected(
+        code, err, expect=2, names=f"{f}: node #0 of graph 'g' whose op_type is not UTF-8 text"
+    )
+    assert "Tr\\xafnspose" in line
