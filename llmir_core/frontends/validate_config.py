@@ -158,7 +158,9 @@ def check_hf_config(cfg: Any, tensors: Iterable[tuple[str, Iterable[int]]], file
         if cfg.get(key) is not None and not isinstance(cfg.get(key), bool):
             raise fail(key, f"must be true or false, got {cfg.get(key)!r:.60}")
     types = cfg.data.get("layer_types")
-    if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
+    if types is not None and not (
+        isinstance(types, list) and all(isinstance(t, str) for t in types)
+    ):
         raise fail("layer_types", "must be a list of strings")
     for key in ("rope_parameters", "rope_scaling"):
         rp = cfg.data.get(key)

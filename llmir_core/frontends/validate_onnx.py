@@ -30,6 +30,11 @@ def _check_graph(graph: Any, label: str, opsets: dict[str, int]) -> None:
     import onnx
 
     for t in graph.initializer:
+        if not isinstance(t.name, str):
+            raise InputError(
+                f"{label}: an initializer's name is not UTF-8 text ({bytes(t.name)[:40]!r})",
+                hint=_HINT,
+            )
         check_tensor_proto(t, label, f"initializer '{t.name}'")
     for vi in list(graph.input) + list(graph.output):
         tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
@@ -42,7 +47,19 @@ def _check_graph(graph: Any, label: str, opsets: dict[str, int]) -> None:
                     "which is negative",
                     hint=_HINT,
                 )
-    for node in graph.node:
+    for i, node in enumerate(graph.node):
+        for what, value in (
+            ("op_type", node.op_type),
+            ("domain", node.domain),
+            ("name", node.name),
+            *(("attribute name", a.name) for a in node.attribute),
+        ):
+            if not isinstance(value, str):  # protobuf hands back bytes that are not UTF-8
+                raise InputError(
+                    f"{label}: node #{i} of graph '{_shown(graph.name)}' whose {what} is not "
+                    f"UTF-8 text ({bytes(value)[:40]!r})",
+                    hint=_HINT,
+                )
         where = f"node '{node.name or node.op_type}' ({node.op_type})"
         schema = _schema(onnx, node, opsets)
         for a in node.attribute:
@@ -66,15 +83,21 @@ def _check_graph(graph: Any, label: str, opsets: dict[str, int]) -> None:
                 _check_graph(g, label, opsets)
 
 
+def _shown(name: Any) -> str:
+    return name if isinstance(name, str) else repr(bytes(name)[:40])
+
+
 def _schema(onnx: Any, node: Any, opsets: dict[str, int]) -> Any:
     domain = "" if node.domain in ("", "ai.onnx") else node.domain
     version = opsets.get(domain)
     if version is None:
         return None
-    try:
-        return onnx.defs.get_schema(node.op_type, version, domain)
-    except onnx.defs.SchemaError:
-        return None
+    for args in ((node.op_type, version, domain), (node.op_type, domain)):
+        try:  # the op at the model's opset, else its latest version (attribute types rarely change)
+            return onnx.defs.get_schema(*args)
+        except onnx.defs.SchemaError:
+            continue
+    return None
 
 
 def _type_name(onnx: Any, t: int) -> str:

@@ -32,6 +32,8 @@ def check_tokenizer_json(path: Path) -> None:
         return  # the shape is all that can be checked without the library
     try:
         tokenizers.Tokenizer.from_file(str(path))
-    except Exception as exc:  # tokenizers raises its own Exception type
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # its own Exception type, or a Rust panic (a BaseException)
         said = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise InputError(f"{path}: not a valid tokenizer.json ({said})", hint=_HINT) from None

@@ -146,7 +146,10 @@ def read_lock(path: Path) -> Lock:
     if kind != "path" and not isinstance(model.get("repo"), str):
         raise bad("missing [model] repo")
     files = []
-    for i, f in enumerate(data.get("files", [])):
+    entries = data.get("files", [])
+    if not isinstance(entries, list):
+        raise bad("[[files]] must be an array of tables")
+    for i, f in enumerate(entries):
         ok = (isinstance(f, dict) and isinstance(f.get("path"), str)
               and isinstance(f.get("size"), int) and isinstance(f.get("sha256"), str)
               and _SHA256.fullmatch(f["sha256"]) and _safe_relative(f["path"]))

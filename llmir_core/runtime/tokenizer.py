@@ -67,7 +67,9 @@ def from_hf_file(path: str) -> Any:
                          hint="the model folder moved: import it again")
     try:
         return tk.Tokenizer.from_file(path)
-    except Exception as exc:  # tokenizers raises its own Exception type
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # its own Exception type, or a Rust panic (a BaseException)
         raise InputError(f"{path}: not a valid tokenizer.json ({exc})") from None
 
 

@@ -187,3 +187,18 @@ def test_lone_surrogate_in_model_json(llama_dir: Path, tmp_path: Path, file: str
     line = rejected(code, err, expect=2, names=f"{folder / file}:1:")
     assert "a lone UTF-16 surrogate escape" in line
     assert not (tmp_path / "m.llmir").exists()
+
+
+def test_tokenizer_that_panics_the_tokenizers_library(llama_dir: Path, tmp_path: Path) -> None:
+    """A BPE continuing_subword_prefix longer than the merged pieces makes the `tokenizers`
+    library panic (a Rust panic is a BaseException, not an Exception): still one clean line."""
+    pytest.importorskip("tokenizers", reason="the check loads the file with tokenizers")
+    folder = _hf(llama_dir, tmp_path / "m")
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    tok["model"]["continuing_subword_prefix"] = "None"
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    code, out, err = invoke("import", str(folder), "-o", str(tmp_path / "m.llmir"))
+    line = rejected(
+        code, err, expect=2, names=f"{folder / 'tokenizer.json'}: not a valid tokenizer.json"
+    )
+    assert not (tmp_path / "m.llmir").exists(), line

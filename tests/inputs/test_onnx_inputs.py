@@ -129,3 +129,29 @@ def test_well_formed_typed_data_imports(tmp_path: Path) -> None:
     f.write_bytes(_matmul(typed).SerializeToString())
     code, out, err = invoke("import", str(f), "-o", str(tmp_path / "m.llmir"))
     assert code == 0, err
+
+
+def test_attribute_type_checked_at_an_opset_without_the_op(tmp_path: Path) -> None:
+    """RMSNormalization is opset 23; declared at opset 17 its attributes still get the schema check."""
+    node = helper.make_node(
+        "RMSNormalization", ["x", "s"], ["y"], name="norm", epsilon=[1e-5, 1e-6]
+    )
+    s = numpy_helper.from_array(np.ones(3, np.float32), "s")
+    model = _model([node], [s])
+    model.opset_import[0].version = 17
+    f = tmp_path / "m.onnx"
+    f.write_bytes(model.SerializeToString())
+    code, out, err = invoke("import", str(f), "-o", str(tmp_path / "m.llmir"))
+    line = rejected(code, err, expect=2, names=f"{f}: ")
+    assert "node 'norm' (RMSNormalization): attribute 'epsilon' must be FLOAT, got FLOATS" in line
+
+
+def test_op_type_not_utf8(tmp_path: Path) -> None:
+    model = _model([helper.make_node("Transpose", ["x"], ["y"], name="t", perm=[1, 0])], [])
+    f = tmp_path / "m.onnx"
+    f.write_bytes(model.SerializeToString().replace(b"Transpose", b"Tr\xafnspose"))
+    code, out, err = invoke("import", str(f), "-o", str(tmp_path / "m.llmir"))
+    line = rejected(
+        code, err, expect=2, names=f"{f}: node #0 of graph 'g' whose op_type is not UTF-8 text"
+    )
+    assert "Tr\\xafnspose" in line
