@@ -51,7 +51,7 @@ from llmir_core.interp import Interpreter
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.dims import format_dim
 from llmir_core.ir.types import DType, QuantType, TensorType
-from llmir_core.quant import gguf_blocks, nbits
+from llmir_core.quant import gguf_blocks, int32_packed, nbits
 from llmir_core.weights import load_weight, resolve_path
 
 from .ort import (
@@ -178,11 +178,11 @@ class _WSrc:
     """A static 2-D weight [rows, cols] and how to read it in row chunks."""
 
     value: Value
-    kind: str  # f32 (file bytes as is) | cast | gguf | nbits | eval
+    kind: str  # f32 (file bytes as is) | cast | gguf | nbits | packed (GPTQ/AWQ/ctpack) | eval
     op: Op | None  # the core.weight op (None for eval)
     rows: int
     cols: int
-    extra: tuple[Value, ...] = ()  # nbits scales / zero points
+    extra: tuple[Value, ...] = ()  # nbits / packed scales, zero points (packed: then g_idx)
     transpose: bool = False  # eval only: the value is [cols, rows] and is transposed
 
 
@@ -277,6 +277,8 @@ class _Weights:
             raw = np.asarray(w.data).reshape(src.rows, -1)
             for r in range(0, src.rows, step):
                 yield gguf_blocks.dequantize(raw[r:r + step], w.qtype.scheme, (min(step, src.rows - r), src.cols))
+        elif src.kind == "packed":
+            yield self._packed_f32(src, w)
         else:  # nbits
             q = w.qtype
             codes = np.asarray(w.data).reshape(src.rows, -1)
@@ -319,9 +321,38 @@ class _Weights:
         self.names[key] = out
         return out
 
+    # -- int32-packed checkpoint weights (GPTQ / AWQ / compressed-tensors) -------------
+    def _packed_parts(self, src: _WSrc) -> tuple[QuantType, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        assert src.op is not None
+        q = _weight_type(src.op).dtype
+        assert isinstance(q, QuantType)
+        ex = [self.eval(v) for v in src.extra]
+        zp = ex[1] if q.zero == "int" else None
+        gi = ex[-1] if len(ex) > (2 if q.zero == "int" else 1) else None
+        return q, ex[0], zp, gi
+
+    def _packed_f32(self, src: _WSrc, w: Any) -> np.ndarray:
+        q, sc, zp, gi = self._packed_parts(src)
+        return int32_packed.dequantize(q.scheme, np.asarray(w.data), sc, zp, gi, q.bits, q.block,
+                                       (src.rows, src.cols))
+
+    def packed_lossless(self, src: _WSrc) -> str | None:
+        """Why the packed weight has no exact MatMulNBits form, or None."""
+        q, _, zp, gi = self._packed_parts(src)
+        return int32_packed.lossless_nbits(q.scheme, q.bits, q.block, (src.rows, src.cols), zp, gi)
+
     # -- MatMulNBits ---------------------------------------------------------------
     def nbits_format(self, src: _WSrc, quant: NbitsFormat | None) -> NbitsFormat | None:
         """The MatMulNBits format this weight takes, or None for f32."""
+        if src.kind == "packed":
+            q, _, zp, _ = self._packed_parts(src)
+            if self.packed_lossless(src) is None:
+                mid = 1 << (q.bits - 1)
+                sym = zp is None or bool(np.all(int32_packed.zeros(q.scheme, zp, q.bits, src.rows,
+                                                                   src.cols // q.block) == mid))
+                return NbitsFormat(q.bits, q.block, not sym)
+            block = next((b for b in (q.block, 128, 64, 32, 16) if int32_packed.nbits_block_ok(b, src.cols)), 0)
+            return NbitsFormat(8 if q.bits == 8 else 4, block, True) if block else None
         if src.kind == "gguf":
             assert src.op is not None
             scheme = _weight_type(src.op).dtype.scheme  # type: ignore[union-attr]
@@ -379,6 +410,25 @@ class _Weights:
             zp = self.eval(s.extra[1]) if len(s.extra) > 1 else None
             self.log.passthrough += 1
             yield np.asarray(w.data), sc, zp
+            return
+        if s.kind == "packed":
+            assert s.op is not None
+            w = load_weight(s.op.attrs, _weight_type(s.op), self.base_dir)
+            q, sc, zp, _ = self._packed_parts(s)
+            if self.packed_lossless(s) is None:
+                self.log.lossless[q.scheme] = self.log.lossless.get(q.scheme, 0) + 1
+                codes, sc32, zpk = int32_packed.to_nbits(q.scheme, np.asarray(w.data), sc, zp, q.bits,
+                                                         q.block, (s.rows, s.cols))
+                yield codes, sc32, (zpk if fmt.asym else None)
+                return
+            x = self._packed_f32(s, w)
+            codes, sc32, zpk = nbits.quantize(x, fmt.bits, fmt.block, not fmt.asym, np.dtype(np.float32))
+            back = nbits.dequantize(codes, sc32, zpk, fmt.bits, fmt.block, x.shape)
+            err, peak = float(np.abs(back - x).max()), float(np.abs(x).max())
+            self.log.requantized.append({"weight": label, "from": q.scheme, "to": f"int{fmt.bits}",
+                                         "block": fmt.block, "reason": self.packed_lossless(s),
+                                         "max_abs_error": err, "max_rel_error": err / peak if peak else 0.0})
+            yield codes, sc32, zpk
             return
         if s.kind == "gguf":
             assert s.op is not None
@@ -474,6 +524,8 @@ def _weight_src(g: _Graph, v: Value) -> _WSrc | None:
                 return _WSrc(v, "gguf", src, rows, cols)
             if q.scheme == "nbits":
                 return _WSrc(v, "nbits", src, rows, cols, tuple(op.operands[1:]))
+            if q.scheme in int32_packed.SCHEMES:
+                return _WSrc(v, "packed", src, rows, cols, tuple(op.operands[1:]))
     return _WSrc(v, "eval", None, rows, cols)
 
 
@@ -488,6 +540,8 @@ def _qmatmul_src(op: Op) -> _WSrc | None:
     rows, cols = _tt(w).static_shape() or (0, 0)
     if q.scheme == "nbits":
         return _WSrc(w, "nbits", wop, rows, cols, tuple(op.operands[2:]))
+    if q.scheme in int32_packed.SCHEMES:
+        return _WSrc(w, "packed", wop, rows, cols, tuple(op.operands[2:]))
     if q.scheme in LOSSLESS or q.scheme in REQUANT:
         return _WSrc(w, "gguf", wop, rows, cols)
     return None
