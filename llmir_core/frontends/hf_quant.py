@@ -40,21 +40,44 @@ from .safetensors_index import SafetensorsIndex, TensorEntry
 
 METHODS = ("gptq", "awq", "compressed-tensors")
 CT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized")
-# (format, shown in docs/llm-import.md): what each checkpoint kind becomes
+# what each checkpoint kind becomes: (checkpoint, in the IR, in the onnxruntime build); the
+# table in docs/llm-import.md is `format_table()` (a test checks it)
 FORMAT_TABLE = (
-    ("GPTQ v1/v2, 2/4/8 bits, sym/asym, groups or per-channel, act-order (`g_idx`)",
-     "`!quant<gptq|gptq_v2>` packed as stored",
-     "MatMulNBits, lossless (4/8 bits, power-of-two groups >= 16, zero <= 2**bits - 1, no act-order); "
-     "otherwise requantized, error in the manifest"),
-    ("AWQ GEMM, 4 bits, groups, zero points", "`!quant<awq>` packed as stored",
-     "MatMulNBits, lossless (power-of-two groups >= 16); otherwise requantized"),
-    ("compressed-tensors pack-quantized int4/int8 (W4A16, W8A16), sym/asym, group/channel",
-     "`!quant<ctpack>` packed as stored", "MatMulNBits, lossless (as for GPTQ)"),
-    ("compressed-tensors int-quantized int8 (W8A8: weights only)", "i8 weight, cast, times scale",
-     "f32 weights (exact), or --quant"),
-    ("compressed-tensors float-quantized f8e4m3 (FP8), per-tensor/per-channel scale",
-     "f8e4m3 weight, cast, times scale", "f32 weights (exact), or --quant"),
+    (
+        "GPTQ (`gptq`, `gptq_v2`): 2/4/8 bits, sym/asym, groups or per-channel, act-order `g_idx`",
+        "`!quant<gptq, ...>` or `!quant<gptq_v2, ...>` over the stored `qweight` + `scales`, `qzeros`, `g_idx`",
+        "MatMulNBits, lossless when 4/8 bits, the group a power of two >= 16 dividing K, no "
+        "act-order and every zero <= 2**bits - 1; otherwise requantized (int4/int8, error in the "
+        "manifest)",
+    ),
+    (
+        "AWQ GEMM: 4 bits, groups, zero points",
+        "`!quant<awq, ...>` over the stored `qweight` + `scales`, `qzeros`",
+        "MatMulNBits, lossless for power-of-two groups >= 16; otherwise requantized",
+    ),
+    (
+        "compressed-tensors `pack-quantized` (W4A16, W8A16): int2/4/8, sym/asym, group/channel",
+        "`!quant<ctpack, ...>` over the stored `weight_packed` + `weight_scale`, `weight_zero_point`",
+        "MatMulNBits, lossless under GPTQ's conditions; otherwise requantized",
+    ),
+    (
+        "compressed-tensors `int-quantized`/`naive-quantized` int8 (W8A8: weights only)",
+        "i8 `weight`, `core.cast`, `core.mul` by `weight_scale`",
+        "f32 weights (exact), or `--quant`",
+    ),
+    (
+        "compressed-tensors `float-quantized` FP8 e4m3, per-tensor or per-channel scale",
+        "f8e4m3 `weight`, `core.cast`, `core.mul` by `weight_scale`",
+        "f32 weights (exact), or `--quant`",
+    ),
 )
+
+
+def format_table() -> str:
+    """The markdown table of FORMAT_TABLE."""
+    rows = ["| checkpoint | imported as | onnxruntime build |", "|---|---|---|"]
+    rows += [f"| {a} | {b} | {c} |" for a, b, c in FORMAT_TABLE]
+    return "\n".join(rows) + "\n"
 
 
 @dataclass
@@ -111,24 +134,39 @@ def parse(cfg: Any) -> QuantConfig | None:
         raise cfg.fail(f, "must be an object")
     method = str(qc.get("quant_method", "")).lower()
     if method not in METHODS:
-        raise cfg.fail(f"{f}.quant_method", f"is '{qc.get('quant_method')}', which is not supported",
-                       hint=f"supported: {', '.join(METHODS)}")
+        raise cfg.fail(
+            f"{f}.quant_method",
+            f"is '{qc.get('quant_method')}', which is not supported",
+            hint=f"supported: {', '.join(METHODS)}",
+        )
     if cfg.arch == "phi3":
-        raise cfg.fail(f, "is set on a phi3 model (fused projections): pre-quantized phi3 "
-                          "checkpoints are not supported")
+        raise cfg.fail(
+            f,
+            "is set on a phi3 model (fused projections): pre-quantized phi3 "
+            "checkpoints are not supported",
+        )
     if method == "gptq":
         fmt = str(qc.get("checkpoint_format") or "gptq")
         if qc.get("is_marlin_format") or fmt not in ("gptq", "gptq_v2"):
-            raise cfg.fail(f"{f}.checkpoint_format", f"is '{fmt}': only gptq and gptq_v2 are supported")
+            raise cfg.fail(
+                f"{f}.checkpoint_format", f"is '{fmt}': only gptq and gptq_v2 are supported"
+            )
         bits = _int(cfg, qc, "bits")
-        sch = _Scheme(fmt, bits, _int(cfg, qc, "group_size", -1), bool(qc.get("sym", True)),
-                      bool(qc.get("desc_act", False)))
+        sch = _Scheme(
+            fmt,
+            bits,
+            _int(cfg, qc, "group_size", -1),
+            bool(qc.get("sym", True)),
+            bool(qc.get("desc_act", False)),
+        )
         _check_bits(cfg, f"{f}.bits", bits, (2, 4, 8))
         return QuantConfig(method, fmt, sch)
     if method == "awq":
         version = str(qc.get("version", "gemm")).lower()
         if version != "gemm":
-            raise cfg.fail(f"{f}.version", f"is '{qc.get('version')}': only the GEMM packing is supported")
+            raise cfg.fail(
+                f"{f}.version", f"is '{qc.get('version')}': only the GEMM packing is supported"
+            )
         if qc.get("zero_point") is False:
             raise cfg.fail(f"{f}.zero_point", "is false: AWQ without zero points is not supported")
         key = "bits" if "bits" in qc else "w_bit"
@@ -155,10 +193,16 @@ def _parse_ct(cfg: Any, qc: dict[str, Any]) -> QuantConfig:
     f = "quantization_config"
     fmt = qc.get("format")
     if fmt not in CT_FORMATS:
-        raise cfg.fail(f"{f}.format", f"is {fmt!r}, which is not supported",
-                       hint=f"supported compressed-tensors formats: {', '.join(CT_FORMATS)}")
+        raise cfg.fail(
+            f"{f}.format",
+            f"is {fmt!r}, which is not supported",
+            hint=f"supported compressed-tensors formats: {', '.join(CT_FORMATS)}",
+        )
     if qc.get("sparsity_config"):
-        raise cfg.fail(f"{f}.sparsity_config", "is set: sparse compressed-tensors checkpoints are not supported")
+        raise cfg.fail(
+            f"{f}.sparsity_config",
+            "is set: sparse compressed-tensors checkpoints are not supported",
+        )
     groups: list[tuple[list[str], _Scheme]] = []
     cgs = qc.get("config_groups")
     if not isinstance(cgs, dict) or not cgs:
@@ -176,9 +220,13 @@ def _parse_ct(cfg: Any, qc: dict[str, Any]) -> QuantConfig:
         strategy = w.get("strategy", "tensor")
         if fmt == "float-quantized":
             if wtype != "float" or bits != 8:
-                raise cfg.fail(f"{gf}.weights", f"is {wtype}{bits}: float-quantized supports float8 only")
+                raise cfg.fail(
+                    f"{gf}.weights", f"is {wtype}{bits}: float-quantized supports float8 only"
+                )
             if strategy not in ("tensor", "channel"):
-                raise cfg.fail(f"{gf}.weights.strategy", f"is '{strategy}': float8 supports tensor or channel")
+                raise cfg.fail(
+                    f"{gf}.weights.strategy", f"is '{strategy}': float8 supports tensor or channel"
+                )
             groups.append((targets, _Scheme("scaled", 8, -1, True)))
             continue
         if wtype != "int":
@@ -193,7 +241,9 @@ def _parse_ct(cfg: Any, qc: dict[str, Any]) -> QuantConfig:
         actorder = w.get("actorder")
         if fmt == "pack-quantized":
             _check_bits(cfg, f"{gf}.weights.num_bits", bits, (2, 4, 8))
-            groups.append((targets, _Scheme("ctpack", bits, gs, sym, actorder not in (None, False))))
+            groups.append(
+                (targets, _Scheme("ctpack", bits, gs, sym, actorder not in (None, False)))
+            )
         else:
             if bits != 8 or not sym or strategy != "channel":
                 raise cfg.fail(f"{gf}.weights", f"{fmt} supports symmetric per-channel int8 only")
@@ -206,11 +256,16 @@ def _parse_ct(cfg: Any, qc: dict[str, Any]) -> QuantConfig:
 
 # -- emitting the weights -----------------------------------------------------------------------
 
+
 def _ref(b: Builder, e: TensorEntry, t: TensorType, base_dir: str | None) -> Value:
     from .hf import weight_file_attr
 
-    attrs = {"file": weight_file_attr(e.file, base_dir), "name": e.name, "offset": e.offset,
-             "nbytes": e.nbytes}
+    attrs = {
+        "file": weight_file_attr(e.file, base_dir),
+        "name": e.name,
+        "offset": e.offset,
+        "nbytes": e.nbytes,
+    }
     return b.create("core.weight", [], attrs, result_types=[t], names=[e.name]).results[0]
 
 
@@ -218,22 +273,33 @@ def _plain(b: Builder, e: TensorEntry, base_dir: str | None) -> Value:
     return _ref(b, e, TensorType(e.shape, e.dtype), base_dir)
 
 
-def _need(index: SafetensorsIndex, name: str, shape: tuple[int, ...] | None,
-          dtypes: tuple[DType, ...]) -> TensorEntry:
+def _need(
+    index: SafetensorsIndex, name: str, shape: tuple[int, ...] | None, dtypes: tuple[DType, ...]
+) -> TensorEntry:
     e = index.get(name)
     if e.dtype not in dtypes:
-        raise InputError(f"{e.file}: tensor '{name}' has dtype {e.dtype}, expected "
-                         f"{' or '.join(str(d) for d in dtypes)}",
-                         hint="the checkpoint does not match its quantization_config")
+        raise InputError(
+            f"{e.file}: tensor '{name}' has dtype {e.dtype}, expected "
+            f"{' or '.join(str(d) for d in dtypes)}",
+            hint="the checkpoint does not match its quantization_config",
+        )
     if shape is not None and e.shape != shape:
-        raise InputError(f"{e.file}: tensor '{name}' has shape {list(e.shape)}, expected {list(shape)} "
-                         "from config.json and quantization_config",
-                         hint="the checkpoint does not match its quantization_config")
+        raise InputError(
+            f"{e.file}: tensor '{name}' has shape {list(e.shape)}, expected {list(shape)} "
+            "from config.json and quantization_config",
+            hint="the checkpoint does not match its quantization_config",
+        )
     return e
 
 
-def quantized_weight(b: Builder, index: SafetensorsIndex, qc: QuantConfig, module: str,
-                     shape: tuple[int, int], base_dir: str | None) -> Value | None:
+def quantized_weight(
+    b: Builder,
+    index: SafetensorsIndex,
+    qc: QuantConfig,
+    module: str,
+    shape: tuple[int, int],
+    base_dir: str | None,
+) -> Value | None:
     """The f32 value of `module`'s quantized weight [N, K], or None when the module is stored
     in float (not quantized by the checkpoint)."""
     sch = qc.scheme_for(module)
@@ -246,29 +312,41 @@ def quantized_weight(b: Builder, index: SafetensorsIndex, qc: QuantConfig, modul
         w = _need(index, f"{module}.weight", shape, (DType.i8, DType.f8e4m3))
         s = _need(index, f"{module}.weight_scale", None, (DType.f32, DType.f16, DType.bf16))
         if s.shape not in ((), (1,), (n, 1)):
-            raise InputError(f"{s.file}: tensor '{s.name}' has shape {list(s.shape)}: expected a "
-                             f"per-tensor [1] or per-channel [{n}, 1] scale")
+            raise InputError(
+                f"{s.file}: tensor '{s.name}' has shape {list(s.shape)}: expected a "
+                f"per-tensor [1] or per-channel [{n}, 1] scale"
+            )
         v = b.op("core.cast", _plain(b, w, base_dir), to=DType.f32, name_hint=w.name + ".f32")
         sv = _plain(b, s, base_dir)
         if s.dtype != DType.f32:
             sv = b.op("core.cast", sv, to=DType.f32, name_hint=s.name + ".f32")
         return b.op("core.mul", v, sv, name_hint=w.name + ".dq")
     if sch.kind == "ctpack":
-        pname, sname, zname, gname = (f"{module}.weight_packed", f"{module}.weight_scale",
-                                      f"{module}.weight_zero_point", f"{module}.weight_g_idx")
+        pname, sname, zname, gname = (
+            f"{module}.weight_packed",
+            f"{module}.weight_scale",
+            f"{module}.weight_zero_point",
+            f"{module}.weight_g_idx",
+        )
         if pname not in index:
             return None
     else:
-        pname, sname, zname, gname = (f"{module}.qweight", f"{module}.scales", f"{module}.qzeros",
-                                      f"{module}.g_idx")
+        pname, sname, zname, gname = (
+            f"{module}.qweight",
+            f"{module}.scales",
+            f"{module}.qzeros",
+            f"{module}.g_idx",
+        )
         if pname not in index:
             return None
     block = k if sch.group == -1 else sch.group
     why = int32_packed.check_layout(sch.kind, sch.bits, n, k, block)
     p0 = index.get(pname)
     if why:
-        raise InputError(f"{p0.file}: tensor '{pname}' cannot hold a [{n}, {k}] weight in "
-                         f"{sch.kind} layout: {why}")
+        raise InputError(
+            f"{p0.file}: tensor '{pname}' cannot hold a [{n}, {k}] weight in "
+            f"{sch.kind} layout: {why}"
+        )
     want = int32_packed.shapes(sch.kind, sch.bits, n, k, block)
     p = _need(index, pname, want["packed"], (DType.i32,))
     s = _need(index, sname, want["scales"], (DType.f16, DType.bf16, DType.f32))
@@ -280,11 +358,21 @@ def quantized_weight(b: Builder, index: SafetensorsIndex, qc: QuantConfig, modul
     if gname in index:
         operands.append(_plain(b, _need(index, gname, (k,), (DType.i32,)), base_dir))
     elif sch.act_order:
-        raise InputError(f"{p.file}: tensor '{gname}' is missing, but quantization_config asks "
-                         "for act-order (desc_act / actorder)")
+        raise InputError(
+            f"{p.file}: tensor '{gname}' is missing, but quantization_config asks "
+            "for act-order (desc_act / actorder)"
+        )
     if sch.kind == "ctpack" and f"{module}.weight_shape" in index:
         _need(index, f"{module}.weight_shape", (2,), (DType.i32, DType.i64))
     return b.op("llm.dequantize", *operands, dtype=DType.f32, name_hint=module + ".weight.f32")
 
 
-__all__ = ["QuantConfig", "parse", "quantized_weight", "METHODS", "CT_FORMATS", "FORMAT_TABLE"]
+__all__ = [
+    "QuantConfig",
+    "parse",
+    "quantized_weight",
+    "METHODS",
+    "CT_FORMATS",
+    "FORMAT_TABLE",
+    "format_table",
+]

@@ -43,6 +43,7 @@ def _pf(bits: int) -> int:
 
 # -- packing along an axis ----------------------------------------------------------------------
 
+
 def pack_int32(codes: np.ndarray, bits: int, axis: int) -> np.ndarray:
     """Unsigned codes < 2**bits -> int32, `32/bits` consecutive codes along `axis` per word,
     lowest bits first (the axis length must be a multiple of 32/bits)."""
@@ -74,6 +75,7 @@ def _awq_perm(n: int) -> np.ndarray:
 
 # -- layouts --------------------------------------------------------------------------------------
 
+
 def shapes(scheme: str, bits: int, n: int, k: int, block: int) -> dict[str, tuple[int, ...]]:
     """The stored shapes of (packed, scales, zeros) for a logical [n, k] weight."""
     pf = _pf(bits)
@@ -104,7 +106,9 @@ def check_layout(scheme: str, bits: int, n: int, k: int, block: int) -> str | No
 def codes(scheme: str, raw: np.ndarray, bits: int, shape: tuple[int, int]) -> np.ndarray:
     """The unsigned codes [N, K] of a packed weight's raw bytes."""
     n, k = shape
-    words = np.ascontiguousarray(raw).view(np.int32).reshape(shapes(scheme, bits, n, k, k)["packed"])
+    words = (
+        np.ascontiguousarray(raw).view(np.int32).reshape(shapes(scheme, bits, n, k, k)["packed"])
+    )
     if scheme in ("gptq", "gptq_v2"):
         return unpack_int32(words, bits, 0).T
     if scheme == "awq":
@@ -132,11 +136,21 @@ def zeros(scheme: str, zp: np.ndarray | None, bits: int, n: int, groups: int) ->
 
 
 def group_index(k: int, block: int, g_idx: np.ndarray | None) -> np.ndarray:
-    return np.arange(k) // block if g_idx is None else np.asarray(g_idx).astype(np.int64).reshape(-1)
+    return (
+        np.arange(k) // block if g_idx is None else np.asarray(g_idx).astype(np.int64).reshape(-1)
+    )
 
 
-def dequantize(scheme: str, raw: np.ndarray, scales: np.ndarray, zp: np.ndarray | None,
-               g_idx: np.ndarray | None, bits: int, block: int, shape: tuple[int, int]) -> np.ndarray:
+def dequantize(
+    scheme: str,
+    raw: np.ndarray,
+    scales: np.ndarray,
+    zp: np.ndarray | None,
+    g_idx: np.ndarray | None,
+    bits: int,
+    block: int,
+    shape: tuple[int, int],
+) -> np.ndarray:
     """Float32 [N, K] of a packed weight (see the module docstring for the formula)."""
     n, k = shape
     why = check_layout(scheme, bits, n, k, block)
@@ -155,13 +169,20 @@ def dequantize(scheme: str, raw: np.ndarray, scales: np.ndarray, zp: np.ndarray 
 
 # -- to onnxruntime MatMulNBits (the nbits layout) ------------------------------------------------
 
+
 def nbits_block_ok(block: int, k: int) -> bool:
     """MatMulNBits takes power-of-two blocks >= 16 that divide K."""
     return block >= 16 and block & (block - 1) == 0 and k % block == 0
 
 
-def lossless_nbits(scheme: str, bits: int, block: int, shape: tuple[int, int],
-                   zp: np.ndarray | None, g_idx: np.ndarray | None) -> str | None:
+def lossless_nbits(
+    scheme: str,
+    bits: int,
+    block: int,
+    shape: tuple[int, int],
+    zp: np.ndarray | None,
+    g_idx: np.ndarray | None,
+) -> str | None:
     """Why the weight has no exact MatMulNBits form (None: it has one). Needs only the small
     tensors (zero points, g_idx), not the packed weight."""
     n, k = shape
@@ -169,7 +190,9 @@ def lossless_nbits(scheme: str, bits: int, block: int, shape: tuple[int, int],
         return f"MatMulNBits on CPU takes 4 or 8 bits, not {bits}"
     if not nbits_block_ok(block, k):
         return f"group size {block} is not a power of two >= 16 dividing {k}"
-    if g_idx is not None and not np.array_equal(group_index(k, block, g_idx), np.arange(k) // block):
+    if g_idx is not None and not np.array_equal(
+        group_index(k, block, g_idx), np.arange(k) // block
+    ):
         return "act-order g_idx (groups are not consecutive input columns)"
     z = zeros(scheme, zp, bits, n, k // block)
     if z.max() > (1 << bits) - 1:
@@ -177,8 +200,15 @@ def lossless_nbits(scheme: str, bits: int, block: int, shape: tuple[int, int],
     return None
 
 
-def to_nbits(scheme: str, raw: np.ndarray, scales: np.ndarray, zp: np.ndarray | None, bits: int,
-             block: int, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def to_nbits(
+    scheme: str,
+    raw: np.ndarray,
+    scales: np.ndarray,
+    zp: np.ndarray | None,
+    bits: int,
+    block: int,
+    shape: tuple[int, int],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Exact nbits form of a weight `lossless_nbits` accepts: (codes bytes [N, K*bits/8],
     float32 scales [N, K/block], packed u8 zero points or None when every zero is the midpoint)."""
     from .nbits import pack_codes
@@ -195,9 +225,16 @@ def to_nbits(scheme: str, raw: np.ndarray, scales: np.ndarray, zp: np.ndarray | 
 
 # -- packers (writing checkpoints: the tests, and a reference for the layout) ---------------------
 
-def quantize_groups(w: np.ndarray, bits: int, block: int, symmetric: bool,
-                    scale_dtype: np.dtype, g_idx: np.ndarray | None = None,
-                    min_zero: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+
+def quantize_groups(
+    w: np.ndarray,
+    bits: int,
+    block: int,
+    symmetric: bool,
+    scale_dtype: np.dtype,
+    g_idx: np.ndarray | None = None,
+    min_zero: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """GPTQ-style round-to-nearest of float [N, K] per group: (unsigned codes [N, K],
     scales [N, G] in scale_dtype, integer zeros [N, G] in min_zero .. 2**bits - 1)."""
     w = np.asarray(w, _F32)
@@ -222,8 +259,9 @@ def quantize_groups(w: np.ndarray, bits: int, block: int, symmetric: bool,
     return q, s.astype(scale_dtype), z.astype(np.int64)
 
 
-def pack(scheme: str, q: np.ndarray, scales: np.ndarray, zero: np.ndarray | None,
-         bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def pack(
+    scheme: str, q: np.ndarray, scales: np.ndarray, zero: np.ndarray | None, bits: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Codes [N, K], scales [N, G], integer zeros [N, G] (None: symmetric ctpack) -> the
     checkpoint's (packed weight, scales, packed zeros) arrays in the scheme's layout."""
     n = q.shape[0]
@@ -232,21 +270,44 @@ def pack(scheme: str, q: np.ndarray, scales: np.ndarray, zero: np.ndarray | None
         stored = zero - 1 if scheme == "gptq" else zero
         if stored.min() < 0:
             raise ValueError("GPTQ v1 cannot store a zero point of 0 (it stores zero - 1)")
-        return pack_int32(q.T, bits, 0), np.ascontiguousarray(scales.T), pack_int32(stored.T, bits, 1)
+        return (
+            pack_int32(q.T, bits, 0),
+            np.ascontiguousarray(scales.T),
+            pack_int32(stored.T, bits, 1),
+        )
     if scheme == "awq":
         assert zero is not None
         perm = _awq_perm(n)
-        return (pack_int32(q.T[:, perm], bits, 1), np.ascontiguousarray(scales.T),
-                pack_int32(zero.T[:, perm], bits, 1))
+        return (
+            pack_int32(q.T[:, perm], bits, 1),
+            np.ascontiguousarray(scales.T),
+            pack_int32(zero.T[:, perm], bits, 1),
+        )
     zp = None
     if zero is not None:
         pf = 32 // bits
         pad = (-n) % pf
-        zpad = np.concatenate([zero, np.full((pad, zero.shape[1]), 1 << (bits - 1))]) if pad else zero
+        zpad = (
+            np.concatenate([zero, np.full((pad, zero.shape[1]), 1 << (bits - 1))]) if pad else zero
+        )
         zp = pack_int32(zpad, bits, 0)
     return pack_int32(q, bits, 1), np.ascontiguousarray(scales), zp
 
 
-__all__ = ["SCHEMES", "AWQ_ORDER", "pack_int32", "unpack_int32", "shapes", "check_layout", "codes",
-           "zeros", "dequantize", "quantize_groups", "pack", "group_index", "lossless_nbits",
-           "to_nbits", "nbits_block_ok"]
+__all__ = [
+    "SCHEMES",
+    "AWQ_ORDER",
+    "pack_int32",
+    "unpack_int32",
+    "shapes",
+    "check_layout",
+    "codes",
+    "zeros",
+    "dequantize",
+    "quantize_groups",
+    "pack",
+    "group_index",
+    "lossless_nbits",
+    "to_nbits",
+    "nbits_block_ok",
+]

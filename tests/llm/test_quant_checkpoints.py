@@ -26,8 +26,15 @@ from llmir_core.quant import int32_packed
 
 from .tiny import check_against_full_forward, ir_greedy
 
-LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+LINEARS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 PROMPT = np.random.default_rng(3).integers(3, 120, (1, 7))
 
 # -- the reference dequantization formulas, written from the formats' specs --------------------------
@@ -39,8 +46,14 @@ def _field(words: np.ndarray, j: np.ndarray | int, bits: int) -> np.ndarray:
     return (u >> (np.asarray(j) * bits)) & ((1 << bits) - 1)
 
 
-def ref_gptq(qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray, g_idx: np.ndarray,
-             bits: int, v1: bool) -> np.ndarray:
+def ref_gptq(
+    qweight: np.ndarray,
+    qzeros: np.ndarray,
+    scales: np.ndarray,
+    g_idx: np.ndarray,
+    bits: int,
+    v1: bool,
+) -> np.ndarray:
     """W[n, k] = scales[g, n] * (q - z), g = g_idx[k]; q is field k % pf of qweight[k // pf, n],
     z field n % pf of qzeros[g, n // pf], plus one in the v1 format."""
     pf = 32 // bits
@@ -66,8 +79,15 @@ def ref_awq(qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray, group: 
     return out
 
 
-def ref_ct(packed: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, bits: int, n_dim: int,
-           k_dim: int, group: int) -> np.ndarray:
+def ref_ct(
+    packed: np.ndarray,
+    scale: np.ndarray,
+    zero: np.ndarray | None,
+    bits: int,
+    n_dim: int,
+    k_dim: int,
+    group: int,
+) -> np.ndarray:
     """compressed-tensors: signed q = field - 2**(bits-1) of weight_packed[n, k // pf]; signed zero
     of weight_zero_point[n // pf, g] (packed along dim 0); W = (q - zp) * scale[n, g]."""
     pf, off = 32 // bits, 1 << (bits - 1)
@@ -80,14 +100,23 @@ def ref_ct(packed: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, bits:
 
 # -- writing checkpoints ------------------------------------------------------------------------------
 
+
 def _tensors(folder: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     return dict(load_file(str(folder / "model.safetensors")))
 
 
-def write_checkpoint(src: Path, out: Path, fmt: str, bits: int = 4, group: int = 32, sym: bool = True,
-                     act_order: bool = False, seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def write_checkpoint(
+    src: Path,
+    out: Path,
+    fmt: str,
+    bits: int = 4,
+    group: int = 32,
+    sym: bool = True,
+    act_order: bool = False,
+    seed: int = 0,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Quantize src's linear layers into `fmt`; return (dequantized f32 weights by module as the
     reference formula gives them, the stored arrays by tensor name)."""
     import torch
@@ -112,18 +141,26 @@ def write_checkpoint(src: Path, out: Path, fmt: str, bits: int = 4, group: int =
                 perm = rng.permutation(k)
                 gi = np.empty(k, np.int64)
                 gi[perm] = np.arange(k) // block
-            q, s, z = int32_packed.quantize_groups(w, bits, block, sym, np.dtype(np.float16), gi,
-                                                   min_zero=1 if fmt == "gptq" else 0)
+            q, s, z = int32_packed.quantize_groups(
+                w, bits, block, sym, np.dtype(np.float16), gi, min_zero=1 if fmt == "gptq" else 0
+            )
             if scheme == "ctpack":
                 p, sc, zp = int32_packed.pack(scheme, q, s, None if sym else z, bits)
-                stored.update({f"{module}.weight_packed": p, f"{module}.weight_scale": sc,
-                               f"{module}.weight_shape": np.array([n, k], np.int32)})
+                stored.update(
+                    {
+                        f"{module}.weight_packed": p,
+                        f"{module}.weight_scale": sc,
+                        f"{module}.weight_shape": np.array([n, k], np.int32),
+                    }
+                )
                 if zp is not None:
                     stored[f"{module}.weight_zero_point"] = zp
                 deq[module] = ref_ct(p, sc, zp, bits, n, k, block)
             else:
                 p, sc, zp = int32_packed.pack(scheme, q, s, z, bits)
-                stored.update({f"{module}.qweight": p, f"{module}.qzeros": zp, f"{module}.scales": sc})
+                stored.update(
+                    {f"{module}.qweight": p, f"{module}.qzeros": zp, f"{module}.scales": sc}
+                )
                 if scheme == "awq":
                     deq[module] = ref_awq(p, zp, sc, block)
                 else:
@@ -131,7 +168,9 @@ def write_checkpoint(src: Path, out: Path, fmt: str, bits: int = 4, group: int =
                     stored[f"{module}.g_idx"] = g_idx
                     deq[module] = ref_gptq(p, zp, sc, g_idx, bits, scheme == "gptq")
         elif fmt == "ct-fp8":
-            amax = np.abs(w).max(axis=1, keepdims=True) if group == -1 else np.abs(w).max().reshape(1)
+            amax = (
+                np.abs(w).max(axis=1, keepdims=True) if group == -1 else np.abs(w).max().reshape(1)
+            )
             scale = (amax / np.float32(448.0)).astype(np.float32)
             f8 = torch.from_numpy(w / scale).to(torch.float8_e4m3fn)
             stored[f"{module}.weight"] = f8
@@ -146,8 +185,13 @@ def write_checkpoint(src: Path, out: Path, fmt: str, bits: int = 4, group: int =
         else:
             raise ValueError(fmt)
     out.mkdir(parents=True)
-    all_t = {**tensors, **{k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v))
-                           for k, v in stored.items()}}
+    all_t = {
+        **tensors,
+        **{
+            k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v))
+            for k, v in stored.items()
+        },
+    }
     save_file(all_t, str(out / "model.safetensors"), metadata={"format": "pt"})
     cfg = json.loads((src / "config.json").read_text())
     cfg["quantization_config"] = _quant_config(fmt, bits, group, sym, act_order)
@@ -155,34 +199,91 @@ def write_checkpoint(src: Path, out: Path, fmt: str, bits: int = 4, group: int =
     gen = src / "generation_config.json"
     if gen.is_file():
         shutil.copy(gen, out / gen.name)
-    return deq, {k: (v.float().numpy() if isinstance(v, torch.Tensor) and v.dtype == torch.float8_e4m3fn
-                     else np.asarray(v)) for k, v in stored.items()}
+    return deq, {
+        k: (
+            v.float().numpy()
+            if isinstance(v, torch.Tensor) and v.dtype == torch.float8_e4m3fn
+            else np.asarray(v)
+        )
+        for k, v in stored.items()
+    }
 
 
 def _quant_config(fmt: str, bits: int, group: int, sym: bool, act_order: bool) -> dict[str, Any]:
     if fmt in ("gptq", "gptq_v2"):
-        return {"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": act_order, "sym": sym,
-                "damp_percent": 0.01, "true_sequential": True, "checkpoint_format": fmt}
+        return {
+            "quant_method": "gptq",
+            "bits": bits,
+            "group_size": group,
+            "desc_act": act_order,
+            "sym": sym,
+            "damp_percent": 0.01,
+            "true_sequential": True,
+            "checkpoint_format": fmt,
+        }
     if fmt == "awq":
-        return {"quant_method": "awq", "bits": bits, "group_size": group, "zero_point": True,
-                "version": "gemm", "modules_to_not_convert": None}
+        return {
+            "quant_method": "awq",
+            "bits": bits,
+            "group_size": group,
+            "zero_point": True,
+            "version": "gemm",
+            "modules_to_not_convert": None,
+        }
     if fmt == "ct-pack":
-        weights = {"num_bits": bits, "type": "int", "symmetric": sym, "dynamic": False,
-                   "strategy": "channel" if group == -1 else "group",
-                   "group_size": None if group == -1 else group, "actorder": None}
-        return {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
-                "quantization_status": "compressed",
-                "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
-                                              "input_activations": None, "output_activations": None}}}
+        weights = {
+            "num_bits": bits,
+            "type": "int",
+            "symmetric": sym,
+            "dynamic": False,
+            "strategy": "channel" if group == -1 else "group",
+            "group_size": None if group == -1 else group,
+            "actorder": None,
+        }
+        return {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "ignore": ["lm_head"],
+            "quantization_status": "compressed",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": weights,
+                    "input_activations": None,
+                    "output_activations": None,
+                }
+            },
+        }
     if fmt == "ct-fp8":
-        weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False,
-                   "strategy": "channel" if group == -1 else "tensor"}
-        return {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
-                "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}
-    weights = {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": False, "strategy": "channel"}
+        weights = {
+            "num_bits": 8,
+            "type": "float",
+            "symmetric": True,
+            "dynamic": False,
+            "strategy": "channel" if group == -1 else "tensor",
+        }
+        return {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "ignore": ["lm_head"],
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+        }
+    weights = {
+        "num_bits": 8,
+        "type": "int",
+        "symmetric": True,
+        "dynamic": False,
+        "strategy": "channel",
+    }
     acts = {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": True, "strategy": "token"}
-    return {"quant_method": "compressed-tensors", "format": "int-quantized", "ignore": ["lm_head"],
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts}}}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "int-quantized",
+        "ignore": ["lm_head"],
+        "config_groups": {
+            "group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts}
+        },
+    }
 
 
 def _dequantized_model(model: Any, deq: dict[str, np.ndarray]) -> Any:
@@ -206,7 +307,9 @@ def _weights_of(module: Any) -> dict[str, np.ndarray]:
     vals: dict[int, Any] = {}
     out: dict[str, np.ndarray] = {}
     for op in fn.ops:
-        if all(id(v) in vals for v in op.operands) and (op.name in ("core.weight", "core.constant") or op.operands):
+        if all(id(v) in vals for v in op.operands) and (
+            op.name in ("core.weight", "core.constant") or op.operands
+        ):
             res = interp.eval_op(op, [vals[id(v)] for v in op.operands], {})
             for r, x in zip(op.results, res):
                 vals[id(r)] = x
@@ -227,6 +330,7 @@ CASES = {
     "gptq-asym4": dict(fmt="gptq", bits=4, group=32, sym=False),
     "gptq-actorder": dict(fmt="gptq", bits=4, group=32, sym=False, act_order=True),
     "gptq-sym8": dict(fmt="gptq", bits=8, group=32, sym=True),
+    "gptq-2bit": dict(fmt="gptq", bits=2, group=32, sym=False),
     "gptq_v2-channel": dict(fmt="gptq_v2", bits=4, group=-1, sym=False),
     "awq": dict(fmt="awq", bits=4, group=32, sym=False),
     "ct-w4a16": dict(fmt="ct-pack", bits=4, group=32, sym=True),
@@ -250,7 +354,9 @@ def checkpoints(tiny_model: Any, tmp_path_factory: pytest.TempPathFactory) -> di
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_import_keeps_packing_and_dequantizes_exactly(case: str, checkpoints: dict[str, Any]) -> None:
+def test_import_keeps_packing_and_dequantizes_exactly(
+    case: str, checkpoints: dict[str, Any]
+) -> None:
     folder, deq, stored, _ = checkpoints[case]
     module = import_hf(folder, require_tokenizer=False)
     assert module.attrs["llm.quantization"]["method"] in ("gptq", "awq", "compressed-tensors")
@@ -261,7 +367,12 @@ def test_import_keeps_packing_and_dequantizes_exactly(case: str, checkpoints: di
         assert len(packed) == 2 * len(LINEARS)
         # the packed weight references the checkpoint's bytes unchanged
         op = packed[0]
-        raw = np.fromfile(folder / "model.safetensors", np.uint8, int(op.attrs["nbytes"]), offset=int(op.attrs["offset"]))
+        raw = np.fromfile(
+            folder / "model.safetensors",
+            np.uint8,
+            int(op.attrs["nbytes"]),
+            offset=int(op.attrs["offset"]),
+        )
         assert raw.tobytes() == np.ascontiguousarray(stored[str(op.attrs["name"])]).tobytes()
     got = _weights_of(module)
     assert set(got) == set(deq)
@@ -269,7 +380,9 @@ def test_import_keeps_packing_and_dequantizes_exactly(case: str, checkpoints: di
         np.testing.assert_array_equal(got[mod], want, err_msg=mod)
 
 
-@pytest.mark.parametrize("case", ["gptq-asym4", "gptq-actorder", "awq", "ct-w4a16", "ct-fp8-channel", "ct-w8a8"])
+@pytest.mark.parametrize(
+    "case", ["gptq-asym4", "gptq-actorder", "awq", "ct-w4a16", "ct-fp8-channel", "ct-w8a8"]
+)
 def test_greedy_parity_with_the_dequantized_model(case: str, checkpoints: dict[str, Any]) -> None:
     folder, deq, _, model = checkpoints[case]
     module = import_hf(folder, require_tokenizer=False)
@@ -278,13 +391,23 @@ def test_greedy_parity_with_the_dequantized_model(case: str, checkpoints: dict[s
     assert max(diffs) <= 1e-4
 
 
-@pytest.mark.parametrize("case, lossless", [
-    ("gptq-sym4", {"gptq": 14}), ("gptq-asym4", {"gptq": 14}), ("gptq-sym8", {"gptq": 14}),
-    ("awq", {"awq": 14}), ("ct-w4a16", {"ctpack": 14}), ("ct-w4-asym-channel", {"ctpack": 12}),
-    ("gptq-actorder", {}), ("ct-fp8-tensor", {}),
-])
-def test_onnxruntime_build(case: str, lossless: dict[str, int], checkpoints: dict[str, Any],
-                           tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "case, lossless",
+    [
+        ("gptq-sym4", {"gptq": 14}),
+        ("gptq-asym4", {"gptq": 14}),
+        ("gptq-sym8", {"gptq": 14}),
+        ("awq", {"awq": 14}),
+        ("ct-w4a16", {"ctpack": 14}),
+        ("ct-w4-asym-channel", {"ctpack": 12}),
+        ("gptq-actorder", {}),
+        ("gptq-2bit", {}),
+        ("ct-fp8-tensor", {}),
+    ],
+)
+def test_onnxruntime_build(
+    case: str, lossless: dict[str, int], checkpoints: dict[str, Any], tmp_path: Path
+) -> None:
     """Lossless repacks give the interpreter's logits (fp32 activations); act-order and
     down_proj's per-channel group of 96 are requantized with their error in the manifest."""
     pytest.importorskip("onnxruntime")
@@ -299,9 +422,12 @@ def test_onnxruntime_build(case: str, lossless: dict[str, int], checkpoints: dic
     assert q["gguf_lossless"] == lossless
     requant = q["gguf_requantized"]
     dec = open_artifact(str(tmp_path / "a"))
-    if case == "gptq-actorder":
-        assert len(requant) == 14 and all("act-order" in r["reason"] for r in requant)
-        assert all(0 < r["max_rel_error"] < 0.2 for r in requant)
+    if case in ("gptq-actorder", "gptq-2bit"):
+        why = "act-order" if case == "gptq-actorder" else "4 or 8 bits, not 2"
+        assert len(requant) == 14 and all(why in r["reason"] for r in requant)
+        assert all(0 <= r["max_rel_error"] < 0.2 for r in requant)
+        if case == "gptq-actorder":
+            assert min(r["max_rel_error"] for r in requant) > 0
         assert parity(module, dec, PROMPT, steps=2) < 0.2
         return
     if case == "ct-w4-asym-channel":  # down_proj: one group of 96 columns
@@ -342,19 +468,41 @@ def _edit(folder: Path, tmp: Path, **changes: Any) -> Path:
     return out
 
 
-@pytest.mark.parametrize("case, changes, message", [
-    ("gptq-sym4", {"quant_method": "bitsandbytes"},
-     r"config\.json: field 'quantization_config\.quant_method' is 'bitsandbytes', which is not supported"),
-    ("gptq-sym4", {"bits": 3}, r"field 'quantization_config\.bits' is 3: supported 2, 4, 8"),
-    ("gptq-sym4", {"checkpoint_format": "marlin"}, r"field 'quantization_config\.checkpoint_format' is 'marlin'"),
-    ("gptq-sym4", {"group_size": 16},
-     r"tensor 'model\.layers\.0\.self_attn\.q_proj\.scales' has shape \[2, 64\], expected \[4, 64\]"),
-    ("awq", {"version": "gemv"}, r"field 'quantization_config\.version' is 'gemv': only the GEMM packing"),
-    ("ct-w4a16", {"format": "marlin-24"}, r"field 'quantization_config\.format' is 'marlin-24', which is not supported"),
-    ("ct-w4a16", {"sparsity_config": {"format": "sparse-24"}}, r"sparsity_config' is set"),
-])
-def test_config_errors(case: str, changes: dict[str, Any], message: str, checkpoints: dict[str, Any],
-                       tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "case, changes, message",
+    [
+        (
+            "gptq-sym4",
+            {"quant_method": "bitsandbytes"},
+            r"config\.json: field 'quantization_config\.quant_method' is 'bitsandbytes', which is not supported",
+        ),
+        ("gptq-sym4", {"bits": 3}, r"field 'quantization_config\.bits' is 3: supported 2, 4, 8"),
+        (
+            "gptq-sym4",
+            {"checkpoint_format": "marlin"},
+            r"field 'quantization_config\.checkpoint_format' is 'marlin'",
+        ),
+        (
+            "gptq-sym4",
+            {"group_size": 16},
+            r"tensor 'model\.layers\.0\.self_attn\.q_proj\.scales' has shape \[2, 64\], expected \[4, 64\]",
+        ),
+        (
+            "awq",
+            {"version": "gemv"},
+            r"field 'quantization_config\.version' is 'gemv': only the GEMM packing",
+        ),
+        (
+            "ct-w4a16",
+            {"format": "marlin-24"},
+            r"field 'quantization_config\.format' is 'marlin-24', which is not supported",
+        ),
+        ("ct-w4a16", {"sparsity_config": {"format": "sparse-24"}}, r"sparsity_config' is set"),
+    ],
+)
+def test_config_errors(
+    case: str, changes: dict[str, Any], message: str, checkpoints: dict[str, Any], tmp_path: Path
+) -> None:
     with pytest.raises(InputError, match=message):
         import_hf(_edit(checkpoints[case][0], tmp_path, **changes), require_tokenizer=False)
 
@@ -367,8 +515,11 @@ def test_missing_g_idx_with_act_order(checkpoints: dict[str, Any], tmp_path: Pat
     t = load_file(str(out / "model.safetensors"))
     del t["model.layers.0.self_attn.q_proj.g_idx"]
     save_file(t, str(out / "model.safetensors"))
-    with pytest.raises(InputError, match=r"tensor 'model\.layers\.0\.self_attn\.q_proj\.g_idx' is missing, "
-                                         r"but quantization_config asks for act-order"):
+    with pytest.raises(
+        InputError,
+        match=r"tensor 'model\.layers\.0\.self_attn\.q_proj\.g_idx' is missing, "
+        r"but quantization_config asks for act-order",
+    ):
         import_hf(out, require_tokenizer=False)
 
 
@@ -377,8 +528,26 @@ def test_packers_round_trip() -> None:
     for bits in (2, 4, 8):
         codes = rng.integers(0, 1 << bits, (16, 32)).astype(np.uint8)
         for axis in (0, 1):
-            assert np.array_equal(int32_packed.unpack_int32(int32_packed.pack_int32(codes, bits, axis), bits, axis),
-                                  codes)
+            assert np.array_equal(
+                int32_packed.unpack_int32(int32_packed.pack_int32(codes, bits, axis), bits, axis),
+                codes,
+            )
     with pytest.raises(ValueError, match="GPTQ v1 cannot store a zero point of 0"):
-        int32_packed.pack("gptq", np.zeros((8, 8), np.uint8), np.ones((8, 1), np.float16),
-                          np.zeros((8, 1), np.int64), 4)
+        int32_packed.pack(
+            "gptq",
+            np.zeros((8, 8), np.uint8),
+            np.ones((8, 1), np.float16),
+            np.zeros((8, 1), np.int64),
+            4,
+        )
+
+
+def test_docs_table_is_generated_from_the_code() -> None:
+    from llmir_core.frontends.hf_quant import format_table
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "llm-import.md").read_text(
+        encoding="utf-8"
+    )
+    assert format_table() in doc, (
+        "docs/llm-import.md: paste hf_quant.format_table() into the quant section"
+    )
