@@ -158,6 +158,7 @@ def write_checkpoint(
                 deq[module] = ref_ct(p, sc, zp, bits, n, k, block)
             else:
                 p, sc, zp = int32_packed.pack(scheme, q, s, z, bits)
+                assert zp is not None
                 stored.update(
                     {f"{module}.qweight": p, f"{module}.qzeros": zp, f"{module}.scales": sc}
                 )
@@ -325,7 +326,7 @@ def _weights_of(module: Any) -> dict[str, np.ndarray]:
     return out
 
 
-CASES = {
+CASES: dict[str, dict[str, Any]] = {
     "gptq-sym4": dict(fmt="gptq", bits=4, group=32, sym=True),
     "gptq-asym4": dict(fmt="gptq", bits=4, group=32, sym=False),
     "gptq-actorder": dict(fmt="gptq", bits=4, group=32, sym=False, act_order=True),
