@@ -22,6 +22,7 @@ import pytest
 from llmir_core.errors import InputError
 from llmir_core.frontends.hf import import_hf
 from llmir_core.interp import Interpreter
+from llmir_core.ir.types import DType, QuantType
 from llmir_core.quant import int32_packed
 
 from .tiny import check_against_full_forward, ir_greedy
@@ -499,6 +500,13 @@ def _edit(folder: Path, tmp: Path, **changes: Any) -> Path:
             r"field 'quantization_config\.format' is 'marlin-24', which is not supported",
         ),
         ("ct-w4a16", {"sparsity_config": {"format": "sparse-24"}}, r"sparsity_config' is set"),
+        (
+            "gptq-sym4",
+            {"group_size": 0},
+            r"cannot hold a \[64, 64\] weight in gptq layout: group size 0 is not positive",
+        ),
+        ("awq", {"bits": 8}, r"field 'quantization_config\.bits' is 8: supported 4"),
+        ("awq", {"zero_point": False}, r"field 'quantization_config\.zero_point' is false"),
     ],
 )
 def test_config_errors(
@@ -552,3 +560,138 @@ def test_docs_table_is_generated_from_the_code() -> None:
     assert format_table() in doc, (
         "docs/llm-import.md: paste hf_quant.format_table() into the quant section"
     )
+
+
+def test_phi3_and_compressed_tensors_scheme_errors(
+    checkpoints: dict[str, Any], tmp_path: Path
+) -> None:
+    folder = checkpoints["ct-fp8-tensor"][0]
+    cfg = json.loads((folder / "config.json").read_text())
+    qc = cfg["quantization_config"]
+    cases = [
+        ({"model_type": "phi3"}, r"field 'quantization_config' is set on a phi3 model"),
+        (
+            {
+                "quantization_config": {
+                    **qc,
+                    "config_groups": {
+                        "g": {
+                            "targets": ["Linear"],
+                            "weights": {"num_bits": 8, "type": "float", "strategy": "group"},
+                        }
+                    },
+                }
+            },
+            r"field 'quantization_config\.config_groups\.g\.weights\.strategy' is 'group'",
+        ),
+        (
+            {
+                "quantization_config": {
+                    **qc,
+                    "format": "int-quantized",
+                    "config_groups": {
+                        "g": {
+                            "targets": ["Linear"],
+                            "weights": {
+                                "num_bits": 8,
+                                "type": "int",
+                                "symmetric": False,
+                                "strategy": "channel",
+                            },
+                        }
+                    },
+                }
+            },
+            r"int-quantized supports symmetric per-channel int8 only",
+        ),
+    ]
+    for i, (changes, message) in enumerate(cases):
+        out = tmp_path / f"c{i}"
+        shutil.copytree(folder, out)
+        (out / "config.json").write_text(json.dumps({**cfg, **changes}))
+        with pytest.raises(InputError, match=message):
+            import_hf(out, require_tokenizer=False)
+
+
+def test_fp8_scale_shape_error(checkpoints: dict[str, Any], tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path / "m"
+    shutil.copytree(checkpoints["ct-fp8-tensor"][0], out)
+    t = load_file(str(out / "model.safetensors"))
+    t["model.layers.0.mlp.up_proj.weight_scale"] = torch.ones(3)
+    save_file(t, str(out / "model.safetensors"))
+    with pytest.raises(
+        InputError,
+        match=r"tensor 'model\.layers\.0\.mlp\.up_proj\.weight_scale' has shape \[3\]: "
+        r"expected a per-tensor \[1\] or per-channel \[96, 1\] scale",
+    ):
+        import_hf(out, require_tokenizer=False)
+
+
+def _infer(name: str, types: list[str], **attrs: Any) -> list[str]:
+    from llmir_core.builder import Builder
+    from llmir_core.ir.core import Function
+    from llmir_core.ir.typeparse import parse_type_text
+
+    b = Builder(Function("main", []))
+    args = [b.arg(f"a{i}", parse_type_text(t)) for i, t in enumerate(types)]
+    return [str(r.type) for r in b.create(name, args, attrs).results]
+
+
+def test_dequantize_operands_are_checked() -> None:
+    """llm.dequantize of the int32-packed formats: operand shapes and dtypes per scheme."""
+    g = "tensor<64x128x!quant<gptq, bits=4, block=32, scale=f16, zero=int>>"
+    assert _infer(
+        "llm.dequantize", [g, "tensor<4x64xf16>", "tensor<4x8xi32>", "tensor<128xi32>"]
+    ) == ["tensor<64x128xf32>"]
+    ct = "tensor<64x128x!quant<ctpack, bits=8, block=128, scale=bf16, zero=none>>"
+    assert _infer("llm.dequantize", [ct, "tensor<64x1xbf16>"]) == ["tensor<64x128xf32>"]
+    bad = [
+        (
+            [g, "tensor<4x64xf16>"],
+            "gptq with zero=int takes scales, zero_points and an optional g_idx",
+        ),
+        (
+            [g, "tensor<64x4xf16>", "tensor<4x8xi32>"],
+            r"scales has shape \[64, 4\], expected \[4, 64\]",
+        ),
+        ([g, "tensor<4x64xf32>", "tensor<4x8xi32>"], "scales"),
+        ([g, "tensor<4x64xf16>", "tensor<4x8xu8>"], "zero_points"),
+        (
+            [g, "tensor<4x64xf16>", "tensor<4x8xi32>", "tensor<64xi32>"],
+            r"g_idx has shape \[64\], expected \[128\]",
+        ),
+        (
+            [
+                "tensor<64x128x!quant<awq, bits=8, block=32, scale=f16, zero=int>>",
+                "tensor<4x64xf16>",
+                "tensor<4x16xi32>",
+            ],
+            "AWQ GEMM packing is defined for 4 bits only",
+        ),
+        (
+            [
+                "tensor<64x128x!quant<gptq, bits=4, block=32, scale=f16, zero=none>>",
+                "tensor<4x64xf16>",
+            ],
+            "gptq zero must be int, got none",
+        ),
+        (
+            [
+                "tensor<2x64x128x!quant<ctpack, bits=4, block=32, scale=f16, zero=none>>",
+                "tensor<64x4xf16>",
+            ],
+            "ctpack weights are 2-D",
+        ),
+    ]
+    for types, message in bad:
+        with pytest.raises(Exception, match=message):
+            _infer("llm.dequantize", types)
+    with pytest.raises(Exception, match="gptq is a checkpoint storage format"):
+        _infer(
+            "llm.quantize",
+            ["tensor<64x128xf32>"],
+            format=QuantType("gptq", 4, 32, DType.f16, "int"),
+        )
