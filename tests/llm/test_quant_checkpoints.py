@@ -568,7 +568,7 @@ def test_phi3_and_compressed_tensors_scheme_errors(
     folder = checkpoints["ct-fp8-tensor"][0]
     cfg = json.loads((folder / "config.json").read_text())
     qc = cfg["quantization_config"]
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"model_type": "phi3"}, r"field 'quantization_config' is set on a phi3 model"),
         (
             {
