@@ -442,6 +442,40 @@ def test_onnxruntime_build(
     assert greedy(dec, prompt, 32) == greedy(ref_decoder(module), prompt, 32)
 
 
+@pytest.mark.parametrize(
+    "case, decision",
+    [
+        ("gptq-asym4", r"gptq repacked losslessly to int4 block 32"),
+        ("gptq-actorder", r"gptq requantized to int4 block \d+ with zero points \(act-order g_idx"),
+        (
+            "gptq-2bit",
+            r"requantized to int4 block \d+ with zero points \(MatMulNBits on CPU takes 4 or 8 bits, not 2\)",
+        ),
+    ],
+)
+def test_lowering_reports_the_packed_weight_decision(
+    case: str, decision: str, checkpoints: dict[str, Any]
+) -> None:
+    """lower-ort-matmul decides lossless repack vs requantize and reports it (with the error)."""
+    import re
+
+    from llmir_core.backends import get_target
+    from llmir_core.passes.manager import run_pipeline
+
+    folder, _, _, _ = checkpoints[case]
+    module = import_hf(folder, require_tokenizer=False)
+    res = run_pipeline(module, get_target("onnxruntime").lowering({}))
+    nbits_ops = [op for op in res.module.main.ops if op.name == "ort.matmul_nbits"]
+    details = [r.detail for r in res.ctx.rewrites if r.rule == "matmul-nbits"]
+    assert nbits_ops and len(details) == len(nbits_ops)
+    assert any(re.search(decision, d) for d in details), details
+    lossless = "losslessly" in decision
+    assert all(op.attrs["quantize"] == ("none" if lossless else "asym") for op in nbits_ops)
+    if not lossless:
+        errors = [float(e) for d in details for e in re.findall(r"max abs error ([0-9.e+-]+)", d)]
+        assert errors and all(e >= 0 for e in errors)
+
+
 def test_module_text_round_trips(checkpoints: dict[str, Any], tmp_path: Path) -> None:
     from llmir_core.ir.parser import parse_module
     from llmir_core.ir.printer import print_module
