@@ -43,7 +43,7 @@ def expected_nbytes(t: TensorType) -> int | None:
     if isinstance(t.dtype, QuantType):
         q = t.dtype
         group = q.super_block or q.block
-        if q.scheme == "nbits":
+        if q.scheme in ("nbits", "gptq", "gptq_v2", "awq", "ctpack"):
             return (numel * q.bits + 7) // 8
         if numel % group:
             return -1

@@ -7,8 +7,9 @@ passes (llmir_core/passes/lower_ort_*.py) to its ONNX node(s), with no pattern m
   `total_sequence_length` computed from its positions operand, and com.microsoft.RotaryEmbedding
   on q and k when the rotary table is too narrow for the op's own rotary). Its present outputs
   keep the IR's names, so the runtime binds past and present to one buffer;
-- `ort.matmul_nbits` -> MatMulNBits, its logical weight packed into blocks (GGUF repacked,
-  nbits passed through, float weights quantized as the op's `quantize` says);
+- `ort.matmul_nbits` -> MatMulNBits, its logical weight packed into blocks (GGUF and GPTQ/AWQ/
+  compressed-tensors checkpoints repacked, nbits passed through, float weights quantized as the
+  op's `quantize` says: the lowering pass made the choice, the manifest lists it);
 - `ort.fused_matmul` -> FusedMatMul; `ort.(skip_)simplified_layer_norm` ->
   (Skip)SimplifiedLayerNormalization; `ort.quick_gelu` -> QuickGelu;
 - `llm.embedding` -> Gather over the streamed table, or GatherBlockQuantized when the table is
@@ -49,13 +50,17 @@ from llmir_core.passes.ort_common import (
     is_decoder,
     kv_bytes_per_token,
     module_options,
+    packed_asym,
+    packed_lossless,
+    packed_parts,
+    packed_requant_reason,
     packed_src,
     parse_quant,
     tt,
     weight_src,
     weight_srcs,
 )
-from llmir_core.quant import gguf_blocks, nbits
+from llmir_core.quant import gguf_blocks, int32_packed, nbits
 from llmir_core.quant.gguf_repack import LOSSLESS, REQUANT, repack_gguf
 from llmir_core.weights import load_weight, resolve_path
 
@@ -142,6 +147,8 @@ class _Weights:
             raw = np.asarray(w.data).reshape(src.rows, -1)
             for r in range(0, src.rows, step):
                 yield gguf_blocks.dequantize(raw[r:r + step], w.qtype.scheme, (min(step, src.rows - r), src.cols))
+        elif src.kind == "packed":
+            yield self._packed_f32(src, w)
         else:  # nbits
             q = w.qtype
             codes = np.asarray(w.data).reshape(src.rows, -1)
@@ -183,6 +190,13 @@ class _Weights:
         out = self._init(name, TensorProto.FLOAT, [rows, cols], off, nbytes)
         self.names[key] = out
         return out
+
+    # -- int32-packed checkpoint weights (GPTQ / AWQ / compressed-tensors) -------------
+    def _packed_f32(self, src: WSrc, w: Any) -> np.ndarray:
+        p = packed_parts(src, self.eval)
+        q = p.qtype
+        return int32_packed.dequantize(q.scheme, np.asarray(w.data), p.scales, p.zero_points, p.g_idx,
+                                       q.bits, q.block, (src.rows, src.cols))
 
     # -- MatMulNBits ---------------------------------------------------------------
     def nbits(self, srcs: list[WSrc], fmt: NbitsFormat, name: str) -> tuple[str, str, str | None]:
@@ -249,11 +263,41 @@ class _Weights:
                                          "block": fmt.block, "max_abs_error": err,
                                          "max_rel_error": err / peak if peak else 0.0})
             return
+        if s.kind == "packed":
+            yield from self._packed_chunks(s, fmt, str(label))
+            return
         tag = f"int{fmt.bits}"
         self.log.quantized[tag] = self.log.quantized.get(tag, 0) + 1
         for x in self.rows_f32(s):
             codes, sc, zp = nbits.quantize(x, fmt.bits, fmt.block, not fmt.asym, np.dtype(np.float32))
             yield codes, sc, zp
+
+    def _packed_chunks(self, s: WSrc, fmt: NbitsFormat,
+                       label: str) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+        """A packed checkpoint weight as written: its own codes when it repacks losslessly in
+        fmt, else requantized (the reason and the error go to the manifest)."""
+        assert s.op is not None
+        w = load_weight(s.op.attrs, _weight_type(s.op), self.base_dir)
+        p = packed_parts(s, self.eval)
+        q = p.qtype
+        if packed_lossless(s, fmt, self.eval):
+            self.log.lossless[q.scheme] = self.log.lossless.get(q.scheme, 0) + 1
+            codes, sc32, zpk = int32_packed.to_nbits(q.scheme, np.asarray(w.data), p.scales, p.zero_points,
+                                                     q.bits, q.block, (s.rows, s.cols))
+            if fmt.asym and zpk is None:  # a sibling of a row-concatenation has zero points
+                mid = 1 << (fmt.bits - 1)
+                zpk = nbits.pack_codes(np.full((s.rows, s.cols // fmt.block), mid, np.uint8), fmt.bits, mid)
+            yield codes, sc32, (zpk if fmt.asym else None)
+            return
+        x = self._packed_f32(s, w)
+        codes, sc32, zpk = nbits.quantize(x, fmt.bits, fmt.block, not fmt.asym, np.dtype(np.float32))
+        back = nbits.dequantize(codes, sc32, zpk, fmt.bits, fmt.block, x.shape)
+        err, peak = float(np.abs(back - x).max()), float(np.abs(x).max())
+        why = packed_requant_reason(s, self.eval) or f"the op's format is int{fmt.bits} block {fmt.block}"
+        self.log.requantized.append({"weight": label, "from": q.scheme, "to": f"int{fmt.bits}",
+                                     "block": fmt.block, "reason": why, "max_abs_error": err,
+                                     "max_rel_error": err / peak if peak else 0.0})
+        yield codes, sc32, zpk
 
     def small(self, arr: np.ndarray, name: str) -> str:
         """A small computed constant (norm scales, rotary tables)."""
@@ -557,8 +601,9 @@ def _emit_matmul_nbits(D: DecoderSerializer, op: Op) -> bool:
     else:
         srcs = D.weight(op.operands[1])
         kinds = {s.kind for s in srcs}
-        if kinds & {"nbits"} or {s.scheme for s in srcs} & set(REQUANT):
+        if kinds & {"nbits", "packed"} or {s.scheme for s in srcs} & set(REQUANT):
             fmt = NbitsFormat(fmt.bits, fmt.block, any(s.kind == "nbits" and _zero(s) for s in srcs)
+                              or any(s.kind == "packed" and packed_asym(s, D.w.eval) for s in srcs)
                               or at.get("quantize") == "asym")
     b, s, z = D.w.nbits(srcs, fmt, _label(op, "weight"))
     n, k = sum(x.rows for x in srcs), srcs[0].cols

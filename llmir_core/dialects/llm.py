@@ -675,7 +675,7 @@ def _nbits_shapes(q: QuantType, shape: tuple[Dim, ...]) -> tuple[tuple[Dim, ...]
 
 
 def _check_format(q: QuantType, shape: tuple[Dim, ...], quantizing: bool) -> None:
-    from llmir_core.quant import gguf_blocks, nbits
+    from llmir_core.quant import gguf_blocks, int32_packed, nbits
 
     if not shape:
         raise OpVerifyError("quantized tensors need rank >= 1 (blocks run along the last dim)")
@@ -692,6 +692,22 @@ def _check_format(q: QuantType, shape: tuple[Dim, ...], quantizing: bool) -> Non
             raise OpVerifyError(f"quantizing to {q.scheme} is not supported "
                                 f"(supported: {', '.join(gguf_blocks.QUANTIZABLE)}, nbits)")
         group = gguf_blocks.BLOCKS[q.scheme][0]
+    elif q.scheme in int32_packed.SCHEMES:
+        if quantizing:
+            raise OpVerifyError(f"{q.scheme} is a checkpoint storage format: llmir imports it but "
+                                "does not quantize to it (quantize to nbits)")
+        if len(shape) != 2:
+            raise OpVerifyError(f"{q.scheme} weights are 2-D [out, in], got rank {len(shape)}")
+        if q.zero not in ("none", "int") or (q.scheme != "ctpack" and q.zero != "int"):
+            raise OpVerifyError(f"{q.scheme} zero must be int{' or none' if q.scheme == 'ctpack' else ''}, "
+                                f"got {q.zero}")
+        if not q.scale.is_float:
+            raise OpVerifyError(f"{q.scheme} scales must be float, got {q.scale}")
+        if all(isinstance(d, int) for d in shape):
+            why = int32_packed.check_layout(q.scheme, q.bits, int(shape[0]), int(shape[1]), q.block)
+            if why:
+                raise OpVerifyError(f"{q.scheme}: {why}")
+        return
     else:
         raise OpVerifyError(f"unknown quantization scheme '{q.scheme}'")
     if isinstance(shape[-1], int) and shape[-1] % group:
@@ -739,6 +755,9 @@ def _infer_packed(ctx: InferCtx, i: int) -> tuple[TensorType, QuantType]:
     q = w.dtype
     _check_format(q, w.shape, quantizing=False)
     extra = len(ctx.types) - i - 1
+    if q.scheme in INT32_PACKED:
+        _check_int32_packed(ctx, i, w, q, extra)
+        return w, q
     if q.scheme != "nbits":
         if extra:
             raise OpVerifyError(f"{q.scheme} blocks carry their own scales: pass no scales/zero points")
@@ -763,6 +782,38 @@ def _infer_packed(ctx: InferCtx, i: int) -> tuple[TensorType, QuantType]:
     return w, q
 
 
+INT32_PACKED = ("gptq", "gptq_v2", "awq", "ctpack")
+
+
+def _check_int32_packed(ctx: InferCtx, i: int, w: TensorType, q: QuantType, extra: int) -> None:
+    """Operands after the packed weight: scales, zero points (zero=int: int32, packed as the
+    checkpoint stores them), then an optional i32 g_idx [K]."""
+    from llmir_core.quant import int32_packed
+
+    n, k = w.shape
+    names = ["scales"] + (["zero_points"] if q.zero == "int" else [])
+    if extra < len(names) or extra > len(names) + 1:
+        raise OpVerifyError(f"{q.scheme} with zero={q.zero} takes {', '.join(names)} and an optional "
+                            f"g_idx, got {extra} operand(s) after the weight")
+    if not (isinstance(n, int) and isinstance(k, int)):
+        return
+    want = int32_packed.shapes(q.scheme, q.bits, n, k, q.block)
+    sc = tensor_arg(ctx, i + 1, "scales")
+    _need_dtype(sc, q.scale, "scales")
+    checks = [(sc, want["scales"], "scales")]
+    if q.zero == "int":
+        zp = tensor_arg(ctx, i + 2, "zero_points")
+        _need_dtype(zp, DType.i32, "zero_points")
+        checks.append((zp, want["zeros"], "zero_points"))
+    if extra > len(names):
+        gi = tensor_arg(ctx, i + 1 + len(names), "g_idx")
+        _need_dtype(gi, DType.i32, "g_idx")
+        checks.append((gi, (k,), "g_idx"))
+    for t, shape, what in checks:
+        if t.rank != len(shape) or not all(_same(a, c) for a, c in zip(t.shape, shape)):
+            raise OpVerifyError(f"{what} has shape {fmt_shape(t.shape)}, expected {fmt_shape(shape)}")
+
+
 def _infer_dequantize(ctx: InferCtx) -> list[Type]:
     w, _ = _infer_packed(ctx, 0)
     dt = ctx["dtype"]
@@ -774,15 +825,21 @@ def _infer_dequantize(ctx: InferCtx) -> list[Type]:
 def _dequant(args: list[Any]) -> np.ndarray:
     from llmir_core.quant import dequantize
 
+    q = args[0].qtype
+    if q.scheme in INT32_PACKED and q.zero == "none":
+        return dequantize(args[0], args[1], None, *args[2:])
     return dequantize(args[0], *args[1:])
 
 
 register(OpDef(
     name="llm.dequantize",
     summary="Decode block-quantized data to floats (GGUF formats bit-exact with gguf's decoder; "
-            "nbits as (code - zero) * scale).",
-    operands=(Operand("packed"), Operand("scales", optional=True, doc="nbits only"),
-              Operand("zero_points", optional=True, doc="nbits with zero=int only")),
+            "nbits as (code - zero) * scale; the int32-packed checkpoint formats gptq, gptq_v2, awq "
+            "and ctpack as (code - zero[g]) * scale[g] with g = g_idx[k] or k / block).",
+    operands=(Operand("packed"), Operand("scales", optional=True, doc="nbits and int32-packed only"),
+              Operand("zero_points", optional=True, doc="nbits/int32-packed with zero=int only"),
+              Operand("g_idx", optional=True, doc="int32-packed only: i32 [K] group of each input "
+                      "column (GPTQ act-order)")),
     attrs=(Attr("dtype", "dtype", DType.f32, doc="the result's float dtype"),),
     infer=_infer_dequantize,
     reference=lambda a, at: _dequant(a).astype(numpy_dtype(at["dtype"])),

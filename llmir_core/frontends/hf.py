@@ -4,11 +4,12 @@ Reads `config.json` (transformers 4.x fields `rope_theta`/`rope_scaling` and 5.x
 `rope_parameters`), indexes the safetensors files without reading tensor data, and emits the
 decoder of `llm_graph` with `core.weight` ops that reference each tensor by absolute byte offset.
 `generation_config.json`, `tokenizer.json` and the chat template (`tokenizer_config.json` or
-`chat_template.jinja`) become module attributes. Architectures: llama, mistral, qwen2, qwen3,
-phi3, gemma2, gemma3_text (local/global layers with their own rope, q/k norms); rope types
-default, linear, dynamic, llama3, yarn, longrope (see `rope`), per layer type where the config
-says so. Anything else that would change the model's meaning is an `InputError` naming the file
-and the field.
+`chat_template.jinja`) become module attributes. Pre-quantized GPTQ, AWQ and compressed-tensors
+checkpoints keep their packed weights (`hf_quant`). Architectures: llama, mistral, qwen2, qwen3,
+phi3, gemma2, gemma3_text (local/global layers with their own rope, q/k norms), and the
+mixture-of-experts families in `hf_moe`; rope types default, linear, dynamic, llama3, yarn,
+longrope (see `rope`), per layer type where the config says so. Anything else that would change
+the model's meaning is an `InputError` naming the file and the field.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from llmir_core.fileio import reject_surrogates
 from llmir_core.ir.core import Module, Value
 from llmir_core.ir.types import DType, TensorType
 
+from . import hf_quant
 from .hf_moe import MOE_ARCHS, MOE_DEFAULTS, moe_layers, moe_weights
 from .llm_graph import DecoderConfig, RopeSpec, build_decoder
 from .rope import ROPE_TYPES, RopeParams, rope_spec_from
@@ -192,10 +194,7 @@ def rope_specs(cfg: _Cfg, head_dim: int, layer_types: list[str]) -> list[RopeSpe
 
 def _check_unsupported(cfg: _Cfg) -> None:
     d = cfg.data
-    if d.get("quantization_config"):
-        method = d["quantization_config"].get("quant_method", "?") if isinstance(d["quantization_config"], dict) else "?"
-        raise cfg.fail("quantization_config", f"({method}) is set: pre-quantized checkpoints are not supported",
-                       hint="import the unquantized model, or its GGUF file")
+    hf_quant.parse(cfg)  # GPTQ / AWQ / compressed-tensors: a bad quantization_config fails here
     if d.get("mlp_bias"):
         raise cfg.fail("mlp_bias", "is true, which is not supported")
     if d.get("use_bidirectional_attention"):
@@ -301,8 +300,9 @@ class HFWeights:
     """Weight references into safetensors files, by absolute offset (no tensor data is read)."""
 
     def __init__(self, index: SafetensorsIndex, dc: DecoderConfig, base_dir: str | None,
-                 prefix: str = "hf:") -> None:
+                 prefix: str = "hf:", quant: hf_quant.QuantConfig | None = None) -> None:
         self.index, self.dc, self.base_dir, self.prefix = index, dc, base_dir, prefix
+        self.quant = quant
         self._cache: dict[tuple[str, int | None], Value] = {}
 
     # shapes each parameter must have ([out, in] for projections)
@@ -366,6 +366,13 @@ class HFWeights:
         ck = (key, layer)
         if ck in self._cache:
             return self._cache[ck]
+        shape = self._expected(key)
+        if self.quant is not None and len(shape) == 2 and key != "model.embed_tokens":
+            qv = hf_quant.quantized_weight(b, self.index, self.quant, self._module(key, layer),
+                                           (shape[0], shape[1]), self.base_dir)
+            if qv is not None:
+                self._cache[ck] = qv
+                return qv
         e = self._entry(key, layer)
         v = emit_weight(b, e, self.base_dir)
         if e.dtype != DType.f32:
@@ -474,9 +481,12 @@ def import_hf(path: str | os.PathLike[str], out_path: str | os.PathLike[str] | N
                     ", ".join(os.path.basename(f) for f in index.files))
     dc = decoder_config(cfg)
     base_dir = os.path.dirname(os.path.abspath(out_path)) if out_path is not None else None
-    src = (moe_weights(HFWeights) if dc.moe else HFWeights)(index, dc, base_dir)
+    quant = hf_quant.parse(cfg)
+    src = (moe_weights(HFWeights) if dc.moe else HFWeights)(index, dc, base_dir, quant=quant)
     module = build_decoder(dc, src, name=_module_name(folder))
     module.attrs.update(model_attributes(folder, cfg, dc, base_dir, require_tokenizer))
+    if quant is not None:
+        module.attrs["llm.quantization"] = quant.summary()
     if out_path is not None:
         module.source = str(os.path.abspath(out_path))
     return module

@@ -26,6 +26,7 @@ from llmir_core.rewrite.rule import RuleInstance, value_loc
 
 from .base import PassContext, erase_dead, replace_uses, scratch_builder
 from .ort_common import (
+    Evaluate,
     Graph,
     cache_args,
     declare_ort,
@@ -33,6 +34,7 @@ from .ort_common import (
     nbits_format,
     packed_src,
     parse_quant,
+    static_evaluator,
     tt,
     weight_src,
 )
@@ -92,12 +94,13 @@ class LowerOrtAttention:
         changed = False
         fmt = parse_quant(self.quant, self.quant_block)
         n_rejected = len(ctx.rejections)
+        ev = static_evaluator(module)
         for sdpa in [op for op in fn.ops if op.name == "llm.scaled_dot_product_attention"]:
             g = Graph(fn)
             a = self._match(g, fn, sdpa, ctx)
             if a is None:
                 continue
-            self._rewrite(g, fn, a, ctx, fmt)
+            self._rewrite(g, fn, a, ctx, fmt, ev)
             changed = True
         reasons: dict[str, int] = {}
         for r in ctx.rejections[n_rejected:]:
@@ -201,7 +204,7 @@ class LowerOrtAttention:
             return op, op.operands[0], op.operands[1], bias, claims  # W packed: dequantized when merged
         return None
 
-    def _packable(self, g: Graph, a: _Attn, fmt: object) -> tuple[list[Op], list[Value], Value, list[Op]] | Value | None:
+    def _packable(self, g: Graph, a: _Attn, fmt: object, ev: Evaluate) -> tuple[list[Op], list[Value], Value, list[Op]] | Value | None:
         """How q, k and v pack: the input of a split they already are (a Value), or (weights,
         biases, activation, ops replaced) when they are projections of one activation by weights
         of one storage format; None when they do not pack."""
@@ -225,14 +228,14 @@ class LowerOrtAttention:
                 else weight_src(g, w) for p, w in zip(projs, ws)]
         if any(s is None for s in srcs):
             return None
-        fmts = {nbits_format(s, fmt) for s in srcs if s is not None}  # type: ignore[arg-type]
+        fmts = {nbits_format(s, fmt, ev) for s in srcs if s is not None}  # type: ignore[arg-type]
         if len(fmts) != 1:
             return None
         return [p[0] for p in projs], biases, x, [o for p in projs for o in p[4]]  # type: ignore[index,misc]
 
-    def _rewrite(self, g: Graph, fn: Function, a: _Attn, ctx: PassContext, fmt: object) -> None:
+    def _rewrite(self, g: Graph, fn: Function, a: _Attn, ctx: PassContext, fmt: object, ev: Evaluate) -> None:
         b, new_ops = scratch_builder(fn, a.sdpa.origin)
-        pack = self._packable(g, a, fmt)
+        pack = self._packable(g, a, fmt, ev)
         if isinstance(pack, Value):  # already one projection, split: feed it whole
             ins = [pack]
             a.claims.append(a.q.owner)  # type: ignore[arg-type]

@@ -8,7 +8,11 @@ weights, the packed QKV) becomes:
 - `ort.matmul_nbits` when W is stored in blocks: GGUF q4_0/q8_0/q5_0/q6_k/q3_k and nbits
   weights are repacked losslessly (`quantize = "none"`), GGUF q4_1/q5_1/q2_k/q4_k/q5_k are
   requantized to blocks with zero points (the report gives the max error), and f32 weights are
-  quantized when `quant` is int4/int8 (`quantize = "sym"`);
+  quantized when `quant` is int4/int8 (`quantize = "sym"`). Packed checkpoint weights (GPTQ,
+  AWQ, compressed-tensors) repack losslessly when they have 4 or 8 bits, power-of-two groups
+  of consecutive columns and zero points that fit; otherwise (act-order g_idx, 2 bits, other
+  group sizes) they are requantized with zero points and the report gives the reason and the
+  max error;
 - `ort.fused_matmul` otherwise.
 
 `core.silu` of f32 becomes `ort.quick_gelu` (alpha 1). Invariant: every exact op's
@@ -30,6 +34,7 @@ from llmir_core.ir.types import DType
 from .base import PassContext, erase_dead, replace_uses, scratch_builder
 from .ort_common import (
     ACCURACY_LEVEL,
+    Evaluate,
     Graph,
     NbitsFormat,
     WSrc,
@@ -37,8 +42,12 @@ from .ort_common import (
     declare_ort,
     is_decoder,
     nbits_format,
+    packed_lossless,
+    packed_parts,
+    packed_requant_reason,
     parse_quant,
     quantize_mode,
+    static_evaluator,
     tt,
     weight_srcs,
 )
@@ -69,12 +78,13 @@ class LowerOrtMatmul:
         check_accuracy_level(self.accuracy_level)
         base = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
         changed = False
+        ev = static_evaluator(module)
         for fn in module.functions:
             changed |= self._expand(fn)
             g = Graph(fn)
             for op in list(fn.ops):
                 if op.name == "core.matmul":
-                    changed |= self._matmul(fn, g, op, ctx, fmt, base)
+                    changed |= self._matmul(fn, g, op, ctx, fmt, base, ev)
                 elif op.name == "core.silu" and tt(op.operands[0]).dtype == DType.f32:
                     b, new_ops = scratch_builder(fn, op.origin)
                     y = b.op("ort.quick_gelu", op.operands[0], alpha=1.0)
@@ -108,7 +118,7 @@ class LowerOrtMatmul:
         return changed
 
     def _matmul(self, fn: Function, g: Graph, op: Op, ctx: PassContext, fmt: NbitsFormat | None,
-                base: str) -> bool:
+                base: str, ev: Evaluate) -> bool:
         x, w = op.operands
         if op.attrs.get("transpose_a") or tt(x).dtype != DType.f32 or tt(x).rank < 2:
             return False
@@ -117,23 +127,29 @@ class LowerOrtMatmul:
             return False
         trans_b = bool(op.attrs.get("transpose_b"))
         b, new_ops = scratch_builder(fn, op.origin)
-        fmts = {nbits_format(s, fmt) for s in srcs} if trans_b else {None}
+        fmts = {nbits_format(s, fmt, ev) for s in srcs} if trans_b else {None}
         nb = fmts.pop() if len(fmts) == 1 else None
         if nb is not None and srcs[0].cols % nb.block == 0:
-            modes = {quantize_mode(s, nb) for s in srcs}
+            modes = {quantize_mode(s, nb, ev) for s in srcs}
             mode = "none" if modes == {"none"} else ("asym" if nb.asym else "sym")
             y = b.op("ort.matmul_nbits", x, w, bits=nb.bits, block_size=nb.block,
                      accuracy_level=self.accuracy_level, quantize=mode)
-            ctx.applied("matmul-nbits", y, "; ".join(self._describe(s, nb, base) for s in srcs))
+            ctx.applied("matmul-nbits", y, "; ".join(self._describe(s, nb, base, ev) for s in srcs))
         else:
             y = b.op("ort.fused_matmul", x, w, transB=trans_b)
         self._splice(fn, op, new_ops, [y])
         return True
 
-    def _describe(self, s: WSrc, nb: NbitsFormat, base: str) -> str:
+    def _describe(self, s: WSrc, nb: NbitsFormat, base: str, ev: Evaluate) -> str:
         tag = f"int{nb.bits} block {nb.block}"
         if s.kind == "nbits":
             return f"{s.label}: nbits {tag} passed through"
+        if s.kind == "packed" and packed_lossless(s, nb, ev):
+            return f"{s.label}: {s.scheme} repacked losslessly to {tag}"
+        if s.kind == "packed":
+            why = packed_requant_reason(s, ev) or f"the op's format is {tag}"
+            return f"{s.label}: {s.scheme} requantized to {tag} with zero points ({why}), " \
+                   f"max abs error {_packed_requant_error(s, nb, base, ev):.3g}"
         if s.kind == "gguf" and quantize_mode(s, nb) == "none":
             return f"{s.label}: {s.scheme} repacked losslessly to {tag}"
         if s.kind == "gguf":
@@ -158,3 +174,19 @@ def _requant_error(s: WSrc, nb: NbitsFormat, base: str) -> float:
         back = fake_quant(x, nb.bits, nb.block, "asym" if nb.asym else "sym")
         err = max(err, float(np.abs(back - x).max()))
     return err
+
+
+def _packed_requant_error(s: WSrc, nb: NbitsFormat, base: str, ev: Evaluate) -> float:
+    """Max |requantized - checkpoint| over a packed weight (what the serializer's requantizing loses)."""
+    from llmir_core.dialects.ort import fake_quant
+    from llmir_core.quant import int32_packed
+    from llmir_core.weights import load_weight
+
+    assert s.op is not None
+    p = packed_parts(s, ev)
+    q = p.qtype
+    w = load_weight(s.op.attrs, tt(s.op.results[0]), base)
+    x = int32_packed.dequantize(q.scheme, np.asarray(w.data), p.scales, p.zero_points, p.g_idx, q.bits, q.block,
+                                (s.rows, s.cols))
+    back = fake_quant(x, nb.bits, nb.block, "asym" if nb.asym else "sym")
+    return float(np.abs(back - x).max())

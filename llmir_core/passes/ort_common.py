@@ -7,12 +7,16 @@ Nothing here imports onnx: the passes run in `llmir optimize`, the serializer im
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from llmir_core.errors import InputError
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType, QuantType, TensorType
+from llmir_core.quant import int32_packed
 from llmir_core.quant.gguf_repack import LOSSLESS, REQUANT
 
 QUANT_MODES = ("int4", "int8")
@@ -146,11 +150,11 @@ class WSrc:
     """A static 2-D weight [rows, cols] and how it is stored."""
 
     value: Value
-    kind: str  # f32 (file bytes as is) | cast | gguf | nbits | eval
+    kind: str  # f32 (file bytes as is) | cast | gguf | nbits | packed (GPTQ/AWQ/ctpack) | eval
     op: Op | None  # the core.weight op (None for eval)
     rows: int
     cols: int
-    extra: tuple[Value, ...] = ()  # nbits scales / zero points
+    extra: tuple[Value, ...] = ()  # nbits / packed scales, zero points (packed: then g_idx)
     transpose: bool = False  # eval only: the value is [cols, rows] and is transposed
 
     @property
@@ -192,6 +196,8 @@ def weight_src(g: Graph, v: Value) -> WSrc | None:
                 return WSrc(v, "gguf", src, rows, cols)
             if q.scheme == "nbits":
                 return WSrc(v, "nbits", src, rows, cols, tuple(op.operands[1:]))
+            if q.scheme in int32_packed.SCHEMES:
+                return WSrc(v, "packed", src, rows, cols, tuple(op.operands[1:]))
     return WSrc(v, "eval", None, rows, cols)
 
 
@@ -207,7 +213,8 @@ def weight_srcs(g: Graph, v: Value) -> list[WSrc] | None:
 
 
 def packed_src(g: Graph, w: Value, extra: list[Value]) -> WSrc | None:
-    """An nbits- or GGUF-packed core.weight [N, K] used as is (llm.quantized_matmul's weight)."""
+    """An nbits-, GGUF- or checkpoint-packed (GPTQ/AWQ/ctpack) core.weight [N, K] used as is
+    (llm.quantized_matmul's weight)."""
     wop = w.owner
     q = tt(w).dtype
     if wop is None or wop.name != "core.weight" or not isinstance(q, QuantType) or tt(w).rank != 2:
@@ -215,13 +222,87 @@ def packed_src(g: Graph, w: Value, extra: list[Value]) -> WSrc | None:
     rows, cols = tt(w).static_shape() or (0, 0)
     if q.scheme == "nbits":
         return WSrc(w, "nbits", wop, rows, cols, tuple(extra))
+    if q.scheme in int32_packed.SCHEMES:
+        return WSrc(w, "packed", wop, rows, cols, tuple(extra))
     if q.scheme in LOSSLESS or q.scheme in REQUANT:
         return WSrc(w, "gguf", wop, rows, cols)
     return None
 
 
-def nbits_format(src: WSrc, quant: NbitsFormat | None) -> NbitsFormat | None:
-    """The MatMulNBits format this weight takes, or None (kept f32)."""
+# -- int32-packed checkpoint weights (GPTQ / AWQ / compressed-tensors) --------------------------
+
+Evaluate = Callable[[Value], Any]  # a static value's array (scales, zero points, g_idx)
+
+
+@dataclass(frozen=True)
+class PackedParts:
+    qtype: QuantType
+    scales: np.ndarray
+    zero_points: np.ndarray | None  # int32-packed as the checkpoint stores them
+    g_idx: np.ndarray | None
+
+
+def static_evaluator(module: Module) -> Evaluate:
+    """Static values of module (a packed weight's scales, zero points, g_idx), each evaluated once."""
+    from .static_eval import static_value
+
+    cache: dict[int, np.ndarray] = {}
+
+    def ev(v: Value) -> np.ndarray:
+        if id(v) not in cache:
+            val = static_value(module, v)
+            if val is None:
+                raise InputError(f"%{v.name}: the packed weight's scales, zero points or g_idx cannot be "
+                                 "read at compile time (a missing weight file?)")
+            cache[id(v)] = np.asarray(val)
+        return cache[id(v)]
+
+    return ev
+
+
+def packed_parts(src: WSrc, ev: Evaluate) -> PackedParts:
+    """The packed weight's type and its small tensors (extra = scales, zero points, g_idx)."""
+    assert src.kind == "packed" and src.op is not None
+    q = tt(src.op.results[0]).dtype
+    assert isinstance(q, QuantType)
+    ex = [np.asarray(ev(v)) for v in src.extra]
+    n_fixed = 2 if q.zero == "int" else 1
+    return PackedParts(q, ex[0], ex[1] if q.zero == "int" else None, ex[-1] if len(ex) > n_fixed else None)
+
+
+def packed_requant_reason(src: WSrc, ev: Evaluate) -> str | None:
+    """Why the packed weight has no exact MatMulNBits form (it is requantized), or None."""
+    p = packed_parts(src, ev)
+    q = p.qtype
+    return int32_packed.lossless_nbits(q.scheme, q.bits, q.block, (src.rows, src.cols), p.zero_points, p.g_idx)
+
+
+def packed_asym(src: WSrc, ev: Evaluate) -> bool:
+    """A losslessly repacked weight needs zero points (some zero is not the midpoint)."""
+    p = packed_parts(src, ev)
+    q = p.qtype
+    if p.zero_points is None:
+        return False
+    z = int32_packed.zeros(q.scheme, p.zero_points, q.bits, src.rows, src.cols // q.block)
+    return not bool(np.all(z == (1 << (q.bits - 1))))
+
+
+def _packed_format(src: WSrc, ev: Evaluate) -> NbitsFormat | None:
+    q = packed_parts(src, ev).qtype
+    if packed_requant_reason(src, ev) is None:
+        return NbitsFormat(q.bits, q.block, packed_asym(src, ev))
+    block = next((b for b in (q.block, 128, 64, 32, 16) if int32_packed.nbits_block_ok(b, src.cols)), 0)
+    return NbitsFormat(8 if q.bits == 8 else 4, block, True) if block else None
+
+
+def nbits_format(src: WSrc, quant: NbitsFormat | None, ev: Evaluate | None = None) -> NbitsFormat | None:
+    """The MatMulNBits format this weight takes, or None (kept f32). Packed checkpoint weights
+    (which need `ev` to read their zero points and g_idx) keep their bits and group size when
+    they repack losslessly, else are requantized with zero points (4 or 8 bits)."""
+    if src.kind == "packed":
+        if ev is None:
+            raise ValueError("nbits_format of a packed weight needs an evaluator")
+        return _packed_format(src, ev)
     if src.kind == "gguf":
         scheme = src.scheme
         assert scheme is not None
@@ -240,10 +321,21 @@ def nbits_format(src: WSrc, quant: NbitsFormat | None) -> NbitsFormat | None:
     return None
 
 
-def quantize_mode(src: WSrc, fmt: NbitsFormat) -> str:
+def packed_lossless(src: WSrc, fmt: NbitsFormat, ev: Evaluate) -> bool:
+    """The packed weight is written as its own codes in format fmt (no requantization)."""
+    q = packed_parts(src, ev).qtype
+    return packed_requant_reason(src, ev) is None and (fmt.bits, fmt.block) == (q.bits, q.block)
+
+
+def quantize_mode(src: WSrc, fmt: NbitsFormat, ev: Evaluate | None = None) -> str:
     """ort.matmul_nbits' `quantize`: none when the packing is lossless, else sym/asym."""
     if src.kind == "nbits" or (src.kind == "gguf" and src.scheme in LOSSLESS):
         return "none"
+    if src.kind == "packed":
+        if ev is None:
+            raise ValueError("quantize_mode of a packed weight needs an evaluator")
+        if packed_lossless(src, fmt, ev):
+            return "none"
     return "asym" if fmt.asym else "sym"
 
 
@@ -254,5 +346,6 @@ def module_options(module: Module) -> dict[str, Any]:
 
 
 __all__ = ["is_decoder", "cache_args", "NbitsFormat", "parse_quant", "Graph", "WSrc", "weight_src",
-           "weight_srcs", "packed_src", "nbits_format", "quantize_mode", "declare_ort", "tt",
+           "weight_srcs", "packed_src", "nbits_format", "quantize_mode", "Evaluate", "static_evaluator", "PackedParts", "packed_parts",
+           "packed_requant_reason", "packed_asym", "packed_lossless", "declare_ort", "tt",
            "ACCURACY_LEVEL", "QUANT_MODES", "kv_bytes_per_token", "TARGET", "module_options", "check_accuracy_level"]
