@@ -131,7 +131,10 @@ def test_tokenizer_chat_template_and_generation_config(tiny_model: Any, tmp_path
     folder, _ = tiny_model("llama")
     d = tmp_path / "with_tok"
     shutil.copytree(folder, d)
-    (d / "tokenizer.json").write_text("{}")
+    from tokenizers import Tokenizer, models
+
+    # a real (if tiny) tokenizer: an empty or malformed tokenizer.json is refused at import
+    Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
     (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 5], "temperature": 0.6,
                                                           "top_p": 0.9, "do_sample": True}))
