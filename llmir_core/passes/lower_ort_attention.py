@@ -201,6 +201,27 @@ class LowerOrtAttention:
             return op, op.operands[0], op.operands[1], bias, claims  # W packed: dequantized when merged
         return None
 
+    def _split_plus_bias(self, g: Graph, a: _Attn) -> tuple[list[Op], list[Value], Value, list[Op]] | None:
+        """q, k, v = split(p) + static biases (merge-qkv's output with biased projections):
+        ([], biases, p, the adds and the split) -- packed as p + concat(biases)."""
+        adds, biases, parts = [], [], []
+        for lin in (a.q, a.k, a.v):
+            op = lin.owner
+            if op is None or op.name != "core.add" or len(g.uses(lin)) != 1 or id(lin) in g.outputs:
+                return None
+            x, bias = op.operands
+            if id(x) in g.static:
+                x, bias = bias, x
+            if id(bias) not in g.static or tt(bias).rank != 1 or len(g.uses(x)) != 1 or x.owner is None:
+                return None
+            adds.append(op)
+            biases.append(bias)
+            parts.append(x)
+        sp = parts[0].owner
+        if sp is None or sp.name != "core.split" or sp.attrs.get("axis") not in (-1, 2) or list(sp.results) != parts:
+            return None
+        return [], biases, sp.operands[0], [*adds, sp]
+
     def _packable(self, g: Graph, a: _Attn, fmt: object) -> tuple[list[Op], list[Value], Value, list[Op]] | Value | None:
         """How q, k and v pack: the input of a split they already are (a Value), or (weights,
         biases, activation, ops replaced) when they are projections of one activation by weights
@@ -211,6 +232,9 @@ class LowerOrtAttention:
         if sp is not None and sp.name == "core.split" and sp.attrs.get("axis") in (-1, 2) \
                 and [a.q, a.k, a.v] == list(sp.results) and len(g.uses(a.q)) == 1:
             return sp.operands[0]
+        split_bias = self._split_plus_bias(g, a)
+        if split_bias is not None:
+            return split_bias
         projs = [self._projection(g, lin) for lin in (a.q, a.k, a.v)]
         if any(p is None for p in projs):
             return None
@@ -241,11 +265,13 @@ class LowerOrtAttention:
             ws = [b.op("llm.dequantize", *m.operands[1:], dtype=DType.f32) if m.name == "llm.quantized_matmul"
                   else m.operands[1] for m in mms]
             sizes = tuple(tt(w).shape[0] for w in ws)
-            cat = b.op("core.concat", *ws, axis=0)
-            qkv = b.op("core.matmul", x, cat, transpose_b=True)
+            if mms:
+                qkv = b.op("core.matmul", x, b.op("core.concat", *ws, axis=0), transpose_b=True)
+            else:  # already one projection, split and biased
+                qkv = x
             if biases:  # validated differentially (no rule states the biased merge)
                 qkv = b.op("core.add", qkv, b.op("core.concat", *biases, axis=0))
-            elif all(o.name == "core.matmul" for o in replaced):
+            elif mms and all(o.name == "core.matmul" for o in replaced):
                 for key, lin in zip("qkv", (a.q, a.k, a.v)):
                     ctx.instances.append(RuleInstance(
                         f"merge-qkv-{key}", lin.name, lin.name,
