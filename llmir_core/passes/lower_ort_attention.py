@@ -265,8 +265,10 @@ class LowerOrtAttention:
             ws = [b.op("llm.dequantize", *m.operands[1:], dtype=DType.f32) if m.name == "llm.quantized_matmul"
                   else m.operands[1] for m in mms]
             sizes = tuple(tt(w).shape[0] for w in ws)
-            if mms:
-                qkv = b.op("core.matmul", x, b.op("core.concat", *ws, axis=0), transpose_b=True)
+            if mms:  # located where merge-qkv puts its merged projection: the q projection's origin
+                o = mms[0].origin
+                cat = b.create("core.concat", ws, {"axis": 0}, origin=o).result
+                qkv = b.create("core.matmul", [x, cat], {"transpose_b": True}, origin=o).result
             else:  # already one projection, split and biased
                 qkv = x
             if biases:  # validated differentially (no rule states the biased merge)

@@ -75,24 +75,26 @@ def test_unknown_target_is_an_input_error(tmp_path: Path, lowered: Path) -> None
     assert r.returncode == 2 and "unknown target 'nope'" in r.stderr
 
 
-def _lower_validated(module: Any) -> Any:
-    """optimize -O2 --target onnxruntime --verify-each, in process: every pass must validate."""
+def _lower_validated(module: Any) -> tuple[Any, Any]:
+    """optimize -O2 --target onnxruntime --verify-each, in process: every pass must validate.
+    Returns (the -O2 module, the lowered module)."""
     from llmir_core.backends import get_target
     from llmir_core.passes.base import clone_module
     from llmir_core.passes.manager import run_pipeline
     from llmir_core.passes.pipeline import preset
     from llmir_core.smt.tv import validate_pass
 
-    res = run_pipeline(clone_module(module), preset(2) + get_target("onnxruntime").lowering({}),
-                       validator=validate_pass)
+    opt = run_pipeline(clone_module(module), preset(2), validator=validate_pass)
+    assert opt.failed_validation is None, opt.failed_validation
+    res = run_pipeline(clone_module(opt.module), get_target("onnxruntime").lowering({}), validator=validate_pass)
     assert res.failed_validation is None, res.failed_validation
-    return res.module
+    return opt.module, res.module
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3", "gemma2"])
 def test_architectures_lower_with_validation(arch: str, tmp_path: Path) -> None:
-    """Each architecture lowers to one GroupQueryAttention per layer, every pass validated, and
-    the lowered file builds the artifact the import builds."""
+    """Each architecture lowers to one GroupQueryAttention per layer after -O2, every pass
+    validated, and the lowered file builds the artifact `llmir build` of the -O2 module builds."""
     from llmir_core.backends import build
     from llmir_core.frontends.hf import import_hf
     from llmir_core.ir.parser import parse_module
@@ -103,11 +105,15 @@ def test_architectures_lower_with_validation(arch: str, tmp_path: Path) -> None:
         pytest.skip(f"no tiny {arch} shape in tests/decoder/tiny.py")
     module = import_hf(make_llama_folder(tmp_path / arch, ARCH_SHAPES[arch], tokenizer=False),
                        str(tmp_path / "m.llmir"), require_tokenizer=False)
-    (tmp_path / "m.llmir").write_text(print_module(module))
-    lowered = _lower_validated(module)
+    opt, lowered = _lower_validated(module)
     assert sum(op.name == "ort.group_query_attention" for op in lowered.main.ops) == ARCH_SHAPES[arch].layers
+    (tmp_path / "m.llmir").write_text(print_module(opt))  # what -O2 gives, saved, then lowered
+    from llmir_core.backends import lower
+
+    lowered = lower(parse_module((tmp_path / "m.llmir").read_text(), str(tmp_path / "m.llmir")))
     (tmp_path / "l.llmir").write_text(print_module(lowered))
-    build(module, str(tmp_path / "A"), source_path=str(tmp_path / "m.llmir"))
+    build(parse_module((tmp_path / "m.llmir").read_text(), str(tmp_path / "m.llmir")), str(tmp_path / "A"),
+          source_path=str(tmp_path / "m.llmir"))
     build(parse_module((tmp_path / "l.llmir").read_text(), str(tmp_path / "l.llmir")), str(tmp_path / "B"))
     for f in sorted(p.name for p in (tmp_path / "A").iterdir()):
         assert (tmp_path / "A" / f).read_bytes() == (tmp_path / "B" / f).read_bytes(), f
@@ -122,7 +128,7 @@ def test_gguf_weights_lower_to_lossless_matmul_nbits(scheme: str, tmp_path: Path
 
     module = import_hf(make_llama_folder(tmp_path / "m", LlamaShape(), tokenizer=False), require_tokenizer=False)
     quantize_weights(module, tmp_path / "blob.bin", lambda name: scheme if "proj" in name else None)
-    lowered = _lower_validated(module)
+    _, lowered = _lower_validated(module)
     nb = [op for op in lowered.main.ops if op.name == "ort.matmul_nbits"]
     assert nb and all(op.attrs["quantize"] == "none" for op in nb)
     assert any(op.name == "ort.group_query_attention" and op.attrs.get("packed") for op in lowered.main.ops)
@@ -141,7 +147,7 @@ def test_transformers_models_lower_with_validation(arch: str, tmp_path: Path) ->
         pytest.skip(f"tests/llm/tiny.py has no {arch}")
     make_model(arch, tmp_path / arch)
     module = import_hf(tmp_path / arch, require_tokenizer=False)
-    lowered = _lower_validated(module)
+    _, lowered = _lower_validated(module)
     layers = int(module.attrs["llm.num_layers"])
     assert sum(op.name == "ort.group_query_attention" for op in lowered.main.ops) == layers
 
