@@ -57,7 +57,9 @@ def _swap(fn: Function, op: Op, new_results: list) -> None:  # type: ignore[type
 @dataclass(frozen=True)
 class LowerOrtMatmul:
     name: ClassVar[str] = "lower-ort-matmul"
-    summary: ClassVar[str] = "matmuls by constant weights -> ort.matmul_nbits (GGUF repack, int4/int8) / ort.fused_matmul"
+    summary: ClassVar[str] = (
+        "matmuls by constant weights -> ort.matmul_nbits (GGUF repack, int4/int8) / ort.fused_matmul"
+    )
     quant: str = ""
     quant_block: int = 32
     accuracy_level: int = ACCURACY_LEVEL
@@ -107,8 +109,9 @@ class LowerOrtMatmul:
             changed = True
         return changed
 
-    def _matmul(self, fn: Function, g: Graph, op: Op, ctx: PassContext, fmt: NbitsFormat | None,
-                base: str) -> bool:
+    def _matmul(
+        self, fn: Function, g: Graph, op: Op, ctx: PassContext, fmt: NbitsFormat | None, base: str
+    ) -> bool:
         x, w = op.operands
         if op.attrs.get("transpose_a") or tt(x).dtype != DType.f32 or tt(x).rank < 2:
             return False
@@ -122,8 +125,15 @@ class LowerOrtMatmul:
         if nb is not None and srcs[0].cols % nb.block == 0:
             modes = {quantize_mode(s, nb) for s in srcs}
             mode = "none" if modes == {"none"} else ("asym" if nb.asym else "sym")
-            y = b.op("ort.matmul_nbits", x, w, bits=nb.bits, block_size=nb.block,
-                     accuracy_level=self.accuracy_level, quantize=mode)
+            y = b.op(
+                "ort.matmul_nbits",
+                x,
+                w,
+                bits=nb.bits,
+                block_size=nb.block,
+                accuracy_level=self.accuracy_level,
+                quantize=mode,
+            )
             ctx.applied("matmul-nbits", y, "; ".join(self._describe(s, nb, base) for s in srcs))
         else:
             y = b.op("ort.fused_matmul", x, w, transB=trans_b)
@@ -137,8 +147,10 @@ class LowerOrtMatmul:
         if s.kind == "gguf" and quantize_mode(s, nb) == "none":
             return f"{s.label}: {s.scheme} repacked losslessly to {tag}"
         if s.kind == "gguf":
-            return f"{s.label}: {s.scheme} requantized to {tag} with zero points, " \
-                   f"max abs error {_requant_error(s, nb, base):.3g}"
+            return (
+                f"{s.label}: {s.scheme} requantized to {tag} with zero points, "
+                f"max abs error {_requant_error(s, nb, base):.3g}"
+            )
         return f"{s.label}: f32 quantized to {tag} ({'asym' if nb.asym else 'sym'})"
 
 
@@ -154,7 +166,7 @@ def _requant_error(s: WSrc, nb: NbitsFormat, base: str) -> float:
     err = 0.0
     step = max(1, (8 << 20) // max(1, s.cols * 4))
     for r in range(0, s.rows, step):
-        x = gguf_blocks.dequantize(raw[r:r + step], s.scheme, (min(step, s.rows - r), s.cols))
+        x = gguf_blocks.dequantize(raw[r : r + step], s.scheme, (min(step, s.rows - r), s.cols))
         back = fake_quant(x, nb.bits, nb.block, "asym" if nb.asym else "sym")
         err = max(err, float(np.abs(back - x).max()))
     return err
