@@ -33,7 +33,7 @@ def main() -> None:
     prompt = np.random.default_rng(0).integers(3, 1000, (1, a.prompt_len))
     res: dict[str, dict[str, list[float]]] = {k: {"prefill": [], "decode": []} for k in decs}
     for r in range(a.rounds):
-        for k in (("A", "B") if r % 2 == 0 else ("B", "A")):
+        for k in ("A", "B") if r % 2 == 0 else ("B", "A"):
             d = decs[k]
             d.reserve(a.prompt_len + a.gen_len + 1)
             d.reset(1)
@@ -47,10 +47,14 @@ def main() -> None:
             res[k]["prefill"].append(1000 * (t1 - t0))
             res[k]["decode"].append(a.gen_len / (t2 - t1))
     for k in decs:
-        print(f"{k}: prefill {statistics.median(res[k]['prefill']):.1f} ms, "
-              f"decode {statistics.median(res[k]['decode']):.1f} tok/s")
-    print(f"B/A decode {statistics.median(res['B']['decode']) / statistics.median(res['A']['decode']):.3f}, "
-          f"prefill time {statistics.median(res['B']['prefill']) / statistics.median(res['A']['prefill']):.3f}")
+        print(
+            f"{k}: prefill {statistics.median(res[k]['prefill']):.1f} ms, "
+            f"decode {statistics.median(res[k]['decode']):.1f} tok/s"
+        )
+    print(
+        f"B/A decode {statistics.median(res['B']['decode']) / statistics.median(res['A']['decode']):.3f}, "
+        f"prefill time {statistics.median(res['B']['prefill']) / statistics.median(res['A']['prefill']):.3f}"
+    )
 
 
 if __name__ == "__main__":

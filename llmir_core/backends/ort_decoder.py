@@ -343,7 +343,7 @@ class DecoderSerializer:
         if id(v) in self.g.static and op.name not in ("core.weight", "core.constant") \
                 and isinstance(t, TensorType) and t.static_shape() is not None \
                 and int(np.prod(t.static_shape() or ())) <= _FOLD_MAX:
-            name = self.w.small(self.w.eval(v), _label(op, v.name))  # computed from constants: folded
+            name = self.w.small(self.w.eval(v), _label(op, "const"))  # computed from constants: folded
             self.bind(v, name)
             return name
         for o in op.operands:

@@ -23,7 +23,7 @@ _OPTIONS = ("quant", "quant_block", "accuracy_level", "max_len", "last_logits", 
 # ops with a definition the generic lowering cannot express in ONNX
 _REASONS = {
     "llm.kv_cache_update": "the !llm.kv_cache type has no onnxruntime form; decoders keep their cache as "
-                           "past/present tensors",
+    "past/present tensors",
     "llm.kv_cache_read": "the !llm.kv_cache type has no onnxruntime form",
 }
 
@@ -35,9 +35,28 @@ def _capabilities() -> Capabilities:
     for name, od in all_ops().items():
         if od.decompose is not None and name not in _REASONS:
             ops.add(name)  # lowered through its decomposition
-    dtypes = {"f64", "f32", "f16", "bf16", "i64", "i32", "i16", "i8", "u8", "u16", "u32", "u64", "bool",
-              "f8e4m3", "f8e5m2", "i4", "u4"}
-    return Capabilities(frozenset(ops), frozenset(dtypes), frozenset({"cpu"}), dict(_REASONS), folds_constants=True)
+    dtypes = {
+        "f64",
+        "f32",
+        "f16",
+        "bf16",
+        "i64",
+        "i32",
+        "i16",
+        "i8",
+        "u8",
+        "u16",
+        "u32",
+        "u64",
+        "bool",
+        "f8e4m3",
+        "f8e5m2",
+        "i4",
+        "u4",
+    }
+    return Capabilities(
+        frozenset(ops), frozenset(dtypes), frozenset({"cpu"}), dict(_REASONS), folds_constants=True
+    )
 
 
 @dataclass
@@ -61,18 +80,33 @@ class OrtTarget:
 
         unknown = sorted(set(options) - set(_OPTIONS))
         if unknown:
-            raise InputError(f"unknown onnxruntime build option(s): {', '.join(unknown)}",
-                             hint=f"valid: {', '.join(_OPTIONS)}")
+            raise InputError(
+                f"unknown onnxruntime build option(s): {', '.join(unknown)}",
+                hint=f"valid: {', '.join(_OPTIONS)}",
+            )
         quant = str(options.get("quant") or "")
         block = int(options.get("quant_block", 32))
         level = int(options.get("accuracy_level", ACCURACY_LEVEL))
-        module = LowerOrtModule(quant, block, level, int(options.get("max_len") or 0),
-                                bool(options.get("last_logits", False)), bool(options.get("generic", False)))
+        module = LowerOrtModule(
+            quant,
+            block,
+            level,
+            int(options.get("max_len") or 0),
+            bool(options.get("last_logits", False)),
+            bool(options.get("generic", False)),
+        )
         if options.get("generic"):
             return [module]
-        return [LowerOrtAttention(quant, block), LowerOrtNorms(), LowerOrtMatmul(quant, block, level), module]
+        return [
+            LowerOrtAttention(quant, block),
+            LowerOrtNorms(),
+            LowerOrtMatmul(quant, block, level),
+            module,
+        ]
 
-    def serialize(self, module: Module, out_dir: str, *, source_path: str | None = None) -> dict[str, Any]:
+    def serialize(
+        self, module: Module, out_dir: str, *, source_path: str | None = None
+    ) -> dict[str, Any]:
         """A lowered module -> artifact folder: the decoder serializer for decoder modules, the
         generic op-by-op build otherwise (and for `generic` lowerings)."""
         from llmir_core.passes.ort_common import is_decoder, module_options
@@ -86,13 +120,20 @@ class OrtTarget:
         if opts.get("quant", "f32") != "f32":
             decoder_only.append("quant")
         if decoder_only:
-            raise InputError(f"{', '.join(decoder_only)} apply to decoder builds only",
-                             hint="import an LLM (HF folder or GGUF) to get a decoder module")
+            raise InputError(
+                f"{', '.join(decoder_only)} apply to decoder builds only",
+                hint="import an LLM (HF folder or GGUF) to get a decoder module",
+            )
         from .ort import build as build_generic
 
         src = module.attrs.get("llmir.source")
-        return build_generic(module, out_dir, NAME, source_path=source_path,
-                             source=dict(src) if isinstance(src, dict) else None)
+        return build_generic(
+            module,
+            out_dir,
+            NAME,
+            source_path=source_path,
+            source=dict(src) if isinstance(src, dict) else None,
+        )
 
     def open(self, artifact_dir: str, **options: Any) -> Any:
         """threads, max_context, spin; tensors=True: a tensor runner even for a decoder."""
@@ -102,8 +143,13 @@ class OrtTarget:
         if isinstance(manifest.get("decoder"), dict) and not options.get("tensors"):
             from llmir_core.runtime.ort_decoder import OrtDecoder
 
-            return OrtDecoder(artifact_dir, manifest, options.get("threads"), options.get("max_context"),
-                              options.get("spin"))
+            return OrtDecoder(
+                artifact_dir,
+                manifest,
+                options.get("threads"),
+                options.get("max_context"),
+                options.get("spin"),
+            )
         from .ort import runner_for_artifact
 
         return runner_for_artifact(artifact_dir, options.get("threads"))

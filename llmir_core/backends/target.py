@@ -33,7 +33,9 @@ class Capabilities:
     folds_constants: bool = False  # ops computed from constants only are evaluated at build time
 
     def runs(self, op_name: str) -> bool:
-        return op_name in self.ops or any(fnmatch.fnmatchcase(op_name, p) for p in self.ops if "*" in p)
+        return op_name in self.ops or any(
+            fnmatch.fnmatchcase(op_name, p) for p in self.ops if "*" in p
+        )
 
     def op_problem(self, op: Op) -> str | None:
         """Why the target cannot run op (None when it can)."""
@@ -46,8 +48,10 @@ class Capabilities:
                 if isinstance(t.dtype, DType) and str(t.dtype) not in self.dtypes:
                     return f"{op.name} computes in {t.dtype}, which the target does not support"
                 if t.device and t.device not in self.devices:
-                    return f"{op.name} places its result on device '{t.device}' (target devices: " \
-                           f"{', '.join(sorted(self.devices))})"
+                    return (
+                        f"{op.name} places its result on device '{t.device}' (target devices: "
+                        f"{', '.join(sorted(self.devices))})"
+                    )
         return None
 
     def check(self, module: Module) -> list[Diagnostic]:
@@ -60,8 +64,12 @@ class Capabilities:
             for op in fn.ops:
                 od = get_op(op.name)
                 folds = op.name in ("core.weight", "core.constant") or (
-                    od is not None and od.reference is not None and not od.effects
-                    and bool(op.operands) and all(id(v) in static for v in op.operands))
+                    od is not None
+                    and od.reference is not None
+                    and not od.effects
+                    and bool(op.operands)
+                    and all(id(v) in static for v in op.operands)
+                )
                 if self.folds_constants and folds:
                     static.update(id(r) for r in op.results)
                     continue
@@ -84,7 +92,9 @@ class Target(Protocol):
 
     def lowering(self, options: Mapping[str, Any]) -> list[Any]: ...
 
-    def serialize(self, module: Module, out_dir: str, *, source_path: str | None = None) -> dict[str, Any]: ...
+    def serialize(
+        self, module: Module, out_dir: str, *, source_path: str | None = None
+    ) -> dict[str, Any]: ...
 
     def open(self, artifact_dir: str, **options: Any) -> Any: ...
 

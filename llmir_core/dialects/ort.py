@@ -30,7 +30,9 @@ from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError
 from .registry import register, register_dialect
 from .shapes import float_tensor, fmt_shape, like, tensor_arg
 
-register_dialect("ort", "onnxruntime target ops: GroupQueryAttention, MatMulNBits, fused norms and matmuls")
+register_dialect(
+    "ort", "onnxruntime target ops: GroupQueryAttention, MatMulNBits, fused norms and matmuls"
+)
 
 _F64 = np.float64
 
@@ -42,6 +44,7 @@ def _need(cond: bool, msg: str) -> None:
 
 # -- group query attention -------------------------------------------------------------------------
 
+
 def _gqa_parts(ctx_or_attrs: Any, n: int) -> dict[str, int]:
     """Operand indices by role: packed (qkv, past_k, past_v, positions[, cos, sin]) or
     unpacked (q, k, v, past_k, past_v, positions[, cos, sin])."""
@@ -51,9 +54,17 @@ def _gqa_parts(ctx_or_attrs: Any, n: int) -> dict[str, int]:
     if n != want:
         form = "qkv" if packed else "q, k, v"
         rot = ", cos_cache, sin_cache" if ctx_or_attrs["do_rotary"] else ""
-        raise OpVerifyError(f"expected {want} operands ({form}, past_key, past_value, positions{rot}), got {n}")
-    idx = {"q": 0, "k": 0 if packed else 1, "v": 0 if packed else 2, "past_k": base, "past_v": base + 1,
-           "positions": base + 2}
+        raise OpVerifyError(
+            f"expected {want} operands ({form}, past_key, past_value, positions{rot}), got {n}"
+        )
+    idx = {
+        "q": 0,
+        "k": 0 if packed else 1,
+        "v": 0 if packed else 2,
+        "past_k": base,
+        "past_v": base + 1,
+        "positions": base + 2,
+    }
     if ctx_or_attrs["do_rotary"]:
         idx["cos"], idx["sin"] = base + 3, base + 4
     return idx
@@ -62,38 +73,77 @@ def _gqa_parts(ctx_or_attrs: Any, n: int) -> dict[str, int]:
 def _infer_gqa(ctx: InferCtx) -> list[Type]:
     idx = _gqa_parts(ctx, len(ctx.types))
     h, hk = ctx["num_heads"], ctx["kv_num_heads"]
-    _need(h > 0 and hk > 0 and h % hk == 0, f"num_heads ({h}) must be a positive multiple of kv_num_heads ({hk})")
-    pk, pv = tensor_arg(ctx, idx["past_k"], "past_key"), tensor_arg(ctx, idx["past_v"], "past_value")
-    _need(pk.rank == 4 and pv.rank == 4, f"past_key/past_value must be [batch, kv_heads, past, head_dim], got {pk}")
+    _need(
+        h > 0 and hk > 0 and h % hk == 0,
+        f"num_heads ({h}) must be a positive multiple of kv_num_heads ({hk})",
+    )
+    pk, pv = (
+        tensor_arg(ctx, idx["past_k"], "past_key"),
+        tensor_arg(ctx, idx["past_v"], "past_value"),
+    )
+    _need(
+        pk.rank == 4 and pv.rank == 4,
+        f"past_key/past_value must be [batch, kv_heads, past, head_dim], got {pk}",
+    )
     d = pk.shape[3]
     _need(isinstance(d, int), "past_key's head_dim must be static")
-    _need(pk.shape[1] == hk and pv.shape[1] == hk,
-          f"past_key has {pk.shape[1]} heads but kv_num_heads is {hk}")
+    _need(
+        pk.shape[1] == hk and pv.shape[1] == hk,
+        f"past_key has {pk.shape[1]} heads but kv_num_heads is {hk}",
+    )
     q = float_tensor(ctx, 0, "query")
-    _need(pk.dtype == q.dtype and pv.dtype == q.dtype, f"past_key/past_value must have the query's dtype {q.dtype}")
+    _need(
+        pk.dtype == q.dtype and pv.dtype == q.dtype,
+        f"past_key/past_value must have the query's dtype {q.dtype}",
+    )
     batch, seq = q.shape[0], q.shape[1]
     widths = {"q": h * d, "k": hk * d, "v": hk * d}
     if ctx["packed"]:
-        _need(q.rank == 3, f"packed qkv must be [batch, seq, (num_heads + 2 kv_num_heads) head_dim], got {q}")
+        _need(
+            q.rank == 3,
+            f"packed qkv must be [batch, seq, (num_heads + 2 kv_num_heads) head_dim], got {q}",
+        )
         want = (h + 2 * hk) * d
-        _need(q.shape[2] == want, f"packed qkv width {q.shape[2]} is not (num_heads + 2 kv_num_heads) * head_dim = {want}")
+        _need(
+            q.shape[2] == want,
+            f"packed qkv width {q.shape[2]} is not (num_heads + 2 kv_num_heads) * head_dim = {want}",
+        )
     else:
         for role in ("q", "k", "v"):
             t = tensor_arg(ctx, idx[role], role)
             _need(t.dtype == q.dtype, f"{role} has dtype {t.dtype}, expected {q.dtype}")
             heads = h if role == "q" else hk
-            ok = (t.rank == 3 and t.shape[2] == widths[role]) or (t.rank == 4 and t.shape[2:] == (heads, d))
-            _need(ok, f"{role} must be [batch, seq, {widths[role]}] or [batch, seq, {heads}, {d}], "
-                      f"got {fmt_shape(t.shape)}")
+            ok = (t.rank == 3 and t.shape[2] == widths[role]) or (
+                t.rank == 4 and t.shape[2:] == (heads, d)
+            )
+            _need(
+                ok,
+                f"{role} must be [batch, seq, {widths[role]}] or [batch, seq, {heads}, {d}], "
+                f"got {fmt_shape(t.shape)}",
+            )
     pos = tensor_arg(ctx, idx["positions"], "positions")
-    _need(pos.rank == 2 and pos.dtype == DType.i64, f"positions must be i64 [batch, seq], got {pos}")
+    _need(
+        pos.rank == 2 and pos.dtype == DType.i64, f"positions must be i64 [batch, seq], got {pos}"
+    )
     if ctx["do_rotary"]:
-        cos, sin = tensor_arg(ctx, idx["cos"], "cos_cache"), tensor_arg(ctx, idx["sin"], "sin_cache")
-        _need(cos.rank == 2 and sin.shape == cos.shape, f"cos/sin caches must be [max_pos, rotary_dim/2], got {cos}")
+        cos, sin = (
+            tensor_arg(ctx, idx["cos"], "cos_cache"),
+            tensor_arg(ctx, idx["sin"], "sin_cache"),
+        )
+        _need(
+            cos.rank == 2 and sin.shape == cos.shape,
+            f"cos/sin caches must be [max_pos, rotary_dim/2], got {cos}",
+        )
         rd = int(ctx["rotary_dim"] or d)  # type: ignore[arg-type]  # d is static (checked above)
-        _need(cos.shape[1] == rd // 2, f"cos_cache width {cos.shape[1]} is not rotary_dim/2 = {rd // 2}")
+        _need(
+            cos.shape[1] == rd // 2,
+            f"cos_cache width {cos.shape[1]} is not rotary_dim/2 = {rd // 2}",
+        )
     for key in ("scale", "softcap"):
-        _need(ctx[key] >= 0 and math.isfinite(ctx[key]), f"{key} must be finite and >= 0, got {ctx[key]}")
+        _need(
+            ctx[key] >= 0 and math.isfinite(ctx[key]),
+            f"{key} must be finite and >= 0, got {ctx[key]}",
+        )
     _need(ctx["local_window_size"] >= 0, "local_window_size must be >= 0")
     total = dim_add(pk.shape[2], seq)
     present = TensorType((batch, hk, total, d), q.dtype)
@@ -113,7 +163,7 @@ def _gqa_inputs(args: list[np.ndarray], at: dict[str, Any]) -> tuple[np.ndarray,
     d = args[idx["past_k"]].shape[3]
     if at["packed"]:
         qkv = args[0]
-        q, k, v = qkv[..., :h * d], qkv[..., h * d:(h + hk) * d], qkv[..., (h + hk) * d:]
+        q, k, v = qkv[..., : h * d], qkv[..., h * d : (h + hk) * d], qkv[..., (h + hk) * d :]
     else:
         q, k, v = args[idx["q"]], args[idx["k"]], args[idx["v"]]
     return q, k, v, args[idx["past_k"]], args[idx["past_v"]], args[idx["positions"]], idx  # type: ignore[return-value]
@@ -130,8 +180,16 @@ def _ref_gqa(args: list[np.ndarray], at: dict[str, Any]) -> list[np.ndarray]:
         q4, k4 = _ref_rotary([q4, cos, sin, pos], rot), _ref_rotary([k4, cos, sin, pos], rot)
     k_all = np.concatenate([pk, k4.astype(pk.dtype)], axis=2)
     v_all = np.concatenate([pv, v4.astype(pv.dtype)], axis=2)
-    o = _ref_sdpa([q4, k_all, v_all], {"causal": True, "scale": at["scale"], "softcap": at["softcap"],
-                                       "sliding_window": at["local_window_size"], "softmax_eps": 0.0})
+    o = _ref_sdpa(
+        [q4, k_all, v_all],
+        {
+            "causal": True,
+            "scale": at["scale"],
+            "softcap": at["softcap"],
+            "sliding_window": at["local_window_size"],
+            "softmax_eps": 0.0,
+        },
+    )
     b, s = o.shape[0], o.shape[2]
     return [np.swapaxes(o, 1, 2).reshape(b, s, h * d), k_all, v_all]
 
@@ -141,7 +199,9 @@ def _dec_gqa(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     h, hk = at["num_heads"], at["kv_num_heads"]
     d = o[idx["past_k"]].type.shape[3]
     if at["packed"]:
-        q, k, v = b.create("core.split", [o[0]], {"axis": -1, "sizes": (h * d, hk * d, hk * d)}).results
+        q, k, v = b.create(
+            "core.split", [o[0]], {"axis": -1, "sizes": (h * d, hk * d, hk * d)}
+        ).results
     else:
         q, k, v = o[idx["q"]], o[idx["k"]], o[idx["v"]]
 
@@ -159,7 +219,11 @@ def _dec_gqa(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     k_all = b.op("core.concat", o[idx["past_k"]], k4, axis=2)
     v_all = b.op("core.concat", o[idx["past_v"]], v4, axis=2)
     attrs: dict[str, Any] = {"causal": True}
-    for src, dst in (("scale", "scale"), ("softcap", "softcap"), ("local_window_size", "sliding_window")):
+    for src, dst in (
+        ("scale", "scale"),
+        ("softcap", "softcap"),
+        ("local_window_size", "sliding_window"),
+    ):
         if at[src]:
             attrs[dst] = at[src]
     out = b.create("llm.scaled_dot_product_attention", [q4, k_all, v_all], attrs).result
@@ -167,51 +231,74 @@ def _dec_gqa(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     return [out, k_all, v_all]
 
 
-register(OpDef(
-    name="ort.group_query_attention",
-    summary="com.microsoft.GroupQueryAttention over a KV buffer shared between past and present: "
-            "q/k/v ([B, S, N*D] or [B, S, N, D], or one packed [B, S, (H + 2 Hkv) * D] when packed), "
-            "optional rotary (do_rotary: cos/sin caches at `positions`) on q and k, "
-            "present = concat(past, k/v, axis 2), and causal attention of the queries (aligned to "
-            "the end of the keys) with num_heads / kv_num_heads grouping, scale (0 = 1/sqrt(D)), "
-            "softcap and local_window_size (0 = unlimited). Returns (output [B, S, H*D], "
-            "present_key, present_value). Bound to one buffer, present writes only the new rows; "
-            "seqlens_k and total_sequence_length are computed from positions.",
-    operands=(Operand("inputs", variadic=True,
-                      doc="q, k, v (or qkv when packed), past_key, past_value, positions [B, S] i64, "
-                          "then cos_cache, sin_cache when do_rotary"),),
-    attrs=(Attr("num_heads", "int", doc="query heads H"),
-           Attr("kv_num_heads", "int", doc="key/value heads Hkv (H is a multiple)"),
-           Attr("scale", "float", 0.0, doc="score scale; 0 means 1/sqrt(head_dim)"),
-           Attr("softcap", "float", 0.0, doc="tanh soft-capping of the scores; 0 = off"),
-           Attr("local_window_size", "int", 0, doc="keys visible per query (sliding window); 0 = all"),
-           Attr("do_rotary", "bool", False, doc="rotate q and k by the cos/sin caches at positions"),
-           Attr("rotary_interleaved", "bool", False, doc="rotary pairs (2i, 2i+1) instead of halves"),
-           Attr("rotary_dim", "int", 0, doc="features rotated; 0 = all of head_dim"),
-           Attr("packed", "bool", False, doc="the first operand is the packed q|k|v projection")),
-    infer=_infer_gqa, reference=_ref_gqa, decompose=_dec_gqa,
-    results=("output", "present_key", "present_value"),
-    verifies="operands match the packed/do_rotary form, num_heads is a multiple of kv_num_heads, "
-             "q/k/v widths are heads * head_dim (head_dim from past_key), the caches share q's dtype, "
-             "positions are i64 [batch, seq], and scale/softcap/local_window_size are >= 0.",
-    example="%o, %pk, %pv = ort.group_query_attention %qkv, %past_k, %past_v, %pos, %cos, %sin "
-            "{num_heads = 4, kv_num_heads = 2, do_rotary = true, packed = true} : "
-            "(tensor<?batch x ?seq x 128 x f32>, tensor<?batch x 2 x ?past x 16 x f32>, "
-            "tensor<?batch x 2 x ?past x 16 x f32>, tensor<?batch x ?seq x i64>, tensor<64x8xf32>, "
-            "tensor<64x8xf32>) -> (tensor<?batch x ?seq x 64 x f32>, "
-            "tensor<?batch x 2 x ?past+?seq x 16 x f32>, tensor<?batch x 2 x ?past+?seq x 16 x f32>)",
-))
+register(
+    OpDef(
+        name="ort.group_query_attention",
+        summary="com.microsoft.GroupQueryAttention over a KV buffer shared between past and present: "
+        "q/k/v ([B, S, N*D] or [B, S, N, D], or one packed [B, S, (H + 2 Hkv) * D] when packed), "
+        "optional rotary (do_rotary: cos/sin caches at `positions`) on q and k, "
+        "present = concat(past, k/v, axis 2), and causal attention of the queries (aligned to "
+        "the end of the keys) with num_heads / kv_num_heads grouping, scale (0 = 1/sqrt(D)), "
+        "softcap and local_window_size (0 = unlimited). Returns (output [B, S, H*D], "
+        "present_key, present_value). Bound to one buffer, present writes only the new rows; "
+        "seqlens_k and total_sequence_length are computed from positions.",
+        operands=(
+            Operand(
+                "inputs",
+                variadic=True,
+                doc="q, k, v (or qkv when packed), past_key, past_value, positions [B, S] i64, "
+                "then cos_cache, sin_cache when do_rotary",
+            ),
+        ),
+        attrs=(
+            Attr("num_heads", "int", doc="query heads H"),
+            Attr("kv_num_heads", "int", doc="key/value heads Hkv (H is a multiple)"),
+            Attr("scale", "float", 0.0, doc="score scale; 0 means 1/sqrt(head_dim)"),
+            Attr("softcap", "float", 0.0, doc="tanh soft-capping of the scores; 0 = off"),
+            Attr(
+                "local_window_size",
+                "int",
+                0,
+                doc="keys visible per query (sliding window); 0 = all",
+            ),
+            Attr(
+                "do_rotary", "bool", False, doc="rotate q and k by the cos/sin caches at positions"
+            ),
+            Attr(
+                "rotary_interleaved", "bool", False, doc="rotary pairs (2i, 2i+1) instead of halves"
+            ),
+            Attr("rotary_dim", "int", 0, doc="features rotated; 0 = all of head_dim"),
+            Attr("packed", "bool", False, doc="the first operand is the packed q|k|v projection"),
+        ),
+        infer=_infer_gqa,
+        reference=_ref_gqa,
+        decompose=_dec_gqa,
+        results=("output", "present_key", "present_value"),
+        verifies="operands match the packed/do_rotary form, num_heads is a multiple of kv_num_heads, "
+        "q/k/v widths are heads * head_dim (head_dim from past_key), the caches share q's dtype, "
+        "positions are i64 [batch, seq], and scale/softcap/local_window_size are >= 0.",
+        example="%o, %pk, %pv = ort.group_query_attention %qkv, %past_k, %past_v, %pos, %cos, %sin "
+        "{num_heads = 4, kv_num_heads = 2, do_rotary = true, packed = true} : "
+        "(tensor<?batch x ?seq x 128 x f32>, tensor<?batch x 2 x ?past x 16 x f32>, "
+        "tensor<?batch x 2 x ?past x 16 x f32>, tensor<?batch x ?seq x i64>, tensor<64x8xf32>, "
+        "tensor<64x8xf32>) -> (tensor<?batch x ?seq x 64 x f32>, "
+        "tensor<?batch x 2 x ?past+?seq x 16 x f32>, tensor<?batch x 2 x ?past+?seq x 16 x f32>)",
+    )
+)
 
 
 # -- matmuls -----------------------------------------------------------------------------------------
+
 
 def _infer_fused_matmul(ctx: InferCtx) -> list[Type]:
     a, w = float_tensor(ctx, 0, "a"), tensor_arg(ctx, 1, "b")
     _need(a.rank >= 2, f"a must have rank >= 2, got {a}")
     _need(w.rank == 2 and w.dtype == a.dtype, f"b must be a 2-D {a.dtype} matrix, got {w}")
     n, k = (w.shape[0], w.shape[1]) if ctx["transB"] else (w.shape[1], w.shape[0])
-    _need(k == a.shape[-1] or not (isinstance(k, int) and isinstance(a.shape[-1], int)),
-          f"contraction dims differ: a has {a.shape[-1]}, b {k}")
+    _need(
+        k == a.shape[-1] or not (isinstance(k, int) and isinstance(a.shape[-1], int)),
+        f"contraction dims differ: a has {a.shape[-1]}, b {k}",
+    )
     return [like(a, (*a.shape[:-1], n))]
 
 
@@ -220,18 +307,24 @@ def _ref_fused_matmul(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
     return (a.astype(_F64) @ (w.T if at["transB"] else w).astype(_F64)).astype(a.dtype)
 
 
-register(OpDef(
-    name="ort.fused_matmul",
-    summary="com.microsoft.FusedMatMul: a @ b^T (transB) or a @ b for a float weight b.",
-    operands=(Operand("a", doc="[..., K]"), Operand("b", doc="[N, K] (transB) or [K, N]")),
-    attrs=(Attr("transB", "bool", True, doc="b is [N, K]"),),
-    infer=_infer_fused_matmul, reference=_ref_fused_matmul,
-    decompose=lambda b, o, at: [b.op("core.matmul", o[0], o[1], transpose_b=True) if at["transB"]
-                                else b.op("core.matmul", o[0], o[1])],
-    verifies="a is a float tensor of rank >= 2 and b a 2-D matrix of its dtype whose contraction dim matches.",
-    example="%y = ort.fused_matmul %x, %w : (tensor<?batch x ?seq x 64 x f32>, tensor<128x64xf32>) "
-            "-> tensor<?batch x ?seq x 128 x f32>",
-))
+register(
+    OpDef(
+        name="ort.fused_matmul",
+        summary="com.microsoft.FusedMatMul: a @ b^T (transB) or a @ b for a float weight b.",
+        operands=(Operand("a", doc="[..., K]"), Operand("b", doc="[N, K] (transB) or [K, N]")),
+        attrs=(Attr("transB", "bool", True, doc="b is [N, K]"),),
+        infer=_infer_fused_matmul,
+        reference=_ref_fused_matmul,
+        decompose=lambda b, o, at: [
+            b.op("core.matmul", o[0], o[1], transpose_b=True)
+            if at["transB"]
+            else b.op("core.matmul", o[0], o[1])
+        ],
+        verifies="a is a float tensor of rank >= 2 and b a 2-D matrix of its dtype whose contraction dim matches.",
+        example="%y = ort.fused_matmul %x, %w : (tensor<?batch x ?seq x 64 x f32>, tensor<128x64xf32>) "
+        "-> tensor<?batch x ?seq x 128 x f32>",
+    )
+)
 
 _QUANTIZE = ("none", "sym", "asym")
 
@@ -243,17 +336,26 @@ def _infer_nbits(ctx: InferCtx) -> list[Type]:
     _need(w.rank == 2, f"b must be a 2-D [N, K] weight, got {w}")
     bits, block = ctx["bits"], ctx["block_size"]
     _need(bits in (4, 8), f"bits must be 4 or 8, got {bits}")
-    _need(block >= 16 and block & (block - 1) == 0, f"block_size must be a power of two >= 16, got {block}")
-    _need(0 <= ctx["accuracy_level"] <= 4, f"accuracy_level must be 0..4, got {ctx['accuracy_level']}")
+    _need(
+        block >= 16 and block & (block - 1) == 0,
+        f"block_size must be a power of two >= 16, got {block}",
+    )
+    _need(
+        0 <= ctx["accuracy_level"] <= 4, f"accuracy_level must be 0..4, got {ctx['accuracy_level']}"
+    )
     n, k = w.shape
-    _need(k == a.shape[-1] or not (isinstance(k, int) and isinstance(a.shape[-1], int)),
-          f"contraction dims differ: a has {a.shape[-1]}, b {k}")
+    _need(
+        k == a.shape[-1] or not (isinstance(k, int) and isinstance(a.shape[-1], int)),
+        f"contraction dims differ: a has {a.shape[-1]}, b {k}",
+    )
     if isinstance(k, int):
         _need(k % block == 0, f"K = {k} is not a multiple of block_size {block}")
     if isinstance(w.dtype, QuantType):
-        _need(w.dtype.scheme == "nbits" and w.dtype.bits == bits and w.dtype.block == block,
-              f"packed b {w.dtype} does not match bits={bits}, block_size={block}")
-        _need(ctx["quantize"] == "none", "a packed nbits b is used as is: quantize must be \"none\"")
+        _need(
+            w.dtype.scheme == "nbits" and w.dtype.bits == bits and w.dtype.block == block,
+            f"packed b {w.dtype} does not match bits={bits}, block_size={block}",
+        )
+        _need(ctx["quantize"] == "none", 'a packed nbits b is used as is: quantize must be "none"')
         _need(len(ctx.types) in (3, 4), "a packed nbits b needs its scales (and zero points)")
     else:
         _need(w.dtype == a.dtype, f"b has dtype {w.dtype}, expected a's {a.dtype}")
@@ -289,31 +391,47 @@ def _dec_nbits(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     return [b.op("core.matmul", o[0], o[1], transpose_b=True)]
 
 
-register(OpDef(
-    name="ort.matmul_nbits",
-    summary="com.microsoft.MatMulNBits: a @ b^T with b stored as bits-bit blocks of block_size "
-            "along K. b is the logical [N, K] float weight (the serializer packs it; quantize "
-            "\"none\" means the packing is lossless, \"sym\"/\"asym\" that the weight is rounded "
-            "to symmetric blocks / blocks with zero points) or an nbits-packed weight with its "
-            "scales (and zero points). accuracy_level is the runtime's activation precision "
-            "(4 = int8, 1 = f32).",
-    operands=(Operand("a", doc="[..., K] f32"), Operand("b", doc="[N, K] float or nbits-packed"),
-              Operand("scales", optional=True, doc="nbits b only"),
-              Operand("zero_points", optional=True, doc="nbits b with zero points only")),
-    attrs=(Attr("bits", "int", doc="4 or 8"), Attr("block_size", "int", doc="elements per block along K"),
-           Attr("accuracy_level", "int", 4, doc="0..4: activation precision at run time"),
-           Attr("quantize", "str", "none", choices=_QUANTIZE,
-                doc="none (lossless repack), sym or asym (rounded to blocks)")),
-    infer=_infer_nbits, reference=_ref_nbits, decompose=_dec_nbits,
-    verifies="a is a float tensor, b a 2-D [N, K] weight with K a multiple of block_size (a float "
-             "of a's dtype, or nbits-packed with matching bits/block and its scales), bits is 4 or 8, "
-             "and accuracy_level is 0..4.",
-    example="%y = ort.matmul_nbits %x, %w {bits = 4, block_size = 32} : (tensor<?batch x ?seq x 64 x f32>, "
-            "tensor<128x64xf32>) -> tensor<?batch x ?seq x 128 x f32>",
-))
+register(
+    OpDef(
+        name="ort.matmul_nbits",
+        summary="com.microsoft.MatMulNBits: a @ b^T with b stored as bits-bit blocks of block_size "
+        "along K. b is the logical [N, K] float weight (the serializer packs it; quantize "
+        '"none" means the packing is lossless, "sym"/"asym" that the weight is rounded '
+        "to symmetric blocks / blocks with zero points) or an nbits-packed weight with its "
+        "scales (and zero points). accuracy_level is the runtime's activation precision "
+        "(4 = int8, 1 = f32).",
+        operands=(
+            Operand("a", doc="[..., K] f32"),
+            Operand("b", doc="[N, K] float or nbits-packed"),
+            Operand("scales", optional=True, doc="nbits b only"),
+            Operand("zero_points", optional=True, doc="nbits b with zero points only"),
+        ),
+        attrs=(
+            Attr("bits", "int", doc="4 or 8"),
+            Attr("block_size", "int", doc="elements per block along K"),
+            Attr("accuracy_level", "int", 4, doc="0..4: activation precision at run time"),
+            Attr(
+                "quantize",
+                "str",
+                "none",
+                choices=_QUANTIZE,
+                doc="none (lossless repack), sym or asym (rounded to blocks)",
+            ),
+        ),
+        infer=_infer_nbits,
+        reference=_ref_nbits,
+        decompose=_dec_nbits,
+        verifies="a is a float tensor, b a 2-D [N, K] weight with K a multiple of block_size (a float "
+        "of a's dtype, or nbits-packed with matching bits/block and its scales), bits is 4 or 8, "
+        "and accuracy_level is 0..4.",
+        example="%y = ort.matmul_nbits %x, %w {bits = 4, block_size = 32} : (tensor<?batch x ?seq x 64 x f32>, "
+        "tensor<128x64xf32>) -> tensor<?batch x ?seq x 128 x f32>",
+    )
+)
 
 
 # -- norms and activations -----------------------------------------------------------------------------
+
 
 def _infer_sln(ctx: InferCtx) -> list[Type]:
     x = float_tensor(ctx, 0, "x")
@@ -324,8 +442,12 @@ def _infer_sln(ctx: InferCtx) -> list[Type]:
     w = tensor_arg(ctx, len(ctx.types) - 1, "weight")
     _need(x.rank >= 1, "x must have rank >= 1")
     _need(w.rank == 1 and w.dtype == x.dtype, f"weight must be 1-D {x.dtype}, got {w}")
-    _need(w.shape[0] == x.shape[-1] or not isinstance(w.shape[0], int) or not isinstance(x.shape[-1], int),
-          f"weight has {w.shape[0]} elements but x's last dim is {x.shape[-1]}")
+    _need(
+        w.shape[0] == x.shape[-1]
+        or not isinstance(w.shape[0], int)
+        or not isinstance(x.shape[-1], int),
+        f"weight has {w.shape[0]} elements but x's last dim is {x.shape[-1]}",
+    )
     _need(ctx["epsilon"] >= 0, f"epsilon must be >= 0, got {ctx['epsilon']}")
     return [x, x] if skip else [x]
 
@@ -334,18 +456,24 @@ def _rms_attrs(at: dict[str, Any]) -> dict[str, Any]:
     return {"eps": at["epsilon"], "offset": at["offset"]}
 
 
-register(OpDef(
-    name="ort.simplified_layer_norm",
-    summary="SimplifiedLayerNormalization (RMS norm over the last dim): x / sqrt(mean(x^2) + "
-            "epsilon) * (weight + offset); the serializer folds offset into the scale initializer.",
-    operands=(Operand("x"), Operand("weight", doc="[hidden]")),
-    attrs=(Attr("epsilon", "float", 1e-6), Attr("offset", "float", 0.0, doc="added to weight (gemma)")),
-    infer=_infer_sln, reference=lambda a, at: _ref_rms_norm(a, _rms_attrs(at)),
-    decompose=lambda b, o, at: [b.op("llm.rms_norm", o[0], o[1], **_rms_attrs(at))],
-    verifies="x is a float tensor, weight 1-D of its dtype over the last dim, epsilon >= 0.",
-    example="%y = ort.simplified_layer_norm %x, %w {epsilon = 1e-05} : (tensor<?batch x ?seq x 64 x f32>, "
-            "tensor<64xf32>) -> tensor<?batch x ?seq x 64 x f32>",
-))
+register(
+    OpDef(
+        name="ort.simplified_layer_norm",
+        summary="SimplifiedLayerNormalization (RMS norm over the last dim): x / sqrt(mean(x^2) + "
+        "epsilon) * (weight + offset); the serializer folds offset into the scale initializer.",
+        operands=(Operand("x"), Operand("weight", doc="[hidden]")),
+        attrs=(
+            Attr("epsilon", "float", 1e-6),
+            Attr("offset", "float", 0.0, doc="added to weight (gemma)"),
+        ),
+        infer=_infer_sln,
+        reference=lambda a, at: _ref_rms_norm(a, _rms_attrs(at)),
+        decompose=lambda b, o, at: [b.op("llm.rms_norm", o[0], o[1], **_rms_attrs(at))],
+        verifies="x is a float tensor, weight 1-D of its dtype over the last dim, epsilon >= 0.",
+        example="%y = ort.simplified_layer_norm %x, %w {epsilon = 1e-05} : (tensor<?batch x ?seq x 64 x f32>, "
+        "tensor<64xf32>) -> tensor<?batch x ?seq x 64 x f32>",
+    )
+)
 
 
 def _ref_skip_sln(args: list[np.ndarray], at: dict[str, Any]) -> list[np.ndarray]:
@@ -359,18 +487,30 @@ def _dec_skip_sln(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     return [b.op("llm.rms_norm", s, o[2], **_rms_attrs(at)), s]
 
 
-register(OpDef(
-    name="ort.skip_simplified_layer_norm",
-    summary="com.microsoft.SkipSimplifiedLayerNormalization: sum = x + skip; normed = RMS norm of "
-            "sum * (weight + offset). Returns (normed, sum) (the residual stream continues from sum).",
-    operands=(Operand("x"), Operand("skip", doc="x's shape"), Operand("weight", doc="[hidden]")),
-    attrs=(Attr("epsilon", "float", 1e-6), Attr("offset", "float", 0.0, doc="added to weight (gemma)")),
-    infer=_infer_sln, reference=_ref_skip_sln, decompose=_dec_skip_sln, results=("normed", "sum"),
-    verifies="x and skip share a float type, weight is 1-D of its dtype over the last dim, epsilon >= 0.",
-    example="%y, %s = ort.skip_simplified_layer_norm %x, %r, %w {epsilon = 1e-05} : "
-            "(tensor<?batch x ?seq x 64 x f32>, tensor<?batch x ?seq x 64 x f32>, tensor<64xf32>) -> "
-            "(tensor<?batch x ?seq x 64 x f32>, tensor<?batch x ?seq x 64 x f32>)",
-))
+register(
+    OpDef(
+        name="ort.skip_simplified_layer_norm",
+        summary="com.microsoft.SkipSimplifiedLayerNormalization: sum = x + skip; normed = RMS norm of "
+        "sum * (weight + offset). Returns (normed, sum) (the residual stream continues from sum).",
+        operands=(
+            Operand("x"),
+            Operand("skip", doc="x's shape"),
+            Operand("weight", doc="[hidden]"),
+        ),
+        attrs=(
+            Attr("epsilon", "float", 1e-6),
+            Attr("offset", "float", 0.0, doc="added to weight (gemma)"),
+        ),
+        infer=_infer_sln,
+        reference=_ref_skip_sln,
+        decompose=_dec_skip_sln,
+        results=("normed", "sum"),
+        verifies="x and skip share a float type, weight is 1-D of its dtype over the last dim, epsilon >= 0.",
+        example="%y, %s = ort.skip_simplified_layer_norm %x, %r, %w {epsilon = 1e-05} : "
+        "(tensor<?batch x ?seq x 64 x f32>, tensor<?batch x ?seq x 64 x f32>, tensor<64xf32>) -> "
+        "(tensor<?batch x ?seq x 64 x f32>, tensor<?batch x ?seq x 64 x f32>)",
+    )
+)
 
 
 def _ref_quick_gelu(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
@@ -388,14 +528,18 @@ def _dec_quick_gelu(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     return [b.op("core.mul", o[0], b.op("core.sigmoid", ax))]
 
 
-register(OpDef(
-    name="ort.quick_gelu",
-    summary="com.microsoft.QuickGelu: x * sigmoid(alpha * x) (alpha 1 is SiLU).",
-    operands=(Operand("x"),),
-    attrs=(Attr("alpha", "float", 1.0),),
-    infer=lambda ctx: [float_tensor(ctx, 0, "x")], reference=_ref_quick_gelu, decompose=_dec_quick_gelu,
-    verifies="x is a float tensor.",
-    example="%y = ort.quick_gelu %x : (tensor<?batch x ?seq x 256 x f32>) -> tensor<?batch x ?seq x 256 x f32>",
-))
+register(
+    OpDef(
+        name="ort.quick_gelu",
+        summary="com.microsoft.QuickGelu: x * sigmoid(alpha * x) (alpha 1 is SiLU).",
+        operands=(Operand("x"),),
+        attrs=(Attr("alpha", "float", 1.0),),
+        infer=lambda ctx: [float_tensor(ctx, 0, "x")],
+        reference=_ref_quick_gelu,
+        decompose=_dec_quick_gelu,
+        verifies="x is a float tensor.",
+        example="%y = ort.quick_gelu %x : (tensor<?batch x ?seq x 256 x f32>) -> tensor<?batch x ?seq x 256 x f32>",
+    )
+)
 
 __all__ = ["fake_quant"]

@@ -60,7 +60,9 @@ class _Attn:
     rope: Op | None = None
 
 
-def _heads(g: Graph, v: Value, user: Op, n: int, d: int, claims: list[Op]) -> tuple[Value, bool] | None:
+def _heads(
+    g: Graph, v: Value, user: Op, n: int, d: int, claims: list[Op]
+) -> tuple[Value, bool] | None:
     """v = transpose([B,S,n,D], perm 0,2,1,3): (the 3-D projection, True) or ([B,S,n,D], False)."""
     t = g.producer(v, "core.transpose")
     if t is None or tuple(t.attrs.get("perm") or ()) != (0, 2, 1, 3) or not g.only_use(v, user):
@@ -83,7 +85,9 @@ def _heads(g: Graph, v: Value, user: Op, n: int, d: int, claims: list[Op]) -> tu
 @dataclass(frozen=True)
 class LowerOrtAttention:
     name: ClassVar[str] = "lower-ort-attention"
-    summary: ClassVar[str] = "decoder attention -> ort.group_query_attention over the KV buffer (packed QKV)"
+    summary: ClassVar[str] = (
+        "decoder attention -> ort.group_query_attention over the KV buffer (packed QKV)"
+    )
     quant: str = ""
     quant_block: int = 32
 
@@ -117,13 +121,21 @@ class LowerOrtAttention:
 
     def _match(self, g: Graph, fn: Function, op: Op, ctx: PassContext) -> _Attn | None:
         at = op.attrs
-        if len(op.operands) != 3 or not at.get("causal") or at.get("softmax_eps", 0.0) \
-                or at.get("verify_invariant"):
-            self._reject(ctx, op, "attention with a mask, non-causal, softmax_eps or verify_invariant")
+        if (
+            len(op.operands) != 3
+            or not at.get("causal")
+            or at.get("softmax_eps", 0.0)
+            or at.get("verify_invariant")
+        ):
+            self._reject(
+                ctx, op, "attention with a mask, non-causal, softmax_eps or verify_invariant"
+            )
             return None
         q, k_all, v_all = op.operands
         qt, kt = tt(q), tt(k_all)
-        if qt.dtype != DType.f32 or not all(isinstance(d, int) for d in (qt.shape[1], kt.shape[1], qt.shape[3])):
+        if qt.dtype != DType.f32 or not all(
+            isinstance(d, int) for d in (qt.shape[1], kt.shape[1], qt.shape[3])
+        ):
             self._reject(ctx, op, "attention not f32 or with symbolic heads")
             return None
         heads, kv_heads, d = int(qt.shape[1]), int(kt.shape[1]), int(qt.shape[3])  # type: ignore[arg-type]
@@ -132,10 +144,18 @@ class LowerOrtAttention:
         parts = []
         for val in (k_all, v_all):
             c = g.producer(val, "core.concat")
-            if c is None or len(c.operands) != 2 or c.attrs.get("axis") != 2 \
-                    or id(c.operands[0]) not in pasts or id(val) not in g.outputs \
-                    or any(u is not op for u in g.uses(val)) or list(fn.outputs).count(val) != 1:
-                self._reject(ctx, op, "KV concat (axis 2) of a past input, returned once, not found")
+            if (
+                c is None
+                or len(c.operands) != 2
+                or c.attrs.get("axis") != 2
+                or id(c.operands[0]) not in pasts
+                or id(val) not in g.outputs
+                or any(u is not op for u in g.uses(val))
+                or list(fn.outputs).count(val) != 1
+            ):
+                self._reject(
+                    ctx, op, "KV concat (axis 2) of a past input, returned once, not found"
+                )
                 return None
             claims.append(c)
             parts.append((c.operands[0], c.operands[1]))
@@ -146,9 +166,15 @@ class LowerOrtAttention:
             self._reject(ctx, op, "rotary on only one of q and k")
             return None
         if rope_q is not None and rope_k is not None:
-            same = rope_q.attrs == rope_k.attrs and all(x is y for x, y in zip(rope_q.operands[1:], rope_k.operands[1:]))
-            if not same or id(rope_q.operands[1]) not in g.static or not g.only_use(q, op) \
-                    or not all(u is claims[1] for u in g.uses(k_new)):
+            same = rope_q.attrs == rope_k.attrs and all(
+                x is y for x, y in zip(rope_q.operands[1:], rope_k.operands[1:])
+            )
+            if (
+                not same
+                or id(rope_q.operands[1]) not in g.static
+                or not g.only_use(q, op)
+                or not all(u is claims[1] for u in g.uses(k_new))
+            ):
                 self._reject(ctx, op, "rotary tables of q and k differ or are not constant")
                 return None
             claims += [rope_q, rope_k]
@@ -163,19 +189,45 @@ class LowerOrtAttention:
             return None
         out, out_3d = op.results[0], False
         users = g.uses(out)
-        if len(users) == 1 and users[0].name == "core.transpose" and id(out) not in g.outputs \
-                and tuple(users[0].attrs.get("perm") or ()) == (0, 2, 1, 3):
+        if (
+            len(users) == 1
+            and users[0].name == "core.transpose"
+            and id(out) not in g.outputs
+            and tuple(users[0].attrs.get("perm") or ()) == (0, 2, 1, 3)
+        ):
             t = users[0]
             tu = g.uses(t.results[0])
-            if len(tu) == 1 and tu[0].name == "core.reshape" and id(t.results[0]) not in g.outputs \
-                    and tuple(tu[0].attrs.get("shape") or ()) == (0, 0, heads * d):
+            if (
+                len(tu) == 1
+                and tu[0].name == "core.reshape"
+                and id(t.results[0]) not in g.outputs
+                and tuple(tu[0].attrs.get("shape") or ()) == (0, 0, heads * d)
+            ):
                 claims += [t, tu[0]]
                 out, out_3d = tu[0].results[0], True
         lin = qh[1] and kh[1] and vh[1]
-        return _Attn(op, claims, qh[0], kh[0], vh[0], lin, out, out_3d, past_k, past_v, k_all, v_all,
-                     heads, kv_heads, d, rope_q)
+        return _Attn(
+            op,
+            claims,
+            qh[0],
+            kh[0],
+            vh[0],
+            lin,
+            out,
+            out_3d,
+            past_k,
+            past_v,
+            k_all,
+            v_all,
+            heads,
+            kv_heads,
+            d,
+            rope_q,
+        )
 
-    def _projection(self, g: Graph, lin: Value) -> tuple[Op, Value, Value, Value | None, list[Op]] | None:
+    def _projection(
+        self, g: Graph, lin: Value
+    ) -> tuple[Op, Value, Value, Value | None, list[Op]] | None:
         """lin = x @ W^T (+ bias) by a static weight: (matmul-like op, x, W, bias, ops replaced)."""
         if len(g.uses(lin)) != 1 or id(lin) in g.outputs or lin.owner is None:
             return None
@@ -186,34 +238,99 @@ class LowerOrtAttention:
             mmv, bias = op.operands
             if id(mmv) in g.static:
                 mmv, bias = bias, mmv
-            if id(bias) not in g.static or tt(bias).rank != 1 or len(g.uses(mmv)) != 1 \
-                    or id(mmv) in g.outputs or mmv.owner is None:
+            if (
+                id(bias) not in g.static
+                or tt(bias).rank != 1
+                or len(g.uses(mmv)) != 1
+                or id(mmv) in g.outputs
+                or mmv.owner is None
+            ):
                 return None
             op = mmv.owner
             claims.append(op)
-        if op.name == "core.matmul" and not op.attrs.get("transpose_a") and op.attrs.get("transpose_b"):
+        if (
+            op.name == "core.matmul"
+            and not op.attrs.get("transpose_a")
+            and op.attrs.get("transpose_b")
+        ):
             return op, op.operands[0], op.operands[1], bias, claims
-        if op.name == "llm.linear" and op.attrs.get("activation", "none") == "none" \
-                and op.attrs.get("transpose_b", True) and bias is None:
+        if (
+            op.name == "llm.linear"
+            and op.attrs.get("activation", "none") == "none"
+            and op.attrs.get("transpose_b", True)
+            and bias is None
+        ):
             lb = op.operands[2] if len(op.operands) > 2 else None
             if lb is not None and id(lb) not in g.static:
                 return None
             return op, op.operands[0], op.operands[1], lb, claims
-        if op.name == "llm.quantized_matmul" and op.attrs.get("transpose_b", True) \
-                and packed_src(g, op.operands[1], list(op.operands[2:])) is not None:
-            return op, op.operands[0], op.operands[1], bias, claims  # W packed: dequantized when merged
+        if (
+            op.name == "llm.quantized_matmul"
+            and op.attrs.get("transpose_b", True)
+            and packed_src(g, op.operands[1], list(op.operands[2:])) is not None
+        ):
+            return (
+                op,
+                op.operands[0],
+                op.operands[1],
+                bias,
+                claims,
+            )  # W packed: dequantized when merged
         return None
 
-    def _packable(self, g: Graph, a: _Attn, fmt: object, ev: Evaluate) -> tuple[list[Op], list[Value], Value, list[Op]] | Value | None:
+    def _split_plus_bias(
+        self, g: Graph, a: _Attn
+    ) -> tuple[list[Op], list[Value], Value, list[Op]] | None:
+        """q, k, v = split(p) + static biases (merge-qkv's output with biased projections):
+        ([], biases, p, the adds and the split) -- packed as p + concat(biases)."""
+        adds, biases, parts = [], [], []
+        for lin in (a.q, a.k, a.v):
+            op = lin.owner
+            if op is None or op.name != "core.add" or len(g.uses(lin)) != 1 or id(lin) in g.outputs:
+                return None
+            x, bias = op.operands
+            if id(x) in g.static:
+                x, bias = bias, x
+            if (
+                id(bias) not in g.static
+                or tt(bias).rank != 1
+                or len(g.uses(x)) != 1
+                or x.owner is None
+            ):
+                return None
+            adds.append(op)
+            biases.append(bias)
+            parts.append(x)
+        sp = parts[0].owner
+        if (
+            sp is None
+            or sp.name != "core.split"
+            or sp.attrs.get("axis") not in (-1, 2)
+            or list(sp.results) != parts
+        ):
+            return None
+        return [], biases, sp.operands[0], [*adds, sp]
+
+    def _packable(
+        self, g: Graph, a: _Attn, fmt: object, ev: Evaluate
+    ) -> tuple[list[Op], list[Value], Value, list[Op]] | Value | None:
         """How q, k and v pack: the input of a split they already are (a Value), or (weights,
         biases, activation, ops replaced) when they are projections of one activation by weights
         of one storage format; None when they do not pack."""
         if not a.lin:
             return None
         sp = a.q.owner
-        if sp is not None and sp.name == "core.split" and sp.attrs.get("axis") in (-1, 2) \
-                and [a.q, a.k, a.v] == list(sp.results) and len(g.uses(a.q)) == 1:
+        if (
+            sp is not None
+            and sp.name == "core.split"
+            and sp.attrs.get("axis") in (-1, 2)
+            and [a.q, a.k, a.v] == list(sp.results)
+            and len(g.uses(a.q)) == 1
+        ):
             return sp.operands[0]
+        split_bias = self._split_plus_bias(g, a)
+        if split_bias is not None:
+            return split_bias
         projs = [self._projection(g, lin) for lin in (a.q, a.k, a.v)]
         if any(p is None for p in projs):
             return None
@@ -223,9 +340,14 @@ class LowerOrtAttention:
         biases = [p[3] for p in projs if p[3] is not None]  # type: ignore[index]
         if biases and len(biases) != 3:
             return None
-        ws = [p[2] for p in projs]  # type: ignore[index]
-        srcs = [packed_src(g, p[0].operands[1], list(p[0].operands[2:])) if p[0].name == "llm.quantized_matmul"  # type: ignore[index]
-                else weight_src(g, w) for p, w in zip(projs, ws)]
+        ps = [p for p in projs if p is not None]
+        ws = [p[2] for p in ps]
+        srcs = [
+            packed_src(g, p[0].operands[1], list(p[0].operands[2:]))
+            if p[0].name == "llm.quantized_matmul"
+            else weight_src(g, w)
+            for p, w in zip(ps, ws)
+        ]
         if any(s is None for s in srcs):
             return None
         fmts = {nbits_format(s, fmt, ev) for s in srcs if s is not None}  # type: ignore[arg-type]
@@ -241,19 +363,34 @@ class LowerOrtAttention:
             a.claims.append(a.q.owner)  # type: ignore[arg-type]
         elif pack is not None:
             mms, biases, x, replaced = pack
-            ws = [b.op("llm.dequantize", *m.operands[1:], dtype=DType.f32) if m.name == "llm.quantized_matmul"
-                  else m.operands[1] for m in mms]
+            ws = [
+                b.op("llm.dequantize", *m.operands[1:], dtype=DType.f32)
+                if m.name == "llm.quantized_matmul"
+                else m.operands[1]
+                for m in mms
+            ]
             sizes = tuple(tt(w).shape[0] for w in ws)
-            cat = b.op("core.concat", *ws, axis=0)
-            qkv = b.op("core.matmul", x, cat, transpose_b=True)
+            if mms:  # located where merge-qkv puts its merged projection: the q projection's origin
+                o = mms[0].origin
+                cat = b.create("core.concat", ws, {"axis": 0}, origin=o).result
+                qkv = b.create("core.matmul", [x, cat], {"transpose_b": True}, origin=o).result
+            else:  # already one projection, split and biased
+                qkv = x
             if biases:  # validated differentially (no rule states the biased merge)
                 qkv = b.op("core.add", qkv, b.op("core.concat", *biases, axis=0))
-            elif all(o.name == "core.matmul" for o in replaced):
+            elif mms and all(o.name == "core.matmul" for o in replaced):
                 for key, lin in zip("qkv", (a.q, a.k, a.v)):
-                    ctx.instances.append(RuleInstance(
-                        f"merge-qkv-{key}", lin.name, lin.name,
-                        {"x": x.name, "wq": ws[0].name, "wk": ws[1].name, "wv": ws[2].name}, {},
-                        {"sizes": sizes}, value_loc(lin)))
+                    ctx.instances.append(
+                        RuleInstance(
+                            f"merge-qkv-{key}",
+                            lin.name,
+                            lin.name,
+                            {"x": x.name, "wq": ws[0].name, "wk": ws[1].name, "wv": ws[2].name},
+                            {},
+                            {"sizes": sizes},
+                            value_loc(lin),
+                        )
+                    )
             ins = [qkv]
             a.claims += replaced
         else:
@@ -284,11 +421,17 @@ class LowerOrtAttention:
         at_i = next(i for i, o in enumerate(fn.ops) if o is a.sdpa)
         fn.ops[at_i:at_i] = new_ops
         layer = a.present_k.name
-        for old, new in ((a.out, out), (a.present_k, gqa.results[1]), (a.present_v, gqa.results[2])):
+        for old, new in (
+            (a.out, out),
+            (a.present_k, gqa.results[1]),
+            (a.present_v, gqa.results[2]),
+        ):
             name = old.name
             replace_uses(fn, old, new)
             old.name = name + ".dead"
             new.name = name
         erase_dead(fn, a.claims)
-        detail = ("packed QKV, " if pack is not None else "") + ("rotary in the op" if a.rope is not None else "no rotary")
+        detail = ("packed QKV, " if pack is not None else "") + (
+            "rotary in the op" if a.rope is not None else "no rotary"
+        )
         ctx.applied("group-query-attention", gqa.results[0], f"{layer}: {detail}")

@@ -66,7 +66,9 @@ def _swap(fn: Function, op: Op, new_results: list) -> None:  # type: ignore[type
 @dataclass(frozen=True)
 class LowerOrtMatmul:
     name: ClassVar[str] = "lower-ort-matmul"
-    summary: ClassVar[str] = "matmuls by constant weights -> ort.matmul_nbits (GGUF repack, int4/int8) / ort.fused_matmul"
+    summary: ClassVar[str] = (
+        "matmuls by constant weights -> ort.matmul_nbits (GGUF repack, int4/int8) / ort.fused_matmul"
+    )
     quant: str = ""
     quant_block: int = 32
     accuracy_level: int = ACCURACY_LEVEL
@@ -153,8 +155,10 @@ class LowerOrtMatmul:
         if s.kind == "gguf" and quantize_mode(s, nb) == "none":
             return f"{s.label}: {s.scheme} repacked losslessly to {tag}"
         if s.kind == "gguf":
-            return f"{s.label}: {s.scheme} requantized to {tag} with zero points, " \
-                   f"max abs error {_requant_error(s, nb, base):.3g}"
+            return (
+                f"{s.label}: {s.scheme} requantized to {tag} with zero points, "
+                f"max abs error {_requant_error(s, nb, base):.3g}"
+            )
         return f"{s.label}: f32 quantized to {tag} ({'asym' if nb.asym else 'sym'})"
 
 
@@ -170,7 +174,7 @@ def _requant_error(s: WSrc, nb: NbitsFormat, base: str) -> float:
     err = 0.0
     step = max(1, (8 << 20) // max(1, s.cols * 4))
     for r in range(0, s.rows, step):
-        x = gguf_blocks.dequantize(raw[r:r + step], s.scheme, (min(step, s.rows - r), s.cols))
+        x = gguf_blocks.dequantize(raw[r : r + step], s.scheme, (min(step, s.rows - r), s.cols))
         back = fake_quant(x, nb.bits, nb.block, "asym" if nb.asym else "sym")
         err = max(err, float(np.abs(back - x).max()))
     return err

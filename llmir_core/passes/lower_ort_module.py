@@ -37,7 +37,9 @@ def source_record(module: Module, source_path: str | None = None) -> dict[str, s
 @dataclass(frozen=True)
 class LowerOrtModule:
     name: ClassVar[str] = "lower-ort-module"
-    summary: ClassVar[str] = "check the onnxruntime capability table; record target and build options"
+    summary: ClassVar[str] = (
+        "check the onnxruntime capability table; record target and build options"
+    )
     quant: str = ""
     quant_block: int = 32
     accuracy_level: int = ACCURACY_LEVEL
@@ -56,12 +58,19 @@ class LowerOrtModule:
 
         problems = get_target(TARGET).capabilities.check(module)
         if problems:
-            raise CheckFailed(f"{len(problems)} op(s) cannot run on {TARGET}: {problems[0].message}",
-                              diagnostics=problems,
-                              hint="remove or change them before lowering (see `llmir verify FILE --target onnxruntime`)")
-        opts = {"quant": self.quant or "f32", "quant_block": self.quant_block,
-                "accuracy_level": self.accuracy_level, "max_len": self.max_len,
-                "last_logits": self.last_logits, "generic": self.generic}
+            raise CheckFailed(
+                f"{len(problems)} op(s) cannot run on {TARGET}: {problems[0].message}",
+                diagnostics=problems,
+                hint="remove or change them before lowering (see `llmir verify FILE --target onnxruntime`)",
+            )
+        opts = {
+            "quant": self.quant or "f32",
+            "quant_block": self.quant_block,
+            "accuracy_level": self.accuracy_level,
+            "max_len": self.max_len,
+            "last_logits": self.last_logits,
+            "generic": self.generic,
+        }
         before = dict(module.attrs)
         if "llmir.source" not in module.attrs:
             module.attrs["llmir.source"] = source_record(module)

@@ -33,7 +33,9 @@ def _swap(fn: Function, pairs: list[tuple[Value, Value]]) -> None:
 @dataclass(frozen=True)
 class LowerOrtNorms:
     name: ClassVar[str] = "lower-ort-norms"
-    summary: ClassVar[str] = "rms_norm (+ residual add) -> ort.simplified_layer_norm / skip_simplified_layer_norm"
+    summary: ClassVar[str] = (
+        "rms_norm (+ residual add) -> ort.simplified_layer_norm / skip_simplified_layer_norm"
+    )
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         if not is_decoder(module):  # other modules keep the generic op-by-op build
@@ -52,7 +54,10 @@ class LowerOrtNorms:
         if tt(x).dtype != DType.f32 or id(w) not in g.static:
             ctx.rejected(self.name, op.results[0], "not f32 or its weight is not constant")
             return False
-        attrs = {"epsilon": float(op.attrs.get("eps", 1e-6)), "offset": float(op.attrs.get("offset", 0.0))}
+        attrs = {
+            "epsilon": float(op.attrs.get("eps", 1e-6)),
+            "offset": float(op.attrs.get("offset", 0.0)),
+        }
         b, new_ops = scratch_builder(fn, op.origin)
         pos = g.index[id(op)]
         dead = [op]
@@ -62,11 +67,17 @@ class LowerOrtNorms:
             rule = "skip-simplified-layer-norm"
         else:
             add = g.producer(x, "core.add")
-            fusable = add is not None and tt(add.operands[0]).shape == tt(x).shape \
-                and tt(add.operands[1]).shape == tt(x).shape and tt(add.operands[0]).dtype == DType.f32 \
+            fusable = (
+                add is not None
+                and tt(add.operands[0]).shape == tt(x).shape
+                and tt(add.operands[1]).shape == tt(x).shape
+                and tt(add.operands[0]).dtype == DType.f32
                 and not any(g.index[id(u)] < pos for u in g.uses(x) if u is not op)
+            )
             if add is not None and fusable:
-                new = b.create("ort.skip_simplified_layer_norm", [add.operands[0], add.operands[1], w], attrs)
+                new = b.create(
+                    "ort.skip_simplified_layer_norm", [add.operands[0], add.operands[1], w], attrs
+                )
                 pairs = [(op.results[0], new.results[0]), (x, new.results[1])]
                 dead.append(add)
                 rule = "skip-simplified-layer-norm"

@@ -26,6 +26,7 @@ TARGET = "onnxruntime"
 
 # -- what is a decoder ---------------------------------------------------------------------------
 
+
 def cache_args(fn: Function) -> list[Value]:
     return fn.args[2:]
 
@@ -50,8 +51,14 @@ def is_decoder(module: Module) -> bool:
                 return False
             a = fn.args[i]
             t = a.type
-            if a.name != f"past_key_values.{layer}.{kind}" or not isinstance(t, TensorType) or t.rank != 4 \
-                    or t.is_quantized or not isinstance(t.shape[1], int) or not isinstance(t.shape[3], int):
+            if (
+                a.name != f"past_key_values.{layer}.{kind}"
+                or not isinstance(t, TensorType)
+                or t.rank != 4
+                or t.is_quantized
+                or not isinstance(t.shape[1], int)
+                or not isinstance(t.shape[3], int)
+            ):
                 return False
             want.append(a)
             i += 1
@@ -70,11 +77,14 @@ def kv_bytes_per_token(fn: Function) -> int:
     total = 0
     for a in cache_args(fn):
         t = tt(a)
-        total += int(t.shape[1]) * int(t.shape[3]) * (t.dtype.bits // 8 if isinstance(t.dtype, DType) else 4)  # type: ignore[arg-type]
+        heads, dim = t.shape[1], t.shape[3]
+        assert isinstance(heads, int) and isinstance(dim, int)  # is_decoder checked them
+        total += heads * dim * (t.dtype.bits // 8 if isinstance(t.dtype, DType) else 4)
     return total
 
 
 # -- options ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class NbitsFormat:
@@ -108,6 +118,7 @@ def declare_ort(module: Module) -> None:
 
 # -- the IR, indexed ---------------------------------------------------------------------------------
 
+
 class Graph:
     """Users, output positions and statically computable values of one function."""
 
@@ -122,7 +133,8 @@ class Graph:
         self.static: set[int] = set()
         for op in fn.ops:
             if op.name in ("core.weight", "core.constant") or (
-                    op.operands and all(id(v) in self.static for v in op.operands)):
+                op.operands and all(id(v) in self.static for v in op.operands)
+            ):
                 self.static.update(id(r) for r in op.results)
 
     def uses(self, v: Value) -> list[Op]:
@@ -144,6 +156,7 @@ def tt(v: Value) -> TensorType:
 
 
 # -- weights -------------------------------------------------------------------------------------
+
 
 @dataclass
 class WSrc:
@@ -186,7 +199,11 @@ def weight_src(g: Graph, v: Value) -> WSrc | None:
         return WSrc(v, "f32", op, rows, cols)
     if op.name == "core.cast" and op.attrs.get("to") == DType.f32:
         src = op.operands[0].owner
-        if src is not None and src.name == "core.weight" and isinstance(tt(op.operands[0]).dtype, DType):
+        if (
+            src is not None
+            and src.name == "core.weight"
+            and isinstance(tt(op.operands[0]).dtype, DType)
+        ):
             return WSrc(v, "cast", src, rows, cols)
     if op.name == "llm.dequantize" and t.dtype == DType.f32:
         src = op.operands[0].owner

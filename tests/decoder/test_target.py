@@ -22,7 +22,17 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def lowered(tiny_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("lowered")
     (d / "m.llmir").write_text(print_module(tiny_module))
-    r = _cli("optimize", "m.llmir", "--target", "onnxruntime", "--verify-each", "--report", "-o", "l.llmir", cwd=d)
+    r = _cli(
+        "optimize",
+        "m.llmir",
+        "--target",
+        "onnxruntime",
+        "--verify-each",
+        "--report",
+        "-o",
+        "l.llmir",
+        cwd=d,
+    )
     assert r.returncode == 0, r.stderr
     assert "group-query-attention" in r.stdout and "packed QKV" in r.stdout
     assert r.stdout.count("equivalent (") == 4  # every lowering pass validated
@@ -31,7 +41,12 @@ def lowered(tiny_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_lowered_file_shows_target_ops(lowered: Path) -> None:
     text = (lowered / "l.llmir").read_text()
-    for op in ("ort.group_query_attention", "ort.skip_simplified_layer_norm", "ort.fused_matmul", "ort.quick_gelu"):
+    for op in (
+        "ort.group_query_attention",
+        "ort.skip_simplified_layer_norm",
+        "ort.fused_matmul",
+        "ort.quick_gelu",
+    ):
         assert op in text
     assert "llm.scaled_dot_product_attention" not in text and 'target = "onnxruntime"' in text
 
@@ -45,8 +60,14 @@ def test_build_of_lowered_is_byte_identical(lowered: Path) -> None:
         assert (lowered / "A" / n).read_bytes() == (lowered / "B" / n).read_bytes(), n
 
 
-@pytest.mark.parametrize("edit", [("kv_num_heads = 2", "kv_num_heads = 1"), ("epsilon = 1e-05", "epsilon = 0.001"),
-                                  ("do_rotary = true", "do_rotary = false")])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("kv_num_heads = 2", "kv_num_heads = 1"),
+        ("epsilon = 1e-05", "epsilon = 0.001"),
+        ("do_rotary = true", "do_rotary = false"),
+    ],
+)
 def test_edited_lowered_op_is_caught(lowered: Path, edit: tuple[str, str]) -> None:
     """Edit one attribute of the first lowered op that has it: not equivalent, exit 1, op named."""
     text = (lowered / "l.llmir").read_text()
@@ -63,10 +84,13 @@ def test_verify_target_lists_unsupported_ops(tmp_path: Path) -> None:
         'module @m attributes {llmir.dialects = ["core", "llm"], llmir.version = "0.1"} {\n'
         '  func.func @main(%x: tensor<4xf32>) -> tensor<4xf32, device="cuda"> {\n'
         '    %y = llm.to_device %x {device = "cuda"} : (tensor<4xf32>) -> tensor<4xf32, device="cuda">\n'
-        "    return %y : tensor<4xf32, device=\"cuda\">\n  }\n}\n")
+        '    return %y : tensor<4xf32, device="cuda">\n  }\n}\n'
+    )
     r = _cli("verify", "d.llmir", "--target", "onnxruntime", cwd=tmp_path)
     assert r.returncode == 1
-    assert "d.llmir:3:" in r.stderr and "llm.to_device places its result on device 'cuda'" in r.stderr
+    assert (
+        "d.llmir:3:" in r.stderr and "llm.to_device places its result on device 'cuda'" in r.stderr
+    )
     assert _cli("verify", "d.llmir", "--target", "nope", cwd=tmp_path).returncode == 2
 
 
@@ -75,24 +99,30 @@ def test_unknown_target_is_an_input_error(tmp_path: Path, lowered: Path) -> None
     assert r.returncode == 2 and "unknown target 'nope'" in r.stderr
 
 
-def _lower_validated(module: Any) -> Any:
-    """optimize -O2 --target onnxruntime --verify-each, in process: every pass must validate."""
+def _lower_validated(module: Any) -> tuple[Any, Any]:
+    """optimize -O2 --target onnxruntime --verify-each, in process: every pass must validate.
+    Returns (the -O2 module, the lowered module)."""
     from llmir_core.backends import get_target
     from llmir_core.passes.base import clone_module
     from llmir_core.passes.manager import run_pipeline
     from llmir_core.passes.pipeline import preset
     from llmir_core.smt.tv import validate_pass
 
-    res = run_pipeline(clone_module(module), preset(2) + get_target("onnxruntime").lowering({}),
-                       validator=validate_pass)
+    opt = run_pipeline(clone_module(module), preset(2), validator=validate_pass)
+    assert opt.failed_validation is None, opt.failed_validation
+    res = run_pipeline(
+        clone_module(opt.module), get_target("onnxruntime").lowering({}), validator=validate_pass
+    )
     assert res.failed_validation is None, res.failed_validation
-    return res.module
+    return opt.module, res.module
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3", "gemma2"])
+@pytest.mark.parametrize(
+    "arch", ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3", "gemma2"]
+)
 def test_architectures_lower_with_validation(arch: str, tmp_path: Path) -> None:
-    """Each architecture lowers to one GroupQueryAttention per layer, every pass validated, and
-    the lowered file builds the artifact the import builds."""
+    """Each architecture lowers to one GroupQueryAttention per layer after -O2, every pass
+    validated, and the lowered file builds the artifact `llmir build` of the -O2 module builds."""
     from llmir_core.backends import build
     from llmir_core.frontends.hf import import_hf
     from llmir_core.ir.parser import parse_module
@@ -101,14 +131,30 @@ def test_architectures_lower_with_validation(arch: str, tmp_path: Path) -> None:
 
     if arch not in ARCH_SHAPES:
         pytest.skip(f"no tiny {arch} shape in tests/decoder/tiny.py")
-    module = import_hf(make_llama_folder(tmp_path / arch, ARCH_SHAPES[arch], tokenizer=False),
-                       str(tmp_path / "m.llmir"), require_tokenizer=False)
-    (tmp_path / "m.llmir").write_text(print_module(module))
-    lowered = _lower_validated(module)
-    assert sum(op.name == "ort.group_query_attention" for op in lowered.main.ops) == ARCH_SHAPES[arch].layers
+    module = import_hf(
+        make_llama_folder(tmp_path / arch, ARCH_SHAPES[arch], tokenizer=False),
+        str(tmp_path / "m.llmir"),
+        require_tokenizer=False,
+    )
+    opt, lowered = _lower_validated(module)
+    assert (
+        sum(op.name == "ort.group_query_attention" for op in lowered.main.ops)
+        == ARCH_SHAPES[arch].layers
+    )
+    (tmp_path / "m.llmir").write_text(print_module(opt))  # what -O2 gives, saved, then lowered
+    from llmir_core.backends import lower
+
+    lowered = lower(parse_module((tmp_path / "m.llmir").read_text(), str(tmp_path / "m.llmir")))
     (tmp_path / "l.llmir").write_text(print_module(lowered))
-    build(module, str(tmp_path / "A"), source_path=str(tmp_path / "m.llmir"))
-    build(parse_module((tmp_path / "l.llmir").read_text(), str(tmp_path / "l.llmir")), str(tmp_path / "B"))
+    build(
+        parse_module((tmp_path / "m.llmir").read_text(), str(tmp_path / "m.llmir")),
+        str(tmp_path / "A"),
+        source_path=str(tmp_path / "m.llmir"),
+    )
+    build(
+        parse_module((tmp_path / "l.llmir").read_text(), str(tmp_path / "l.llmir")),
+        str(tmp_path / "B"),
+    )
     for f in sorted(p.name for p in (tmp_path / "A").iterdir()):
         assert (tmp_path / "A" / f).read_bytes() == (tmp_path / "B" / f).read_bytes(), f
 
@@ -120,20 +166,28 @@ def test_gguf_weights_lower_to_lossless_matmul_nbits(scheme: str, tmp_path: Path
     from .helpers import quantize_weights
     from .tiny import LlamaShape, make_llama_folder
 
-    module = import_hf(make_llama_folder(tmp_path / "m", LlamaShape(), tokenizer=False), require_tokenizer=False)
+    module = import_hf(
+        make_llama_folder(tmp_path / "m", LlamaShape(), tokenizer=False), require_tokenizer=False
+    )
     quantize_weights(module, tmp_path / "blob.bin", lambda name: scheme if "proj" in name else None)
-    lowered = _lower_validated(module)
+    _, lowered = _lower_validated(module)
     nb = [op for op in lowered.main.ops if op.name == "ort.matmul_nbits"]
     assert nb and all(op.attrs["quantize"] == "none" for op in nb)
-    assert any(op.name == "ort.group_query_attention" and op.attrs.get("packed") for op in lowered.main.ops)
+    assert any(
+        op.name == "ort.group_query_attention" and op.attrs.get("packed") for op in lowered.main.ops
+    )
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3", "gemma2"])
+@pytest.mark.parametrize(
+    "arch", ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3", "gemma2"]
+)
 def test_transformers_models_lower_with_validation(arch: str, tmp_path: Path) -> None:
     """The same on models transformers itself made (tests/llm/tiny.py): every pass validates and
     every layer gets fused attention."""
     pytest.importorskip("torch", reason="tests/llm/tiny.py makes its models with torch")
-    pytest.importorskip("transformers", reason="tests/llm/tiny.py makes its models with transformers")
+    pytest.importorskip(
+        "transformers", reason="tests/llm/tiny.py makes its models with transformers"
+    )
     from llmir_core.frontends.hf import import_hf
     from tests.llm.tiny import ARCHS, make_model
 
@@ -141,7 +195,7 @@ def test_transformers_models_lower_with_validation(arch: str, tmp_path: Path) ->
         pytest.skip(f"tests/llm/tiny.py has no {arch}")
     make_model(arch, tmp_path / arch)
     module = import_hf(tmp_path / arch, require_tokenizer=False)
-    lowered = _lower_validated(module)
+    _, lowered = _lower_validated(module)
     layers = int(module.attrs["llm.num_layers"])
     assert sum(op.name == "ort.group_query_attention" for op in lowered.main.ops) == layers
 
@@ -149,8 +203,17 @@ def test_transformers_models_lower_with_validation(arch: str, tmp_path: Path) ->
 def test_kv_cache_int8_interface_runs(lowered: Path) -> None:
     """kv-cache-int8{interface=true} output lowers and builds a decoder artifact with an int8 KV
     cache (codes + per-position scales) that `run` and `bench` use; greedy tokens match f32's here."""
-    r = _cli("optimize", "m.llmir", "--passes", "kv-cache-int8{interface=true}", "--target", "onnxruntime",
-             "-o", "ki.llmir", cwd=lowered)
+    r = _cli(
+        "optimize",
+        "m.llmir",
+        "--passes",
+        "kv-cache-int8{interface=true}",
+        "--target",
+        "onnxruntime",
+        "-o",
+        "ki.llmir",
+        cwd=lowered,
+    )
     assert r.returncode == 0, r.stderr
     assert _cli("build", "ki.llmir", "-o", "KI", cwd=lowered).returncode == 0
     import json
@@ -162,19 +225,49 @@ def test_kv_cache_int8_interface_runs(lowered: Path) -> None:
     a = _cli("run", "A", "--prompt", "hi", "--max-new-tokens", "6", cwd=lowered)
     b = _cli("run", "KI", "--prompt", "hi", "--max-new-tokens", "6", cwd=lowered)
     assert a.returncode == b.returncode == 0 and a.stdout == b.stdout
-    r = _cli("bench", "KI", "--prompt-len", "8", "--gen-len", "4", "--runs", "1", "--format", "json", cwd=lowered)
+    r = _cli(
+        "bench",
+        "KI",
+        "--prompt-len",
+        "8",
+        "--gen-len",
+        "4",
+        "--runs",
+        "1",
+        "--format",
+        "json",
+        cwd=lowered,
+    )
     assert r.returncode == 0, r.stderr
 
 
 def test_assign_precision_builds_or_is_refused(lowered: Path) -> None:
     """assign-precision for the CPU (bf16 compute, host placement) builds and runs; for CUDA it is
     refused at optimize time with the capability table's reason and its location."""
-    r = _cli("optimize", "m.llmir", "--passes", "assign-precision{target=cpu},canonicalize", "--target",
-             "onnxruntime", "-o", "ap.llmir", cwd=lowered)
+    r = _cli(
+        "optimize",
+        "m.llmir",
+        "--passes",
+        "assign-precision{target=cpu},canonicalize",
+        "--target",
+        "onnxruntime",
+        "-o",
+        "ap.llmir",
+        cwd=lowered,
+    )
     assert r.returncode == 0, r.stderr
     assert _cli("build", "ap.llmir", "-o", "AP", cwd=lowered).returncode == 0
     assert _cli("run", "AP", "--prompt", "hi", "--max-new-tokens", "2", cwd=lowered).returncode == 0
-    r = _cli("optimize", "m.llmir", "--passes", "assign-precision{target=cuda}", "--target", "onnxruntime",
-             "-o", "apc.llmir", cwd=lowered)
+    r = _cli(
+        "optimize",
+        "m.llmir",
+        "--passes",
+        "assign-precision{target=cuda}",
+        "--target",
+        "onnxruntime",
+        "-o",
+        "apc.llmir",
+        cwd=lowered,
+    )
     assert r.returncode == 1 and "on device 'cuda' (target devices: cpu)" in r.stderr
     assert not (lowered / "apc.llmir").exists()
