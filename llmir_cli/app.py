@@ -52,6 +52,10 @@ def _root(
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
+from llmir_cli._trace import add_trace_option  # noqa: E402  (perf: --trace FILE on every command)
+
+add_trace_option(app)
+
 
 def main() -> None:
     app()

@@ -10,10 +10,13 @@ from typing import Any
 
 from llmir_core.errors import InputError
 from llmir_core.ir.core import Module
+from llmir_core.runtime import trace_attrs
+from llmir_core.tracing import traced
 
 TARGETS = ("onnxruntime",)
 
 
+@traced("build", trace_attrs.build_args, trace_attrs.built)
 def build(module: Module, out_dir: str, target: str = "onnxruntime", *,
           source_path: str | None = None) -> dict[str, Any]:
     """Build an artifact folder for `target`; return its manifest."""

@@ -52,6 +52,8 @@ from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.dims import format_dim
 from llmir_core.ir.types import DType, QuantType, TensorType
 from llmir_core.quant import gguf_blocks, nbits
+from llmir_core.runtime import trace_attrs  # perf: tracing
+from llmir_core.tracing import traced  # perf: tracing
 from llmir_core.weights import load_weight, resolve_path
 
 from .ort import (
@@ -1173,6 +1175,7 @@ def _jsonable(x: Any) -> Any:
     return str(x)
 
 
+@traced("build", trace_attrs.build_args, trace_attrs.built)  # perf: tracing
 def build_decoder(module: Module, out_dir: str, *, max_len: int | None = None,
                   accuracy_level: int = ACCURACY_LEVEL, quant: str | None = None, quant_block: int = 32,
                   quant_symmetric: bool = True, last_logits: bool = False, fuse_gate_up: bool = False,
