@@ -769,14 +769,14 @@ class DecoderLowering:
         for op in fn.ops:
             if id(op) in self.claimed:
                 continue
-            L.origin = op.origin
+            L.origin, L.src_op = op.origin, op  # perf: src_op tags nodes (nodeinfo)
             handler = _EMIT.get(op.name)
             if handler is not None and handler(self, op):
                 continue
             if all(id(r) in self.g.static for r in op.results) and op.results:
                 continue  # lowered on first use by a generic op
             self._generic(op)
-        L.origin = None
+        L.origin, L.src_op = None, None
         fixed = set(input_names) | {t.name for t in L.inits}
         for v, want in zip(fn.outputs, out_names):
             got = self.name(v)
