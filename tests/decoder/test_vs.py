@@ -140,3 +140,52 @@ def test_vs_checks_lengths(tiny_artifact: Path, tiny_dir: Path) -> None:
         peers.compare(str(tiny_artifact), [peer], prompt_len=250, gen_len=10)
     with pytest.raises(InputError, match="the same peer is given twice"):
         peers.compare(str(tiny_artifact), [peer, peer], prompt_len=4, gen_len=2)
+
+
+def test_vs_ort_genai(tiny_artifact: Path, tiny_dir: Path, tmp_path: Path) -> None:
+    """onnxruntime-genai's own build of the same folder (its builder needs onnx-ir and torch)."""
+    pytest.importorskip("onnxruntime_genai")
+    pytest.importorskip("onnx_ir")
+    import subprocess
+
+    out = tmp_path / "genai"
+    b = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "onnxruntime_genai.models.builder",
+            "-i",
+            str(tiny_dir),
+            "-o",
+            str(out),
+            "-p",
+            "fp32",
+            "-e",
+            "cpu",
+            "-c",
+            str(tmp_path / "cache"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert b.returncode == 0, b.stderr[-2000:]
+    r = run_cli(
+        "bench",
+        str(tiny_artifact),
+        "--vs",
+        f"ort-genai:{out}",
+        "--prompt-len",
+        "8",
+        "--gen-len",
+        "17",
+        "--runs",
+        "1",
+        "--threads",
+        "1",
+        "--format",
+        "json",
+    )
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)["summary"]["ort-genai:genai"]
+    assert s["agrees"] and s["decode_tok_s"] > 0 and s["peak_rss_mb"] > 0
