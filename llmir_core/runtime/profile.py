@@ -9,9 +9,10 @@ was built from; the report ranks those ops by their share of the step (`model_ru
 and says how much of the step named ops cover (the rest is onnxruntime's own overhead between
 kernels, and any node it made up during graph optimization).
 
-Bytes read per op: onnxruntime's `activation_size + parameter_size` of each kernel (inputs and
-initializers), except that for GroupQueryAttention the KV buffers count only the rows the step
-attends to (the bound buffers are larger). GB/s is those bytes over the op's time, set against
+Bytes read per op: each kernel's non-constant inputs (onnxruntime's `activation_size`) plus the
+initializers the node reads (sizes from the graph: onnxruntime frees weights it prepacks), except
+that a Gather (embedding lookup) counts the rows it returns, and GroupQueryAttention's KV buffers
+count only the rows the step attends to (the bound buffers are larger). GB/s is those bytes over the op's time, set against
 the machine's read bandwidth measured in the same run (an onnxruntime ReduceSum over a buffer
 much larger than the caches, same thread count).
 """
@@ -29,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from llmir_core import tracing
 from llmir_core.errors import InputError
 
 PROFILE_SCHEMA = 1
@@ -210,6 +212,8 @@ def initializer_bytes(model: Any) -> dict[str, int]:
 
 def _kernel_bytes(args: dict[str, Any], context: int, weights: int) -> float:
     # onnxruntime's parameter_size misses weights it prepacked (and freed): take them from the graph
+    if str(args.get("op_name", "")).startswith("Gather"):  # an embedding lookup reads the rows it returns
+        return float(args.get("activation_size", 0)) + float(args.get("output_size", 0))
     read = float(args.get("activation_size", 0)) + weights
     if args.get("op_name") == "GroupQueryAttention":
         for ent in args.get("input_type_shape") or []:
@@ -271,6 +275,15 @@ def _phase(
     return ph
 
 
+def _profiled(res: ProfileResult) -> dict[str, Any]:
+    dec = res.phase("decode")
+    return {"llmir.threads": res.threads, "llmir.read_bandwidth_gb_per_s": res.bandwidth_gbs,
+            "llmir.decode.step_us": dec.step_us,
+            "llmir.decode.attributed_share": dec.attributed_us / dec.step_us if dec.step_us else None,
+            "llmir.prefill.step_us": res.phase("prefill").step_us}
+
+
+@tracing.traced("profile", after=_profiled)
 def profile_artifact(
     art_dir: str,
     *,
