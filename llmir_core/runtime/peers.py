@@ -308,7 +308,7 @@ class VsResult:
     def summary(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         agree = int(self.config["agree"])
-        ref = next((r["tokens"] for r in self.runs if r["tool"] == "llmir"), [])
+        ref: list[int] = next((r["tokens"] for r in self.runs if r["tool"] == "llmir"), [])
         for t in self.tools:
             mine = [r for r in self.runs if r["tool"] == t.label]
             clean = [r for r in mine if not r["busy"]]

@@ -255,18 +255,18 @@ def _phase(
             us = k["dur"] / n
             ph.kernel_us += us
             node = k["name"][: -len("_kernel_time")]
-            name = mapper.key(node)
-            if name is None:
+            found = mapper.key(node)
+            if found is None:
                 ph.unmapped[node] = ph.unmapped.get(node, 0.0) + us
                 continue
-            src = mapper.sources[name]
+            src = mapper.sources[found]
             key = (src["line"], src["op"], src["loc"])
             o = ph.ops.get(key)
             if o is None:
                 o = ph.ops[key] = OpTime(src["op"], src["line"], src["loc"])
             o.us += us
             o.bytes += (
-                _kernel_bytes(k["args"], ctx, mapper.weights.get(node, mapper.weights.get(name, 0)))
+                _kernel_bytes(k["args"], ctx, mapper.weights.get(node, mapper.weights.get(found, 0)))
                 / n
             )
             if run is runs[0]:
