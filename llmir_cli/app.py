@@ -46,6 +46,9 @@ def load_command(name: str) -> Any:
         holder = typer.Typer(rich_markup_mode=None)
         holder.callback()(_no_op)  # always a group, whether the module adds a command or a Typer
         importlib.import_module(module_name).register(holder)
+        from llmir_cli._trace import add_trace_option
+
+        add_trace_option(holder)  # --trace FILE on every command
         group = typer.main.get_group(holder)
         if name not in group.commands:
             raise RuntimeError(f"{module_name}.register() did not add the command {name!r}")

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from llmir_core.artifact_check import full_checks
+from llmir_core.errors import InputError
 
 from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
 from .._render import Ctx, handle_errors, make_ctx
@@ -22,6 +23,23 @@ Examples:
   llmir bench smollm2/ --prompt-len 128 --gen-len 128
 
   llmir bench smollm2/ --threads 1 --runs 5 --format json > bench.json
+
+--profile reports instead where the time goes: onnxruntime's per-kernel profile of one prefill
+and of --profile-steps decode steps, mapped back onto the ops of the .llmir file the artifact was
+built from (file:line and loc: HF module, GGUF tensor or ONNX node), ranked by share of the
+step, with the bytes each op reads and its GB/s against the read bandwidth measured in the
+same run:
+
+  llmir bench smollm2/ --profile --top 20
+
+--vs KIND:PATH (repeatable) runs peers on the same weights beside llmir: the same prompt token
+ids, greedy decoding, the same threads, each run a fresh process, interleaved round by round
+(`ort-genai:DIR` onnxruntime-genai, `transformers:DIR` torch, `llama.cpp:FILE.gguf`
+llama-cpp-python; install them with `pip install 'llmir[bench]'`). The table gives prefill ms,
+time to first token, decode tok/s, peak RSS (VmHWM), load time, each as a ratio to llmir, and
+whether the first 16 greedy tokens agree:
+
+  llmir bench smollm2/ --vs transformers:./SmolLM2-135M --vs llama.cpp:smollm2.f32.gguf --runs 5
 """
 
 
@@ -36,6 +54,10 @@ def bench_cmd(
     warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured runs first.")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random prompt ids.")] = 0,
     verify_artifact: Annotated[bool, typer.Option("--verify-artifact", help="Hash every artifact file against manifest.json (by default only when they changed since the last check).")] = False,
+    profile: Annotated[bool, typer.Option("--profile", help="Per-op time of a prefill and a decode step, mapped to the .llmir ops.")] = False,  # perf
+    profile_steps: Annotated[int, typer.Option("--profile-steps", help="Decode steps averaged by --profile.")] = 16,  # perf
+    top: Annotated[int, typer.Option("--top", help="Ops listed by --profile (JSON lists all).")] = 15,  # perf
+    vs: Annotated[list[str] | None, typer.Option("--vs", help="A peer to compare with: ort-genai:DIR, transformers:DIR or llama.cpp:FILE.gguf (repeatable).")] = None,  # perf
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -48,6 +70,18 @@ def bench_cmd(
         busy = busy_warning()
         if busy:
             ctx.log(f"warning: {busy}")
+        if profile and vs:  # perf
+            raise InputError("give either --profile or --vs, not both")
+        if profile:  # perf
+            from ._bench_perf import run_profile
+
+            return run_profile(ctx, artifact, prompt_len=prompt_len, steps=profile_steps, threads=threads,
+                               seed=seed, top=top)
+        if vs:  # perf
+            from ._bench_perf import run_vs
+
+            return run_vs(ctx, artifact, vs, prompt_len=prompt_len, gen_len=gen_len, runs=runs, threads=threads,
+                          seed=seed)
 
         def progress(i: int, n: int) -> None:
             ctx.detail(f"run {i}/{n} done")

@@ -15,6 +15,8 @@ from typing import Any
 
 from llmir_core.errors import InputError
 from llmir_core.ir.core import Module
+from llmir_core.runtime import trace_attrs
+from llmir_core.tracing import traced
 
 TARGETS: dict[str, str] = {
     "onnxruntime": "llmir_core.backends.ort_target:TARGET",
@@ -55,6 +57,7 @@ def lower(module: Module, target: str = "onnxruntime", options: Mapping[str, Any
     return parse_module(print_module(res.module), module.source or "<lowered>")
 
 
+@traced("build", trace_attrs.build_args, trace_attrs.built)
 def build(module: Module, out_dir: str, target: str = "onnxruntime", *, source_path: str | None = None,
           options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Lower (unless the module is lowered for `target` already) and serialize; the manifest."""

@@ -27,6 +27,7 @@ from llmir_core.fileio import replace_dir, sha256_file
 from llmir_core.ir.core import Module, Value
 from llmir_core.ir.dims import format_dim
 from llmir_core.ir.types import DType, KVCacheType, TensorType, numpy_dtype
+from llmir_core.tracing import traced  # perf: tracing
 
 from .ort_lower import MS, OPSET, BuildError, DataPlan, Lowering, onnx_dtype, value_info
 
@@ -302,6 +303,8 @@ def load_manifest(art_dir: str) -> dict[str, Any]:
     return data
 
 
+@traced("load", lambda art_dir, threads=None: {"llmir.artifact": art_dir, "llmir.threads": threads,  # perf
+                                                "llmir.target": "onnxruntime"})
 def runner_for_artifact(art_dir: str, threads: int | None = None) -> OrtRunner:
     manifest = load_manifest(art_dir)
     return OrtRunner(os.path.join(art_dir, manifest.get("model", MODEL_FILE)), threads)

@@ -62,6 +62,8 @@ from llmir_core.passes.ort_common import (
 )
 from llmir_core.quant import gguf_blocks, int32_packed, nbits
 from llmir_core.quant.gguf_repack import LOSSLESS, REQUANT, repack_gguf
+from llmir_core.runtime import trace_attrs
+from llmir_core.tracing import traced
 from llmir_core.weights import load_weight, resolve_path
 
 from .ort import (
@@ -376,14 +378,14 @@ class DecoderSerializer:
         L.used_names.update(out_names)
         L.bind_dims(fn, input_names)
         for op in fn.ops:
-            L.origin = op.origin
+            L.origin, L.src_op = op.origin, op  # src_op tags nodes (nodeinfo) for bench --profile
             handler = _EMIT.get(op.name)
             if handler is not None and handler(self, op):
                 continue
             if all(id(r) in self.g.static for r in op.results) and op.results:
                 continue  # lowered on first use by a generic op
             self._generic(op)
-        L.origin = None
+        L.origin, L.src_op = None, None
         fixed = set(input_names) | {t.name for t in L.inits}
         for v, want in zip(fn.outputs, out_names):
             got = self.name(v)
@@ -717,6 +719,7 @@ def _jsonable(x: Any) -> Any:
     return str(x)
 
 
+@traced("build", trace_attrs.build_args, trace_attrs.built)  # perf: tracing
 def build_decoder(module: Module, out_dir: str, *, max_len: int | None = None,
                   accuracy_level: int = ACCURACY_LEVEL, quant: str | None = None, quant_block: int = 32,
                   last_logits: bool = False, source_path: str | None = None) -> dict[str, Any]:

@@ -30,6 +30,8 @@ from llmir_core.ir.dims import DYN, Dim, SymDim, format_dim
 from llmir_core.ir.types import DType, QuantType, TensorType, Type, numpy_dtype
 from llmir_core.weights import resolve_path
 
+from .nodeinfo import tag_node  # perf: node -> .llmir op
+
 OPSET = 23
 MS = "com.microsoft"
 DATA_FILE = "model.onnx.data"
@@ -265,6 +267,7 @@ class Lowering:
         self.dim_cache: dict[str, str] = {}
         self.opsets: dict[str, int] = {"": OPSET}
         self.origin: str | None = None
+        self.src_op: Op | None = None  # perf: the op whose nodes are being emitted (nodeinfo.tag_node)
         self._counter = 0
 
     # -- names ---------------------------------------------------------------
@@ -292,6 +295,7 @@ class Lowering:
         nd = helper.make_node(op_type, inputs, outs, name=name, domain=domain or None, **attrs)
         if self.origin:
             nd.doc_string = self.origin
+        tag_node(nd, self.src_op)  # perf: node -> .llmir op
         self.nodes.append(nd)
         if domain and domain not in self.opsets:
             self.opsets[domain] = 1
@@ -454,15 +458,17 @@ class Lowering:
                 self.names[k] = new
 
     def lower_op(self, op: Op) -> None:
-        self.origin = op.origin
         if op.name == "core.weight":
             self.weights[id(op.result)] = op
             return
+        prev = self.origin, self.src_op  # perf: restored, as lower_op also runs nested (static producers)
+        self.origin = op.origin
+        self.src_op = op if op.pos is not None or self.src_op is None else self.src_op  # made ops: the parent's
         fn = LOWER.get(op.name)
-        if fn is not None:
-            outs = fn(self, op)
-        else:
-            outs = self._lower_decomposed(op)
+        try:
+            outs = fn(self, op) if fn is not None else self._lower_decomposed(op)
+        finally:
+            self.origin, self.src_op = prev
         for r, o in zip(op.results, outs):
             self.names[id(r)] = o
 
@@ -943,6 +949,7 @@ def _l_opaque(L: Lowering, op: Op) -> list[str]:
     nd.attribute.extend(onnx_attrs)
     if L.origin:
         nd.doc_string = L.origin
+    tag_node(nd, L.src_op)  # perf: node -> .llmir op
     L.nodes.append(nd)
     L.opsets[domain] = max(L.opsets.get(domain, 1), int(at["opset"]))
     return [o for o in outs if o]

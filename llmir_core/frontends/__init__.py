@@ -16,6 +16,8 @@ from llmir_core.errors import InputError
 from llmir_core.fileio import atomic_write
 from llmir_core.interrupts import caused_by_interrupt
 from llmir_core.ir.core import Module
+from llmir_core.runtime import trace_attrs
+from llmir_core.tracing import traced
 
 
 def detect_kind(path: str) -> str:
@@ -55,6 +57,7 @@ def _frontend(kind: str) -> Any:
                          hint="install llmir with its optional dependencies") from None
 
 
+@traced("import", trace_attrs.import_args, trace_attrs.imported)
 def import_model(path: str | os.PathLike[str], *, keep_unknown: bool = False,
                  out_path: str | os.PathLike[str] | None = None,
                  require_tokenizer: bool = True) -> Module:

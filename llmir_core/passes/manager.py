@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmir_core import tracing
 from llmir_core.errors import CheckFailed, InputError
 from llmir_core.ir.core import Module
 from llmir_core.ir.printer import print_module
@@ -84,6 +85,18 @@ def run_pipeline(module: Module, passes: list[Any], *, allow_unproved: bool = Fa
                  validator: Validator | None = None, dump_dir: str | None = None,
                  print_after: set[str] | None = None, print_after_all: bool = False,
                  command: str = "llmir optimize", dims: dict[str, int] | None = None) -> PipelineResult:
+    """Run `passes` over module in order (one trace span `optimize`, a child `pass NAME` each)."""
+    with tracing.span("optimize", {"llmir.module": module.name, "llmir.passes": [p.name for p in passes],
+                                   "llmir.ops": module.op_count()}) as sp:
+        res = _run_pipeline(module, passes, allow_unproved, validator, dump_dir, print_after, print_after_all,
+                            command, dims)
+        sp.set({"llmir.ops.after": res.module.op_count(), "llmir.rewrites": len(res.ctx.rewrites)})
+        return res
+
+
+def _run_pipeline(module: Module, passes: list[Any], allow_unproved: bool, validator: Validator | None,
+                  dump_dir: str | None, print_after: set[str] | None, print_after_all: bool,
+                  command: str, dims: dict[str, int] | None) -> PipelineResult:
     _check(module, None)
     ctx = PassContext(allow_unproved=allow_unproved)
     before = measure(module, dims)
@@ -97,13 +110,16 @@ def run_pipeline(module: Module, passes: list[Any], *, allow_unproved: bool = Fa
         snapshot = clone_module(module) if validator is not None else None
         n_before = module.op_count()
         n_rw = len(ctx.rewrites)
-        t0 = time.perf_counter()
-        changed = bool(p.run(module, ctx))
-        dt = time.perf_counter() - t0
-        _check(module, p.name)
-        specs.append(spec_of(p))
-        run = PassRun(i, p.name, specs[-1], changed, dt, n_before, module.op_count(),
-                      len(ctx.rewrites) - n_rw)
+        with tracing.span(f"pass {p.name}", {"llmir.pass": p.name, "llmir.pass.index": i}) as sp:
+            t0 = time.perf_counter()
+            changed = bool(p.run(module, ctx))
+            dt = time.perf_counter() - t0
+            _check(module, p.name)
+            specs.append(spec_of(p))
+            run = PassRun(i, p.name, specs[-1], changed, dt, n_before, module.op_count(),
+                          len(ctx.rewrites) - n_rw)
+            sp.set({"llmir.pass.spec": run.spec, "llmir.pass.changed": changed, "llmir.ops.before": n_before,
+                    "llmir.ops.after": run.ops_after, "llmir.rewrites": run.rewrites})
         if validator is not None and snapshot is not None:
             t1 = time.perf_counter()
             run.validation = validator(snapshot, module, list(ctx.instances), p.name) if changed \

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from llmir_core import __version__
+from llmir_core import __version__, tracing
 from llmir_core.interrupts import caused_by_interrupt
 
 from .generate import Decoder
+from .trace_attrs import kv_cache_bytes
 
 BENCH_SCHEMA = 1
 
@@ -122,19 +123,28 @@ def run_bench(decoder: Decoder, vocab: int, *, prompt_len: int, gen_len: int, ba
     res = BenchResult(prompt_len, gen_len, batch, threads)
     for i in range(warmup + runs):
         decoder.reset(batch)
-        t0 = time.perf_counter()
-        logits = decoder.forward(ids)
-        t1 = time.perf_counter()
-        nxt = np.argmax(logits[:, -1], axis=-1).astype(np.int64)[:, None]
-        ttft = time.perf_counter() - t0
-        itl: list[float] = []
-        d0 = time.perf_counter()
-        for _ in range(max(gen_len - 1, 0)):
-            s = time.perf_counter()
-            logits = decoder.forward(nxt)
+        with tracing.span("bench run", {"llmir.bench.run": i + 1, "llmir.bench.warmup": i < warmup,
+                                        "llmir.batch": batch}) as run_span:
+            t0 = time.perf_counter()
+            with tracing.span("prefill", {"gen_ai.usage.input_tokens": batch * prompt_len}):
+                logits = decoder.forward(ids)
+            t1 = time.perf_counter()
             nxt = np.argmax(logits[:, -1], axis=-1).astype(np.int64)[:, None]
-            itl.append(time.perf_counter() - s)
-        decode_s = time.perf_counter() - d0
+            ttft = time.perf_counter() - t0
+            itl: list[float] = []
+            d0 = time.perf_counter()
+            with tracing.span("decode", {"gen_ai.usage.output_tokens": batch * gen_len}):
+                for _ in range(max(gen_len - 1, 0)):
+                    s = time.perf_counter()
+                    logits = decoder.forward(nxt)
+                    nxt = np.argmax(logits[:, -1], axis=-1).astype(np.int64)[:, None]
+                    itl.append(time.perf_counter() - s)
+            decode_s = time.perf_counter() - d0
+            run_span.set({"gen_ai.usage.input_tokens": batch * prompt_len,
+                          "gen_ai.usage.output_tokens": batch * gen_len,
+                          "gen_ai.server.time_to_first_token": ttft,
+                          "llmir.decode.tokens_per_s": batch * len(itl) / decode_s if decode_s > 0 else None,
+                          "llmir.kv_cache.bytes": kv_cache_bytes(decoder)})
         if i >= warmup:
             res.runs.append(RunStats(t1 - t0, ttft, decode_s, itl))
         if progress is not None:

@@ -9,7 +9,10 @@ from typing import Protocol
 
 import numpy as np
 
+from llmir_core import tracing
+
 from .sampling import Sampler
+from .trace_attrs import kv_cache_bytes
 
 
 class Decoder(Protocol):
@@ -55,49 +58,73 @@ class GenerationResult:
 def generate(decoder: Decoder, codec: TextCodec, prompt_ids: list[int], *, max_new_tokens: int,
              sampler: Sampler, eos_ids: Sequence[int] = (), stop: Sequence[str] = (),
              on_text: Callable[[str], None] | None = None) -> GenerationResult:
-    """Generate up to max_new_tokens after the prompt, streaming text pieces to on_text."""
+    """Generate up to max_new_tokens after the prompt, streaming text pieces to on_text.
+
+    Traced as a span `generate` (GenAI attributes) with children `prefill` and `decode`."""
+    c = sampler.config
+    with tracing.span("generate", {
+            "gen_ai.operation.name": "text_completion", "gen_ai.request.max_tokens": max_new_tokens,
+            "gen_ai.request.temperature": c.temperature, "gen_ai.request.top_p": c.top_p,
+            "gen_ai.request.top_k": c.top_k, "gen_ai.request.seed": c.seed,
+            "gen_ai.usage.input_tokens": len(prompt_ids)}) as sp:
+        res = _generate(decoder, codec, prompt_ids, max_new_tokens, sampler, eos_ids, stop, on_text)
+        sp.set({"gen_ai.usage.output_tokens": len(res.ids), "gen_ai.response.finish_reasons": [res.stop_reason],
+                "gen_ai.server.time_to_first_token": res.ttft_s, "llmir.prefill_s": res.prefill_s,
+                "llmir.decode.tokens_per_s": res.decode_tokens_per_s,
+                "llmir.kv_cache.bytes": kv_cache_bytes(decoder)})
+    return res
+
+
+def _generate(decoder: Decoder, codec: TextCodec, prompt_ids: list[int], max_new_tokens: int, sampler: Sampler,
+              eos_ids: Sequence[int], stop: Sequence[str], on_text: Callable[[str], None] | None) -> GenerationResult:
     res = GenerationResult(list(prompt_ids))
     decoder.reset(1)
     t0 = time.perf_counter()
-    logits = decoder.forward(np.asarray([prompt_ids], dtype=np.int64))
+    with tracing.span("prefill", {"gen_ai.usage.input_tokens": len(prompt_ids)}) as sp:
+        logits = decoder.forward(np.asarray([prompt_ids], dtype=np.int64))
+        sp.set({"llmir.kv_cache.bytes": kv_cache_bytes(decoder)})
     res.prefill_s = time.perf_counter() - t0
-    history = list(prompt_ids)
-    emitted = ""
-    for step in range(max_new_tokens):
-        tok_start = time.perf_counter()
-        tok = sampler.pick(logits[0, -1], history)
-        if step == 0:
-            res.ttft_s = time.perf_counter() - t0
-        if tok in eos_ids:
-            res.stop_reason = "eos"
-            break
-        res.ids.append(tok)
-        history.append(tok)
-        text = codec.decode(res.ids)
-        # hold back an incomplete UTF-8 sequence (shown as U+FFFD) until it completes
-        stable = text[:-1] if text.endswith("\ufffd") else text
-        hit = next((s for s in stop if s and s in stable), None)
-        if hit is not None:
-            stable = stable[: stable.index(hit)]
-            if on_text and len(stable) > len(emitted):
-                on_text(stable[len(emitted):])
-            emitted = stable
-            res.stop_reason = "stop_string"
-            break
-        if on_text and len(stable) > len(emitted) and stable.startswith(emitted):
-            # keep back a tail that could still become a stop string
-            hold = max((len(s) - 1 for s in stop), default=0)
-            safe = stable[: len(stable) - hold] if hold else stable
-            if len(safe) > len(emitted):
-                on_text(safe[len(emitted):])
-                emitted = safe
-        if step == max_new_tokens - 1:
-            break
-        if decoder.max_context is not None and decoder.length + 1 > decoder.max_context:
-            res.stop_reason = "context"
-            break
-        logits = decoder.forward(np.asarray([[tok]], dtype=np.int64))
-        res.token_s.append(time.perf_counter() - tok_start)
+    with tracing.span("decode") as decode:
+        history = list(prompt_ids)
+        emitted = ""
+        for step in range(max_new_tokens):
+            tok_start = time.perf_counter()
+            tok = sampler.pick(logits[0, -1], history)
+            if step == 0:
+                res.ttft_s = time.perf_counter() - t0
+            if tok in eos_ids:
+                res.stop_reason = "eos"
+                break
+            res.ids.append(tok)
+            history.append(tok)
+            text = codec.decode(res.ids)
+            # hold back an incomplete UTF-8 sequence (shown as U+FFFD) until it completes
+            stable = text[:-1] if text.endswith("\ufffd") else text
+            hit = next((s for s in stop if s and s in stable), None)
+            if hit is not None:
+                stable = stable[: stable.index(hit)]
+                if on_text and len(stable) > len(emitted):
+                    on_text(stable[len(emitted):])
+                emitted = stable
+                res.stop_reason = "stop_string"
+                break
+            if on_text and len(stable) > len(emitted) and stable.startswith(emitted):
+                # keep back a tail that could still become a stop string
+                hold = max((len(s) - 1 for s in stop), default=0)
+                safe = stable[: len(stable) - hold] if hold else stable
+                if len(safe) > len(emitted):
+                    on_text(safe[len(emitted):])
+                    emitted = safe
+            if step == max_new_tokens - 1:
+                break
+            if decoder.max_context is not None and decoder.length + 1 > decoder.max_context:
+                res.stop_reason = "context"
+                break
+            logits = decoder.forward(np.asarray([[tok]], dtype=np.int64))
+            res.token_s.append(time.perf_counter() - tok_start)
+        decode.set({"gen_ai.usage.output_tokens": len(res.ids), "gen_ai.server.time_to_first_token": res.ttft_s,
+                    "llmir.decode.steps": len(res.token_s), "llmir.decode.tokens_per_s": res.decode_tokens_per_s,
+                    "llmir.kv_cache.bytes": kv_cache_bytes(decoder)})
     final = codec.decode(res.ids)
     if res.stop_reason == "stop_string":
         final = emitted

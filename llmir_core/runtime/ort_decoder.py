@@ -25,6 +25,8 @@ import numpy as np
 
 from llmir_core.errors import InputError
 from llmir_core.interrupts import import_optional
+from llmir_core.runtime import trace_attrs
+from llmir_core.tracing import traced
 
 # Intra-op threads when none is asked for: None = `auto_threads()`. Measured on the 2-core
 # machine (benchmarks/decode_vs_ortgenai.py --choices, SmolLM2-135M shape, decode): with the
@@ -269,6 +271,7 @@ def load_decoder_manifest(art_dir: str) -> dict[str, Any]:
     return manifest
 
 
+@traced("load", after=trace_attrs.loaded)  # perf: tracing
 def open_artifact(art_dir: str, threads: int | None = None, max_context: int | None = None,
                   spin: bool | None = None) -> OrtDecoder:
     """The decoder in an artifact folder, ready for `reset` and `forward`."""

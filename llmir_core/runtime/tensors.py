@@ -22,6 +22,7 @@ from llmir_core.ir.core import Module
 from llmir_core.ir.dims import DYN, Dim, SymDim, eval_dim, format_dim
 from llmir_core.ir.typeparse import TypeSyntaxError, parse_dim_expr
 from llmir_core.ir.types import DTYPE_NAMES, DType, TensorType, numpy_dtype
+from llmir_core.tracing import traced  # perf: tracing
 
 BACKENDS = ("reference", "onnxruntime")
 
@@ -209,6 +210,8 @@ def run_module(module: Module, inputs: Mapping[str, np.ndarray]) -> dict[str, np
     return dict(zip(names, [np.asarray(o) for o in outs]))
 
 
+@traced("run", lambda target, inputs, backend="reference", threads=None: {  # perf: tracing
+    "llmir.backend": backend, "llmir.input": target, "llmir.threads": threads})
 def run_target(target: str, inputs: Mapping[str, np.ndarray], backend: str = "reference",
                threads: int | None = None) -> dict[str, np.ndarray]:
     """Run an artifact folder or a .llmir file on `backend`."""

@@ -19,12 +19,14 @@ from typing import Any
 from llmir_core.errors import InputError
 from llmir_core.fileio import read_text_lines
 from llmir_core.interrupts import import_optional
+from llmir_core.tracing import traced
 
 from .bench import BenchResult, run_bench
 from .generate import GenerationResult, generate
 from .sampling import Sampler, SamplingConfig
 from .textstream import decode_tokens, token_bytes_fn
 from .tokenizer import Tokenizer, from_hf_file
+from .trace_attrs import tokenized  # perf: tracing
 
 
 @dataclass
@@ -175,6 +177,7 @@ class TextGenerator:
         return render_chat(tpl, messages, bos_token=self._token(self.tokenizer.bos_id),
                            eos_token=self._token(eos))
 
+    @traced("tokenize", after=tokenized)  # perf: tracing
     def encode(self, prompt: str | Sequence[dict[str, str]]) -> list[int]:
         if isinstance(prompt, str) and not self.options.chat:
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)

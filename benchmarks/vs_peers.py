@@ -1,0 +1,281 @@
+"""llmir against its peers on the same weights, through `llmir bench --vs` (issue 11's table).
+
+For each model shape (random weights, seeded: SmolLM2-135M and Qwen2.5-0.5B) and precision
+(f32, int8, int4) this builds llmir's artifact from the Hugging Face folder (`llmir import` +
+`llmir build [--quant]`) and the peers' own forms of the same weights, then runs
+`llmir bench ART --vs ... --format json` (same prompt ids, greedy, same threads, fresh processes,
+interleaved run by run, busy runs marked):
+
+| precision | llmir | peers |
+|---|---|---|
+| f32 | HF -> f32 | transformers (torch f32), onnxruntime-genai fp32, llama.cpp F32 GGUF |
+| int8 | HF -> int8 | llama.cpp Q8_0 GGUF |
+| int4 | HF -> int4 | onnxruntime-genai int4, llama.cpp Q4_0 GGUF |
+
+A peer whose package is missing (`pip install 'llmir[bench]'`) is left out and named in the
+output. The GGUF files come from tests/llm/gguf_convert.py (llama.cpp's converter's tensor names
+and Q/K permutation; a placeholder vocabulary, as the prompts are token ids). Everything is
+cached under --work; results go to benchmarks/results/cpu_vs_peers.json (--out), with per
+comparison the full `bench --vs` JSON (every run, the hardware fingerprint), and a summary of
+the ratios: decode and prefill against the best peer, load against llama.cpp, peak RSS against
+the best peer.
+
+    python benchmarks/vs_peers.py --models smollm2 --precisions f32,int4 --runs 1 --prompt-len 32 --gen-len 32
+    python benchmarks/vs_peers.py                  # the full table: 5 runs, prompt 128, generate 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+PRECISIONS = ("f32", "int8", "int4")
+GGUF_TYPE = {"f32": "F32", "int8": "Q8_0", "int4": "Q4_0"}
+GENAI_PRECISION = {"f32": "fp32", "int4": "int4"}
+
+
+def shapes() -> dict[str, Any]:
+    from tests.decoder.tiny import SMOLLM2_135M, LlamaShape
+
+    qwen = LlamaShape(
+        arch="qwen2",
+        vocab=151936,
+        hidden=896,
+        intermediate=4864,
+        layers=24,
+        heads=14,
+        kv_heads=2,
+        context=32768,
+        rope_theta=1000000.0,
+        tie=True,
+        eps=1e-6,
+    )
+    return {"smollm2": SMOLLM2_135M, "qwen2.5-0.5b": qwen}
+
+
+def have(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def llmir(*args: str) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(
+        [sys.executable, "-m", "llmir_cli.app", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    if r.returncode:
+        raise SystemExit(f"llmir {' '.join(args)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return r
+
+
+def prepare(work: Path, name: str, precisions: list[str], log: Any) -> dict[str, Any]:
+    """The HF folder, llmir's artifacts and the peers' forms; returns {precision: [peer specs]}."""
+    from tests.decoder.tiny import make_llama_folder
+
+    shape = shapes()[name]
+    hf = work / name / "hf"
+    if not (hf / "model.safetensors").is_file():
+        log(f"{name}: writing the random-weight model folder")
+        make_llama_folder(hf, shape, seed=0)
+    mod = work / name / "model.llmir"
+    if not mod.is_file():
+        log(f"{name}: llmir import")
+        llmir("import", str(hf), "-o", str(mod), "-q")
+    plan: dict[str, Any] = {"skipped": []}
+    for p in precisions:
+        art = work / name / f"llmir-{p}"
+        if not (art / "manifest.json").is_file():
+            log(f"{name}: llmir build {p}")
+            llmir("build", str(mod), "-o", str(art), "-q", *(["--quant", p] if p != "f32" else []))
+        peers: list[str] = []
+        if p == "f32":
+            if have("transformers") and have("torch"):
+                peers.append(f"transformers:{hf}")
+            else:
+                plan["skipped"].append("transformers (not installed)")
+        if p in GENAI_PRECISION:
+            if have("onnxruntime_genai") and have("onnx_ir"):
+                out = work / name / f"genai-{GENAI_PRECISION[p]}"
+                if not (out / "genai_config.json").is_file():
+                    log(f"{name}: onnxruntime-genai builder {GENAI_PRECISION[p]}")
+                    r = subprocess.run(
+                        [
+                            sys.executable,
+                            "-m",
+                            "onnxruntime_genai.models.builder",
+                            "-i",
+                            str(hf),
+                            "-o",
+                            str(out),
+                            "-p",
+                            GENAI_PRECISION[p],
+                            "-e",
+                            "cpu",
+                            "-c",
+                            str(work / "genai-cache"),
+                        ],
+                        capture_output=True,
+                        text=True,
+                    )
+                    if r.returncode:
+                        raise SystemExit(f"the genai builder failed:\n{r.stderr[-3000:]}")
+                peers.append(f"ort-genai:{out}")
+            else:
+                plan["skipped"].append("onnxruntime-genai (not installed)")
+        if have("llama_cpp"):
+            gg = work / name / f"model.{GGUF_TYPE[p].lower()}.gguf"
+            if not gg.is_file():
+                log(f"{name}: GGUF {GGUF_TYPE[p]}")
+                write_gguf(hf, gg, GGUF_TYPE[p])
+            peers.append(f"llama.cpp:{gg}")
+        else:
+            plan["skipped"].append("llama.cpp (llama-cpp-python not installed)")
+        plan[p] = {"artifact": str(art), "peers": peers}
+    plan["skipped"] = sorted(set(plan["skipped"]))
+    return plan
+
+
+def write_gguf(hf: Path, out: Path, qtype: str) -> None:
+    from safetensors.numpy import load_file
+
+    from tests.llm.gguf_convert import write_gguf as convert
+
+    state = load_file(str(hf / "model.safetensors"))
+    tmp = out.with_suffix(".tmp")
+    convert(hf, state, tmp, qtype)
+    tmp.replace(out)
+
+
+def ratios(vs: dict[str, Any]) -> dict[str, Any]:
+    """llmir against the best peer: decode (tok/s, higher better) and prefill (ms, lower better)
+    as llmir's speed over the peer's; load against llama.cpp and RSS against the best peer as
+    llmir's value over the peer's."""
+    s = vs["summary"]
+    me = s["llmir"]
+    others = {k: v for k, v in s.items() if k != "llmir"}
+    out: dict[str, Any] = {}
+    dec = {k: v["decode_tok_s"] for k, v in others.items() if v.get("decode_tok_s")}
+    if dec and me.get("decode_tok_s"):
+        best = max(dec, key=lambda k: dec[k])
+        out["decode_vs_best_peer"] = {"ratio": me["decode_tok_s"] / dec[best], "peer": best}
+    pre = {k: v["prefill_ms"] for k, v in others.items() if v.get("prefill_ms")}
+    if pre and me.get("prefill_ms"):
+        best = min(pre, key=lambda k: pre[k])
+        out["prefill_vs_best_peer"] = {"ratio": pre[best] / me["prefill_ms"], "peer": best}
+    lc = [k for k in others if k.startswith("llama.cpp:")]
+    if lc and me.get("load_s") and others[lc[0]].get("load_s"):
+        out["load_vs_llama_cpp"] = {"ratio": me["load_s"] / others[lc[0]]["load_s"], "peer": lc[0]}
+    rss = {k: v["peak_rss_mb"] for k, v in others.items() if v.get("peak_rss_mb")}
+    if rss and me.get("peak_rss_mb"):
+        best = min(rss, key=lambda k: rss[k])
+        out["rss_vs_best_peer"] = {"ratio": me["peak_rss_mb"] / rss[best], "peer": best}
+    out["greedy_agreement"] = {k: v["agrees"] for k, v in others.items()}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--work", default="/tmp/llmir-vs-peers", help="folder for the models and the builds"
+    )
+    ap.add_argument("--models", default="smollm2,qwen2.5-0.5b")
+    ap.add_argument("--precisions", default=",".join(PRECISIONS))
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--gen-len", type=int, default=128)
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "cpu_vs_peers.json"))
+    a = ap.parse_args()
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    models = [m for m in a.models.split(",") if m]
+    precisions = [p for p in a.precisions.split(",") if p]
+    for m in models:
+        if m not in shapes():
+            raise SystemExit(f"unknown model {m!r} (known: {', '.join(shapes())})")
+    for p in precisions:
+        if p not in PRECISIONS:
+            raise SystemExit(f"unknown precision {p!r} (known: {', '.join(PRECISIONS)})")
+    results: dict[str, Any] = {}
+    skipped: set[str] = set()
+    t0 = time.time()
+    for m in models:
+        plan = prepare(work, m, precisions, log)
+        skipped.update(plan["skipped"])
+        for p in precisions:
+            entry = plan[p]
+            if not entry["peers"]:
+                log(f"{m} {p}: no peer available, skipped")
+                continue
+            args = [
+                "bench",
+                entry["artifact"],
+                "--format",
+                "json",
+                "--runs",
+                str(a.runs),
+                "--threads",
+                str(a.threads),
+                "--prompt-len",
+                str(a.prompt_len),
+                "--gen-len",
+                str(a.gen_len),
+            ]
+            for peer in entry["peers"]:
+                args += ["--vs", peer]
+            log(f"{m} {p}: llmir bench --vs {' '.join(entry['peers'])}")
+            vs = json.loads(llmir(*args).stdout)
+            results.setdefault(m, {})[p] = {"ratios": ratios(vs), "bench_vs": vs}
+            print_summary(m, p, vs)
+    doc = {
+        "benchmark": "vs_peers",
+        "config": {k: v for k, v in vars(a).items() if k != "out"},
+        "seconds": round(time.time() - t0, 1),
+        "skipped_peers": sorted(skipped),
+        "note": "ratios from one run on one machine; runs marked busy (other processes on the CPUs) are "
+        "left out of the medians where clean runs exist; see each run's others_cores",
+        "results": results,
+    }
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(out)
+    log(f"wrote {out}")
+
+
+def print_summary(model: str, precision: str, vs: dict[str, Any]) -> None:
+    from llmir_core.runtime.peers import Peer, VsResult, format_table
+
+    res = VsResult(
+        vs["config"],
+        [
+            Peer(v["kind"], v["path"]) if k != "llmir" else Peer("llmir", v["path"])
+            for k, v in vs["summary"].items()
+        ],
+        vs["runs"],
+    )
+    print(f"\n== {model} {precision} ==")
+    print(format_table(res), end="")
+    for k, v in ratios(vs).items():
+        if isinstance(v, dict) and "ratio" in v:
+            print(f"  {k}: {v['ratio']:.2f}x ({v['peer']})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,450 @@
+"""Where a decoder's time goes: onnxruntime's per-node profile mapped back onto the .llmir ops.
+
+`profile_artifact(dir)` opens the artifact's decoder with onnxruntime profiling on
+(`SessionOptions.enable_profiling`), runs one unmeasured prefill and a few decode steps, then a
+measured prefill of `prompt_len` random tokens and `decode_steps` decode steps. Each onnxruntime
+node carries the .llmir op it was emitted for (`llmir_core.backends.nodeinfo`: op name, line:col
+in the module's file, `loc`), so every kernel's time lands on one op of the module the artifact
+was built from; the report ranks those ops by their share of the step (`model_run` wall time)
+and says how much of the step named ops cover (the rest is onnxruntime's own overhead between
+kernels, and any node it made up during graph optimization).
+
+Bytes read per op: each kernel's non-constant inputs (onnxruntime's `activation_size`) plus the
+initializers the node reads (sizes from the graph: onnxruntime frees weights it prepacks), except
+that a Gather (embedding lookup) counts the rows it returns, and GroupQueryAttention's KV buffers
+count only the rows the step attends to (the bound buffers are larger). GB/s is those bytes over the op's time, set against
+the machine's read bandwidth measured in the same run (an onnxruntime ReduceSum over a buffer
+much larger than the caches, same thread count).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from llmir_core import tracing
+from llmir_core.errors import InputError
+
+PROFILE_SCHEMA = 1
+_NODE_NAME = re.compile(r"^(n\d+_[A-Za-z0-9]+(?:__\d+)?)")
+
+
+@dataclass
+class OpTime:
+    """One .llmir op's time in a phase (summed over its nodes; per step for decode)."""
+
+    op: str
+    line: str  # "LINE:COL" in the source .llmir, "" when unknown
+    loc: str
+    us: float = 0.0
+    bytes: float = 0.0
+    nodes: dict[str, int] = field(default_factory=dict)  # onnxruntime op type -> kernels
+
+    def to_json(
+        self, step_us: float, bandwidth_gbs: float | None, file: str | None
+    ) -> dict[str, Any]:
+        gbs = self.bytes / (self.us * 1e3) if self.us > 0 else 0.0
+        return {
+            "op": self.op,
+            "file": file,
+            "line": int(self.line.split(":")[0]) if self.line else None,
+            "col": int(self.line.split(":")[1]) if ":" in self.line else None,
+            "loc": self.loc,
+            "us": round(self.us, 3),
+            "share": self.us / step_us if step_us > 0 else 0.0,
+            "bytes": int(self.bytes),
+            "gb_per_s": round(gbs, 3),
+            "bandwidth_share": gbs / bandwidth_gbs if bandwidth_gbs else None,
+            "kernels": dict(sorted(self.nodes.items())),
+        }
+
+
+@dataclass
+class Phase:
+    """Prefill (one run of prompt_len tokens) or decode (mean of one-token steps)."""
+
+    name: str
+    tokens: int
+    steps: int
+    step_us: float = 0.0  # onnxruntime model_run wall time per step
+    kernel_us: float = 0.0  # all kernels per step
+    ops: dict[tuple[str, str, str], OpTime] = field(default_factory=dict)
+    unmapped: dict[str, float] = field(default_factory=dict)  # node name -> us per step
+
+    @property
+    def attributed_us(self) -> float:
+        return sum(o.us for o in self.ops.values())
+
+    def ranked(self) -> list[OpTime]:
+        return sorted(self.ops.values(), key=lambda o: -o.us)
+
+    def by_kind(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for o in self.ops.values():
+            out[o.op] = out.get(o.op, 0.0) + o.us
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    def to_json(
+        self, bandwidth_gbs: float | None, file: str | None, top: int | None = None
+    ) -> dict[str, Any]:
+        ops = self.ranked()
+        total_bytes = sum(o.bytes for o in ops)
+        return {
+            "tokens": self.tokens,
+            "steps": self.steps,
+            "step_us": round(self.step_us, 3),
+            "kernel_us": round(self.kernel_us, 3),
+            "attributed_us": round(self.attributed_us, 3),
+            "attributed_share": self.attributed_us / self.step_us if self.step_us else 0.0,
+            "kernel_coverage": self.attributed_us / self.kernel_us if self.kernel_us else 0.0,
+            "bytes": int(total_bytes),
+            "gb_per_s": round(total_bytes / (self.step_us * 1e3), 3) if self.step_us else 0.0,
+            "by_op_kind": {
+                k: {"us": round(v, 3), "share": v / self.step_us if self.step_us else 0.0}
+                for k, v in self.by_kind().items()
+            },
+            "ops": [
+                o.to_json(self.step_us, bandwidth_gbs, file) for o in (ops[:top] if top else ops)
+            ],
+            "unmapped": {
+                k: round(v, 3) for k, v in sorted(self.unmapped.items(), key=lambda kv: -kv[1])
+            },
+        }
+
+
+@dataclass
+class ProfileResult:
+    artifact: str
+    source: str | None  # the .llmir file the artifact was built from (manifest source.file)
+    threads: int
+    bandwidth_gbs: float | None
+    phases: list[Phase]
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+
+    def phase(self, name: str) -> Phase:
+        return next(p for p in self.phases if p.name == name)
+
+    def to_json(self, top: int | None = None) -> dict[str, Any]:
+        return {
+            "profile_schema": PROFILE_SCHEMA,
+            "artifact": self.artifact,
+            "source": self.source,
+            "threads": self.threads,
+            "read_bandwidth_gb_per_s": self.bandwidth_gbs,
+            "phases": {
+                p.name: p.to_json(self.bandwidth_gbs, self.source, top) for p in self.phases
+            },
+            "fingerprint": self.fingerprint,
+        }
+
+
+# -- bandwidth ---------------------------------------------------------------------------------
+
+
+def measure_read_bandwidth(threads: int, mbytes: int = 256, repeats: int = 5) -> float | None:
+    """GB/s an onnxruntime ReduceSum reads a `mbytes` f32 buffer at (best of `repeats`)."""
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+    except ImportError:
+        return None
+    n = mbytes * (1 << 20) // 4
+    g = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x"], ["y"], keepdims=0)],
+        "bw",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    x = np.ones(n, np.float32)
+    sess.run(None, {"x": x})
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sess.run(None, {"x": x})
+        best = min(best, time.perf_counter() - t0)
+    return x.nbytes / best / 1e9
+
+
+# -- the profile -------------------------------------------------------------------------------
+
+
+def _shape_bytes(entry: dict[str, list[int]]) -> int:
+    ((dt, shape),) = entry.items()
+    size = {
+        "float": 4,
+        "float16": 2,
+        "bfloat16": 2,
+        "int64": 8,
+        "int32": 4,
+        "int8": 1,
+        "uint8": 1,
+        "double": 8,
+        "bool": 1,
+    }.get(dt, 4)
+    return int(np.prod(shape, dtype=np.int64)) * size if shape else size
+
+
+def initializer_bytes(model: Any) -> dict[str, int]:
+    """node name -> bytes of the initializers (weights) it reads, from the graph (no data loaded)."""
+    from onnx import helper
+
+    sizes = {}
+    for t in model.graph.initializer:
+        item = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        sizes[t.name] = int(np.prod(list(t.dims), dtype=np.int64)) * item
+    return {nd.name: sum(sizes.get(i, 0) for i in set(nd.input)) for nd in model.graph.node}
+
+
+def _kernel_bytes(args: dict[str, Any], context: int, weights: int) -> float:
+    # onnxruntime's parameter_size misses weights it prepacked (and freed): take them from the graph
+    if str(args.get("op_name", "")).startswith("Gather"):  # an embedding lookup reads the rows it returns
+        return float(args.get("activation_size", 0)) + float(args.get("output_size", 0))
+    read = float(args.get("activation_size", 0)) + weights
+    if args.get("op_name") == "GroupQueryAttention":
+        for ent in args.get("input_type_shape") or []:
+            ((dt, shape),) = ent.items()
+            if len(shape) == 4 and shape[2] > 0:  # a bound KV buffer: only `context` rows are read
+                full = _shape_bytes(ent)
+                read -= full - full * min(context, shape[2]) / shape[2]
+    return read
+
+
+class _Mapper:
+    def __init__(self, sources: dict[str, dict[str, str]], weights: dict[str, int]) -> None:
+        self.sources = sources
+        self.weights = weights
+
+    def key(self, node: str) -> str | None:
+        if node in self.sources:
+            return node
+        m = _NODE_NAME.match(node)  # a node onnxruntime renamed or split keeps our name as a prefix
+        return m.group(1) if m and m.group(1) in self.sources else None
+
+
+def _phase(
+    name: str,
+    runs: list[dict[str, Any]],
+    kernels: list[dict[str, Any]],
+    mapper: _Mapper,
+    tokens: int,
+    contexts: list[int],
+) -> Phase:
+    ph = Phase(name, tokens, len(runs))
+    n = len(runs)
+    for run, ctx in zip(runs, contexts):
+        t0, t1 = run["ts"], run["ts"] + run["dur"]
+        ph.step_us += run["dur"] / n
+        for k in kernels:
+            if not t0 <= k["ts"] <= t1:
+                continue
+            us = k["dur"] / n
+            ph.kernel_us += us
+            node = k["name"][: -len("_kernel_time")]
+            found = mapper.key(node)
+            if found is None:
+                ph.unmapped[node] = ph.unmapped.get(node, 0.0) + us
+                continue
+            src = mapper.sources[found]
+            key = (src["line"], src["op"], src["loc"])
+            o = ph.ops.get(key)
+            if o is None:
+                o = ph.ops[key] = OpTime(src["op"], src["line"], src["loc"])
+            o.us += us
+            o.bytes += (
+                _kernel_bytes(k["args"], ctx, mapper.weights.get(node, mapper.weights.get(found, 0)))
+                / n
+            )
+            if run is runs[0]:
+                typ = k["args"].get("op_name", "?")
+                o.nodes[typ] = o.nodes.get(typ, 0) + 1
+    return ph
+
+
+def _profiled(res: ProfileResult) -> dict[str, Any]:
+    dec = res.phase("decode")
+    return {"llmir.threads": res.threads, "llmir.read_bandwidth_gb_per_s": res.bandwidth_gbs,
+            "llmir.decode.step_us": dec.step_us,
+            "llmir.decode.attributed_share": dec.attributed_us / dec.step_us if dec.step_us else None,
+            "llmir.prefill.step_us": res.phase("prefill").step_us}
+
+
+@tracing.traced("profile", after=_profiled)
+def profile_artifact(
+    art_dir: str,
+    *,
+    prompt_len: int = 128,
+    decode_steps: int = 16,
+    threads: int | None = None,
+    seed: int = 0,
+    warmup_steps: int = 4,
+    measure_bandwidth: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> ProfileResult:
+    """Profile one prefill of prompt_len random tokens and decode_steps decode steps."""
+    import onnx
+    import onnxruntime as ort
+
+    from llmir_core.backends.nodeinfo import node_sources
+
+    from .bench import hardware_fingerprint
+    from .ort_decoder import open_artifact, session_options
+
+    for flag, v in (("--prompt-len", prompt_len), ("--profile-steps", decode_steps)):
+        if v < 1:
+            raise InputError(f"{flag} must be >= 1, got {v}")
+    dec = open_artifact(art_dir, threads)
+    need = prompt_len + warmup_steps + decode_steps + 1
+    if dec.max_context is not None and need > dec.max_context:
+        raise InputError(
+            f"--prompt-len + profiled steps = {need} exceeds the model's context of {dec.max_context}"
+        )
+    model_path = os.path.join(art_dir, dec.manifest.get("model", "model.onnx"))
+    graph = onnx.load(model_path, load_external_data=False)
+    sources = node_sources(graph)
+    if not sources:
+        raise InputError(
+            f"{art_dir}: its ONNX nodes do not name the .llmir ops they come from",
+            hint="rebuild the artifact with this llmir version (`llmir build`)",
+        )
+    with tempfile.TemporaryDirectory(prefix="llmir-profile-") as tmp:
+        so = session_options(dec.threads)
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(tmp, "ort")
+        # the same decoder (I/O binding, shared KV buffers), on a session that profiles
+        dec.sess = ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
+        dec.io = dec.sess.io_binding()
+        rng = np.random.default_rng(seed)
+        ids = rng.integers(0, dec.vocab, size=(1, prompt_len), dtype=np.int64)
+        dec.reserve(need)
+        if progress:
+            progress("warming up")
+        dec.reset(1)
+        nxt = _greedy(dec.forward(ids))
+        for _ in range(warmup_steps):
+            nxt = _greedy(dec.forward(nxt))
+        if progress:
+            progress(f"profiling a {prompt_len}-token prefill and {decode_steps} decode steps")
+        dec.reset(1)
+        nxt = _greedy(dec.forward(ids))
+        for _ in range(decode_steps):
+            nxt = _greedy(dec.forward(nxt))
+        trace_file = dec.sess.end_profiling()
+        with open(trace_file, encoding="utf-8") as fh:
+            events = json.load(fh)
+    runs = sorted(
+        (e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+        key=lambda e: e["ts"],
+    )
+    kernels = [
+        e
+        for e in events
+        if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")
+    ]
+    if len(runs) != 2 + warmup_steps + decode_steps:
+        raise InputError(
+            f"onnxruntime's profile holds {len(runs)} runs, expected {2 + warmup_steps + decode_steps}"
+        )
+    mapper = _Mapper(sources, initializer_bytes(graph))
+    measured = runs[1 + warmup_steps :]
+    prefill = _phase("prefill", measured[:1], kernels, mapper, prompt_len, [prompt_len])
+    decode = _phase(
+        "decode",
+        measured[1:],
+        kernels,
+        mapper,
+        1,
+        [prompt_len + 1 + i for i in range(decode_steps)],
+    )
+    bw = None
+    if measure_bandwidth:
+        if progress:
+            progress("measuring read bandwidth")
+        bw = measure_read_bandwidth(dec.threads)
+    src = (dec.manifest.get("source") or {}).get("file")
+    fp = {
+        **hardware_fingerprint(),
+        "artifact": os.path.basename(os.path.abspath(art_dir)),
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+    return ProfileResult(os.path.abspath(art_dir), src, dec.threads, bw, [prefill, decode], fp)
+
+
+def _greedy(logits: np.ndarray) -> np.ndarray:
+    return np.argmax(logits[:, -1], axis=-1).astype(np.int64)[:, None]
+
+
+def format_profile(res: ProfileResult, top: int = 15) -> str:
+    """The text report: per phase, the top ops by share of the step with file:line and loc."""
+    lines = []
+    bw = f"{res.bandwidth_gbs:.1f} GB/s" if res.bandwidth_gbs else "not measured"
+    lines.append(
+        f"{res.artifact} (from {res.source or 'an unsaved module'}), {res.threads} threads, "
+        f"read bandwidth {bw}"
+    )
+    for ph in res.phases:
+        what = (
+            f"prefill of {ph.tokens} tokens"
+            if ph.name == "prefill"
+            else f"decode step (mean of {ph.steps})"
+        )
+        share = ph.attributed_us / ph.step_us if ph.step_us else 0.0
+        total_bytes = sum(o.bytes for o in ph.ops.values())
+        gbs = total_bytes / (ph.step_us * 1e3) if ph.step_us else 0.0
+        lines.append("")
+        lines.append(
+            f"{what}: {ph.step_us / 1e3:.3f} ms, {share:.1%} in named .llmir ops "
+            f"(kernels {ph.kernel_us / ph.step_us:.1%} of the step), {total_bytes / 1e6:.1f} MB read, "
+            f"{gbs:.1f} GB/s"
+            if ph.step_us
+            else f"{what}: no time recorded"
+        )
+        lines.append(
+            f"  {'share':>6} {'us':>9} {'MB':>8} {'GB/s':>6} {'of bw':>6}  {'op':<34} {'where':<18} loc"
+        )
+        for o in ph.ranked()[:top]:
+            g = o.bytes / (o.us * 1e3) if o.us > 0 else 0.0
+            of_bw = f"{g / res.bandwidth_gbs:.0%}" if res.bandwidth_gbs else "-"
+            where = f"{res.source or '?'}:{o.line.split(':')[0]}" if o.line else "?"
+            lines.append(
+                f"  {o.us / ph.step_us:6.1%} {o.us:9.1f} {o.bytes / 1e6:8.2f} {g:6.1f} {of_bw:>6}  "
+                f"{o.op:<34} {where:<18} {o.loc}"
+            )
+        rest = len(ph.ops) - top
+        if rest > 0:
+            rest_us = sum(o.us for o in ph.ranked()[top:])
+            lines.append(f"  {rest_us / ph.step_us:6.1%} {rest_us:9.1f}  ... {rest} more ops")
+        kinds = ", ".join(f"{k} {v / ph.step_us:.1%}" for k, v in list(ph.by_kind().items())[:6])
+        lines.append(f"  by op: {kinds}")
+        if ph.unmapped:
+            un = sum(ph.unmapped.values())
+            lines.append(
+                f"  {un / ph.step_us:.1%} in {len(ph.unmapped)} onnxruntime nodes not mapped to an op"
+            )
+    return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    "profile_artifact",
+    "format_profile",
+    "measure_read_bandwidth",
+    "initializer_bytes",
+    "ProfileResult",
+    "Phase",
+    "OpTime",
+    "PROFILE_SCHEMA",
+]

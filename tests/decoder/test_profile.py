@@ -1,0 +1,129 @@
+"""`llmir bench --profile`: onnxruntime's per-kernel time mapped onto the lines of the .llmir file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+
+from llmir_core.backends.nodeinfo import node_sources
+from llmir_core.errors import InputError
+from llmir_core.runtime.profile import profile_artifact
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def parsed_artifact(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """An artifact built from a .llmir file (so its ops have lines), and that file."""
+    from llmir_core.backends.ort_decoder import build_decoder
+    from llmir_core.frontends import import_model
+    from llmir_core.ir.parser import parse_file
+
+    tmp = tmp_path_factory.mktemp("prof")
+    src = tmp / "tiny.llmir"
+    import_model(tiny_dir, out_path=src)
+    out = tmp / "art"
+    build_decoder(parse_file(str(src)), str(out), source_path=str(src))
+    return out, src
+
+
+def test_every_node_names_its_llmir_line(parsed_artifact: tuple[Path, Path]) -> None:
+    art, src = parsed_artifact
+    model = onnx.load(str(art / "model.onnx"), load_external_data=False)
+    sources = node_sources(model)
+    assert set(sources) == {n.name for n in model.graph.node}
+    text = src.read_text().splitlines()
+    for info in sources.values():
+        line, col = (int(x) for x in info["line"].split(":"))
+        assert text[line - 1][col - 1 :].startswith(info["op"]) or info["op"] in text[line - 1]
+        assert info["loc"] and f'loc("{info["loc"]}")' in text[line - 1]
+
+
+def test_profile_attributes_the_decode_step_to_lines(parsed_artifact: tuple[Path, Path]) -> None:
+    art, src = parsed_artifact
+    res = profile_artifact(
+        str(art), prompt_len=8, decode_steps=4, threads=1, warmup_steps=1, measure_bandwidth=False
+    )
+    assert res.source == "tiny.llmir" and res.bandwidth_gbs is None
+    text = src.read_text().splitlines()
+    for ph in res.phases:
+        assert not ph.unmapped and ph.kernel_us > 0
+        assert ph.attributed_us / ph.kernel_us >= 0.95
+        ops = ph.ranked()
+        kinds = {o.op for o in ops}
+        assert {
+            "llm.scaled_dot_product_attention",
+            "llm.gated_mlp",
+            "llm.rms_norm",
+            "core.matmul",
+        } <= kinds
+        for o in ops:
+            assert o.op in text[int(o.line.split(":")[0]) - 1] and o.loc
+        attn = [o for o in ops if o.op == "llm.scaled_dot_product_attention"]
+        assert len(attn) == 2 and all("GroupQueryAttention" in o.nodes for o in attn)
+        mlp = next(o for o in ops if o.op == "llm.gated_mlp")
+        assert mlp.bytes >= 3 * 64 * 96 * 4  # its three weight matrices
+    d = res.to_json()
+    assert d["profile_schema"] == 1 and set(d["phases"]) == {"prefill", "decode"}
+    dec = d["phases"]["decode"]
+    assert dec["steps"] == 4 and dec["kernel_coverage"] >= 0.95
+    assert all(op["file"] == "tiny.llmir" and op["line"] >= 1 for op in dec["ops"])
+
+
+def test_bench_profile_cli(parsed_artifact: tuple[Path, Path]) -> None:
+    art, _ = parsed_artifact
+    r = run_cli(
+        "bench",
+        str(art),
+        "--profile",
+        "--prompt-len",
+        "6",
+        "--profile-steps",
+        "2",
+        "--threads",
+        "1",
+        "--format",
+        "json",
+    )
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["kind"] == "bench-profile" and d["read_bandwidth_gb_per_s"] > 0
+    assert d["phases"]["decode"]["ops"][0]["bandwidth_share"] is not None
+    r = run_cli(
+        "bench",
+        str(art),
+        "--profile",
+        "--prompt-len",
+        "6",
+        "--profile-steps",
+        "2",
+        "--threads",
+        "1",
+        "--top",
+        "3",
+    )
+    assert r.returncode == 0, r.stderr
+    assert (
+        "decode step (mean of 2)" in r.stdout
+        and "tiny.llmir:" in r.stdout
+        and "hf:model.layers." in r.stdout
+    )
+    r = run_cli("bench", str(art), "--profile", "--top", "0")
+    assert r.returncode == 2 and "--top must be >= 1" in r.stderr
+
+
+def test_profile_needs_tagged_nodes(parsed_artifact: tuple[Path, Path], tmp_path: Path) -> None:
+    art, _ = parsed_artifact
+    old = tmp_path / "old"
+    shutil.copytree(art, old)
+    model = onnx.load(str(old / "model.onnx"), load_external_data=False)
+    for nd in model.graph.node:
+        del nd.metadata_props[:]
+    onnx.save(model, str(old / "model.onnx"))
+    with pytest.raises(InputError, match="do not name the .llmir ops"):
+        profile_artifact(str(old), prompt_len=4, decode_steps=1, measure_bandwidth=False)
+    with pytest.raises(InputError, match="exceeds the model's context of 256"):
+        profile_artifact(str(art), prompt_len=250, decode_steps=8)
