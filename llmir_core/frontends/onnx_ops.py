@@ -706,21 +706,37 @@ _REDUCE = {"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": 
            "ReduceMin": "reduce_min", "ReduceProd": "reduce_prod"}
 
 
+def _runtime_axes(n: Node) -> bool:
+    """True when the axes are a run-time input of static, non-zero length (core.reduce_*_dyn):
+    the result's rank is known whatever their values."""
+    axes_from_input = n.op_type == "ReduceSum" and n.opset >= 13 or n.opset >= 18
+    if not axes_from_input or not n.has(1) or n.known(1) is not None:
+        return False
+    t = n.t(1)
+    return t.rank == 1 and isinstance(t.shape[0], int) and t.shape[0] > 0
+
+
 def _reduce_axes(n: Node) -> list[int] | None:
     """The reduction axes; None means 'no-op' (empty axes with noop_with_empty_axes)."""
     axes_from_input = n.op_type == "ReduceSum" and n.opset >= 13 or n.opset >= 18
-    axes = (n.ints(1, "axes") if n.has(1) else []) if axes_from_input else \
-        [int(a) for a in (n.attr("axes") or [])]
+    if axes_from_input and n.has(1) and n.known(1) is None and n.t(1).shape == (0,):
+        axes: list[int] = []  # a run-time input that is always empty
+    else:
+        axes = (n.ints(1, "axes") if n.has(1) else []) if axes_from_input else \
+            [int(a) for a in (n.attr("axes") or [])]
     if not axes and n.attr("noop_with_empty_axes", 0):
         return None
     return axes
 
 
 def _reduce(n: Node, kind: str, x: Value) -> Value:
+    keep = bool(n.attr("keepdims", 1))
+    if _runtime_axes(n):
+        return n.emit(f"core.{kind}_dyn", x, n.cast(n.inp(1), DType.i64), keepdims=keep)
     axes = _reduce_axes(n)
     if axes is None:
         return n.emit("core.identity", x)
-    return n.emit(f"core.{kind}", x, axes=tuple(axes), keepdims=bool(n.attr("keepdims", 1)))
+    return n.emit(f"core.{kind}", x, axes=tuple(axes), keepdims=keep)
 
 
 @handles(*_REDUCE)
@@ -732,7 +748,7 @@ def _reduce_simple(n: Node) -> list[Value | None]:
 def _reduce_composite(n: Node) -> list[Value | None]:
     x = n.inp(0)
     op = n.op_type
-    if _reduce_axes(n) is None:
+    if not _runtime_axes(n) and _reduce_axes(n) is None:
         if op == "ReduceSumSquare":
             return [n.emit("core.mul", x, x)]
         if op == "ReduceL1":
