@@ -1162,13 +1162,22 @@ def _attention_sdpa(n: Node, q: Value, k: Value, v: Value, mask: Value | None, p
 @handles("GroupQueryAttention", domain=MS)
 def _gqa(n: Node) -> list[Value | None]:
     hq, hkv = int(n.attr("num_heads")), int(n.attr("kv_num_heads"))
-    if not n.has(1):
-        raise NotMapped("packed QKV input is not supported")
     if int(n.attr("local_window_size", -1)) != -1 or n.attr("smooth_softmax", 0):
         raise NotMapped("local_window_size and smooth_softmax are not supported")
     if n.has(10) or n.has(11):
         raise NotMapped("attention_bias / head_sink inputs are not supported")
-    q, k, v = _to_heads(n, n.inp(0), hq), _to_heads(n, n.inp(1), hkv), _to_heads(n, n.inp(2), hkv)
+    if n.has(1) != n.has(2):
+        raise NotMapped("key and value must both be given (unpacked) or both be absent (packed QKV)")
+    if n.has(1):
+        q_in, k_in, v_in = n.inp(0), n.inp(1), n.inp(2)
+    else:  # packed: query holds [q | k | v] along the hidden axis, (hq + 2 hkv) heads of head_size
+        width = n.t(0).shape[-1]
+        if not isinstance(width, int) or width % (hq + 2 * hkv):
+            raise NotMapped(f"packed QKV width {width} is not a multiple of num_heads + 2 * kv_num_heads")
+        hd = width // (hq + 2 * hkv)
+        q_in, k_in, v_in = n.emit_n("core.split", [n.inp(0)],
+                                    {"axis": -1, "sizes": (hq * hd, hkv * hd, hkv * hd)}, 3)
+    q, k, v = _to_heads(n, q_in, hq), _to_heads(n, k_in, hkv), _to_heads(n, v_in, hkv)
     if n.attr("do_rotary", 0):
         # positions: past_len + s for every batch row (no left padding)
         if n.has(3):
