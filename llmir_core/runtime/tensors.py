@@ -210,7 +210,7 @@ def summarize(outputs: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
     for name, arr in outputs.items():
         a = np.asarray(arr)
         row: dict[str, Any] = {"name": name, "shape": list(a.shape), "dtype": str(a.dtype)}
-        if a.size and (a.dtype.kind in "biuf" or a.dtype.name in ("bfloat16",)):
+        if a.size and (a.dtype.kind in "biuf" or a.dtype.name in ("bfloat16", "int4", "uint4")):
             f = a.astype(np.float64)
             row.update(min=float(np.nanmin(f)) if not np.isnan(f).all() else float("nan"),
                        max=float(np.nanmax(f)) if not np.isnan(f).all() else float("nan"),

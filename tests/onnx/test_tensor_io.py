@@ -86,7 +86,8 @@ def _cast_model() -> onnx.ModelProto:
     return h.make_model(g, opset_imports=[h.make_opsetid("", 23)])
 
 
-def test_run_reads_and_writes_exotic_types_through_the_cli(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+def test_run_reads_and_writes_exotic_types_through_the_cli(tmp_path: Path, backend: str) -> None:
     onnx.save(_cast_model(), tmp_path / "m.onnx")
     r = CliRunner().invoke(
         app, ["import", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.llmir")]
@@ -96,11 +97,22 @@ def test_run_reads_and_writes_exotic_types_through_the_cli(tmp_path: Path) -> No
     (tmp_path / "x.pb").write_bytes(nh.from_array(x, "x").SerializeToString())
     out = tmp_path / "out"
     r = CliRunner().invoke(
-        app, ["run", str(tmp_path / "m.llmir"), "--input", f"x={tmp_path / 'x.pb'}", "-o", str(out)]
+        app,
+        [
+            "run",
+            str(tmp_path / "m.llmir"),
+            "--input",
+            f"x={tmp_path / 'x.pb'}",
+            "-o",
+            str(out),
+            "--backend",
+            backend,
+        ],
     )
     assert r.exit_code == 0, r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["b.pb", "e.pb", "f.npy", "i.pb"]
     assert "b.pb is an ONNX TensorProto: .npy cannot carry its element type" in r.stderr
+    assert "i: int4[2, 3]  min" in r.stdout
     want = x.astype(np.float32) * 2
     got = {p.stem: load_tensor(str(p)) for p in out.iterdir()}
     assert got["b"].dtype == ml_dtypes.bfloat16 and got["e"].dtype == ml_dtypes.float8_e5m2
