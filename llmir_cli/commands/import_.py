@@ -17,7 +17,8 @@ from .._render import handle_errors, make_ctx
 
 HELP = """Import a model into a readable .llmir file.
 
-SRC is an .onnx file (ONNX opsets 13 and newer, plus the com.microsoft ops LLM exports use), a
+SRC is an .onnx file (ONNX opsets 13 and newer; older ones are converted with
+onnx.version_converter; plus the com.microsoft ops LLM exports use), a
 Hugging Face model folder (with config.json), a .gguf file, or a model reference resolved as
 `llmir init` does: a registry NAME:TAG (`smollm2:135m`) or `hf:ORG/REPO[@REV]` (pulled into the
 Hugging Face cache and sha256-checked; inside an `llmir init` project the locked files are used). Weights are not copied into the
@@ -80,12 +81,17 @@ def import_cmd(
         module = import_model(src, keep_unknown=keep_unknown, out_path=output,
                               require_tokenizer=not no_tokenizer)
         dt = time.perf_counter() - t0
+        converted = module.attrs.get("onnx.converted_from_opset")
+        if converted is not None:
+            ctx.log(f"note: {src}: ONNX opset {converted} converted to opset {module.attrs.get('onnx.opset')} "
+                    "with onnx.version_converter")
         weights = sum(1 for f in module.functions for op in f.ops if op.name == "core.weight")
         opaque = sum(1 for f in module.functions for op in f.ops if op.name == "onnx.opaque")
         if ctx.json:
             ctx.emit_json("import", {"ok": True, "source": str(src), "source_format": _FORMAT_NAMES[kind],
                                      "output": str(output),
                                      "ops": module.op_count(), "weights": weights, "opaque_ops": opaque,
+                                     "converted_from_opset": converted,
                                      "seconds": round(dt, 3)})
         elif not quiet:
             extra = f", {opaque} opaque" if opaque else ""

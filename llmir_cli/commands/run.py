@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -64,7 +65,7 @@ Examples:
 def run_cmd(
     target: Annotated[Path, typer.Argument(help="Artifact folder or .llmir file.", show_default=False)],
     inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=FILE (.npy or .pb); repeat per input.")] = None,
-    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="Folder for NAME.npy outputs.")] = None,
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="Folder for the outputs: NAME.npy, or NAME.pb (ONNX TensorProto) for types .npy cannot carry (bfloat16, float8, int4, uint4).")] = None,
     backend: Annotated[str | None, typer.Option("--backend", "-b", help="reference or onnxruntime (default: reference for .llmir, onnxruntime for a folder).")] = None,
     threads: Annotated[int | None, typer.Option("--threads", help="onnxruntime intra-op threads.")] = None,
     prompt: Annotated[list[str] | None, typer.Option("--prompt", "-p", help="Text to continue (repeat for several prompts).")] = None,
@@ -123,6 +124,10 @@ def run_cmd(
             ctx.result(f"{row['name']}: {row['dtype']}{row['shape']}{stats}")
         if paths:
             ctx.log(f"wrote {len(paths)} file(s) to {output_dir}")
+            for p in paths:
+                if p.endswith(".pb"):
+                    ctx.log(f"note: {os.path.basename(p)} is an ONNX TensorProto: .npy cannot carry its "
+                            "element type (read it with onnx.numpy_helper.to_array)")
 
 
 def _generate(ctx: Ctx, target: Path, prompts: list[str], prompts_file: Path | None,

@@ -831,6 +831,12 @@ def _l_reduce(L: Lowering, op: Op) -> list[str]:
     return L.node(_REDUCE[op.name], inputs, keepdims=int(op.attrs.get("keepdims", True)))
 
 
+@lowers(*(k + "_dyn" for k in _REDUCE))
+def _l_reduce_dyn(L: Lowering, op: Op) -> list[str]:
+    return L.node(_REDUCE[op.name.removesuffix("_dyn")], _ins(L, op),
+                  keepdims=int(op.attrs.get("keepdims", True)))
+
+
 @lowers("core.softmax", "core.log_softmax")
 def _l_softmax(L: Lowering, op: Op) -> list[str]:
     return L.node("Softmax" if op.name == "core.softmax" else "LogSoftmax", _ins(L, op),

@@ -1,7 +1,7 @@
 """The `core` dialect, part 3: reductions and softmax.
 
 The reductions mean ONNX's ReduceSum/Mean/Max/Min/Prod (with the axes as an attribute; empty axes
-reduce every axis) and softmax/log_softmax mean ONNX's opset-13 Softmax/LogSoftmax over one axis.
+reduce every axis; the `_dyn` forms take them as a run-time i64 tensor of static length) and softmax/log_softmax mean ONNX's opset-13 Softmax/LogSoftmax over one axis.
 Floats are reduced in float64 and rounded once to the operand dtype. A reduction over no elements
 gives ONNX's identities: 0 for sum, 1 for prod, the dtype's lowest value (-inf for floats) for max,
 its highest (+inf) for min, and NaN for a float mean.
@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from llmir_core.ir.dims import DYN
 from llmir_core.ir.types import Type
 
-from .core_shape import is_float_array, numeric_tensor, reduced_shape
+from .core_shape import _shape_operand, is_float_array, numeric_tensor, reduced_shape
 from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError
 from .registry import register
 from .shapes import float_tensor, like, norm_axes, norm_axis
@@ -91,6 +92,50 @@ for _kind, (_doc, _bool) in _REDUCE.items():
         verifies=f"x is {'numeric or bool' if _bool else 'numeric'} and axes are distinct and in range.",
         example=f"%y = core.reduce_{_kind} %x {{axes = [-1]}} : (tensor<?b x ?s x 576 x f32>) "
                 "-> tensor<?b x ?s x 1 x f32>",
+    ))
+
+
+def _infer_reduce_dyn(allow_bool: bool) -> Callable[[InferCtx], list[Type]]:
+    def infer(ctx: InferCtx) -> list[Type]:
+        x = numeric_tensor(ctx, 0, "x", allow_bool=allow_bool)
+        n = _shape_operand(ctx, 1, "axes")
+        if n > x.rank:
+            raise OpVerifyError(f"axes has {n} entries but x has rank {x.rank}")
+        if n == 0:  # static: no axes = every axis (the frontend emits the static form instead)
+            return [like(x, reduced_shape(x.shape, list(range(x.rank)), ctx["keepdims"]))]
+        if ctx["keepdims"]:  # which dims become 1 is known only at run time
+            return [like(x, [1 if d == 1 else DYN for d in x.shape])]
+        return [like(x, [DYN] * (x.rank - n))]
+    return infer
+
+
+def _ref_reduce_dyn(kind: str) -> Callable[[list[np.ndarray], dict[str, Any]], np.ndarray]:
+    static = _ref_reduce(kind)
+
+    def run(args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
+        x = args[0]
+        axes = [int(a) for a in np.asarray(args[1]).reshape(-1)]
+        for a in axes:
+            if not -x.ndim <= a < x.ndim:
+                raise ValueError(f"axis {a} out of range for rank {x.ndim}")
+        if len({a % x.ndim for a in axes}) != len(axes):
+            raise ValueError(f"axes {axes} repeat an axis")
+        return static([x], {"axes": tuple(axes), "keepdims": attrs["keepdims"]})
+    return run
+
+
+for _kind, (_doc, _bool) in _REDUCE.items():
+    register(OpDef(
+        name=f"core.reduce_{_kind}_dyn",
+        summary=f"core.reduce_{_kind} with the axes given as a run-time 1-D i64 tensor of static, "
+                "non-zero length (the result's rank is known; with keepdims its reduced sizes are `?`).",
+        operands=(Operand("x"), Operand("axes")),
+        attrs=(Attr("keepdims", "bool", True),),
+        infer=_infer_reduce_dyn(_bool), reference=_ref_reduce_dyn(_kind),
+        verifies="axes is a 1-D i64 tensor of static length at most x's rank; at run time its entries "
+                 "are distinct and in range.",
+        example=f"%y = core.reduce_{_kind}_dyn %x, %a : (tensor<2x3x4xf32>, tensor<1xi64>) "
+                "-> tensor<?x?x?xf32>",
     ))
 
 

@@ -144,14 +144,29 @@ def load_proto(path: str) -> onnx.ModelProto:
     return proto
 
 
+def upgrade_opset(proto: onnx.ModelProto, label: str) -> tuple[onnx.ModelProto, int | None]:
+    """A model whose default opset is older than MIN_OPSET, converted to MIN_OPSET with
+    `onnx.version_converter` (with the opset it had); any other model unchanged (with None)."""
+    default = next((int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if default is None or default >= MIN_OPSET:
+        return proto, None
+    import onnx.version_converter
+
+    try:
+        converted = onnx.version_converter.convert_version(proto, MIN_OPSET)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InputError(f"{label}: opset {default} is older than {MIN_OPSET}, the oldest llmir reads, and "
+                         f"onnx.version_converter cannot convert it: {first[:300]}",
+                         hint=f"re-export the model with opset {MIN_OPSET} or newer") from None
+    return converted, default
+
+
 def _check_opsets(proto: onnx.ModelProto, label: str) -> dict[str, int]:
     opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in proto.opset_import}
     default = opsets.get("")
     if default is None:
         raise InputError(f"{label}: the model imports no default (ai.onnx) opset")
-    if default < MIN_OPSET:
-        raise InputError(f"{label}: opset {default} is older than {MIN_OPSET}, the oldest llmir reads",
-                         hint="convert it first: onnx.version_converter.convert_version(model, 21)")
     if default > MAX_OPSET:
         raise InputError(f"{label}: opset {default} is newer than {MAX_OPSET}, the newest the "
                          f"installed onnx ({onnx.__version__}) knows", hint="upgrade onnx")
@@ -739,6 +754,7 @@ def import_onnx(src: str | os.PathLike[str] | onnx.ModelProto, *, out_path: str 
         label = os.fspath(src)
         proto = load_proto(label)
         base = base_dir or os.path.dirname(os.path.abspath(label))
+    proto, converted_from = upgrade_opset(proto, label)
     opsets = _check_opsets(proto, label)
     check_model_proto(proto, label, opsets)
     if len(proto.functions):
@@ -761,6 +777,8 @@ def import_onnx(src: str | os.PathLike[str] | onnx.ModelProto, *, out_path: str 
     order = _toposort(model.graph, label)
     imp = _Importer(model, source, opsets, hints, keep_unknown)
     module = imp.run(order)
+    if converted_from is not None:
+        module.attrs["onnx.converted_from_opset"] = converted_from
     if source.out_path:
         module.source = source.out_path
     sidecar = imp.sidecar if imp.sidecar is not None and imp.sidecar.chunks else None
@@ -768,7 +786,7 @@ def import_onnx(src: str | os.PathLike[str] | onnx.ModelProto, *, out_path: str 
 
 
 __all__ = ["import_onnx", "Sidecar", "NeedsConstantError", "ONNX_TO_DTYPE", "DTYPE_TO_ONNX",
-           "load_proto", "load_tensor_pb", "dim_from_param", "MIN_OPSET", "MAX_OPSET"]
+           "load_proto", "load_tensor_pb", "dim_from_param", "MIN_OPSET", "MAX_OPSET", "upgrade_opset"]
 
 
 def load_tensor_pb(path: str) -> np.ndarray:

@@ -706,21 +706,37 @@ _REDUCE = {"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": 
            "ReduceMin": "reduce_min", "ReduceProd": "reduce_prod"}
 
 
+def _runtime_axes(n: Node) -> bool:
+    """True when the axes are a run-time input of static, non-zero length (core.reduce_*_dyn):
+    the result's rank is known whatever their values."""
+    axes_from_input = n.op_type == "ReduceSum" and n.opset >= 13 or n.opset >= 18
+    if not axes_from_input or not n.has(1) or n.known(1) is not None:
+        return False
+    t = n.t(1)
+    return t.rank == 1 and isinstance(t.shape[0], int) and t.shape[0] > 0
+
+
 def _reduce_axes(n: Node) -> list[int] | None:
     """The reduction axes; None means 'no-op' (empty axes with noop_with_empty_axes)."""
     axes_from_input = n.op_type == "ReduceSum" and n.opset >= 13 or n.opset >= 18
-    axes = (n.ints(1, "axes") if n.has(1) else []) if axes_from_input else \
-        [int(a) for a in (n.attr("axes") or [])]
+    if axes_from_input and n.has(1) and n.known(1) is None and n.t(1).shape == (0,):
+        axes: list[int] = []  # a run-time input that is always empty
+    else:
+        axes = (n.ints(1, "axes") if n.has(1) else []) if axes_from_input else \
+            [int(a) for a in (n.attr("axes") or [])]
     if not axes and n.attr("noop_with_empty_axes", 0):
         return None
     return axes
 
 
 def _reduce(n: Node, kind: str, x: Value) -> Value:
+    keep = bool(n.attr("keepdims", 1))
+    if _runtime_axes(n):
+        return n.emit(f"core.{kind}_dyn", x, n.cast(n.inp(1), DType.i64), keepdims=keep)
     axes = _reduce_axes(n)
     if axes is None:
         return n.emit("core.identity", x)
-    return n.emit(f"core.{kind}", x, axes=tuple(axes), keepdims=bool(n.attr("keepdims", 1)))
+    return n.emit(f"core.{kind}", x, axes=tuple(axes), keepdims=keep)
 
 
 @handles(*_REDUCE)
@@ -732,7 +748,7 @@ def _reduce_simple(n: Node) -> list[Value | None]:
 def _reduce_composite(n: Node) -> list[Value | None]:
     x = n.inp(0)
     op = n.op_type
-    if _reduce_axes(n) is None:
+    if not _runtime_axes(n) and _reduce_axes(n) is None:
         if op == "ReduceSumSquare":
             return [n.emit("core.mul", x, x)]
         if op == "ReduceL1":
@@ -1146,13 +1162,22 @@ def _attention_sdpa(n: Node, q: Value, k: Value, v: Value, mask: Value | None, p
 @handles("GroupQueryAttention", domain=MS)
 def _gqa(n: Node) -> list[Value | None]:
     hq, hkv = int(n.attr("num_heads")), int(n.attr("kv_num_heads"))
-    if not n.has(1):
-        raise NotMapped("packed QKV input is not supported")
     if int(n.attr("local_window_size", -1)) != -1 or n.attr("smooth_softmax", 0):
         raise NotMapped("local_window_size and smooth_softmax are not supported")
     if n.has(10) or n.has(11):
         raise NotMapped("attention_bias / head_sink inputs are not supported")
-    q, k, v = _to_heads(n, n.inp(0), hq), _to_heads(n, n.inp(1), hkv), _to_heads(n, n.inp(2), hkv)
+    if n.has(1) != n.has(2):
+        raise NotMapped("key and value must both be given (unpacked) or both be absent (packed QKV)")
+    if n.has(1):
+        q_in, k_in, v_in = n.inp(0), n.inp(1), n.inp(2)
+    else:  # packed: query holds [q | k | v] along the hidden axis, (hq + 2 hkv) heads of head_size
+        width = n.t(0).shape[-1]
+        if not isinstance(width, int) or width % (hq + 2 * hkv):
+            raise NotMapped(f"packed QKV width {width} is not a multiple of num_heads + 2 * kv_num_heads")
+        hd = width // (hq + 2 * hkv)
+        q_in, k_in, v_in = n.emit_n("core.split", [n.inp(0)],
+                                    {"axis": -1, "sizes": (hq * hd, hkv * hd, hkv * hd)}, 3)
+    q, k, v = _to_heads(n, q_in, hq), _to_heads(n, k_in, hkv), _to_heads(n, v_in, hkv)
     if n.attr("do_rotary", 0):
         # positions: past_len + s for every batch row (no left padding)
         if n.has(3):

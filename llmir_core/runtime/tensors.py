@@ -140,11 +140,27 @@ def load_tensor(path: str) -> np.ndarray:
     try:
         arr = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
+        if "descr" in str(exc):  # e.g. '<f1': an ml_dtypes float8 array numpy.save wrote but cannot read
+            raise InputError(f"{path}: a .npy file whose element type numpy cannot read back: {exc}",
+                             hint=_PB_HINT) from None
         raise InputError(f"{path}: not a readable .npy file: {exc}",
                          hint="save tensors with numpy.save, or as ONNX TensorProto .pb") from None
     if not isinstance(arr, np.ndarray):
         raise InputError(f"{path}: holds several arrays (.npz); pass one .npy per input")
+    if arr.dtype.kind == "V":  # bfloat16/float8/int4 saved by numpy.save lose their type: raw bytes
+        raise InputError(f"{path}: a .npy file of untyped {arr.dtype.itemsize}-byte elements ('{arr.dtype.str}'), "
+                         "as numpy.save writes bfloat16, float8 and int4 arrays", hint=_PB_HINT)
     return arr
+
+
+_PB_HINT = ("save such tensors as ONNX TensorProto .pb: "
+            "open(f, 'wb').write(onnx.numpy_helper.from_array(arr).SerializeToString())")
+
+
+def needs_pb(arr: np.ndarray) -> bool:
+    """True when a .npy file cannot carry this array's element type (numpy.save writes bfloat16,
+    float8 and int4/uint4 from ml_dtypes as untyped bytes or a descr numpy cannot load)."""
+    return np.dtype(arr.dtype).isbuiltin != 1  # 2: a user-defined (ml_dtypes) type
 
 
 def parse_input_specs(specs: list[str]) -> dict[str, np.ndarray]:
@@ -160,8 +176,8 @@ def parse_input_specs(specs: list[str]) -> dict[str, np.ndarray]:
     return out
 
 
-def output_file_name(name: str) -> str:
-    return (re.sub(r"[^\w.-]", "_", name).lstrip(".") or "output") + ".npy"
+def output_file_name(name: str, ext: str = ".npy") -> str:
+    return (re.sub(r"[^\w.-]", "_", name).lstrip(".") or "output") + ext
 
 
 def write_outputs(outputs: Mapping[str, np.ndarray], out_dir: str) -> list[str]:
@@ -174,9 +190,18 @@ def write_outputs(outputs: Mapping[str, np.ndarray], out_dir: str) -> list[str]:
             raise InputError(f"{out_dir}: cannot create the output folder: {exc.strerror}") from None
     paths = []
     for name, arr in outputs.items():
-        p = os.path.join(out_dir, output_file_name(name))
-        with atomic_write(p, "wb") as fh:
-            np.save(fh, np.asarray(arr), allow_pickle=False)
+        a = np.asarray(arr)
+        if needs_pb(a):  # .npy cannot carry the type: an ONNX TensorProto keeps it
+            import onnx.numpy_helper
+
+            p = os.path.join(out_dir, output_file_name(name, ".pb"))
+            data = onnx.numpy_helper.from_array(a, name).SerializeToString()
+            with atomic_write(p, "wb") as fh:
+                fh.write(data)
+        else:
+            p = os.path.join(out_dir, output_file_name(name))
+            with atomic_write(p, "wb") as fh:
+                np.save(fh, a, allow_pickle=False)
         paths.append(p)
     return paths
 
@@ -186,7 +211,7 @@ def summarize(outputs: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
     for name, arr in outputs.items():
         a = np.asarray(arr)
         row: dict[str, Any] = {"name": name, "shape": list(a.shape), "dtype": str(a.dtype)}
-        if a.size and (a.dtype.kind in "biuf" or a.dtype.name in ("bfloat16",)):
+        if a.size and (a.dtype.kind in "biuf" or a.dtype.name in ("bfloat16", "int4", "uint4")):
             f = a.astype(np.float64)
             row.update(min=float(np.nanmin(f)) if not np.isnan(f).all() else float("nan"),
                        max=float(np.nanmax(f)) if not np.isnan(f).all() else float("nan"),
@@ -245,4 +270,4 @@ def run_target(target: str, inputs: Mapping[str, np.ndarray], backend: str = "re
 
 
 __all__ = ["TensorSig", "module_signature", "manifest_signature", "check_inputs", "load_tensor",
-           "parse_input_specs", "write_outputs", "summarize", "run_module", "run_target", "BACKENDS"]
+           "parse_input_specs", "write_outputs", "needs_pb", "summarize", "run_module", "run_target", "BACKENDS"]

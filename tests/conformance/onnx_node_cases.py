@@ -5,8 +5,9 @@ Shared by tests/conformance/test_onnx_node.py (the CI gate) and scripts/gen_onnx
 (`onnx.backend.test.case.node.collect_testcases()`, generated in memory).
 
 Scope. A node test is *for a supported op* when every node in it is an op the ONNX frontend maps
-(`onnx_ops.HANDLERS`), its model's default opset is 13 or newer, and every tensor type in it has
-an llmir dtype. Out-of-scope tests are counted, with the reason, but not run.
+(`onnx_ops.HANDLERS`) and every tensor type in it has an llmir dtype, whatever its opset (the
+importer converts models older than opset 13 with onnx.version_converter, as users get it).
+Out-of-scope tests are counted, with the reason, but not run.
 
 Each in-scope test runs on two backends:
 - reference: import -> the numpy reference interpreter;
@@ -45,7 +46,7 @@ import onnx
 import onnx.numpy_helper
 
 from llmir_core.backends.ort import run_session
-from llmir_core.frontends.onnx import MIN_OPSET, ONNX_TO_DTYPE, onnx_dtype_name
+from llmir_core.frontends.onnx import ONNX_TO_DTYPE, onnx_dtype_name
 from llmir_core.frontends.onnx_ops import HANDLERS
 from llmir_core.onnx_backend import LlmirRep
 
@@ -114,9 +115,6 @@ def scope_of(case: Any) -> str | None:
                       if (d, o) not in HANDLERS})
     if missing:
         return f"op not in llmir's op set: {', '.join(missing)}"
-    opset = next((o.version for o in case.model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if opset < MIN_OPSET:
-        return f"opset {opset} < {MIN_OPSET}"
     bad = sorted(t for t in _types_in(case.model) if t not in ONNX_TO_DTYPE)
     if bad:
         names = ["sequence/optional" if t == -1 else onnx_dtype_name(t) for t in bad]

@@ -144,8 +144,22 @@ def save(model: onnx.ModelProto, path: str, external: bool = False) -> str:
     return path
 
 
-def gqa_rotary(d: int = 64, heads: int = 4, kv: int = 2, max_pos: int = 64) -> onnx.ModelProto:
-    """com.microsoft GroupQueryAttention with do_rotary (onnxruntime needs head_size % 16 == 0)."""
+def gqa_rotary(d: int = 64, heads: int = 4, kv: int = 2, max_pos: int = 64, packed: bool = False) -> onnx.ModelProto:
+    """com.microsoft GroupQueryAttention with do_rotary (onnxruntime needs head_size % 16 == 0);
+    `packed`: one [q | k | v] input (llmir's own builds and onnxruntime-genai's use that form)."""
+    m = _gqa_rotary(d, heads, kv, max_pos)
+    if packed:
+        hd = d // heads
+        g = m.graph
+        node = g.node[0]
+        node.input[0], node.input[1], node.input[2] = "qkv", "", ""
+        rest = [i for i in g.input if i.name not in ("q", "k", "v")]
+        del g.input[:]
+        g.input.extend([h.make_tensor_value_info("qkv", T.FLOAT, ["batch", "seq", d + 2 * kv * hd]), *rest])
+    return m
+
+
+def _gqa_rotary(d: int, heads: int, kv: int, max_pos: int) -> onnx.ModelProto:
     hd = d // heads
     inv = 1.0 / (10000 ** (np.arange(0, hd, 2) / hd))
     ang = np.arange(max_pos)[:, None] * inv[None, :]

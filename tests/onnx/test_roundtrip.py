@@ -66,3 +66,11 @@ def test_contrib_block(tmp_path: Path, batch: int, seq: int, past: int) -> None:
                          ids=["prompt", "continued-prefill", "decode"])
 def test_gqa_with_rotary(tmp_path: Path, batch: int, seq: int, past: int) -> None:
     _roundtrip(tmp_path, gqa_rotary(), gqa_inputs(batch, seq, past))
+
+
+@pytest.mark.parametrize("batch,seq,past", [(2, 5, 0), (2, 1, 4)], ids=["prompt", "decode"])
+def test_gqa_with_packed_qkv(tmp_path: Path, batch: int, seq: int, past: int) -> None:
+    inputs = gqa_inputs(batch, seq, past)
+    inputs["qkv"] = np.concatenate([inputs.pop("q"), inputs.pop("k"), inputs.pop("v")], axis=-1)
+    _roundtrip(tmp_path, gqa_rotary(packed=True), inputs)
+    assert "core.split" in (tmp_path / "model.llmir").read_text()

@@ -1,0 +1,65 @@
+"""`llmir import` of the model.onnx llmir builds for a decoder (com.microsoft GroupQueryAttention
+with packed QKV and rotary, SkipSimplifiedLayerNormalization, MatMulNBits when quantized): the
+re-imported module gives onnxruntime's outputs on the original for prompt, decode and continued
+prefill."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from llmir_core.backends.ort_decoder import build_decoder
+from llmir_core.frontends.hf import import_hf
+from llmir_core.frontends.onnx import import_onnx
+from llmir_core.runtime.tensors import run_module
+from tests.decoder.tiny import TINY, make_llama_folder
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> object:
+    d = tmp_path_factory.mktemp("reimport")
+    return import_hf(make_llama_folder(d / "llama", TINY)), d
+
+
+def _feeds(model: onnx.ModelProto, b: int, s: int, past: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(b * 100 + s * 10 + past)
+    feeds = {
+        "input_ids": rng.integers(0, 100, (b, s)).astype(np.int64),
+        "positions": np.tile(np.arange(past, past + s), (b, 1)).astype(np.int64),
+    }
+    for i in model.graph.input:
+        if i.name.startswith("past_key_values."):
+            dims = [d.dim_value for d in i.type.tensor_type.shape.dim]
+            feeds[i.name] = rng.standard_normal((b, dims[1], past, dims[3])).astype(np.float32)
+    return feeds
+
+
+@pytest.mark.parametrize("quant", [None, "int4"], ids=["f32", "int4"])
+def test_reimported_build_matches_onnxruntime(
+    tiny: tuple, tmp_path: Path, quant: str | None
+) -> None:
+    module, _ = tiny
+    build_decoder(module, str(tmp_path / "art"), quant=quant, accuracy_level=1)
+    path = str(tmp_path / "art" / "model.onnx")
+    proto = onnx.load(path, load_external_data=False)
+    ops = {n.op_type for n in proto.graph.node}
+    assert {"GroupQueryAttention", "SkipSimplifiedLayerNormalization"} <= ops
+    assert ("MatMulNBits" in ops) == (quant is not None)
+    assert all(
+        n.input[1] == "" for n in proto.graph.node if n.op_type == "GroupQueryAttention"
+    )  # packed
+    again, _ = import_onnx(path)
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for b, s, past in [(2, 5, 0), (2, 1, 4), (1, 3, 4)]:  # prompt, decode, continued prefill
+        feeds = _feeds(proto, b, s, past)
+        want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+        got = run_module(again, feeds)
+        assert set(got) == set(want)
+        for name, w in want.items():
+            np.testing.assert_allclose(
+                got[name], w, rtol=1e-4, atol=1e-4, err_msg=f"{name} at {(b, s, past)}"
+            )
