@@ -47,6 +47,7 @@ VARIANTS = ("llmir-f32", "genai-fp32", "llmir-int4", "genai-int4")
 
 # -- preparing the model and the builds ------------------------------------------------------------
 
+
 def prepare(work: Path, threads: int, variants: list[str], log: Any) -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
     from tests.decoder.tiny import SMOLLM2_135M, make_llama_folder
@@ -70,9 +71,25 @@ def prepare(work: Path, threads: int, variants: list[str], log: Any) -> dict[str
         else:
             log(f"building {v} with onnxruntime-genai's model builder ...")
             precision = v.split("-", 1)[1]
-            r = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o",
-                                str(out), "-p", precision, "-e", "cpu", "-c", str(work / "genai-cache")],
-                               capture_output=True, text=True)
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "onnxruntime_genai.models.builder",
+                    "-i",
+                    str(hf),
+                    "-o",
+                    str(out),
+                    "-p",
+                    precision,
+                    "-e",
+                    "cpu",
+                    "-c",
+                    str(work / "genai-cache"),
+                ],
+                capture_output=True,
+                text=True,
+            )
             if r.returncode:
                 raise SystemExit(f"the genai builder failed:\n{r.stderr[-3000:]}")
         info[f"build_s.{v}"] = time.perf_counter() - t0
@@ -89,6 +106,7 @@ def prepare(work: Path, threads: int, variants: list[str], log: Any) -> dict[str
 
 
 # -- one measurement (worker process) ------------------------------------------------------------------
+
 
 def _cpu_busy_jiffies() -> tuple[int, int]:
     """(busy, total) jiffies over all CPUs from /proc/stat."""
@@ -174,28 +192,49 @@ def worker(variant: str, path: str, threads: int, prompt_len: int, gen_len: int)
     own = sum(os.times()[:2]) - own0
     hz = os.sysconf("SC_CLK_TCK")
     others = max(0.0, (busy1 - busy0) / hz - own)  # CPU seconds other processes used meanwhile
-    return {"variant": variant, "prefill_ms": prefill_s * 1000, "decode_tok_s": steps / decode_s,
-            "decode_steps": steps, "load_s": load_s, "peak_rss_mb": _peak_rss_mb(),
-            "others_cores": others / wall, "calib_ms": calib, "loadavg": os.getloadavg()[0]}
+    return {
+        "variant": variant,
+        "prefill_ms": prefill_s * 1000,
+        "decode_tok_s": steps / decode_s,
+        "decode_steps": steps,
+        "load_s": load_s,
+        "peak_rss_mb": _peak_rss_mb(),
+        "others_cores": others / wall,
+        "calib_ms": calib,
+        "loadavg": os.getloadavg()[0],
+    }
 
 
 # -- the comparison ----------------------------------------------------------------------------------
 
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--work", default="/tmp/llmir-bench", help="folder for the model and the builds")
+    ap.add_argument(
+        "--work", default="/tmp/llmir-bench", help="folder for the model and the builds"
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--busy-limit", type=float, default=0.15,
-                    help="a run is busy when other processes used more than this many cores")
-    ap.add_argument("--wait-idle", type=float, default=0.0,
-                    help="before each run, wait up to this many seconds for a quiet second")
+    ap.add_argument(
+        "--busy-limit",
+        type=float,
+        default=0.15,
+        help="a run is busy when other processes used more than this many cores",
+    )
+    ap.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        help="before each run, wait up to this many seconds for a quiet second",
+    )
     ap.add_argument("--json", help="write every run and the summary here")
     ap.add_argument("--choices", action="store_true", help="compare llmir's own build/run options")
-    ap.add_argument("--only", default="", help="with --choices: run the comparisons whose title has this")
+    ap.add_argument(
+        "--only", default="", help="with --choices: run the comparisons whose title has this"
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     work = Path(a.work)
@@ -203,7 +242,9 @@ def main() -> None:
         choices(work, a)
         return
     if a.worker:
-        print(json.dumps(worker(a.worker, str(work / a.worker), a.threads, a.prompt_len, a.gen_len)))
+        print(
+            json.dumps(worker(a.worker, str(work / a.worker), a.threads, a.prompt_len, a.gen_len))
+        )
         return
     variants = [v for v in a.variants.split(",") if v]
 
@@ -214,27 +255,47 @@ def main() -> None:
     info = prepare(work, a.threads, variants, log)
     runs: list[dict[str, Any]] = []
     for r in range(a.rounds):
-        order = variants[r % len(variants):] + variants[:r % len(variants)]
+        order = variants[r % len(variants) :] + variants[: r % len(variants)]
         for v in order:
             if a.wait_idle:
                 wait_idle(a.wait_idle, a.busy_limit)
-            p = subprocess.run([sys.executable, __file__, "--work", str(work), "--worker", v, "--threads",
-                                str(a.threads), "--prompt-len", str(a.prompt_len), "--gen-len", str(a.gen_len)],
-                               capture_output=True, text=True)
+            p = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--work",
+                    str(work),
+                    "--worker",
+                    v,
+                    "--threads",
+                    str(a.threads),
+                    "--prompt-len",
+                    str(a.prompt_len),
+                    "--gen-len",
+                    str(a.gen_len),
+                ],
+                capture_output=True,
+                text=True,
+            )
             if p.returncode:
                 raise SystemExit(f"worker {v} failed:\n{p.stderr[-3000:]}")
             res = json.loads(p.stdout.strip().splitlines()[-1])
             res["round"] = r
             res["busy"] = res["others_cores"] > a.busy_limit
             runs.append(res)
-            log(f"round {r + 1}/{a.rounds} {v:11s} decode {res['decode_tok_s']:6.1f} tok/s  prefill "
+            log(
+                f"round {r + 1}/{a.rounds} {v:11s} decode {res['decode_tok_s']:6.1f} tok/s  prefill "
                 f"{res['prefill_ms']:6.1f} ms  rss {res['peak_rss_mb']:5.0f} MB  others {res['others_cores']:.2f} "
-                f"cores{'  BUSY' if res['busy'] else ''}")
+                f"cores{'  BUSY' if res['busy'] else ''}"
+            )
     summary = summarize(runs, variants)
     print_table(summary, a, info)
     if a.json:
-        Path(a.json).write_text(json.dumps({"config": vars(a), "info": info, "runs": runs, "summary": summary},
-                                           indent=2))
+        Path(a.json).write_text(
+            json.dumps(
+                {"config": vars(a), "info": info, "runs": runs, "summary": summary}, indent=2
+            )
+        )
 
 
 def wait_idle(limit_s: float, busy_limit: float) -> float:
@@ -258,23 +319,38 @@ def choices(work: Path, a: argparse.Namespace) -> None:
     from llmir_core.runtime.ort_decoder import open_artifact
 
     prepare(work, a.threads, ["llmir-f32", "llmir-int4"], lambda m: print(m, file=sys.stderr))
-    for name, kw in (("llmir-int4-acc0", {"quant": "int4", "accuracy_level": 0}),
-                     ("llmir-int8", {"quant": "int8"})):
+    for name, kw in (
+        ("llmir-int4-acc0", {"quant": "int4", "accuracy_level": 0}),
+        ("llmir-int8", {"quant": "int8"}),
+    ):
         if not (work / name / "manifest.json").is_file():
             build_decoder(import_hf(work / "smollm2-135m-random"), str(work / name), **kw)
     sets = {
-        "threads (f32)": {"f32 2 threads": ("llmir-f32", 2, None), "f32 1 thread": ("llmir-f32", 1, None)},
-        "threads (int4)": {"int4 2 threads": ("llmir-int4", 2, None), "int4 1 thread": ("llmir-int4", 1, None)},
-        "accuracy level (int4, 2 threads)": {"int4 acc 4": ("llmir-int4", 2, None),
-                                             "int4 acc 0": ("llmir-int4-acc0", 2, None),
-                                             "int8 acc 4": ("llmir-int8", 2, None)},
-        "spinning (int4, 2 threads)": {"spin on": ("llmir-int4", 2, True), "spin off": ("llmir-int4", 2, False)},
+        "threads (f32)": {
+            "f32 2 threads": ("llmir-f32", 2, None),
+            "f32 1 thread": ("llmir-f32", 1, None),
+        },
+        "threads (int4)": {
+            "int4 2 threads": ("llmir-int4", 2, None),
+            "int4 1 thread": ("llmir-int4", 1, None),
+        },
+        "accuracy level (int4, 2 threads)": {
+            "int4 acc 4": ("llmir-int4", 2, None),
+            "int4 acc 0": ("llmir-int4-acc0", 2, None),
+            "int8 acc 4": ("llmir-int8", 2, None),
+        },
+        "spinning (int4, 2 threads)": {
+            "spin on": ("llmir-int4", 2, True),
+            "spin off": ("llmir-int4", 2, False),
+        },
     }
     prompt = np.random.default_rng(0).integers(3, 49152, a.prompt_len)
     for title, variants in sets.items():
         if a.only not in title:
             continue
-        decs = {k: open_artifact(str(work / d), t, spin=spin) for k, (d, t, spin) in variants.items()}
+        decs = {
+            k: open_artifact(str(work / d), t, spin=spin) for k, (d, t, spin) in variants.items()
+        }
         state = {}
         for k, d in decs.items():
             d.reserve(a.prompt_len + a.gen_len * a.rounds + 16)
@@ -290,8 +366,14 @@ def choices(work: Path, a: argparse.Namespace) -> None:
                 times[k].append(16 / (time.perf_counter() - t))
                 state[k] = logits
         base = statistics.median(next(iter(times.values())))
-        print(f"{title}: " + ", ".join(f"{k} {statistics.median(v):.1f} tok/s ({statistics.median(v) / base:.2f}x)"
-                                       for k, v in times.items()) + f"  [load {os.getloadavg()[0]:.1f}]")
+        print(
+            f"{title}: "
+            + ", ".join(
+                f"{k} {statistics.median(v):.1f} tok/s ({statistics.median(v) / base:.2f}x)"
+                for k, v in times.items()
+            )
+            + f"  [load {os.getloadavg()[0]:.1f}]"
+        )
         del decs
 
 
@@ -301,18 +383,27 @@ def summarize(runs: list[dict[str, Any]], variants: list[str]) -> dict[str, Any]
         mine = [r for r in runs if r["variant"] == v]
         clean = [r for r in mine if not r["busy"]] or mine  # all busy: use them, say so
         tps = [r["decode_tok_s"] for r in clean]
-        out[v] = {"decode_tok_s": statistics.median(tps), "decode_min": min(tps), "decode_max": max(tps),
-                  "prefill_ms": statistics.median(r["prefill_ms"] for r in clean),
-                  "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in mine),
-                  "clean_runs": sum(1 for r in mine if not r["busy"]), "runs": len(mine)}
-    for prec, (mine, peer) in {"fp32": ("llmir-f32", "genai-fp32"), "int4": ("llmir-int4", "genai-int4")}.items():
+        out[v] = {
+            "decode_tok_s": statistics.median(tps),
+            "decode_min": min(tps),
+            "decode_max": max(tps),
+            "prefill_ms": statistics.median(r["prefill_ms"] for r in clean),
+            "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in mine),
+            "clean_runs": sum(1 for r in mine if not r["busy"]),
+            "runs": len(mine),
+        }
+    for prec, (mine, peer) in {
+        "fp32": ("llmir-f32", "genai-fp32"),
+        "int4": ("llmir-int4", "genai-int4"),
+    }.items():
         if mine in out and peer in out:
             out[f"ratio.{prec}"] = {
                 "decode": out[mine]["decode_tok_s"] / out[peer]["decode_tok_s"],
                 "prefill": out[peer]["prefill_ms"] / out[mine]["prefill_ms"],
                 "rss": out[mine]["peak_rss_mb"] / out[peer]["peak_rss_mb"],
                 # per round, the same round's runs compared (robust to drift between rounds)
-                "decode_paired_median": _paired(mine, peer, out, runs)}
+                "decode_paired_median": _paired(mine, peer, out, runs),
+            }
     return out
 
 
@@ -327,20 +418,28 @@ def _paired(mine: str, peer: str, out: dict[str, Any], runs: list[dict[str, Any]
 
 
 def print_table(s: dict[str, Any], a: argparse.Namespace, info: dict[str, Any]) -> None:
-    print(f"\nSmolLM2-135M-shaped random model, batch 1, prompt {a.prompt_len}, generate {a.gen_len}, "
-          f"{a.threads} threads, {a.rounds} interleaved rounds (medians of non-busy runs)")
-    print(f"{'variant':12s} {'decode tok/s':>13s} {'(min-max)':>15s} {'prefill ms':>11s} {'peak RSS MB':>12s} "
-          f"{'files MB':>9s} {'clean':>6s}")
+    print(
+        f"\nSmolLM2-135M-shaped random model, batch 1, prompt {a.prompt_len}, generate {a.gen_len}, "
+        f"{a.threads} threads, {a.rounds} interleaved rounds (medians of non-busy runs)"
+    )
+    print(
+        f"{'variant':12s} {'decode tok/s':>13s} {'(min-max)':>15s} {'prefill ms':>11s} {'peak RSS MB':>12s} "
+        f"{'files MB':>9s} {'clean':>6s}"
+    )
     for v, r in s.items():
         if v.startswith("ratio"):
             continue
-        print(f"{v:12s} {r['decode_tok_s']:13.1f} {r['decode_min']:7.1f}-{r['decode_max']:<7.1f} {r['prefill_ms']:11.1f} "
-              f"{r['peak_rss_mb']:12.0f} {info.get(f'model_mb.{v}', 0):9.0f} {r['clean_runs']:>3d}/{r['runs']}")
+        print(
+            f"{v:12s} {r['decode_tok_s']:13.1f} {r['decode_min']:7.1f}-{r['decode_max']:<7.1f} {r['prefill_ms']:11.1f} "
+            f"{r['peak_rss_mb']:12.0f} {info.get(f'model_mb.{v}', 0):9.0f} {r['clean_runs']:>3d}/{r['runs']}"
+        )
     for k, r in s.items():
         if k.startswith("ratio"):
             paired = f"{r['decode_paired_median']:.2f}" if r["decode_paired_median"] else "n/a"
-            print(f"llmir / genai {k.split('.')[1]}: decode {r['decode']:.2f}x (paired per round {paired}x), "
-                  f"prefill speed {r['prefill']:.2f}x, peak RSS {r['rss']:.2f}x")
+            print(
+                f"llmir / genai {k.split('.')[1]}: decode {r['decode']:.2f}x (paired per round {paired}x), "
+                f"prefill speed {r['prefill']:.2f}x, peak RSS {r['rss']:.2f}x"
+            )
 
 
 if __name__ == "__main__":

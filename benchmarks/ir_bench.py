@@ -43,8 +43,13 @@ def _weight(b: Builder, name: str, shape: tuple[int, ...], offset: int) -> Value
     nbytes = 4
     for d in shape:
         nbytes *= d
-    op = b.create("core.weight", [], {"file": "model.bin", "name": name, "offset": offset,
-                                      "nbytes": nbytes}, result_types=[t], names=["w"])
+    op = b.create(
+        "core.weight",
+        [],
+        {"file": "model.bin", "name": name, "offset": offset, "nbytes": nbytes},
+        result_types=[t],
+        names=["w"],
+    )
     return op.results[0]
 
 
@@ -88,7 +93,7 @@ def _attention(b: Builder, h: Value, wq: Value, wk: Value, wv: Value) -> Value:
         kg = b.op("core.reshape", k4, shape=(B, S, KV_HEADS, 1, HEAD_DIM))
         vg = b.op("core.reshape", v4, shape=(B, S, KV_HEADS, 1, HEAD_DIM))
         scores = b.op("core.matmul", qg, kg, transpose_b=True)
-        scale = b.op("core.constant", value=_dense_full((), HEAD_DIM ** -0.5))
+        scale = b.op("core.constant", value=_dense_full((), HEAD_DIM**-0.5))
         p = b.op("core.sigmoid", b.op("core.mul", scores, scale))
         o = b.op("core.matmul", p, vg)
     return b.op("core.reshape", o, shape=(B, S, HIDDEN))
@@ -128,10 +133,17 @@ def build_decoder(layers: int = 80, total_ops: int = 20_000) -> Module:
     for i in range(layers):
         start = len(fn.ops)
         b.origin = f"hf:model.layers.{i}"
-        shapes = {"input_layernorm": (HIDDEN,), "q_proj": (HIDDEN, HIDDEN),
-                  "k_proj": (KV_HEADS * HEAD_DIM, HIDDEN), "v_proj": (KV_HEADS * HEAD_DIM, HIDDEN),
-                  "o_proj": (HIDDEN, HIDDEN), "post_attention_layernorm": (HIDDEN,),
-                  "gate_proj": (FFN, HIDDEN), "up_proj": (FFN, HIDDEN), "down_proj": (HIDDEN, FFN)}
+        shapes = {
+            "input_layernorm": (HIDDEN,),
+            "q_proj": (HIDDEN, HIDDEN),
+            "k_proj": (KV_HEADS * HEAD_DIM, HIDDEN),
+            "v_proj": (KV_HEADS * HEAD_DIM, HIDDEN),
+            "o_proj": (HIDDEN, HIDDEN),
+            "post_attention_layernorm": (HIDDEN,),
+            "gate_proj": (FFN, HIDDEN),
+            "up_proj": (FFN, HIDDEN),
+            "down_proj": (HIDDEN, FFN),
+        }
         w: dict[str, Value] = {}
         for name, shape in shapes.items():
             w[name] = _weight(b, f"model.layers.{i}.{name}.weight", shape, offset)
@@ -190,8 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     if print_module(parsed) != text:
         print("print(parse(text)) is not a fixed point", file=sys.stderr)
         return 1
-    print(f"ops: {parsed.op_count()}  text: {len(text) / 1e6:.1f} MB  "
-          f"({args.layers} layers, median of {args.repeat})")
+    print(
+        f"ops: {parsed.op_count()}  text: {len(text) / 1e6:.1f} MB  "
+        f"({args.layers} layers, median of {args.repeat})"
+    )
     for name, fn in phases.items():
         wall, cpu = _median_time(fn, args.repeat)
         print(f"{name:7s} {wall:6.3f} s  (cpu {cpu:.3f} s)")

@@ -30,13 +30,17 @@ def tensor_shapes(layers: int) -> list[tuple[str, tuple[int, ...]]]:
     out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (VOCAB, HIDDEN))]
     for i in range(layers):
         p = f"model.layers.{i}."
-        out += [(p + "input_layernorm.weight", (HIDDEN,)), (p + "post_attention_layernorm.weight", (HIDDEN,)),
-                (p + "self_attn.q_proj.weight", (HEADS * hd, HIDDEN)),
-                (p + "self_attn.k_proj.weight", (KV * hd, HIDDEN)),
-                (p + "self_attn.v_proj.weight", (KV * hd, HIDDEN)),
-                (p + "self_attn.o_proj.weight", (HIDDEN, HEADS * hd)),
-                (p + "mlp.gate_proj.weight", (INTER, HIDDEN)), (p + "mlp.up_proj.weight", (INTER, HIDDEN)),
-                (p + "mlp.down_proj.weight", (HIDDEN, INTER))]
+        out += [
+            (p + "input_layernorm.weight", (HIDDEN,)),
+            (p + "post_attention_layernorm.weight", (HIDDEN,)),
+            (p + "self_attn.q_proj.weight", (HEADS * hd, HIDDEN)),
+            (p + "self_attn.k_proj.weight", (KV * hd, HIDDEN)),
+            (p + "self_attn.v_proj.weight", (KV * hd, HIDDEN)),
+            (p + "self_attn.o_proj.weight", (HIDDEN, HEADS * hd)),
+            (p + "mlp.gate_proj.weight", (INTER, HIDDEN)),
+            (p + "mlp.up_proj.weight", (INTER, HIDDEN)),
+            (p + "mlp.down_proj.weight", (HIDDEN, INTER)),
+        ]
     out += [("model.norm.weight", (HIDDEN,)), ("lm_head.weight", (VOCAB, HIDDEN))]
     return out
 
@@ -70,19 +74,37 @@ def write_hf_folder(folder: Path, layers: int) -> int:
     per = -(-len(tensors) // shards)
     wmap, total = {}, 0
     for s in range(shards):
-        part = tensors[s * per:(s + 1) * per]
+        part = tensors[s * per : (s + 1) * per]
         name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
         total += write_sparse_safetensors(folder / name, part)
         wmap.update({t: name for t, _ in part})
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wmap}))
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN,
-              "intermediate_size": INTER, "num_hidden_layers": layers, "num_attention_heads": HEADS,
-              "num_key_value_heads": KV, "vocab_size": VOCAB, "max_position_embeddings": 131072,
-              "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-              "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
-                                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                       "original_max_position_embeddings": 8192},
-              "bos_token_id": 128000, "eos_token_id": 128001}
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": wmap})
+    )
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "num_hidden_layers": layers,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+    }
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "tokenizer.json").write_text("{}")
     return total
@@ -94,9 +116,14 @@ def write_sparse_gguf(path: Path, layers: int) -> int:
 
     q4 = gguf.GGMLQuantizationType.Q4_0
     w = gguf.GGUFWriter(None, "llama")
-    for key, val in (("context_length", 131072), ("embedding_length", HIDDEN), ("block_count", layers),
-                     ("feed_forward_length", INTER), ("attention.head_count", HEADS),
-                     ("attention.head_count_kv", KV)):
+    for key, val in (
+        ("context_length", 131072),
+        ("embedding_length", HIDDEN),
+        ("block_count", layers),
+        ("feed_forward_length", INTER),
+        ("attention.head_count", HEADS),
+        ("attention.head_count_kv", KV),
+    ):
         w.add_uint32(f"llama.{key}", val)
     w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
     w.add_float32("llama.rope.freq_base", 500000.0)
@@ -107,8 +134,11 @@ def write_sparse_gguf(path: Path, layers: int) -> int:
     w.add_token_merges([f"t{i} o{i}" for i in range(280000)])
     w.add_bos_token_id(128000)
     w.add_eos_token_id(128001)
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, layers)
     total = 0
     for name, shape in tensor_shapes(layers):
@@ -142,7 +172,9 @@ def peak_mb():
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 """
-_CHILD = _PEAK + """
+_CHILD = (
+    _PEAK
+    + """
 import sys, time
 t = time.perf_counter()
 from llmir_core.frontends import import_model
@@ -150,10 +182,13 @@ m = import_model(sys.argv[1], out_path=sys.argv[2])
 dt = time.perf_counter() - t
 print(f"{dt:.3f} {peak_mb():.1f} {m.op_count()}")
 """
+)
 
 
 def measure(src: Path, out: Path) -> tuple[float, float, int]:
-    res = subprocess.run([sys.executable, "-c", _CHILD, str(src), str(out)], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(src), str(out)], capture_output=True, text=True
+    )
     if res.returncode:
         raise SystemExit(res.stderr)
     wall, rss, ops = res.stdout.split()
@@ -173,12 +208,19 @@ def main() -> None:
         st_size = write_hf_folder(root / "hf", args.layers)
         gg_size = write_sparse_gguf(root / "model.gguf", args.layers)
         print(f"wrote sparse models in {time.perf_counter() - t:.1f} s under {root}")
-        base = subprocess.run([sys.executable, "-c", _PEAK + "import llmir_core.frontends; print(peak_mb())"],
-                              capture_output=True, text=True)
-        print(f"baseline: python + import llmir_core.frontends, peak RSS {float(base.stdout):.0f} MB")
+        base = subprocess.run(
+            [sys.executable, "-c", _PEAK + "import llmir_core.frontends; print(peak_mb())"],
+            capture_output=True,
+            text=True,
+        )
+        print(
+            f"baseline: python + import llmir_core.frontends, peak RSS {float(base.stdout):.0f} MB"
+        )
         print(f"{'input':<28} {'size':>9} {'ops':>6} {'import s':>9} {'peak RSS MB':>12}")
-        for label, src, size in (("safetensors bf16 (4 shards)", root / "hf", st_size),
-                                 ("GGUF Q4_0 (128k vocab)", root / "model.gguf", gg_size)):
+        for label, src, size in (
+            ("safetensors bf16 (4 shards)", root / "hf", st_size),
+            ("GGUF Q4_0 (128k vocab)", root / "model.gguf", gg_size),
+        ):
             wall, rss, ops = measure(src, root / (src.stem + ".llmir"))
             flag = "" if rss < 300 else "  (over the 300 MB target)"
             print(f"{label:<28} {size / 2**30:>7.2f}GB {ops:>6} {wall:>9.2f} {rss:>12.1f}{flag}")

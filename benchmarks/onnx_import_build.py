@@ -60,7 +60,9 @@ def make_model(folder: str, gb: float, hidden: int = 4096) -> tuple[str, str]:
     with open(os.path.join(folder, data_name), "wb") as fh:
         for i in range(layers):
             fh.write(rng.standard_normal(hidden * hidden, dtype=np.float32).tobytes())
-            t = onnx.TensorProto(name=f"layers.{i}.weight", data_type=T.FLOAT, dims=[hidden, hidden])
+            t = onnx.TensorProto(
+                name=f"layers.{i}.weight", data_type=T.FLOAT, dims=[hidden, hidden]
+            )
             t.data_location = T.EXTERNAL
             for k, v in (("location", data_name), ("offset", str(i * per)), ("length", str(per))):
                 e = t.external_data.add()
@@ -68,12 +70,23 @@ def make_model(folder: str, gb: float, hidden: int = 4096) -> tuple[str, str]:
             inits.append(t)
             x = "x" if i == 0 else f"h{i}"
             nodes.append(h.make_node("MatMul", [x, t.name], [f"m{i}"], name=f"layers.{i}.matmul"))
-            nodes.append(h.make_node("Relu", [f"m{i}"], [f"h{i + 1}" if i < layers - 1 else "y"],
-                                     name=f"layers.{i}.relu"))
+            nodes.append(
+                h.make_node(
+                    "Relu",
+                    [f"m{i}"],
+                    [f"h{i + 1}" if i < layers - 1 else "y"],
+                    name=f"layers.{i}.relu",
+                )
+            )
         fh.flush()
         os.fsync(fh.fileno())
-    g = h.make_graph(nodes, "big", [h.make_tensor_value_info("x", T.FLOAT, ["batch", hidden])],
-                     [h.make_tensor_value_info("y", T.FLOAT, ["batch", hidden])], initializer=inits)
+    g = h.make_graph(
+        nodes,
+        "big",
+        [h.make_tensor_value_info("x", T.FLOAT, ["batch", hidden])],
+        [h.make_tensor_value_info("y", T.FLOAT, ["batch", hidden])],
+        initializer=inits,
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 21)])
     path = os.path.join(folder, "model.onnx")
     onnx.save(m, path)
@@ -91,7 +104,9 @@ def copy_once(src: str, dst: str) -> float:
 
 
 def child(*args: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, *args], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -121,29 +136,43 @@ def main() -> None:
         copy_s = statistics.median(copies)
         work_s = med["import_s"] + med["build_s"]
         result = {
-            "weights_bytes": size, "generate_s": round(gen_s, 2), "repeat": args.repeat,
-            "copy_s": round(copy_s, 3), "copy_runs_s": [round(c, 3) for c in copies],
-            "import_s": round(med["import_s"], 3), "build_s": round(med["build_s"], 3),
+            "weights_bytes": size,
+            "generate_s": round(gen_s, 2),
+            "repeat": args.repeat,
+            "copy_s": round(copy_s, 3),
+            "copy_runs_s": [round(c, 3) for c in copies],
+            "import_s": round(med["import_s"], 3),
+            "build_s": round(med["build_s"], 3),
             "import_build_s": round(work_s, 3),
             "import_build_runs_s": [round(r["import_s"] + r["build_s"], 3) for r in runs],
-            "module_load_s": round(med["load_s"], 3), "process_s": round(med["process_s"], 3),
+            "module_load_s": round(med["load_s"], 3),
+            "process_s": round(med["process_s"], 3),
             "ratio_vs_copy": round(work_s / copy_s, 2),
             "ratio_vs_copy_whole_process": round(med["process_s"] / copy_s, 2),
-            "peak_rss_mb": round(med["rss_mb"], 1), "baseline_rss_mb": round(baseline, 1),
+            "peak_rss_mb": round(med["rss_mb"], 1),
+            "baseline_rss_mb": round(baseline, 1),
             "rss_above_baseline_mb": round(med["rss_mb"] - baseline, 1),
         }
-        result["targets_met"] = {"rss_under_300mb_above_baseline": result["rss_above_baseline_mb"] < 300,
-                                 "time_within_2x_of_copy": result["ratio_vs_copy"] <= 2.0}
+        result["targets_met"] = {
+            "rss_under_300mb_above_baseline": result["rss_above_baseline_mb"] < 300,
+            "time_within_2x_of_copy": result["ratio_vs_copy"] <= 2.0,
+        }
         if args.json:
             print(json.dumps(result, indent=2))
         else:
             print(f"weights: {size / 1e9:.2f} GB external data (generated in {gen_s:.1f} s)")
-            print(f"plain copy of the weights: {copy_s:.2f} s (median of {args.repeat}: {result['copy_runs_s']})")
-            print(f"import {result['import_s']:.2f} s + build {result['build_s']:.2f} s = {work_s:.2f} s "
-                  f"= {result['ratio_vs_copy']}x the copy (whole process incl. Python start and module "
-                  f"loading: {result['process_s']:.2f} s = {result['ratio_vs_copy_whole_process']}x)")
-            print(f"peak RSS {result['peak_rss_mb']:.0f} MB, baseline {baseline:.0f} MB: "
-                  f"+{result['rss_above_baseline_mb']:.0f} MB")
+            print(
+                f"plain copy of the weights: {copy_s:.2f} s (median of {args.repeat}: {result['copy_runs_s']})"
+            )
+            print(
+                f"import {result['import_s']:.2f} s + build {result['build_s']:.2f} s = {work_s:.2f} s "
+                f"= {result['ratio_vs_copy']}x the copy (whole process incl. Python start and module "
+                f"loading: {result['process_s']:.2f} s = {result['ratio_vs_copy_whole_process']}x)"
+            )
+            print(
+                f"peak RSS {result['peak_rss_mb']:.0f} MB, baseline {baseline:.0f} MB: "
+                f"+{result['rss_above_baseline_mb']:.0f} MB"
+            )
             print(f"targets: {result['targets_met']}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -49,22 +49,34 @@ def main() -> int:
     t0 = time.perf_counter()
     res = run_pipeline(module, preset(2), validator=validate_pass)
     t_total = time.perf_counter() - t0
-    ok = res.failed_validation is None and all(r.validation and r.validation["verdict"] == "equivalent"
-                                               for r in res.runs)
+    ok = res.failed_validation is None and all(
+        r.validation and r.validation["verdict"] == "equivalent" for r in res.runs
+    )
     out_check: dict[str, object] = {}
     if not args.no_outputs:
         t1 = time.perf_counter()
         out_check = compare(original, res.module, seeds=1)
         out_check["seconds"] = round(time.perf_counter() - t1, 3)
     summary = {
-        "layers": shape.layers, "shape": shape.__dict__, "parse_s": round(t_parse, 3),
-        "pipeline_s": round(t_total, 3), "passes_s": round(sum(r.seconds for r in res.runs), 3),
-        "validation_s": round(res.validation_seconds, 3), "all_validated": ok,
-        "ops_before": res.before.ops, "ops_after": res.after.ops,
-        "passes": [{"pass": r.name, "ms": round(1000 * r.seconds, 2),
-                    "validation_ms": round(1000 * float((r.validation or {}).get("seconds", 0.0)), 2),
-                    "verdict": (r.validation or {}).get("verdict"), "method": (r.validation or {}).get("method")}
-                   for r in res.runs],
+        "layers": shape.layers,
+        "shape": shape.__dict__,
+        "parse_s": round(t_parse, 3),
+        "pipeline_s": round(t_total, 3),
+        "passes_s": round(sum(r.seconds for r in res.runs), 3),
+        "validation_s": round(res.validation_seconds, 3),
+        "all_validated": ok,
+        "ops_before": res.before.ops,
+        "ops_after": res.after.ops,
+        "passes": [
+            {
+                "pass": r.name,
+                "ms": round(1000 * r.seconds, 2),
+                "validation_ms": round(1000 * float((r.validation or {}).get("seconds", 0.0)), 2),
+                "verdict": (r.validation or {}).get("verdict"),
+                "method": (r.validation or {}).get("method"),
+            }
+            for r in res.runs
+        ],
         "outputs": out_check,
     }
     if args.json:
@@ -73,12 +85,18 @@ def main() -> int:
         print(format_times(res), end="")
         if args.report:
             print(format_report(res), end="")
-        print(f"decoder: {shape.layers} layers, hidden {shape.hidden}, {res.before.ops} -> {res.after.ops} ops")
-        print(f"parse {t_parse:.2f} s; passes {summary['passes_s']} s; translation validation "
-              f"{res.validation_seconds:.2f} s (target < 10 s); every pass validated: {ok}")
+        print(
+            f"decoder: {shape.layers} layers, hidden {shape.hidden}, {res.before.ops} -> {res.after.ops} ops"
+        )
+        print(
+            f"parse {t_parse:.2f} s; passes {summary['passes_s']} s; translation validation "
+            f"{res.validation_seconds:.2f} s (target < 10 s); every pass validated: {ok}"
+        )
         if out_check:
-            print(f"outputs vs original: {out_check.get('verdict')} by {out_check.get('method')} "
-                  f"({out_check.get('seconds')} s)")
+            print(
+                f"outputs vs original: {out_check.get('verdict')} by {out_check.get('method')} "
+                f"({out_check.get('seconds')} s)"
+            )
     good = ok and (not out_check or out_check.get("verdict") == "equivalent")
     return 0 if good else 1
 

@@ -26,8 +26,10 @@ CORPUS = [
     "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\nHi there!<|im_end|>",
 ]
 SPECIALS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
@@ -35,8 +37,11 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, arr in tensors.items():
-        header[name] = {"dtype": "F32", "shape": list(arr.shape),
-                        "data_offsets": [offset, offset + arr.nbytes]}
+        header[name] = {
+            "dtype": "F32",
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + arr.nbytes],
+        }
         offset += arr.nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
@@ -53,8 +58,12 @@ def make_tokenizer(vocab: int):  # noqa: ANN201  (tokenizers.Tokenizer)
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=SPECIALS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS * 4, trainer)
     return tok
 
@@ -85,38 +94,71 @@ def main() -> None:
     tensors = {"model.embed_tokens.weight": w(vocab, h)}
     for i in range(args.layers):
         p = f"model.layers.{i}."
-        tensors.update({
-            p + "input_layernorm.weight": (1 + 0.1 * rng.standard_normal(h)).astype(np.float32),
-            p + "self_attn.q_proj.weight": w(heads * hd, h),
-            p + "self_attn.k_proj.weight": w(kv * hd, h),
-            p + "self_attn.v_proj.weight": w(kv * hd, h),
-            p + "self_attn.o_proj.weight": w(h, heads * hd),
-            p + "post_attention_layernorm.weight": (1 + 0.1 * rng.standard_normal(h)).astype(np.float32),
-            p + "mlp.gate_proj.weight": w(inter, h),
-            p + "mlp.up_proj.weight": w(inter, h),
-            p + "mlp.down_proj.weight": w(h, inter),
-        })
+        tensors.update(
+            {
+                p + "input_layernorm.weight": (1 + 0.1 * rng.standard_normal(h)).astype(np.float32),
+                p + "self_attn.q_proj.weight": w(heads * hd, h),
+                p + "self_attn.k_proj.weight": w(kv * hd, h),
+                p + "self_attn.v_proj.weight": w(kv * hd, h),
+                p + "self_attn.o_proj.weight": w(h, heads * hd),
+                p + "post_attention_layernorm.weight": (1 + 0.1 * rng.standard_normal(h)).astype(
+                    np.float32
+                ),
+                p + "mlp.gate_proj.weight": w(inter, h),
+                p + "mlp.up_proj.weight": w(inter, h),
+                p + "mlp.down_proj.weight": w(h, inter),
+            }
+        )
     tensors["model.norm.weight"] = np.ones(h, np.float32)
     tensors["lm_head.weight"] = w(vocab, h)
     write_safetensors(folder / "model.safetensors", tensors)
     ids = {t: tok.token_to_id(t) for t in SPECIALS}
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h,
-        "intermediate_size": inter, "num_hidden_layers": args.layers, "num_attention_heads": heads,
-        "num_key_value_heads": kv, "head_dim": hd, "vocab_size": vocab, "max_position_embeddings": 512,
-        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": None, "hidden_act": "silu",
-        "tie_word_embeddings": False, "bos_token_id": ids["<s>"], "eos_token_id": ids["<|im_end|>"],
-        "attention_bias": False, "torch_dtype": "float32",
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": h,
+        "intermediate_size": inter,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": hd,
+        "vocab_size": vocab,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "bos_token_id": ids["<s>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "attention_bias": False,
+        "torch_dtype": "float32",
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (folder / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": ids["<s>"], "eos_token_id": [ids["</s>"], ids["<|im_end|>"]]}, indent=2) + "\n")
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": "<|im_end|>", "unk_token": "<unk>",
-        "chat_template": CHATML, "model_max_length": 512,
-        "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2) + "\n")
+    (folder / "generation_config.json").write_text(
+        json.dumps(
+            {"bos_token_id": ids["<s>"], "eos_token_id": [ids["</s>"], ids["<|im_end|>"]]}, indent=2
+        )
+        + "\n"
+    )
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<s>",
+                "eos_token": "<|im_end|>",
+                "unk_token": "<unk>",
+                "chat_template": CHATML,
+                "model_max_length": 512,
+                "tokenizer_class": "PreTrainedTokenizerFast",
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     n = sum(a.size for a in tensors.values())
-    print(f"wrote {folder}: llama, {args.layers} layers, hidden {h}, vocab {vocab}, {n:,} parameters")
+    print(
+        f"wrote {folder}: llama, {args.layers} layers, hidden {h}, vocab {vocab}, {n:,} parameters"
+    )
 
 
 if __name__ == "__main__":

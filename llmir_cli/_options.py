@@ -15,7 +15,9 @@ class OutputFormat(str, Enum):
 
 FormatOpt = Annotated[
     OutputFormat,
-    typer.Option("--format", "-f", help="Result format on stdout: human or json.", case_sensitive=False),
+    typer.Option(
+        "--format", "-f", help="Result format on stdout: human or json.", case_sensitive=False
+    ),
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Only print results and errors.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Print more detail on stderr.")]

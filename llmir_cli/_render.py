@@ -41,8 +41,13 @@ def make_console(stderr: bool) -> Console:
     from rich.console import Console  # rich loads on the first styled line, not at startup
 
     stream = sys.stderr if stderr else sys.stdout
-    return Console(file=stream, no_color=_no_color(), highlight=False, soft_wrap=True,
-                   force_terminal=None if stream.isatty() else False)
+    return Console(
+        file=stream,
+        no_color=_no_color(),
+        highlight=False,
+        soft_wrap=True,
+        force_terminal=None if stream.isatty() else False,
+    )
 
 
 @dataclass
@@ -92,8 +97,12 @@ class Ctx:
         sys.stderr.flush()
 
 
-def make_ctx(fmt: OutputFormat = OutputFormat.human, quiet: bool = False, verbose: bool = False,
-             debug: bool = False) -> Ctx:
+def make_ctx(
+    fmt: OutputFormat = OutputFormat.human,
+    quiet: bool = False,
+    verbose: bool = False,
+    debug: bool = False,
+) -> Ctx:
     return Ctx(fmt=fmt, quiet=quiet, verbose=verbose, debug=debug)
 
 
@@ -118,13 +127,16 @@ def _report(ctx: Ctx, exc: BaseException) -> None:
         if ctx.debug:
             traceback.print_exception(exc)
         if ctx.json:
-            ctx.emit_json("error", {
-                "ok": False,
-                "error": exc.message,
-                "hint": exc.hint,
-                "exit_code": exc.exit_code,
-                "diagnostics": [d.to_json() for d in exc.diagnostics],
-            })
+            ctx.emit_json(
+                "error",
+                {
+                    "ok": False,
+                    "error": exc.message,
+                    "hint": exc.hint,
+                    "exit_code": exc.exit_code,
+                    "diagnostics": [d.to_json() for d in exc.diagnostics],
+                },
+            )
         if exc.diagnostics and not ctx.json:
             ctx.diagnostics(exc.diagnostics)
             if exc.hint:
@@ -163,6 +175,8 @@ def _internal(ctx: Ctx, exc: BaseException) -> NoReturn:
     if ctx.debug:
         traceback.print_exception(exc)
     else:
-        sys.stderr.write(f"error: internal error: {type(exc).__name__}: {exc}\n"
-                         "hint: rerun with --debug for a traceback and report it\n")
+        sys.stderr.write(
+            f"error: internal error: {type(exc).__name__}: {exc}\n"
+            "hint: rerun with --debug for a traceback and report it\n"
+        )
     raise typer.Exit(70) from None

@@ -23,17 +23,35 @@ from llmir_core import SPEC_VERSION, __version__
 # name -> (module exposing `register(app)`, the one-line help `llmir --help` lists). In the order
 # `llmir --help` lists them.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "verify": ("llmir_cli.commands.verify", "Check a .llmir file: syntax, SSA, ops, types, weights."),
+    "verify": (
+        "llmir_cli.commands.verify",
+        "Check a .llmir file: syntax, SSA, ops, types, weights.",
+    ),
     "fmt": ("llmir_cli.commands.fmt", "Print a .llmir file in its canonical form."),
     "optimize": ("llmir_cli.commands.optimize", "Optimize a .llmir module with a pass pipeline."),
     "init": ("llmir_cli.commands.init", "Create a project: pull, verify and pin a model."),
-    "import": ("llmir_cli.commands.import_", "Import a model (ONNX, HF folder, GGUF, NAME:TAG) to .llmir."),
-    "build": ("llmir_cli.commands.build", "Build a .llmir module into an artifact folder for a runtime."),
+    "import": (
+        "llmir_cli.commands.import_",
+        "Import a model (ONNX, HF folder, GGUF, NAME:TAG) to .llmir.",
+    ),
+    "build": (
+        "llmir_cli.commands.build",
+        "Build a .llmir module into an artifact folder for a runtime.",
+    ),
     "run": ("llmir_cli.commands.run", "Run a model: generate text, or run it on input tensors."),
-    "bench": ("llmir_cli.commands.bench", "Measure prefill and decode speed of a decoder artifact."),
+    "bench": (
+        "llmir_cli.commands.bench",
+        "Measure prefill and decode speed of a decoder artifact.",
+    ),
     "registry": ("llmir_cli.commands.registry", "Browse the model index, or mirror it."),
-    "serve": ("llmir_cli.commands.serve", "Serve a decoder artifact over an OpenAI-compatible HTTP API."),
-    "tokenize": ("llmir_cli.commands.tokenize", "Tokenize text (or --decode ids) with a model's tokenizer."),
+    "serve": (
+        "llmir_cli.commands.serve",
+        "Serve a decoder artifact over an OpenAI-compatible HTTP API.",
+    ),
+    "tokenize": (
+        "llmir_cli.commands.tokenize",
+        "Tokenize text (or --decode ids) with a model's tokenizer.",
+    ),
 }
 
 _LOADED: dict[str, Any] = {}  # name -> the click command built from its module (once per process)
@@ -126,13 +144,18 @@ class LazyGroup(TyperGroup):
 
             matches = get_close_matches(args[0], self.list_commands(ctx)) if args else []
             if matches:
-                e.message = e.message.rstrip(".") + ". Did you mean " + ", ".join(map(repr, matches)) + "?"
+                e.message = (
+                    e.message.rstrip(".") + ". Did you mean " + ", ".join(map(repr, matches)) + "?"
+                )
             raise
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         rows = [(name, COMMANDS[name][1]) for name in COMMANDS]
-        rows += [(n, c.get_short_help_str(formatter.width)) for n, c in self.commands.items()
-                 if n not in COMMANDS and not c.hidden]
+        rows += [
+            (n, c.get_short_help_str(formatter.width))
+            for n, c in self.commands.items()
+            if n not in COMMANDS and not c.hidden
+        ]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
@@ -160,8 +183,12 @@ def _version_callback(value: bool) -> None:
 def _root(
     version: Annotated[
         bool,
-        typer.Option("--version", callback=_version_callback, is_eager=True,
-                     help="Print the llmir version and exit."),
+        typer.Option(
+            "--version",
+            callback=_version_callback,
+            is_eager=True,
+            help="Print the llmir version and exit.",
+        ),
     ] = False,
 ) -> None:
     """llmir: a typed, textual IR and verified compiler toolchain for LLMs."""

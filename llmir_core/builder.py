@@ -34,21 +34,37 @@ class Builder:
                 self._used.add(name)
                 return name
 
-    def infer(self, name: str, operands: list[Value], attrs: dict[str, Any],
-              num_results: int | None = None, declared: list[Type] | None = None) -> list[Type]:
+    def infer(
+        self,
+        name: str,
+        operands: list[Value],
+        attrs: dict[str, Any],
+        num_results: int | None = None,
+        declared: list[Type] | None = None,
+    ) -> list[Type]:
         opdef = get_op(name)
         if opdef is None:
             raise KeyError(f"unknown op {name}")
-        ctx = InferCtx(opdef, [v.type for v in operands], opdef.with_defaults(attrs), num_results,
-                       declared)
+        ctx = InferCtx(
+            opdef, [v.type for v in operands], opdef.with_defaults(attrs), num_results, declared
+        )
         return opdef.run_infer(ctx)
 
-    def create(self, name: str, operands: list[Value], attrs: dict[str, Any] | None = None,
-               result_types: list[Type] | None = None, names: list[str] | None = None,
-               origin: str | None = None) -> Op:
+    def create(
+        self,
+        name: str,
+        operands: list[Value],
+        attrs: dict[str, Any] | None = None,
+        result_types: list[Type] | None = None,
+        names: list[str] | None = None,
+        origin: str | None = None,
+    ) -> Op:
         attrs = dict(attrs or {})
-        types = self.infer(name, operands, attrs, declared=result_types) if result_types is None \
+        types = (
+            self.infer(name, operands, attrs, declared=result_types)
+            if result_types is None
             else result_types
+        )
         rnames = [self.fresh(n) for n in names] if names else [self.fresh() for _ in types]
         op = Op(name, operands, types, attrs, rnames, origin or self.origin)
         self.ops.append(op)

@@ -34,7 +34,9 @@ SNIPPET_MAX = 400  # a source line longer than this is clipped under a diagnosti
 SNIPPET_WIDTH = 160  # ... to this many characters around the column
 
 
-def clip_line(line: str, col: int, width: int = SNIPPET_WIDTH, limit: int = SNIPPET_MAX) -> tuple[str, int]:
+def clip_line(
+    line: str, col: int, width: int = SNIPPET_WIDTH, limit: int = SNIPPET_MAX
+) -> tuple[str, int]:
     """The part of `line` shown under a diagnostic, and the caret's 0-based column in it: a line
     longer than `limit` (a 1 MB attribute) is cut to `width` characters around `col`, with '...'
     where cut."""
@@ -42,7 +44,7 @@ def clip_line(line: str, col: int, width: int = SNIPPET_WIDTH, limit: int = SNIP
     if len(line) <= limit:
         return line, at
     start = max(0, min(at - width // 2, len(line) - width))
-    shown = line[start:start + width]
+    shown = line[start : start + width]
     caret = at - start
     if start > 0:
         shown, caret = "..." + shown, caret + 3
@@ -94,8 +96,14 @@ class LlmirError(Exception):
 
     exit_code = EXIT_USAGE
 
-    def __init__(self, message: str, *, hint: str | None = None, exit_code: int | None = None,
-                 diagnostics: list[Diagnostic] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        exit_code: int | None = None,
+        diagnostics: list[Diagnostic] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
@@ -113,8 +121,11 @@ class ParseError(InputError):
 
     def __init__(self, message: str, pos: SourcePos, source_line: str | None = None) -> None:
         diag = Diagnostic("error", message, pos, source_line=source_line)
-        super().__init__(f"{pos}: error: {message}", diagnostics=[diag],
-                         hint="fix the text at the position shown, or run `llmir fmt` on a known-good file to compare")
+        super().__init__(
+            f"{pos}: error: {message}",
+            diagnostics=[diag],
+            hint="fix the text at the position shown, or run `llmir fmt` on a known-good file to compare",
+        )
         self.pos = pos
 
 

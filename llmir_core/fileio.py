@@ -22,8 +22,10 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
     target = Path(path)
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
-        raise InputError(f"{target}: folder {parent} does not exist",
-                         hint="create the folder first or pick another output path")
+        raise InputError(
+            f"{target}: folder {parent} does not exist",
+            hint="create the folder first or pick another output path",
+        )
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
         # mkstemp creates 0600 files; give the result the mode a plain open() would
@@ -31,8 +33,10 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)
     except OSError as exc:
-        raise InputError(f"{target}: cannot write in {parent}: {exc.strerror}",
-                         hint="check the folder's permissions and free space") from exc
+        raise InputError(
+            f"{target}: cannot write in {parent}: {exc.strerror}",
+            hint="check the folder's permissions and free space",
+        ) from exc
     try:
         encoding = None if "b" in mode else "utf-8"
         with os.fdopen(fd, mode, encoding=encoding) as fh:
@@ -43,8 +47,9 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise InputError(f"{target}: write failed: {exc.strerror}",
-                         hint="check free disk space and permissions") from exc
+        raise InputError(
+            f"{target}: write failed: {exc.strerror}", hint="check free disk space and permissions"
+        ) from exc
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -96,14 +101,18 @@ def read_json(path: str | os.PathLike[str], *, hint: str | None = None) -> Any:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})", hint=hint) from None
+        raise InputError(
+            f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})", hint=hint
+        ) from None
     except RecursionError:
         raise InputError(f"{path}: not valid JSON (nested too deeply)", hint=hint) from None
     reject_surrogates(value, text, path, hint)
     return value
 
 
-def reject_surrogates(value: Any, text: str, path: str | os.PathLike[str], hint: str | None = None) -> None:
+def reject_surrogates(
+    value: Any, text: str, path: str | os.PathLike[str], hint: str | None = None
+) -> None:
     """A JSON value decoded from `text` must be text all through: a lone surrogate escape such as
     "\\ud800" decodes to a string no file can hold, so refuse it where it is written."""
     if "\\u" not in text:
@@ -114,8 +123,9 @@ def reject_surrogates(value: Any, text: str, path: str | os.PathLike[str], hint:
         m = re.search(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}", text)
         at = m.start() if m else 0
         line, col = text.count("\n", 0, at) + 1, at - (text.rfind("\n", 0, at) + 1) + 1
-        raise InputError(f"{path}:{line}:{col}: a lone UTF-16 surrogate escape, which is not text",
-                         hint=hint) from None
+        raise InputError(
+            f"{path}:{line}:{col}: a lone UTF-16 surrogate escape, which is not text", hint=hint
+        ) from None
 
 
 def read_text(path: str | os.PathLike[str]) -> str:
@@ -133,9 +143,14 @@ def read_text(path: str | os.PathLike[str]) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        col = len(data[data.rfind(b"\n", 0, exc.start) + 1:exc.start].decode("utf-8", "replace")) + 1
-        raise InputError(f"{path}:{line}:{col}: not UTF-8 text (byte {data[exc.start]:#04x})",
-                         hint="save the file as UTF-8") from None
+        col = (
+            len(data[data.rfind(b"\n", 0, exc.start) + 1 : exc.start].decode("utf-8", "replace"))
+            + 1
+        )
+        raise InputError(
+            f"{path}:{line}:{col}: not UTF-8 text (byte {data[exc.start]:#04x})",
+            hint="save the file as UTF-8",
+        ) from None
 
 
 def read_text_lines(path: str | os.PathLike[str]) -> list[str]:

@@ -52,7 +52,9 @@ class LlmirRep(BackendRep):
 
         folded: list[str] = list(self.folded)
         while True:
-            key = tuple((n, values[n].dtype.str, values[n].shape, values[n].tobytes()) for n in folded)
+            key = tuple(
+                (n, values[n].dtype.str, values[n].shape, values[n].tobytes()) for n in folded
+            )
             if key in self._cache:
                 return self._cache[key]  # type: ignore[no-any-return]
             model = self._fold(folded, values) if folded else self.model
@@ -63,8 +65,14 @@ class LlmirRep(BackendRep):
                     folded.append(exc.input_name)
                     continue
                 # computed from graph inputs: fold the small integer ones (shapes, sizes)
-                more = [n for n in self.input_names if n not in folded and n in values
-                        and values[n].dtype.kind in "iu" and values[n].size <= 64]
+                more = [
+                    n
+                    for n in self.input_names
+                    if n not in folded
+                    and n in values
+                    and values[n].dtype.kind in "iu"
+                    and values[n].size <= 64
+                ]
                 if not more:
                     raise
                 folded.extend(more)
@@ -110,8 +118,9 @@ class LlmirBackend(Backend):
         return LlmirRep(model, kwargs.get("backend", "reference"))
 
     @classmethod
-    def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU",
-                  **kwargs: Any) -> tuple[np.ndarray, ...]:
+    def run_model(
+        cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any
+    ) -> tuple[np.ndarray, ...]:
         return cls.prepare(model, device, **kwargs).run(inputs)
 
     @classmethod

@@ -26,7 +26,10 @@ def types_compatible(inferred: Type, annotated: Type) -> bool:
         if not (isinstance(inferred, KVCacheType) and isinstance(annotated, KVCacheType)):
             return False
         return (inferred.layers, inferred.kv_heads, inferred.head_dim, inferred.dtype) == (
-            annotated.layers, annotated.kv_heads, annotated.head_dim, annotated.dtype
+            annotated.layers,
+            annotated.kv_heads,
+            annotated.head_dim,
+            annotated.dtype,
         ) and dims_compatible(inferred.max_len, annotated.max_len)
     if inferred.dtype != annotated.dtype or inferred.rank != annotated.rank:
         return False
@@ -39,7 +42,9 @@ class _Checker:
         self.diags: list[Diagnostic] = []
         self.check_files = check_files
         self._lines: list[str] | None = None
-        self.base_dir = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
+        self.base_dir = (
+            os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
+        )
 
     def _source_line(self, pos: SourcePos | None) -> str | None:
         if pos is None or not self.m.source or not os.path.isfile(self.m.source):
@@ -53,9 +58,17 @@ class _Checker:
                 self._lines = []
         return self._lines[pos.line - 1] if 0 < pos.line <= len(self._lines) else None
 
-    def error(self, message: str, pos: SourcePos | None, origin: str | None = None,
-              notes: list[str] | None = None, severity: str = "error") -> None:
-        self.diags.append(Diagnostic(severity, message, pos, origin, notes or [], self._source_line(pos)))
+    def error(
+        self,
+        message: str,
+        pos: SourcePos | None,
+        origin: str | None = None,
+        notes: list[str] | None = None,
+        severity: str = "error",
+    ) -> None:
+        self.diags.append(
+            Diagnostic(severity, message, pos, origin, notes or [], self._source_line(pos))
+        )
 
     def run(self) -> list[Diagnostic]:
         declared = self.m.attrs.get("llmir.dialects", ())
@@ -86,8 +99,12 @@ class _Checker:
         for op in f.ops:
             for i, v in enumerate(op.operands):
                 if id(v) not in defined:
-                    self.error(f"operand #{i} of {op.name} (%{v.name}) is used before it is defined "
-                               "or comes from another function", op.pos, op.origin)
+                    self.error(
+                        f"operand #{i} of {op.name} (%{v.name}) is used before it is defined "
+                        "or comes from another function",
+                        op.pos,
+                        op.origin,
+                    )
             for r in op.results:
                 if r.name in seen_names:
                     self.error(f"value %{r.name} is defined twice", r.pos or op.pos, op.origin)
@@ -96,7 +113,10 @@ class _Checker:
             self.check_op(op)
         for v in f.outputs:
             if id(v) not in defined:
-                self.error(f"@{f.name} returns %{v.name}, which is not defined in it", f.return_pos or f.pos)
+                self.error(
+                    f"@{f.name} returns %{v.name}, which is not defined in it",
+                    f.return_pos or f.pos,
+                )
 
     def check_op(self, op: Op) -> None:
         key = _signature(op)
@@ -114,41 +134,68 @@ class _Checker:
             notes = [f"did you mean {', '.join(close)}?"] if close else []
             dialect = op.dialect
             if dialect not in DIALECTS and dialect not in CORE_DIALECTS:
-                notes.append(f"dialect '{dialect}' is not known to this llmir; an extension op must be "
-                             "registered with a decomposition into core ops")
+                notes.append(
+                    f"dialect '{dialect}' is not known to this llmir; an extension op must be "
+                    "registered with a decomposition into core ops"
+                )
             self.error(f"unknown op '{op.name}'", op.pos, op.origin, notes)
             return
         if opdef.dialect not in self.declared:
-            self.error(f"op '{op.name}' is from dialect '{opdef.dialect}', which the module header "
-                       "does not list in llmir.dialects", op.pos, op.origin)
+            self.error(
+                f"op '{op.name}' is from dialect '{opdef.dialect}', which the module header "
+                "does not list in llmir.dialects",
+                op.pos,
+                op.origin,
+            )
         lo, hi = opdef.operand_range()
         n = len(op.operands)
         if n < lo or (hi is not None and n > hi):
             want = f"{lo}" if lo == hi else (f"at least {lo}" if hi is None else f"{lo} to {hi}")
-            sig = ", ".join(o.name + ("..." if o.variadic else "?" if o.optional else "") for o in opdef.operands)
+            sig = ", ".join(
+                o.name + ("..." if o.variadic else "?" if o.optional else "")
+                for o in opdef.operands
+            )
             self.error(f"{op.name} takes {want} operands ({sig}), got {n}", op.pos, op.origin)
             return
         if not self.check_attrs(op, opdef):
             return
         attrs = opdef.with_defaults(op.attrs)
         try:
-            inferred = opdef.run_infer(InferCtx(opdef, [v.type for v in op.operands], attrs, len(op.results),
-                                            [r.type for r in op.results]))
+            inferred = opdef.run_infer(
+                InferCtx(
+                    opdef,
+                    [v.type for v in op.operands],
+                    attrs,
+                    len(op.results),
+                    [r.type for r in op.results],
+                )
+            )
         except OpVerifyError as exc:
             self.error(f"{op.name}: {exc}", op.pos, op.origin)
             return
         except Exception as exc:  # a shape rule that crashes on odd input must not crash verify
-            self.error(f"{op.name}: internal error in its shape rule: {type(exc).__name__}: {exc}",
-                       op.pos, op.origin, ["this is a bug in the op's declaration; please report it"])
+            self.error(
+                f"{op.name}: internal error in its shape rule: {type(exc).__name__}: {exc}",
+                op.pos,
+                op.origin,
+                ["this is a bug in the op's declaration; please report it"],
+            )
             return
         if len(inferred) != len(op.results):
-            self.error(f"{op.name} produces {len(inferred)} results, but {len(op.results)} are declared",
-                       op.pos, op.origin)
+            self.error(
+                f"{op.name} produces {len(inferred)} results, but {len(op.results)} are declared",
+                op.pos,
+                op.origin,
+            )
             return
         for i, (it, r) in enumerate(zip(inferred, op.results)):
             if not types_compatible(it, r.type):
-                self.error(f"{op.name}: result #{i} (%{r.name}) is declared {r.type} but the op "
-                           f"produces {it}", op.pos, op.origin)
+                self.error(
+                    f"{op.name}: result #{i} (%{r.name}) is declared {r.type} but the op "
+                    f"produces {it}",
+                    op.pos,
+                    op.origin,
+                )
         if op.name == "core.weight":
             self.check_weight(op)
 
@@ -164,20 +211,33 @@ class _Checker:
                 continue
             check = _KIND_CHECK.get(spec.kind)
             if check is None:
-                self.error(f"{op.name}: attribute '{k}' has unknown kind '{spec.kind}' in the op "
-                           "declaration", op.pos, op.origin)
+                self.error(
+                    f"{op.name}: attribute '{k}' has unknown kind '{spec.kind}' in the op "
+                    "declaration",
+                    op.pos,
+                    op.origin,
+                )
                 ok = False
             elif not check(v):
-                self.error(f"{op.name}: attribute '{k}' must be {spec.kind}, got {_describe(v)}",
-                           op.pos, op.origin)
+                self.error(
+                    f"{op.name}: attribute '{k}' must be {spec.kind}, got {_describe(v)}",
+                    op.pos,
+                    op.origin,
+                )
                 ok = False
             elif spec.choices is not None and v not in spec.choices:
-                self.error(f"{op.name}: attribute '{k}' must be one of "
-                           f"{', '.join(map(str, spec.choices))}, got {v!r}", op.pos, op.origin)
+                self.error(
+                    f"{op.name}: attribute '{k}' must be one of "
+                    f"{', '.join(map(str, spec.choices))}, got {v!r}",
+                    op.pos,
+                    op.origin,
+                )
                 ok = False
         for spec in opdef.attrs:
             if spec.default is REQUIRED and spec.name not in op.attrs:
-                self.error(f"{op.name} requires attribute '{spec.name}' ({spec.kind})", op.pos, op.origin)
+                self.error(
+                    f"{op.name} requires attribute '{spec.name}' ({spec.kind})", op.pos, op.origin
+                )
                 ok = False
         return ok
 
@@ -196,9 +256,13 @@ class _Checker:
         first = self._weights.setdefault((op.attrs["file"], name), (op, where, op.results[0].type))
         if first[0] is not op and first[1] != where:
             at = f" (at {first[0].pos.line}:{first[0].pos.col})" if first[0].pos else ""
-            self.error(f"core.weight: tensor '{name}' of {op.attrs['file']} is referenced at offset "
-                       f"{where[0]} ({where[1]} bytes) here but at offset {first[1][0]} "
-                       f"({first[1][1]} bytes) before{at}", op.pos, op.origin)
+            self.error(
+                f"core.weight: tensor '{name}' of {op.attrs['file']} is referenced at offset "
+                f"{where[0]} ({where[1]} bytes) here but at offset {first[1][0]} "
+                f"({first[1][1]} bytes) before{at}",
+                op.pos,
+                op.origin,
+            )
 
 
 def _describe(v: Any) -> str:
@@ -226,8 +290,12 @@ def _signature(op: Op) -> tuple[Any, ...] | None:
         return None  # checked against files and other weights, not only against its signature
     try:
         attrs = tuple([(k, _freeze(v)) for k, v in sorted(op.attrs.items())]) if op.attrs else ()
-        key = (op.name, tuple([v.type for v in op.operands]), tuple([r.type for r in op.results]),
-               attrs)
+        key = (
+            op.name,
+            tuple([v.type for v in op.operands]),
+            tuple([r.type for r in op.results]),
+            attrs,
+        )
         hash(key)
     except TypeError:
         return None
@@ -247,5 +315,8 @@ def require_verified(module: Module, label: str) -> None:
 
     errors = [d for d in verify(module) if d.severity == "error"]
     if errors:
-        raise CheckFailed(f"{label}: does not verify ({len(errors)} error(s))", diagnostics=errors,
-                          hint=f"run `llmir verify {label}` for details")
+        raise CheckFailed(
+            f"{label}: does not verify ({len(errors)} error(s))",
+            diagnostics=errors,
+            hint=f"run `llmir verify {label}` for details",
+        )

@@ -98,22 +98,30 @@ def check_weight_ref(attrs: dict[str, Any], t: Type, base_dir: str, check_files:
     if check_files:
         path = resolve_path(attrs["file"], base_dir)
         if os.path.isdir(path):
-            raise WeightRefError(f"weight file {attrs['file']} is a folder, not a file (looked in {path})")
+            raise WeightRefError(
+                f"weight file {attrs['file']} is a folder, not a file (looked in {path})"
+            )
         if not os.path.isfile(path):
             raise WeightRefError(f"weight file {attrs['file']} not found (looked in {path})")
         size = os.path.getsize(path)
         end = offset + (nbytes if nbytes is not None else (want or 0))
         if end > size:
-            raise WeightRefError(f"tensor '{attrs.get('name', '?')}' needs bytes {offset}..{end} "
-                                 f"but {attrs['file']} has only {size} bytes")
+            raise WeightRefError(
+                f"tensor '{attrs.get('name', '?')}' needs bytes {offset}..{end} "
+                f"but {attrs['file']} has only {size} bytes"
+            )
         if sha is not None:
             try:
                 digest = range_sha256(path, offset, end - offset)
             except OSError as exc:
-                raise WeightRefError(f"weight file {attrs['file']} cannot be read: {exc.strerror}") from None
+                raise WeightRefError(
+                    f"weight file {attrs['file']} cannot be read: {exc.strerror}"
+                ) from None
             if digest != sha:
-                raise WeightRefError(f"tensor '{attrs.get('name', '?')}': sha256 of its bytes in "
-                                     f"{attrs['file']} is {digest}, but the reference pins {sha}")
+                raise WeightRefError(
+                    f"tensor '{attrs.get('name', '?')}': sha256 of its bytes in "
+                    f"{attrs['file']} is {digest}, but the reference pins {sha}"
+                )
 
 
 def load_weight(attrs: dict[str, Any], t: TensorType, base_dir: str) -> Any:
@@ -126,7 +134,11 @@ def load_weight(attrs: dict[str, Any], t: TensorType, base_dir: str) -> Any:
     check_weight_ref(attrs, t, base_dir, True)
     nbytes = attrs.get("nbytes") or expected_nbytes(t) or 0
     offset = int(attrs.get("offset", 0))
-    raw = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(nbytes,)) if nbytes else np.zeros(0, np.uint8)
+    raw = (
+        np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(nbytes,))
+        if nbytes
+        else np.zeros(0, np.uint8)
+    )
     if isinstance(t.dtype, QuantType):
         return PackedArray(np.asarray(raw), t.dtype, shape)
     assert isinstance(t.dtype, DType)

@@ -51,7 +51,8 @@ def render(results, seconds: float) -> str:
         "runs the numpy reference interpreter; `onnxruntime` imports, builds with the onnxruntime",
         "backend (in memory, opset 23) and runs the built model in onnxruntime. Outputs must match",
         "the test's expected outputs within its rtol/atol, raised to a floor per dtype "
-        + ", ".join(f"({k}: rtol {v[0]}, atol {v[1]})" for k, v in TOL_FLOOR.items()) + ".",
+        + ", ".join(f"({k}: rtol {v[0]}, atol {v[1]})" for k, v in TOL_FLOOR.items())
+        + ".",
         "Reduce* axes given as graph inputs stay run-time inputs (core.reduce_*_dyn). Other inputs",
         "that llmir takes as attributes (pads, repeats, k, split sizes) but a test passes as graph",
         "inputs (or computes from small integer graph inputs) are folded into constants from the",
@@ -70,19 +71,29 @@ def render(results, seconds: float) -> str:
     ]
     for b in BACKENDS:
         r = s[b]
-        lines.append(f"| {b} | {s['in_scope']} | {r['pass']} | {r['fail']} | {r['excluded']} | "
-                     f"{_pct(r['rate'])} |")
-    lines += ["",
-              f"The pass rate is passed / (in scope - excluded). On the {s['ort_original_compared']} "
-              f"tests both ran, the built model agreed with onnxruntime on the original model in "
-              f"{s['ort_original_agrees']}.", "",
-              f"Out of scope: {s['out_of_scope']} tests (see the end).", "", "## Per op", "",
-              "| op | tests | reference pass | onnxruntime pass | onnxruntime excluded |",
-              "|---|---:|---:|---:|---:|"]
+        lines.append(
+            f"| {b} | {s['in_scope']} | {r['pass']} | {r['fail']} | {r['excluded']} | "
+            f"{_pct(r['rate'])} |"
+        )
+    lines += [
+        "",
+        f"The pass rate is passed / (in scope - excluded). On the {s['ort_original_compared']} "
+        f"tests both ran, the built model agreed with onnxruntime on the original model in "
+        f"{s['ort_original_agrees']}.",
+        "",
+        f"Out of scope: {s['out_of_scope']} tests (see the end).",
+        "",
+        "## Per op",
+        "",
+        "| op | tests | reference pass | onnxruntime pass | onnxruntime excluded |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for op, c in per_op(results).items():
         n = sum(c["reference"].values())
-        lines.append(f"| {op} | {n} | {c['reference']['pass']} | {c['onnxruntime']['pass']} | "
-                     f"{c['onnxruntime']['excluded']} |")
+        lines.append(
+            f"| {op} | {n} | {c['reference']['pass']} | {c['onnxruntime']['pass']} | "
+            f"{c['onnxruntime']['excluded']} |"
+        )
     for status, title in (("fail", "Failures"), ("excluded", "Exclusions")):
         lines += ["", f"## {title}", "", "| test | backend | reason |", "|---|---|---|"]
         for r in results:
@@ -103,8 +114,14 @@ def render(results, seconds: float) -> str:
         if r.scope and r.scope.startswith("op not in"):
             for op in r.scope.split(": ", 1)[1].split(", "):
                 unmapped[op] += 1
-    lines += ["", "Ops without an llmir mapping, by number of node tests: "
-              + ", ".join(f"{op} ({n})" for op, n in sorted(unmapped.items(), key=lambda kv: (-kv[1], kv[0]))) + "."]
+    lines += [
+        "",
+        "Ops without an llmir mapping, by number of node tests: "
+        + ", ".join(
+            f"{op} ({n})" for op, n in sorted(unmapped.items(), key=lambda kv: (-kv[1], kv[0]))
+        )
+        + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -112,12 +129,20 @@ def main() -> None:
     results, seconds = run_all()
     (REPO / "docs" / "onnx-conformance.md").write_text(render(results, seconds), encoding="utf-8")
     passing = {b: sorted(r.name for r in results if r.status.get(b) == "pass") for b in BACKENDS}
-    baseline = {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "passing": passing}
+    baseline = {
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "passing": passing,
+    }
     path = REPO / "tests" / "conformance" / "onnx_node_baseline.json"
     path.write_text(json.dumps(baseline, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     s = summarize(results)
-    print(" ".join(f"{b}: {s[b]['pass']}/{s[b]['runnable']} ({_pct(s[b]['rate'])})" for b in BACKENDS),
-          f"in {seconds:.0f} s")
+    print(
+        " ".join(
+            f"{b}: {s[b]['pass']}/{s[b]['runnable']} ({_pct(s[b]['rate'])})" for b in BACKENDS
+        ),
+        f"in {seconds:.0f} s",
+    )
 
 
 if __name__ == "__main__":

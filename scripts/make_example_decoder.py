@@ -39,17 +39,23 @@ class Gen:
         self.b.origin = f"hf:{origin}"
         return self
 
-    def const(self, name: str, value: object, shape: tuple[int, ...], dtype: DType = DType.f32) -> Value:
+    def const(
+        self, name: str, value: object, shape: tuple[int, ...], dtype: DType = DType.f32
+    ) -> Value:
         np_dt = np.int64 if dtype == DType.i64 else np.float32
         arr = np.full(shape, value, dtype=np_dt) if np.isscalar(value) else np.asarray(value, np_dt)
-        return self.b.op("core.constant", name_hint=name, value=DenseAttr(arr, TensorType(shape, dtype)))
+        return self.b.op(
+            "core.constant", name_hint=name, value=DenseAttr(arr, TensorType(shape, dtype))
+        )
 
     def op(self, name: str, hint: str, *args: Value, **attrs: object) -> Value:
         return self.b.op(name, *args, name_hint=hint, **attrs)
 
     def range(self, hint: str, start: Value, limit: Value, step: Value, length: object) -> Value:
         t = TensorType((length,), DType.i64)  # type: ignore[arg-type]
-        return self.b.create("core.range", [start, limit, step], result_types=[t], names=[hint]).result
+        return self.b.create(
+            "core.range", [start, limit, step], result_types=[t], names=[hint]
+        ).result
 
 
 def heads(g: Gen, x: Value, n: int, hint: str) -> Value:
@@ -61,9 +67,15 @@ def heads(g: Gen, x: Value, n: int, hint: str) -> Value:
 def layer(g: Gen, i: int, x: Value, cos: Value, sin: Value, pos: Value) -> Value:
     p, n = f"model.layers.{i}", f"l{i}_"
     w_in = g.at(f"{p}.input_layernorm.weight").const(f"{n}ln1_w", 1.0, (HIDDEN,))
-    wq = g.at(f"{p}.self_attn.q_proj.weight").const(f"{n}wq", 0.015625 + 0.0078125 * i, (HIDDEN, HIDDEN))
-    wk = g.at(f"{p}.self_attn.k_proj.weight").const(f"{n}wk", 0.03125, (KV_HEADS * HEAD_DIM, HIDDEN))
-    wv = g.at(f"{p}.self_attn.v_proj.weight").const(f"{n}wv", 0.046875, (KV_HEADS * HEAD_DIM, HIDDEN))
+    wq = g.at(f"{p}.self_attn.q_proj.weight").const(
+        f"{n}wq", 0.015625 + 0.0078125 * i, (HIDDEN, HIDDEN)
+    )
+    wk = g.at(f"{p}.self_attn.k_proj.weight").const(
+        f"{n}wk", 0.03125, (KV_HEADS * HEAD_DIM, HIDDEN)
+    )
+    wv = g.at(f"{p}.self_attn.v_proj.weight").const(
+        f"{n}wv", 0.046875, (KV_HEADS * HEAD_DIM, HIDDEN)
+    )
     wo = g.at(f"{p}.self_attn.o_proj.weight").const(f"{n}wo", 0.0390625, (HIDDEN, HIDDEN))
     w_post = g.at(f"{p}.post_attention_layernorm.weight").const(f"{n}ln2_w", 1.0, (HIDDEN,))
     wg = g.at(f"{p}.mlp.gate_proj.weight").const(f"{n}wg", 0.03125, (INTER, HIDDEN))
@@ -75,7 +87,11 @@ def layer(g: Gen, i: int, x: Value, cos: Value, sin: Value, pos: Value) -> Value
     k = g.at(f"{p}.self_attn.k_proj").op("core.matmul", f"{n}k", h, wk, transpose_b=True)
     v = g.at(f"{p}.self_attn.v_proj").op("core.matmul", f"{n}v", h, wv, transpose_b=True)
     g.at(f"{p}.self_attn")
-    q, k, v = heads(g, q, HEADS, f"{n}q"), heads(g, k, KV_HEADS, f"{n}k"), heads(g, v, KV_HEADS, f"{n}v")
+    q, k, v = (
+        heads(g, q, HEADS, f"{n}q"),
+        heads(g, k, KV_HEADS, f"{n}k"),
+        heads(g, v, KV_HEADS, f"{n}v"),
+    )
     g.at(f"{p}.self_attn.rotary_emb")
     q = g.op("llm.rotary_embedding", f"{n}q_rot", q, cos, sin, pos)
     k = g.op("llm.rotary_embedding", f"{n}k_rot", k, cos, sin, pos)
@@ -100,19 +116,35 @@ def build() -> str:
     g.at("model.embed_tokens.weight")
     zero, one = g.const("c0", 0, (), DType.i64), g.const("c1", 1, (), DType.i64)
     n_table = g.const("n_table", VOCAB * HIDDEN, (), DType.i64)
-    idx = g.op("core.cast", "table_idx", g.range("table_range", zero, n_table, one, VOCAB * HIDDEN), to=DType.f32)
-    noise = g.op("core.sin", "table_noise", g.op("core.mul", "table_angle", idx, g.const("freq", 0.625, ())))
+    idx = g.op(
+        "core.cast",
+        "table_idx",
+        g.range("table_range", zero, n_table, one, VOCAB * HIDDEN),
+        to=DType.f32,
+    )
+    noise = g.op(
+        "core.sin", "table_noise", g.op("core.mul", "table_angle", idx, g.const("freq", 0.625, ()))
+    )
     table = g.op("core.reshape", "embed_w", noise, shape=(VOCAB, HIDDEN))
 
     g.at("model.rotary_emb")
     n_pos = g.const("max_pos", MAX_POS, (), DType.i64)
-    pos_f = g.op("core.cast", "pos_f", g.range("pos_range", zero, n_pos, one, MAX_POS), to=DType.f32)
-    inv_freq = g.const("inv_freq", [ROPE_THETA ** (-2 * j / HEAD_DIM) for j in range(HEAD_DIM // 2)],
-                       (HEAD_DIM // 2,))
+    pos_f = g.op(
+        "core.cast", "pos_f", g.range("pos_range", zero, n_pos, one, MAX_POS), to=DType.f32
+    )
+    inv_freq = g.const(
+        "inv_freq",
+        [ROPE_THETA ** (-2 * j / HEAD_DIM) for j in range(HEAD_DIM // 2)],
+        (HEAD_DIM // 2,),
+    )
     freqs = g.op("core.mul", "freqs", g.op("core.unsqueeze", "pos_col", pos_f, axes=(1,)), inv_freq)
     cos, sin = g.op("core.cos", "cos_cache", freqs), g.op("core.sin", "sin_cache", freqs)
-    seq_len = g.op("core.reshape", "seq_len", g.op("core.shape", "ids_shape", ids, start=1, end=2), shape=())
-    positions = g.op("core.unsqueeze", "positions", g.range("pos_ids", zero, seq_len, one, S), axes=(0,))
+    seq_len = g.op(
+        "core.reshape", "seq_len", g.op("core.shape", "ids_shape", ids, start=1, end=2), shape=()
+    )
+    positions = g.op(
+        "core.unsqueeze", "positions", g.range("pos_ids", zero, seq_len, one, S), axes=(0,)
+    )
 
     x = g.at("model.embed_tokens").op("llm.embedding", "x0", table, ids)
     for i in range(LAYERS):
@@ -126,7 +158,9 @@ def build() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if the file differs from the generated text")
+    ap.add_argument(
+        "--check", action="store_true", help="exit 1 if the file differs from the generated text"
+    )
     args = ap.parse_args()
     text = build()
     if args.check:

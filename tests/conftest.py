@@ -13,14 +13,27 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
-def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolated_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("LLMIR_HOME", str(tmp_path_factory.mktemp("llmir_home")))
     monkeypatch.setenv("NO_COLOR", "1")
 
 
-def run_cli(*args: str, input: str | None = None, env: dict[str, str] | None = None,
-            cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str,
+    input: str | None = None,
+    env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run `llmir ARGS` in a subprocess (as a user would), capturing stdout and stderr."""
     full_env = {**os.environ, "NO_COLOR": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "llmir_cli.app", *args], capture_output=True,
-                          text=True, input=input, env=full_env, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "llmir_cli.app", *args],
+        capture_output=True,
+        text=True,
+        input=input,
+        env=full_env,
+        cwd=cwd,
+        timeout=300,
+    )

@@ -24,10 +24,16 @@ def verify_rules(ctx: Ctx, only: str | None, update: bool, timeout: float) -> No
         if update:
             write_certificate(verdicts)
         if ctx.json:
-            ctx.emit_json("verify-rules", {"ok": code == 0, "rules": [v.to_json() for v in verdicts]})
+            ctx.emit_json(
+                "verify-rules", {"ok": code == 0, "rules": [v.to_json() for v in verdicts]}
+            )
         else:
             for v in verdicts:
-                extra = f" [{', '.join(f'{k}: {x}' for k, x in v.dtype_checks.items())}]" if v.dtype_checks else ""
+                extra = (
+                    f" [{', '.join(f'{k}: {x}' for k, x in v.dtype_checks.items())}]"
+                    if v.dtype_checks
+                    else ""
+                )
                 line = f"{v.verdict:<12} {v.rule:<34} {v.tag:<14} {1000 * v.seconds:7.1f} ms{extra}"
                 ctx.result(line)
                 if v.verdict != "proved":
@@ -50,19 +56,29 @@ def verify_against(ctx: Ctx, file: Path, original: Path, timeout: float) -> None
 
     errors = [d for d in verify(after, check_files=False) if d.severity == "error"]
     if errors:  # an ill-typed op (e.g. an edited head count) cannot be equivalent
-        raise CheckFailed(f"{file}: does not verify ({len(errors)} error(s)), so it is not equivalent to "
-                          f"{original}", diagnostics=errors, hint=f"run `llmir verify {file}` for details")
+        raise CheckFailed(
+            f"{file}: does not verify ({len(errors)} error(s)), so it is not equivalent to "
+            f"{original}",
+            diagnostics=errors,
+            hint=f"run `llmir verify {file}` for details",
+        )
     res = validate(before, after, None, limit_s=timeout)
     if res.get("method") == "signature":
-        raise InputError(f"{file} and {original} have different signatures: {res['signature']}",
-                         hint="--against compares two versions of the same function")
+        raise InputError(
+            f"{file} and {original} have different signatures: {res['signature']}",
+            hint="--against compares two versions of the same function",
+        )
     verdict = res["verdict"]
     if ctx.json:
-        ctx.emit_json("verify-against", {"ok": verdict == "equivalent", "file": str(file),
-                                         "against": str(original), **res})
+        ctx.emit_json(
+            "verify-against",
+            {"ok": verdict == "equivalent", "file": str(file), "against": str(original), **res},
+        )
     else:
-        ctx.result(f"{file}: {verdict} to {original} (by {res.get('method')}, "
-                   f"{1000 * float(res.get('seconds', 0.0)):.1f} ms)")
+        ctx.result(
+            f"{file}: {verdict} to {original} (by {res.get('method')}, "
+            f"{1000 * float(res.get('seconds', 0.0)):.1f} ms)"
+        )
         for line in res.get("details", []):
             ctx.result(f"  {line}")
         if res.get("input") and verdict == "not-equivalent":
@@ -88,17 +104,29 @@ def verify_ranges(ctx: Ctx, file: Path, input_range: float, timeout: float) -> N
     bad = [i for i in invs if i["verdict"] == "violated"]
     unknown = [i for i in invs if i["verdict"] == "unknown"]
     if ctx.json:
-        ctx.emit_json("verify-ranges", {"ok": not bad, "file": str(file), **rep.to_json(), "invariants": invs})
+        ctx.emit_json(
+            "verify-ranges", {"ok": not bad, "file": str(file), **rep.to_json(), "invariants": invs}
+        )
     else:
         for i, r in enumerate(rep.outputs):
-            ctx.result(f"output #{i}: [{r[0]:.6g}, {r[1]:.6g}] for inputs in [-{input_range:g}, {input_range:g}]")
+            ctx.result(
+                f"output #{i}: [{r[0]:.6g}, {r[1]:.6g}] for inputs in [-{input_range:g}, {input_range:g}]"
+            )
         if rep.f16_values:
-            ctx.result("fp16 overflow: " + ("excluded for all " + str(rep.f16_values) + " f16 values"
-                                            if not rep.f16_risks else "cannot be excluded:"))
+            ctx.result(
+                "fp16 overflow: "
+                + (
+                    "excluded for all " + str(rep.f16_values) + " f16 values"
+                    if not rep.f16_risks
+                    else "cannot be excluded:"
+                )
+            )
             for line in rep.f16_risks:
                 ctx.result(f"  {line}")
         for inv in invs:
-            ctx.result(f"invariant {inv['invariant']!r} at {inv['location']}: {inv['verdict']} ({inv['method']})")
+            ctx.result(
+                f"invariant {inv['invariant']!r} at {inv['location']}: {inv['verdict']} ({inv['method']})"
+            )
     if bad:
         raise typer.Exit(EXIT_CHECK_FAILED)
     if unknown:

@@ -44,20 +44,52 @@ whether the first 16 greedy tokens agree:
 
 
 def bench_cmd(
-    artifact: Annotated[Path, typer.Argument(help="An artifact folder built from an LLM.", show_default=False)],
-    prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt tokens per sequence.")] = 128,
+    artifact: Annotated[
+        Path, typer.Argument(help="An artifact folder built from an LLM.", show_default=False)
+    ],
+    prompt_len: Annotated[
+        int, typer.Option("--prompt-len", help="Prompt tokens per sequence.")
+    ] = 128,
     gen_len: Annotated[int, typer.Option("--gen-len", help="Tokens generated per sequence.")] = 128,
     batch: Annotated[int, typer.Option("--batch", help="Sequences decoded together.")] = 1,
-    threads: Annotated[int | None, typer.Option("--threads", help="onnxruntime intra-op threads (default: "
-                                                "one per core other processes leave free; 0 = onnxruntime's).")] = None,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            "--threads",
+            help="onnxruntime intra-op threads (default: "
+            "one per core other processes leave free; 0 = onnxruntime's).",
+        ),
+    ] = None,
     runs: Annotated[int, typer.Option("--runs", help="Measured runs.")] = 3,
     warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured runs first.")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random prompt ids.")] = 0,
-    verify_artifact: Annotated[bool, typer.Option("--verify-artifact", help="Hash every artifact file against manifest.json (by default only when they changed since the last check).")] = False,
-    profile: Annotated[bool, typer.Option("--profile", help="Per-op time of a prefill and a decode step, mapped to the .llmir ops.")] = False,  # perf
-    profile_steps: Annotated[int, typer.Option("--profile-steps", help="Decode steps averaged by --profile.")] = 16,  # perf
-    top: Annotated[int, typer.Option("--top", help="Ops listed by --profile (JSON lists all).")] = 15,  # perf
-    vs: Annotated[list[str] | None, typer.Option("--vs", help="A peer to compare with: ort-genai:DIR, transformers:DIR or llama.cpp:FILE.gguf (repeatable).")] = None,  # perf
+    verify_artifact: Annotated[
+        bool,
+        typer.Option(
+            "--verify-artifact",
+            help="Hash every artifact file against manifest.json (by default only when they changed since the last check).",
+        ),
+    ] = False,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile",
+            help="Per-op time of a prefill and a decode step, mapped to the .llmir ops.",
+        ),
+    ] = False,  # perf
+    profile_steps: Annotated[
+        int, typer.Option("--profile-steps", help="Decode steps averaged by --profile.")
+    ] = 16,  # perf
+    top: Annotated[
+        int, typer.Option("--top", help="Ops listed by --profile (JSON lists all).")
+    ] = 15,  # perf
+    vs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--vs",
+            help="A peer to compare with: ort-genai:DIR, transformers:DIR or llama.cpp:FILE.gguf (repeatable).",
+        ),
+    ] = None,  # perf
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -75,19 +107,43 @@ def bench_cmd(
         if profile:  # perf
             from ._bench_perf import run_profile
 
-            return run_profile(ctx, artifact, prompt_len=prompt_len, steps=profile_steps, threads=threads,
-                               seed=seed, top=top)
+            return run_profile(
+                ctx,
+                artifact,
+                prompt_len=prompt_len,
+                steps=profile_steps,
+                threads=threads,
+                seed=seed,
+                top=top,
+            )
         if vs:  # perf
             from ._bench_perf import run_vs
 
-            return run_vs(ctx, artifact, vs, prompt_len=prompt_len, gen_len=gen_len, runs=runs, threads=threads,
-                          seed=seed)
+            return run_vs(
+                ctx,
+                artifact,
+                vs,
+                prompt_len=prompt_len,
+                gen_len=gen_len,
+                runs=runs,
+                threads=threads,
+                seed=seed,
+            )
 
         def progress(i: int, n: int) -> None:
             ctx.detail(f"run {i}/{n} done")
 
-        res = bench_artifact(str(artifact), prompt_len=prompt_len, gen_len=gen_len, batch=batch,
-                             threads=threads, runs=runs, warmup=warmup, seed=seed, progress=progress)
+        res = bench_artifact(
+            str(artifact),
+            prompt_len=prompt_len,
+            gen_len=gen_len,
+            batch=batch,
+            threads=threads,
+            runs=runs,
+            warmup=warmup,
+            seed=seed,
+            progress=progress,
+        )
         data = res.to_json()
         if ctx.json:
             ctx.emit_json("bench", data)
@@ -99,8 +155,10 @@ def _table(ctx: Ctx, data: dict[str, Any]) -> None:
     from rich.table import Table
 
     r, c, fp = data["results"], data["config"], data["fingerprint"]
-    title = (f"{fp.get('artifact')}: prompt {c['prompt_len']}, generate {c['gen_len']}, batch {c['batch']}, "
-             f"threads {c['threads']}, {c['runs']} runs")
+    title = (
+        f"{fp.get('artifact')}: prompt {c['prompt_len']}, generate {c['gen_len']}, batch {c['batch']}, "
+        f"threads {c['threads']}, {c['runs']} runs"
+    )
     t = Table(title=title, title_justify="left")
     t.add_column("metric")
     t.add_column("value", justify="right")
@@ -114,12 +172,19 @@ def _table(ctx: Ctx, data: dict[str, Any]) -> None:
     t.add_row("time to first token", pm("ttft_ms", "ms"))
     t.add_row("decode speed", pm("decode_tokens_per_s", "tok/s"))
     itl = r["itl_ms"]
-    t.add_row("inter-token latency P50 / P90 / P99", f"{itl['p50']:.2f} / {itl['p90']:.2f} / {itl['p99']:.2f} ms")
+    t.add_row(
+        "inter-token latency P50 / P90 / P99",
+        f"{itl['p50']:.2f} / {itl['p90']:.2f} / {itl['p99']:.2f} ms",
+    )
     t.add_row("peak RSS", f"{r['peak_rss_mb']:.0f} MB")
     ctx.out.print(t)
-    ctx.out.print(f"{fp.get('cpu')} ({fp.get('cores')} cores; {' '.join(fp.get('cpu_flags') or [])}), "
-                  f"llmir {fp.get('llmir')}, onnxruntime {fp.get('onnxruntime')}, model "
-                  f"{str(fp.get('model_sha256'))[:12]}", markup=False, highlight=False)
+    ctx.out.print(
+        f"{fp.get('cpu')} ({fp.get('cores')} cores; {' '.join(fp.get('cpu_flags') or [])}), "
+        f"llmir {fp.get('llmir')}, onnxruntime {fp.get('onnxruntime')}, model "
+        f"{str(fp.get('model_sha256'))[:12]}",
+        markup=False,
+        highlight=False,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -36,13 +36,49 @@ Examples:
 
 def build_cmd(
     file: Annotated[Path, typer.Argument(help="The .llmir module to build.", show_default=False)],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Artifact folder to write.", show_default=False)],
-    target: Annotated[str | None, typer.Option("--target", "-t", help="Runtime to build for [default: [build] target of ./llmir.toml, else onnxruntime].", show_default=False)] = None,
-    quant: Annotated[str | None, typer.Option("--quant", help="Decoders: quantize float weights to int4 or int8 (MatMulNBits, blockwise).")] = None,
-    quant_block: Annotated[int, typer.Option("--quant-block", help="Decoders: block size for --quant.")] = 32,
-    max_len: Annotated[int | None, typer.Option("--max-len", help="Decoders: KV-cache positions to preallocate (default: the model's context).")] = None,
-    accuracy_level: Annotated[int | None, typer.Option("--accuracy-level", help="Decoders: MatMulNBits activation precision 0-4 (4 = int8, fastest; 1 = fp32).")] = None,
-    generic: Annotated[bool, typer.Option("--generic", help="Build a decoder with the generic op-by-op lowering (no KV-cache buffers).")] = False,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Artifact folder to write.", show_default=False)
+    ],
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target",
+            "-t",
+            help="Runtime to build for [default: [build] target of ./llmir.toml, else onnxruntime].",
+            show_default=False,
+        ),
+    ] = None,
+    quant: Annotated[
+        str | None,
+        typer.Option(
+            "--quant",
+            help="Decoders: quantize float weights to int4 or int8 (MatMulNBits, blockwise).",
+        ),
+    ] = None,
+    quant_block: Annotated[
+        int, typer.Option("--quant-block", help="Decoders: block size for --quant.")
+    ] = 32,
+    max_len: Annotated[
+        int | None,
+        typer.Option(
+            "--max-len",
+            help="Decoders: KV-cache positions to preallocate (default: the model's context).",
+        ),
+    ] = None,
+    accuracy_level: Annotated[
+        int | None,
+        typer.Option(
+            "--accuracy-level",
+            help="Decoders: MatMulNBits activation precision 0-4 (4 = int8, fastest; 1 = fp32).",
+        ),
+    ] = None,
+    generic: Annotated[
+        bool,
+        typer.Option(
+            "--generic",
+            help="Build a decoder with the generic op-by-op lowering (no KV-cache buffers).",
+        ),
+    ] = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -58,16 +94,25 @@ def build_cmd(
         module = parse_file(str(file))
         errors = [d for d in verify(module) if d.severity == "error"]
         if errors:
-            raise CheckFailed(f"{file}: does not verify ({len(errors)} error(s))", diagnostics=errors,
-                              hint=f"run `llmir verify {file}` for details", exit_code=EXIT_CHECK_FAILED)
+            raise CheckFailed(
+                f"{file}: does not verify ({len(errors)} error(s))",
+                diagnostics=errors,
+                hint=f"run `llmir verify {file}` for details",
+                exit_code=EXIT_CHECK_FAILED,
+            )
         t0 = time.perf_counter()
         from llmir_core.passes.ort_common import is_decoder
 
-        given = {k: v for k, v in (("quant", quant), ("max_len", max_len), ("accuracy_level", accuracy_level))
-                 if v is not None}
+        given = {
+            k: v
+            for k, v in (("quant", quant), ("max_len", max_len), ("accuracy_level", accuracy_level))
+            if v is not None
+        }
         if given and (target != "onnxruntime" or generic or not is_decoder(module)):
-            raise InputError("--quant, --max-len and --accuracy-level apply to decoder builds only",
-                             hint="import an LLM (HF folder or GGUF) to get a decoder module")
+            raise InputError(
+                "--quant, --max-len and --accuracy-level apply to decoder builds only",
+                hint="import an LLM (HF folder or GGUF) to get a decoder module",
+            )
         if quant:
             given["quant_block"] = quant_block
         if generic:
@@ -75,11 +120,15 @@ def build_cmd(
         manifest = build(module, str(output), target, source_path=str(file), options=given or None)
         dt = time.perf_counter() - t0
         if ctx.json:
-            ctx.emit_json("build", {"ok": True, "output": str(output), "seconds": round(dt, 3), **manifest})
+            ctx.emit_json(
+                "build", {"ok": True, "output": str(output), "seconds": round(dt, 3), **manifest}
+            )
         elif not quiet:
             size = sum(f["bytes"] for f in manifest["files"].values())
-            ctx.result(f"{output}: {target} artifact, {len(manifest['files'])} files, "
-                       f"{size / 1e6:.1f} MB ({dt:.2f} s)")
+            ctx.result(
+                f"{output}: {target} artifact, {len(manifest['files'])} files, "
+                f"{size / 1e6:.1f} MB ({dt:.2f} s)"
+            )
             for name, info in manifest["files"].items():
                 ctx.detail(f"  {name}  {info['bytes']} bytes  sha256 {info['sha256']}")
 

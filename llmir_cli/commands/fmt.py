@@ -29,8 +29,12 @@ Examples:
 
 def fmt_cmd(
     file: Annotated[Path, typer.Argument(help="The .llmir file to format.", show_default=False)],
-    in_place: Annotated[bool, typer.Option("--in-place", "-i", help="Rewrite the file in place.")] = False,
-    check: Annotated[bool, typer.Option("--check", help="Only check: exit 1 if the file is not canonical.")] = False,
+    in_place: Annotated[
+        bool, typer.Option("--in-place", "-i", help="Rewrite the file in place.")
+    ] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Only check: exit 1 if the file is not canonical.")
+    ] = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,

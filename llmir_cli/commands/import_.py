@@ -55,12 +55,44 @@ def _looks_like_ref(src: str) -> bool:
 
 
 def import_cmd(
-    src: Annotated[str, typer.Argument(help="Model to import: .onnx, .gguf, a HF folder, NAME:TAG or hf:ORG/REPO.", show_default=False)],
-    output: Annotated[Path, typer.Option("--output", "-o", help="The .llmir file to write.", show_default=False)],
-    keep_unknown: Annotated[bool, typer.Option("--keep-unknown", help="Keep ops llmir does not know as opaque onnx.opaque ops (only the onnxruntime backend can build them).")] = False,
-    no_tokenizer: Annotated[bool, typer.Option("--no-tokenizer", help="Import an LLM without its tokenizer (the build then takes token ids only).")] = False,
-    registry: Annotated[str | None, typer.Option("--registry", envvar="LLMIR_REGISTRY", help="Registry index (path, URL or mirror folder) for NAME:TAG references.")] = None,
-    offline: Annotated[bool, typer.Option("--offline", help="Resolve NAME:TAG / hf: references without any network call.")] = False,
+    src: Annotated[
+        str,
+        typer.Argument(
+            help="Model to import: .onnx, .gguf, a HF folder, NAME:TAG or hf:ORG/REPO.",
+            show_default=False,
+        ),
+    ],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="The .llmir file to write.", show_default=False)
+    ],
+    keep_unknown: Annotated[
+        bool,
+        typer.Option(
+            "--keep-unknown",
+            help="Keep ops llmir does not know as opaque onnx.opaque ops (only the onnxruntime backend can build them).",
+        ),
+    ] = False,
+    no_tokenizer: Annotated[
+        bool,
+        typer.Option(
+            "--no-tokenizer",
+            help="Import an LLM without its tokenizer (the build then takes token ids only).",
+        ),
+    ] = False,
+    registry: Annotated[
+        str | None,
+        typer.Option(
+            "--registry",
+            envvar="LLMIR_REGISTRY",
+            help="Registry index (path, URL or mirror folder) for NAME:TAG references.",
+        ),
+    ] = None,
+    offline: Annotated[
+        bool,
+        typer.Option(
+            "--offline", help="Resolve NAME:TAG / hf: references without any network call."
+        ),
+    ] = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -78,25 +110,39 @@ def import_cmd(
         kind = detect_kind(src)
         ctx.detail(f"importing {src} ({kind})")
         t0 = time.perf_counter()
-        module = import_model(src, keep_unknown=keep_unknown, out_path=output,
-                              require_tokenizer=not no_tokenizer)
+        module = import_model(
+            src, keep_unknown=keep_unknown, out_path=output, require_tokenizer=not no_tokenizer
+        )
         dt = time.perf_counter() - t0
         converted = module.attrs.get("onnx.converted_from_opset")
         if converted is not None:
-            ctx.log(f"note: {src}: ONNX opset {converted} converted to opset {module.attrs.get('onnx.opset')} "
-                    "with onnx.version_converter")
+            ctx.log(
+                f"note: {src}: ONNX opset {converted} converted to opset {module.attrs.get('onnx.opset')} "
+                "with onnx.version_converter"
+            )
         weights = sum(1 for f in module.functions for op in f.ops if op.name == "core.weight")
         opaque = sum(1 for f in module.functions for op in f.ops if op.name == "onnx.opaque")
         if ctx.json:
-            ctx.emit_json("import", {"ok": True, "source": str(src), "source_format": _FORMAT_NAMES[kind],
-                                     "output": str(output),
-                                     "ops": module.op_count(), "weights": weights, "opaque_ops": opaque,
-                                     "converted_from_opset": converted,
-                                     "seconds": round(dt, 3)})
+            ctx.emit_json(
+                "import",
+                {
+                    "ok": True,
+                    "source": str(src),
+                    "source_format": _FORMAT_NAMES[kind],
+                    "output": str(output),
+                    "ops": module.op_count(),
+                    "weights": weights,
+                    "opaque_ops": opaque,
+                    "converted_from_opset": converted,
+                    "seconds": round(dt, 3),
+                },
+            )
         elif not quiet:
             extra = f", {opaque} opaque" if opaque else ""
-            ctx.result(f"{output}: {module.op_count()} ops, {weights} weights{extra} "
-                       f"(from {_FORMAT_TEXT[kind]} {src}, {dt:.2f} s)")
+            ctx.result(
+                f"{output}: {module.op_count()} ops, {weights} weights{extra} "
+                f"(from {_FORMAT_TEXT[kind]} {src}, {dt:.2f} s)"
+            )
 
 
 def register(app: typer.Typer) -> None:

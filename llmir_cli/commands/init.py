@@ -20,21 +20,45 @@ def register(app: typer.Typer) -> None:
 
 
 def init(
-    directory: Annotated[Path, typer.Argument(help="Project folder, created if missing.")] = Path("."),
-    model: Annotated[str | None, typer.Option(
-        "--model", "-m", metavar="REF",
-        help="NAME:TAG from the index, hf:ORG/REPO[/FILE][@REV], or a local PATH "
-             "[default: the model in llmir.toml / llmir.lock].")] = None,
+    directory: Annotated[Path, typer.Argument(help="Project folder, created if missing.")] = Path(
+        "."
+    ),
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            metavar="REF",
+            help="NAME:TAG from the index, hf:ORG/REPO[/FILE][@REV], or a local PATH "
+            "[default: the model in llmir.toml / llmir.lock].",
+        ),
+    ] = None,
     registry: RegistryOpt = None,
     offline: OfflineOpt = False,
-    force: Annotated[bool, typer.Option(
-        "--force", help="Initialise a non-empty folder; replaces llmir.toml and llmir.lock "
-                        "(re-pins the model) and keeps other files.")] = False,
-    target: Annotated[str | None, typer.Option(
-        "--target", help="Build target recorded in llmir.toml [default: onnxruntime].")] = None,
-    opt_level: Annotated[int | None, typer.Option(
-        "--opt-level", "-O", min=0, max=3,
-        help="Optimization level recorded in llmir.toml [default: 2].")] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Initialise a non-empty folder; replaces llmir.toml and llmir.lock "
+            "(re-pins the model) and keeps other files.",
+        ),
+    ] = False,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target", help="Build target recorded in llmir.toml [default: onnxruntime]."
+        ),
+    ] = None,
+    opt_level: Annotated[
+        int | None,
+        typer.Option(
+            "--opt-level",
+            "-O",
+            min=0,
+            max=3,
+            help="Optimization level recorded in llmir.toml [default: 2].",
+        ),
+    ] = None,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -56,9 +80,17 @@ def init(
     ctx = make_ctx(fmt, quiet, verbose, debug)
     with handle_errors(ctx):
         with pull_progress(ctx) as progress:
-            result = init_project(directory, model=model, registry=registry, offline=offline,
-                                  force=force, target=target, opt_level=opt_level,
-                                  progress=progress, reporter=ctx)
+            result = init_project(
+                directory,
+                model=model,
+                registry=registry,
+                offline=offline,
+                force=force,
+                target=target,
+                opt_level=opt_level,
+                progress=progress,
+                reporter=ctx,
+            )
         _render(ctx, result)
 
 
@@ -70,14 +102,20 @@ def _render(ctx: Ctx, result: InitResult) -> None:
     total = sum(f.size for f in pulled.files)
     first = sum(1 for f in pulled.files if f.pinned_by == "first pull")
     verdict = f"{first} pinned on this first pull" if first else "all matched their pins"
-    source = (f"{lock.repo}@{lock.commit or lock.revision}" if lock.kind != "path"
-              else str(lock.path))
-    head = (f"reproduced llmir.lock in {result.project}" if result.reproduced
-            else f"initialised {result.project} for {pulled.ref}")
-    lines = [head,
-             f"  source   {source}",
-             f"  files    {len(pulled.files)} files, {human_size(total)}, sha256-checked, {verdict}",
-             f"  model    {pulled.local_path}"]
+    source = (
+        f"{lock.repo}@{lock.commit or lock.revision}" if lock.kind != "path" else str(lock.path)
+    )
+    head = (
+        f"reproduced llmir.lock in {result.project}"
+        if result.reproduced
+        else f"initialised {result.project} for {pulled.ref}"
+    )
+    lines = [
+        head,
+        f"  source   {source}",
+        f"  files    {len(pulled.files)} files, {human_size(total)}, sha256-checked, {verdict}",
+        f"  model    {pulled.local_path}",
+    ]
     if result.wrote:
         lines.append(f"  wrote    {', '.join(p.name for p in result.wrote)}")
     ctx.result("\n".join(lines))

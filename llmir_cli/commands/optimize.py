@@ -46,19 +46,50 @@ runs); `llmir build` of the result gives the artifact `llmir build` of the input
 
 
 def optimize_cmd(  # noqa: C901 (one branch per CLI option)
-    file: Annotated[Path | None, typer.Argument(help="The .llmir file to optimize.", show_default=False)] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the result here (default: stdout).")] = None,
-    level: Annotated[int | None, typer.Option("-O", help="Preset: 0, 1, 2 or 3 (default: [build] opt_level of ./llmir.toml, else 2).")] = None,
-    passes: Annotated[str | None, typer.Option("--passes", help="Pipeline: a,b{opt=value},c")] = None,
-    list_: Annotated[bool, typer.Option("--list", help="List passes, options and presets.")] = False,
-    verify_each: Annotated[bool, typer.Option("--verify-each", help="Translation-validate every pass.")] = False,
-    report: Annotated[bool, typer.Option("--report", help="Print the optimization report.")] = False,
-    time_passes: Annotated[bool, typer.Option("--time-passes", help="Print the time of each pass.")] = False,
-    print_after_all: Annotated[bool, typer.Option("--print-after-all", help="Dump the module after every pass.")] = False,
-    print_after: Annotated[list[str] | None, typer.Option("--print-after", help="Dump the module after pass NAME (repeatable).")] = None,
-    dump_dir: Annotated[Path, typer.Option("--dump-dir", help="Folder for NN-pass.llmir dumps.")] = Path("llmir-dumps"),
-    target: Annotated[str | None, typer.Option("--target", help="Append this target's lowering passes.")] = None,
-    allow_unproved: Annotated[bool, typer.Option("--allow-unproved", help="Let passes use rules without a proof certificate.")] = False,
+    file: Annotated[
+        Path | None, typer.Argument(help="The .llmir file to optimize.", show_default=False)
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write the result here (default: stdout).")
+    ] = None,
+    level: Annotated[
+        int | None,
+        typer.Option(
+            "-O", help="Preset: 0, 1, 2 or 3 (default: [build] opt_level of ./llmir.toml, else 2)."
+        ),
+    ] = None,
+    passes: Annotated[
+        str | None, typer.Option("--passes", help="Pipeline: a,b{opt=value},c")
+    ] = None,
+    list_: Annotated[
+        bool, typer.Option("--list", help="List passes, options and presets.")
+    ] = False,
+    verify_each: Annotated[
+        bool, typer.Option("--verify-each", help="Translation-validate every pass.")
+    ] = False,
+    report: Annotated[
+        bool, typer.Option("--report", help="Print the optimization report.")
+    ] = False,
+    time_passes: Annotated[
+        bool, typer.Option("--time-passes", help="Print the time of each pass.")
+    ] = False,
+    print_after_all: Annotated[
+        bool, typer.Option("--print-after-all", help="Dump the module after every pass.")
+    ] = False,
+    print_after: Annotated[
+        list[str] | None,
+        typer.Option("--print-after", help="Dump the module after pass NAME (repeatable)."),
+    ] = None,
+    dump_dir: Annotated[
+        Path, typer.Option("--dump-dir", help="Folder for NN-pass.llmir dumps.")
+    ] = Path("llmir-dumps"),
+    target: Annotated[
+        str | None, typer.Option("--target", help="Append this target's lowering passes.")
+    ] = None,
+    allow_unproved: Annotated[
+        bool,
+        typer.Option("--allow-unproved", help="Let passes use rules without a proof certificate."),
+    ] = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -75,13 +106,20 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
         if list_:
             items = describe_passes()
             if ctx.json:
-                ctx.emit_json("passes", {"passes": [{k: v for k, v in i.items() if k != "doc"} for i in items],
-                                         "presets": PRESETS})
+                ctx.emit_json(
+                    "passes",
+                    {
+                        "passes": [{k: v for k, v in i.items() if k != "doc"} for i in items],
+                        "presets": PRESETS,
+                    },
+                )
             else:
                 ctx.result(format_list(items, PRESETS))
             return
         if file is None:
-            raise InputError("missing input file", hint="llmir optimize IN.llmir -o OUT.llmir (or --list)")
+            raise InputError(
+                "missing input file", hint="llmir optimize IN.llmir -o OUT.llmir (or --list)"
+            )
         if passes is not None and level is not None:
             raise InputError("give either -O or --passes, not both")
         if passes is None and level is None and target is None:
@@ -90,20 +128,33 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
             project = project_here()
             level = project.opt_level if project else 2
         default = 0 if target is not None else 2  # --target alone: only the lowering
-        pipeline = parse_pipeline(passes) if passes is not None else preset(default if level is None else level)
+        pipeline = (
+            parse_pipeline(passes)
+            if passes is not None
+            else preset(default if level is None else level)
+        )
         if target is not None:
             from llmir_core.backends import get_target
 
             pipeline = pipeline + list(get_target(target).lowering({}))
         if output is not None:  # weights a pass writes (quantize-weights) go beside OUT
-            pipeline = [dataclasses.replace(p, weights_file=str(output.with_name(f"{output.stem}.q{p.bits}.weights.bin")))
-                        if getattr(p, "weights_file", None) == "" else p for p in pipeline]
+            pipeline = [
+                dataclasses.replace(
+                    p, weights_file=str(output.with_name(f"{output.stem}.q{p.bits}.weights.bin"))
+                )
+                if getattr(p, "weights_file", None) == ""
+                else p
+                for p in pipeline
+            ]
         if print_after:
             from llmir_core.passes import PASSES
 
             for n in print_after:
                 if n not in PASSES:
-                    raise InputError(f"--print-after: unknown pass {n!r}", hint="valid passes: " + ", ".join(PASSES))
+                    raise InputError(
+                        f"--print-after: unknown pass {n!r}",
+                        hint="valid passes: " + ", ".join(PASSES),
+                    )
         module = parse_file(str(file))
         validator = None
         if verify_each:
@@ -111,9 +162,16 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
 
             validator = validate_pass
         command = "llmir optimize " + shlex.quote(str(file))
-        result = run_pipeline(module, pipeline, allow_unproved=allow_unproved, validator=validator,
-                              dump_dir=str(dump_dir), print_after=set(print_after or ()),
-                              print_after_all=print_after_all, command=command)
+        result = run_pipeline(
+            module,
+            pipeline,
+            allow_unproved=allow_unproved,
+            validator=validator,
+            dump_dir=str(dump_dir),
+            print_after=set(print_after or ()),
+            print_after_all=print_after_all,
+            command=command,
+        )
         text = print_module(result.module)
         failed = result.failed_validation
         if output is not None and failed is None:
@@ -123,8 +181,12 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                 text = print_module(result.module)
             write_text_atomic(output, text)
         if ctx.json:
-            payload = {"ok": failed is None, "file": str(file),
-                       "output": str(output) if output else None, **result.to_json()}
+            payload = {
+                "ok": failed is None,
+                "file": str(file),
+                "output": str(output) if output else None,
+                **result.to_json(),
+            }
             if output is None and failed is None:
                 payload["text"] = text
             ctx.emit_json("optimize", payload)
@@ -143,12 +205,16 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                 if r.dump:
                     ctx.detail(f"wrote {r.dump}")
             if failed is not None:
-                sys.stderr.write(f"error: pass '{failed['pass']}' did not validate: "
-                                 f"{failed.get('verdict')} ({failed.get('method')})\n")
+                sys.stderr.write(
+                    f"error: pass '{failed['pass']}' did not validate: "
+                    f"{failed.get('verdict')} ({failed.get('method')})\n"
+                )
                 for line in failed.get("details", []):
                     sys.stderr.write(f"  {line}\n")
         if failed is not None:
-            code = EXIT_INCONCLUSIVE if failed.get("verdict") == "inconclusive" else EXIT_CHECK_FAILED
+            code = (
+                EXIT_INCONCLUSIVE if failed.get("verdict") == "inconclusive" else EXIT_CHECK_FAILED
+            )
             raise typer.Exit(code)
 
 

@@ -20,23 +20,32 @@ if TYPE_CHECKING:
 
 RegistryOpt = Annotated[
     str | None,
-    typer.Option("--registry", envvar="LLMIR_REGISTRY", metavar="PATH_OR_URL",
-                 help="Model index to use: an index file, a mirror folder, or an http(s) URL "
-                      "[default: the index shipped with llmir]."),
+    typer.Option(
+        "--registry",
+        envvar="LLMIR_REGISTRY",
+        metavar="PATH_OR_URL",
+        help="Model index to use: an index file, a mirror folder, or an http(s) URL "
+        "[default: the index shipped with llmir].",
+    ),
 ]
 OfflineOpt = Annotated[
     bool,
-    typer.Option("--offline", help="Make no network call: use the hub cache, a directory "
-                                   "registry, or a cached copy of a URL registry. "
-                                   "HF_HUB_OFFLINE=1 does the same."),
+    typer.Option(
+        "--offline",
+        help="Make no network call: use the hub cache, a directory "
+        "registry, or a cached copy of a URL registry. "
+        "HF_HUB_OFFLINE=1 does the same.",
+    ),
 ]
 
 registry_app = typer.Typer(
-    name="registry", no_args_is_help=True, rich_markup_mode=None,
+    name="registry",
+    no_args_is_help=True,
+    rich_markup_mode=None,
     help="Browse the model index (name:tag -> hub repository, revision, files and digests).\n\n"
-         "\b\nExamples:\n  llmir registry list\n  llmir registry show smollm2:135m\n"
-         "  llmir registry search gguf --format json\n"
-         "  llmir registry mirror ./mirror smollm2:135m",
+    "\b\nExamples:\n  llmir registry list\n  llmir registry show smollm2:135m\n"
+    "  llmir registry search gguf --format json\n"
+    "  llmir registry mirror ./mirror smollm2:135m",
 )
 
 
@@ -79,9 +88,15 @@ def pull_progress(ctx: Ctx) -> Iterator[_RichProgress | None]:
         TransferSpeedColumn,
     )
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), TimeRemainingColumn(), console=ctx.err,
-                  transient=True) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=ctx.err,
+        transient=True,
+    ) as progress:
         yield _RichProgress(progress)
 
 
@@ -98,14 +113,26 @@ _COLUMNS = ("NAME", "FORMAT", "QUANT", "PARAMS", "LICENSE", "PINNED", "SOURCE")
 
 
 def _rows(entries: list[Entry]) -> list[tuple[str, ...]]:
-    return [(e.name, e.format, e.quantization, _params(e.parameters), e.license,
-             "yes" if e.pinned else "no", f"hf:{e.repo}@{e.revision[:12]}") for e in entries]
+    return [
+        (
+            e.name,
+            e.format,
+            e.quantization,
+            _params(e.parameters),
+            e.license,
+            "yes" if e.pinned else "no",
+            f"hf:{e.repo}@{e.revision[:12]}",
+        )
+        for e in entries
+    ]
 
 
 def _emit_entries(ctx: Ctx, kind: str, entries: list[Entry], origin: str, **extra: object) -> None:
     if ctx.json:
-        ctx.emit_json(kind, {"ok": True, "registry": origin, **extra,
-                             "models": [e.to_json() for e in entries]})
+        ctx.emit_json(
+            kind,
+            {"ok": True, "registry": origin, **extra, "models": [e.to_json() for e in entries]},
+        )
         return
     if not entries:
         return
@@ -123,14 +150,23 @@ def _emit_entries(ctx: Ctx, kind: str, entries: list[Entry], origin: str, **extr
         return
     # A pipe gets plain aligned columns: nothing truncated, easy to cut/awk.
     widths = [max(len(r[i]) for r in [_COLUMNS, *rows]) for i in range(len(_COLUMNS))]
-    ctx.result("\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip()
-                         for r in [_COLUMNS, *rows]))
+    ctx.result(
+        "\n".join(
+            "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip()
+            for r in [_COLUMNS, *rows]
+        )
+    )
 
 
 @registry_app.command("list")
-def list_models(registry: RegistryOpt = None, offline: OfflineOpt = False,
-                fmt: FormatOpt = OutputFormat.human, quiet: QuietOpt = False,
-                verbose: VerboseOpt = False, debug: DebugOpt = False) -> None:
+def list_models(
+    registry: RegistryOpt = None,
+    offline: OfflineOpt = False,
+    fmt: FormatOpt = OutputFormat.human,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+    debug: DebugOpt = False,
+) -> None:
     """List every model of the index.
 
     \b
@@ -147,11 +183,18 @@ def list_models(registry: RegistryOpt = None, offline: OfflineOpt = False,
 
 
 @registry_app.command("search")
-def search_models(word: Annotated[str, typer.Argument(help="Text to look for in names, "
-                                                          "descriptions, repos, formats, licenses.")],
-                  registry: RegistryOpt = None, offline: OfflineOpt = False,
-                  fmt: FormatOpt = OutputFormat.human, quiet: QuietOpt = False,
-                  verbose: VerboseOpt = False, debug: DebugOpt = False) -> None:
+def search_models(
+    word: Annotated[
+        str,
+        typer.Argument(help="Text to look for in names, descriptions, repos, formats, licenses."),
+    ],
+    registry: RegistryOpt = None,
+    offline: OfflineOpt = False,
+    fmt: FormatOpt = OutputFormat.human,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+    debug: DebugOpt = False,
+) -> None:
     """List the models whose name, description, repository, format or license contains WORD.
 
     \b
@@ -164,16 +207,22 @@ def search_models(word: Annotated[str, typer.Argument(help="Text to look for in 
         index = load_index(registry, offline=offline)
         found = index.search(word)
         if not found:
-            ctx.log(f"no model matches {word!r}; `llmir registry list` shows all "
-                    f"{len(index.entries)}")
+            ctx.log(
+                f"no model matches {word!r}; `llmir registry list` shows all {len(index.entries)}"
+            )
         _emit_entries(ctx, "registry.search", found, index.origin, query=word)
 
 
 @registry_app.command("show")
-def show_model(name: Annotated[str, typer.Argument(metavar="NAME:TAG", help="A model of the index.")],
-               registry: RegistryOpt = None, offline: OfflineOpt = False,
-               fmt: FormatOpt = OutputFormat.human, quiet: QuietOpt = False,
-               verbose: VerboseOpt = False, debug: DebugOpt = False) -> None:
+def show_model(
+    name: Annotated[str, typer.Argument(metavar="NAME:TAG", help="A model of the index.")],
+    registry: RegistryOpt = None,
+    offline: OfflineOpt = False,
+    fmt: FormatOpt = OutputFormat.human,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+    debug: DebugOpt = False,
+) -> None:
     """Show one model: its source, format, license and the files with their digests.
 
     \b
@@ -187,17 +236,22 @@ def show_model(name: Annotated[str, typer.Argument(metavar="NAME:TAG", help="A m
         key = name.lower() if ":" in name else f"{name.lower()}:latest"
         entry = index.get(key)
         if ctx.json:
-            ctx.emit_json("registry.show", {"ok": True, "registry": index.origin,
-                                            "model": entry.to_json()})
+            ctx.emit_json(
+                "registry.show", {"ok": True, "registry": index.origin, "model": entry.to_json()}
+            )
             return
-        lines = [f"{entry.name}: {entry.description}",
-                 f"  source        hf:{entry.repo}@{entry.revision}",
-                 f"  format        {entry.format} ({entry.quantization})",
-                 f"  parameters    {entry.parameters:,} ({_params(entry.parameters)})",
-                 f"  license       {entry.license}"]
-        lines += [f"  file          {f.path}  {human_size(f.size)}  "
-                  f"{'sha256:' + f.sha256 if f.sha256 else 'not pinned (pinned on first pull)'}"
-                  for f in entry.files]
+        lines = [
+            f"{entry.name}: {entry.description}",
+            f"  source        hf:{entry.repo}@{entry.revision}",
+            f"  format        {entry.format} ({entry.quantization})",
+            f"  parameters    {entry.parameters:,} ({_params(entry.parameters)})",
+            f"  license       {entry.license}",
+        ]
+        lines += [
+            f"  file          {f.path}  {human_size(f.size)}  "
+            f"{'sha256:' + f.sha256 if f.sha256 else 'not pinned (pinned on first pull)'}"
+            for f in entry.files
+        ]
         lines += [f"  include       {pattern}" for pattern in entry.include]
         if entry.notes:
             lines.append(f"  notes         {entry.notes}")
@@ -205,12 +259,16 @@ def show_model(name: Annotated[str, typer.Argument(metavar="NAME:TAG", help="A m
 
 
 @registry_app.command("mirror")
-def mirror_models(directory: Annotated[Path, typer.Argument(help="Mirror folder (created if missing).")],
-                  names: Annotated[list[str], typer.Argument(metavar="NAME:TAG...",
-                                                             help="Models to add.")],
-                  registry: RegistryOpt = None, offline: OfflineOpt = False,
-                  fmt: FormatOpt = OutputFormat.human, quiet: QuietOpt = False,
-                  verbose: VerboseOpt = False, debug: DebugOpt = False) -> None:
+def mirror_models(
+    directory: Annotated[Path, typer.Argument(help="Mirror folder (created if missing).")],
+    names: Annotated[list[str], typer.Argument(metavar="NAME:TAG...", help="Models to add.")],
+    registry: RegistryOpt = None,
+    offline: OfflineOpt = False,
+    fmt: FormatOpt = OutputFormat.human,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+    debug: DebugOpt = False,
+) -> None:
     """Pull models and write them, pinned, into a folder usable as an offline registry.
 
     The folder gets index.json and blobs/<sha256>; copy it to an air-gapped machine and use
@@ -224,10 +282,18 @@ def mirror_models(directory: Annotated[Path, typer.Argument(help="Mirror folder 
     ctx = make_ctx(fmt, quiet, verbose, debug)
     with handle_errors(ctx):
         with pull_progress(ctx) as progress:
-            result = write_mirror(directory, names, registry=registry, offline=offline,
-                                  progress=progress, reporter=ctx)
+            result = write_mirror(
+                directory,
+                names,
+                registry=registry,
+                offline=offline,
+                progress=progress,
+                reporter=ctx,
+            )
         if ctx.json:
             ctx.emit_json("registry.mirror", {"ok": True, **result.to_json()})
         else:
-            ctx.result(f"mirrored {', '.join(result.added)} into {directory} "
-                       f"({result.blobs_written} new blobs, {human_size(result.bytes_written)})")
+            ctx.result(
+                f"mirrored {', '.join(result.added)} into {directory} "
+                f"({result.blobs_written} new blobs, {human_size(result.bytes_written)})"
+            )

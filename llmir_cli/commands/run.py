@@ -63,24 +63,89 @@ Examples:
 
 
 def run_cmd(
-    target: Annotated[Path, typer.Argument(help="Artifact folder or .llmir file.", show_default=False)],
-    inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=FILE (.npy or .pb); repeat per input.")] = None,
-    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="Folder for the outputs: NAME.npy, or NAME.pb (ONNX TensorProto) for types .npy cannot carry (bfloat16, float8, int4, uint4).")] = None,
-    backend: Annotated[str | None, typer.Option("--backend", "-b", help="reference or onnxruntime (default: reference for .llmir, onnxruntime for a folder).")] = None,
-    threads: Annotated[int | None, typer.Option("--threads", help="onnxruntime intra-op threads.")] = None,
-    prompt: Annotated[list[str] | None, typer.Option("--prompt", "-p", help="Text to continue (repeat for several prompts).")] = None,
-    prompt_ids: Annotated[list[str] | None, typer.Option("--prompt-ids", help="Token ids to continue, e.g. 1,2,3 (repeat for several prompts); prints ids.")] = None,
-    prompts_file: Annotated[Path | None, typer.Option("--prompts-file", help="One prompt per line (.jsonl: a string or {\"prompt\": ...} per line).")] = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate at most.")] = 128,
+    target: Annotated[
+        Path, typer.Argument(help="Artifact folder or .llmir file.", show_default=False)
+    ],
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option("--input", "-i", help="NAME=FILE (.npy or .pb); repeat per input."),
+    ] = None,
+    output_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--output-dir",
+            "-o",
+            help="Folder for the outputs: NAME.npy, or NAME.pb (ONNX TensorProto) for types .npy cannot carry (bfloat16, float8, int4, uint4).",
+        ),
+    ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            "-b",
+            help="reference or onnxruntime (default: reference for .llmir, onnxruntime for a folder).",
+        ),
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option("--threads", help="onnxruntime intra-op threads.")
+    ] = None,
+    prompt: Annotated[
+        list[str] | None,
+        typer.Option("--prompt", "-p", help="Text to continue (repeat for several prompts)."),
+    ] = None,
+    prompt_ids: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--prompt-ids",
+            help="Token ids to continue, e.g. 1,2,3 (repeat for several prompts); prints ids.",
+        ),
+    ] = None,
+    prompts_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--prompts-file",
+            help='One prompt per line (.jsonl: a string or {"prompt": ...} per line).',
+        ),
+    ] = None,
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate at most.")
+    ] = 128,
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy.")] = 0.0,
-    top_k: Annotated[int, typer.Option("--top-k", help="Sample from the k most likely tokens (0 = off).")] = 0,
-    top_p: Annotated[float, typer.Option("--top-p", help="Sample from the smallest set with this probability mass (1 = off).")] = 1.0,
-    repetition_penalty: Annotated[float, typer.Option("--repetition-penalty", help="Penalize tokens already seen (1 = off).")] = 1.0,
-    seed: Annotated[int | None, typer.Option("--seed", help="Random seed: the same seed gives the same text.")] = None,
-    chat: Annotated[bool, typer.Option("--chat", help="Use the model's chat template (interactive on a terminal without --prompt).")] = False,
-    system: Annotated[str | None, typer.Option("--system", help="System message for --chat.")] = None,
-    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop when this text appears (repeatable).")] = None,
-    verify_artifact: Annotated[bool, typer.Option("--verify-artifact", help="Hash every artifact file against manifest.json (by default only when they changed since the last check).")] = False,
+    top_k: Annotated[
+        int, typer.Option("--top-k", help="Sample from the k most likely tokens (0 = off).")
+    ] = 0,
+    top_p: Annotated[
+        float,
+        typer.Option(
+            "--top-p", help="Sample from the smallest set with this probability mass (1 = off)."
+        ),
+    ] = 1.0,
+    repetition_penalty: Annotated[
+        float, typer.Option("--repetition-penalty", help="Penalize tokens already seen (1 = off).")
+    ] = 1.0,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="Random seed: the same seed gives the same text.")
+    ] = None,
+    chat: Annotated[
+        bool,
+        typer.Option(
+            "--chat",
+            help="Use the model's chat template (interactive on a terminal without --prompt).",
+        ),
+    ] = False,
+    system: Annotated[
+        str | None, typer.Option("--system", help="System message for --chat.")
+    ] = None,
+    stop: Annotated[
+        list[str] | None, typer.Option("--stop", help="Stop when this text appears (repeatable).")
+    ] = None,
+    verify_artifact: Annotated[
+        bool,
+        typer.Option(
+            "--verify-artifact",
+            help="Hash every artifact file against manifest.json (by default only when they changed since the last check).",
+        ),
+    ] = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -89,52 +154,92 @@ def run_cmd(
     ctx = make_ctx(fmt, quiet, verbose, debug)
     with handle_errors(ctx), full_checks(verify_artifact):
         if not target.exists():
-            raise InputError(f"{target}: no such file or folder", hint="pass an artifact folder or a .llmir file")
+            raise InputError(
+                f"{target}: no such file or folder", hint="pass an artifact folder or a .llmir file"
+            )
         if prompt_ids:
             if inputs or prompt or prompts_file is not None:
-                raise InputError("--prompt-ids gives token ids; --prompt, --prompts-file and --input: pick one")
-            options = TextGenOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                                     top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,
-                                     chat=chat, system=system, stop=tuple(stop or ()), threads=threads)
+                raise InputError(
+                    "--prompt-ids gives token ids; --prompt, --prompts-file and --input: pick one"
+                )
+            options = TextGenOptions(
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                repetition_penalty=repetition_penalty,
+                seed=seed,
+                chat=chat,
+                system=system,
+                stop=tuple(stop or ()),
+                threads=threads,
+            )
             _generate_ids(ctx, target, prompt_ids, options)
             return
         if prompt or prompts_file is not None or chat:
             if inputs:
                 raise InputError("--input runs tensors; --prompt/--chat generate text: pick one")
-            options = TextGenOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                                     top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,
-                                     chat=chat, system=system, stop=tuple(stop or ()), threads=threads)
+            options = TextGenOptions(
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                repetition_penalty=repetition_penalty,
+                seed=seed,
+                chat=chat,
+                system=system,
+                stop=tuple(stop or ()),
+                threads=threads,
+            )
             _generate(ctx, target, list(prompt or []), prompts_file, options)
             return
         if not inputs:
-            raise InputError("nothing to run: give --input NAME=FILE (tensors) or --prompt TEXT (text)",
-                             hint="see `llmir run --help`")
+            raise InputError(
+                "nothing to run: give --input NAME=FILE (tensors) or --prompt TEXT (text)",
+                hint="see `llmir run --help`",
+            )
         chosen = backend or ("onnxruntime" if target.is_dir() else "reference")
         values = parse_input_specs(list(inputs or []))
         outputs = run_target(str(target), values, chosen, threads)
         paths = write_outputs(outputs, str(output_dir)) if output_dir is not None else []
         rows = summarize(outputs)
         if ctx.json:
-            ctx.emit_json("run", {"ok": True, "target": str(target), "backend": chosen,
-                                  "outputs": rows, "files": paths})
+            ctx.emit_json(
+                "run",
+                {
+                    "ok": True,
+                    "target": str(target),
+                    "backend": chosen,
+                    "outputs": rows,
+                    "files": paths,
+                },
+            )
             return
         for row in rows:
-            stats = (f"  min {row['min']:.6g}  max {row['max']:.6g}  mean {row['mean']:.6g}"
-                     if "min" in row else "")
+            stats = (
+                f"  min {row['min']:.6g}  max {row['max']:.6g}  mean {row['mean']:.6g}"
+                if "min" in row
+                else ""
+            )
             ctx.result(f"{row['name']}: {row['dtype']}{row['shape']}{stats}")
         if paths:
             ctx.log(f"wrote {len(paths)} file(s) to {output_dir}")
             for p in paths:
                 if p.endswith(".pb"):
-                    ctx.log(f"note: {os.path.basename(p)} is an ONNX TensorProto: .npy cannot carry its "
-                            "element type (read it with onnx.numpy_helper.to_array)")
+                    ctx.log(
+                        f"note: {os.path.basename(p)} is an ONNX TensorProto: .npy cannot carry its "
+                        "element type (read it with onnx.numpy_helper.to_array)"
+                    )
 
 
-def _generate(ctx: Ctx, target: Path, prompts: list[str], prompts_file: Path | None,
-              options: TextGenOptions) -> None:
+def _generate(
+    ctx: Ctx, target: Path, prompts: list[str], prompts_file: Path | None, options: TextGenOptions
+) -> None:
     if not target.is_dir():
-        raise InputError(f"{target}: text generation needs an artifact folder",
-                         hint=f"build one first: llmir build {target} -o {target.stem}.build")
+        raise InputError(
+            f"{target}: text generation needs an artifact folder",
+            hint=f"build one first: llmir build {target} -o {target.stem}.build",
+        )
     if prompts_file is not None:
         prompts += read_prompts_file(str(prompts_file))
     options.validate()
@@ -143,11 +248,13 @@ def _generate(ctx: Ctx, target: Path, prompts: list[str], prompts_file: Path | N
             lines = iter(sys.stdin.read().splitlines())
             read = lambda: next(lines, None)  # noqa: E731  (scripted turns from a pipe)
         else:
+
             def read() -> str | None:
                 try:
                     return input("> ")
                 except EOFError:
                     return None
+
         turns = chat_loop(str(target), options, read, _write)
         if ctx.json:
             ctx.emit_json("run", {"ok": True, "target": str(target), **results_json(turns)})
@@ -164,9 +271,11 @@ def _generate(ctx: Ctx, target: Path, prompts: list[str], prompts_file: Path | N
             for w in res.warnings:
                 ctx.err.print(f"warning: {w}", markup=False)
             r = res.result
-            ctx.detail(f"[{len(r.prompt_ids)} prompt tokens, {len(r.ids)} generated, "
-                       f"prefill {r.prefill_s * 1000:.1f} ms, {r.decode_tokens_per_s:.1f} tok/s, "
-                       f"stop: {r.stop_reason}]")
+            ctx.detail(
+                f"[{len(r.prompt_ids)} prompt tokens, {len(r.ids)} generated, "
+                f"prefill {r.prefill_s * 1000:.1f} ms, {r.decode_tokens_per_s:.1f} tok/s, "
+                f"stop: {r.stop_reason}]"
+            )
 
     results = generate_texts(str(target), prompts, options, on_text, on_done)
     if ctx.json:
@@ -177,8 +286,10 @@ def _generate_ids(ctx: Ctx, target: Path, prompt_ids: list[str], options: TextGe
     from llmir_core.runtime.idgen import generate_ids, parse_prompt_ids
 
     if not target.is_dir():
-        raise InputError(f"{target}: generation needs an artifact folder",
-                         hint=f"build one first: llmir build {target} -o {target.stem}.build")
+        raise InputError(
+            f"{target}: generation needs an artifact folder",
+            hint=f"build one first: llmir build {target} -o {target.stem}.build",
+        )
     prompts = [parse_prompt_ids(p) for p in prompt_ids]
     stream = not ctx.json
 

@@ -36,16 +36,45 @@ Examples:
 
 
 def verify_cmd(
-    file: Annotated[Path | None, typer.Argument(help="The .llmir file to check.", show_default=False)] = None,
-    no_weights: Annotated[bool, typer.Option("--no-weight-files", help="Do not check that weight files exist.")] = False,
-    rules: Annotated[bool, typer.Option("--rules", help="Prove every rewrite rule in the library (z3).")] = False,
-    rule_filter: Annotated[str | None, typer.Option("--rule", help="With --rules: only rules whose name contains this.")] = None,
-    update_certificate: Annotated[bool, typer.Option("--update-certificate", hidden=True, help="With --rules: rewrite the proof certificate.")] = False,
-    against: Annotated[Path | None, typer.Option("--against", help="Check FILE is equivalent to this original module.")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per solver call (killed after).")] = 10.0,
-    ranges: Annotated[bool, typer.Option("--ranges", help="Interval analysis: value ranges, fp16 overflow, verify_invariant attributes.")] = False,
-    input_range: Annotated[float, typer.Option("--input-range", help="With --ranges: inputs lie in [-R, R].")] = 1.0,
-    target: Annotated[str | None, typer.Option("--target", help="Also check every op runs on this target.")] = None,
+    file: Annotated[
+        Path | None, typer.Argument(help="The .llmir file to check.", show_default=False)
+    ] = None,
+    no_weights: Annotated[
+        bool, typer.Option("--no-weight-files", help="Do not check that weight files exist.")
+    ] = False,
+    rules: Annotated[
+        bool, typer.Option("--rules", help="Prove every rewrite rule in the library (z3).")
+    ] = False,
+    rule_filter: Annotated[
+        str | None,
+        typer.Option("--rule", help="With --rules: only rules whose name contains this."),
+    ] = None,
+    update_certificate: Annotated[
+        bool,
+        typer.Option(
+            "--update-certificate", hidden=True, help="With --rules: rewrite the proof certificate."
+        ),
+    ] = False,
+    against: Annotated[
+        Path | None,
+        typer.Option("--against", help="Check FILE is equivalent to this original module."),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds per solver call (killed after).")
+    ] = 10.0,
+    ranges: Annotated[
+        bool,
+        typer.Option(
+            "--ranges",
+            help="Interval analysis: value ranges, fp16 overflow, verify_invariant attributes.",
+        ),
+    ] = False,
+    input_range: Annotated[
+        float, typer.Option("--input-range", help="With --ranges: inputs lie in [-R, R].")
+    ] = 1.0,
+    target: Annotated[
+        str | None, typer.Option("--target", help="Also check every op runs on this target.")
+    ] = None,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -59,7 +88,9 @@ def verify_cmd(
         return
     with handle_errors(ctx):
         if file is None:
-            raise InputError("missing FILE", hint="llmir verify FILE.llmir, or llmir verify --rules")
+            raise InputError(
+                "missing FILE", hint="llmir verify FILE.llmir, or llmir verify --rules"
+            )
         if against is not None:
             from ._verify_smt import verify_against
 
@@ -81,16 +112,24 @@ def verify_cmd(
             diags = diags + get_target(target).capabilities.check(module)
         errors = [d for d in diags if d.severity == "error"]
         if ctx.json:
-            ctx.emit_json("verify", {
-                "ok": not errors, "file": str(file), "functions": len(module.functions),
-                "ops": module.op_count(), "diagnostics": [d.to_json() for d in diags],
-            })
+            ctx.emit_json(
+                "verify",
+                {
+                    "ok": not errors,
+                    "file": str(file),
+                    "functions": len(module.functions),
+                    "ops": module.op_count(),
+                    "diagnostics": [d.to_json() for d in diags],
+                },
+            )
         else:
             ctx.diagnostics(diags)
             if errors:
                 ctx.log(f"{file}: {len(errors)} error(s)")
             elif not quiet:
-                ctx.result(f"{file}: ok ({len(module.functions)} function(s), {module.op_count()} ops)")
+                ctx.result(
+                    f"{file}: ok ({len(module.functions)} function(s), {module.op_count()} ops)"
+                )
         if errors:
             raise typer.Exit(EXIT_CHECK_FAILED)
 

@@ -29,19 +29,28 @@ def get_target(name: str) -> Any:
     """The target object registered as `name`."""
     spec = TARGETS.get(name)
     if spec is None:
-        raise InputError(f"unknown target '{name}' (known: {', '.join(TARGETS)})",
-                         hint="use --target " + " or --target ".join(TARGETS))
+        raise InputError(
+            f"unknown target '{name}' (known: {', '.join(TARGETS)})",
+            hint="use --target " + " or --target ".join(TARGETS),
+        )
     mod, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(mod)
     except ModuleNotFoundError as exc:
-        raise InputError(f"target '{name}' is not available here: {exc}",
-                         hint="install its runtime, or pick another --target") from None
+        raise InputError(
+            f"target '{name}' is not available here: {exc}",
+            hint="install its runtime, or pick another --target",
+        ) from None
     return getattr(module, attr)
 
 
-def lower(module: Module, target: str = "onnxruntime", options: Mapping[str, Any] | None = None, *,
-          source_path: str | None = None) -> Module:
+def lower(
+    module: Module,
+    target: str = "onnxruntime",
+    options: Mapping[str, Any] | None = None,
+    *,
+    source_path: str | None = None,
+) -> Module:
     """The module lowered for `target` (a copy; through its printed text, so building it gives
     what building the saved `llmir optimize --target` output gives)."""
     from llmir_core.ir.parser import parse_module
@@ -58,20 +67,30 @@ def lower(module: Module, target: str = "onnxruntime", options: Mapping[str, Any
 
 
 @traced("build", trace_attrs.build_args, trace_attrs.built)
-def build(module: Module, out_dir: str, target: str = "onnxruntime", *, source_path: str | None = None,
-          options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def build(
+    module: Module,
+    out_dir: str,
+    target: str = "onnxruntime",
+    *,
+    source_path: str | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """Lower (unless the module is lowered for `target` already) and serialize; the manifest."""
     t = get_target(target)
     lowered_for = module.attrs.get("target")
     if lowered_for is not None and lowered_for != t.name:
-        raise InputError(f"module @{module.name} is lowered for '{lowered_for}', not '{t.name}'",
-                         hint=f"build it with --target {lowered_for}, or lower the unlowered module")
+        raise InputError(
+            f"module @{module.name} is lowered for '{lowered_for}', not '{t.name}'",
+            hint=f"build it with --target {lowered_for}, or lower the unlowered module",
+        )
     if lowered_for is None:
         module = lower(module, t.name, options, source_path=source_path)
     elif options:
-        raise InputError(f"module @{module.name} is already lowered for {t.name}: build options "
-                         f"({', '.join(sorted(options))}) were fixed when it was lowered",
-                         hint="pass them to `llmir optimize --target` instead")
+        raise InputError(
+            f"module @{module.name} is already lowered for {t.name}: build options "
+            f"({', '.join(sorted(options))}) were fixed when it was lowered",
+            hint="pass them to `llmir optimize --target` instead",
+        )
     from .ort_lower import BuildError
 
     try:
@@ -85,14 +104,18 @@ def build(module: Module, out_dir: str, target: str = "onnxruntime", *, source_p
 
 def read_manifest(artifact_dir: str) -> dict[str, Any]:
     if not os.path.isdir(artifact_dir):
-        raise InputError(f"{artifact_dir}: not a folder", hint="pass an artifact folder built by `llmir build`")
+        raise InputError(
+            f"{artifact_dir}: not a folder", hint="pass an artifact folder built by `llmir build`"
+        )
     path = os.path.join(artifact_dir, MANIFEST)
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except FileNotFoundError:
-        raise InputError(f"{artifact_dir}: no {MANIFEST} (not an llmir artifact folder)",
-                         hint="build one with `llmir build MODEL.llmir -o DIR`") from None
+        raise InputError(
+            f"{artifact_dir}: no {MANIFEST} (not an llmir artifact folder)",
+            hint="build one with `llmir build MODEL.llmir -o DIR`",
+        ) from None
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: cannot read the manifest: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("target"), str):

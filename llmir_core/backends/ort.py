@@ -38,29 +38,40 @@ MANIFEST = "manifest.json"
 
 # -- entry points --------------------------------------------------------------------------------------
 
-def to_onnx(module: Module, *, inline_weights: bool = False, base_dir: str | None = None,
-            fn_name: str | None = None) -> tuple[onnx.ModelProto, DataPlan, list[str], list[str]]:
+
+def to_onnx(
+    module: Module,
+    *,
+    inline_weights: bool = False,
+    base_dir: str | None = None,
+    fn_name: str | None = None,
+) -> tuple[onnx.ModelProto, DataPlan, list[str], list[str]]:
     """Lower a module's function to an ONNX ModelProto (+ the data file's plan, I/O names)."""
     fn = module.function(fn_name) if fn_name else module.main
-    base = base_dir or (os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd())
+    base = base_dir or (
+        os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
+    )
     L = Lowering(module, base, inline_weights)
     for a in fn.args:
         if isinstance(a.type, KVCacheType):
-            raise BuildError(f"input %{a.name} is a !llm.kv_cache, which the onnxruntime backend "
-                             "cannot take as an input yet")
+            raise BuildError(
+                f"input %{a.name} is a !llm.kv_cache, which the onnxruntime backend "
+                "cannot take as an input yet"
+            )
     input_names, output_names = L.lower_function(fn)
     graph = helper.make_graph(
-        L.nodes, module.name or "main",
+        L.nodes,
+        module.name or "main",
         [value_info(n, a.type) for n, a in zip(input_names, fn.args)],
         [value_info(n, v.type) for n, v in zip(output_names, fn.outputs)],
-        initializer=L.inits)
+        initializer=L.inits,
+    )
     opsets = [helper.make_opsetid(d, v) for d, v in sorted(L.opsets.items())]
-    model = helper.make_model(graph, opset_imports=opsets, producer_name="llmir",
-                              producer_version=__version__)
+    model = helper.make_model(
+        graph, opset_imports=opsets, producer_name="llmir", producer_version=__version__
+    )
     model.ir_version = max(10, helper.find_min_ir_version_for(opsets, ignore_unknown=True))
     return model, L.plan, input_names, output_names
-
-
 
 
 def _signature(names: list[str], values: list[Value]) -> list[dict[str, Any]]:
@@ -68,8 +79,13 @@ def _signature(names: list[str], values: list[Value]) -> list[dict[str, Any]]:
     for n, v in zip(names, values):
         t = v.type
         assert isinstance(t, TensorType)
-        out.append({"name": n, "dtype": str(t.dtype),
-                    "shape": [d if isinstance(d, int) else format_dim(d) for d in t.shape]})
+        out.append(
+            {
+                "name": n,
+                "dtype": str(t.dtype),
+                "shape": [d if isinstance(d, int) else format_dim(d) for d in t.shape],
+            }
+        )
     return out
 
 
@@ -93,9 +109,12 @@ def _artifact_manifest_problem(out_dir: str) -> str | None:
         return f"{MANIFEST} is not an llmir manifest (not a JSON object)"
     files = data.get("files")
     # Manifests written before the "format" marker: the fields only an llmir build writes.
-    legacy = (isinstance(data.get("llmir_version"), str) and data.get("schema_version") == 1
-              and isinstance(files, dict)
-              and all(isinstance(f, dict) and "sha256" in f and "bytes" in f for f in files.values()))
+    legacy = (
+        isinstance(data.get("llmir_version"), str)
+        and data.get("schema_version") == 1
+        and isinstance(files, dict)
+        and all(isinstance(f, dict) and "sha256" in f and "bytes" in f for f in files.values())
+    )
     if data.get("format") != ARTIFACT_FORMAT and not legacy:
         return f"{MANIFEST} is not an llmir manifest"
     if not isinstance(files, dict) or not all(isinstance(n, str) for n in files):
@@ -118,8 +137,10 @@ def check_artifact_dir(out_dir: str) -> None:
     if not os.path.isdir(parent):
         raise InputError(f"{out_dir}: folder {parent} does not exist", hint="create it first")
     if os.path.islink(out_dir):
-        raise InputError(f"{out_dir}: is a symbolic link; llmir replaces the output folder as a whole",
-                         hint="pass the folder it points to, or a new output folder")
+        raise InputError(
+            f"{out_dir}: is a symbolic link; llmir replaces the output folder as a whole",
+            hint="pass the folder it points to, or a new output folder",
+        )
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise InputError(f"{out_dir}: exists and is not a folder")
     if not os.path.isdir(out_dir):
@@ -130,9 +151,11 @@ def check_artifact_dir(out_dir: str) -> None:
     except OSError as exc:
         problem = f"cannot read it ({exc.strerror or exc})"
     if problem:
-        raise InputError(f"{out_dir}: folder exists, is not empty and is not an llmir artifact: {problem}",
-                         hint="pick a new output folder; llmir only replaces a folder holding nothing but "
-                              "an artifact it built")
+        raise InputError(
+            f"{out_dir}: folder exists, is not empty and is not an llmir artifact: {problem}",
+            hint="pick a new output folder; llmir only replaces a folder holding nothing but "
+            "an artifact it built",
+        )
 
 
 def source_digest(module: Module, source_path: str | None) -> tuple[str, str | None]:
@@ -148,23 +171,34 @@ def source_digest(module: Module, source_path: str | None) -> tuple[str, str | N
 def artifact_tmp_dir(out_dir: str) -> str:
     """A temp folder beside out_dir to build into (then `replace_dir`), with ordinary permissions."""
     try:
-        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".tmp",
-                               dir=os.path.dirname(out_dir))
+        tmp = tempfile.mkdtemp(
+            prefix=f".{os.path.basename(out_dir)}.", suffix=".tmp", dir=os.path.dirname(out_dir)
+        )
     except OSError as exc:  # a read-only or full disk, no permission: the user's to fix
-        raise InputError(f"{out_dir}: cannot create the artifact in {os.path.dirname(out_dir)}: "
-                         f"{exc.strerror}", hint="write the artifact somewhere else (-o DIR)") from None
+        raise InputError(
+            f"{out_dir}: cannot create the artifact in {os.path.dirname(out_dir)}: {exc.strerror}",
+            hint="write the artifact somewhere else (-o DIR)",
+        ) from None
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the artifact is an ordinary folder
     return tmp
 
 
-def build(module: Module, out_dir: str, target: str = "onnxruntime", *,
-          source_path: str | None = None, source: dict[str, str] | None = None) -> dict[str, Any]:
+def build(
+    module: Module,
+    out_dir: str,
+    target: str = "onnxruntime",
+    *,
+    source_path: str | None = None,
+    source: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Write an onnxruntime artifact for the module into out_dir (the generic op-by-op lowering);
     return its manifest. `source` ({file, sha256}) names the module it was lowered from."""
     if target != "onnxruntime":
-        raise InputError(f"unknown target '{target}'", hint="the onnxruntime backend builds --target onnxruntime")
+        raise InputError(
+            f"unknown target '{target}'", hint="the onnxruntime backend builds --target onnxruntime"
+        )
     out_dir = os.path.abspath(out_dir)
     check_artifact_dir(out_dir)
     model, plan, inputs, outputs = to_onnx(module)
@@ -183,13 +217,23 @@ def build(module: Module, out_dir: str, target: str = "onnxruntime", *,
         with open(os.path.join(tmp, MODEL_FILE), "wb") as fh:
             fh.write(model.SerializeToString(deterministic=True))
         manifest: dict[str, Any] = {
-            "format": ARTIFACT_FORMAT, "schema_version": 1, "llmir_version": __version__,
-            "spec_version": SPEC_VERSION, "target": target, "opset": {d.domain or "ai.onnx": d.version for d in model.opset_import},
+            "format": ARTIFACT_FORMAT,
+            "schema_version": 1,
+            "llmir_version": __version__,
+            "spec_version": SPEC_VERSION,
+            "target": target,
+            "opset": {d.domain or "ai.onnx": d.version for d in model.opset_import},
             "model": MODEL_FILE,
             "source": {"file": src_name, "sha256": src_sha},
-            "inputs": _signature(inputs, fn.args), "outputs": _signature(outputs, fn.outputs),
-            "files": {f: {"sha256": digests.get(f) or sha256_file(os.path.join(tmp, f)),
-                          "bytes": os.path.getsize(os.path.join(tmp, f))} for f in files},
+            "inputs": _signature(inputs, fn.args),
+            "outputs": _signature(outputs, fn.outputs),
+            "files": {
+                f: {
+                    "sha256": digests.get(f) or sha256_file(os.path.join(tmp, f)),
+                    "bytes": os.path.getsize(os.path.join(tmp, f)),
+                }
+                for f in files
+            },
         }
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as fh:
             fh.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -200,9 +244,8 @@ def build(module: Module, out_dir: str, target: str = "onnxruntime", *,
     return manifest
 
 
-
-
 # -- running ----------------------------------------------------------------------------------------------
+
 
 def _session(model: str | bytes, threads: int | None = None) -> Any:
     import onnxruntime as ort
@@ -218,14 +261,23 @@ def _session(model: str | bytes, threads: int | None = None) -> Any:
     try:
         return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types
-        raise BuildError(f"onnxruntime cannot load the model: {str(exc).strip().splitlines()[0]}") from None
+        raise BuildError(
+            f"onnxruntime cannot load the model: {str(exc).strip().splitlines()[0]}"
+        ) from None
 
 
-_SPECIAL_IN = {"bfloat16": TensorProto.BFLOAT16, "float8_e4m3fn": TensorProto.FLOAT8E4M3FN,
-               "float8_e5m2": TensorProto.FLOAT8E5M2}
-_SPECIAL_OUT = {"tensor(bfloat16)": (DType.bf16, 2), "tensor(float8e4m3fn)": (DType.f8e4m3, 1),
-                "tensor(float8e5m2)": (DType.f8e5m2, 1), "tensor(int4)": (DType.i4, 0),
-                "tensor(uint4)": (DType.u4, 0)}
+_SPECIAL_IN = {
+    "bfloat16": TensorProto.BFLOAT16,
+    "float8_e4m3fn": TensorProto.FLOAT8E4M3FN,
+    "float8_e5m2": TensorProto.FLOAT8E5M2,
+}
+_SPECIAL_OUT = {
+    "tensor(bfloat16)": (DType.bf16, 2),
+    "tensor(float8e4m3fn)": (DType.f8e4m3, 1),
+    "tensor(float8e5m2)": (DType.f8e5m2, 1),
+    "tensor(int4)": (DType.i4, 0),
+    "tensor(uint4)": (DType.u4, 0),
+}
 
 
 def _ort_value(arr: np.ndarray) -> Any:
@@ -252,8 +304,11 @@ def _from_ort_value(v: Any) -> np.ndarray:
     shape = tuple(v.shape())
     n = int(np.prod(shape)) if shape else 1
     nbytes = n * width if width else (n + 1) // 2
-    raw = np.frombuffer(bytes((ctypes.c_char * nbytes).from_address(v.data_ptr())), np.uint8) \
-        if nbytes else np.zeros(0, np.uint8)
+    raw = (
+        np.frombuffer(bytes((ctypes.c_char * nbytes).from_address(v.data_ptr())), np.uint8)
+        if nbytes
+        else np.zeros(0, np.uint8)
+    )
     if width:
         return raw.view(numpy_dtype(dt)).reshape(shape).copy()
     lo, hi = raw & 0x0F, raw >> 4
@@ -287,7 +342,9 @@ class OrtRunner:
         return dict(zip(self.output_names, outs))
 
 
-def session_for_module(module: Module, threads: int | None = 1) -> tuple[OrtRunner, list[str], list[str]]:
+def session_for_module(
+    module: Module, threads: int | None = 1
+) -> tuple[OrtRunner, list[str], list[str]]:
     """Build in memory (weights inline; small models only) and open a session."""
     model, _, inputs, outputs = to_onnx(module, inline_weights=True)
     return OrtRunner(model.SerializeToString(), threads), inputs, outputs
@@ -303,14 +360,34 @@ def load_manifest(art_dir: str) -> dict[str, Any]:
     return data
 
 
-@traced("load", lambda art_dir, threads=None: {"llmir.artifact": art_dir, "llmir.threads": threads,  # perf
-                                                "llmir.target": "onnxruntime"})
+@traced(
+    "load",
+    lambda art_dir, threads=None: {
+        "llmir.artifact": art_dir,
+        "llmir.threads": threads,  # perf
+        "llmir.target": "onnxruntime",
+    },
+)
 def runner_for_artifact(art_dir: str, threads: int | None = None) -> OrtRunner:
     manifest = load_manifest(art_dir)
     return OrtRunner(os.path.join(art_dir, manifest.get("model", MODEL_FILE)), threads)
 
 
-__all__ = ["build", "to_onnx", "BuildError", "OrtRunner", "session_for_module", "load_manifest",
-           "runner_for_artifact", "run_session", "OPSET", "MS", "Lowering", "onnx_dtype", "DataPlan",
-           "MODEL_FILE", "DATA_FILE", "MANIFEST"]
-
+__all__ = [
+    "build",
+    "to_onnx",
+    "BuildError",
+    "OrtRunner",
+    "session_for_module",
+    "load_manifest",
+    "runner_for_artifact",
+    "run_session",
+    "OPSET",
+    "MS",
+    "Lowering",
+    "onnx_dtype",
+    "DataPlan",
+    "MODEL_FILE",
+    "DATA_FILE",
+    "MANIFEST",
+]

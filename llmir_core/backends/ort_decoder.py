@@ -92,6 +92,7 @@ _CHUNK = 32 << 20  # bytes of f32 rows processed at once when a weight is transf
 
 # -- weights ---------------------------------------------------------------------------------------
 
+
 @dataclass
 class _QuantLog:
     lossless: dict[str, int] = field(default_factory=dict)  # format -> tensors
@@ -109,8 +110,9 @@ def _weight_type(op: Op) -> TensorType:
 class _Weights:
     """Materializes static values as initializers in the data file, each once."""
 
-    def __init__(self, L: Lowering, data: DataWriter, interp: Interpreter, base_dir: str,
-                 log: _QuantLog) -> None:
+    def __init__(
+        self, L: Lowering, data: DataWriter, interp: Interpreter, base_dir: str, log: _QuantLog
+    ) -> None:
         self.L, self.data, self.interp, self.base_dir, self.log = L, data, interp, base_dir, log
         self.names: dict[Any, Any] = {}
         self.own: set[str] = set()  # initializers placed in the data file by this class
@@ -138,17 +140,19 @@ class _Weights:
             if src.transpose:
                 arr = arr.T
             for r in range(0, src.rows, step):
-                yield np.ascontiguousarray(arr[r:r + step])
+                yield np.ascontiguousarray(arr[r : r + step])
             return
         assert src.op is not None
         w = load_weight(src.op.attrs, _weight_type(src.op), self.base_dir)
         if src.kind in ("f32", "cast"):
             for r in range(0, src.rows, step):
-                yield np.asarray(w[r:r + step], dtype=np.float32)
+                yield np.asarray(w[r : r + step], dtype=np.float32)
         elif src.kind == "gguf":
             raw = np.asarray(w.data).reshape(src.rows, -1)
             for r in range(0, src.rows, step):
-                yield gguf_blocks.dequantize(raw[r:r + step], w.qtype.scheme, (min(step, src.rows - r), src.cols))
+                yield gguf_blocks.dequantize(
+                    raw[r : r + step], w.qtype.scheme, (min(step, src.rows - r), src.cols)
+                )
         elif src.kind == "packed":
             yield self._packed_f32(src, w)
         else:  # nbits
@@ -158,8 +162,14 @@ class _Weights:
             zp = self.eval(src.extra[1]) if len(src.extra) > 1 else None
             for r in range(0, src.rows, step):
                 n = min(step, src.rows - r)
-                yield nbits.dequantize(codes[r:r + n], sc[r:r + n], None if zp is None else zp[r:r + n],
-                                       q.bits, q.block, (n, src.cols))
+                yield nbits.dequantize(
+                    codes[r : r + n],
+                    sc[r : r + n],
+                    None if zp is None else zp[r : r + n],
+                    q.bits,
+                    q.block,
+                    (n, src.cols),
+                )
 
     def _init(self, name: str, dt: int, shape: list[int], offset: int, nbytes: int) -> str:
         name = self.L.fresh(name)
@@ -184,8 +194,11 @@ class _Weights:
         for s in srcs:
             if s.kind == "f32":
                 assert s.op is not None
-                self.data.copy(resolve_path(s.op.attrs["file"], self.base_dir), int(s.op.attrs.get("offset", 0)),
-                               s.rows * s.cols * 4)
+                self.data.copy(
+                    resolve_path(s.op.attrs["file"], self.base_dir),
+                    int(s.op.attrs.get("offset", 0)),
+                    s.rows * s.cols * 4,
+                )
             else:
                 for chunk in self.rows_f32(s):
                     self.data.write(chunk)
@@ -197,8 +210,16 @@ class _Weights:
     def _packed_f32(self, src: WSrc, w: Any) -> np.ndarray:
         p = packed_parts(src, self.eval)
         q = p.qtype
-        return int32_packed.dequantize(q.scheme, np.asarray(w.data), p.scales, p.zero_points, p.g_idx,
-                                       q.bits, q.block, (src.rows, src.cols))
+        return int32_packed.dequantize(
+            q.scheme,
+            np.asarray(w.data),
+            p.scales,
+            p.zero_points,
+            p.g_idx,
+            q.bits,
+            q.block,
+            (src.rows, src.cols),
+        )
 
     # -- MatMulNBits ---------------------------------------------------------------
     def nbits(self, srcs: list[WSrc], fmt: NbitsFormat, name: str) -> tuple[str, str, str | None]:
@@ -218,7 +239,13 @@ class _Weights:
                 scales.append(sc.astype(np.float32).reshape(-1))
                 if zp is not None:
                     zps.append(zp.reshape(-1))
-        b = self._init(name + ".qweight", TensorProto.UINT8, [rows, nb, fmt.block * fmt.bits // 8], off, b_bytes)
+        b = self._init(
+            name + ".qweight",
+            TensorProto.UINT8,
+            [rows, nb, fmt.block * fmt.bits // 8],
+            off,
+            b_bytes,
+        )
         sc_all = np.concatenate(scales)
         off = self.data.start(sc_all.nbytes >= _LARGE)
         self.data.write(sc_all)
@@ -228,11 +255,15 @@ class _Weights:
             z_all = np.concatenate(zps).astype(np.uint8)
             off = self.data.start(z_all.nbytes >= _LARGE)
             self.data.write(z_all)
-            z_name = self._init(name + ".zero_points", TensorProto.UINT8, [z_all.size], off, z_all.nbytes)
+            z_name = self._init(
+                name + ".zero_points", TensorProto.UINT8, [z_all.size], off, z_all.nbytes
+            )
         self.names[key] = (b, s_name, z_name)
         return b, s_name, z_name
 
-    def _nbits_chunks(self, s: WSrc, fmt: NbitsFormat) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    def _nbits_chunks(
+        self, s: WSrc, fmt: NbitsFormat
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
         label = s.op.attrs.get("name", s.value.name) if s.op is not None else s.value.name
         if s.kind == "nbits":
             assert s.op is not None
@@ -251,19 +282,33 @@ class _Weights:
             if scheme in LOSSLESS:
                 self.log.lossless[scheme] = self.log.lossless.get(scheme, 0) + 1
                 for r in range(0, s.rows, step):
-                    codes, sc, _, _ = repack_gguf(raw[r:r + step], scheme, s.cols)
+                    codes, sc, _, _ = repack_gguf(raw[r : r + step], scheme, s.cols)
                     yield codes, sc, None
                 return
             err, peak = 0.0, 0.0
             for r in range(0, s.rows, step):
-                x = gguf_blocks.dequantize(raw[r:r + step], scheme, (min(step, s.rows - r), s.cols))
-                codes, sc, zp = nbits.quantize(x, fmt.bits, fmt.block, not fmt.asym, np.dtype(np.float32))
+                x = gguf_blocks.dequantize(
+                    raw[r : r + step], scheme, (min(step, s.rows - r), s.cols)
+                )
+                codes, sc, zp = nbits.quantize(
+                    x, fmt.bits, fmt.block, not fmt.asym, np.dtype(np.float32)
+                )
                 back = nbits.dequantize(codes, sc, zp, fmt.bits, fmt.block, x.shape)
-                err, peak = max(err, float(np.abs(back - x).max())), max(peak, float(np.abs(x).max()))
+                err, peak = (
+                    max(err, float(np.abs(back - x).max())),
+                    max(peak, float(np.abs(x).max())),
+                )
                 yield codes, sc, zp
-            self.log.requantized.append({"weight": label, "from": scheme, "to": f"int{fmt.bits}",
-                                         "block": fmt.block, "max_abs_error": err,
-                                         "max_rel_error": err / peak if peak else 0.0})
+            self.log.requantized.append(
+                {
+                    "weight": label,
+                    "from": scheme,
+                    "to": f"int{fmt.bits}",
+                    "block": fmt.block,
+                    "max_abs_error": err,
+                    "max_rel_error": err / peak if peak else 0.0,
+                }
+            )
             return
         if s.kind == "packed":
             yield from self._packed_chunks(s, fmt, str(label))
@@ -271,11 +316,14 @@ class _Weights:
         tag = f"int{fmt.bits}"
         self.log.quantized[tag] = self.log.quantized.get(tag, 0) + 1
         for x in self.rows_f32(s):
-            codes, sc, zp = nbits.quantize(x, fmt.bits, fmt.block, not fmt.asym, np.dtype(np.float32))
+            codes, sc, zp = nbits.quantize(
+                x, fmt.bits, fmt.block, not fmt.asym, np.dtype(np.float32)
+            )
             yield codes, sc, zp
 
-    def _packed_chunks(self, s: WSrc, fmt: NbitsFormat,
-                       label: str) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    def _packed_chunks(
+        self, s: WSrc, fmt: NbitsFormat, label: str
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
         """A packed checkpoint weight as written: its own codes when it repacks losslessly in
         fmt, else requantized (the reason and the error go to the manifest)."""
         assert s.op is not None
@@ -284,21 +332,43 @@ class _Weights:
         q = p.qtype
         if packed_lossless(s, fmt, self.eval):
             self.log.lossless[q.scheme] = self.log.lossless.get(q.scheme, 0) + 1
-            codes, sc32, zpk = int32_packed.to_nbits(q.scheme, np.asarray(w.data), p.scales, p.zero_points,
-                                                     q.bits, q.block, (s.rows, s.cols))
+            codes, sc32, zpk = int32_packed.to_nbits(
+                q.scheme,
+                np.asarray(w.data),
+                p.scales,
+                p.zero_points,
+                q.bits,
+                q.block,
+                (s.rows, s.cols),
+            )
             if fmt.asym and zpk is None:  # a sibling of a row-concatenation has zero points
                 mid = 1 << (fmt.bits - 1)
-                zpk = nbits.pack_codes(np.full((s.rows, s.cols // fmt.block), mid, np.uint8), fmt.bits, mid)
+                zpk = nbits.pack_codes(
+                    np.full((s.rows, s.cols // fmt.block), mid, np.uint8), fmt.bits, mid
+                )
             yield codes, sc32, (zpk if fmt.asym else None)
             return
         x = self._packed_f32(s, w)
-        codes, sc32, zpk = nbits.quantize(x, fmt.bits, fmt.block, not fmt.asym, np.dtype(np.float32))
+        codes, sc32, zpk = nbits.quantize(
+            x, fmt.bits, fmt.block, not fmt.asym, np.dtype(np.float32)
+        )
         back = nbits.dequantize(codes, sc32, zpk, fmt.bits, fmt.block, x.shape)
         err, peak = float(np.abs(back - x).max()), float(np.abs(x).max())
-        why = packed_requant_reason(s, self.eval) or f"the op's format is int{fmt.bits} block {fmt.block}"
-        self.log.requantized.append({"weight": label, "from": q.scheme, "to": f"int{fmt.bits}",
-                                     "block": fmt.block, "reason": why, "max_abs_error": err,
-                                     "max_rel_error": err / peak if peak else 0.0})
+        why = (
+            packed_requant_reason(s, self.eval)
+            or f"the op's format is int{fmt.bits} block {fmt.block}"
+        )
+        self.log.requantized.append(
+            {
+                "weight": label,
+                "from": q.scheme,
+                "to": f"int{fmt.bits}",
+                "block": fmt.block,
+                "reason": why,
+                "max_abs_error": err,
+                "max_rel_error": err / peak if peak else 0.0,
+            }
+        )
         yield codes, sc32, zpk
 
     def small(self, arr: np.ndarray, name: str) -> str:
@@ -342,10 +412,16 @@ class DecoderSerializer:
         if op is None:
             raise BuildError(f"value %{v.name} is used before it is defined")
         t = v.type
-        if id(v) in self.g.static and op.name not in ("core.weight", "core.constant") \
-                and isinstance(t, TensorType) and t.static_shape() is not None \
-                and int(np.prod(t.static_shape() or ())) <= _FOLD_MAX:
-            name = self.w.small(self.w.eval(v), _label(op, "const"))  # computed from constants: folded
+        if (
+            id(v) in self.g.static
+            and op.name not in ("core.weight", "core.constant")
+            and isinstance(t, TensorType)
+            and t.static_shape() is not None
+            and int(np.prod(t.static_shape() or ())) <= _FOLD_MAX
+        ):
+            name = self.w.small(
+                self.w.eval(v), _label(op, "const")
+            )  # computed from constants: folded
             self.bind(v, name)
             return name
         for o in op.operands:
@@ -363,8 +439,15 @@ class DecoderSerializer:
     def bind(self, v: Value, name: str) -> None:
         self.L.names[id(v)] = name
 
-    def node(self, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "",
-             out_names: list[str] | None = None, **attrs: Any) -> list[str]:
+    def node(
+        self,
+        op_type: str,
+        inputs: list[str],
+        n_out: int = 1,
+        domain: str = "",
+        out_names: list[str] | None = None,
+        **attrs: Any,
+    ) -> list[str]:
         return self.L.node(op_type, inputs, n_out, domain, out_names, **attrs)
 
     # -- emitting ------------------------------------------------------------------------
@@ -413,16 +496,23 @@ class DecoderSerializer:
 
     def _model(self, input_names: list[str], out_names: list[str]) -> onnx.ModelProto:
         fn = self.fn
-        ins = [_value_info(n, a.type, "past_len" if i >= 2 else None) for i, (n, a) in enumerate(zip(input_names, fn.args))]
+        ins = [
+            _value_info(n, a.type, "past_len" if i >= 2 else None)
+            for i, (n, a) in enumerate(zip(input_names, fn.args))
+        ]
         outs = []
         for i, (n, v) in enumerate(zip(out_names, fn.outputs)):
             t = tt(v)
             if i == 0 and self.last_logits:
                 t = TensorType((t.shape[0], 1, t.shape[2]), t.dtype)
             outs.append(_value_info(n, t, "present_len" if i else None))
-        graph = helper.make_graph(self.L.nodes, self.module.name or "main", ins, outs, initializer=self.L.inits)
+        graph = helper.make_graph(
+            self.L.nodes, self.module.name or "main", ins, outs, initializer=self.L.inits
+        )
         opsets = [helper.make_opsetid(d, v) for d, v in sorted(self.L.opsets.items())]
-        model = helper.make_model(graph, opset_imports=opsets, producer_name="llmir", producer_version=__version__)
+        model = helper.make_model(
+            graph, opset_imports=opsets, producer_name="llmir", producer_version=__version__
+        )
         model.ir_version = 10
         return model
 
@@ -448,8 +538,11 @@ class DecoderSerializer:
         last = self.L.one("Gather", pos, self.L.const(np.array(-1, np.int64), "last_index"), axis=1)
         seqlens = self.L.one("Cast", last, to=TensorProto.INT32)
         top = self.L.one("ReduceMax", last, keepdims=0)
-        total = self.L.one("Cast", self.L.one("Add", top, self.L.const(np.array(1, np.int64), "one")),
-                           to=TensorProto.INT32)
+        total = self.L.one(
+            "Cast",
+            self.L.one("Add", top, self.L.const(np.array(1, np.int64), "one")),
+            to=TensorProto.INT32,
+        )
         self.L.origin = origin
         self._seqlens[id(positions)] = (seqlens, total)
         return seqlens, total
@@ -462,8 +555,11 @@ class DecoderSerializer:
         sin = self.w.eval(sin_v).astype(np.float32)
         rows = cos.shape[0]
         if self.max_len_opt is not None and self.max_len_opt > rows:
-            raise InputError(f"--max-len {self.max_len_opt} exceeds the {rows} positions the model's "
-                             "rotary table covers", hint=f"use --max-len {rows} or less")
+            raise InputError(
+                f"--max-len {self.max_len_opt} exceeds the {rows} positions the model's "
+                "rotary table covers",
+                hint=f"use --max-len {rows} or less",
+            )
         n = self.max_len_opt or rows
         self.max_len = n if self.max_len is None else min(self.max_len, n)
         out = (self.w.small(cos[:n], "cos_cache"), self.w.small(sin[:n], "sin_cache"))
@@ -490,7 +586,9 @@ def _value_info(name: str, t: Any, len_name: str | None) -> onnx.ValueInfoProto:
 
 
 def _output_names(fn: Function) -> list[str]:
-    return ["logits"] + ["present." + a.name.removeprefix("past_key_values.") for a in cache_args(fn)]
+    return ["logits"] + [
+        "present." + a.name.removeprefix("past_key_values.") for a in cache_args(fn)
+    ]
 
 
 def _label(op: Op, default: str) -> str:
@@ -500,6 +598,7 @@ def _label(op: Op, default: str) -> str:
 
 
 # -- one emitter per op (return True when handled) -----------------------------------------------------
+
 
 def _emit_gqa(D: DecoderSerializer, op: Op) -> bool:
     at = op.attrs
@@ -533,12 +632,23 @@ def _emit_gqa(D: DecoderSerializer, op: Op) -> bool:
         in_op = isinstance(width, int) and width % 8 == 0 and 2 * width <= d
         if not in_op:
             if packed:
-                ins = D.node("Split", [ins[0], L.ints([heads * d, kv_heads * d, kv_heads * d])], 3, axis=-1)
+                ins = D.node(
+                    "Split", [ins[0], L.ints([heads * d, kv_heads * d, kv_heads * d])], 3, axis=-1
+                )
             rd = int(at.get("rotary_dim", 0)) or d
             inter = int(bool(at.get("rotary_interleaved", False)))
             for i, n in ((0, heads), (1, kv_heads)):
-                ins[i] = L.one("RotaryEmbedding", ins[i], D.name(positions), cos, sin, domain=MS,
-                               num_heads=n, rotary_embedding_dim=rd, interleaved=inter)
+                ins[i] = L.one(
+                    "RotaryEmbedding",
+                    ins[i],
+                    D.name(positions),
+                    cos,
+                    sin,
+                    domain=MS,
+                    num_heads=n,
+                    rotary_embedding_dim=rd,
+                    interleaved=inter,
+                )
     seqlens, total = D.seqlens(positions)
     ins += [D.name(past_k), D.name(past_v), seqlens, total]
     if in_op:
@@ -568,8 +678,13 @@ def _emit_norm(D: DecoderSerializer, op: Op) -> bool:
         D.node("SkipSimplifiedLayerNormalization", [a, b, g], 4, MS, [y, "", "", s], epsilon=eps)
         D.bind(op.results[1], s)
     else:
-        y = D.node("SimplifiedLayerNormalization", [D.name(op.operands[0]), g], axis=-1, epsilon=eps,
-                   stash_type=1)[0]
+        y = D.node(
+            "SimplifiedLayerNormalization",
+            [D.name(op.operands[0]), g],
+            axis=-1,
+            epsilon=eps,
+            stash_type=1,
+        )[0]
     D.bind(op.results[0], y)
     return True
 
@@ -604,14 +719,29 @@ def _emit_matmul_nbits(D: DecoderSerializer, op: Op) -> bool:
         srcs = D.weight(op.operands[1])
         kinds = {s.kind for s in srcs}
         if kinds & {"nbits", "packed"} or {s.scheme for s in srcs} & set(REQUANT):
-            fmt = NbitsFormat(fmt.bits, fmt.block, any(s.kind == "nbits" and _zero(s) for s in srcs)
-                              or any(s.kind == "packed" and packed_asym(s, D.w.eval) for s in srcs)
-                              or at.get("quantize") == "asym")
+            fmt = NbitsFormat(
+                fmt.bits,
+                fmt.block,
+                any(s.kind == "nbits" and _zero(s) for s in srcs)
+                or any(s.kind == "packed" and packed_asym(s, D.w.eval) for s in srcs)
+                or at.get("quantize") == "asym",
+            )
     b, s, z = D.w.nbits(srcs, fmt, _label(op, "weight"))
     n, k = sum(x.rows for x in srcs), srcs[0].cols
     ins = [_lhs(D, op), b, s] + ([z] if z else [])
-    D.bind(op.results[0], D.node("MatMulNBits", ins, domain=MS, K=k, N=n, bits=fmt.bits, block_size=fmt.block,
-                                 accuracy_level=int(at.get("accuracy_level", ACCURACY_LEVEL)))[0])
+    D.bind(
+        op.results[0],
+        D.node(
+            "MatMulNBits",
+            ins,
+            domain=MS,
+            K=k,
+            N=n,
+            bits=fmt.bits,
+            block_size=fmt.block,
+            accuracy_level=int(at.get("accuracy_level", ACCURACY_LEVEL)),
+        )[0],
+    )
     return True
 
 
@@ -628,7 +758,12 @@ def _feeds_logits(D: DecoderSerializer, op: Op) -> bool:
         if v is D.fn.outputs[0]:
             return True
         users = D.g.uses(v)
-        if len(users) != 1 or users[0].name not in ("core.mul", "core.div", "core.tanh", "core.add"):
+        if len(users) != 1 or users[0].name not in (
+            "core.mul",
+            "core.div",
+            "core.tanh",
+            "core.add",
+        ):
             return False
         v = users[0].results[0]
     return False
@@ -639,15 +774,35 @@ def _emit_embedding(D: DecoderSerializer, op: Op) -> bool:
     if src is None:
         return False
     ids = D.name(op.operands[1])
-    head = next((u for u in D.g.uses(op.operands[0]) if u.name == "ort.matmul_nbits" and len(u.operands) == 2
-                 and u.operands[1] is op.operands[0]), None)
+    head = next(
+        (
+            u
+            for u in D.g.uses(op.operands[0])
+            if u.name == "ort.matmul_nbits"
+            and len(u.operands) == 2
+            and u.operands[1] is op.operands[0]
+        ),
+        None,
+    )
     if head is not None and head.attrs.get("quantize", "none") != "asym":
         # the lm_head is this table, quantized: look rows up in its blocks (stored once)
         fmt = NbitsFormat(int(head.attrs["bits"]), int(head.attrs["block_size"]), False)
         b, s, _ = D.w.nbits([src], fmt, _label(head, "weight"))
         flat = D.L.one("Reshape", b, D.L.ints([src.rows, src.cols * fmt.bits // 8]))
-        D.bind(op.results[0], D.L.one("GatherBlockQuantized", flat, ids, s, domain=MS, bits=fmt.bits,
-                                      block_size=fmt.block, gather_axis=0, quantize_axis=1))
+        D.bind(
+            op.results[0],
+            D.L.one(
+                "GatherBlockQuantized",
+                flat,
+                ids,
+                s,
+                domain=MS,
+                bits=fmt.bits,
+                block_size=fmt.block,
+                gather_axis=0,
+                quantize_axis=1,
+            ),
+        )
         return True
     table = D.w.f32([src], _label(op, "weight"))
     D.bind(op.results[0], D.L.one("Gather", table, ids, axis=0))
@@ -655,8 +810,12 @@ def _emit_embedding(D: DecoderSerializer, op: Op) -> bool:
 
 
 def _emit_quick_gelu(D: DecoderSerializer, op: Op) -> bool:
-    D.bind(op.results[0], D.L.one("QuickGelu", D.name(op.operands[0]), domain=MS,
-                                  alpha=float(op.attrs.get("alpha", 1.0))))
+    D.bind(
+        op.results[0],
+        D.L.one(
+            "QuickGelu", D.name(op.operands[0]), domain=MS, alpha=float(op.attrs.get("alpha", 1.0))
+        ),
+    )
     return True
 
 
@@ -674,7 +833,9 @@ _EMIT = {
 # -- the artifact ----------------------------------------------------------------------------------------
 
 
-def _signature(names: list[str], values: list[Value], len_name: str, last_logits: bool = False) -> list[dict[str, Any]]:
+def _signature(
+    names: list[str], values: list[Value], len_name: str, last_logits: bool = False
+) -> list[dict[str, Any]]:
     out = []
     for n, v in zip(names, values):
         t = tt(v)
@@ -697,15 +858,19 @@ def _copy_tokenizer(module: Module, tmp: str) -> dict[str, Any] | None:
     dst = os.path.join(tmp, TOKENIZER_FILE)
     if spec.get("format") == "hf":
         if not os.path.isfile(path):
-            raise InputError(f"{path}: tokenizer file not found (module attribute llm.tokenizer)",
-                             hint="import the model again, or build from a module without a tokenizer")
+            raise InputError(
+                f"{path}: tokenizer file not found (module attribute llm.tokenizer)",
+                hint="import the model again, or build from a module without a tokenizer",
+            )
         shutil.copyfile(path, dst)
     elif spec.get("format") == "gguf":
         from llmir_core.runtime.tokenizer import load_tokenizer
 
         load_tokenizer(module, base).backend.save(dst, pretty=True)
     else:
-        raise InputError(f"module @{module.name}: llm.tokenizer format '{spec.get('format')}' is not known (hf, gguf)")
+        raise InputError(
+            f"module @{module.name}: llm.tokenizer format '{spec.get('format')}' is not known (hf, gguf)"
+        )
     return {"format": "hf", "file": TOKENIZER_FILE}
 
 
@@ -720,9 +885,17 @@ def _jsonable(x: Any) -> Any:
 
 
 @traced("build", trace_attrs.build_args, trace_attrs.built)  # perf: tracing
-def build_decoder(module: Module, out_dir: str, *, max_len: int | None = None,
-                  accuracy_level: int = ACCURACY_LEVEL, quant: str | None = None, quant_block: int = 32,
-                  last_logits: bool = False, source_path: str | None = None) -> dict[str, Any]:
+def build_decoder(
+    module: Module,
+    out_dir: str,
+    *,
+    max_len: int | None = None,
+    accuracy_level: int = ACCURACY_LEVEL,
+    quant: str | None = None,
+    quant_block: int = 32,
+    last_logits: bool = False,
+    source_path: str | None = None,
+) -> dict[str, Any]:
     """Lower a decoder module for onnxruntime and write its artifact (= `llmir build` with these
     options); return the manifest.
 
@@ -733,14 +906,20 @@ def build_decoder(module: Module, out_dir: str, *, max_len: int | None = None,
       regardless). last_logits: logits only for the last position ([batch, 1, vocab]).
     """
     if not is_decoder(module):
-        raise InputError(f"module @{module.name} is not a decoder (inputs input_ids, positions, "
-                         "past_key_values.{l}.key/.value; outputs logits and one present per past)",
-                         hint="import a Hugging Face folder or a GGUF file with `llmir import`, or build "
-                              "with the generic onnxruntime backend")
+        raise InputError(
+            f"module @{module.name} is not a decoder (inputs input_ids, positions, "
+            "past_key_values.{l}.key/.value; outputs logits and one present per past)",
+            hint="import a Hugging Face folder or a GGUF file with `llmir import`, or build "
+            "with the generic onnxruntime backend",
+        )
     from . import build
 
-    options: dict[str, Any] = {"accuracy_level": accuracy_level, "quant": quant or "",
-                               "quant_block": quant_block, "last_logits": last_logits}
+    options: dict[str, Any] = {
+        "accuracy_level": accuracy_level,
+        "quant": quant or "",
+        "quant_block": quant_block,
+        "last_logits": last_logits,
+    }
     if max_len is not None:
         options["max_len"] = max_len
     return build(module, out_dir, "onnxruntime", source_path=source_path, options=options)
@@ -768,8 +947,17 @@ def serialize_decoder(module: Module, out_dir: str) -> dict[str, Any]:
             with open(os.path.join(tmp, TEMPLATE_FILE), "w", encoding="utf-8", newline="") as fh:
                 fh.write(template)
             files.append(TEMPLATE_FILE)
-        manifest = _manifest(module, D, model, ins, outs, files, tmp, tok,
-                             TEMPLATE_FILE if TEMPLATE_FILE in files else None)
+        manifest = _manifest(
+            module,
+            D,
+            model,
+            ins,
+            outs,
+            files,
+            tmp,
+            tok,
+            TEMPLATE_FILE if TEMPLATE_FILE in files else None,
+        )
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as fh:
             fh.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         replace_dir(tmp, out_dir, guard=check_artifact_dir)
@@ -779,8 +967,17 @@ def serialize_decoder(module: Module, out_dir: str) -> dict[str, Any]:
     return manifest
 
 
-def _manifest(module: Module, D: DecoderSerializer, model: onnx.ModelProto, ins: list[str], outs: list[str],
-              files: list[str], tmp: str, tok: dict[str, Any] | None, template: str | None) -> dict[str, Any]:
+def _manifest(
+    module: Module,
+    D: DecoderSerializer,
+    model: onnx.ModelProto,
+    ins: list[str],
+    outs: list[str],
+    files: list[str],
+    tmp: str,
+    tok: dict[str, Any] | None,
+    template: str | None,
+) -> dict[str, Any]:
     fn = module.main
     caches = cache_args(fn)
     t0 = tt(caches[0])
@@ -793,45 +990,79 @@ def _manifest(module: Module, D: DecoderSerializer, model: onnx.ModelProto, ins:
     src = module.attrs.get("llmir.source") or {}
     decoder = {
         "schema": DECODER_SCHEMA,
-        "layers": layers, "kv_heads": t0.shape[1], "head_dim": t0.shape[3],
-        "kv_dtype": str(t0.dtype), "kv_bytes_per_token": kv_bytes_per_token(fn),
+        "layers": layers,
+        "kv_heads": t0.shape[1],
+        "head_dim": t0.shape[3],
+        "kv_dtype": str(t0.dtype),
+        "kv_bytes_per_token": kv_bytes_per_token(fn),
         "heads": int(D.gqa_ops[0].attrs["num_heads"]) if D.gqa_ops else None,
-        "vocab": vocab, "max_len": max_len, "context_length": ctx,
+        "vocab": vocab,
+        "max_len": max_len,
+        "context_length": ctx,
         "kv_cache": "shared_buffer" if shared else "concat",
-        "cache": [{"input": a.name, "output": o, "kv_heads": tt(a).shape[1], "head_dim": tt(a).shape[3],
-                   "dtype": str(tt(a).dtype)} for a, o in zip(caches, outs[1:])],
+        "cache": [
+            {
+                "input": a.name,
+                "output": o,
+                "kv_heads": tt(a).shape[1],
+                "head_dim": tt(a).shape[3],
+                "dtype": str(tt(a).dtype),
+            }
+            for a, o in zip(caches, outs[1:])
+        ],
         "logits": "last" if D.last_logits else "all",
         "accuracy_level": D.accuracy_level,
-        "quant": {"f32_weights": (f"int{D.quant.bits}" if D.quant else "f32"),
-                  "block": D.quant.block if D.quant else None,
-                  "symmetric": (not D.quant.asym) if D.quant else None,
-                  "gguf_lossless": dict(sorted(D.log.lossless.items())),
-                  "gguf_requantized": D.log.requantized,
-                  "quantized": dict(sorted(D.log.quantized.items())),
-                  "nbits_passthrough": D.log.passthrough},
+        "quant": {
+            "f32_weights": (f"int{D.quant.bits}" if D.quant else "f32"),
+            "block": D.quant.block if D.quant else None,
+            "symmetric": (not D.quant.asym) if D.quant else None,
+            "gguf_lossless": dict(sorted(D.log.lossless.items())),
+            "gguf_requantized": D.log.requantized,
+            "quantized": dict(sorted(D.log.quantized.items())),
+            "nbits_passthrough": D.log.passthrough,
+        },
         "fused_attention_layers": len(D.gqa_ops),
         "packed_qkv_layers": sum(1 for op in D.gqa_ops if op.attrs.get("packed")),
         "generic_ops": dict(sorted(D.generic_ops.items())),
         "not_fused": _jsonable(module.attrs.get("ort.not_fused") or {}),
         "eos_token_ids": [int(e) for e in eos],
         "bos_token_id": module.attrs.get("llm.bos_token_id"),
-        "tokenizer": tok, "chat_template": template,
+        "tokenizer": tok,
+        "chat_template": template,
         "generation": _jsonable(module.attrs.get("llm.generation") or {}),
         "architecture": module.attrs.get("llm.architecture"),
     }
     return {
-        "format": ARTIFACT_FORMAT, "schema_version": 1, "llmir_version": __version__,
-        "spec_version": SPEC_VERSION, "target": "onnxruntime", "builder": "decoder",
+        "format": ARTIFACT_FORMAT,
+        "schema_version": 1,
+        "llmir_version": __version__,
+        "spec_version": SPEC_VERSION,
+        "target": "onnxruntime",
+        "builder": "decoder",
         "opset": {d.domain or "ai.onnx": d.version for d in model.opset_import},
         "model": MODEL_FILE,
         "source": {"file": src.get("file") or None, "sha256": src.get("sha256")},
         "inputs": _signature(ins, list(fn.args), "past_len"),
         "outputs": _signature(outs, list(fn.outputs), "present_len", D.last_logits),
-        "files": {f: {"sha256": sha256_file(os.path.join(tmp, f)), "bytes": os.path.getsize(os.path.join(tmp, f))}
-                  for f in files},
+        "files": {
+            f: {
+                "sha256": sha256_file(os.path.join(tmp, f)),
+                "bytes": os.path.getsize(os.path.join(tmp, f)),
+            }
+            for f in files
+        },
         "decoder": decoder,
     }
 
 
-__all__ = ["build_decoder", "serialize_decoder", "is_decoder", "DecoderSerializer", "LOSSLESS", "REQUANT",
-           "repack_gguf", "ACCURACY_LEVEL", "DECODER_SCHEMA"]
+__all__ = [
+    "build_decoder",
+    "serialize_decoder",
+    "is_decoder",
+    "DecoderSerializer",
+    "LOSSLESS",
+    "REQUANT",
+    "repack_gguf",
+    "ACCURACY_LEVEL",
+    "DECODER_SCHEMA",
+]

@@ -40,11 +40,20 @@ _ALIGN_SMALL, _ALIGN_LARGE, _LARGE = 64, 65536, 1 << 20
 _BLOCK = 16 << 20
 
 DTYPE_TO_ONNX: dict[DType, int] = {
-    DType.f32: TensorProto.FLOAT, DType.u8: TensorProto.UINT8, DType.i8: TensorProto.INT8,
-    DType.i16: TensorProto.INT16, DType.i32: TensorProto.INT32, DType.i64: TensorProto.INT64,
-    DType.bool: TensorProto.BOOL, DType.f16: TensorProto.FLOAT16, DType.f64: TensorProto.DOUBLE,
-    DType.bf16: TensorProto.BFLOAT16, DType.f8e4m3: TensorProto.FLOAT8E4M3FN,
-    DType.f8e5m2: TensorProto.FLOAT8E5M2, DType.u4: TensorProto.UINT4, DType.i4: TensorProto.INT4,
+    DType.f32: TensorProto.FLOAT,
+    DType.u8: TensorProto.UINT8,
+    DType.i8: TensorProto.INT8,
+    DType.i16: TensorProto.INT16,
+    DType.i32: TensorProto.INT32,
+    DType.i64: TensorProto.INT64,
+    DType.bool: TensorProto.BOOL,
+    DType.f16: TensorProto.FLOAT16,
+    DType.f64: TensorProto.DOUBLE,
+    DType.bf16: TensorProto.BFLOAT16,
+    DType.f8e4m3: TensorProto.FLOAT8E4M3FN,
+    DType.f8e5m2: TensorProto.FLOAT8E5M2,
+    DType.u4: TensorProto.UINT4,
+    DType.i4: TensorProto.INT4,
 }
 
 
@@ -53,6 +62,7 @@ class BuildError(InputError):
 
 
 # -- the data file plan -----------------------------------------------------------------------------
+
 
 @dataclass
 class _Chunk:
@@ -208,8 +218,13 @@ def _copy_range(src: str, offset: int, nbytes: int, fd: int, dst_offset: int) ->
         if hasattr(os, "copy_file_range"):
             try:
                 while done < nbytes:
-                    n = os.copy_file_range(fin.fileno(), fd, min(nbytes - done, 1 << 30),
-                                           offset + done, dst_offset + done)
+                    n = os.copy_file_range(
+                        fin.fileno(),
+                        fd,
+                        min(nbytes - done, 1 << 30),
+                        offset + done,
+                        dst_offset + done,
+                    )
                     if n <= 0:
                         break
                     done += n
@@ -225,6 +240,7 @@ def _copy_range(src: str, offset: int, nbytes: int, fd: int, dst_offset: int) ->
 
 # -- lowering ------------------------------------------------------------------------------------------
 
+
 def onnx_dtype(t: TensorType | DType) -> int:
     dt = t.dtype if isinstance(t, TensorType) else t
     if not isinstance(dt, DType) or dt not in DTYPE_TO_ONNX:
@@ -238,8 +254,10 @@ def _dim_param(d: Dim) -> str:
 
 def value_info(name: str, t: Type) -> onnx.ValueInfoProto:
     if not isinstance(t, TensorType):
-        raise BuildError(f"'{name}' has type {t}, which onnxruntime artifacts cannot take as an input "
-                         "or output", hint="KV-cache values must stay inside the function")
+        raise BuildError(
+            f"'{name}' has type {t}, which onnxruntime artifacts cannot take as an input or output",
+            hint="KV-cache values must stay inside the function",
+        )
     shape: list[Any] = []
     for d in t.shape:
         shape.append(d if isinstance(d, int) else (None if d is DYN else _dim_param(d)))
@@ -267,7 +285,9 @@ class Lowering:
         self.dim_cache: dict[str, str] = {}
         self.opsets: dict[str, int] = {"": OPSET}
         self.origin: str | None = None
-        self.src_op: Op | None = None  # perf: the op whose nodes are being emitted (nodeinfo.tag_node)
+        self.src_op: Op | None = (
+            None  # perf: the op whose nodes are being emitted (nodeinfo.tag_node)
+        )
         self._counter = 0
 
     # -- names ---------------------------------------------------------------
@@ -287,8 +307,15 @@ class Lowering:
         raise BuildError(f"value %{v.name} is used before it is defined")
 
     # -- emitting ------------------------------------------------------------
-    def node(self, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "",
-             out_names: list[str] | None = None, **attrs: Any) -> list[str]:
+    def node(
+        self,
+        op_type: str,
+        inputs: list[str],
+        n_out: int = 1,
+        domain: str = "",
+        out_names: list[str] | None = None,
+        **attrs: Any,
+    ) -> list[str]:
         outs = out_names or [self.fresh(f"{op_type.lower()}") for _ in range(n_out)]
         name = self.fresh(f"n{len(self.nodes)}_{op_type}")
         attrs = {k: v for k, v in attrs.items() if v is not None}
@@ -328,8 +355,13 @@ class Lowering:
             t = _tensor_proto(name, arr, dt)
         self.inits.append(t)
 
-    def _materialize_weight(self, v: Value, as_type: TensorType | None = None,
-                            onnx_shape: list[int] | None = None, onnx_dt: int | None = None) -> str:
+    def _materialize_weight(
+        self,
+        v: Value,
+        as_type: TensorType | None = None,
+        onnx_shape: list[int] | None = None,
+        onnx_dt: int | None = None,
+    ) -> str:
         op = self.weights[id(v)]
         key = ("w", id(v), tuple(onnx_shape or ()), onnx_dt)
         if key in self.const_cache:
@@ -364,8 +396,13 @@ class Lowering:
             if not isinstance(t, TensorType):
                 continue
             for i, d in enumerate(t.shape):
-                if isinstance(d, SymDim) and len(d.terms) == 1 and d.const == 0 and \
-                        d.terms[0][1] == 1 and len(d.terms[0][0]) == 1:
+                if (
+                    isinstance(d, SymDim)
+                    and len(d.terms) == 1
+                    and d.const == 0
+                    and d.terms[0][1] == 1
+                    and len(d.terms[0][0]) == 1
+                ):
                     self.dim_sources.setdefault(d.terms[0][0][0], (n, i))
 
     def dim_tensor(self, d: Dim) -> str:
@@ -382,8 +419,10 @@ class Lowering:
             term: str | None = None
             for nm in mono:
                 if nm not in self.dim_sources:
-                    raise BuildError(f"symbolic dim ?{nm} is not the size of any input, so the "
-                                     "artifact cannot compute it")
+                    raise BuildError(
+                        f"symbolic dim ?{nm} is not the size of any input, so the "
+                        "artifact cannot compute it"
+                    )
                 src, axis = self.dim_sources[nm]
                 ck = f"?{nm}"
                 if ck not in self.dim_cache:
@@ -461,9 +500,14 @@ class Lowering:
         if op.name == "core.weight":
             self.weights[id(op.result)] = op
             return
-        prev = self.origin, self.src_op  # perf: restored, as lower_op also runs nested (static producers)
+        prev = (
+            self.origin,
+            self.src_op,
+        )  # perf: restored, as lower_op also runs nested (static producers)
         self.origin = op.origin
-        self.src_op = op if op.pos is not None or self.src_op is None else self.src_op  # made ops: the parent's
+        self.src_op = (
+            op if op.pos is not None or self.src_op is None else self.src_op
+        )  # made ops: the parent's
         fn = LOWER.get(op.name)
         try:
             outs = fn(self, op) if fn is not None else self._lower_decomposed(op)
@@ -475,9 +519,10 @@ class Lowering:
     def _lower_decomposed(self, op: Op) -> list[str]:
         opdef = get_op(op.name)
         if opdef is None or opdef.decompose is None:
-            raise BuildError(f"{op.name} has no onnxruntime lowering"
-                             + (f" [{op.origin}]" if op.origin else ""),
-                             hint="this op cannot be built for onnxruntime yet")
+            raise BuildError(
+                f"{op.name} has no onnxruntime lowering" + (f" [{op.origin}]" if op.origin else ""),
+                hint="this op cannot be built for onnxruntime yet",
+            )
         sub = Function(f"{op.name}.decomposed", [])
         self._decomposed.append(sub)
         params = [Value(f"d{i}", v.type) for i, v in enumerate(op.operands)]
@@ -486,8 +531,10 @@ class Lowering:
         try:
             outs = opdef.decompose(b, params, opdef.with_defaults(op.attrs))
         except OpVerifyError as exc:
-            raise BuildError(f"{op.name} cannot be decomposed for onnxruntime: {exc}"
-                             + (f" [{op.origin}]" if op.origin else "")) from None
+            raise BuildError(
+                f"{op.name} cannot be decomposed for onnxruntime: {exc}"
+                + (f" [{op.origin}]" if op.origin else "")
+            ) from None
         for p, v in zip(params, op.operands):
             if id(v) in self.weights:
                 self.weights[id(p)] = self.weights[id(v)]
@@ -509,7 +556,9 @@ def _dtype_of_array(arr: np.ndarray) -> DType:
 def _raw_bytes(arr: np.ndarray) -> bytes:
     dt = _dtype_of_array(arr)
     if dt in (DType.i4, DType.u4):
-        flat = arr.reshape(-1).astype(np.int8 if dt == DType.i4 else np.uint8).astype(np.uint8) & 0x0F
+        flat = (
+            arr.reshape(-1).astype(np.int8 if dt == DType.i4 else np.uint8).astype(np.uint8) & 0x0F
+        )
         if flat.size % 2:
             flat = np.concatenate([flat, np.zeros(1, np.uint8)])
         return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8).tobytes()
@@ -520,7 +569,9 @@ def _tensor_proto(name: str, arr: np.ndarray, dt: int) -> onnx.TensorProto:
     return helper.make_tensor(name, dt, list(arr.shape), vals=_raw_bytes(arr), raw=True)
 
 
-def _external_tensor(name: str, dt: int, shape: list[int], offset: int, nbytes: int) -> onnx.TensorProto:
+def _external_tensor(
+    name: str, dt: int, shape: list[int], offset: int, nbytes: int
+) -> onnx.TensorProto:
     t = onnx.TensorProto(name=name, data_type=dt, dims=shape)
     t.data_location = TensorProto.EXTERNAL
     for k, v in (("location", DATA_FILE), ("offset", str(offset)), ("length", str(nbytes))):
@@ -540,6 +591,7 @@ def lowers(*names: str) -> Callable[[LowerFn], LowerFn]:
         for n in names:
             LOWER[n] = fn
         return fn
+
     return deco
 
 
@@ -555,16 +607,43 @@ def _t(v: Value) -> TensorType:
 
 
 _SIMPLE = {
-    "core.abs": "Abs", "core.neg": "Neg", "core.relu": "Relu", "core.sign": "Sign", "core.exp": "Exp",
-    "core.log": "Log", "core.sqrt": "Sqrt", "core.tanh": "Tanh", "core.erf": "Erf",
-    "core.sigmoid": "Sigmoid", "core.sin": "Sin", "core.cos": "Cos", "core.reciprocal": "Reciprocal",
-    "core.floor": "Floor", "core.ceil": "Ceil", "core.round": "Round", "core.not": "Not",
-    "core.add": "Add", "core.sub": "Sub", "core.mul": "Mul", "core.div": "Div", "core.pow": "Pow",
-    "core.max": "Max", "core.min": "Min", "core.equal": "Equal", "core.less": "Less",
-    "core.less_equal": "LessOrEqual", "core.greater": "Greater", "core.greater_equal": "GreaterOrEqual",
-    "core.and": "And", "core.or": "Or", "core.xor": "Xor", "core.where": "Where",
-    "core.identity": "Identity", "core.size": "Size",
-    "core.gather_elements": "GatherElements", "core.expand_dyn": "Expand",
+    "core.abs": "Abs",
+    "core.neg": "Neg",
+    "core.relu": "Relu",
+    "core.sign": "Sign",
+    "core.exp": "Exp",
+    "core.log": "Log",
+    "core.sqrt": "Sqrt",
+    "core.tanh": "Tanh",
+    "core.erf": "Erf",
+    "core.sigmoid": "Sigmoid",
+    "core.sin": "Sin",
+    "core.cos": "Cos",
+    "core.reciprocal": "Reciprocal",
+    "core.floor": "Floor",
+    "core.ceil": "Ceil",
+    "core.round": "Round",
+    "core.not": "Not",
+    "core.add": "Add",
+    "core.sub": "Sub",
+    "core.mul": "Mul",
+    "core.div": "Div",
+    "core.pow": "Pow",
+    "core.max": "Max",
+    "core.min": "Min",
+    "core.equal": "Equal",
+    "core.less": "Less",
+    "core.less_equal": "LessOrEqual",
+    "core.greater": "Greater",
+    "core.greater_equal": "GreaterOrEqual",
+    "core.and": "And",
+    "core.or": "Or",
+    "core.xor": "Xor",
+    "core.where": "Where",
+    "core.identity": "Identity",
+    "core.size": "Size",
+    "core.gather_elements": "GatherElements",
+    "core.expand_dyn": "Expand",
     "llm.embedding": "Gather",
 }
 
@@ -623,8 +702,10 @@ def _l_to_device(L: Lowering, op: Op) -> list[str]:
     """Host/CPU placement is what onnxruntime's CPU provider does anyway: the same values."""
     device = op.attrs.get("device", "")
     if device not in ("", "cpu"):
-        raise BuildError(f"llm.to_device to '{device}': the onnxruntime backend runs on the CPU only"
-                         + (f" [{op.origin}]" if op.origin else ""))
+        raise BuildError(
+            f"llm.to_device to '{device}': the onnxruntime backend runs on the CPU only"
+            + (f" [{op.origin}]" if op.origin else "")
+        )
     return L.node("Identity", _ins(L, op))
 
 
@@ -721,8 +802,12 @@ def _l_gather(L: Lowering, op: Op) -> list[str]:
 
 @lowers("core.scatter_elements")
 def _l_scatter_el(L: Lowering, op: Op) -> list[str]:
-    return L.node("ScatterElements", _ins(L, op), axis=op.attrs.get("axis", 0),
-                  reduction=op.attrs.get("reduction", "none"))
+    return L.node(
+        "ScatterElements",
+        _ins(L, op),
+        axis=op.attrs.get("axis", 0),
+        reduction=op.attrs.get("reduction", "none"),
+    )
 
 
 @lowers("core.scatter_nd")
@@ -766,22 +851,35 @@ def _l_trilu(L: Lowering, op: Op) -> list[str]:
 
 @lowers("core.cumsum")
 def _l_cumsum(L: Lowering, op: Op) -> list[str]:
-    return L.node("CumSum", [L.name_of(op.operands[0]), L.const(np.array(op.attrs["axis"], np.int64))],
-                  exclusive=int(op.attrs.get("exclusive", False)), reverse=int(op.attrs.get("reverse", False)))
+    return L.node(
+        "CumSum",
+        [L.name_of(op.operands[0]), L.const(np.array(op.attrs["axis"], np.int64))],
+        exclusive=int(op.attrs.get("exclusive", False)),
+        reverse=int(op.attrs.get("reverse", False)),
+    )
 
 
 @lowers("core.argmax", "core.argmin")
 def _l_arg(L: Lowering, op: Op) -> list[str]:
-    return L.node("ArgMax" if op.name == "core.argmax" else "ArgMin", _ins(L, op),
-                  axis=op.attrs.get("axis", 0), keepdims=int(op.attrs.get("keepdims", True)),
-                  select_last_index=int(op.attrs.get("select_last_index", False)))
+    return L.node(
+        "ArgMax" if op.name == "core.argmax" else "ArgMin",
+        _ins(L, op),
+        axis=op.attrs.get("axis", 0),
+        keepdims=int(op.attrs.get("keepdims", True)),
+        select_last_index=int(op.attrs.get("select_last_index", False)),
+    )
 
 
 @lowers("core.top_k")
 def _l_topk(L: Lowering, op: Op) -> list[str]:
-    return L.node("TopK", [L.name_of(op.operands[0]), L.ints([op.attrs["k"]])], 2,
-                  axis=op.attrs.get("axis", -1), largest=int(op.attrs.get("largest", True)),
-                  sorted=int(op.attrs.get("sorted", True)))
+    return L.node(
+        "TopK",
+        [L.name_of(op.operands[0]), L.ints([op.attrs["k"]])],
+        2,
+        axis=op.attrs.get("axis", -1),
+        largest=int(op.attrs.get("largest", True)),
+        sorted=int(op.attrs.get("sorted", True)),
+    )
 
 
 @lowers("core.tile")
@@ -798,7 +896,9 @@ def _l_pad(L: Lowering, op: Op) -> list[str]:
     if mode == "constant":
         value = float(op.attrs.get("value", 0.0))
         nd = numpy_dtype(t.dtype)
-        inputs.append(L.const(np.array(value if nd.kind == "f" or not math.isinf(value) else 0, dtype=nd)))
+        inputs.append(
+            L.const(np.array(value if nd.kind == "f" or not math.isinf(value) else 0, dtype=nd))
+        )
     return L.node("Pad", inputs, mode=mode)
 
 
@@ -817,9 +917,13 @@ def _l_cos(L: Lowering, op: Op) -> list[str]:
     return L.node("ConstantOfShape", _ins(L, op), **attrs)
 
 
-_REDUCE = {"core.reduce_sum": "ReduceSum", "core.reduce_mean": "ReduceMean",
-           "core.reduce_max": "ReduceMax", "core.reduce_min": "ReduceMin",
-           "core.reduce_prod": "ReduceProd"}
+_REDUCE = {
+    "core.reduce_sum": "ReduceSum",
+    "core.reduce_mean": "ReduceMean",
+    "core.reduce_max": "ReduceMax",
+    "core.reduce_min": "ReduceMin",
+    "core.reduce_prod": "ReduceProd",
+}
 
 
 @lowers(*_REDUCE)
@@ -833,14 +937,20 @@ def _l_reduce(L: Lowering, op: Op) -> list[str]:
 
 @lowers(*(k + "_dyn" for k in _REDUCE))
 def _l_reduce_dyn(L: Lowering, op: Op) -> list[str]:
-    return L.node(_REDUCE[op.name.removesuffix("_dyn")], _ins(L, op),
-                  keepdims=int(op.attrs.get("keepdims", True)))
+    return L.node(
+        _REDUCE[op.name.removesuffix("_dyn")],
+        _ins(L, op),
+        keepdims=int(op.attrs.get("keepdims", True)),
+    )
 
 
 @lowers("core.softmax", "core.log_softmax")
 def _l_softmax(L: Lowering, op: Op) -> list[str]:
-    return L.node("Softmax" if op.name == "core.softmax" else "LogSoftmax", _ins(L, op),
-                  axis=op.attrs.get("axis", -1))
+    return L.node(
+        "Softmax" if op.name == "core.softmax" else "LogSoftmax",
+        _ins(L, op),
+        axis=op.attrs.get("axis", -1),
+    )
 
 
 @lowers("llm.rms_norm")
@@ -856,7 +966,9 @@ def _l_rms(L: Lowering, op: Op) -> list[str]:
 
 @lowers("llm.layer_norm")
 def _l_ln(L: Lowering, op: Op) -> list[str]:
-    return L.node("LayerNormalization", _ins(L, op), axis=-1, epsilon=float(op.attrs.get("eps", 1e-5)))
+    return L.node(
+        "LayerNormalization", _ins(L, op), axis=-1, epsilon=float(op.attrs.get("eps", 1e-5))
+    )
 
 
 @lowers("llm.rotary_embedding")
@@ -865,11 +977,16 @@ def _l_rope(L: Lowering, op: Op) -> list[str]:
     xt, pt = _t(op.operands[0]), _t(op.operands[3])
     if pt.shape[0] != xt.shape[0] or pt.shape[0] is DYN:
         # llmir broadcasts positions over the batch; onnxruntime wants [batch, seq] exactly
-        shape = L.one("Concat", L.one("Shape", x, start=0, end=1), L.one("Shape", pos, start=1, end=2), axis=0)
+        shape = L.one(
+            "Concat", L.one("Shape", x, start=0, end=1), L.one("Shape", pos, start=1, end=2), axis=0
+        )
         pos = L.one("Expand", pos, shape)
-    return L.node("RotaryEmbedding", [x, cos, sin, pos],
-                  interleaved=int(bool(op.attrs.get("interleaved", False))),
-                  rotary_embedding_dim=int(op.attrs.get("rotary_dim", 0)) or None)
+    return L.node(
+        "RotaryEmbedding",
+        [x, cos, sin, pos],
+        interleaved=int(bool(op.attrs.get("interleaved", False))),
+        rotary_embedding_dim=int(op.attrs.get("rotary_dim", 0)) or None,
+    )
 
 
 def _end_aligned_causal(L: Lowering, q: str, k: str) -> str:
@@ -880,7 +997,9 @@ def _end_aligned_causal(L: Lowering, q: str, k: str) -> str:
     zero, one = L.const(np.array(0, i64)), L.const(np.array(1, i64))
     i = L.one("Add", L.one("Range", zero, sq, one), L.one("Sub", skv, sq))
     j = L.one("Range", zero, skv, one)
-    return L.one("LessOrEqual", L.one("Unsqueeze", j, L.ints([0])), L.one("Unsqueeze", i, L.ints([1])))
+    return L.one(
+        "LessOrEqual", L.one("Unsqueeze", j, L.ints([0])), L.one("Unsqueeze", i, L.ints([1]))
+    )
 
 
 @lowers("llm.scaled_dot_product_attention")
@@ -919,8 +1038,13 @@ def _l_qmm(L: Lowering, op: Op) -> list[str]:
     w = op.operands[1]
     wt = _t(w)
     q = wt.dtype
-    if not (isinstance(q, QuantType) and q.scheme == "nbits" and id(w) in L.weights
-            and op.attrs.get("transpose_b", True) and wt.rank == 2):
+    if not (
+        isinstance(q, QuantType)
+        and q.scheme == "nbits"
+        and id(w) in L.weights
+        and op.attrs.get("transpose_b", True)
+        and wt.rank == 2
+    ):
         return L._lower_decomposed(op)
     shape = wt.static_shape()
     assert shape is not None
@@ -950,8 +1074,13 @@ def _l_opaque(L: Lowering, op: Op) -> list[str]:
     total_out = len(op.results) + len(missing_out)
     outs_iter = iter([L.fresh(r.name) for r in op.results])
     outs = ["" if i in missing_out else next(outs_iter) for i in range(total_out)]
-    nd = helper.make_node(at["op_type"], inputs, outs, name=L.fresh(f"n{len(L.nodes)}_{at['op_type']}"),
-                          domain=domain or None)
+    nd = helper.make_node(
+        at["op_type"],
+        inputs,
+        outs,
+        name=L.fresh(f"n{len(L.nodes)}_{at['op_type']}"),
+        domain=domain or None,
+    )
     nd.attribute.extend(onnx_attrs)
     if L.origin:
         nd.doc_string = L.origin
@@ -975,11 +1104,13 @@ def _onnx_attr(name: str, v: Any, kind: int | None) -> onnx.AttributeProto:
         import base64
 
         g = onnx.GraphProto()
-        g.ParseFromString(base64.b64decode(v[len("onnx.graph:"):]))
+        g.ParseFromString(base64.b64decode(v[len("onnx.graph:") :]))
         return helper.make_attribute(name, g)
     if isinstance(v, DenseAttr):
         arr = v.array
-        return helper.make_attribute(name, _tensor_proto(name, arr, DTYPE_TO_ONNX[_dtype_of_array(arr)]))
+        return helper.make_attribute(
+            name, _tensor_proto(name, arr, DTYPE_TO_ONNX[_dtype_of_array(arr)])
+        )
     if isinstance(v, tuple):
         if kind == A.FLOATS:
             return helper.make_attribute(name, [float(x) for x in v], attr_type=A.FLOATS)
@@ -993,5 +1124,3 @@ def _onnx_attr(name: str, v: Any, kind: int | None) -> onnx.AttributeProto:
     if isinstance(v, bool):
         v = int(v)
     return helper.make_attribute(name, v)
-
-

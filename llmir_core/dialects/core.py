@@ -31,6 +31,7 @@ def _np(dt: Any) -> Any:
 
 # -- elementwise unary ---------------------------------------------------------------------
 
+
 def _erf(x: np.ndarray) -> np.ndarray:
     f = np.frompyfunc(math.erf, 1, 1)
     return np.asarray(f(x.astype(np.float64))).astype(np.float64).astype(x.dtype)
@@ -38,9 +39,11 @@ def _erf(x: np.ndarray) -> np.ndarray:
 
 def _in_f64(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
     """Compute in float64, round once to the operand's dtype (the reference's precision rule)."""
+
     def run(x: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):
             return np.asarray(fn(x.astype(np.float64))).astype(x.dtype)
+
     return run
 
 
@@ -49,7 +52,8 @@ def _gelu(approximate: str) -> Callable[[np.ndarray], np.ndarray]:
         return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
 
     def tanh(x: np.ndarray) -> np.ndarray:
-        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
     return _in_f64(exact if approximate == "none" else tanh)
 
 
@@ -89,38 +93,61 @@ def _infer_unary_any(ctx: InferCtx) -> list[Type]:
 
 
 for _name, (_doc, _fn) in _UNARY_FLOAT.items():
-    register(OpDef(
-        name=f"core.{_name}", summary=f"Elementwise {_doc}.", operands=_X, attrs=(),
-        infer=_infer_unary_float,
-        reference=(lambda f: lambda a, at: _in_f64(f)(a[0]))(_fn),
-        verifies="x is a float tensor; the result has x's type.",
-        traits=frozenset({"elementwise"}),
-        example=f"%y = core.{_name} %x : (tensor<2x3xf32>) -> tensor<2x3xf32>",
-    ))
+    register(
+        OpDef(
+            name=f"core.{_name}",
+            summary=f"Elementwise {_doc}.",
+            operands=_X,
+            attrs=(),
+            infer=_infer_unary_float,
+            reference=(lambda f: lambda a, at: _in_f64(f)(a[0]))(_fn),
+            verifies="x is a float tensor; the result has x's type.",
+            traits=frozenset({"elementwise"}),
+            example=f"%y = core.{_name} %x : (tensor<2x3xf32>) -> tensor<2x3xf32>",
+        )
+    )
 for _name, (_doc, _fn) in _UNARY_ANY.items():
-    register(OpDef(
-        name=f"core.{_name}", summary=f"Elementwise {_doc}.", operands=_X, attrs=(),
-        infer=_infer_unary_any, reference=(lambda f: lambda a, at: f(a[0]))(_fn),
-        verifies="x is a numeric tensor; the result has x's type.",
+    register(
+        OpDef(
+            name=f"core.{_name}",
+            summary=f"Elementwise {_doc}.",
+            operands=_X,
+            attrs=(),
+            infer=_infer_unary_any,
+            reference=(lambda f: lambda a, at: f(a[0]))(_fn),
+            verifies="x is a numeric tensor; the result has x's type.",
+            traits=frozenset({"elementwise"}),
+            example=f"%y = core.{_name} %x : (tensor<?x4xf32>) -> tensor<?x4xf32>",
+        )
+    )
+
+register(
+    OpDef(
+        name="core.gelu",
+        summary="Elementwise GELU: exact (erf) or the tanh approximation.",
+        operands=_X,
+        attrs=(Attr("approximate", "str", "none", choices=("none", "tanh")),),
+        infer=_infer_unary_float,
+        reference=lambda a, at: _gelu(at["approximate"])(a[0]),
+        verifies="x is a float tensor and approximate is none or tanh.",
         traits=frozenset({"elementwise"}),
-        example=f"%y = core.{_name} %x : (tensor<?x4xf32>) -> tensor<?x4xf32>",
-    ))
+        example='%y = core.gelu %x {approximate = "tanh"} : (tensor<4xf32>) -> tensor<4xf32>',
+    )
+)
 
-register(OpDef(
-    name="core.gelu", summary="Elementwise GELU: exact (erf) or the tanh approximation.",
-    operands=_X, attrs=(Attr("approximate", "str", "none", choices=("none", "tanh")),),
-    infer=_infer_unary_float, reference=lambda a, at: _gelu(at["approximate"])(a[0]),
-    verifies="x is a float tensor and approximate is none or tanh.",
-    traits=frozenset({"elementwise"}),
-    example='%y = core.gelu %x {approximate = "tanh"} : (tensor<4xf32>) -> tensor<4xf32>',
-))
-
-register(OpDef(
-    name="core.not", summary="Elementwise logical not.", operands=_X, attrs=(),
-    infer=lambda ctx: [_bool_tensor(ctx, 0)], reference=lambda a, at: np.logical_not(a[0]),
-    verifies="x is a bool tensor.", traits=frozenset({"elementwise"}),
-    example="%y = core.not %x : (tensor<3xbool>) -> tensor<3xbool>",
-))
+register(
+    OpDef(
+        name="core.not",
+        summary="Elementwise logical not.",
+        operands=_X,
+        attrs=(),
+        infer=lambda ctx: [_bool_tensor(ctx, 0)],
+        reference=lambda a, at: np.logical_not(a[0]),
+        verifies="x is a bool tensor.",
+        traits=frozenset({"elementwise"}),
+        example="%y = core.not %x : (tensor<3xbool>) -> tensor<3xbool>",
+    )
+)
 
 
 def _bool_tensor(ctx: InferCtx, i: int) -> TensorType:
@@ -131,6 +158,7 @@ def _bool_tensor(ctx: InferCtx, i: int) -> TensorType:
 
 
 # -- elementwise binary --------------------------------------------------------------------
+
 
 def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if a.dtype.kind in "iu":
@@ -171,31 +199,46 @@ def _infer_binary(ctx: InferCtx) -> list[Type]:
     dt = same_dtype(ctx)
     if dt == DType.bool:
         raise OpVerifyError("arithmetic on bool tensors; use core.and/core.or")
-    return [like(a, broadcast_shapes(a.shape, b.shape))] if a.rank >= b.rank else \
-        [like(b, broadcast_shapes(a.shape, b.shape))]
+    return (
+        [like(a, broadcast_shapes(a.shape, b.shape))]
+        if a.rank >= b.rank
+        else [like(b, broadcast_shapes(a.shape, b.shape))]
+    )
 
 
-def _same_dtype_binop(f: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
+def _same_dtype_binop(
+    f: Callable[[np.ndarray, np.ndarray], np.ndarray],
+) -> Callable[..., np.ndarray]:
     def run(args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
         a, b = args
         with np.errstate(all="ignore"):
             return np.asarray(f(a, b)).astype(a.dtype, copy=False)
+
     return run
 
 
 for _name, (_doc, _bfn, _comm) in _BINARY.items():
-    register(OpDef(
-        name=f"core.{_name}", summary=f"Elementwise {_doc}, with numpy broadcasting.",
-        operands=_AB, attrs=(), infer=_infer_binary, reference=_same_dtype_binop(_bfn),
-        verifies="a and b have the same numeric dtype and broadcastable shapes.",
-        traits=frozenset({"elementwise", "broadcast"} | ({"commutative"} if _comm else set())),
-        example=f"%c = core.{_name} %a, %b : (tensor<?batch x 4 x f32>, tensor<4xf32>) -> tensor<?batch x 4 x f32>",
-    ))
+    register(
+        OpDef(
+            name=f"core.{_name}",
+            summary=f"Elementwise {_doc}, with numpy broadcasting.",
+            operands=_AB,
+            attrs=(),
+            infer=_infer_binary,
+            reference=_same_dtype_binop(_bfn),
+            verifies="a and b have the same numeric dtype and broadcastable shapes.",
+            traits=frozenset({"elementwise", "broadcast"} | ({"commutative"} if _comm else set())),
+            example=f"%c = core.{_name} %a, %b : (tensor<?batch x 4 x f32>, tensor<4xf32>) -> tensor<?batch x 4 x f32>",
+        )
+    )
 
 _COMPARE: dict[str, tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarray]]] = {
-    "equal": ("a == b", np.equal), "not_equal": ("a != b", np.not_equal),
-    "less": ("a < b", np.less), "less_equal": ("a <= b", np.less_equal),
-    "greater": ("a > b", np.greater), "greater_equal": ("a >= b", np.greater_equal),
+    "equal": ("a == b", np.equal),
+    "not_equal": ("a != b", np.not_equal),
+    "less": ("a < b", np.less),
+    "less_equal": ("a <= b", np.less_equal),
+    "greater": ("a > b", np.greater),
+    "greater_equal": ("a >= b", np.greater_equal),
 }
 
 
@@ -206,14 +249,19 @@ def _infer_compare(ctx: InferCtx) -> list[Type]:
 
 
 for _name, (_doc, _cfn) in _COMPARE.items():
-    register(OpDef(
-        name=f"core.{_name}", summary=f"Elementwise comparison {_doc}, giving bool.",
-        operands=_AB, attrs=(), infer=_infer_compare,
-        reference=(lambda f: lambda a, at: f(a[0], a[1]))(_cfn),
-        verifies="a and b have the same dtype and broadcastable shapes; the result is bool.",
-        traits=frozenset({"elementwise", "broadcast"}),
-        example=f"%m = core.{_name} %a, %b : (tensor<4xi64>, tensor<4xi64>) -> tensor<4xbool>",
-    ))
+    register(
+        OpDef(
+            name=f"core.{_name}",
+            summary=f"Elementwise comparison {_doc}, giving bool.",
+            operands=_AB,
+            attrs=(),
+            infer=_infer_compare,
+            reference=(lambda f: lambda a, at: f(a[0], a[1]))(_cfn),
+            verifies="a and b have the same dtype and broadcastable shapes; the result is bool.",
+            traits=frozenset({"elementwise", "broadcast"}),
+            example=f"%m = core.{_name} %a, %b : (tensor<4xi64>, tensor<4xi64>) -> tensor<4xbool>",
+        )
+    )
 
 _LOGICAL = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}
 
@@ -224,14 +272,19 @@ def _infer_logical(ctx: InferCtx) -> list[Type]:
 
 
 for _name, _lfn in _LOGICAL.items():
-    register(OpDef(
-        name=f"core.{_name}", summary=f"Elementwise logical {_name} of bool tensors.",
-        operands=_AB, attrs=(), infer=_infer_logical,
-        reference=(lambda f: lambda a, at: f(a[0], a[1]))(_lfn),
-        verifies="a and b are bool tensors with broadcastable shapes.",
-        traits=frozenset({"elementwise", "broadcast", "commutative"}),
-        example=f"%m = core.{_name} %a, %b : (tensor<4xbool>, tensor<4xbool>) -> tensor<4xbool>",
-    ))
+    register(
+        OpDef(
+            name=f"core.{_name}",
+            summary=f"Elementwise logical {_name} of bool tensors.",
+            operands=_AB,
+            attrs=(),
+            infer=_infer_logical,
+            reference=(lambda f: lambda a, at: f(a[0], a[1]))(_lfn),
+            verifies="a and b are bool tensors with broadcastable shapes.",
+            traits=frozenset({"elementwise", "broadcast", "commutative"}),
+            example=f"%m = core.{_name} %a, %b : (tensor<4xbool>, tensor<4xbool>) -> tensor<4xbool>",
+        )
+    )
 
 
 def _infer_where(ctx: InferCtx) -> list[Type]:
@@ -241,14 +294,19 @@ def _infer_where(ctx: InferCtx) -> list[Type]:
     return [like(a, broadcast_shapes(c.shape, a.shape, b.shape))]
 
 
-register(OpDef(
-    name="core.where", summary="Elementwise select: a where cond is true, else b.",
-    operands=(Operand("cond"), Operand("a"), Operand("b")), attrs=(), infer=_infer_where,
-    reference=lambda a, at: np.where(a[0], a[1], a[2]).astype(a[1].dtype),
-    verifies="cond is bool, a and b share a dtype, and all three shapes broadcast.",
-    traits=frozenset({"elementwise", "broadcast"}),
-    example="%y = core.where %c, %a, %b : (tensor<4xbool>, tensor<4xf32>, tensor<f32>) -> tensor<4xf32>",
-))
+register(
+    OpDef(
+        name="core.where",
+        summary="Elementwise select: a where cond is true, else b.",
+        operands=(Operand("cond"), Operand("a"), Operand("b")),
+        attrs=(),
+        infer=_infer_where,
+        reference=lambda a, at: np.where(a[0], a[1], a[2]).astype(a[1].dtype),
+        verifies="cond is bool, a and b share a dtype, and all three shapes broadcast.",
+        traits=frozenset({"elementwise", "broadcast"}),
+        example="%y = core.where %c, %a, %b : (tensor<4xbool>, tensor<4xf32>, tensor<f32>) -> tensor<4xf32>",
+    )
+)
 
 
 def _cast(x: np.ndarray, to: DType) -> np.ndarray:
@@ -261,17 +319,23 @@ def _cast(x: np.ndarray, to: DType) -> np.ndarray:
         return x.astype(target)
 
 
-register(OpDef(
-    name="core.cast", summary="Convert each element to dtype `to` (floats to ints truncate).",
-    operands=_X, attrs=(Attr("to", "dtype", doc="target dtype"),),
-    infer=lambda ctx: [like(tensor_arg(ctx, 0), dtype=ctx["to"])],
-    reference=lambda a, at: _cast(a[0], at["to"]),
-    verifies="x is a tensor and `to` is a dtype.", traits=frozenset({"elementwise"}),
-    example="%y = core.cast %x {to = f16} : (tensor<2x2xf32>) -> tensor<2x2xf16>",
-))
+register(
+    OpDef(
+        name="core.cast",
+        summary="Convert each element to dtype `to` (floats to ints truncate).",
+        operands=_X,
+        attrs=(Attr("to", "dtype", doc="target dtype"),),
+        infer=lambda ctx: [like(tensor_arg(ctx, 0), dtype=ctx["to"])],
+        reference=lambda a, at: _cast(a[0], at["to"]),
+        verifies="x is a tensor and `to` is a dtype.",
+        traits=frozenset({"elementwise"}),
+        example="%y = core.cast %x {to = f16} : (tensor<2x2xf32>) -> tensor<2x2xf16>",
+    )
+)
 
 
 # -- matmul ---------------------------------------------------------------------------------
+
 
 def _infer_matmul(ctx: InferCtx) -> list[Type]:
     a, b = tensor_arg(ctx, 0, "a"), tensor_arg(ctx, 1, "b")
@@ -312,31 +376,40 @@ def _ref_matmul(args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     return np.matmul(a, b)
 
 
-register(OpDef(
-    name="core.matmul",
-    summary="Batched matrix product with numpy broadcasting over batch dims; transpose_a/b swap the last two dims.",
-    operands=_AB,
-    attrs=(Attr("transpose_a", "bool", False), Attr("transpose_b", "bool", False)),
-    infer=_infer_matmul, reference=_ref_matmul,
-    verifies="a and b share a dtype, their contraction dims agree and their batch dims broadcast.",
-    example="%y = core.matmul %x, %w {transpose_b = true} : (tensor<?batch x ?seq x 64 x f32>, "
-            "tensor<128x64xf32>) -> tensor<?batch x ?seq x 128 x f32>",
-))
+register(
+    OpDef(
+        name="core.matmul",
+        summary="Batched matrix product with numpy broadcasting over batch dims; transpose_a/b swap the last two dims.",
+        operands=_AB,
+        attrs=(Attr("transpose_a", "bool", False), Attr("transpose_b", "bool", False)),
+        infer=_infer_matmul,
+        reference=_ref_matmul,
+        verifies="a and b share a dtype, their contraction dims agree and their batch dims broadcast.",
+        example="%y = core.matmul %x, %w {transpose_b = true} : (tensor<?batch x ?seq x 64 x f32>, "
+        "tensor<128x64xf32>) -> tensor<?batch x ?seq x 128 x f32>",
+    )
+)
 
 
 # -- constants and weights ------------------------------------------------------------------
+
 
 def _infer_constant(ctx: InferCtx) -> list[Type]:
     return [ctx["value"].type]
 
 
-register(OpDef(
-    name="core.constant", summary="A small constant written inline as a dense literal.",
-    operands=(), attrs=(Attr("value", "dense", doc="the value, with its type"),),
-    infer=_infer_constant, reference=lambda a, at: np.array(at["value"].array),
-    verifies="value is a dense literal whose type is the result type.",
-    example="%c = core.constant {value = dense<[1.0, 2.0]> : tensor<2xf32>} : () -> tensor<2xf32>",
-))
+register(
+    OpDef(
+        name="core.constant",
+        summary="A small constant written inline as a dense literal.",
+        operands=(),
+        attrs=(Attr("value", "dense", doc="the value, with its type"),),
+        infer=_infer_constant,
+        reference=lambda a, at: np.array(at["value"].array),
+        verifies="value is a dense literal whose type is the result type.",
+        example="%c = core.constant {value = dense<[1.0, 2.0]> : tensor<2xf32>} : () -> tensor<2xf32>",
+    )
+)
 
 
 def _infer_weight(ctx: InferCtx) -> list[Type]:
@@ -348,23 +421,29 @@ def _infer_weight(ctx: InferCtx) -> list[Type]:
     return [t]
 
 
-register(OpDef(
-    name="core.weight",
-    summary="A tensor stored outside the text: bytes at `offset` in `file`, mapped on use, never copied.",
-    operands=(),
-    attrs=(Attr("file", "str", doc="path relative to the .llmir file's folder, or absolute"),
-           Attr("name", "str", "", doc="the tensor's name in its source file"),
-           Attr("offset", "int", 0, doc="byte offset of the data in the file"),
-           Attr("nbytes", "int", doc="number of bytes"),
-           Attr("sha256", "str", None, doc="sha256 of those bytes, when pinned")),
-    infer=_infer_weight, reference=None,
-    verifies="the result type is static, nbytes matches it and the bytes lie inside the file.",
-    example='%w = core.weight {file = "w.bin", name = "lm_head.weight", nbytes = 0, offset = 0} '
-            ": () -> tensor<0x4xf32>",
-))
+register(
+    OpDef(
+        name="core.weight",
+        summary="A tensor stored outside the text: bytes at `offset` in `file`, mapped on use, never copied.",
+        operands=(),
+        attrs=(
+            Attr("file", "str", doc="path relative to the .llmir file's folder, or absolute"),
+            Attr("name", "str", "", doc="the tensor's name in its source file"),
+            Attr("offset", "int", 0, doc="byte offset of the data in the file"),
+            Attr("nbytes", "int", doc="number of bytes"),
+            Attr("sha256", "str", None, doc="sha256 of those bytes, when pinned"),
+        ),
+        infer=_infer_weight,
+        reference=None,
+        verifies="the result type is static, nbytes matches it and the bytes lie inside the file.",
+        example='%w = core.weight {file = "w.bin", name = "lm_head.weight", nbytes = 0, offset = 0} '
+        ": () -> tensor<0x4xf32>",
+    )
+)
 
 
 # -- reshape ----------------------------------------------------------------------------------
+
 
 def _infer_reshape(ctx: InferCtx) -> list[Type]:
     x = tensor_arg(ctx, 0)
@@ -393,8 +472,12 @@ def _infer_reshape(ctx: InferCtx) -> list[Type]:
         new_total = prod_dims(out)
         if isinstance(total, int) and isinstance(new_total, int) and total != new_total:
             raise OpVerifyError(f"cannot reshape {total} elements into {new_total}")
-        if isinstance(total, SymDim) and isinstance(new_total, (int, SymDim)) and \
-                DYN not in out and total != new_total:
+        if (
+            isinstance(total, SymDim)
+            and isinstance(new_total, (int, SymDim))
+            and DYN not in out
+            and total != new_total
+        ):
             raise OpVerifyError("element counts differ symbolically")
     return [like(x, out)]
 
@@ -412,16 +495,21 @@ def _ref_reshape(args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     return np.reshape(x, shape)
 
 
-register(OpDef(
-    name="core.reshape",
-    summary="View x with a new shape of the same element count (0 copies a dim unless allowzero, -1 is inferred).",
-    operands=_X,
-    attrs=(Attr("shape", "dims", doc="target dims: ints, -1, 0, or symbolic dims"),
-           Attr("allowzero", "bool", False, doc="treat 0 as a size, not as 'copy'")),
-    infer=_infer_reshape, reference=_ref_reshape,
-    verifies="at most one -1, and the element counts agree where they are known.",
-    example="%y = core.reshape %x {shape = [?batch, ?seq, 9, 64]} : (tensor<?batch x ?seq x 576 x f32>) "
-            "-> tensor<?batch x ?seq x 9 x 64 x f32>",
-))
+register(
+    OpDef(
+        name="core.reshape",
+        summary="View x with a new shape of the same element count (0 copies a dim unless allowzero, -1 is inferred).",
+        operands=_X,
+        attrs=(
+            Attr("shape", "dims", doc="target dims: ints, -1, 0, or symbolic dims"),
+            Attr("allowzero", "bool", False, doc="treat 0 as a size, not as 'copy'"),
+        ),
+        infer=_infer_reshape,
+        reference=_ref_reshape,
+        verifies="at most one -1, and the element counts agree where they are known.",
+        example="%y = core.reshape %x {shape = [?batch, ?seq, 9, 64]} : (tensor<?batch x ?seq x 576 x f32>) "
+        "-> tensor<?batch x ?seq x 9 x 64 x f32>",
+    )
+)
 
 __all__ = ["_np"]

@@ -33,6 +33,7 @@ def _infer_reduce(allow_bool: bool) -> Callable[[InferCtx], list[Type]]:
     def infer(ctx: InferCtx) -> list[Type]:
         x = numeric_tensor(ctx, 0, "x", allow_bool=allow_bool)
         return [like(x, reduced_shape(x.shape, _axes(ctx["axes"], x.rank), ctx["keepdims"]))]
+
     return infer
 
 
@@ -54,7 +55,9 @@ def _mean(a: np.ndarray, axes: tuple[int, ...], keep: bool, x: np.ndarray) -> np
     s = np.sum(a, axis=axes, keepdims=keep, dtype=np.int64)
     if not count:
         raise ValueError("integer mean over no elements")
-    return np.asarray(np.sign(s) * (np.abs(s) // count))  # integer division truncates toward zero, as onnxruntime does
+    return np.asarray(
+        np.sign(s) * (np.abs(s) // count)
+    )  # integer division truncates toward zero, as onnxruntime does
 
 
 def _ref_reduce(kind: str) -> Callable[[list[np.ndarray], dict[str, Any]], np.ndarray]:
@@ -74,25 +77,35 @@ def _ref_reduce(kind: str) -> Callable[[list[np.ndarray], dict[str, Any]], np.nd
         else:
             r = np.min(a, axis=axes, keepdims=keep, initial=_extreme(a, lowest=False))
         return np.asarray(r).astype(x.dtype)
+
     return run
 
 
 _REDUCE = {
-    "sum": ("Sum", False), "mean": ("Mean (integers: truncated)", False), "max": ("Largest element", True),
-    "min": ("Smallest element", True), "prod": ("Product", False),
+    "sum": ("Sum", False),
+    "mean": ("Mean (integers: truncated)", False),
+    "max": ("Largest element", True),
+    "min": ("Smallest element", True),
+    "prod": ("Product", False),
 }
 
 for _kind, (_doc, _bool) in _REDUCE.items():
-    register(OpDef(
-        name=f"core.reduce_{_kind}",
-        summary=f"{_doc} of x over `axes` (empty = all axes), keeping them as size 1 when keepdims.",
-        operands=_X,
-        attrs=(Attr("axes", "ints", (), doc="axes to reduce; empty = all"), Attr("keepdims", "bool", True)),
-        infer=_infer_reduce(_bool), reference=_ref_reduce(_kind),
-        verifies=f"x is {'numeric or bool' if _bool else 'numeric'} and axes are distinct and in range.",
-        example=f"%y = core.reduce_{_kind} %x {{axes = [-1]}} : (tensor<?b x ?s x 576 x f32>) "
-                "-> tensor<?b x ?s x 1 x f32>",
-    ))
+    register(
+        OpDef(
+            name=f"core.reduce_{_kind}",
+            summary=f"{_doc} of x over `axes` (empty = all axes), keeping them as size 1 when keepdims.",
+            operands=_X,
+            attrs=(
+                Attr("axes", "ints", (), doc="axes to reduce; empty = all"),
+                Attr("keepdims", "bool", True),
+            ),
+            infer=_infer_reduce(_bool),
+            reference=_ref_reduce(_kind),
+            verifies=f"x is {'numeric or bool' if _bool else 'numeric'} and axes are distinct and in range.",
+            example=f"%y = core.reduce_{_kind} %x {{axes = [-1]}} : (tensor<?b x ?s x 576 x f32>) "
+            "-> tensor<?b x ?s x 1 x f32>",
+        )
+    )
 
 
 def _infer_reduce_dyn(allow_bool: bool) -> Callable[[InferCtx], list[Type]]:
@@ -106,6 +119,7 @@ def _infer_reduce_dyn(allow_bool: bool) -> Callable[[InferCtx], list[Type]]:
         if ctx["keepdims"]:  # which dims become 1 is known only at run time
             return [like(x, [1 if d == 1 else DYN for d in x.shape])]
         return [like(x, [DYN] * (x.rank - n))]
+
     return infer
 
 
@@ -121,22 +135,26 @@ def _ref_reduce_dyn(kind: str) -> Callable[[list[np.ndarray], dict[str, Any]], n
         if len({a % x.ndim for a in axes}) != len(axes):
             raise ValueError(f"axes {axes} repeat an axis")
         return static([x], {"axes": tuple(axes), "keepdims": attrs["keepdims"]})
+
     return run
 
 
 for _kind, (_doc, _bool) in _REDUCE.items():
-    register(OpDef(
-        name=f"core.reduce_{_kind}_dyn",
-        summary=f"core.reduce_{_kind} with the axes given as a run-time 1-D i64 tensor of static, "
-                "non-zero length (the result's rank is known; with keepdims its reduced sizes are `?`).",
-        operands=(Operand("x"), Operand("axes")),
-        attrs=(Attr("keepdims", "bool", True),),
-        infer=_infer_reduce_dyn(_bool), reference=_ref_reduce_dyn(_kind),
-        verifies="axes is a 1-D i64 tensor of static length at most x's rank; at run time its entries "
-                 "are distinct and in range.",
-        example=f"%y = core.reduce_{_kind}_dyn %x, %a : (tensor<2x3x4xf32>, tensor<1xi64>) "
-                "-> tensor<?x?x?xf32>",
-    ))
+    register(
+        OpDef(
+            name=f"core.reduce_{_kind}_dyn",
+            summary=f"core.reduce_{_kind} with the axes given as a run-time 1-D i64 tensor of static, "
+            "non-zero length (the result's rank is known; with keepdims its reduced sizes are `?`).",
+            operands=(Operand("x"), Operand("axes")),
+            attrs=(Attr("keepdims", "bool", True),),
+            infer=_infer_reduce_dyn(_bool),
+            reference=_ref_reduce_dyn(_kind),
+            verifies="axes is a 1-D i64 tensor of static length at most x's rank; at run time its entries "
+            "are distinct and in range.",
+            example=f"%y = core.reduce_{_kind}_dyn %x, %a : (tensor<2x3x4xf32>, tensor<1xi64>) "
+            "-> tensor<?x?x?xf32>",
+        )
+    )
 
 
 def _infer_softmax(ctx: InferCtx) -> list[Type]:
@@ -156,17 +174,23 @@ def _ref_softmax(log: bool) -> Callable[[list[np.ndarray], dict[str, Any]], np.n
         e = np.exp(shifted)
         s = np.sum(e, axis=ax, keepdims=True)
         return np.asarray(shifted - np.log(s) if log else e / s).astype(x.dtype)
+
     return run
 
 
 for _name, _log in (("softmax", False), ("log_softmax", True)):
-    register(OpDef(
-        name=f"core.{_name}",
-        summary=("log(softmax(x))" if _log else "exp(x) / sum(exp(x))") + " along `axis`, computed stably "
-                "(the maximum is subtracted first).",
-        operands=_X, attrs=(Attr("axis", "int", -1),),
-        infer=_infer_softmax, reference=_ref_softmax(_log),
-        verifies="x is a float tensor of rank >= 1 and axis is in range.",
-        example=f"%p = core.{_name} %s {{axis = -1}} : (tensor<?b x 9 x ?q x ?k x f32>) "
-                "-> tensor<?b x 9 x ?q x ?k x f32>",
-    ))
+    register(
+        OpDef(
+            name=f"core.{_name}",
+            summary=("log(softmax(x))" if _log else "exp(x) / sum(exp(x))")
+            + " along `axis`, computed stably "
+            "(the maximum is subtracted first).",
+            operands=_X,
+            attrs=(Attr("axis", "int", -1),),
+            infer=_infer_softmax,
+            reference=_ref_softmax(_log),
+            verifies="x is a float tensor of rank >= 1 and axis is in range.",
+            example=f"%p = core.{_name} %s {{axis = -1}} : (tensor<?b x 9 x ?q x ?k x f32>) "
+            "-> tensor<?b x 9 x ?q x ?k x f32>",
+        )
+    )

@@ -56,6 +56,7 @@ _HUGE = 2**31 - 1
 
 # -- helpers ------------------------------------------------------------------------------
 
+
 def is_float_array(a: np.ndarray) -> bool:
     """True for numpy floats and the ml_dtypes floats (bf16, f8), whose numpy kind is 'V'."""
     return a.dtype.kind == "f" or (a.dtype.kind == "V" and "float" in a.dtype.name)
@@ -86,7 +87,9 @@ def _shape_operand(ctx: InferCtx, i: int, what: str, dtypes: Sequence[DType] = (
         raise OpVerifyError(f"{what} must be 1-D, got rank {t.rank}")
     n = t.shape[0]
     if not isinstance(n, int):
-        raise OpVerifyError(f"{what} must have a static length (it fixes the result's rank), got {t}")
+        raise OpVerifyError(
+            f"{what} must have a static length (it fixes the result's rank), got {t}"
+        )
     return n
 
 
@@ -119,6 +122,7 @@ def _ints(a: np.ndarray) -> list[int]:
 
 # -- transpose, concat, split ---------------------------------------------------------------
 
+
 def _perm(perm: Sequence[int], rank: int) -> list[int]:
     p = list(perm) if perm else list(range(rank))[::-1]
     if sorted(p) != list(range(rank)):
@@ -131,15 +135,21 @@ def _infer_transpose(ctx: InferCtx) -> list[Type]:
     return [like(x, [x.shape[p] for p in _perm(ctx["perm"], x.rank)])]
 
 
-register(OpDef(
-    name="core.transpose", summary="Permute the axes: result axis i is x's axis perm[i] (empty perm reverses).",
-    operands=_X, attrs=(Attr("perm", "ints", (), doc="a permutation of 0..rank-1; empty = reversed"),),
-    infer=_infer_transpose,
-    reference=lambda a, at: np.ascontiguousarray(np.transpose(a[0], _perm(at["perm"], a[0].ndim))),
-    verifies="perm is a permutation of x's axes.",
-    example="%y = core.transpose %x {perm = [0, 2, 1, 3]} : (tensor<?batch x ?seq x 9 x 64 x f32>) "
-            "-> tensor<?batch x 9 x ?seq x 64 x f32>",
-))
+register(
+    OpDef(
+        name="core.transpose",
+        summary="Permute the axes: result axis i is x's axis perm[i] (empty perm reverses).",
+        operands=_X,
+        attrs=(Attr("perm", "ints", (), doc="a permutation of 0..rank-1; empty = reversed"),),
+        infer=_infer_transpose,
+        reference=lambda a, at: np.ascontiguousarray(
+            np.transpose(a[0], _perm(at["perm"], a[0].ndim))
+        ),
+        verifies="perm is a permutation of x's axes.",
+        example="%y = core.transpose %x {perm = [0, 2, 1, 3]} : (tensor<?batch x ?seq x 9 x 64 x f32>) "
+        "-> tensor<?batch x 9 x ?seq x 64 x f32>",
+    )
+)
 
 
 def _infer_concat(ctx: InferCtx) -> list[Type]:
@@ -165,15 +175,20 @@ def _infer_concat(ctx: InferCtx) -> list[Type]:
     return [like(ts[0], out)]
 
 
-register(OpDef(
-    name="core.concat", summary="Join tensors along `axis`; all other dims must agree.",
-    operands=(Operand("inputs", variadic=True),), attrs=(Attr("axis", "int"),),
-    infer=_infer_concat, reference=lambda a, at: np.concatenate(a, axis=at["axis"]),
-    verifies="there is at least one input, all inputs share dtype and rank, axis is in range and the "
-             "other dims agree.",
-    example="%y = core.concat %past, %new {axis = 2} : (tensor<?b x 3 x ?past x 64 x f16>, "
-            "tensor<?b x 3 x ?seq x 64 x f16>) -> tensor<?b x 3 x ?past+?seq x 64 x f16>",
-))
+register(
+    OpDef(
+        name="core.concat",
+        summary="Join tensors along `axis`; all other dims must agree.",
+        operands=(Operand("inputs", variadic=True),),
+        attrs=(Attr("axis", "int"),),
+        infer=_infer_concat,
+        reference=lambda a, at: np.concatenate(a, axis=at["axis"]),
+        verifies="there is at least one input, all inputs share dtype and rank, axis is in range and the "
+        "other dims agree.",
+        example="%y = core.concat %past, %new {axis = 2} : (tensor<?b x 3 x ?past x 64 x f16>, "
+        "tensor<?b x 3 x ?seq x 64 x f16>) -> tensor<?b x 3 x ?past+?seq x 64 x f16>",
+    )
+)
 
 
 def _split_sizes(ctx: InferCtx, d: Dim) -> list[Dim]:
@@ -189,7 +204,9 @@ def _split_sizes(ctx: InferCtx, d: Dim) -> list[Dim]:
         for s in sizes:
             total = dim_add(total, s)
         if d is not DYN and (isinstance(d, int) == isinstance(total, int)) and total != d:
-            raise OpVerifyError(f"sizes sum to {format_dim(total)}, but the split axis has {format_dim(d)}")
+            raise OpVerifyError(
+                f"sizes sum to {format_dim(total)}, but the split axis has {format_dim(d)}"
+            )
         return sizes
     if n < 1:
         raise OpVerifyError("give sizes, or num_outputs >= 1 for equal parts")
@@ -233,22 +250,31 @@ def _ref_split(args: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray
     return [np.take(x, np.arange(offsets[i], offsets[i + 1]), axis=axis) for i in range(len(sizes))]
 
 
-register(OpDef(
-    name="core.split",
-    summary="Cut x along `axis` into parts of the given sizes, or into num_outputs parts of "
-            "ceil(dim / num_outputs) (the last one smaller).",
-    operands=_X,
-    attrs=(Attr("axis", "int", 0), Attr("sizes", "dims", (), doc="part sizes; empty = equal parts"),
-           Attr("num_outputs", "int", 0, doc="number of equal parts when sizes is empty")),
-    infer=_infer_split, reference=_ref_split, variadic_results=True, results=("outputs",),
-    verifies="axis is in range and the sizes sum to the split dim (or num_outputs parts fit it).",
-    example="%q, %k, %v = core.split %qkv {axis = 2, sizes = [576, 192, 192]} : "
-            "(tensor<?b x ?s x 960 x f32>) -> (tensor<?b x ?s x 576 x f32>, tensor<?b x ?s x 192 x f32>, "
-            "tensor<?b x ?s x 192 x f32>)",
-))
+register(
+    OpDef(
+        name="core.split",
+        summary="Cut x along `axis` into parts of the given sizes, or into num_outputs parts of "
+        "ceil(dim / num_outputs) (the last one smaller).",
+        operands=_X,
+        attrs=(
+            Attr("axis", "int", 0),
+            Attr("sizes", "dims", (), doc="part sizes; empty = equal parts"),
+            Attr("num_outputs", "int", 0, doc="number of equal parts when sizes is empty"),
+        ),
+        infer=_infer_split,
+        reference=_ref_split,
+        variadic_results=True,
+        results=("outputs",),
+        verifies="axis is in range and the sizes sum to the split dim (or num_outputs parts fit it).",
+        example="%q, %k, %v = core.split %qkv {axis = 2, sizes = [576, 192, 192]} : "
+        "(tensor<?b x ?s x 960 x f32>) -> (tensor<?b x ?s x 576 x f32>, tensor<?b x ?s x 192 x f32>, "
+        "tensor<?b x ?s x 192 x f32>)",
+    )
+)
 
 
 # -- slice ----------------------------------------------------------------------------------
+
 
 def _slice_bounds(d: int, start: int, end: int, step: int) -> tuple[int, int, int]:
     """ONNX Slice clamping for one axis of size d: (start, end, count); end -1 means 'past 0'."""
@@ -275,16 +301,19 @@ def _slice_sym(d: Dim, start: int, end: int, step: int) -> Dim:
     return DYN
 
 
-def _slice_params(starts: Sequence[int], ends: Sequence[int], axes: Sequence[int], steps: Sequence[int],
-                  rank: int) -> list[tuple[int, int, int, int]]:
+def _slice_params(
+    starts: Sequence[int], ends: Sequence[int], axes: Sequence[int], steps: Sequence[int], rank: int
+) -> list[tuple[int, int, int, int]]:
     n = len(starts)
     if len(ends) != n:
         raise OpVerifyError(f"starts has {n} entries but ends has {len(ends)}")
     axes = list(axes) if len(axes) else list(range(n))
     steps = list(steps) if len(steps) else [1] * n
     if len(axes) != n or len(steps) != n:
-        raise OpVerifyError(f"starts, ends, axes and steps need the same length; got {n}, {len(ends)}, "
-                            f"{len(axes)}, {len(steps)}")
+        raise OpVerifyError(
+            f"starts, ends, axes and steps need the same length; got {n}, {len(ends)}, "
+            f"{len(axes)}, {len(steps)}"
+        )
     axes = norm_axes(axes, rank)
     if 0 in steps:
         raise OpVerifyError("slice steps must be nonzero")
@@ -294,9 +323,13 @@ def _slice_params(starts: Sequence[int], ends: Sequence[int], axes: Sequence[int
 def _infer_slice(ctx: InferCtx) -> list[Type]:
     x = tensor_arg(ctx, 0, "x")
     out = list(x.shape)
-    for axis, s, e, step in _slice_params(ctx["starts"], ctx["ends"], ctx["axes"], ctx["steps"], x.rank):
+    for axis, s, e, step in _slice_params(
+        ctx["starts"], ctx["ends"], ctx["axes"], ctx["steps"], x.rank
+    ):
         d = x.shape[axis]
-        out[axis] = _slice_bounds(d, s, e, step)[2] if isinstance(d, int) else _slice_sym(d, s, e, step)
+        out[axis] = (
+            _slice_bounds(d, s, e, step)[2] if isinstance(d, int) else _slice_sym(d, s, e, step)
+        )
     return [like(x, out)]
 
 
@@ -310,22 +343,30 @@ def _do_slice(x: np.ndarray, params: list[tuple[int, int, int, int]]) -> np.ndar
 
 def _ref_slice(args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     x = args[0]
-    return _do_slice(x, _slice_params(attrs["starts"], attrs["ends"], attrs["axes"], attrs["steps"], x.ndim))
+    return _do_slice(
+        x, _slice_params(attrs["starts"], attrs["ends"], attrs["axes"], attrs["steps"], x.ndim)
+    )
 
 
-register(OpDef(
-    name="core.slice",
-    summary="Take x[start:end:step] on the given axes with ONNX clamping (negative bounds count from "
-            "the end; bounds past the dim clamp to it).",
-    operands=_X,
-    attrs=(Attr("starts", "ints"), Attr("ends", "ints"),
-           Attr("axes", "ints", (), doc="the axes sliced; empty = 0..len(starts)-1"),
-           Attr("steps", "ints", (), doc="nonzero steps; empty = all 1")),
-    infer=_infer_slice, reference=_ref_slice,
-    verifies="starts, ends, axes and steps have one length, axes are distinct and in range, steps nonzero.",
-    example="%y = core.slice %x {starts = [-1], ends = [9223372036854775807], axes = [1]} : "
-            "(tensor<?b x ?s x 64 x f32>) -> tensor<?b x 1 x 64 x f32>",
-))
+register(
+    OpDef(
+        name="core.slice",
+        summary="Take x[start:end:step] on the given axes with ONNX clamping (negative bounds count from "
+        "the end; bounds past the dim clamp to it).",
+        operands=_X,
+        attrs=(
+            Attr("starts", "ints"),
+            Attr("ends", "ints"),
+            Attr("axes", "ints", (), doc="the axes sliced; empty = 0..len(starts)-1"),
+            Attr("steps", "ints", (), doc="nonzero steps; empty = all 1"),
+        ),
+        infer=_infer_slice,
+        reference=_ref_slice,
+        verifies="starts, ends, axes and steps have one length, axes are distinct and in range, steps nonzero.",
+        example="%y = core.slice %x {starts = [-1], ends = [9223372036854775807], axes = [1]} : "
+        "(tensor<?b x ?s x 64 x f32>) -> tensor<?b x 1 x 64 x f32>",
+    )
+)
 
 
 def _infer_slice_dyn(ctx: InferCtx) -> list[Type]:
@@ -352,19 +393,29 @@ def _ref_slice_dyn(args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     return _do_slice(x, params)
 
 
-register(OpDef(
-    name="core.slice_dyn",
-    summary="core.slice with starts, ends, axes and steps given as run-time 1-D integer tensors.",
-    operands=(Operand("x"), Operand("starts"), Operand("ends"), Operand("axes", optional=True),
-              Operand("steps", optional=True)),
-    attrs=(), infer=_infer_slice_dyn, reference=_ref_slice_dyn,
-    verifies="starts, ends, axes and steps are 1-D integer tensors of one static length.",
-    example="%y = core.slice_dyn %x, %s, %e : (tensor<?n x 64 x f32>, tensor<1xi64>, tensor<1xi64>) "
-            "-> tensor<?x64xf32>",
-))
+register(
+    OpDef(
+        name="core.slice_dyn",
+        summary="core.slice with starts, ends, axes and steps given as run-time 1-D integer tensors.",
+        operands=(
+            Operand("x"),
+            Operand("starts"),
+            Operand("ends"),
+            Operand("axes", optional=True),
+            Operand("steps", optional=True),
+        ),
+        attrs=(),
+        infer=_infer_slice_dyn,
+        reference=_ref_slice_dyn,
+        verifies="starts, ends, axes and steps are 1-D integer tensors of one static length.",
+        example="%y = core.slice_dyn %x, %s, %e : (tensor<?n x 64 x f32>, tensor<1xi64>, tensor<1xi64>) "
+        "-> tensor<?x64xf32>",
+    )
+)
 
 
 # -- gather and scatter ---------------------------------------------------------------------
+
 
 def _infer_gather(ctx: InferCtx) -> list[Type]:
     x = tensor_arg(ctx, 0, "x")
@@ -372,26 +423,32 @@ def _infer_gather(ctx: InferCtx) -> list[Type]:
     if x.rank == 0:
         raise OpVerifyError("cannot gather from a scalar")
     axis = norm_axis(ctx["axis"], x.rank)
-    return [like(x, x.shape[:axis] + idx.shape + x.shape[axis + 1:])]
+    return [like(x, x.shape[:axis] + idx.shape + x.shape[axis + 1 :])]
 
 
-register(OpDef(
-    name="core.gather",
-    summary="Pick slices of x along `axis` by index (negative indices count from the end): "
-            "result shape is x.shape[:axis] + indices.shape + x.shape[axis+1:].",
-    operands=(Operand("x"), Operand("indices")), attrs=(Attr("axis", "int", 0),),
-    infer=_infer_gather, reference=lambda a, at: np.take(a[0], a[1], axis=at["axis"]),
-    verifies="indices are i64 or i32 and axis is in range for x.",
-    example="%y = core.gather %table, %ids {axis = 0} : (tensor<49152x576xf32>, tensor<?b x ?s x i64>) "
-            "-> tensor<?b x ?s x 576 x f32>",
-))
+register(
+    OpDef(
+        name="core.gather",
+        summary="Pick slices of x along `axis` by index (negative indices count from the end): "
+        "result shape is x.shape[:axis] + indices.shape + x.shape[axis+1:].",
+        operands=(Operand("x"), Operand("indices")),
+        attrs=(Attr("axis", "int", 0),),
+        infer=_infer_gather,
+        reference=lambda a, at: np.take(a[0], a[1], axis=at["axis"]),
+        verifies="indices are i64 or i32 and axis is in range for x.",
+        example="%y = core.gather %table, %ids {axis = 0} : (tensor<49152x576xf32>, tensor<?b x ?s x i64>) "
+        "-> tensor<?b x ?s x 576 x f32>",
+    )
+)
 
 
 def _check_indices(idx: np.ndarray, n: int) -> np.ndarray:
     idx = idx.astype(np.int64)
     bad = (idx < -n) | (idx >= n)
     if bad.any():
-        raise IndexError(f"index {int(idx[bad].reshape(-1)[0])} is out of range for a dim of size {n}")
+        raise IndexError(
+            f"index {int(idx[bad].reshape(-1)[0])} is out of range for a dim of size {n}"
+        )
     return np.where(idx < 0, idx + n, idx)
 
 
@@ -423,21 +480,27 @@ def _ref_gather_elements(args: list[np.ndarray], attrs: dict[str, Any]) -> np.nd
     return np.take_along_axis(x[crop], idx, axis=axis)
 
 
-register(OpDef(
-    name="core.gather_elements",
-    summary="Elementwise gather along `axis`: y[i][j][k] = x[indices[i][j][k]][j][k] for axis 0; the "
-            "result has the indices' shape.",
-    operands=(Operand("x"), Operand("indices")), attrs=(Attr("axis", "int", 0),),
-    infer=_infer_gather_elements, reference=_ref_gather_elements,
-    verifies="x and indices have one rank, indices are i64 or i32, and indices' other dims fit in x's.",
-    example="%y = core.gather_elements %x, %i {axis = 1} : (tensor<4x8xf32>, tensor<4x2xi64>) -> tensor<4x2xf32>",
-))
+register(
+    OpDef(
+        name="core.gather_elements",
+        summary="Elementwise gather along `axis`: y[i][j][k] = x[indices[i][j][k]][j][k] for axis 0; the "
+        "result has the indices' shape.",
+        operands=(Operand("x"), Operand("indices")),
+        attrs=(Attr("axis", "int", 0),),
+        infer=_infer_gather_elements,
+        reference=_ref_gather_elements,
+        verifies="x and indices have one rank, indices are i64 or i32, and indices' other dims fit in x's.",
+        example="%y = core.gather_elements %x, %i {axis = 1} : (tensor<4x8xf32>, tensor<4x2xi64>) -> tensor<4x2xf32>",
+    )
+)
 
 _REDUCTIONS = ("none", "add", "mul", "max", "min")
 _UFUNC = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
-def _scatter(out: np.ndarray, key: tuple[np.ndarray, ...], updates: np.ndarray, reduction: str) -> np.ndarray:
+def _scatter(
+    out: np.ndarray, key: tuple[np.ndarray, ...], updates: np.ndarray, reduction: str
+) -> np.ndarray:
     if reduction == "none":
         out[key] = updates
     else:
@@ -467,17 +530,20 @@ def _ref_scatter_elements(args: list[np.ndarray], attrs: dict[str, Any]) -> np.n
     return _scatter(x.copy(), tuple(key), upd, attrs["reduction"])
 
 
-register(OpDef(
-    name="core.scatter_elements",
-    summary="A copy of x with updates written (or combined by `reduction`) at the positions that "
-            "indices name along `axis`.",
-    operands=(Operand("x"), Operand("indices"), Operand("updates")),
-    attrs=(Attr("axis", "int", 0), Attr("reduction", "str", "none", choices=_REDUCTIONS)),
-    infer=_infer_scatter_elements, reference=_ref_scatter_elements,
-    verifies="x, indices and updates share a rank, indices and updates a shape, x and updates a dtype.",
-    example="%y = core.scatter_elements %x, %i, %u {axis = 1, reduction = \"add\"} : "
-            "(tensor<4x8xf32>, tensor<4x2xi64>, tensor<4x2xf32>) -> tensor<4x8xf32>",
-))
+register(
+    OpDef(
+        name="core.scatter_elements",
+        summary="A copy of x with updates written (or combined by `reduction`) at the positions that "
+        "indices name along `axis`.",
+        operands=(Operand("x"), Operand("indices"), Operand("updates")),
+        attrs=(Attr("axis", "int", 0), Attr("reduction", "str", "none", choices=_REDUCTIONS)),
+        infer=_infer_scatter_elements,
+        reference=_ref_scatter_elements,
+        verifies="x, indices and updates share a rank, indices and updates a shape, x and updates a dtype.",
+        example='%y = core.scatter_elements %x, %i, %u {axis = 1, reduction = "add"} : '
+        "(tensor<4x8xf32>, tensor<4x2xi64>, tensor<4x2xf32>) -> tensor<4x8xf32>",
+    )
+)
 
 
 def _infer_scatter_nd(ctx: InferCtx) -> list[Type]:
@@ -494,7 +560,9 @@ def _infer_scatter_nd(ctx: InferCtx) -> list[Type]:
         raise OpVerifyError(f"indices' last dim {k} must be in 1..{x.rank} (x's rank)")
     want = list(idx.shape[:-1]) + list(x.shape[k:])
     if upd.rank != len(want):
-        raise OpVerifyError(f"updates must have shape {fmt_shape(want)}, got {fmt_shape(upd.shape)}")
+        raise OpVerifyError(
+            f"updates must have shape {fmt_shape(want)}, got {fmt_shape(upd.shape)}"
+        )
     for j, (a, b) in enumerate(zip(want, upd.shape)):
         _merge_dim(a, b, f"updates dim {j} should be {format_dim(a)}")
     return [x]
@@ -508,26 +576,32 @@ def _ref_scatter_nd(args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray
     return _scatter(x.copy(), key, upd.reshape((flat.shape[0],) + x.shape[k:]), attrs["reduction"])
 
 
-register(OpDef(
-    name="core.scatter_nd",
-    summary="A copy of x with slices updates[i...] written (or combined by `reduction`) at x[indices[i...]].",
-    operands=(Operand("x"), Operand("indices"), Operand("updates")),
-    attrs=(Attr("reduction", "str", "none", choices=_REDUCTIONS),),
-    infer=_infer_scatter_nd, reference=_ref_scatter_nd,
-    verifies="indices' last dim k is at most x's rank and updates has shape indices.shape[:-1] + x.shape[k:].",
-    example="%y = core.scatter_nd %x, %i, %u : (tensor<8x4xf32>, tensor<2x1xi64>, tensor<2x4xf32>) "
-            "-> tensor<8x4xf32>",
-))
+register(
+    OpDef(
+        name="core.scatter_nd",
+        summary="A copy of x with slices updates[i...] written (or combined by `reduction`) at x[indices[i...]].",
+        operands=(Operand("x"), Operand("indices"), Operand("updates")),
+        attrs=(Attr("reduction", "str", "none", choices=_REDUCTIONS),),
+        infer=_infer_scatter_nd,
+        reference=_ref_scatter_nd,
+        verifies="indices' last dim k is at most x's rank and updates has shape indices.shape[:-1] + x.shape[k:].",
+        example="%y = core.scatter_nd %x, %i, %u : (tensor<8x4xf32>, tensor<2x1xi64>, tensor<2x4xf32>) "
+        "-> tensor<8x4xf32>",
+    )
+)
 
 
 # -- expand, squeeze, unsqueeze, tile, pad, flatten -----------------------------------------
+
 
 def _infer_expand(ctx: InferCtx) -> list[Type]:
     x = tensor_arg(ctx, 0, "x")
     shape = dims_of(ctx["shape"])
     for d in shape:
         if d is DYN or (isinstance(d, int) and d < 0):
-            raise OpVerifyError(f"shape dim {format_dim(d)} is not a size (use core.expand_dyn for run-time shapes)")
+            raise OpVerifyError(
+                f"shape dim {format_dim(d)} is not a size (use core.expand_dyn for run-time shapes)"
+            )
     return [like(x, broadcast_shapes(x.shape, shape))]
 
 
@@ -535,16 +609,21 @@ def _broadcast_to(x: np.ndarray, shape: Sequence[int]) -> np.ndarray:
     return np.array(np.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(shape))))
 
 
-register(OpDef(
-    name="core.expand",
-    summary="Broadcast x against `shape` (numpy rules in both directions: a 1 in shape keeps x's dim).",
-    operands=_X, attrs=(Attr("shape", "dims", doc="sizes, static or symbolic"),),
-    infer=_infer_expand,
-    reference=lambda a, at: _broadcast_to(a[0], _eval_dims(at["shape"], at["__env__"], "expand shape")),
-    verifies="shape holds sizes and broadcasts with x's shape.",
-    example="%y = core.expand %m {shape = [?b, 1, ?s, ?s]} : (tensor<1 x 1 x ?s x ?s x bool>) "
-            "-> tensor<?b x 1 x ?s x ?s x bool>",
-))
+register(
+    OpDef(
+        name="core.expand",
+        summary="Broadcast x against `shape` (numpy rules in both directions: a 1 in shape keeps x's dim).",
+        operands=_X,
+        attrs=(Attr("shape", "dims", doc="sizes, static or symbolic"),),
+        infer=_infer_expand,
+        reference=lambda a, at: _broadcast_to(
+            a[0], _eval_dims(at["shape"], at["__env__"], "expand shape")
+        ),
+        verifies="shape holds sizes and broadcasts with x's shape.",
+        example="%y = core.expand %m {shape = [?b, 1, ?s, ?s]} : (tensor<1 x 1 x ?s x ?s x bool>) "
+        "-> tensor<?b x 1 x ?s x ?s x bool>",
+    )
+)
 
 
 def _infer_expand_dyn(ctx: InferCtx) -> list[Type]:
@@ -556,19 +635,26 @@ def _infer_expand_dyn(ctx: InferCtx) -> list[Type]:
     return [like(x, [d if isinstance(d, int) and d != 1 else DYN for d in xs])]
 
 
-register(OpDef(
-    name="core.expand_dyn", summary="core.expand with the shape given as a run-time 1-D i64 tensor.",
-    operands=(Operand("x"), Operand("shape")), attrs=(),
-    infer=_infer_expand_dyn, reference=lambda a, at: _broadcast_to(a[0], _ints(a[1])),
-    verifies="shape is a 1-D i64 tensor of static length.",
-    example="%y = core.expand_dyn %x, %s : (tensor<1x64xf32>, tensor<3xi64>) -> tensor<?x?x64xf32>",
-))
+register(
+    OpDef(
+        name="core.expand_dyn",
+        summary="core.expand with the shape given as a run-time 1-D i64 tensor.",
+        operands=(Operand("x"), Operand("shape")),
+        attrs=(),
+        infer=_infer_expand_dyn,
+        reference=lambda a, at: _broadcast_to(a[0], _ints(a[1])),
+        verifies="shape is a 1-D i64 tensor of static length.",
+        example="%y = core.expand_dyn %x, %s : (tensor<1x64xf32>, tensor<3xi64>) -> tensor<?x?x64xf32>",
+    )
+)
 
 
 def _squeeze_axes(axes: Sequence[int], shape: Sequence[Dim]) -> list[int]:
     if not axes:
         if any(not isinstance(d, int) for d in shape):
-            raise OpVerifyError(f"squeeze without axes needs a static shape, got {fmt_shape(shape)}; give axes")
+            raise OpVerifyError(
+                f"squeeze without axes needs a static shape, got {fmt_shape(shape)}; give axes"
+            )
         return [i for i, d in enumerate(shape) if d == 1]
     ax = norm_axes(axes, len(shape))
     for a in ax:
@@ -590,13 +676,18 @@ def _ref_squeeze(args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     return np.array(np.squeeze(x, axis=axes))
 
 
-register(OpDef(
-    name="core.squeeze", summary="Drop the given size-1 axes (empty axes: every size-1 axis).",
-    operands=_X, attrs=(Attr("axes", "ints", (), doc="axes of size 1; empty = all of them"),),
-    infer=_infer_squeeze, reference=_ref_squeeze,
-    verifies="axes are distinct, in range and not of a static size other than 1.",
-    example="%y = core.squeeze %x {axes = [1]} : (tensor<?b x 1 x 64 x f32>) -> tensor<?b x 64 x f32>",
-))
+register(
+    OpDef(
+        name="core.squeeze",
+        summary="Drop the given size-1 axes (empty axes: every size-1 axis).",
+        operands=_X,
+        attrs=(Attr("axes", "ints", (), doc="axes of size 1; empty = all of them"),),
+        infer=_infer_squeeze,
+        reference=_ref_squeeze,
+        verifies="axes are distinct, in range and not of a static size other than 1.",
+        example="%y = core.squeeze %x {axes = [1]} : (tensor<?b x 1 x 64 x f32>) -> tensor<?b x 64 x f32>",
+    )
+)
 
 
 def _infer_unsqueeze(ctx: InferCtx) -> list[Type]:
@@ -607,14 +698,20 @@ def _infer_unsqueeze(ctx: InferCtx) -> list[Type]:
     return [like(x, [1 if i in ax else next(it) for i in range(rank)])]
 
 
-register(OpDef(
-    name="core.unsqueeze", summary="Insert size-1 axes at the given positions of the result.",
-    operands=_X, attrs=(Attr("axes", "ints", doc="positions in the result, negative from the end"),),
-    infer=_infer_unsqueeze,
-    reference=lambda a, at: np.expand_dims(a[0], tuple(norm_axes(at["axes"], a[0].ndim + len(at["axes"])))),
-    verifies="axes are distinct and in range for the result's rank.",
-    example="%y = core.unsqueeze %x {axes = [1, 2]} : (tensor<?b x ?s x i64>) -> tensor<?b x 1 x 1 x ?s x i64>",
-))
+register(
+    OpDef(
+        name="core.unsqueeze",
+        summary="Insert size-1 axes at the given positions of the result.",
+        operands=_X,
+        attrs=(Attr("axes", "ints", doc="positions in the result, negative from the end"),),
+        infer=_infer_unsqueeze,
+        reference=lambda a, at: np.expand_dims(
+            a[0], tuple(norm_axes(at["axes"], a[0].ndim + len(at["axes"])))
+        ),
+        verifies="axes are distinct and in range for the result's rank.",
+        example="%y = core.unsqueeze %x {axes = [1, 2]} : (tensor<?b x ?s x i64>) -> tensor<?b x 1 x 1 x ?s x i64>",
+    )
+)
 
 
 def _infer_tile(ctx: InferCtx) -> list[Type]:
@@ -627,13 +724,18 @@ def _infer_tile(ctx: InferCtx) -> list[Type]:
     return [like(x, [dim_mul(d, r) for d, r in zip(x.shape, reps)])]
 
 
-register(OpDef(
-    name="core.tile", summary="Repeat x `repeats[i]` times along each axis i.",
-    operands=_X, attrs=(Attr("repeats", "ints", doc="one count per axis"),),
-    infer=_infer_tile, reference=lambda a, at: np.tile(a[0], at["repeats"]),
-    verifies="repeats has one non-negative entry per axis of x.",
-    example="%y = core.tile %x {repeats = [1, 3]} : (tensor<?n x 4 x f32>) -> tensor<?n x 12 x f32>",
-))
+register(
+    OpDef(
+        name="core.tile",
+        summary="Repeat x `repeats[i]` times along each axis i.",
+        operands=_X,
+        attrs=(Attr("repeats", "ints", doc="one count per axis"),),
+        infer=_infer_tile,
+        reference=lambda a, at: np.tile(a[0], at["repeats"]),
+        verifies="repeats has one non-negative entry per axis of x.",
+        example="%y = core.tile %x {repeats = [1, 3]} : (tensor<?n x 4 x f32>) -> tensor<?n x 12 x f32>",
+    )
+)
 
 _PAD_MODES = ("constant", "reflect", "edge", "wrap")
 
@@ -650,7 +752,9 @@ def _infer_pad(ctx: InferCtx) -> list[Type]:
         if isinstance(n, int) and n < 0:
             raise OpVerifyError(f"pads [{begin}, {end}] on axis {i} of size {d} leave {n} elements")
         if ctx["mode"] == "reflect" and isinstance(d, int) and max(begin, end) > d - 1:
-            raise OpVerifyError(f"reflect pads [{begin}, {end}] on axis {i} need a size > {max(begin, end)}, got {d}")
+            raise OpVerifyError(
+                f"reflect pads [{begin}, {end}] on axis {i} need a size > {max(begin, end)}, got {d}"
+            )
         out.append(n)
     return [like(x, out)]
 
@@ -664,30 +768,39 @@ def _ref_pad(args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     x = x[crop]
     width = [(max(pads[i], 0), max(pads[i + r], 0)) for i in range(r)]
     if mode == "reflect" and any(max(w) > d - 1 for w, d in zip(width, x.shape)):
-        raise ValueError(f"reflect pads {pads} need every padded axis longer than its pads ({list(x.shape)})")
+        raise ValueError(
+            f"reflect pads {pads} need every padded axis longer than its pads ({list(x.shape)})"
+        )
     if mode == "constant":
         value = np.array(attrs["value"]).astype(x.dtype)
         return np.pad(x, width, mode="constant", constant_values=value)
     return np.pad(x, width, mode=mode)
 
 
-register(OpDef(
-    name="core.pad",
-    summary="Pad x by pads = [begin_0, ..., begin_n-1, end_0, ..., end_n-1] (negative pads crop) "
-            "with a constant, a reflection, the edge value or wrap-around.",
-    operands=_X,
-    attrs=(Attr("pads", "ints", doc="ONNX layout: all begins, then all ends"),
-           Attr("mode", "str", "constant", choices=_PAD_MODES),
-           Attr("value", "float", 0.0, doc="fill value for mode constant, cast to x's dtype")),
-    infer=_infer_pad, reference=_ref_pad,
-    verifies="pads has 2 entries per axis and leaves no axis with a negative size.",
-    example="%y = core.pad %x {pads = [0, 1, 0, 2]} : (tensor<?n x 4 x f32>) -> tensor<?n x 7 x f32>",
-))
+register(
+    OpDef(
+        name="core.pad",
+        summary="Pad x by pads = [begin_0, ..., begin_n-1, end_0, ..., end_n-1] (negative pads crop) "
+        "with a constant, a reflection, the edge value or wrap-around.",
+        operands=_X,
+        attrs=(
+            Attr("pads", "ints", doc="ONNX layout: all begins, then all ends"),
+            Attr("mode", "str", "constant", choices=_PAD_MODES),
+            Attr("value", "float", 0.0, doc="fill value for mode constant, cast to x's dtype"),
+        ),
+        infer=_infer_pad,
+        reference=_ref_pad,
+        verifies="pads has 2 entries per axis and leaves no axis with a negative size.",
+        example="%y = core.pad %x {pads = [0, 1, 0, 2]} : (tensor<?n x 4 x f32>) -> tensor<?n x 7 x f32>",
+    )
+)
 
 
 def _flatten_axis(axis: int, rank: int) -> int:
     if not -rank <= axis <= rank:
-        raise OpVerifyError(f"axis {axis} is out of range for flatten of rank {rank} (allowed {-rank}..{rank})")
+        raise OpVerifyError(
+            f"axis {axis} is out of range for flatten of rank {rank} (allowed {-rank}..{rank})"
+        )
     return axis + rank if axis < 0 else axis
 
 
@@ -703,13 +816,18 @@ def _ref_flatten(args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     return x.reshape(math.prod(x.shape[:a]), math.prod(x.shape[a:]))
 
 
-register(OpDef(
-    name="core.flatten", summary="Reshape x to 2-D: [prod(dims before axis), prod(dims from axis on)].",
-    operands=_X, attrs=(Attr("axis", "int", 1, doc="in -rank..rank"),),
-    infer=_infer_flatten, reference=_ref_flatten,
-    verifies="axis is in -rank..rank.",
-    example="%y = core.flatten %x {axis = 1} : (tensor<?n x 3 x 4 x f32>) -> tensor<?n x 12 x f32>",
-))
+register(
+    OpDef(
+        name="core.flatten",
+        summary="Reshape x to 2-D: [prod(dims before axis), prod(dims from axis on)].",
+        operands=_X,
+        attrs=(Attr("axis", "int", 1, doc="in -rank..rank"),),
+        infer=_infer_flatten,
+        reference=_ref_flatten,
+        verifies="axis is in -rank..rank.",
+        example="%y = core.flatten %x {axis = 1} : (tensor<?n x 3 x 4 x f32>) -> tensor<?n x 12 x f32>",
+    )
+)
 
 
 def _ref_reshape_dyn(args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
@@ -720,16 +838,19 @@ def _ref_reshape_dyn(args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarra
     return _ref_reshape([x], {"shape": tuple(target), "allowzero": attrs["allowzero"]})
 
 
-register(OpDef(
-    name="core.reshape_dyn",
-    summary="core.reshape with the target shape given as a run-time 1-D i64 tensor (0 copies a dim "
-            "unless allowzero, -1 is inferred).",
-    operands=(Operand("x"), Operand("shape")), attrs=(Attr("allowzero", "bool", False),),
-    infer=lambda ctx: [like(tensor_arg(ctx, 0, "x"), [DYN] * _shape_operand(ctx, 1, "shape"))],
-    reference=_ref_reshape_dyn,
-    verifies="shape is a 1-D i64 tensor of static length (the result's rank).",
-    example="%y = core.reshape_dyn %x, %s : (tensor<?n x 576 x f32>, tensor<3xi64>) -> tensor<?x?x?xf32>",
-))
+register(
+    OpDef(
+        name="core.reshape_dyn",
+        summary="core.reshape with the target shape given as a run-time 1-D i64 tensor (0 copies a dim "
+        "unless allowzero, -1 is inferred).",
+        operands=(Operand("x"), Operand("shape")),
+        attrs=(Attr("allowzero", "bool", False),),
+        infer=lambda ctx: [like(tensor_arg(ctx, 0, "x"), [DYN] * _shape_operand(ctx, 1, "shape"))],
+        reference=_ref_reshape_dyn,
+        verifies="shape is a 1-D i64 tensor of static length (the result's rank).",
+        example="%y = core.reshape_dyn %x, %s : (tensor<?n x 576 x f32>, tensor<3xi64>) -> tensor<?x?x?xf32>",
+    )
+)
 
 
 def _infer_constant_of_shape(ctx: InferCtx) -> list[Type]:
@@ -752,18 +873,23 @@ def _ref_constant_of_shape(args: list[np.ndarray], attrs: dict[str, Any]) -> np.
     return np.full(shape, v.array.reshape(-1)[0], dtype=numpy_dtype(v.type.dtype))
 
 
-register(OpDef(
-    name="core.constant_of_shape",
-    summary="A tensor of run-time shape `shape` filled with `value` (default 0.0 f32).",
-    operands=(Operand("shape"),), attrs=(Attr("value", "dense", None, doc="one element, its type gives the dtype"),),
-    infer=_infer_constant_of_shape, reference=_ref_constant_of_shape,
-    verifies="shape is a 1-D i64 tensor of static length and value holds one element.",
-    example="%y = core.constant_of_shape %s {value = dense<1> : tensor<1xi64>} : (tensor<2xi64>) "
-            "-> tensor<?x?xi64>",
-))
+register(
+    OpDef(
+        name="core.constant_of_shape",
+        summary="A tensor of run-time shape `shape` filled with `value` (default 0.0 f32).",
+        operands=(Operand("shape"),),
+        attrs=(Attr("value", "dense", None, doc="one element, its type gives the dtype"),),
+        infer=_infer_constant_of_shape,
+        reference=_ref_constant_of_shape,
+        verifies="shape is a 1-D i64 tensor of static length and value holds one element.",
+        example="%y = core.constant_of_shape %s {value = dense<1> : tensor<1xi64>} : (tensor<2xi64>) "
+        "-> tensor<?x?xi64>",
+    )
+)
 
 
 # -- range, shape, size, identity -----------------------------------------------------------
+
 
 def _infer_range(ctx: InferCtx) -> list[Type]:
     for i, w in enumerate(("start", "limit", "delta")):
@@ -788,20 +914,25 @@ def _ref_range(args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     return (istart + np.arange(n, dtype=np.int64) * idelta).astype(dt)
 
 
-register(OpDef(
-    name="core.range",
-    summary="The 1-D sequence start, start + delta, ... up to (excluding) limit: "
-            "max(ceil((limit - start) / delta), 0) elements.",
-    operands=(Operand("start"), Operand("limit"), Operand("delta")), attrs=(),
-    infer=_infer_range, reference=_ref_range,
-    verifies="start, limit and delta are numeric scalars of one dtype.",
-    example="%p = core.range %a, %b, %c : (tensor<i64>, tensor<i64>, tensor<i64>) -> tensor<?xi64>",
-))
+register(
+    OpDef(
+        name="core.range",
+        summary="The 1-D sequence start, start + delta, ... up to (excluding) limit: "
+        "max(ceil((limit - start) / delta), 0) elements.",
+        operands=(Operand("start"), Operand("limit"), Operand("delta")),
+        attrs=(),
+        infer=_infer_range,
+        reference=_ref_range,
+        verifies="start, limit and delta are numeric scalars of one dtype.",
+        example="%p = core.range %a, %b, %c : (tensor<i64>, tensor<i64>, tensor<i64>) -> tensor<?xi64>",
+    )
+)
 
 
 def _shape_range(start: int, end: int | None, rank: int) -> tuple[int, int]:
     def clamp(v: int) -> int:
         return min(max(v + rank if v < 0 else v, 0), rank)
+
     s, e = clamp(start), rank if end is None else clamp(end)
     return s, max(s, e)
 
@@ -821,23 +952,34 @@ def _ref_shape(args: list[Any], attrs: dict[str, Any]) -> np.ndarray:
     return np.array(shape[s:e], dtype=np.int64)
 
 
-register(OpDef(
-    name="core.shape",
-    summary="x's dims start..end (clamped, negative from the end) as a 1-D i64 tensor.",
-    operands=_X, attrs=(Attr("start", "int", 0), Attr("end", "any", None, doc="an int, or none for the rank")),
-    infer=_infer_shape, reference=_ref_shape,
-    verifies="x is a tensor; the result length is fixed by start, end and x's rank.",
-    example="%s = core.shape %x {start = 1} : (tensor<?b x ?s x 64 x f32>) -> tensor<2xi64>",
-))
+register(
+    OpDef(
+        name="core.shape",
+        summary="x's dims start..end (clamped, negative from the end) as a 1-D i64 tensor.",
+        operands=_X,
+        attrs=(
+            Attr("start", "int", 0),
+            Attr("end", "any", None, doc="an int, or none for the rank"),
+        ),
+        infer=_infer_shape,
+        reference=_ref_shape,
+        verifies="x is a tensor; the result length is fixed by start, end and x's rank.",
+        example="%s = core.shape %x {start = 1} : (tensor<?b x ?s x 64 x f32>) -> tensor<2xi64>",
+    )
+)
 
-register(OpDef(
-    name="core.size", summary="The number of elements of x as an i64 scalar.",
-    operands=_X, attrs=(),
-    infer=lambda ctx: [TensorType((), DType.i64)] if tensor_arg(ctx, 0, "x") else [],
-    reference=lambda a, at: np.array(math.prod(a[0].shape), dtype=np.int64),
-    verifies="x is a tensor.",
-    example="%n = core.size %x : (tensor<?b x 64 x f32>) -> tensor<i64>",
-))
+register(
+    OpDef(
+        name="core.size",
+        summary="The number of elements of x as an i64 scalar.",
+        operands=_X,
+        attrs=(),
+        infer=lambda ctx: [TensorType((), DType.i64)] if tensor_arg(ctx, 0, "x") else [],
+        reference=lambda a, at: np.array(math.prod(a[0].shape), dtype=np.int64),
+        verifies="x is a tensor.",
+        example="%n = core.size %x : (tensor<?b x 64 x f32>) -> tensor<i64>",
+    )
+)
 
 
 def _infer_identity(ctx: InferCtx) -> list[Type]:
@@ -847,15 +989,22 @@ def _infer_identity(ctx: InferCtx) -> list[Type]:
     return [t]
 
 
-register(OpDef(
-    name="core.identity", summary="x itself.",
-    operands=_X, attrs=(), infer=_infer_identity, reference=lambda a, at: a[0],
-    verifies="the result has x's type.",
-    example="%y = core.identity %x : (tensor<?n x 4 x f16>) -> tensor<?n x 4 x f16>",
-))
+register(
+    OpDef(
+        name="core.identity",
+        summary="x itself.",
+        operands=_X,
+        attrs=(),
+        infer=_infer_identity,
+        reference=lambda a, at: a[0],
+        verifies="the result has x's type.",
+        example="%y = core.identity %x : (tensor<?n x 4 x f16>) -> tensor<?n x 4 x f16>",
+    )
+)
 
 
 # -- trilu, cumsum, argmax/argmin, top_k ----------------------------------------------------
+
 
 def _infer_trilu(ctx: InferCtx) -> list[Type]:
     x = tensor_arg(ctx, 0, "x")
@@ -874,14 +1023,21 @@ def _ref_trilu(args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     return np.triu(x, k) if attrs["upper"] else np.tril(x, k)
 
 
-register(OpDef(
-    name="core.trilu",
-    summary="Keep the upper (or lower) triangle of the last two dims from diagonal k on; zero the rest.",
-    operands=(Operand("x"), Operand("k", optional=True, doc="i64 scalar diagonal offset, default 0")),
-    attrs=(Attr("upper", "bool", True),), infer=_infer_trilu, reference=_ref_trilu,
-    verifies="x has rank >= 2 and k, when given, is an i64 scalar.",
-    example="%y = core.trilu %x {upper = false} : (tensor<?s x ?s x f32>) -> tensor<?s x ?s x f32>",
-))
+register(
+    OpDef(
+        name="core.trilu",
+        summary="Keep the upper (or lower) triangle of the last two dims from diagonal k on; zero the rest.",
+        operands=(
+            Operand("x"),
+            Operand("k", optional=True, doc="i64 scalar diagonal offset, default 0"),
+        ),
+        attrs=(Attr("upper", "bool", True),),
+        infer=_infer_trilu,
+        reference=_ref_trilu,
+        verifies="x has rank >= 2 and k, when given, is an i64 scalar.",
+        example="%y = core.trilu %x {upper = false} : (tensor<?s x ?s x f32>) -> tensor<?s x ?s x f32>",
+    )
+)
 
 
 def _infer_cumsum(ctx: InferCtx) -> list[Type]:
@@ -909,15 +1065,22 @@ def _ref_cumsum(args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     return np.ascontiguousarray(c).astype(x.dtype)
 
 
-register(OpDef(
-    name="core.cumsum",
-    summary="Running sum along `axis`; exclusive leaves out the element itself, reverse runs from the end.",
-    operands=_X,
-    attrs=(Attr("axis", "int"), Attr("exclusive", "bool", False), Attr("reverse", "bool", False)),
-    infer=_infer_cumsum, reference=_ref_cumsum,
-    verifies="x is numeric with rank >= 1 and axis is in range.",
-    example="%y = core.cumsum %m {axis = 1} : (tensor<?b x ?s x i64>) -> tensor<?b x ?s x i64>",
-))
+register(
+    OpDef(
+        name="core.cumsum",
+        summary="Running sum along `axis`; exclusive leaves out the element itself, reverse runs from the end.",
+        operands=_X,
+        attrs=(
+            Attr("axis", "int"),
+            Attr("exclusive", "bool", False),
+            Attr("reverse", "bool", False),
+        ),
+        infer=_infer_cumsum,
+        reference=_ref_cumsum,
+        verifies="x is numeric with rank >= 1 and axis is in range.",
+        example="%y = core.cumsum %m {axis = 1} : (tensor<?b x ?s x i64>) -> tensor<?b x ?s x i64>",
+    )
+)
 
 
 def reduced_shape(shape: Sequence[Dim], axes: Sequence[int], keepdims: bool) -> list[Dim]:
@@ -947,22 +1110,30 @@ def _ref_arg(fn: Any) -> Any:
         if attrs["select_last_index"]:
             i = x.shape[ax] - 1 - i
         return np.asarray(i, dtype=np.int64)
+
     return run
 
 
 for _name, _fn in (("argmax", np.argmax), ("argmin", np.argmin)):
     _what = "largest" if _name == "argmax" else "smallest"
-    register(OpDef(
-        name=f"core.{_name}",
-        summary=f"The i64 index of the {_what} element along `axis` (the first one on ties, the last "
-                "with select_last_index).",
-        operands=_X,
-        attrs=(Attr("axis", "int", 0), Attr("keepdims", "bool", True), Attr("select_last_index", "bool", False)),
-        infer=_infer_arg, reference=_ref_arg(_fn),
-        verifies="x is numeric and axis is in range and not of size 0.",
-        example=f"%i = core.{_name} %logits {{axis = -1, keepdims = false}} : "
-                "(tensor<?b x 49152 x f32>) -> tensor<?b x i64>",
-    ))
+    register(
+        OpDef(
+            name=f"core.{_name}",
+            summary=f"The i64 index of the {_what} element along `axis` (the first one on ties, the last "
+            "with select_last_index).",
+            operands=_X,
+            attrs=(
+                Attr("axis", "int", 0),
+                Attr("keepdims", "bool", True),
+                Attr("select_last_index", "bool", False),
+            ),
+            infer=_infer_arg,
+            reference=_ref_arg(_fn),
+            verifies="x is numeric and axis is in range and not of size 0.",
+            example=f"%i = core.{_name} %logits {{axis = -1, keepdims = false}} : "
+            "(tensor<?b x 49152 x f32>) -> tensor<?b x i64>",
+        )
+    )
 
 
 def _infer_top_k(ctx: InferCtx) -> list[Type]:
@@ -996,16 +1167,25 @@ def _ref_top_k(args: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray
     return [np.take_along_axis(x, idx, axis=ax), idx]
 
 
-register(OpDef(
-    name="core.top_k",
-    summary="The k largest (or smallest) elements along `axis` and their i64 indices, in sorted order; "
-            "equal values keep the lower index first.",
-    operands=_X,
-    attrs=(Attr("k", "int"), Attr("axis", "int", -1), Attr("largest", "bool", True), Attr("sorted", "bool", True)),
-    infer=_infer_top_k, reference=_ref_top_k, results=("values", "indices"),
-    verifies="x is numeric, axis is in range and 0 <= k <= the axis size.",
-    example="%v, %i = core.top_k %logits {k = 40} : (tensor<?b x 49152 x f32>) "
-            "-> (tensor<?b x 40 x f32>, tensor<?b x 40 x i64>)",
-))
+register(
+    OpDef(
+        name="core.top_k",
+        summary="The k largest (or smallest) elements along `axis` and their i64 indices, in sorted order; "
+        "equal values keep the lower index first.",
+        operands=_X,
+        attrs=(
+            Attr("k", "int"),
+            Attr("axis", "int", -1),
+            Attr("largest", "bool", True),
+            Attr("sorted", "bool", True),
+        ),
+        infer=_infer_top_k,
+        reference=_ref_top_k,
+        results=("values", "indices"),
+        verifies="x is numeric, axis is in range and 0 <= k <= the axis size.",
+        example="%v, %i = core.top_k %logits {k = 40} : (tensor<?b x 49152 x f32>) "
+        "-> (tensor<?b x 40 x f32>, tensor<?b x 40 x i64>)",
+    )
+)
 
 __all__ = ["is_float_array", "numeric_tensor", "reduced_shape"]

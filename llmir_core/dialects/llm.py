@@ -28,13 +28,16 @@ from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError
 from .registry import register, register_dialect
 from .shapes import broadcast_shapes, float_tensor, fmt_shape, kv_arg, like, tensor_arg
 
-register_dialect("llm", "language-model ops: embedding, norms, rotary, attention, KV cache, quantization")
+register_dialect(
+    "llm", "language-model ops: embedding, norms, rotary, attention, KV cache, quantization"
+)
 
 _F64 = np.float64
 _LOW_PRECISION = {DType.f16, DType.bf16, DType.f8e4m3, DType.f8e5m2}
 
 
 # -- shared helpers --------------------------------------------------------------------------
+
 
 def _same(a: Dim, b: Dim) -> bool:
     """False only when a and b are known to differ (two different ints, or int vs symbol)."""
@@ -92,6 +95,7 @@ def _back(b: Any, v: Any, dt: DType) -> Any:
 
 # -- embedding ---------------------------------------------------------------------------------
 
+
 def _infer_embedding(ctx: InferCtx) -> list[Type]:
     table = float_tensor(ctx, 0, "table")
     ids = tensor_arg(ctx, 1, "ids")
@@ -104,23 +108,31 @@ def _infer_embedding(ctx: InferCtx) -> list[Type]:
 def _ref_embedding(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
     table, ids = args
     if ids.size and (ids.min() < 0 or ids.max() >= table.shape[0]):
-        raise IndexError(f"token id out of range [0, {table.shape[0]}): "
-                         f"min {int(ids.min())}, max {int(ids.max())}")
+        raise IndexError(
+            f"token id out of range [0, {table.shape[0]}): "
+            f"min {int(ids.min())}, max {int(ids.max())}"
+        )
     return np.take(table, ids, axis=0)
 
 
-register(OpDef(
-    name="llm.embedding", summary="Look up rows of an embedding table: result[..., :] = table[ids[...], :] (ids in [0, vocab)).",
-    operands=(Operand("table", doc="[vocab, hidden]"), Operand("ids", doc="integer token ids")),
-    attrs=(), infer=_infer_embedding, reference=_ref_embedding,
-    decompose=lambda b, o, at: [b.op("core.gather", o[0], o[1], axis=0)],
-    verifies="table is a 2-D float tensor, ids an integer tensor; the result is [*ids.shape, hidden].",
-    example="%h = llm.embedding %table, %ids : (tensor<128x64xf32>, tensor<?batch x ?seq x i64>) "
-            "-> tensor<?batch x ?seq x 64 x f32>",
-))
+register(
+    OpDef(
+        name="llm.embedding",
+        summary="Look up rows of an embedding table: result[..., :] = table[ids[...], :] (ids in [0, vocab)).",
+        operands=(Operand("table", doc="[vocab, hidden]"), Operand("ids", doc="integer token ids")),
+        attrs=(),
+        infer=_infer_embedding,
+        reference=_ref_embedding,
+        decompose=lambda b, o, at: [b.op("core.gather", o[0], o[1], axis=0)],
+        verifies="table is a 2-D float tensor, ids an integer tensor; the result is [*ids.shape, hidden].",
+        example="%h = llm.embedding %table, %ids : (tensor<128x64xf32>, tensor<?batch x ?seq x i64>) "
+        "-> tensor<?batch x ?seq x 64 x f32>",
+    )
+)
 
 
 # -- norms -----------------------------------------------------------------------------------
+
 
 def _infer_norm(ctx: InferCtx) -> list[Type]:
     x = float_tensor(ctx, 0, "x")
@@ -131,8 +143,11 @@ def _infer_norm(ctx: InferCtx) -> list[Type]:
         w = tensor_arg(ctx, i, what)
         _need_rank(w, 1, what)
         _need_dtype(w, x.dtype, what)
-        _need_dim(w.shape[0], x.shape[-1],
-                  f"{what} has {w.shape[0]} elements but x's last dim is {x.shape[-1]}")
+        _need_dim(
+            w.shape[0],
+            x.shape[-1],
+            f"{what} has {w.shape[0]} elements but x's last dim is {x.shape[-1]}",
+        )
     if ctx["eps"] < 0:
         raise OpVerifyError(f"eps must be >= 0, got {ctx['eps']}")
     return [x]
@@ -157,17 +172,25 @@ def _dec_rms_norm(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     return [_back(b, y, dt)]
 
 
-register(OpDef(
-    name="llm.rms_norm",
-    summary="RMS normalization over the last dim: x / sqrt(mean(x^2) + eps) * (weight + offset).",
-    operands=(Operand("x"), Operand("weight", doc="[hidden]")),
-    attrs=(Attr("eps", "float", 1e-6, doc="added to the mean square"),
-           Attr("offset", "float", 0.0, doc="added to weight (gemma stores weight - 1: offset 1.0)")),
-    infer=_infer_norm, reference=_ref_rms_norm, decompose=_dec_rms_norm,
-    verifies="x is a float tensor, weight is 1-D with x's dtype and last dim, and eps >= 0.",
-    example="%y = llm.rms_norm %x, %w {eps = 1e-05} : (tensor<?batch x ?seq x 64 x f32>, "
-            "tensor<64xf32>) -> tensor<?batch x ?seq x 64 x f32>",
-))
+register(
+    OpDef(
+        name="llm.rms_norm",
+        summary="RMS normalization over the last dim: x / sqrt(mean(x^2) + eps) * (weight + offset).",
+        operands=(Operand("x"), Operand("weight", doc="[hidden]")),
+        attrs=(
+            Attr("eps", "float", 1e-6, doc="added to the mean square"),
+            Attr(
+                "offset", "float", 0.0, doc="added to weight (gemma stores weight - 1: offset 1.0)"
+            ),
+        ),
+        infer=_infer_norm,
+        reference=_ref_rms_norm,
+        decompose=_dec_rms_norm,
+        verifies="x is a float tensor, weight is 1-D with x's dtype and last dim, and eps >= 0.",
+        example="%y = llm.rms_norm %x, %w {eps = 1e-05} : (tensor<?batch x ?seq x 64 x f32>, "
+        "tensor<64xf32>) -> tensor<?batch x ?seq x 64 x f32>",
+    )
+)
 
 
 def _ref_layer_norm(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
@@ -193,20 +216,28 @@ def _dec_layer_norm(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     return [_back(b, y, dt)]
 
 
-register(OpDef(
-    name="llm.layer_norm",
-    summary="Layer normalization over the last dim: (x - mean) / sqrt(var + eps) * weight + bias.",
-    operands=(Operand("x"), Operand("weight", doc="[hidden]"),
-              Operand("bias", optional=True, doc="[hidden]")),
-    attrs=(Attr("eps", "float", 1e-5, doc="added to the (population) variance"),),
-    infer=_infer_norm, reference=_ref_layer_norm, decompose=_dec_layer_norm,
-    verifies="x is a float tensor, weight (and bias) are 1-D with x's dtype and last dim, eps >= 0.",
-    example="%y = llm.layer_norm %x, %w, %b : (tensor<?batch x ?seq x 64 x f32>, tensor<64xf32>, "
-            "tensor<64xf32>) -> tensor<?batch x ?seq x 64 x f32>",
-))
+register(
+    OpDef(
+        name="llm.layer_norm",
+        summary="Layer normalization over the last dim: (x - mean) / sqrt(var + eps) * weight + bias.",
+        operands=(
+            Operand("x"),
+            Operand("weight", doc="[hidden]"),
+            Operand("bias", optional=True, doc="[hidden]"),
+        ),
+        attrs=(Attr("eps", "float", 1e-5, doc="added to the (population) variance"),),
+        infer=_infer_norm,
+        reference=_ref_layer_norm,
+        decompose=_dec_layer_norm,
+        verifies="x is a float tensor, weight (and bias) are 1-D with x's dtype and last dim, eps >= 0.",
+        example="%y = llm.layer_norm %x, %w, %b : (tensor<?batch x ?seq x 64 x f32>, tensor<64xf32>, "
+        "tensor<64xf32>) -> tensor<?batch x ?seq x 64 x f32>",
+    )
+)
 
 
 # -- rotary embedding --------------------------------------------------------------------------
+
 
 def _infer_rotary(ctx: InferCtx) -> list[Type]:
     x = float_tensor(ctx, 0, "x")
@@ -222,8 +253,14 @@ def _infer_rotary(ctx: InferCtx) -> list[Type]:
     if pos.dtype != DType.i64:
         raise OpVerifyError(f"positions must be i64, got {pos.dtype}")
     if pos.shape[0] != 1:
-        _need_dim(pos.shape[0], x.shape[0], f"positions batch {pos.shape[0]} differs from x's {x.shape[0]}")
-    _need_dim(pos.shape[1], x.shape[2], f"positions seq {pos.shape[1]} differs from x's {x.shape[2]}")
+        _need_dim(
+            pos.shape[0],
+            x.shape[0],
+            f"positions batch {pos.shape[0]} differs from x's {x.shape[0]}",
+        )
+    _need_dim(
+        pos.shape[1], x.shape[2], f"positions seq {pos.shape[1]} differs from x's {x.shape[2]}"
+    )
     rd = ctx["rotary_dim"]
     head = x.shape[3]
     if rd < 0 or rd % 2:
@@ -242,12 +279,15 @@ def _ref_rotary(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
     rd = at["rotary_dim"] or x.shape[-1]
     half = rd // 2
     if pos.size and (pos.min() < 0 or pos.max() >= cos.shape[0]):
-        raise IndexError(f"position out of range [0, {cos.shape[0]}): "
-                         f"min {int(pos.min())}, max {int(pos.max())}")
+        raise IndexError(
+            f"position out of range [0, {cos.shape[0]}): min {int(pos.min())}, max {int(pos.max())}"
+        )
     c, s = _f64(cos)[pos][:, None], _f64(sin)[pos][:, None]  # [batch, 1, seq, half]
     xf = _f64(x)
     xr, keep = xf[..., :rd], xf[..., rd:]
-    x1, x2 = (xr[..., 0::2], xr[..., 1::2]) if at["interleaved"] else (xr[..., :half], xr[..., half:])
+    x1, x2 = (
+        (xr[..., 0::2], xr[..., 1::2]) if at["interleaved"] else (xr[..., :half], xr[..., half:])
+    )
     real, imag = c * x1 - s * x2, s * x1 + c * x2
     if at["interleaved"]:
         rot = np.stack([real, imag], axis=-1).reshape(xr.shape)
@@ -271,12 +311,18 @@ def _dec_rotary(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     def part(start: int, end: int, step: int = 1) -> Any:
         return b.op("core.slice", x, starts=(start,), ends=(end,), axes=(3,), steps=(step,))
 
-    x1, x2 = (part(0, rd, 2), part(1, rd, 2)) if at["interleaved"] else (part(0, half), part(half, rd))
+    x1, x2 = (
+        (part(0, rd, 2), part(1, rd, 2)) if at["interleaved"] else (part(0, half), part(half, rd))
+    )
     real = b.op("core.sub", b.op("core.mul", cos, x1), b.op("core.mul", sin, x2))
     imag = b.op("core.add", b.op("core.mul", sin, x1), b.op("core.mul", cos, x2))
     if at["interleaved"]:
-        pair = b.op("core.concat", b.op("core.unsqueeze", real, axes=(4,)),
-                    b.op("core.unsqueeze", imag, axes=(4,)), axis=4)
+        pair = b.op(
+            "core.concat",
+            b.op("core.unsqueeze", real, axes=(4,)),
+            b.op("core.unsqueeze", imag, axes=(4,)),
+            axis=4,
+        )
         rot = b.op("core.reshape", pair, shape=(0, 0, 0, rd))
     else:
         rot = b.op("core.concat", real, imag, axis=3)
@@ -285,27 +331,40 @@ def _dec_rotary(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     return [_back(b, rot, dt)]
 
 
-register(OpDef(
-    name="llm.rotary_embedding",
-    summary="Rotary position embedding (ONNX opset-23 RotaryEmbedding, 4-D form): rotate pairs "
-            "of the first rotary_dim features by the angles cached at each token's position.",
-    operands=(Operand("x", doc="[batch, heads, seq, head_dim]"),
-              Operand("cos_cache", doc="[max_pos, rotary_dim/2]"),
-              Operand("sin_cache", doc="[max_pos, rotary_dim/2]"),
-              Operand("positions", doc="[batch, seq] i64 (batch may be 1)")),
-    attrs=(Attr("interleaved", "bool", False,
-                doc="pairs are (2i, 2i+1) (GPT-J) instead of (i, i + rotary_dim/2) (GPT-NeoX/llama)"),
-           Attr("rotary_dim", "int", 0, doc="features rotated; 0 means all of head_dim")),
-    infer=_infer_rotary, reference=_ref_rotary, decompose=_dec_rotary,
-    verifies="x is [batch, heads, seq, head_dim], the caches are [max_pos, rotary_dim/2] of x's "
-             "dtype, positions is i64 [batch, seq], and rotary_dim is even and <= head_dim.",
-    example="%y = llm.rotary_embedding %q, %cos, %sin, %pos : (tensor<?batch x 9 x ?seq x 64 x f32>, "
-            "tensor<2048x32xf32>, tensor<2048x32xf32>, tensor<?batch x ?seq x i64>) "
-            "-> tensor<?batch x 9 x ?seq x 64 x f32>",
-))
+register(
+    OpDef(
+        name="llm.rotary_embedding",
+        summary="Rotary position embedding (ONNX opset-23 RotaryEmbedding, 4-D form): rotate pairs "
+        "of the first rotary_dim features by the angles cached at each token's position.",
+        operands=(
+            Operand("x", doc="[batch, heads, seq, head_dim]"),
+            Operand("cos_cache", doc="[max_pos, rotary_dim/2]"),
+            Operand("sin_cache", doc="[max_pos, rotary_dim/2]"),
+            Operand("positions", doc="[batch, seq] i64 (batch may be 1)"),
+        ),
+        attrs=(
+            Attr(
+                "interleaved",
+                "bool",
+                False,
+                doc="pairs are (2i, 2i+1) (GPT-J) instead of (i, i + rotary_dim/2) (GPT-NeoX/llama)",
+            ),
+            Attr("rotary_dim", "int", 0, doc="features rotated; 0 means all of head_dim"),
+        ),
+        infer=_infer_rotary,
+        reference=_ref_rotary,
+        decompose=_dec_rotary,
+        verifies="x is [batch, heads, seq, head_dim], the caches are [max_pos, rotary_dim/2] of x's "
+        "dtype, positions is i64 [batch, seq], and rotary_dim is even and <= head_dim.",
+        example="%y = llm.rotary_embedding %q, %cos, %sin, %pos : (tensor<?batch x 9 x ?seq x 64 x f32>, "
+        "tensor<2048x32xf32>, tensor<2048x32xf32>, tensor<?batch x ?seq x i64>) "
+        "-> tensor<?batch x 9 x ?seq x 64 x f32>",
+    )
+)
 
 
 # -- attention ----------------------------------------------------------------------------------
+
 
 def _infer_sdpa(ctx: InferCtx) -> list[Type]:
     q, k, v = float_tensor(ctx, 0, "q"), tensor_arg(ctx, 1, "k"), tensor_arg(ctx, 2, "v")
@@ -321,15 +380,22 @@ def _infer_sdpa(ctx: InferCtx) -> list[Type]:
     _need_dim(sk, v.shape[2], "k and v sequence lengths differ")
     _need_dim(dq, dk, f"q head_dim {dq} differs from k head_dim {dk}")
     if isinstance(hq, int) and isinstance(hk, int) and (hk == 0 or hq % hk):
-        raise OpVerifyError(f"q heads ({hq}) must be a multiple of kv heads ({hk}) for grouped-query attention")
+        raise OpVerifyError(
+            f"q heads ({hq}) must be a multiple of kv heads ({hk}) for grouped-query attention"
+        )
     if len(ctx.types) > 3:
         m = tensor_arg(ctx, 3, "mask")
         if m.dtype not in (DType.bool, q.dtype):
-            raise OpVerifyError(f"mask must be bool (true = keep) or additive {q.dtype}, got {m.dtype}")
+            raise OpVerifyError(
+                f"mask must be bool (true = keep) or additive {q.dtype}, got {m.dtype}"
+            )
         target = (bq, hq, sq, sk)
-        if m.rank > 4 or any(d != 1 and not _same(d, t) for d, t in zip(m.shape[::-1], target[::-1])):
-            raise OpVerifyError(f"mask {fmt_shape(m.shape)} does not broadcast to the scores "
-                                f"{fmt_shape(target)}")
+        if m.rank > 4 or any(
+            d != 1 and not _same(d, t) for d, t in zip(m.shape[::-1], target[::-1])
+        ):
+            raise OpVerifyError(
+                f"mask {fmt_shape(m.shape)} does not broadcast to the scores {fmt_shape(target)}"
+            )
     if ctx["sliding_window"] < 0:
         raise OpVerifyError(f"sliding_window must be >= 0, got {ctx['sliding_window']}")
     for key in ("softcap", "softmax_eps", "scale"):
@@ -377,13 +443,18 @@ def _ref_sdpa(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
 
 def _positions_keep(b: Any, q: Any, k: Any, at: dict[str, Any]) -> Any:
     """The [sq, skv] causal / sliding-window keep-mask, built from the run-time lengths."""
+
     def length(x: Any) -> Any:
         return b.op("core.reshape", b.op("core.shape", x, start=2, end=3), shape=())
 
     sq, skv = length(q), length(k)
     zero, one = _scalar(b, 0, DType.i64), _scalar(b, 1, DType.i64)
-    qi = b.create("core.range", [zero, sq, one], result_types=[TensorType((q.type.shape[2],), DType.i64)]).result
-    kj = b.create("core.range", [zero, skv, one], result_types=[TensorType((k.type.shape[2],), DType.i64)]).result
+    qi = b.create(
+        "core.range", [zero, sq, one], result_types=[TensorType((q.type.shape[2],), DType.i64)]
+    ).result
+    kj = b.create(
+        "core.range", [zero, skv, one], result_types=[TensorType((k.type.shape[2],), DType.i64)]
+    ).result
     p = b.op("core.unsqueeze", b.op("core.add", qi, b.op("core.sub", skv, sq)), axes=(1,))
     keep = b.op("core.less_equal", kj, p)
     if at["sliding_window"]:
@@ -419,47 +490,68 @@ def _dec_sdpa(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     if at["causal"] or at["sliding_window"]:
         s = b.op("core.where", _positions_keep(b, o[0], o[1], at), s, neg_inf)
     if at["softmax_eps"]:
-        e = b.op("core.exp", b.op("core.sub", s, b.op("core.reduce_max", s, axes=(-1,), keepdims=True)))
-        den = b.op("core.add", b.op("core.reduce_sum", e, axes=(-1,), keepdims=True),
-                   _scalar(b, at["softmax_eps"], wt))
+        e = b.op(
+            "core.exp", b.op("core.sub", s, b.op("core.reduce_max", s, axes=(-1,), keepdims=True))
+        )
+        den = b.op(
+            "core.add",
+            b.op("core.reduce_sum", e, axes=(-1,), keepdims=True),
+            _scalar(b, at["softmax_eps"], wt),
+        )
         p = b.op("core.div", e, den)
     else:
         p = b.op("core.softmax", s, axis=-1)
     return [_back(b, b.op("core.matmul", p, v), dt)]
 
 
-register(OpDef(
-    name="llm.scaled_dot_product_attention",
-    summary="softmax(mask(softcap(q @ k^T * scale))) @ v, with grouped-query heads "
-            "(kv head h serves q heads h*g .. h*g+g-1, g = Hq / Hkv), a causal and/or sliding-window "
-            "mask aligned to the end of the keys (query i sits at position p = i + Skv - Sq; causal "
-            "keeps keys j <= p, sliding_window W keeps p - W < j <= p), and an optional mask "
-            "(bool: true = keep; float: added to the scores) broadcast to [B, Hq, Sq, Skv]. "
-            "softcap c > 0 maps scores to c * tanh(scores / c) before masking (gemma2); "
-            "softmax_eps is added to the softmax denominator; a query row with no visible key is NaN. "
-            "verify_invariant is carried, not computed: an expression for a later verifier to "
-            "check (\"\" = none).",
-    operands=(Operand("q", doc="[B, Hq, Sq, D]"), Operand("k", doc="[B, Hkv, Skv, D]"),
-              Operand("v", doc="[B, Hkv, Skv, Dv]"),
-              Operand("mask", optional=True, doc="bool keep-mask or additive float")),
-    attrs=(Attr("causal", "bool", False, doc="mask keys after each query's position"),
-           Attr("scale", "float", 0.0, doc="score scale; 0 means 1/sqrt(D)"),
-           Attr("softcap", "float", 0.0, doc="tanh soft-capping of the scores; 0 = off"),
-           Attr("sliding_window", "int", 0, doc="keys visible per query (p - W, p]; 0 = unlimited"),
-           Attr("softmax_eps", "float", 0.0, doc="added to the softmax denominator"),
-           Attr("verify_invariant", "str", "",
-                doc="an expression a later verifier checks on this op; \"\" = none")),
-    infer=_infer_sdpa, reference=_ref_sdpa, decompose=_dec_sdpa,
-    verifies="q, k, v are rank-4 tensors of one float dtype with matching batch, head_dim and kv "
-             "lengths, Hq is a multiple of Hkv, the mask broadcasts to the scores, and "
-             "scale/softcap/softmax_eps/sliding_window are >= 0.",
-    example="%o = llm.scaled_dot_product_attention %q, %k, %v {causal = true} : "
-            "(tensor<?batch x 9 x ?seq x 64 x f32>, tensor<?batch x 3 x ?past+?seq x 64 x f32>, "
-            "tensor<?batch x 3 x ?past+?seq x 64 x f32>) -> tensor<?batch x 9 x ?seq x 64 x f32>",
-))
+register(
+    OpDef(
+        name="llm.scaled_dot_product_attention",
+        summary="softmax(mask(softcap(q @ k^T * scale))) @ v, with grouped-query heads "
+        "(kv head h serves q heads h*g .. h*g+g-1, g = Hq / Hkv), a causal and/or sliding-window "
+        "mask aligned to the end of the keys (query i sits at position p = i + Skv - Sq; causal "
+        "keeps keys j <= p, sliding_window W keeps p - W < j <= p), and an optional mask "
+        "(bool: true = keep; float: added to the scores) broadcast to [B, Hq, Sq, Skv]. "
+        "softcap c > 0 maps scores to c * tanh(scores / c) before masking (gemma2); "
+        "softmax_eps is added to the softmax denominator; a query row with no visible key is NaN. "
+        "verify_invariant is carried, not computed: an expression for a later verifier to "
+        'check ("" = none).',
+        operands=(
+            Operand("q", doc="[B, Hq, Sq, D]"),
+            Operand("k", doc="[B, Hkv, Skv, D]"),
+            Operand("v", doc="[B, Hkv, Skv, Dv]"),
+            Operand("mask", optional=True, doc="bool keep-mask or additive float"),
+        ),
+        attrs=(
+            Attr("causal", "bool", False, doc="mask keys after each query's position"),
+            Attr("scale", "float", 0.0, doc="score scale; 0 means 1/sqrt(D)"),
+            Attr("softcap", "float", 0.0, doc="tanh soft-capping of the scores; 0 = off"),
+            Attr(
+                "sliding_window", "int", 0, doc="keys visible per query (p - W, p]; 0 = unlimited"
+            ),
+            Attr("softmax_eps", "float", 0.0, doc="added to the softmax denominator"),
+            Attr(
+                "verify_invariant",
+                "str",
+                "",
+                doc='an expression a later verifier checks on this op; "" = none',
+            ),
+        ),
+        infer=_infer_sdpa,
+        reference=_ref_sdpa,
+        decompose=_dec_sdpa,
+        verifies="q, k, v are rank-4 tensors of one float dtype with matching batch, head_dim and kv "
+        "lengths, Hq is a multiple of Hkv, the mask broadcasts to the scores, and "
+        "scale/softcap/softmax_eps/sliding_window are >= 0.",
+        example="%o = llm.scaled_dot_product_attention %q, %k, %v {causal = true} : "
+        "(tensor<?batch x 9 x ?seq x 64 x f32>, tensor<?batch x 3 x ?past+?seq x 64 x f32>, "
+        "tensor<?batch x 3 x ?past+?seq x 64 x f32>) -> tensor<?batch x 9 x ?seq x 64 x f32>",
+    )
+)
 
 
 # -- gated MLP ----------------------------------------------------------------------------------
+
 
 def _infer_silu_mul(ctx: InferCtx) -> list[Type]:  # operand kinds and dtypes: declared
     g, u = tensor_arg(ctx, 0), tensor_arg(ctx, 1)
@@ -470,17 +562,21 @@ def _silu64(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-register(OpDef(
-    name="llm.silu_mul", summary="silu(gate) * up, elementwise with broadcasting (the SwiGLU product).",
-    operands=(Operand("gate", kind="float"), Operand("up", kind="tensor", dtype_of="gate")), attrs=(),
-    infer=_infer_silu_mul,
-    reference=lambda a, at: (_silu64(_f64(a[0])) * _f64(a[1])).astype(a[0].dtype),
-    decompose=lambda b, o, at: [b.op("core.mul", b.op("core.silu", o[0]), o[1])],
-    verifies="gate and up share a float dtype and broadcastable shapes.",
-    traits=frozenset({"elementwise", "broadcast"}),
-    example="%h = llm.silu_mul %g, %u : (tensor<?batch x ?seq x 256 x f32>, "
-            "tensor<?batch x ?seq x 256 x f32>) -> tensor<?batch x ?seq x 256 x f32>",
-))
+register(
+    OpDef(
+        name="llm.silu_mul",
+        summary="silu(gate) * up, elementwise with broadcasting (the SwiGLU product).",
+        operands=(Operand("gate", kind="float"), Operand("up", kind="tensor", dtype_of="gate")),
+        attrs=(),
+        infer=_infer_silu_mul,
+        reference=lambda a, at: (_silu64(_f64(a[0])) * _f64(a[1])).astype(a[0].dtype),
+        decompose=lambda b, o, at: [b.op("core.mul", b.op("core.silu", o[0]), o[1])],
+        verifies="gate and up share a float dtype and broadcastable shapes.",
+        traits=frozenset({"elementwise", "broadcast"}),
+        example="%h = llm.silu_mul %g, %u : (tensor<?batch x ?seq x 256 x f32>, "
+        "tensor<?batch x ?seq x 256 x f32>) -> tensor<?batch x ?seq x 256 x f32>",
+    )
+)
 
 _ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
@@ -491,7 +587,7 @@ def _act64(name: str, x: np.ndarray) -> np.ndarray:
     if name == "gelu":
         erf = np.frompyfunc(math.erf, 1, 1)
         return 0.5 * x * (1.0 + np.asarray(erf(x / math.sqrt(2.0)), dtype=_F64))
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def _infer_gated_mlp(ctx: InferCtx) -> list[Type]:
@@ -502,10 +598,18 @@ def _infer_gated_mlp(ctx: InferCtx) -> list[Type]:
     for t, n in ((wg, "w_gate"), (wu, "w_up"), (wd, "w_down")):
         _need_rank(t, 2, f"{n} ([out, in])")
         _need_dtype(t, x.dtype, n)
-    _need_dim(wg.shape[1], x.shape[-1], f"w_gate takes {wg.shape[1]} inputs but x has {x.shape[-1]}")
+    _need_dim(
+        wg.shape[1], x.shape[-1], f"w_gate takes {wg.shape[1]} inputs but x has {x.shape[-1]}"
+    )
     _need_dim(wu.shape[1], x.shape[-1], f"w_up takes {wu.shape[1]} inputs but x has {x.shape[-1]}")
-    _need_dim(wg.shape[0], wu.shape[0], f"w_gate has {wg.shape[0]} outputs but w_up has {wu.shape[0]}")
-    _need_dim(wd.shape[1], wg.shape[0], f"w_down takes {wd.shape[1]} inputs but the gate gives {wg.shape[0]}")
+    _need_dim(
+        wg.shape[0], wu.shape[0], f"w_gate has {wg.shape[0]} outputs but w_up has {wu.shape[0]}"
+    )
+    _need_dim(
+        wd.shape[1],
+        wg.shape[0],
+        f"w_down takes {wd.shape[1]} inputs but the gate gives {wg.shape[0]}",
+    )
     return [like(x, (*x.shape[:-1], wd.shape[0]))]
 
 
@@ -527,22 +631,38 @@ def _dec_gated_mlp(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     return [b.op("core.matmul", h, wd, transpose_b=True)]
 
 
-register(OpDef(
-    name="llm.gated_mlp",
-    summary="Gated MLP with HF [out, in] weights: (act(x @ w_gate^T) * (x @ w_up^T)) @ w_down^T.",
-    operands=(Operand("x"), Operand("w_gate", doc="[inter, hidden]"),
-              Operand("w_up", doc="[inter, hidden]"), Operand("w_down", doc="[hidden_out, inter]")),
-    attrs=(Attr("activation", "str", "silu", choices=_ACTIVATIONS,
-                doc="silu (llama), gelu (exact erf) or gelu_tanh (gemma)"),),
-    infer=_infer_gated_mlp, reference=_ref_gated_mlp, decompose=_dec_gated_mlp,
-    verifies="the weights are 2-D [out, in] of x's dtype and their in/out dims chain "
-             "x -> gate/up -> down.",
-    example="%y = llm.gated_mlp %x, %wg, %wu, %wd : (tensor<?batch x ?seq x 64 x f32>, "
-            "tensor<256x64xf32>, tensor<256x64xf32>, tensor<64x256xf32>) -> tensor<?batch x ?seq x 64 x f32>",
-))
+register(
+    OpDef(
+        name="llm.gated_mlp",
+        summary="Gated MLP with HF [out, in] weights: (act(x @ w_gate^T) * (x @ w_up^T)) @ w_down^T.",
+        operands=(
+            Operand("x"),
+            Operand("w_gate", doc="[inter, hidden]"),
+            Operand("w_up", doc="[inter, hidden]"),
+            Operand("w_down", doc="[hidden_out, inter]"),
+        ),
+        attrs=(
+            Attr(
+                "activation",
+                "str",
+                "silu",
+                choices=_ACTIVATIONS,
+                doc="silu (llama), gelu (exact erf) or gelu_tanh (gemma)",
+            ),
+        ),
+        infer=_infer_gated_mlp,
+        reference=_ref_gated_mlp,
+        decompose=_dec_gated_mlp,
+        verifies="the weights are 2-D [out, in] of x's dtype and their in/out dims chain "
+        "x -> gate/up -> down.",
+        example="%y = llm.gated_mlp %x, %wg, %wu, %wd : (tensor<?batch x ?seq x 64 x f32>, "
+        "tensor<256x64xf32>, tensor<256x64xf32>, tensor<64x256xf32>) -> tensor<?batch x ?seq x 64 x f32>",
+    )
+)
 
 
 # -- KV cache -------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class KVCacheValue:
@@ -553,9 +673,15 @@ class KVCacheValue:
     values: np.ndarray
 
     def __post_init__(self) -> None:
-        if self.keys.ndim != 5 or self.keys.shape != self.values.shape or self.keys.dtype != self.values.dtype:
-            raise ValueError(f"KV cache keys {self.keys.shape} and values {self.values.shape} must "
-                             "share one 5-D shape and dtype")
+        if (
+            self.keys.ndim != 5
+            or self.keys.shape != self.values.shape
+            or self.keys.dtype != self.values.dtype
+        ):
+            raise ValueError(
+                f"KV cache keys {self.keys.shape} and values {self.values.shape} must "
+                "share one 5-D shape and dtype"
+            )
 
     @classmethod
     def empty(cls, t: KVCacheType, batch: int, max_len: int | None = None) -> KVCacheValue:
@@ -578,7 +704,9 @@ class KVCacheValue:
 
 def _check_kv_layer(ctx: InferCtx, c: KVCacheType) -> None:
     if not 0 <= ctx["layer"] < c.layers:
-        raise OpVerifyError(f"layer {ctx['layer']} is out of range for a cache of {c.layers} layers")
+        raise OpVerifyError(
+            f"layer {ctx['layer']} is out of range for a cache of {c.layers} layers"
+        )
 
 
 def _infer_kv_update(ctx: InferCtx) -> list[Type]:
@@ -590,7 +718,11 @@ def _infer_kv_update(ctx: InferCtx) -> list[Type]:
         _need_rank(t, 4, f"{what} ([batch, kv_heads, seq, head_dim])")
         _need_dtype(t, c.dtype, what)
         _need_dim(t.shape[1], c.kv_heads, f"{what} has {t.shape[1]} heads, the cache {c.kv_heads}")
-        _need_dim(t.shape[3], c.head_dim, f"{what} head_dim {t.shape[3]} differs from the cache's {c.head_dim}")
+        _need_dim(
+            t.shape[3],
+            c.head_dim,
+            f"{what} head_dim {t.shape[3]} differs from the cache's {c.head_dim}",
+        )
     for a, bb in zip(k.shape, v.shape):
         _need_dim(a, bb, f"k {fmt_shape(k.shape)} and v {fmt_shape(v.shape)} differ")
     return [c]
@@ -606,28 +738,38 @@ def _ref_kv_update(args: list[Any], at: dict[str, Any]) -> Any:  # a KVCacheValu
     if k.shape[0] != cache.batch:
         raise ValueError(f"k has batch {k.shape[0]} but the cache holds {cache.batch}")
     if s0 < 0 or s0 + n > cache.max_len:
-        raise ValueError(f"writing positions {s0}..{s0 + n} overflows a cache of max_len {cache.max_len}")
+        raise ValueError(
+            f"writing positions {s0}..{s0 + n} overflows a cache of max_len {cache.max_len}"
+        )
     keys, values = cache.keys.copy(), cache.values.copy()
-    keys[at["layer"], :, :, s0:s0 + n] = k
-    values[at["layer"], :, :, s0:s0 + n] = v
+    keys[at["layer"], :, :, s0 : s0 + n] = k
+    values[at["layer"], :, :, s0 : s0 + n] = v
     return KVCacheValue(keys, values)
 
 
-register(OpDef(
-    name="llm.kv_cache_update",
-    summary="Write k and v ([B, Hkv, S, D]) into one layer of the cache at positions "
-            "start .. start+S-1; returns the new cache (the old value is unchanged).",
-    operands=(Operand("cache"), Operand("k"), Operand("v"),
-              Operand("start", doc="i64 scalar: the position of k's first row")),
-    attrs=(Attr("layer", "int", doc="which layer's slot"),),
-    infer=_infer_kv_update, reference=_ref_kv_update, effects=True,
-    verifies="k and v are [B, kv_heads, S, head_dim] of the cache's dtype, start is an integer "
-             "scalar, and layer is in range.",
-    example="%c1 = llm.kv_cache_update %c0, %k, %v, %start {layer = 0} : "
-            "(!llm.kv_cache<layers=2, kv_heads=2, max_len=128, head_dim=16, dtype=f32>, "
-            "tensor<?batch x 2 x ?seq x 16 x f32>, tensor<?batch x 2 x ?seq x 16 x f32>, tensor<i64>) "
-            "-> !llm.kv_cache<layers=2, kv_heads=2, max_len=128, head_dim=16, dtype=f32>",
-))
+register(
+    OpDef(
+        name="llm.kv_cache_update",
+        summary="Write k and v ([B, Hkv, S, D]) into one layer of the cache at positions "
+        "start .. start+S-1; returns the new cache (the old value is unchanged).",
+        operands=(
+            Operand("cache"),
+            Operand("k"),
+            Operand("v"),
+            Operand("start", doc="i64 scalar: the position of k's first row"),
+        ),
+        attrs=(Attr("layer", "int", doc="which layer's slot"),),
+        infer=_infer_kv_update,
+        reference=_ref_kv_update,
+        effects=True,
+        verifies="k and v are [B, kv_heads, S, head_dim] of the cache's dtype, start is an integer "
+        "scalar, and layer is in range.",
+        example="%c1 = llm.kv_cache_update %c0, %k, %v, %start {layer = 0} : "
+        "(!llm.kv_cache<layers=2, kv_heads=2, max_len=128, head_dim=16, dtype=f32>, "
+        "tensor<?batch x 2 x ?seq x 16 x f32>, tensor<?batch x 2 x ?seq x 16 x f32>, tensor<i64>) "
+        "-> !llm.kv_cache<layers=2, kv_heads=2, max_len=128, head_dim=16, dtype=f32>",
+    )
+)
 
 
 def _infer_kv_read(ctx: InferCtx) -> list[Type]:
@@ -649,22 +791,27 @@ def _ref_kv_read(args: list[Any], at: dict[str, Any]) -> list[np.ndarray]:
     return [cache.keys[layer, :, :, :n].copy(), cache.values[layer, :, :, :n].copy()]
 
 
-register(OpDef(
-    name="llm.kv_cache_read",
-    summary="The first `length` positions of one layer's keys and values: two [B, Hkv, length, D] "
-            "tensors (the text may name the length dim, e.g. ?past+?seq).",
-    operands=(Operand("cache"), Operand("length", doc="i64 scalar")),
-    attrs=(Attr("layer", "int", doc="which layer's slot"),),
-    infer=_infer_kv_read, reference=_ref_kv_read, results=("k", "v"),
-    verifies="length is an integer scalar and layer is in range; the results are "
-             "[?, kv_heads, ?, head_dim] of the cache's dtype.",
-    example="%k, %v = llm.kv_cache_read %c, %n {layer = 1} : "
-            "(!llm.kv_cache<layers=2, kv_heads=2, max_len=128, head_dim=16, dtype=f32>, tensor<i64>) "
-            "-> (tensor<?batch x 2 x ?past+?seq x 16 x f32>, tensor<?batch x 2 x ?past+?seq x 16 x f32>)",
-))
+register(
+    OpDef(
+        name="llm.kv_cache_read",
+        summary="The first `length` positions of one layer's keys and values: two [B, Hkv, length, D] "
+        "tensors (the text may name the length dim, e.g. ?past+?seq).",
+        operands=(Operand("cache"), Operand("length", doc="i64 scalar")),
+        attrs=(Attr("layer", "int", doc="which layer's slot"),),
+        infer=_infer_kv_read,
+        reference=_ref_kv_read,
+        results=("k", "v"),
+        verifies="length is an integer scalar and layer is in range; the results are "
+        "[?, kv_heads, ?, head_dim] of the cache's dtype.",
+        example="%k, %v = llm.kv_cache_read %c, %n {layer = 1} : "
+        "(!llm.kv_cache<layers=2, kv_heads=2, max_len=128, head_dim=16, dtype=f32>, tensor<i64>) "
+        "-> (tensor<?batch x 2 x ?past+?seq x 16 x f32>, tensor<?batch x 2 x ?past+?seq x 16 x f32>)",
+    )
+)
 
 
 # -- quantization ---------------------------------------------------------------------------------
+
 
 def _nbits_shapes(q: QuantType, shape: tuple[Dim, ...]) -> tuple[tuple[Dim, ...], tuple[Dim, ...]]:
     """(scales shape, zero-points shape) for nbits data of logical `shape`."""
@@ -689,18 +836,24 @@ def _check_format(q: QuantType, shape: tuple[Dim, ...], quantizing: bool) -> Non
         group = q.block
     elif q.scheme in gguf_blocks.BLOCKS:
         if quantizing and q.scheme not in gguf_blocks.QUANTIZABLE:
-            raise OpVerifyError(f"quantizing to {q.scheme} is not supported "
-                                f"(supported: {', '.join(gguf_blocks.QUANTIZABLE)}, nbits)")
+            raise OpVerifyError(
+                f"quantizing to {q.scheme} is not supported "
+                f"(supported: {', '.join(gguf_blocks.QUANTIZABLE)}, nbits)"
+            )
         group = gguf_blocks.BLOCKS[q.scheme][0]
     elif q.scheme in int32_packed.SCHEMES:
         if quantizing:
-            raise OpVerifyError(f"{q.scheme} is a checkpoint storage format: llmir imports it but "
-                                "does not quantize to it (quantize to nbits)")
+            raise OpVerifyError(
+                f"{q.scheme} is a checkpoint storage format: llmir imports it but "
+                "does not quantize to it (quantize to nbits)"
+            )
         if len(shape) != 2:
             raise OpVerifyError(f"{q.scheme} weights are 2-D [out, in], got rank {len(shape)}")
         if q.zero not in ("none", "int") or (q.scheme != "ctpack" and q.zero != "int"):
-            raise OpVerifyError(f"{q.scheme} zero must be int{' or none' if q.scheme == 'ctpack' else ''}, "
-                                f"got {q.zero}")
+            raise OpVerifyError(
+                f"{q.scheme} zero must be int{' or none' if q.scheme == 'ctpack' else ''}, "
+                f"got {q.zero}"
+            )
         if not q.scale.is_float:
             raise OpVerifyError(f"{q.scheme} scales must be float, got {q.scale}")
         if all(isinstance(d, int) for d in shape):
@@ -711,7 +864,9 @@ def _check_format(q: QuantType, shape: tuple[Dim, ...], quantizing: bool) -> Non
     else:
         raise OpVerifyError(f"unknown quantization scheme '{q.scheme}'")
     if isinstance(shape[-1], int) and shape[-1] % group:
-        raise OpVerifyError(f"last dim {shape[-1]} is not a multiple of the {q.scheme} block ({group})")
+        raise OpVerifyError(
+            f"last dim {shape[-1]} is not a multiple of the {q.scheme} block ({group})"
+        )
 
 
 def _infer_quantize(ctx: InferCtx) -> list[Type]:
@@ -734,18 +889,22 @@ def _ref_quantize(args: list[np.ndarray], at: dict[str, Any]) -> list[Any]:
     return [r for r in (packed, scales, zp) if r is not None]
 
 
-register(OpDef(
-    name="llm.quantize",
-    summary="Quantize floats to a block format: GGUF q4_0/q4_1/q5_0/q5_1/q8_0 (bit-exact with "
-            "gguf's quantizer) give one packed result; nbits (onnxruntime MatMulNBits layout) also "
-            "gives its scales and, for zero=int, its packed u8 zero points.",
-    operands=(Operand("x"),),
-    attrs=(Attr("format", "quant", doc="the target QuantType, e.g. !quant.q4_0"),),
-    infer=_infer_quantize, reference=_ref_quantize,
-    results=("packed", "scales", "zero_points"), variadic_results=True,
-    verifies="x is a float tensor whose last dim splits into whole blocks of a quantizable format.",
-    example="%p = llm.quantize %w {format = !quant.q4_0} : (tensor<128x64xf32>) -> tensor<128x64x!quant.q4_0>",
-))
+register(
+    OpDef(
+        name="llm.quantize",
+        summary="Quantize floats to a block format: GGUF q4_0/q4_1/q5_0/q5_1/q8_0 (bit-exact with "
+        "gguf's quantizer) give one packed result; nbits (onnxruntime MatMulNBits layout) also "
+        "gives its scales and, for zero=int, its packed u8 zero points.",
+        operands=(Operand("x"),),
+        attrs=(Attr("format", "quant", doc="the target QuantType, e.g. !quant.q4_0"),),
+        infer=_infer_quantize,
+        reference=_ref_quantize,
+        results=("packed", "scales", "zero_points"),
+        variadic_results=True,
+        verifies="x is a float tensor whose last dim splits into whole blocks of a quantizable format.",
+        example="%p = llm.quantize %w {format = !quant.q4_0} : (tensor<128x64xf32>) -> tensor<128x64x!quant.q4_0>",
+    )
+)
 
 
 def _infer_packed(ctx: InferCtx, i: int) -> tuple[TensorType, QuantType]:
@@ -760,7 +919,9 @@ def _infer_packed(ctx: InferCtx, i: int) -> tuple[TensorType, QuantType]:
         return w, q
     if q.scheme != "nbits":
         if extra:
-            raise OpVerifyError(f"{q.scheme} blocks carry their own scales: pass no scales/zero points")
+            raise OpVerifyError(
+                f"{q.scheme} blocks carry their own scales: pass no scales/zero points"
+            )
         return w, q
     sc_shape, zp_shape = _nbits_shapes(q, w.shape)
     if extra < 1:
@@ -778,7 +939,9 @@ def _infer_packed(ctx: InferCtx, i: int) -> tuple[TensorType, QuantType]:
         raise OpVerifyError("nbits with zero=none takes no zero_points")
     for t, shape, what in want:
         if t.rank != len(shape) or not all(_same(a, c) for a, c in zip(t.shape, shape)):
-            raise OpVerifyError(f"{what} has shape {fmt_shape(t.shape)}, expected {fmt_shape(shape)}")
+            raise OpVerifyError(
+                f"{what} has shape {fmt_shape(t.shape)}, expected {fmt_shape(shape)}"
+            )
     return w, q
 
 
@@ -793,8 +956,10 @@ def _check_int32_packed(ctx: InferCtx, i: int, w: TensorType, q: QuantType, extr
     n, k = w.shape
     names = ["scales"] + (["zero_points"] if q.zero == "int" else [])
     if extra < len(names) or extra > len(names) + 1:
-        raise OpVerifyError(f"{q.scheme} with zero={q.zero} takes {', '.join(names)} and an optional "
-                            f"g_idx, got {extra} operand(s) after the weight")
+        raise OpVerifyError(
+            f"{q.scheme} with zero={q.zero} takes {', '.join(names)} and an optional "
+            f"g_idx, got {extra} operand(s) after the weight"
+        )
     if not (isinstance(n, int) and isinstance(k, int)):
         return
     want = int32_packed.shapes(q.scheme, q.bits, n, k, q.block)
@@ -811,7 +976,9 @@ def _check_int32_packed(ctx: InferCtx, i: int, w: TensorType, q: QuantType, extr
         checks.append((gi, (k,), "g_idx"))
     for t, shape, what in checks:
         if t.rank != len(shape) or not all(_same(a, c) for a, c in zip(t.shape, shape)):
-            raise OpVerifyError(f"{what} has shape {fmt_shape(t.shape)}, expected {fmt_shape(shape)}")
+            raise OpVerifyError(
+                f"{what} has shape {fmt_shape(t.shape)}, expected {fmt_shape(shape)}"
+            )
 
 
 def _infer_dequantize(ctx: InferCtx) -> list[Type]:
@@ -831,22 +998,30 @@ def _dequant(args: list[Any]) -> np.ndarray:
     return dequantize(args[0], *args[1:])
 
 
-register(OpDef(
-    name="llm.dequantize",
-    summary="Decode block-quantized data to floats (GGUF formats bit-exact with gguf's decoder; "
-            "nbits as (code - zero) * scale; the int32-packed checkpoint formats gptq, gptq_v2, awq "
-            "and ctpack as (code - zero[g]) * scale[g] with g = g_idx[k] or k / block).",
-    operands=(Operand("packed"), Operand("scales", optional=True, doc="nbits and int32-packed only"),
-              Operand("zero_points", optional=True, doc="nbits/int32-packed with zero=int only"),
-              Operand("g_idx", optional=True, doc="int32-packed only: i32 [K] group of each input "
-                      "column (GPTQ act-order)")),
-    attrs=(Attr("dtype", "dtype", DType.f32, doc="the result's float dtype"),),
-    infer=_infer_dequantize,
-    reference=lambda a, at: _dequant(a).astype(numpy_dtype(at["dtype"])),
-    verifies="packed has a block-quantized dtype, scales/zero points are present exactly when the "
-             "format keeps them outside the blocks and have the per-block shape, and dtype is a float.",
-    example="%w = llm.dequantize %p : (tensor<128x64x!quant.q4_0>) -> tensor<128x64xf32>",
-))
+register(
+    OpDef(
+        name="llm.dequantize",
+        summary="Decode block-quantized data to floats (GGUF formats bit-exact with gguf's decoder; "
+        "nbits as (code - zero) * scale; the int32-packed checkpoint formats gptq, gptq_v2, awq "
+        "and ctpack as (code - zero[g]) * scale[g] with g = g_idx[k] or k / block).",
+        operands=(
+            Operand("packed"),
+            Operand("scales", optional=True, doc="nbits and int32-packed only"),
+            Operand("zero_points", optional=True, doc="nbits/int32-packed with zero=int only"),
+            Operand(
+                "g_idx",
+                optional=True,
+                doc="int32-packed only: i32 [K] group of each input column (GPTQ act-order)",
+            ),
+        ),
+        attrs=(Attr("dtype", "dtype", DType.f32, doc="the result's float dtype"),),
+        infer=_infer_dequantize,
+        reference=lambda a, at: _dequant(a).astype(numpy_dtype(at["dtype"])),
+        verifies="packed has a block-quantized dtype, scales/zero points are present exactly when the "
+        "format keeps them outside the blocks and have the per-block shape, and dtype is a float.",
+        example="%w = llm.dequantize %p : (tensor<128x64x!quant.q4_0>) -> tensor<128x64xf32>",
+    )
+)
 
 
 def _infer_qmatmul(ctx: InferCtx) -> list[Type]:
@@ -868,36 +1043,55 @@ def _ref_qmatmul(args: list[Any], at: dict[str, Any]) -> np.ndarray:
 
 def _dec_qmatmul(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     x, dt = _work(b, o[0])
-    w = b.op("core.matmul", x, b.op("llm.dequantize", *o[1:], dtype=x.type.dtype),
-             transpose_b=at["transpose_b"])
+    w = b.op(
+        "core.matmul",
+        x,
+        b.op("llm.dequantize", *o[1:], dtype=x.type.dtype),
+        transpose_b=at["transpose_b"],
+    )
     return [_back(b, w, dt)]
 
 
-register(OpDef(
-    name="llm.quantized_matmul",
-    summary="x @ dequantize(w)^T (transpose_b, HF [out, in] layout with blocks along in) or "
-            "x @ dequantize(w); the result has x's dtype.",
-    operands=(Operand("x"), Operand("w_packed"), Operand("scales", optional=True, doc="nbits only"),
-              Operand("zero_points", optional=True, doc="nbits with zero=int only")),
-    attrs=(Attr("transpose_b", "bool", True, doc="w is [N, K] (true) or [K, N] (false)"),),
-    infer=_infer_qmatmul, reference=_ref_qmatmul, decompose=_dec_qmatmul,
-    verifies="x is a float tensor, w a 2-D block-quantized weight (with scales/zero points as its "
-             "format needs) whose K matches x's last dim.",
-    example="%y = llm.quantized_matmul %x, %w, %s : (tensor<?batch x ?seq x 64 x f32>, "
-            "tensor<128x64x!quant<nbits, bits=4, block=32, scale=f32, zero=none>>, tensor<128x2xf32>) "
-            "-> tensor<?batch x ?seq x 128 x f32>",
-))
+register(
+    OpDef(
+        name="llm.quantized_matmul",
+        summary="x @ dequantize(w)^T (transpose_b, HF [out, in] layout with blocks along in) or "
+        "x @ dequantize(w); the result has x's dtype.",
+        operands=(
+            Operand("x"),
+            Operand("w_packed"),
+            Operand("scales", optional=True, doc="nbits only"),
+            Operand("zero_points", optional=True, doc="nbits with zero=int only"),
+        ),
+        attrs=(Attr("transpose_b", "bool", True, doc="w is [N, K] (true) or [K, N] (false)"),),
+        infer=_infer_qmatmul,
+        reference=_ref_qmatmul,
+        decompose=_dec_qmatmul,
+        verifies="x is a float tensor, w a 2-D block-quantized weight (with scales/zero points as its "
+        "format needs) whose K matches x's last dim.",
+        example="%y = llm.quantized_matmul %x, %w, %s : (tensor<?batch x ?seq x 64 x f32>, "
+        "tensor<128x64x!quant<nbits, bits=4, block=32, scale=f32, zero=none>>, tensor<128x2xf32>) "
+        "-> tensor<?batch x ?seq x 128 x f32>",
+    )
+)
 
 
 # -- fused ops (targets of the -O3 fusion passes) -------------------------------------------------
+
 
 def _infer_add_rms_norm(ctx: InferCtx) -> list[Type]:  # operand kinds, dtypes, ranks: declared
     x, r, w = (tensor_arg(ctx, i) for i in range(3))
     if x.rank == 0:
         raise OpVerifyError("x must have rank >= 1 (the normalized dim is the last)")
     if r.rank != x.rank or not all(_same(a, c) for a, c in zip(x.shape, r.shape)):
-        raise OpVerifyError(f"residual {fmt_shape(r.shape)} must have x's shape {fmt_shape(x.shape)}")
-    _need_dim(w.shape[0], x.shape[-1], f"weight has {w.shape[0]} elements but x's last dim is {x.shape[-1]}")
+        raise OpVerifyError(
+            f"residual {fmt_shape(r.shape)} must have x's shape {fmt_shape(x.shape)}"
+        )
+    _need_dim(
+        w.shape[0],
+        x.shape[-1],
+        f"weight has {w.shape[0]} elements but x's last dim is {x.shape[-1]}",
+    )
     if ctx["eps"] < 0:
         raise OpVerifyError(f"eps must be >= 0, got {ctx['eps']}")
     return [x, x]
@@ -927,23 +1121,35 @@ def _cost_add_rms_norm(op: Any, env: dict[str, int]) -> tuple[int, int]:
     return 5 * n, 4 * (2 * n + ranges.numel(op.operands[2].type, env))
 
 
-register(OpDef(
-    name="llm.add_rms_norm",
-    summary="Residual add fused with RMS normalization: sum = x + residual; "
-            "normed = sum / sqrt(mean(sum^2) + eps) * (weight + offset). Returns (normed, sum).",
-    operands=(Operand("x", kind="float"), Operand("residual", doc="x's shape and dtype", kind="tensor", dtype_of="x"),
-              Operand("weight", doc="[hidden]", kind="tensor", rank=1, dtype_of="x")),
-    attrs=(Attr("eps", "float", 1e-6, doc="added to the mean square"),
-           Attr("offset", "float", 0.0, doc="added to weight (gemma stores weight - 1: offset 1.0)")),
-    infer=_infer_add_rms_norm, reference=_ref_add_rms_norm, decompose=_dec_add_rms_norm,
-    interval=_iv_add_rms_norm, cost=_cost_add_rms_norm,
-    results=("normed", "sum"),
-    verifies="x and residual share one float dtype and shape, weight is 1-D over the last dim, "
-             "and eps >= 0.",
-    example="%y, %s = llm.add_rms_norm %x, %r, %w {eps = 1e-05} : (tensor<?batch x ?seq x 64 x f32>, "
-            "tensor<?batch x ?seq x 64 x f32>, tensor<64xf32>) -> (tensor<?batch x ?seq x 64 x f32>, "
-            "tensor<?batch x ?seq x 64 x f32>)",
-))
+register(
+    OpDef(
+        name="llm.add_rms_norm",
+        summary="Residual add fused with RMS normalization: sum = x + residual; "
+        "normed = sum / sqrt(mean(sum^2) + eps) * (weight + offset). Returns (normed, sum).",
+        operands=(
+            Operand("x", kind="float"),
+            Operand("residual", doc="x's shape and dtype", kind="tensor", dtype_of="x"),
+            Operand("weight", doc="[hidden]", kind="tensor", rank=1, dtype_of="x"),
+        ),
+        attrs=(
+            Attr("eps", "float", 1e-6, doc="added to the mean square"),
+            Attr(
+                "offset", "float", 0.0, doc="added to weight (gemma stores weight - 1: offset 1.0)"
+            ),
+        ),
+        infer=_infer_add_rms_norm,
+        reference=_ref_add_rms_norm,
+        decompose=_dec_add_rms_norm,
+        interval=_iv_add_rms_norm,
+        cost=_cost_add_rms_norm,
+        results=("normed", "sum"),
+        verifies="x and residual share one float dtype and shape, weight is 1-D over the last dim, "
+        "and eps >= 0.",
+        example="%y, %s = llm.add_rms_norm %x, %r, %w {eps = 1e-05} : (tensor<?batch x ?seq x 64 x f32>, "
+        "tensor<?batch x ?seq x 64 x f32>, tensor<64xf32>) -> (tensor<?batch x ?seq x 64 x f32>, "
+        "tensor<?batch x ?seq x 64 x f32>)",
+    )
+)
 
 _LINEAR_ACTIVATIONS = ("none", "silu", "gelu", "gelu_tanh", "relu")
 
@@ -1007,26 +1213,42 @@ def _cost_linear(op: Any, env: dict[str, int]) -> tuple[int, int]:
     return 2 * out * k + 2 * out, sum(4 * ranges.numel(v.type, env) for v in op.operands)
 
 
-register(OpDef(
-    name="llm.linear",
-    summary="A projection with optional bias and activation: act(x @ w^T + bias) (transpose_b, "
-            "HF [out, in] weights) or act(x @ w + bias); activation none, silu, gelu (erf), "
-            "gelu_tanh or relu.",
-    operands=(Operand("x"), Operand("w", doc="[out, in] (transpose_b) or [in, out]"),
-              Operand("bias", optional=True, doc="[out]")),
-    attrs=(Attr("activation", "str", "none", choices=_LINEAR_ACTIVATIONS,
-                doc="applied after the bias"),
-           Attr("transpose_b", "bool", True, doc="w is [out, in] (true) or [in, out] (false)")),
-    infer=_infer_linear, reference=_ref_linear, decompose=_dec_linear,
-    interval=_iv_linear, cost=_cost_linear,
-    verifies="x is a float tensor, w a 2-D matrix of x's dtype whose contraction dim matches x's "
-             "last dim, and bias (if any) is 1-D over the output dim.",
-    example='%y = llm.linear %x, %w, %b {activation = "gelu_tanh"} : (tensor<?batch x ?seq x 64 x f32>, '
-            "tensor<256x64xf32>, tensor<256xf32>) -> tensor<?batch x ?seq x 256 x f32>",
-))
+register(
+    OpDef(
+        name="llm.linear",
+        summary="A projection with optional bias and activation: act(x @ w^T + bias) (transpose_b, "
+        "HF [out, in] weights) or act(x @ w + bias); activation none, silu, gelu (erf), "
+        "gelu_tanh or relu.",
+        operands=(
+            Operand("x"),
+            Operand("w", doc="[out, in] (transpose_b) or [in, out]"),
+            Operand("bias", optional=True, doc="[out]"),
+        ),
+        attrs=(
+            Attr(
+                "activation",
+                "str",
+                "none",
+                choices=_LINEAR_ACTIVATIONS,
+                doc="applied after the bias",
+            ),
+            Attr("transpose_b", "bool", True, doc="w is [out, in] (true) or [in, out] (false)"),
+        ),
+        infer=_infer_linear,
+        reference=_ref_linear,
+        decompose=_dec_linear,
+        interval=_iv_linear,
+        cost=_cost_linear,
+        verifies="x is a float tensor, w a 2-D matrix of x's dtype whose contraction dim matches x's "
+        "last dim, and bias (if any) is 1-D over the output dim.",
+        example='%y = llm.linear %x, %w, %b {activation = "gelu_tanh"} : (tensor<?batch x ?seq x 64 x f32>, '
+        "tensor<256x64xf32>, tensor<256xf32>) -> tensor<?batch x ?seq x 256 x f32>",
+    )
+)
 
 
 # -- placement (assign-precision) -----------------------------------------------------------------
+
 
 def _infer_to_device(ctx: InferCtx) -> list[Type]:
     x = tensor_arg(ctx, 0, "x")
@@ -1037,20 +1259,25 @@ def _infer_to_device(ctx: InferCtx) -> list[Type]:
     return [TensorType(x.shape, x.dtype, ctx["layout"] or None, ctx["device"] or None, x.sema)]
 
 
-register(OpDef(
-    name="llm.to_device",
-    summary="Place x on a device with a physical layout: the same values, with the result type's "
-            "`device` and `layout` options set (\"\" clears one: host memory, row-major). A backend "
-            "copies and reorders; the reference interpreter returns x.",
-    operands=(Operand("x"),),
-    attrs=(Attr("device", "str", "", doc='e.g. "cuda", "cpu"; "" = host (no annotation)'),
-           Attr("layout", "str", "", doc='e.g. "nk" (a [out, in] matrix), "kn"; "" = row-major')),
-    infer=_infer_to_device, reference=lambda a, at: np.array(a[0], copy=True),
-    smt=lambda enc, args, at: args[0],  # the same values, placed elsewhere
-    interval=lambda op, ins, env, max_dim: ins[0],
-    verifies="x is a tensor and device and layout are plain strings.",
-    example='%y = llm.to_device %x {device = "cuda"} : (tensor<?batch x ?seq x 64 x f16>) '
-            '-> tensor<?batch x ?seq x 64 x f16, device="cuda">',
-))
+register(
+    OpDef(
+        name="llm.to_device",
+        summary="Place x on a device with a physical layout: the same values, with the result type's "
+        '`device` and `layout` options set ("" clears one: host memory, row-major). A backend '
+        "copies and reorders; the reference interpreter returns x.",
+        operands=(Operand("x"),),
+        attrs=(
+            Attr("device", "str", "", doc='e.g. "cuda", "cpu"; "" = host (no annotation)'),
+            Attr("layout", "str", "", doc='e.g. "nk" (a [out, in] matrix), "kn"; "" = row-major'),
+        ),
+        infer=_infer_to_device,
+        reference=lambda a, at: np.array(a[0], copy=True),
+        smt=lambda enc, args, at: args[0],  # the same values, placed elsewhere
+        interval=lambda op, ins, env, max_dim: ins[0],
+        verifies="x is a tensor and device and layout are plain strings.",
+        example='%y = llm.to_device %x {device = "cuda"} : (tensor<?batch x ?seq x 64 x f16>) '
+        '-> tensor<?batch x ?seq x 64 x f16, device="cuda">',
+    )
+)
 
 __all__ = ["KVCacheValue"]

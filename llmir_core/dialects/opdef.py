@@ -43,12 +43,22 @@ ATTR_KIND_CHECKS: dict[str, Callable[[Any], bool]] = {
     "float": lambda v: isinstance(v, (float, int)) and not isinstance(v, bool),
     "bool": lambda v: isinstance(v, bool),
     "str": lambda v: isinstance(v, str) and not isinstance(v, DType),
-    "ints": lambda v: isinstance(v, tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
-    "floats": lambda v: isinstance(v, tuple) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v),
+    "ints": lambda v: (
+        isinstance(v, tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+    ),
+    "floats": lambda v: (
+        isinstance(v, tuple)
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+    ),
     "strs": lambda v: isinstance(v, tuple) and all(isinstance(x, str) for x in v),
     "dtype": lambda v: isinstance(v, DType),
-    "dims": lambda v: isinstance(v, tuple) and all(
-        (isinstance(x, int) and not isinstance(x, bool)) or isinstance(x, (SymDim, _Dyn)) for x in v),
+    "dims": lambda v: (
+        isinstance(v, tuple)
+        and all(
+            (isinstance(x, int) and not isinstance(x, bool)) or isinstance(x, (SymDim, _Dyn))
+            for x in v
+        )
+    ),
     "dense": lambda v: isinstance(v, DenseAttr),
     "type": lambda v: isinstance(v, (TensorType, KVCacheType)),
     "quant": lambda v: isinstance(v, QuantType),
@@ -147,7 +157,9 @@ class OpDef:
                 errs.append(f"attribute {a.name!r} declared twice")
             seen.add(a.name)
             if check is None:
-                errs.append(f"attribute {a.name!r} has unknown kind {a.kind!r} (kinds: {', '.join(ATTR_KINDS)})")
+                errs.append(
+                    f"attribute {a.name!r} has unknown kind {a.kind!r} (kinds: {', '.join(ATTR_KINDS)})"
+                )
                 continue
             if not a.required and a.default is not None and not check(a.default):
                 errs.append(f"attribute {a.name!r}: default {a.default!r} is not a {a.kind}")
@@ -156,17 +168,25 @@ class OpDef:
                 if bad:
                     errs.append(f"attribute {a.name!r}: choice {bad[0]!r} is not a {a.kind}")
                 elif not a.required and a.default is not None and a.default not in a.choices:
-                    errs.append(f"attribute {a.name!r}: default {a.default!r} is not one of its choices")
+                    errs.append(
+                        f"attribute {a.name!r}: default {a.default!r} is not one of its choices"
+                    )
         names = [o.name for o in self.operands]
         for i, o in enumerate(self.operands):
             last = i == len(self.operands) - 1
             if o.kind not in OPERAND_KINDS:
-                errs.append(f"operand {o.name!r} has unknown kind {o.kind!r} (kinds: tensor, float)")
+                errs.append(
+                    f"operand {o.name!r} has unknown kind {o.kind!r} (kinds: tensor, float)"
+                )
             if o.dtype_of and o.dtype_of not in names[:i]:
-                errs.append(f"operand {o.name!r}: dtype_of names no earlier operand ({o.dtype_of!r})")
+                errs.append(
+                    f"operand {o.name!r}: dtype_of names no earlier operand ({o.dtype_of!r})"
+                )
             if o.variadic and not last:
                 errs.append(f"operand {o.name!r} is variadic but not the last operand")
-            if o.optional and any(not p.optional and not p.variadic for p in self.operands[i + 1:]):
+            if o.optional and any(
+                not p.optional and not p.variadic for p in self.operands[i + 1 :]
+            ):
                 errs.append(f"operand {o.name!r} is optional but a required operand follows it")
         return errs
 
@@ -186,7 +206,9 @@ class OpDef:
                 raise OpVerifyError(f"{o.name} must have rank {o.rank}, got {t}")
             ref = by_name.get(o.dtype_of)
             if isinstance(ref, TensorType) and t.dtype != ref.dtype:
-                raise OpVerifyError(f"{o.name} has dtype {t.dtype}, expected {ref.dtype} (insert core.cast)")
+                raise OpVerifyError(
+                    f"{o.name} has dtype {t.dtype}, expected {ref.dtype} (insert core.cast)"
+                )
 
     def run_infer(self, ctx: InferCtx) -> list[Type]:
         """The declared operand constraints, then the shape rule."""
@@ -206,8 +228,14 @@ class InferCtx:
 
     __slots__ = ("op", "types", "attrs", "num_results", "declared")
 
-    def __init__(self, op: OpDef, types: Sequence[Type], attrs: dict[str, Any],
-                 num_results: int | None = None, declared: Sequence[Type] | None = None) -> None:
+    def __init__(
+        self,
+        op: OpDef,
+        types: Sequence[Type],
+        attrs: dict[str, Any],
+        num_results: int | None = None,
+        declared: Sequence[Type] | None = None,
+    ) -> None:
         self.op = op
         self.types = list(types)
         self.attrs = attrs

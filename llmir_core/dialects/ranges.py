@@ -15,7 +15,12 @@ Iv = tuple[float, float]
 
 
 def mul(a: Iv, b: Iv) -> Iv:
-    ps = [x * y for x in a for y in b if not (math.isinf(x) and y == 0) and not (math.isinf(y) and x == 0)]
+    ps = [
+        x * y
+        for x in a
+        for y in b
+        if not (math.isinf(x) and y == 0) and not (math.isinf(y) and x == 0)
+    ]
     return (min(ps, default=-INF), max(ps, default=INF))
 
 

@@ -14,14 +14,18 @@ from .opdef import InferCtx, OpVerifyError
 def tensor_arg(ctx: InferCtx, i: int, what: str = "") -> TensorType:
     t = ctx.types[i]
     if not isinstance(t, TensorType):
-        raise OpVerifyError(f"operand #{i}{' (' + what + ')' if what else ''} must be a tensor, got {t}")
+        raise OpVerifyError(
+            f"operand #{i}{' (' + what + ')' if what else ''} must be a tensor, got {t}"
+        )
     return t
 
 
 def float_tensor(ctx: InferCtx, i: int, what: str = "") -> TensorType:
     t = tensor_arg(ctx, i, what)
     if not isinstance(t.dtype, DType) or not t.dtype.is_float:
-        raise OpVerifyError(f"operand #{i}{' (' + what + ')' if what else ''} must have a float dtype, got {t.dtype}")
+        raise OpVerifyError(
+            f"operand #{i}{' (' + what + ')' if what else ''} must have a float dtype, got {t.dtype}"
+        )
     return t
 
 
@@ -75,9 +79,13 @@ def same_dtype(ctx: InferCtx, idxs: Sequence[int] | None = None) -> DType:
     first = dts[0]
     for i, d in zip(idxs, dts):
         if d != first:
-            raise OpVerifyError(f"operand dtypes differ: #{idxs[0]} is {first}, #{i} is {d} (insert core.cast)")
+            raise OpVerifyError(
+                f"operand dtypes differ: #{idxs[0]} is {first}, #{i} is {d} (insert core.cast)"
+            )
     if not isinstance(first, DType):
-        raise OpVerifyError(f"quantized operand ({first}) needs llm.dequantize or llm.quantized_matmul")
+        raise OpVerifyError(
+            f"quantized operand ({first}) needs llm.dequantize or llm.quantized_matmul"
+        )
     return first
 
 
@@ -102,8 +110,13 @@ def prod_dims(dims: Sequence[Dim]) -> Dim:
 
 
 def like(t: TensorType, shape: Sequence[Dim] | None = None, dtype: Any = None) -> TensorType:
-    return TensorType(tuple(t.shape if shape is None else shape), t.dtype if dtype is None else dtype,
-                      t.layout, t.device, t.sema)
+    return TensorType(
+        tuple(t.shape if shape is None else shape),
+        t.dtype if dtype is None else dtype,
+        t.layout,
+        t.device,
+        t.sema,
+    )
 
 
 def dims_of(attr_dims: Sequence[Any]) -> tuple[Dim, ...]:

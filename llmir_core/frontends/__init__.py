@@ -30,37 +30,50 @@ def detect_kind(path: str) -> str:
         onnx_files = sorted(f for f in os.listdir(path) if f.endswith(".onnx"))
         if len(onnx_files) == 1:
             return "onnx"
-        raise InputError(f"{path}: a folder without config.json (not a Hugging Face model folder)",
-                         hint="pass an .onnx or .gguf file, or a folder with config.json")
+        raise InputError(
+            f"{path}: a folder without config.json (not a Hugging Face model folder)",
+            hint="pass an .onnx or .gguf file, or a folder with config.json",
+        )
     lower = path.lower()
     if lower.endswith(".onnx"):
         return "onnx"
     if lower.endswith(".gguf"):
         return "gguf"
-    raise InputError(f"{path}: unknown model format (expected .onnx, .gguf or a folder with config.json)")
+    raise InputError(
+        f"{path}: unknown model format (expected .onnx, .gguf or a folder with config.json)"
+    )
 
 
 def _frontend(kind: str) -> Any:
     try:
         if kind == "onnx":
             from .onnx import import_onnx
+
             return import_onnx
         if kind == "hf":
             from .hf import import_hf
+
             return import_hf
         from .gguf import import_gguf
+
         return import_gguf
     except ImportError as exc:
         if caused_by_interrupt(exc):  # a Ctrl-C during the import, not a missing package
             raise KeyboardInterrupt from None
-        raise InputError(f"the {kind} frontend is not available: {exc}",
-                         hint="install llmir with its optional dependencies") from None
+        raise InputError(
+            f"the {kind} frontend is not available: {exc}",
+            hint="install llmir with its optional dependencies",
+        ) from None
 
 
 @traced("import", trace_attrs.import_args, trace_attrs.imported)
-def import_model(path: str | os.PathLike[str], *, keep_unknown: bool = False,
-                 out_path: str | os.PathLike[str] | None = None,
-                 require_tokenizer: bool = True) -> Module:
+def import_model(
+    path: str | os.PathLike[str],
+    *,
+    keep_unknown: bool = False,
+    out_path: str | os.PathLike[str] | None = None,
+    require_tokenizer: bool = True,
+) -> Module:
     """Import a model into an llmir Module.
 
     With `out_path`, also write it there (and any weights file the frontend needs beside it),
@@ -74,8 +87,10 @@ def import_model(path: str | os.PathLike[str], *, keep_unknown: bool = False,
     if out is not None:
         folder = os.path.dirname(os.path.abspath(out))
         if not os.path.isdir(folder):
-            raise InputError(f"{out}: folder {folder} does not exist",
-                             hint="create the folder first or pick another output path")
+            raise InputError(
+                f"{out}: folder {folder} does not exist",
+                hint="create the folder first or pick another output path",
+            )
     fn = _frontend(kind)
     sidecar = None
     if kind == "onnx":

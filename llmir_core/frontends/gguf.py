@@ -68,14 +68,18 @@ def _open_reader(path: str) -> Any:  # noqa: C901 (defines the reader subclass w
             raw_itype = self._get(orig_offs, np.uint32)
             alen = self._get(orig_offs + 4, np.uint64)
             if len(raw_itype) != 1 or len(alen) != 1:
-                raise ValueError(f"metadata array at byte {orig_offs} runs past the end of the file")
+                raise ValueError(
+                    f"metadata array at byte {orig_offs} runs past the end of the file"
+                )
             n, itype = int(alen[0]), vt(int(raw_itype[0]))
             offs = orig_offs + 12
             nptype = self.gguf_scalar_to_np.get(itype)
             if nptype is not None:
                 vals = self._get(offs, nptype, n)
                 if len(vals) != n:
-                    raise ValueError(f"metadata array at byte {orig_offs} runs past the end of the file")
+                    raise ValueError(
+                        f"metadata array at byte {orig_offs} runs past the end of the file"
+                    )
                 return 12 + int(vals.nbytes), [raw_itype, alen, vals], [2], [vt.ARRAY, itype]
             if itype != vt.STRING:
                 return super()._get_field_parts(orig_offs, raw_type)
@@ -104,9 +108,12 @@ def _open_reader(path: str) -> Any:  # noqa: C901 (defines the reader subclass w
         def strings(self, field: Any) -> list[str]:
             key = field.offset + 8 + len(field.name.encode("utf-8")) + 4
             starts, lens = self.string_arrays[key]
-            raw = bytes(self.data[starts[0]:starts[-1] + lens[-1]]) if starts else b""
+            raw = bytes(self.data[starts[0] : starts[-1] + lens[-1]]) if starts else b""
             base = starts[0] if starts else 0
-            return [raw[s - base:s - base + n].decode("utf-8", "replace") for s, n in zip(starts, lens)]
+            return [
+                raw[s - base : s - base + n].decode("utf-8", "replace")
+                for s, n in zip(starts, lens)
+            ]
 
         def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
             size = len(self.data)
@@ -117,15 +124,20 @@ def _open_reader(path: str) -> Any:  # noqa: C901 (defines the reader subclass w
                 try:
                     qt = gguf.GGMLQuantizationType(raw)
                 except ValueError:
-                    raise InputError(f"{path}: tensor '{name}' has unknown tensor type {raw}",
-                                     hint="the file was written by a newer llama.cpp, or is damaged") from None
+                    raise InputError(
+                        f"{path}: tensor '{name}' has unknown tensor type {raw}",
+                        hint="the file was written by a newer llama.cpp, or is damaged",
+                    ) from None
                 block, type_size = gguf.GGML_QUANT_SIZES[qt]
                 n = int(np.prod(dims.astype(np.int64))) if len(dims) else 1
                 begin = int(start_offs + offset[0])
                 end = begin + n * type_size // block
                 if end > size:
-                    raise InputError(f"{path}: truncated GGUF file: tensor '{name}' needs bytes "
-                                     f"{begin}..{end}, the file has {size}", hint=_REDOWNLOAD)
+                    raise InputError(
+                        f"{path}: truncated GGUF file: tensor '{name}' needs bytes "
+                        f"{begin}..{end}, the file has {size}",
+                        hint=_REDOWNLOAD,
+                    )
             super()._build_tensors(start_offs, fields)
 
     try:
@@ -139,20 +151,32 @@ def _open_reader(path: str) -> Any:  # noqa: C901 (defines the reader subclass w
     if size == 0:
         raise InputError(f"{path}: empty file, not a GGUF model", hint=_REDOWNLOAD)
     if magic != b"GGUF":
-        raise InputError(f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')",
-                         hint="pass a .gguf model file")
+        raise InputError(
+            f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')",
+            hint="pass a .gguf model file",
+        )
     try:
         return _Reader(path)
     except InputError:
         raise
-    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError, TypeError,
-            struct.error) as exc:
+    except (
+        ValueError,
+        IndexError,
+        KeyError,
+        OverflowError,
+        UnicodeDecodeError,
+        TypeError,
+        struct.error,
+    ) as exc:
         # the reader's own messages say what is wrong; numpy's (a view past the end) do not
         said = str(exc)
-        known = any(k in said for k in ("version", "Duplicate", "alignment", "field type", "past the end"))
+        known = any(
+            k in said for k in ("version", "Duplicate", "alignment", "field type", "past the end")
+        )
         why = said if known else "the header is truncated or damaged"
-        raise InputError(f"{path}: not a readable GGUF file ({size} bytes): {why}",
-                         hint=_REDOWNLOAD) from None
+        raise InputError(
+            f"{path}: not a readable GGUF file ({size} bytes): {why}", hint=_REDOWNLOAD
+        ) from None
 
 
 class GGUFFile:
@@ -176,17 +200,24 @@ class GGUFFile:
         for no, p in enumerate(self.shards[1:], 1):
             reader = _open_reader(p)
             fields = reader.fields
-            got = [fields[k].contents() if k in fields else None for k in ("split.no", "split.count")]
+            got = [
+                fields[k].contents() if k in fields else None for k in ("split.no", "split.count")
+            ]
             check_shard(p, no, count, *got)
             for t in reader.tensors:
                 if t.name in self.tensors:
-                    raise InputError(f"{p}: tensor '{t.name}' is also in another shard", hint=_REDOWNLOAD)
+                    raise InputError(
+                        f"{p}: tensor '{t.name}' is also in another shard", hint=_REDOWNLOAD
+                    )
                 self.tensors[t.name] = t
                 self.tensor_paths[t.name] = p
         want = self.get(SPLIT_TENSORS)
         if want is not None and int(want) != len(self.tensors):
-            raise InputError(f"{self.path}: metadata field '{SPLIT_TENSORS}' is {int(want)}, the "
-                             f"{count} shards hold {len(self.tensors)} tensors", hint=_REDOWNLOAD)
+            raise InputError(
+                f"{self.path}: metadata field '{SPLIT_TENSORS}' is {int(want)}, the "
+                f"{count} shards hold {len(self.tensors)} tensors",
+                hint=_REDOWNLOAD,
+            )
 
     def tensor_path(self, name: str) -> str:
         """The file (shard) that holds tensor `name`."""
@@ -204,15 +235,18 @@ class GGUFFile:
                 return self.reader.strings(f)
             v = f.contents()
         except (ValueError, IndexError, UnicodeDecodeError) as exc:
-            raise InputError(f"{self.path}: metadata field '{key}' cannot be read ({exc})",
-                             hint=_REDOWNLOAD) from None
+            raise InputError(
+                f"{self.path}: metadata field '{key}' cannot be read ({exc})", hint=_REDOWNLOAD
+            ) from None
         return v.item() if isinstance(v, np.generic) else v
 
     def req(self, key: str) -> Any:
         v = self.get(key)
         if v is None:
-            raise InputError(f"{self.path}: metadata field '{key}' is missing",
-                             hint="the file was not written by llama.cpp's converter for this architecture")
+            raise InputError(
+                f"{self.path}: metadata field '{key}' is missing",
+                hint="the file was not written by llama.cpp's converter for this architecture",
+            )
         return v
 
     def fail(self, key: str, message: str, hint: str | None = None) -> InputError:
@@ -228,11 +262,15 @@ class GGUFFile:
 
 # -- metadata -> DecoderConfig --------------------------------------------------------------------
 
+
 def decoder_config(g: GGUFFile) -> DecoderConfig:
     arch = g.req("general.architecture")
     if arch not in ARCHITECTURES:
-        raise g.fail("general.architecture", f"is '{arch}', which is not supported",
-                     hint=f"supported: {', '.join(ARCHITECTURES)}")
+        raise g.fail(
+            "general.architecture",
+            f"is '{arch}', which is not supported",
+            hint=f"supported: {', '.join(ARCHITECTURES)}",
+        )
     a = arch + "."
     hidden = int(g.req(a + "embedding_length"))
     heads = int(g.req(a + "attention.head_count"))
@@ -240,9 +278,13 @@ def decoder_config(g: GGUFFile) -> DecoderConfig:
     layers = int(g.req(a + "block_count"))
     head_dim = int(g.get(a + "attention.key_length") or hidden // heads)
     if int(g.get(a + "attention.value_length") or head_dim) != head_dim:
-        raise g.fail(a + "attention.value_length", "differs from key_length, which is not supported")
+        raise g.fail(
+            a + "attention.value_length", "differs from key_length, which is not supported"
+        )
     if heads % kv_heads:
-        raise g.fail(a + "attention.head_count_kv", f"({kv_heads}) does not divide head_count ({heads})")
+        raise g.fail(
+            a + "attention.head_count_kv", f"({kv_heads}) does not divide head_count ({heads})"
+        )
     embd = g.tensors.get("token_embd.weight")
     vocab = g.get(a + "vocab_size")
     if vocab is None and embd is not None:
@@ -251,9 +293,16 @@ def decoder_config(g: GGUFFile) -> DecoderConfig:
         vocab = len(g.req("tokenizer.ggml.tokens"))
     context = int(g.req(a + "context_length"))
     dc = DecoderConfig(
-        arch=arch, vocab=int(vocab), hidden=hidden, intermediate=int(g.req(a + "feed_forward_length")),
-        layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-        eps=float(g.req(a + "attention.layer_norm_rms_epsilon")), context=context,
+        arch=arch,
+        vocab=int(vocab),
+        hidden=hidden,
+        intermediate=int(g.req(a + "feed_forward_length")),
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        eps=float(g.req(a + "attention.layer_norm_rms_epsilon")),
+        context=context,
         rope=[_rope(g, arch, head_dim)] * layers,
         tie_embeddings="output.weight" not in g.tensors,
     )
@@ -292,7 +341,9 @@ def gemma3_layers(g: GGUFFile, dc: DecoderConfig) -> None:
     dc.sandwich_norms = dc.qk_norm = True  # the converter already added 1 to every norm weight
     dc.embed_scale = float(np.float32(math.sqrt(dc.hidden)))
     scale = g.get(a + "attention.scale")
-    if scale is None:  # llama.cpp's rule: 27B (62 layers) scales by hidden / heads, the others by head_dim
+    if (
+        scale is None
+    ):  # llama.cpp's rule: 27B (62 layers) scales by hidden / heads, the others by head_dim
         scale = 1.0 / math.sqrt(dc.hidden / dc.heads if layers == 62 else dc.head_dim)
     dc.attn_scale = float(scale)
     dc.attn_softcap = float(g.get(a + "attn_logit_softcapping") or 0.0)
@@ -304,12 +355,20 @@ def gemma3_layers(g: GGUFFile, dc: DecoderConfig) -> None:
     else:
         local = [bool(x) for x in pattern]
         if len(local) != layers:
-            raise g.fail(a + "attention.sliding_window_pattern", f"has {len(local)} entries for {layers} layers")
+            raise g.fail(
+                a + "attention.sliding_window_pattern",
+                f"has {len(local)} entries for {layers} layers",
+            )
     window = int(g.req(a + "attention.sliding_window"))
     dc.sliding_window = [window if x else 0 for x in local]
     rdim = int(g.get(a + "rope.dimension_count") or dc.head_dim)
-    swa = RopeSpec(tuple(float(f) for f in inv_freq_default(float(g.get(a + "rope.freq_base_swa") or 10000.0), rdim)),
-                   rdim)
+    swa = RopeSpec(
+        tuple(
+            float(f)
+            for f in inv_freq_default(float(g.get(a + "rope.freq_base_swa") or 10000.0), rdim)
+        ),
+        rdim,
+    )
     dc.rope = [swa if x else dc.rope[i] for i, x in enumerate(local)]
 
 
@@ -324,16 +383,28 @@ def moe_layers(g: GGUFFile, arch: str, layers: int, intermediate: int) -> list[M
     if experts == 0:
         return []
     if arch not in _MOE_NORM:
-        raise g.fail(a + "expert_count", f"is {experts}: mixture of experts is not supported for {arch}")
+        raise g.fail(
+            a + "expert_count", f"is {experts}: mixture of experts is not supported for {arch}"
+        )
     top_k = int(g.req(a + "expert_used_count"))
     if not 1 <= top_k <= experts:
-        raise g.fail(a + "expert_used_count", f"({top_k}) must be between 1 and expert_count ({experts})")
+        raise g.fail(
+            a + "expert_used_count", f"({top_k}) must be between 1 and expert_count ({experts})"
+        )
     norm = g.get(a + "expert_weights_norm")
-    shared = int(g.get(a + "expert_shared_feed_forward_length") or 0) \
-        if "blk.0.ffn_gate_shexp.weight" in g.tensors else 0
-    spec = MoeSpec(experts, top_k, int(g.get(a + "expert_feed_forward_length") or intermediate),
-                   norm_topk=bool(_MOE_NORM[arch] if norm is None else norm), shared_inter=shared,
-                   shared_gate=shared > 0 and "blk.0.ffn_gate_inp_shexp.weight" in g.tensors)
+    shared = (
+        int(g.get(a + "expert_shared_feed_forward_length") or 0)
+        if "blk.0.ffn_gate_shexp.weight" in g.tensors
+        else 0
+    )
+    spec = MoeSpec(
+        experts,
+        top_k,
+        int(g.get(a + "expert_feed_forward_length") or intermediate),
+        norm_topk=bool(_MOE_NORM[arch] if norm is None else norm),
+        shared_inter=shared,
+        shared_gate=shared > 0 and "blk.0.ffn_gate_inp_shexp.weight" in g.tensors,
+    )
     return [spec if f"blk.{i}.ffn_gate_inp.weight" in g.tensors else None for i in range(layers)]
 
 
@@ -349,13 +420,18 @@ def _rope(g: GGUFFile, arch: str, head_dim: int) -> RopeSpec:
     if stype == "linear" and factor != 1.0:
         inv = (inv / np.float32(factor)).astype(np.float32)
     elif stype not in ("none", "linear"):
-        raise g.fail(a + "rope.scaling.type", f"is '{stype}', which is not supported",
-                     hint="supported: none, linear, and llama3 (rope_freqs tensor)")
+        raise g.fail(
+            a + "rope.scaling.type",
+            f"is '{stype}', which is not supported",
+            hint="supported: none, linear, and llama3 (rope_freqs tensor)",
+        )
     if "rope_freqs.weight" in g.tensors:  # llama 3.1: per-frequency divisors
         factors = g.tensor_values("rope_freqs.weight")
         if factors.shape != inv.shape:
-            raise InputError(f"{g.path}: tensor 'rope_freqs.weight' has {factors.size} values, "
-                             f"expected {inv.size}")
+            raise InputError(
+                f"{g.path}: tensor 'rope_freqs.weight' has {factors.size} values, "
+                f"expected {inv.size}"
+            )
         inv = (inv / factors).astype(np.float32)
     return RopeSpec(tuple(float(f) for f in inv), rdim, interleaved=(arch == "llama"))
 
@@ -379,43 +455,83 @@ def _yarn_or_longrope(g: GGUFFile, arch: str, stype: str, rdim: int) -> RopeSpec
         params["attention_factor"] = float(attn)
     if stype == "yarn":
         params["factor"] = float(g.req(a + "rope.scaling.factor"))
-        for key, name in (("rope.scaling.yarn_beta_fast", "beta_fast"), ("rope.scaling.yarn_beta_slow", "beta_slow")):
+        for key, name in (
+            ("rope.scaling.yarn_beta_fast", "beta_fast"),
+            ("rope.scaling.yarn_beta_slow", "beta_slow"),
+        ):
             v = g.get(a + key)
             if v is not None:
                 params[name] = float(v)
         ext = g.get(a + "rope.scaling.yarn_ext_factor")
-        if ext is not None and float(ext) not in (-1.0, 1.0):  # -1: llama.cpp's "default" (1 for yarn)
-            raise g.fail(a + "rope.scaling.yarn_ext_factor", f"is {float(ext)}: only 1 (full YaRN) is supported")
+        if ext is not None and float(ext) not in (
+            -1.0,
+            1.0,
+        ):  # -1: llama.cpp's "default" (1 for yarn)
+            raise g.fail(
+                a + "rope.scaling.yarn_ext_factor",
+                f"is {float(ext)}: only 1 (full YaRN) is supported",
+            )
         kind = "yarn"
     else:
         if long_t not in g.tensors or short_t not in g.tensors:
-            raise InputError(f"{g.path}: longrope needs both tensors '{long_t}' and '{short_t}'", hint=_REDOWNLOAD)
+            raise InputError(
+                f"{g.path}: longrope needs both tensors '{long_t}' and '{short_t}'",
+                hint=_REDOWNLOAD,
+            )
         params["long_factor"] = [float(x) for x in g.tensor_values(long_t)]
         params["short_factor"] = [float(x) for x in g.tensor_values(short_t)]
         kind = "longrope"
     rp = RopeParams(params, "rope", g.path, rdim, context)
     spec = rope_spec_from(kind, rp)
-    return RopeSpec(spec.inv_freq, spec.rotary_dim, interleaved=(arch == "llama"), scaling=spec.scaling,
-                    inv_freq_long=spec.inv_freq_long, long_from=spec.long_from)
+    return RopeSpec(
+        spec.inv_freq,
+        spec.rotary_dim,
+        interleaved=(arch == "llama"),
+        scaling=spec.scaling,
+        inv_freq_long=spec.inv_freq_long,
+        long_from=spec.long_from,
+    )
 
 
 # -- weights ----------------------------------------------------------------------------------
 
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-_LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-          "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-          "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-          "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-          "mlp.down_proj": "ffn_down"}
-_MOE = {"moe.router": "ffn_gate_inp", "moe.w_gate": "ffn_gate_exps", "moe.w_up": "ffn_up_exps",
-        "moe.w_down": "ffn_down_exps", "moe.shared_gate": "ffn_gate_shexp", "moe.shared_up": "ffn_up_shexp",
-        "moe.shared_down": "ffn_down_shexp", "moe.shared_router": "ffn_gate_inp_shexp"}
-_GEMMA2 = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
-           "post_feedforward_layernorm": "post_ffw_norm"}
+_LAYER = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_MOE = {
+    "moe.router": "ffn_gate_inp",
+    "moe.w_gate": "ffn_gate_exps",
+    "moe.w_up": "ffn_up_exps",
+    "moe.w_down": "ffn_down_exps",
+    "moe.shared_gate": "ffn_gate_shexp",
+    "moe.shared_up": "ffn_up_shexp",
+    "moe.shared_down": "ffn_down_shexp",
+    "moe.shared_router": "ffn_gate_inp_shexp",
+}
+_GEMMA2 = {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
 # phi3 fuses projections: key -> (gguf tensor, part); parts are row blocks
-_PHI3_FUSED = {"self_attn.q_proj": ("attn_qkv", 0), "self_attn.k_proj": ("attn_qkv", 1),
-               "self_attn.v_proj": ("attn_qkv", 2), "mlp.gate_proj": ("ffn_up", 0),
-               "mlp.up_proj": ("ffn_up", 1)}
+_PHI3_FUSED = {
+    "self_attn.q_proj": ("attn_qkv", 0),
+    "self_attn.k_proj": ("attn_qkv", 1),
+    "self_attn.v_proj": ("attn_qkv", 2),
+    "mlp.gate_proj": ("ffn_up", 0),
+    "mlp.up_proj": ("ffn_up", 1),
+}
 
 
 def elem_type(g: GGUFFile, t: Any) -> DType | QuantType:
@@ -425,8 +541,10 @@ def elem_type(g: GGUFFile, t: Any) -> DType | QuantType:
     q = GGUF_QUANTS.get(name.lower())
     if q is None:
         supported = ", ".join(list(_PLAIN) + [k.upper() for k in GGUF_QUANTS])
-        raise InputError(f"{g.path}: tensor '{t.name}' has type {name}, which llmir does not support",
-                         hint=f"supported tensor types: {supported}; requantize with llama-quantize")
+        raise InputError(
+            f"{g.path}: tensor '{t.name}' has type {name}, which llmir does not support",
+            hint=f"supported tensor types: {supported}; requantize with llama-quantize",
+        )
     return q
 
 
@@ -456,7 +574,9 @@ class GGUFWeights:
         fused = self._fused(base, layer)
         if fused:
             return f"blk.{layer}.{fused[0]}{suffix}"
-        table = {**_LAYER, **_GEMMA2} if self.dc.arch in ("gemma2", "gemma3") else {**_LAYER, **_MOE}
+        table = (
+            {**_LAYER, **_GEMMA2} if self.dc.arch in ("gemma2", "gemma3") else {**_LAYER, **_MOE}
+        )
         return f"blk.{layer}.{table[base]}{suffix}"
 
     def has(self, key: str, layer: int | None = None) -> bool:
@@ -474,19 +594,31 @@ class GGUFWeights:
         spec = dc.moe[layer] if dc.moe and layer is not None else None
         if spec is not None and key.startswith("moe."):
             e, h, i, si = spec.experts, dc.hidden, spec.inter, spec.shared_inter
-            return {"moe.router": (e, h), "moe.w_gate": (e, i, h), "moe.w_up": (e, i, h), "moe.w_down": (e, h, i),
-                    "moe.shared_gate": (si, h), "moe.shared_up": (si, h), "moe.shared_down": (h, si),
-                    "moe.shared_router": (1, h)}[key]
+            return {
+                "moe.router": (e, h),
+                "moe.w_gate": (e, i, h),
+                "moe.w_up": (e, i, h),
+                "moe.w_down": (e, h, i),
+                "moe.shared_gate": (si, h),
+                "moe.shared_up": (si, h),
+                "moe.shared_down": (h, si),
+                "moe.shared_router": (1, h),
+            }[key]
         q, kv = dc.heads * dc.head_dim, dc.kv_heads * dc.head_dim
         base = key.removesuffix(".bias")
         if key.endswith(".bias"):
             return ({"self_attn.o_proj": dc.hidden, "self_attn.q_proj": q}.get(base, kv),)
         table = {
-            "model.embed_tokens": (dc.vocab, dc.hidden), "lm_head": (dc.vocab, dc.hidden),
-            "self_attn.q_proj": (q, dc.hidden), "self_attn.k_proj": (kv, dc.hidden),
-            "self_attn.v_proj": (kv, dc.hidden), "self_attn.o_proj": (dc.hidden, q),
-            "self_attn.q_norm": (dc.head_dim,), "self_attn.k_norm": (dc.head_dim,),
-            "mlp.gate_proj": (dc.intermediate, dc.hidden), "mlp.up_proj": (dc.intermediate, dc.hidden),
+            "model.embed_tokens": (dc.vocab, dc.hidden),
+            "lm_head": (dc.vocab, dc.hidden),
+            "self_attn.q_proj": (q, dc.hidden),
+            "self_attn.k_proj": (kv, dc.hidden),
+            "self_attn.v_proj": (kv, dc.hidden),
+            "self_attn.o_proj": (dc.hidden, q),
+            "self_attn.q_norm": (dc.head_dim,),
+            "self_attn.k_norm": (dc.head_dim,),
+            "mlp.gate_proj": (dc.intermediate, dc.hidden),
+            "mlp.up_proj": (dc.intermediate, dc.hidden),
             "mlp.down_proj": (dc.hidden, dc.intermediate),
         }
         return table.get(base, (dc.hidden,))
@@ -498,34 +630,51 @@ class GGUFWeights:
         name = self.tensor_name(key, layer)
         t = self.g.tensors.get(name)
         if t is None:
-            raise InputError(f"{self.g.path}: tensor '{name}' is missing",
-                             hint="the file does not match its metadata (architecture or layer count)")
+            raise InputError(
+                f"{self.g.path}: tensor '{name}' is missing",
+                hint="the file does not match its metadata (architecture or layer count)",
+            )
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         offset, nbytes = int(t.data_offset), int(t.n_bytes)
         fused = self._fused(key.removesuffix(".bias"), layer)
         if fused:
             dc = self.dc
-            sizes = [dc.heads * dc.head_dim, dc.kv_heads * dc.head_dim, dc.kv_heads * dc.head_dim] \
-                if fused[0] == "attn_qkv" else [dc.intermediate, dc.intermediate]
+            sizes = (
+                [dc.heads * dc.head_dim, dc.kv_heads * dc.head_dim, dc.kv_heads * dc.head_dim]
+                if fused[0] == "attn_qkv"
+                else [dc.intermediate, dc.intermediate]
+            )
             if shape[0] != sum(sizes):
-                raise InputError(f"{self.g.path}: tensor '{name}' has {shape[0]} rows, expected {sum(sizes)}")
+                raise InputError(
+                    f"{self.g.path}: tensor '{name}' has {shape[0]} rows, expected {sum(sizes)}"
+                )
             row_bytes = nbytes // shape[0]
             part = fused[1]
             offset += sum(sizes[:part]) * row_bytes
-            name = f"{name}[{sum(sizes[:part])}:{sum(sizes[:part + 1])}]"  # a row block: its own name
+            name = (
+                f"{name}[{sum(sizes[:part])}:{sum(sizes[: part + 1])}]"  # a row block: its own name
+            )
             shape = (sizes[part],) + shape[1:]
             nbytes = sizes[part] * row_bytes
         want = self._expected(key, layer)
         if key == "moe.shared_router" and shape == want[1:]:
             shape = want  # llama.cpp stores it as {n_embd}: the same bytes as [1, n_embd]
         if shape != want:
-            raise InputError(f"{self.g.path}: tensor '{name}' has shape {list(shape)}, but the "
-                             f"metadata implies {list(want)}", hint=_REDOWNLOAD)
+            raise InputError(
+                f"{self.g.path}: tensor '{name}' has shape {list(shape)}, but the "
+                f"metadata implies {list(want)}",
+                hint=_REDOWNLOAD,
+            )
         et = elem_type(self.g, t)
-        attrs = {"file": weight_file_attr(self.g.tensor_path(t.name), self.base_dir), "name": name, "offset": offset,
-                 "nbytes": nbytes}
-        v = b.create("core.weight", [], attrs, result_types=[TensorType(shape, et)],
-                     names=[name]).results[0]
+        attrs = {
+            "file": weight_file_attr(self.g.tensor_path(t.name), self.base_dir),
+            "name": name,
+            "offset": offset,
+            "nbytes": nbytes,
+        }
+        v = b.create(
+            "core.weight", [], attrs, result_types=[TensorType(shape, et)], names=[name]
+        ).results[0]
         if isinstance(et, QuantType):
             v = b.op("llm.dequantize", v, dtype=DType.f32, name_hint=name + ".f32")
         elif et != DType.f32:
@@ -536,11 +685,29 @@ class GGUFWeights:
 
 # -- tokenizer metadata ---------------------------------------------------------------------------
 
-_TOKENIZER_KEYS = ("model", "pre", "tokens", "scores", "token_type", "merges", "bos_token_id",
-                   "eos_token_id", "unknown_token_id", "padding_token_id", "eot_token_id",
-                   "eom_token_id", "seperator_token_id", "add_bos_token", "add_eos_token",
-                   "add_sep_token", "add_space_prefix", "remove_extra_whitespaces",
-                   "precompiled_charsmap", "lowercase", "strip_accents")
+_TOKENIZER_KEYS = (
+    "model",
+    "pre",
+    "tokens",
+    "scores",
+    "token_type",
+    "merges",
+    "bos_token_id",
+    "eos_token_id",
+    "unknown_token_id",
+    "padding_token_id",
+    "eot_token_id",
+    "eom_token_id",
+    "seperator_token_id",
+    "add_bos_token",
+    "add_eos_token",
+    "add_sep_token",
+    "add_space_prefix",
+    "remove_extra_whitespaces",
+    "precompiled_charsmap",
+    "lowercase",
+    "strip_accents",
+)
 
 
 def read_tokenizer(path: str | os.PathLike[str], g: GGUFFile | None = None) -> dict[str, Any]:
@@ -562,19 +729,28 @@ def _check_tokenizer(g: GGUFFile) -> None:
 
     model = g.get("tokenizer.ggml.model")
     if model is None:
-        raise g.fail("tokenizer.ggml.model", "is missing: the file holds no tokenizer",
-                     hint="convert the model again with its tokenizer, or import with --no-tokenizer")
+        raise g.fail(
+            "tokenizer.ggml.model",
+            "is missing: the file holds no tokenizer",
+            hint="convert the model again with its tokenizer, or import with --no-tokenizer",
+        )
     if model not in TOKENIZER_MODELS:
-        raise g.fail("tokenizer.ggml.model", f"is '{model}', which is not supported",
-                     hint=f"supported tokenizer models: {', '.join(TOKENIZER_MODELS)}")
+        raise g.fail(
+            "tokenizer.ggml.model",
+            f"is '{model}', which is not supported",
+            hint=f"supported tokenizer models: {', '.join(TOKENIZER_MODELS)}",
+        )
     if not g.has("tokenizer.ggml.tokens"):
         raise g.fail("tokenizer.ggml.tokens", "is missing: the file holds no vocabulary")
     from llmir_core.runtime.pretokenize import SUPPORTED_PRE, pre_tokenizer
 
     pre = g.get("tokenizer.ggml.pre") or "default"
     if model == "gpt2" and pre_tokenizer(pre) is None:
-        raise g.fail("tokenizer.ggml.pre", f"is '{pre}', a pre-tokenizer llmir does not know",
-                     hint=f"supported: {', '.join(SUPPORTED_PRE)}; or import with --no-tokenizer")
+        raise g.fail(
+            "tokenizer.ggml.pre",
+            f"is '{pre}', a pre-tokenizer llmir does not know",
+            hint=f"supported: {', '.join(SUPPORTED_PRE)}; or import with --no-tokenizer",
+        )
 
 
 def special_ids(g: GGUFFile) -> tuple[tuple[int, ...], int | None]:
@@ -582,21 +758,40 @@ def special_ids(g: GGUFFile) -> tuple[tuple[int, ...], int | None]:
     if not g.has("tokenizer.ggml.tokens"):
         eos = [g.get("tokenizer.ggml.eos_token_id"), g.get("tokenizer.ggml.eot_token_id")]
         bos = g.get("tokenizer.ggml.bos_token_id")
-        return tuple(dict.fromkeys(int(e) for e in eos if e is not None)), (int(bos) if bos is not None else None)
+        return tuple(dict.fromkeys(int(e) for e in eos if e is not None)), (
+            int(bos) if bos is not None else None
+        )
     from llmir_core.runtime.pretokenize import special_tokens
 
-    keys = ("model", "pre", "tokens", "bos_token_id", "eos_token_id", "eot_token_id", "eom_token_id",
-            "seperator_token_id", "add_bos_token", "add_eos_token", "add_sep_token")
-    meta = {k: g.get("tokenizer.ggml." + k) for k in keys}  # not the merges: a 128k vocabulary has 280k
+    keys = (
+        "model",
+        "pre",
+        "tokens",
+        "bos_token_id",
+        "eos_token_id",
+        "eot_token_id",
+        "eom_token_id",
+        "seperator_token_id",
+        "add_bos_token",
+        "add_eos_token",
+        "add_sep_token",
+    )
+    meta = {
+        k: g.get("tokenizer.ggml." + k) for k in keys
+    }  # not the merges: a 128k vocabulary has 280k
     st = special_tokens({k: v for k, v in meta.items() if v is not None})
     return st.eog_ids, st.bos_id
 
 
-def model_attributes(g: GGUFFile, dc: DecoderConfig, base_dir: str | None,
-                     require_tokenizer: bool) -> dict[str, Any]:
+def model_attributes(
+    g: GGUFFile, dc: DecoderConfig, base_dir: str | None, require_tokenizer: bool
+) -> dict[str, Any]:
     attrs: dict[str, Any] = {
-        "llm.architecture": dc.arch, "llm.source": "gguf", "llm.context_length": dc.context,
-        "llm.vocab_size": dc.vocab, "llm.num_layers": dc.layers,
+        "llm.architecture": dc.arch,
+        "llm.source": "gguf",
+        "llm.context_length": dc.context,
+        "llm.vocab_size": dc.vocab,
+        "llm.num_layers": dc.layers,
     }
     attrs["llm.eos_token_ids"], attrs["llm.bos_token_id"] = special_ids(g)
     if not require_tokenizer:  # --no-tokenizer: the module (and its build) take token ids only
@@ -609,8 +804,11 @@ def model_attributes(g: GGUFFile, dc: DecoderConfig, base_dir: str | None,
     return attrs
 
 
-def import_gguf(path: str | os.PathLike[str], out_path: str | os.PathLike[str] | None = None,
-                require_tokenizer: bool = True) -> Module:
+def import_gguf(
+    path: str | os.PathLike[str],
+    out_path: str | os.PathLike[str] | None = None,
+    require_tokenizer: bool = True,
+) -> Module:
     """Import the GGUF file at `path`; weight paths are relative to `out_path`'s folder if given."""
     g = GGUFFile(path)
     check_gguf(g)

@@ -40,33 +40,97 @@ ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3
 
 # transformers' per-class defaults for fields a saved config.json may leave out
 _DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {"rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False,
-              "hidden_act": "silu", "rope_theta": 10000.0},
-    "mistral": {"rms_norm_eps": 1e-6, "max_position_embeddings": 4096 * 32, "tie_word_embeddings": False,
-                "hidden_act": "silu", "rope_theta": 10000.0, "sliding_window": 4096},
-    "qwen2": {"rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False,
-              "hidden_act": "silu", "rope_theta": 10000.0, "sliding_window": 4096,
-              "use_sliding_window": False, "max_window_layers": 28},
-    "qwen3": {"rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False,
-              "hidden_act": "silu", "rope_theta": 10000.0, "sliding_window": 4096,
-              "use_sliding_window": False, "max_window_layers": 28},
-    "phi3": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "tie_word_embeddings": False,
-             "hidden_act": "silu", "rope_theta": 10000.0, "sliding_window": None},
-    "gemma2": {"rms_norm_eps": 1e-6, "max_position_embeddings": 8192, "tie_word_embeddings": True,
-               "hidden_activation": "gelu_pytorch_tanh", "rope_theta": 10000.0, "sliding_window": 4096,
-               "query_pre_attn_scalar": 256, "final_logit_softcapping": 30.0,
-               "attn_logit_softcapping": 50.0},
-    "gemma3_text": {"rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "tie_word_embeddings": True,
-                    "hidden_activation": "gelu_pytorch_tanh", "rope_theta": 1000000.0,
-                    "rope_local_base_freq": 10000.0, "sliding_window": 4096, "sliding_window_pattern": 6,
-                    "query_pre_attn_scalar": 256, "final_logit_softcapping": None,
-                    "attn_logit_softcapping": None, "head_dim": 256},
+    "llama": {
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "rope_theta": 10000.0,
+    },
+    "mistral": {
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096 * 32,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "rope_theta": 10000.0,
+        "sliding_window": 4096,
+    },
+    "qwen2": {
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "rope_theta": 10000.0,
+        "sliding_window": 4096,
+        "use_sliding_window": False,
+        "max_window_layers": 28,
+    },
+    "qwen3": {
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "rope_theta": 10000.0,
+        "sliding_window": 4096,
+        "use_sliding_window": False,
+        "max_window_layers": 28,
+    },
+    "phi3": {
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "rope_theta": 10000.0,
+        "sliding_window": None,
+    },
+    "gemma2": {
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rope_theta": 10000.0,
+        "sliding_window": 4096,
+        "query_pre_attn_scalar": 256,
+        "final_logit_softcapping": 30.0,
+        "attn_logit_softcapping": 50.0,
+    },
+    "gemma3_text": {
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": True,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+        "query_pre_attn_scalar": 256,
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "head_dim": 256,
+    },
 }
 _DEFAULTS.update(MOE_DEFAULTS)
-_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
-                "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
-_GENERATION_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "do_sample", "temperature",
-                    "top_k", "top_p", "min_p", "repetition_penalty", "max_length", "max_new_tokens")
+_ACTIVATIONS = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu": "gelu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+}
+_GENERATION_KEYS = (
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "max_length",
+    "max_new_tokens",
+)
 
 
 class _Cfg:
@@ -93,8 +157,10 @@ class _Cfg:
     def req(self, key: str) -> Any:
         v = self.data.get(key)
         if v is None:
-            raise InputError(f"{self.path}: field '{key}' is missing",
-                             hint=f"a {self.arch} config.json must set {key}")
+            raise InputError(
+                f"{self.path}: field '{key}' is missing",
+                hint=f"a {self.arch} config.json must set {key}",
+            )
         return v
 
     def fail(self, field: str, message: str, hint: str | None = None) -> InputError:
@@ -118,8 +184,11 @@ def _read_json(path: Path) -> Any:
 def read_config(folder: Path) -> _Cfg:
     path = folder / "config.json"
     if not path.is_file():
-        raise InputError(f"{folder}: no config.json", hint="point at a Hugging Face model folder "
-                         "(config.json, *.safetensors, tokenizer.json)")
+        raise InputError(
+            f"{folder}: no config.json",
+            hint="point at a Hugging Face model folder "
+            "(config.json, *.safetensors, tokenizer.json)",
+        )
     data = _read_json(path)
     if not isinstance(data, dict):
         raise InputError(f"{path}: must be a JSON object")
@@ -127,12 +196,15 @@ def read_config(folder: Path) -> _Cfg:
     if mt not in ARCHITECTURES:
         archs = data.get("architectures")
         shown = f"model_type '{mt}'" + (f" (architectures {archs})" if archs else "")
-        raise InputError(f"{path}: field 'model_type': {shown} is not supported",
-                         hint=f"supported architectures: {', '.join(ARCHITECTURES)}")
+        raise InputError(
+            f"{path}: field 'model_type': {shown} is not supported",
+            hint=f"supported architectures: {', '.join(ARCHITECTURES)}",
+        )
     return _Cfg(path, data, mt)
 
 
 # -- rope -----------------------------------------------------------------------------------
+
 
 def _rope_params(cfg: _Cfg) -> tuple[str, dict[str | None, dict[str, Any]]]:
     """The rope dicts (5.x `rope_parameters`, or 4.x `rope_theta` + `rope_scaling`) by layer type
@@ -141,7 +213,9 @@ def _rope_params(cfg: _Cfg) -> tuple[str, dict[str | None, dict[str, Any]]]:
     partial = cfg.data.get("partial_rotary_factor")
     if isinstance(rp, dict) and rp:
         if all(isinstance(v, dict) for v in rp.values()):
-            return "rope_parameters", {k: {"rope_theta": cfg.get("rope_theta"), **v} for k, v in rp.items()}
+            return "rope_parameters", {
+                k: {"rope_theta": cfg.get("rope_theta"), **v} for k, v in rp.items()
+            }
         return "rope_parameters", {None: dict(rp)}
     params: dict[str, Any] = {"rope_theta": cfg.get("rope_theta")}
     if partial is not None:
@@ -157,22 +231,35 @@ def _rope_params(cfg: _Cfg) -> tuple[str, dict[str | None, dict[str, Any]]]:
     return field, {None: params}
 
 
-def rope_spec(cfg: _Cfg, head_dim: int, params: dict[str, Any] | None = None, field: str | None = None) -> RopeSpec:
+def rope_spec(
+    cfg: _Cfg, head_dim: int, params: dict[str, Any] | None = None, field: str | None = None
+) -> RopeSpec:
     if params is None or field is None:
         field, sets = _rope_params(cfg)
         params = next(iter(sets.values()))
     rtype = params.get("rope_type") or params.get("type") or "default"
     if rtype not in ROPE_TYPES:
-        raise cfg.fail(f"{field}.rope_type", f"is '{rtype}', which is not supported",
-                       hint=f"supported rope types: {', '.join(ROPE_TYPES)}")
+        raise cfg.fail(
+            f"{field}.rope_type",
+            f"is '{rtype}', which is not supported",
+            hint=f"supported rope types: {', '.join(ROPE_TYPES)}",
+        )
     params = {**params, "rope_theta": params.get("rope_theta") or cfg.get("rope_theta") or 10000.0}
     partial = params.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0
     rdim = int(head_dim * partial)
     if rdim % 2 or rdim <= 0:
         raise cfg.fail("partial_rotary_factor", f"gives an odd rotary dimension {rdim}")
     original = cfg.data.get("original_max_position_embeddings")
-    rp = RopeParams(params, field, str(cfg.path), rdim, int(cfg.num("max_position_embeddings")),
-                    int(original) if isinstance(original, int) and rtype in ("llama3", "yarn", "longrope") else None)
+    rp = RopeParams(
+        params,
+        field,
+        str(cfg.path),
+        rdim,
+        int(cfg.num("max_position_embeddings")),
+        int(original)
+        if isinstance(original, int) and rtype in ("llama3", "yarn", "longrope")
+        else None,
+    )
     return rope_spec_from(str(rtype), rp)
 
 
@@ -191,6 +278,7 @@ def rope_specs(cfg: _Cfg, head_dim: int, layer_types: list[str]) -> list[RopeSpe
 
 
 # -- config -> DecoderConfig --------------------------------------------------------------------
+
 
 def _check_unsupported(cfg: _Cfg) -> None:
     d = cfg.data
@@ -226,7 +314,9 @@ def _layer_windows(cfg: _Cfg, layers: int) -> list[int]:
         if bad:
             raise cfg.fail("layer_types", f"names layer type '{bad[0]}', which is not supported")
         if "sliding_attention" in types and not window:
-            raise cfg.fail("sliding_window", "is missing but layer_types has sliding_attention layers")
+            raise cfg.fail(
+                "sliding_window", "is missing but layer_types has sliding_attention layers"
+            )
         return [int(window) if t == "sliding_attention" else 0 for t in types]
     base = MOE_ARCHS.get(cfg.arch, cfg.arch)
     if base in ("mistral", "phi3"):
@@ -249,19 +339,32 @@ def decoder_config(cfg: _Cfg) -> DecoderConfig:
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     if heads % kv_heads:
-        raise cfg.fail("num_key_value_heads", f"({kv_heads}) does not divide num_attention_heads ({heads})")
+        raise cfg.fail(
+            "num_key_value_heads", f"({kv_heads}) does not divide num_attention_heads ({heads})"
+        )
     act_field = "hidden_activation" if arch in ("gemma2", "gemma3_text") else "hidden_act"
     act_name = cfg.get(act_field) or cfg.get("hidden_act")
     if act_name not in _ACTIVATIONS:
-        raise cfg.fail(act_field, f"is '{act_name}', which is not supported",
-                       hint=f"supported: {', '.join(_ACTIVATIONS)}")
+        raise cfg.fail(
+            act_field,
+            f"is '{act_name}', which is not supported",
+            hint=f"supported: {', '.join(_ACTIVATIONS)}",
+        )
     rope = rope_specs(cfg, head_dim, _layer_types(cfg, layers))
     dc = DecoderConfig(
-        arch=arch, vocab=int(cfg.req("vocab_size")), hidden=hidden,
-        intermediate=int(cfg.req("intermediate_size")), layers=layers, heads=heads,
-        kv_heads=kv_heads, head_dim=head_dim, eps=float(cfg.num("rms_norm_eps")),
-        context=int(cfg.num("max_position_embeddings")), rope=rope,
-        activation=_ACTIVATIONS[act_name], tie_embeddings=bool(cfg.get("tie_word_embeddings")),
+        arch=arch,
+        vocab=int(cfg.req("vocab_size")),
+        hidden=hidden,
+        intermediate=int(cfg.req("intermediate_size")),
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        eps=float(cfg.num("rms_norm_eps")),
+        context=int(cfg.num("max_position_embeddings")),
+        rope=rope,
+        activation=_ACTIVATIONS[act_name],
+        tie_embeddings=bool(cfg.get("tie_word_embeddings")),
         sliding_window=_layer_windows(cfg, layers),
     )
     base = MOE_ARCHS.get(arch, arch)
@@ -288,19 +391,32 @@ def decoder_config(cfg: _Cfg) -> DecoderConfig:
 
 # -- weights --------------------------------------------------------------------------------
 
-_TOP = {"model.embed_tokens": "model.embed_tokens.weight", "model.norm": "model.norm.weight",
-        "lm_head": "lm_head.weight"}
+_TOP = {
+    "model.embed_tokens": "model.embed_tokens.weight",
+    "model.norm": "model.norm.weight",
+    "lm_head": "lm_head.weight",
+}
 # phi3 fuses projections: key -> (fused tensor key, part index); parts are row blocks
-_PHI3_FUSED = {"self_attn.q_proj": ("self_attn.qkv_proj", 0), "self_attn.k_proj": ("self_attn.qkv_proj", 1),
-               "self_attn.v_proj": ("self_attn.qkv_proj", 2), "mlp.gate_proj": ("mlp.gate_up_proj", 0),
-               "mlp.up_proj": ("mlp.gate_up_proj", 1)}
+_PHI3_FUSED = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
 
 
 class HFWeights:
     """Weight references into safetensors files, by absolute offset (no tensor data is read)."""
 
-    def __init__(self, index: SafetensorsIndex, dc: DecoderConfig, base_dir: str | None,
-                 prefix: str = "hf:", quant: hf_quant.QuantConfig | None = None) -> None:
+    def __init__(
+        self,
+        index: SafetensorsIndex,
+        dc: DecoderConfig,
+        base_dir: str | None,
+        prefix: str = "hf:",
+        quant: hf_quant.QuantConfig | None = None,
+    ) -> None:
         self.index, self.dc, self.base_dir, self.prefix = index, dc, base_dir, prefix
         self.quant = quant
         self._cache: dict[tuple[str, int | None], Value] = {}
@@ -310,16 +426,25 @@ class HFWeights:
         dc = self.dc
         q, kv = dc.heads * dc.head_dim, dc.kv_heads * dc.head_dim
         table = {
-            "model.embed_tokens": (dc.vocab, dc.hidden), "lm_head": (dc.vocab, dc.hidden),
-            "model.norm": (dc.hidden,), "input_layernorm": (dc.hidden,),
-            "post_attention_layernorm": (dc.hidden,), "pre_feedforward_layernorm": (dc.hidden,),
+            "model.embed_tokens": (dc.vocab, dc.hidden),
+            "lm_head": (dc.vocab, dc.hidden),
+            "model.norm": (dc.hidden,),
+            "input_layernorm": (dc.hidden,),
+            "post_attention_layernorm": (dc.hidden,),
+            "pre_feedforward_layernorm": (dc.hidden,),
             "post_feedforward_layernorm": (dc.hidden,),
-            "self_attn.q_proj": (q, dc.hidden), "self_attn.k_proj": (kv, dc.hidden),
-            "self_attn.v_proj": (kv, dc.hidden), "self_attn.o_proj": (dc.hidden, q),
-            "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,),
+            "self_attn.q_proj": (q, dc.hidden),
+            "self_attn.k_proj": (kv, dc.hidden),
+            "self_attn.v_proj": (kv, dc.hidden),
+            "self_attn.o_proj": (dc.hidden, q),
+            "self_attn.q_proj.bias": (q,),
+            "self_attn.k_proj.bias": (kv,),
+            "self_attn.v_proj.bias": (kv,),
             "self_attn.o_proj.bias": (dc.hidden,),
-            "self_attn.q_norm": (dc.head_dim,), "self_attn.k_norm": (dc.head_dim,),
-            "mlp.gate_proj": (dc.intermediate, dc.hidden), "mlp.up_proj": (dc.intermediate, dc.hidden),
+            "self_attn.q_norm": (dc.head_dim,),
+            "self_attn.k_norm": (dc.head_dim,),
+            "mlp.gate_proj": (dc.intermediate, dc.hidden),
+            "mlp.up_proj": (dc.intermediate, dc.hidden),
             "mlp.down_proj": (dc.hidden, dc.intermediate),
             "self_attn.qkv_proj": (q + 2 * kv, dc.hidden),
             "mlp.gate_up_proj": (2 * dc.intermediate, dc.hidden),
@@ -349,8 +474,11 @@ class HFWeights:
             fused, part = _PHI3_FUSED[key]
             whole = self._checked(fused, layer)
             dc = self.dc
-            sizes = [dc.heads * dc.head_dim, dc.kv_heads * dc.head_dim, dc.kv_heads * dc.head_dim] \
-                if fused == "self_attn.qkv_proj" else [dc.intermediate, dc.intermediate]
+            sizes = (
+                [dc.heads * dc.head_dim, dc.kv_heads * dc.head_dim, dc.kv_heads * dc.head_dim]
+                if fused == "self_attn.qkv_proj"
+                else [dc.intermediate, dc.intermediate]
+            )
             return _row_slice(whole, sum(sizes[:part]), sizes[part], key)
         return self._checked(key, layer)
 
@@ -358,8 +486,11 @@ class HFWeights:
         e = self.index.get(self._tensor_name(key, layer))
         want = self._expected(key)
         if e.shape != want:
-            raise InputError(f"{e.file}: tensor '{e.name}' has shape {list(e.shape)}, but config.json "
-                             f"implies {list(want)}", hint="config.json and the weights do not match")
+            raise InputError(
+                f"{e.file}: tensor '{e.name}' has shape {list(e.shape)}, but config.json "
+                f"implies {list(want)}",
+                hint="config.json and the weights do not match",
+            )
         return e
 
     def weight(self, b: Builder, key: str, layer: int | None = None) -> Value:
@@ -368,8 +499,14 @@ class HFWeights:
             return self._cache[ck]
         shape = self._expected(key)
         if self.quant is not None and len(shape) == 2 and key != "model.embed_tokens":
-            qv = hf_quant.quantized_weight(b, self.index, self.quant, self._module(key, layer),
-                                           (shape[0], shape[1]), self.base_dir)
+            qv = hf_quant.quantized_weight(
+                b,
+                self.index,
+                self.quant,
+                self._module(key, layer),
+                (shape[0], shape[1]),
+                self.base_dir,
+            )
             if qv is not None:
                 self._cache[ck] = qv
                 return qv
@@ -384,8 +521,14 @@ class HFWeights:
 def _row_slice(e: TensorEntry, row0: int, rows: int, key: str) -> TensorEntry:
     row_bytes = e.nbytes // e.shape[0]
     # a row block of a fused tensor is named NAME[r0:r1] (one name, one byte range)
-    return TensorEntry(f"{e.name}[{row0}:{row0 + rows}]", e.file, e.dtype, (rows,) + e.shape[1:], e.offset + row0 * row_bytes,
-                       rows * row_bytes)
+    return TensorEntry(
+        f"{e.name}[{row0}:{row0 + rows}]",
+        e.file,
+        e.dtype,
+        (rows,) + e.shape[1:],
+        e.offset + row0 * row_bytes,
+        rows * row_bytes,
+    )
 
 
 def weight_file_attr(path: str, base_dir: str | None) -> str:
@@ -396,13 +539,20 @@ def weight_file_attr(path: str, base_dir: str | None) -> str:
 
 
 def emit_weight(b: Builder, e: TensorEntry, base_dir: str | None) -> Value:
-    attrs = {"file": weight_file_attr(e.file, base_dir), "name": e.name, "offset": e.offset,
-             "nbytes": e.nbytes}
-    op = b.create("core.weight", [], attrs, result_types=[TensorType(e.shape, e.dtype)], names=[e.name])
+    attrs = {
+        "file": weight_file_attr(e.file, base_dir),
+        "name": e.name,
+        "offset": e.offset,
+        "nbytes": e.nbytes,
+    }
+    op = b.create(
+        "core.weight", [], attrs, result_types=[TensorType(e.shape, e.dtype)], names=[e.name]
+    )
     return op.results[0]
 
 
 # -- tokenizer, chat template, generation config ----------------------------------------------
+
 
 def _token_ids(v: Any) -> tuple[int, ...]:
     if isinstance(v, bool) or v is None:
@@ -429,11 +579,15 @@ def _chat_template(folder: Path) -> str | None:
     return t if isinstance(t, str) else None
 
 
-def model_attributes(folder: Path, cfg: _Cfg, dc: DecoderConfig, base_dir: str | None,
-                     require_tokenizer: bool) -> dict[str, Any]:
+def model_attributes(
+    folder: Path, cfg: _Cfg, dc: DecoderConfig, base_dir: str | None, require_tokenizer: bool
+) -> dict[str, Any]:
     attrs: dict[str, Any] = {
-        "llm.architecture": dc.arch, "llm.source": "hf", "llm.context_length": dc.context,
-        "llm.vocab_size": dc.vocab, "llm.num_layers": dc.layers,
+        "llm.architecture": dc.arch,
+        "llm.source": "hf",
+        "llm.context_length": dc.context,
+        "llm.vocab_size": dc.vocab,
+        "llm.num_layers": dc.layers,
     }
     gen: dict[str, Any] = {}
     gpath = folder / "generation_config.json"
@@ -457,19 +611,28 @@ def model_attributes(folder: Path, cfg: _Cfg, dc: DecoderConfig, base_dir: str |
         check_tokenizer_json(tok)
         attrs["llm.tokenizer"] = {"format": "hf", "file": weight_file_attr(str(tok), base_dir)}
     elif require_tokenizer:
-        extra = " (tokenizer.model alone needs sentencepiece: save the tokenizer with transformers " \
-                "to get tokenizer.json)" if (folder / "tokenizer.model").is_file() else ""
-        raise InputError(f"{folder}: tokenizer.json is missing{extra}",
-                         hint="copy the model's tokenizer.json into the folder, or import with "
-                              "--no-tokenizer to build a model that takes token ids")
+        extra = (
+            " (tokenizer.model alone needs sentencepiece: save the tokenizer with transformers "
+            "to get tokenizer.json)"
+            if (folder / "tokenizer.model").is_file()
+            else ""
+        )
+        raise InputError(
+            f"{folder}: tokenizer.json is missing{extra}",
+            hint="copy the model's tokenizer.json into the folder, or import with "
+            "--no-tokenizer to build a model that takes token ids",
+        )
     template = _chat_template(folder)
     if template:
         attrs["llm.chat_template"] = template
     return attrs
 
 
-def import_hf(path: str | os.PathLike[str], out_path: str | os.PathLike[str] | None = None,
-              require_tokenizer: bool = True) -> Module:
+def import_hf(
+    path: str | os.PathLike[str],
+    out_path: str | os.PathLike[str] | None = None,
+    require_tokenizer: bool = True,
+) -> Module:
     """Import the model folder at `path`; weight paths are relative to `out_path`'s folder if given."""
     folder = Path(path)
     if not folder.is_dir():
@@ -477,8 +640,11 @@ def import_hf(path: str | os.PathLike[str], out_path: str | os.PathLike[str] | N
     cfg = read_config(folder)
     index = open_index(folder)
     _check_unsupported(cfg)
-    check_hf_config(cfg, ((e.name, e.shape) for e in index.tensors.values()),
-                    ", ".join(os.path.basename(f) for f in index.files))
+    check_hf_config(
+        cfg,
+        ((e.name, e.shape) for e in index.tensors.values()),
+        ", ".join(os.path.basename(f) for f in index.files),
+    )
     dc = decoder_config(cfg)
     base_dir = os.path.dirname(os.path.abspath(out_path)) if out_path is not None else None
     quant = hf_quant.parse(cfg)
@@ -497,5 +663,12 @@ def _module_name(folder: Path) -> str:
     return name if name and not name[0].isdigit() else "model_" + name
 
 
-__all__ = ["import_hf", "decoder_config", "read_config", "ARCHITECTURES", "HFWeights", "emit_weight",
-           "weight_file_attr"]
+__all__ = [
+    "import_hf",
+    "decoder_config",
+    "read_config",
+    "ARCHITECTURES",
+    "HFWeights",
+    "emit_weight",
+    "weight_file_attr",
+]

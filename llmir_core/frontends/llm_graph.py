@@ -84,7 +84,9 @@ class DecoderConfig:
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
     sliding_window: list[int] = field(default_factory=list)  # per layer; 0 = full attention
-    moe: list[MoeSpec | None] = field(default_factory=list)  # per layer; None (or empty) = dense MLP
+    moe: list[MoeSpec | None] = field(
+        default_factory=list
+    )  # per layer; None (or empty) = dense MLP
 
 
 class WeightSource(Protocol):
@@ -101,17 +103,23 @@ class WeightSource(Protocol):
 
 def inv_freq_default(theta: float, rotary_dim: int) -> np.ndarray:
     """1 / theta^(2i / d) in float32, as transformers computes it."""
-    exponent = np.arange(0, rotary_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(rotary_dim)
+    exponent = np.arange(0, rotary_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(
+        rotary_dim
+    )
     return (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
 
 
-def inv_freq_llama3(inv: np.ndarray, factor: float, low: float, high: float, old_ctx: int) -> np.ndarray:
+def inv_freq_llama3(
+    inv: np.ndarray, factor: float, low: float, high: float, old_ctx: int
+) -> np.ndarray:
     """Llama 3.1's frequency-dependent scaling (transformers `_compute_llama3_parameters`)."""
     inv = inv.astype(np.float32)
     low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
     wavelen = (np.float32(2 * math.pi) / inv).astype(np.float32)
     scaled = np.where(wavelen > low_wavelen, inv / np.float32(factor), inv).astype(np.float32)
-    smooth = ((np.float32(old_ctx) / wavelen - np.float32(low)) / np.float32(high - low)).astype(np.float32)
+    smooth = ((np.float32(old_ctx) / wavelen - np.float32(low)) / np.float32(high - low)).astype(
+        np.float32
+    )
     smoothed = ((1 - smooth) * scaled / np.float32(factor) + smooth * scaled).astype(np.float32)
     medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
     return np.where(medium, smoothed, scaled).astype(np.float32)
@@ -136,11 +144,19 @@ class _Graph:
         b, n = self.b, self.cfg.context
         b.origin = self.src.origin("model.rotary_emb")
         if spec.inv_freq_long:  # longrope: rows [0, long_from) short factors, the rest long ones
-            freqs = b.op("core.concat", self.rope_freqs(0, spec.long_from, spec.inv_freq),
-                         self.rope_freqs(spec.long_from, n, spec.inv_freq_long), axis=0, name_hint="rope.freqs")
+            freqs = b.op(
+                "core.concat",
+                self.rope_freqs(0, spec.long_from, spec.inv_freq),
+                self.rope_freqs(spec.long_from, n, spec.inv_freq_long),
+                axis=0,
+                name_hint="rope.freqs",
+            )
         else:
             freqs = self.rope_freqs(0, n, spec.inv_freq)
-        cos, sin = b.op("core.cos", freqs, name_hint="rope.cos"), b.op("core.sin", freqs, name_hint="rope.sin")
+        cos, sin = (
+            b.op("core.cos", freqs, name_hint="rope.cos"),
+            b.op("core.sin", freqs, name_hint="rope.sin"),
+        )
         if spec.scaling != 1.0:
             s = self.const(spec.scaling)
             cos, sin = b.op("core.mul", cos, s), b.op("core.mul", sin, s)
@@ -150,11 +166,18 @@ class _Graph:
     def rope_freqs(self, start: int, stop: int, inv_freq: tuple[float, ...]) -> Value:
         """positions [start, stop) times the inverse frequencies: [stop - start, rotary_dim / 2]."""
         b = self.b
-        pos = b.op("core.range", self.const(start, DType.i64), self.const(stop, DType.i64),
-                   self.const(1, DType.i64), name_hint="rope.positions")
+        pos = b.op(
+            "core.range",
+            self.const(start, DType.i64),
+            self.const(stop, DType.i64),
+            self.const(1, DType.i64),
+            name_hint="rope.positions",
+        )
         pos = b.op("core.cast", pos, to=DType.f32)
         pos = b.op("core.reshape", pos, shape=(stop - start, 1))
-        return b.op("core.mul", pos, self.const(np.array(inv_freq, np.float32)), name_hint="rope.freqs")
+        return b.op(
+            "core.mul", pos, self.const(np.array(inv_freq, np.float32)), name_hint="rope.freqs"
+        )
 
     def linear(self, x: Value, key: str, layer: int, bias: bool) -> Value:
         self.at(key, layer)
@@ -171,7 +194,9 @@ class _Graph:
         self.at(key, layer)
         w = self.src.weight(self.b, key, layer)
         self.at(key, layer)
-        return self.b.op("llm.rms_norm", x, w, eps=float(self.cfg.eps), offset=float(self.cfg.norm_offset))
+        return self.b.op(
+            "llm.rms_norm", x, w, eps=float(self.cfg.eps), offset=float(self.cfg.norm_offset)
+        )
 
     def heads(self, x: Value, n: int, norm_key: str | None, layer: int) -> Value:
         """[B, S, n*D] -> [B, n, S, D], with an optional per-head RMSNorm before the transpose."""
@@ -182,7 +207,9 @@ class _Graph:
             self.at("self_attn", layer)
         return b.op("core.transpose", x, perm=(0, 2, 1, 3))
 
-    def attention(self, x: Value, layer: int, positions: Value, past_k: Value, past_v: Value) -> tuple[Value, Value, Value]:
+    def attention(
+        self, x: Value, layer: int, positions: Value, past_k: Value, past_v: Value
+    ) -> tuple[Value, Value, Value]:
         cfg, b = self.cfg, self.b
         bias = cfg.qkv_bias
         q = self.linear(x, "self_attn.q_proj", layer, bias)
@@ -195,10 +222,16 @@ class _Graph:
         spec = cfg.rope[layer]
         cos, sin = self.rope_tables(spec)
         self.at("self_attn", layer)
-        rot: dict[str, Any] = {"interleaved": spec.interleaved,
-                               "rotary_dim": 0 if spec.rotary_dim == cfg.head_dim else spec.rotary_dim}
-        q = b.create("llm.rotary_embedding", [q, cos, sin, positions], rot, names=[f"layers.{layer}.q"]).result
-        k = b.create("llm.rotary_embedding", [k, cos, sin, positions], rot, names=[f"layers.{layer}.k"]).result
+        rot: dict[str, Any] = {
+            "interleaved": spec.interleaved,
+            "rotary_dim": 0 if spec.rotary_dim == cfg.head_dim else spec.rotary_dim,
+        }
+        q = b.create(
+            "llm.rotary_embedding", [q, cos, sin, positions], rot, names=[f"layers.{layer}.q"]
+        ).result
+        k = b.create(
+            "llm.rotary_embedding", [k, cos, sin, positions], rot, names=[f"layers.{layer}.k"]
+        ).result
         k_all = b.op("core.concat", past_k, k, axis=2, name_hint=f"present.{layer}.key")
         v_all = b.op("core.concat", past_v, v, axis=2, name_hint=f"present.{layer}.value")
         attrs: dict[str, Any] = {"causal": True}
@@ -209,8 +242,12 @@ class _Graph:
         window = cfg.sliding_window[layer] if cfg.sliding_window else 0
         if window:
             attrs["sliding_window"] = int(window)
-        o = b.create("llm.scaled_dot_product_attention", [q, k_all, v_all], attrs,
-                     names=[f"layers.{layer}.attn"]).result
+        o = b.create(
+            "llm.scaled_dot_product_attention",
+            [q, k_all, v_all],
+            attrs,
+            names=[f"layers.{layer}.attn"],
+        ).result
         o = b.op("core.transpose", o, perm=(0, 2, 1, 3))
         o = b.op("core.reshape", o, shape=(0, 0, cfg.heads * cfg.head_dim))
         o = self.linear(o, "self_attn.o_proj", layer, cfg.o_bias)
@@ -225,7 +262,9 @@ class _Graph:
             self.at(f"mlp.{p}_proj", layer)
             ws.append(self.src.weight(self.b, f"mlp.{p}_proj", layer))
         self.at("mlp", layer)
-        return self.b.op("llm.gated_mlp", x, *ws, activation=self.cfg.activation, name_hint=f"layers.{layer}.mlp")
+        return self.b.op(
+            "llm.gated_mlp", x, *ws, activation=self.cfg.activation, name_hint=f"layers.{layer}.mlp"
+        )
 
     def moe(self, x: Value, layer: int, spec: MoeSpec) -> Value:
         """`llm.moe` with weights `moe.router`, stacked `moe.w_gate/w_up/w_down` and the shared
@@ -240,8 +279,13 @@ class _Graph:
             self.at(k, layer)
             ws.append(self.src.weight(self.b, k, layer))
         self.at("mlp", layer)
-        attrs = {"top_k": spec.top_k, "scoring": spec.scoring, "norm_topk": spec.norm_topk,
-                 "routed_scale": float(spec.routed_scale), "activation": self.cfg.activation}
+        attrs = {
+            "top_k": spec.top_k,
+            "scoring": spec.scoring,
+            "norm_topk": spec.norm_topk,
+            "routed_scale": float(spec.routed_scale),
+            "activation": self.cfg.activation,
+        }
         return self.b.create("llm.moe", [x, *ws], attrs, names=[f"layers.{layer}.moe"]).result
 
     def softcap(self, x: Value, cap: float) -> Value:
@@ -259,7 +303,12 @@ def build_decoder(cfg: DecoderConfig, src: WeightSource, name: str = "model") ->
     past = []
     for layer in range(cfg.layers):
         kv_t = TensorType((BATCH, cfg.kv_heads, PAST, cfg.head_dim), DType.f32)
-        past.append((b.arg(f"past_key_values.{layer}.key", kv_t), b.arg(f"past_key_values.{layer}.value", kv_t)))
+        past.append(
+            (
+                b.arg(f"past_key_values.{layer}.key", kv_t),
+                b.arg(f"past_key_values.{layer}.value", kv_t),
+            )
+        )
 
     g.at("model.embed_tokens")
     table = src.weight(b, "model.embed_tokens")
@@ -276,7 +325,11 @@ def build_decoder(cfg: DecoderConfig, src: WeightSource, name: str = "model") ->
             o = g.norm(o, "post_attention_layernorm", layer)
         g.at("self_attn", layer)
         x = b.op("core.add", x, o, name_hint=f"layers.{layer}.attn_residual")
-        h = g.norm(x, "pre_feedforward_layernorm" if cfg.sandwich_norms else "post_attention_layernorm", layer)
+        h = g.norm(
+            x,
+            "pre_feedforward_layernorm" if cfg.sandwich_norms else "post_attention_layernorm",
+            layer,
+        )
         m = g.mlp(h, layer)
         if cfg.sandwich_norms:
             m = g.norm(m, "post_feedforward_layernorm", layer)
@@ -296,5 +349,15 @@ def build_decoder(cfg: DecoderConfig, src: WeightSource, name: str = "model") ->
     return Module(name, [fn], {"llmir.dialects": ("core", "llm")})
 
 
-__all__ = ["DecoderConfig", "MoeSpec", "RopeSpec", "WeightSource", "build_decoder", "inv_freq_default",
-           "inv_freq_llama3", "BATCH", "SEQ", "PAST"]
+__all__ = [
+    "DecoderConfig",
+    "MoeSpec",
+    "RopeSpec",
+    "WeightSource",
+    "build_decoder",
+    "inv_freq_default",
+    "inv_freq_llama3",
+    "BATCH",
+    "SEQ",
+    "PAST",
+]

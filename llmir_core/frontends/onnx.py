@@ -47,9 +47,20 @@ SIDECAR_ALIGN = 64
 
 # ONNX TensorProto data types (the same numbers as onnx_ir.DataType) -> llmir dtypes
 ONNX_TO_DTYPE: dict[int, DType] = {
-    1: DType.f32, 2: DType.u8, 3: DType.i8, 5: DType.i16, 6: DType.i32, 7: DType.i64,
-    9: DType.bool, 10: DType.f16, 11: DType.f64, 16: DType.bf16, 17: DType.f8e4m3,
-    19: DType.f8e5m2, 21: DType.u4, 22: DType.i4,
+    1: DType.f32,
+    2: DType.u8,
+    3: DType.i8,
+    5: DType.i16,
+    6: DType.i32,
+    7: DType.i64,
+    9: DType.bool,
+    10: DType.f16,
+    11: DType.f64,
+    16: DType.bf16,
+    17: DType.f8e4m3,
+    19: DType.f8e5m2,
+    21: DType.u4,
+    22: DType.i4,
 }
 DTYPE_TO_ONNX: dict[DType, int] = {v: k for k, v in ONNX_TO_DTYPE.items()}
 
@@ -78,7 +89,7 @@ class ImportSource:
         if not self.out_path:
             return None
         stem = os.path.basename(self.out_path)
-        stem = stem[:-len(".llmir")] if stem.endswith(".llmir") else stem
+        stem = stem[: -len(".llmir")] if stem.endswith(".llmir") else stem
         return f"{stem}.weights.bin"
 
 
@@ -112,6 +123,7 @@ class Sidecar:
 
 # -- loading and checking ---------------------------------------------------------------------------
 
+
 @contextlib.contextmanager
 def _quiet_onnx_ir() -> Iterator[None]:
     """onnx_ir logs warnings for invalid graphs; we report those ourselves, as one line."""
@@ -133,21 +145,29 @@ def load_proto(path: str) -> onnx.ModelProto:
     try:
         proto = onnx.load(path, load_external_data=False)
     except DecodeError as exc:
-        raise InputError(f"{path}: not a valid ONNX model (truncated or corrupt protobuf: {exc})",
-                         hint="re-export or re-download the model") from None
+        raise InputError(
+            f"{path}: not a valid ONNX model (truncated or corrupt protobuf: {exc})",
+            hint="re-export or re-download the model",
+        ) from None
     except (OSError, ValueError, RuntimeError) as exc:
-        raise InputError(f"{path}: cannot read the ONNX model: {exc}",
-                         hint="re-export or re-download the model") from None
+        raise InputError(
+            f"{path}: cannot read the ONNX model: {exc}", hint="re-export or re-download the model"
+        ) from None
     if proto.ir_version <= 0 or not proto.HasField("graph"):
-        raise InputError(f"{path}: not a valid ONNX model (no IR version or no graph: truncated or "
-                         "not an ONNX file)", hint="re-export or re-download the model")
+        raise InputError(
+            f"{path}: not a valid ONNX model (no IR version or no graph: truncated or "
+            "not an ONNX file)",
+            hint="re-export or re-download the model",
+        )
     return proto
 
 
 def upgrade_opset(proto: onnx.ModelProto, label: str) -> tuple[onnx.ModelProto, int | None]:
     """A model whose default opset is older than MIN_OPSET, converted to MIN_OPSET with
     `onnx.version_converter` (with the opset it had); any other model unchanged (with None)."""
-    default = next((int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    default = next(
+        (int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx")), None
+    )
     if default is None or default >= MIN_OPSET:
         return proto, None
     import onnx.version_converter
@@ -156,20 +176,27 @@ def upgrade_opset(proto: onnx.ModelProto, label: str) -> tuple[onnx.ModelProto, 
         converted = onnx.version_converter.convert_version(proto, MIN_OPSET)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise InputError(f"{label}: opset {default} is older than {MIN_OPSET}, the oldest llmir reads, and "
-                         f"onnx.version_converter cannot convert it: {first[:300]}",
-                         hint=f"re-export the model with opset {MIN_OPSET} or newer") from None
+        raise InputError(
+            f"{label}: opset {default} is older than {MIN_OPSET}, the oldest llmir reads, and "
+            f"onnx.version_converter cannot convert it: {first[:300]}",
+            hint=f"re-export the model with opset {MIN_OPSET} or newer",
+        ) from None
     return converted, default
 
 
 def _check_opsets(proto: onnx.ModelProto, label: str) -> dict[str, int]:
-    opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in proto.opset_import}
+    opsets = {
+        ("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in proto.opset_import
+    }
     default = opsets.get("")
     if default is None:
         raise InputError(f"{label}: the model imports no default (ai.onnx) opset")
     if default > MAX_OPSET:
-        raise InputError(f"{label}: opset {default} is newer than {MAX_OPSET}, the newest the "
-                         f"installed onnx ({onnx.__version__}) knows", hint="upgrade onnx")
+        raise InputError(
+            f"{label}: opset {default} is newer than {MAX_OPSET}, the newest the "
+            f"installed onnx ({onnx.__version__}) knows",
+            hint="upgrade onnx",
+        )
     return opsets
 
 
@@ -183,24 +210,33 @@ def check_external(t: ir.ExternalTensor, label: str) -> tuple[str, int, int]:
     loc = str(t.location)
     base = str(t.base_dir) or "."
     if os.path.isabs(loc) or not _inside(base, os.path.join(base, loc)):
-        raise InputError(f"{label}: tensor '{t.name}' has external data location '{loc}' outside "
-                         "the model's folder; refusing it (path traversal)",
-                         hint="external data must live in the model's folder or below it")
+        raise InputError(
+            f"{label}: tensor '{t.name}' has external data location '{loc}' outside "
+            "the model's folder; refusing it (path traversal)",
+            hint="external data must live in the model's folder or below it",
+        )
     path = os.path.normpath(os.path.join(base, loc))
     offset = int(t.offset or 0)
     want = _tensor_nbytes(t)
     nbytes = int(t.length) if t.length is not None else want
     if want is not None and nbytes != want:
-        raise InputError(f"{label}: tensor '{t.name}' declares {nbytes} bytes of external data but "
-                         f"its type needs {want}")
+        raise InputError(
+            f"{label}: tensor '{t.name}' declares {nbytes} bytes of external data but "
+            f"its type needs {want}"
+        )
     if not os.path.isfile(path):
-        raise InputError(f"{label}: external data file '{loc}' for tensor '{t.name}' not found "
-                         f"(looked in {path})", hint="copy the model's data file(s) next to the .onnx file")
+        raise InputError(
+            f"{label}: external data file '{loc}' for tensor '{t.name}' not found "
+            f"(looked in {path})",
+            hint="copy the model's data file(s) next to the .onnx file",
+        )
     size = os.path.getsize(path)
     if offset + (nbytes or 0) > size:
-        raise InputError(f"{label}: external data file '{loc}' has {size} bytes but tensor "
-                         f"'{t.name}' needs bytes {offset}..{offset + (nbytes or 0)} (file too short)",
-                         hint="the data file is truncated: copy it again")
+        raise InputError(
+            f"{label}: external data file '{loc}' has {size} bytes but tensor "
+            f"'{t.name}' needs bytes {offset}..{offset + (nbytes or 0)} (file too short)",
+            hint="the data file is truncated: copy it again",
+        )
     return path, offset, nbytes or 0
 
 
@@ -225,14 +261,19 @@ def _toposort(graph: ir.Graph, label: str) -> list[ir.Node]:
             if p is None or id(p) not in node_ids:
                 if v.const_value is not None:
                     continue
-                raise InputError(f"{label}: node '{n.name or n.op_type}' ({n.op_type}) reads "
-                                 f"'{v.name}', which no node, initializer or graph input defines "
-                                 "(dangling input)")
+                raise InputError(
+                    f"{label}: node '{n.name or n.op_type}' ({n.op_type}) reads "
+                    f"'{v.name}', which no node, initializer or graph input defines "
+                    "(dangling input)"
+                )
     indeg: dict[int, int] = {}
     users: dict[int, list[ir.Node]] = {}
     for n in nodes:
-        deps = {id(v.producer()) for v in n.inputs
-                if v is not None and id(v) not in defined and v.producer() is not None}
+        deps = {
+            id(v.producer())
+            for v in n.inputs
+            if v is not None and id(v) not in defined and v.producer() is not None
+        }
         indeg[id(n)] = len(deps)
         for d in deps:
             users.setdefault(d, []).append(n)
@@ -247,12 +288,15 @@ def _toposort(graph: ir.Graph, label: str) -> list[ir.Node]:
                 ready.append(u)
     if len(order) != len(nodes):
         stuck = [n.name or n.op_type for n in nodes if indeg[id(n)] > 0][:5]
-        raise InputError(f"{label}: the graph has a cycle through node(s) {', '.join(stuck)}",
-                         hint="an ONNX graph must be acyclic; re-export the model")
+        raise InputError(
+            f"{label}: the graph has a cycle through node(s) {', '.join(stuck)}",
+            hint="an ONNX graph must be acyclic; re-export the model",
+        )
     for out in graph.outputs:
         if out.producer() is None and id(out) not in defined:
-            raise InputError(f"{label}: graph output '{out.name}' is not produced by any node "
-                             "(dangling output)")
+            raise InputError(
+                f"{label}: graph output '{out.name}' is not produced by any node (dangling output)"
+            )
     return order
 
 
@@ -285,7 +329,9 @@ def dim_from_param(text: str, names: dict[str, str]) -> Dim:
     return SymDim.name(names[text])
 
 
-def tensor_type_of(v: ir.Value, names: dict[str, str], strict_names: bool = False) -> TensorType | None:
+def tensor_type_of(
+    v: ir.Value, names: dict[str, str], strict_names: bool = False
+) -> TensorType | None:
     """The llmir type of an ONNX value; None when its type, rank or dtype is unknown."""
     t = v.type
     if t is None or not isinstance(t, ir.TensorType) or v.shape is None:
@@ -316,13 +362,17 @@ def _merge(inferred: TensorType, hint: TensorType | None) -> TensorType:
 
 # -- attributes ---------------------------------------------------------------------------------------
 
+
 def _attr_value(a: ir.Attr) -> Any:
     ty = a.type
     v = a.value
     if ty == ir.AttributeType.TENSOR:
         return v.numpy()
     if ty == ir.AttributeType.GRAPH:
-        return "onnx.graph:" + base64.b64encode(ir.serde.serialize_graph(v).SerializeToString()).decode()
+        return (
+            "onnx.graph:"
+            + base64.b64encode(ir.serde.serialize_graph(v).SerializeToString()).decode()
+        )
     if ty == ir.AttributeType.TENSORS:
         return [t.numpy() for t in v]
     if ty == ir.AttributeType.FLOAT:
@@ -331,8 +381,13 @@ def _attr_value(a: ir.Attr) -> Any:
         return [_f32(x) for x in v]
     if ty in (ir.AttributeType.INTS, ir.AttributeType.STRINGS):
         return list(v)
-    if ty in (ir.AttributeType.GRAPHS, ir.AttributeType.SPARSE_TENSOR, ir.AttributeType.SPARSE_TENSORS,
-              ir.AttributeType.TYPE_PROTO, ir.AttributeType.TYPE_PROTOS):
+    if ty in (
+        ir.AttributeType.GRAPHS,
+        ir.AttributeType.SPARSE_TENSOR,
+        ir.AttributeType.SPARSE_TENSORS,
+        ir.AttributeType.TYPE_PROTO,
+        ir.AttributeType.TYPE_PROTOS,
+    ):
         raise NotMapped(f"attribute '{a.name}' of kind {ty.name} is not supported")
     return v
 
@@ -357,6 +412,7 @@ def _opaque_attr(v: Any) -> Any:
 
 # -- shape inference ------------------------------------------------------------------------------------
 
+
 def infer_onnx_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     """ONNX shape inference on a weightless copy of the graph: name -> inferred TypeProto."""
     g = proto.graph
@@ -367,12 +423,18 @@ def infer_onnx_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     skel.value_info.extend(g.value_info)
     have = {i.name for i in g.input}
     for init in g.initializer:
-        small = init.data_location != onnx.TensorProto.EXTERNAL and init.ByteSize() <= INLINE_LIMIT + 64
+        small = (
+            init.data_location != onnx.TensorProto.EXTERNAL and init.ByteSize() <= INLINE_LIMIT + 64
+        )
         if small:
             skel.initializer.append(init)
         elif init.name not in have:
-            skel.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
-    model = onnx.helper.make_model(skel, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
+            skel.input.append(
+                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            )
+    model = onnx.helper.make_model(
+        skel, opset_imports=list(proto.opset_import), ir_version=proto.ir_version
+    )
     try:
         # no data_prop: it materializes values per element (GBs for a large input); llmir
         # tracks shape arithmetic itself (onnx_fold.py)
@@ -387,9 +449,16 @@ def infer_onnx_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
 
 # -- the importer ----------------------------------------------------------------------------------------
 
+
 class _Importer:
-    def __init__(self, model: ir.Model, src: ImportSource, opsets: dict[str, int],
-                 hints: dict[str, onnx.TypeProto], keep_unknown: bool) -> None:
+    def __init__(
+        self,
+        model: ir.Model,
+        src: ImportSource,
+        opsets: dict[str, int],
+        hints: dict[str, onnx.TypeProto],
+        keep_unknown: bool,
+    ) -> None:
         self.model = model
         self.src = src
         self.opsets = opsets
@@ -433,8 +502,14 @@ class _Importer:
         return TensorType(tuple(dims), dt)
 
     # -- building ------------------------------------------------------------
-    def emit(self, name: str, operands: list[Value], attrs: dict[str, Any],
-             hints: list[TensorType | None] | None = None, n: int | None = None) -> list[Value]:
+    def emit(
+        self,
+        name: str,
+        operands: list[Value],
+        attrs: dict[str, Any],
+        hints: list[TensorType | None] | None = None,
+        n: int | None = None,
+    ) -> list[Value]:
         inferred = self.b.infer(name, operands, attrs, num_results=n)
         types: list[Type] = []
         for i, t in enumerate(inferred):
@@ -449,7 +524,9 @@ class _Importer:
         key = (str(arr.dtype), arr.shape, arr.tobytes())
         if arr.nbytes <= 64 and key in self.const_cache and name is None:
             return self.const_cache[key]
-        op = self.b.create("core.constant", [], {"value": DenseAttr(arr)}, names=[name] if name else None)
+        op = self.b.create(
+            "core.constant", [], {"value": DenseAttr(arr)}, names=[name] if name else None
+        )
         self.known[id(op.result)] = arr
         if arr.nbytes <= 64 and name is None:
             self.const_cache[key] = op.result
@@ -480,8 +557,10 @@ class _Importer:
         assert t is not None
         dt = ONNX_TO_DTYPE.get(int(t.dtype))
         if dt is None:
-            raise InputError(f"{self.src.label}: initializer '{v.name}' has data type "
-                             f"{onnx_dtype_name(int(t.dtype))}, which llmir has no dtype for")
+            raise InputError(
+                f"{self.src.label}: initializer '{v.name}' has data type "
+                f"{onnx_dtype_name(int(t.dtype))}, which llmir has no dtype for"
+            )
         ty = TensorType(_static_shape(t.shape), dt)
         val = self._tensor_value(_name(v), t, ty, allow_inline=True)
         self.weight_values[key] = val
@@ -494,7 +573,9 @@ class _Importer:
             raise NotMapped(f"'{input_name}' must be an initializer")
         key = f"{input_name}#{ty}"
         if key not in self.weight_values:
-            self.weight_values[key] = self._tensor_value(input_name, init.const_value, ty, allow_inline=False)
+            self.weight_values[key] = self._tensor_value(
+                input_name, init.const_value, ty, allow_inline=False
+            )
         return self.weight_values[key]
 
     def reshaped_initializer(self, name: str, ty: TensorType) -> Value | None:
@@ -504,7 +585,9 @@ class _Importer:
             return None
         key = f"{name}#{ty}"
         if key not in self.weight_values:
-            self.weight_values[key] = self._tensor_value(name, init.const_value, ty, allow_inline=True)
+            self.weight_values[key] = self._tensor_value(
+                name, init.const_value, ty, allow_inline=True
+            )
         return self.weight_values[key]
 
     def _tensor_value(self, name: str, t: Any, ty: TensorType, allow_inline: bool) -> Value:
@@ -520,26 +603,41 @@ class _Importer:
         if isinstance(t, ir.ExternalTensor):
             path, offset, nbytes = check_external(t, self.src.label)
             if nbytes != want:
-                raise InputError(f"{self.src.label}: tensor '{name}' has {nbytes} bytes, "
-                                 f"{ty} needs {want}")
+                raise InputError(
+                    f"{self.src.label}: tensor '{name}' has {nbytes} bytes, {ty} needs {want}"
+                )
             file = os.path.relpath(path, self.src.out_dir) if self.src.out_dir else path
-            op = self.b.create("core.weight", [], {"file": file, "name": name, "offset": offset,
-                                                   "nbytes": nbytes}, result_types=[ty], names=[hint])
+            op = self.b.create(
+                "core.weight",
+                [],
+                {"file": file, "name": name, "offset": offset, "nbytes": nbytes},
+                result_types=[ty],
+                names=[hint],
+            )
             return op.result
         nbytes = int(t.nbytes)
         if nbytes != want and ty.dtype not in (DType.i4, DType.u4):
-            raise InputError(f"{self.src.label}: tensor '{name}' has {nbytes} bytes, {ty} needs {want}")
+            raise InputError(
+                f"{self.src.label}: tensor '{name}' has {nbytes} bytes, {ty} needs {want}"
+            )
         if allow_inline and (nbytes < INLINE_LIMIT or self.sidecar is None):
             if not isinstance(ty.dtype, DType) or ty.dtype in (DType.i4, DType.u4):
                 raise NotMapped(f"inline {ty.dtype} constants are not supported ('{name}')")
             arr = np.asarray(t.numpy()).reshape(ty.static_shape() or ())
             return self.constant(arr.astype(numpy_dtype(ty.dtype), copy=False), name=hint)
         if self.sidecar is None:
-            raise InputError(f"{self.src.label}: tensor '{name}' is stored inside the .onnx file; "
-                             "importing it needs an output path for its weights file")
+            raise InputError(
+                f"{self.src.label}: tensor '{name}' is stored inside the .onnx file; "
+                "importing it needs an output path for its weights file"
+            )
         offset = self.sidecar.add(name, t, nbytes)
-        op = self.b.create("core.weight", [], {"file": self.sidecar.name, "name": name, "offset": offset,
-                                               "nbytes": want}, result_types=[ty], names=[hint])
+        op = self.b.create(
+            "core.weight",
+            [],
+            {"file": self.sidecar.name, "name": name, "offset": offset, "nbytes": want},
+            result_types=[ty],
+            names=[hint],
+        )
         return op.result
 
     # -- the graph -----------------------------------------------------------
@@ -561,9 +659,11 @@ class _Importer:
                 continue
             t = tensor_type_of(v, self.dim_names)
             if t is None:
-                raise InputError(f"{self.src.label}: graph input '{v.name}' has no tensor type with a "
-                                 "known rank and an llmir dtype"
-                                 + (f" (it is {v.type})" if v.type is not None else ""))
+                raise InputError(
+                    f"{self.src.label}: graph input '{v.name}' has no tensor type with a "
+                    "known rank and an llmir dtype"
+                    + (f" (it is {v.type})" if v.type is not None else "")
+                )
             arg = self.b.arg(_value_hint(_name(v)), t)
             self.values[id(v)] = arg
             input_names.append(_name(v))
@@ -585,14 +685,19 @@ class _Importer:
         self.module.attrs["llmir.dialects"] = tuple(dialects)
         self.module.attrs["onnx.opset"] = self.opsets.get("", 0)
         if self.model.producer_name:
-            self.module.attrs["onnx.producer"] = (self.model.producer_name + " "
-                                                  + (self.model.producer_version or "")).strip()
+            self.module.attrs["onnx.producer"] = (
+                self.model.producer_name + " " + (self.model.producer_version or "")
+            ).strip()
         return self.module
 
     def _fold_constants(self) -> None:
         """Ops whose small numeric results are known at import time become core.constant."""
         for op in self.fn.ops:
-            if op.name in ("core.constant", "core.weight") or len(op.results) != 1 or not op.operands:
+            if (
+                op.name in ("core.constant", "core.weight")
+                or len(op.results) != 1
+                or not op.operands
+            ):
                 continue
             opdef = get_op(op.name)
             if opdef is None or opdef.effects or op.name == "onnx.opaque":
@@ -601,10 +706,17 @@ class _Importer:
             t = op.result.type
             if arr is None or arr.dtype == object or arr.size > 64 or not isinstance(t, TensorType):
                 continue
-            if t.static_shape() != arr.shape or not isinstance(t.dtype, DType) or \
-                    numpy_dtype(t.dtype) != arr.dtype:
+            if (
+                t.static_shape() != arr.shape
+                or not isinstance(t.dtype, DType)
+                or numpy_dtype(t.dtype) != arr.dtype
+            ):
                 continue
-            op.name, op.operands, op.attrs = "core.constant", [], {"value": DenseAttr(np.array(arr))}
+            op.name, op.operands, op.attrs = (
+                "core.constant",
+                [],
+                {"value": DenseAttr(np.array(arr))},
+            )
 
     def _node(self, node: ir.Node, index: int) -> None:
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
@@ -621,8 +733,19 @@ class _Importer:
         try:
             try:
                 attrs = {a.name: _attr_value(a) for a in node.attributes.values()}
-                n = Node(self, node.op_type, domain, opset, label, inputs, input_names, attrs,
-                         len(node.outputs), used, hints)
+                n = Node(
+                    self,
+                    node.op_type,
+                    domain,
+                    opset,
+                    label,
+                    inputs,
+                    input_names,
+                    attrs,
+                    len(node.outputs),
+                    used,
+                    hints,
+                )
                 handler = HANDLERS.get((domain, node.op_type))
                 if handler is None:
                     raise NotMapped("llmir has no mapping for this op")
@@ -637,12 +760,16 @@ class _Importer:
         except NotMapped as exc:
             known = (domain, node.op_type) in HANDLERS
             what = "is not supported here" if known else "is not known to llmir"
-            raise InputError(f"{self.src.label}: {where}: ONNX op {node.op_type} {what}: {exc}",
-                             hint="pass --keep-unknown to keep it as an opaque onnx.opaque op "
-                                  "(only the onnxruntime backend can build it)") from None
+            raise InputError(
+                f"{self.src.label}: {where}: ONNX op {node.op_type} {what}: {exc}",
+                hint="pass --keep-unknown to keep it as an opaque onnx.opaque op "
+                "(only the onnxruntime backend can build it)",
+            ) from None
         except OpVerifyError as exc:
-            raise InputError(f"{self.src.label}: {where}: {exc}",
-                             hint="the model may be invalid; check it with onnx.checker") from None
+            raise InputError(
+                f"{self.src.label}: {where}: {exc}",
+                hint="the model may be invalid; check it with onnx.checker",
+            ) from None
         finally:
             self.node_value_name = None
         new_ops = {id(op) for op in self.fn.ops[start:]}
@@ -652,32 +779,44 @@ class _Importer:
             val = outs[i] if i < len(outs) else None
             if val is None:
                 if used[i]:
-                    raise InputError(f"{self.src.label}: {where}: output #{i} ('{o.name}') is not "
-                                     "supported", hint="the model uses an output llmir cannot produce")
+                    raise InputError(
+                        f"{self.src.label}: {where}: output #{i} ('{o.name}') is not supported",
+                        hint="the model uses an output llmir cannot produce",
+                    )
                 continue
             if val.owner is not None and id(val.owner) in new_ops and not _is_named(val, node):
                 val.name = self.b.fresh(_value_hint(o.name))
             self.values[id(o)] = val
 
-    def _opaque(self, node: ir.Node, domain: str, opset: int, inputs: list[Value | None],
-                hints: list[TensorType | None], label: str) -> list[Value | None]:
+    def _opaque(
+        self,
+        node: ir.Node,
+        domain: str,
+        opset: int,
+        inputs: list[Value | None],
+        hints: list[TensorType | None],
+        label: str,
+    ) -> list[Value | None]:
         types: list[Type] = []
         for o, h in zip(node.outputs, hints):
             if not o.name:
                 continue
             t = h or tensor_type_of(o, self.dim_names, strict_names=True)
             if t is None:
-                raise InputError(f"{self.src.label}: cannot keep {node.op_type} (node '{label}') "
-                                 f"as an opaque op: ONNX shape inference gives no type for output "
-                                 f"'{o.name}'")
+                raise InputError(
+                    f"{self.src.label}: cannot keep {node.op_type} (node '{label}') "
+                    f"as an opaque op: ONNX shape inference gives no type for output "
+                    f"'{o.name}'"
+                )
             types.append(t)
         attrs: dict[str, Any] = {}
         for a in node.attributes.values():
             try:
                 attrs[a.name] = _opaque_attr(_attr_value(a))
             except NotMapped as exc:
-                raise InputError(f"{self.src.label}: cannot keep {node.op_type} (node '{label}'): "
-                                 f"{exc}") from None
+                raise InputError(
+                    f"{self.src.label}: cannot keep {node.op_type} (node '{label}'): {exc}"
+                ) from None
         missing_in = tuple(i for i, v in enumerate(inputs) if v is None)
         missing_out = tuple(i for i, o in enumerate(node.outputs) if not o.name)
         if missing_in:
@@ -697,8 +836,10 @@ class NeedsConstantError(InputError):
     """An input llmir takes as an attribute is not constant (names the ONNX input)."""
 
     def __init__(self, message: str, input_name: str) -> None:
-        super().__init__(message, hint="fold it into a constant first (e.g. onnxsim, or "
-                                       "onnx_ir's constant folding pass)")
+        super().__init__(
+            message,
+            hint="fold it into a constant first (e.g. onnxsim, or onnx_ir's constant folding pass)",
+        )
         self.input_name = input_name
 
 
@@ -738,8 +879,14 @@ def _dce(fn: Function) -> None:
 
 # -- entry point --------------------------------------------------------------------------------------------
 
-def import_onnx(src: str | os.PathLike[str] | onnx.ModelProto, *, out_path: str | None = None,
-                keep_unknown: bool = False, base_dir: str | None = None) -> tuple[Module, Sidecar | None]:
+
+def import_onnx(
+    src: str | os.PathLike[str] | onnx.ModelProto,
+    *,
+    out_path: str | None = None,
+    keep_unknown: bool = False,
+    base_dir: str | None = None,
+) -> tuple[Module, Sidecar | None]:
     """Import an ONNX model; return the module and the weights file to write beside it (if any).
 
     `out_path` is the `.llmir` the module will be written to: weight paths are made relative to
@@ -767,8 +914,10 @@ def import_onnx(src: str | os.PathLike[str] | onnx.ModelProto, *, out_path: str 
         try:
             model = ir.serde.deserialize_model(proto)
         except Exception as exc:
-            raise InputError(f"{label}: not a valid ONNX model: {exc}",
-                             hint="check it with onnx.checker.check_model") from None
+            raise InputError(
+                f"{label}: not a valid ONNX model: {exc}",
+                hint="check it with onnx.checker.check_model",
+            ) from None
     ir.external_data.set_base_dir(model.graph, base)
     source = ImportSource(label, base, out_path)
     for init in model.graph.initializers.values():
@@ -785,8 +934,19 @@ def import_onnx(src: str | os.PathLike[str] | onnx.ModelProto, *, out_path: str 
     return module, sidecar
 
 
-__all__ = ["import_onnx", "Sidecar", "NeedsConstantError", "ONNX_TO_DTYPE", "DTYPE_TO_ONNX",
-           "load_proto", "load_tensor_pb", "dim_from_param", "MIN_OPSET", "MAX_OPSET", "upgrade_opset"]
+__all__ = [
+    "import_onnx",
+    "Sidecar",
+    "NeedsConstantError",
+    "ONNX_TO_DTYPE",
+    "DTYPE_TO_ONNX",
+    "load_proto",
+    "load_tensor_pb",
+    "dim_from_param",
+    "MIN_OPSET",
+    "MAX_OPSET",
+    "upgrade_opset",
+]
 
 
 def load_tensor_pb(path: str) -> np.ndarray:
@@ -798,8 +958,10 @@ def load_tensor_pb(path: str) -> np.ndarray:
     except (DecodeError, OSError) as exc:
         raise InputError(f"{path}: not a readable ONNX TensorProto (.pb): {exc}") from None
     if t.data_type not in ONNX_TO_DTYPE:
-        raise InputError(f"{path}: tensor of ONNX type {onnx_dtype_name(t.data_type)}, which llmir has "
-                         "no dtype for")
+        raise InputError(
+            f"{path}: tensor of ONNX type {onnx_dtype_name(t.data_type)}, which llmir has "
+            "no dtype for"
+        )
     try:
         arr = onnx.numpy_helper.to_array(t)
     except Exception as exc:

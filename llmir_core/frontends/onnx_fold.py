@@ -63,7 +63,10 @@ def _dim_div(a: Dim, b: Dim) -> Dim:
 
 
 _ARITH: dict[str, Callable[[Dim, Dim], Dim]] = {
-    "core.add": dim_add, "core.sub": dim_sub, "core.mul": dim_mul, "core.div": _dim_div,
+    "core.add": dim_add,
+    "core.sub": dim_sub,
+    "core.mul": dim_mul,
+    "core.div": _dim_div,
 }
 
 

@@ -33,18 +33,29 @@ class NeedsConstant(NotMapped):
     """An input llmir takes as an attribute is computed at run time."""
 
     def __init__(self, input_name: str, what: str) -> None:
-        super().__init__(f"input '{input_name}' ({what}) must be a constant: an initializer or a "
-                         "Constant node")
+        super().__init__(
+            f"input '{input_name}' ({what}) must be a constant: an initializer or a Constant node"
+        )
         self.input_name = input_name
 
 
 class Node:
     """One ONNX node as a handler sees it."""
 
-    def __init__(self, imp: _Importer, op_type: str, domain: str, opset: int, name: str,
-                 inputs: list[Value | None], input_names: list[str], attrs: dict[str, Any],
-                 num_outputs: int, outputs_used: list[bool],
-                 out_hints: list[TensorType | None]) -> None:
+    def __init__(
+        self,
+        imp: _Importer,
+        op_type: str,
+        domain: str,
+        opset: int,
+        name: str,
+        inputs: list[Value | None],
+        input_names: list[str],
+        attrs: dict[str, Any],
+        num_outputs: int,
+        outputs_used: list[bool],
+        out_hints: list[TensorType | None],
+    ) -> None:
         self.imp = imp
         self.op_type = op_type
         self.domain = domain
@@ -109,11 +120,19 @@ class Node:
         return out
 
     # -- building -------------------------------------------------------------------------
-    def emit(self, name: str, *operands: Value, hint: TensorType | None = None, **attrs: Any) -> Value:
+    def emit(
+        self, name: str, *operands: Value, hint: TensorType | None = None, **attrs: Any
+    ) -> Value:
         return self.imp.emit(name, list(operands), attrs, [hint] if hint else None)[0]
 
-    def emit_n(self, name: str, operands: Sequence[Value], attrs: dict[str, Any],
-               n: int | None = None, hints: list[TensorType | None] | None = None) -> list[Value]:
+    def emit_n(
+        self,
+        name: str,
+        operands: Sequence[Value],
+        attrs: dict[str, Any],
+        n: int | None = None,
+        hints: list[TensorType | None] | None = None,
+    ) -> list[Value]:
         return self.imp.emit(name, list(operands), attrs, hints, n)
 
     def scalar(self, value: float | int | bool, like: Value | DType) -> Value:
@@ -150,15 +169,31 @@ def handles(*op_types: str, domain: str = "") -> Callable[[Handler], Handler]:
         for o in op_types:
             HANDLERS[(domain, o)] = fn
         return fn
+
     return deco
 
 
 # -- elementwise ------------------------------------------------------------------------------
 
-_UNARY = {"Abs": "abs", "Neg": "neg", "Relu": "relu", "Sign": "sign", "Exp": "exp", "Log": "log",
-          "Sqrt": "sqrt", "Tanh": "tanh", "Erf": "erf", "Sigmoid": "sigmoid", "Sin": "sin",
-          "Cos": "cos", "Reciprocal": "reciprocal", "Floor": "floor", "Ceil": "ceil",
-          "Round": "round", "Not": "not"}
+_UNARY = {
+    "Abs": "abs",
+    "Neg": "neg",
+    "Relu": "relu",
+    "Sign": "sign",
+    "Exp": "exp",
+    "Log": "log",
+    "Sqrt": "sqrt",
+    "Tanh": "tanh",
+    "Erf": "erf",
+    "Sigmoid": "sigmoid",
+    "Sin": "sin",
+    "Cos": "cos",
+    "Reciprocal": "reciprocal",
+    "Floor": "floor",
+    "Ceil": "ceil",
+    "Round": "round",
+    "Not": "not",
+}
 
 
 @handles(*_UNARY)
@@ -166,9 +201,20 @@ def _unary(n: Node) -> list[Value | None]:
     return [n.emit(f"core.{_UNARY[n.op_type]}", n.inp(0))]
 
 
-_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Equal": "equal",
-           "Less": "less", "LessOrEqual": "less_equal", "Greater": "greater",
-           "GreaterOrEqual": "greater_equal", "And": "and", "Or": "or", "Xor": "xor"}
+_BINARY = {
+    "Add": "add",
+    "Sub": "sub",
+    "Mul": "mul",
+    "Div": "div",
+    "Equal": "equal",
+    "Less": "less",
+    "LessOrEqual": "less_equal",
+    "Greater": "greater",
+    "GreaterOrEqual": "greater_equal",
+    "And": "and",
+    "Or": "or",
+    "Xor": "xor",
+}
 
 
 @handles(*_BINARY)
@@ -192,8 +238,11 @@ def _mod(n: Node) -> list[Value | None]:
             return [r]
         # fmod=0 on floats (as the ONNX reference computes it): the sign of the divisor
         zero = n.scalar(0, a)
-        fix = n.emit("core.and", n.emit("core.not_equal", r, zero),
-                     n.emit("core.not_equal", n.emit("core.less", r, zero), n.emit("core.less", b, zero)))
+        fix = n.emit(
+            "core.and",
+            n.emit("core.not_equal", r, zero),
+            n.emit("core.not_equal", n.emit("core.less", r, zero), n.emit("core.less", b, zero)),
+        )
         return [n.emit("core.where", fix, n.emit("core.add", r, b), r)]
     if not fmod:
         return [n.emit("core.mod", a, b)]
@@ -265,8 +314,12 @@ def _dropout(n: Node) -> list[Value | None]:
     mask: Value | None = None
     if len(n.outputs_used) > 1 and n.outputs_used[1]:
         t = n.t(0)
-        mask = n.emit("core.constant_of_shape", n.emit("core.shape", x),
-                      value=DenseAttr(np.array(True)), hint=TensorType(t.shape, DType.bool))
+        mask = n.emit(
+            "core.constant_of_shape",
+            n.emit("core.shape", x),
+            value=DenseAttr(np.array(True)),
+            hint=TensorType(t.shape, DType.bool),
+        )
     return [n.emit("core.identity", x), mask]
 
 
@@ -304,6 +357,7 @@ def _isinf(n: Node) -> list[Value | None]:
 
 # -- activations that decompose into core ops ---------------------------------------------------
 
+
 def _where_neg(n: Node, x: Value, neg: Value, pos: Value, inclusive: bool = False) -> Value:
     cond = n.emit("core.less_equal" if inclusive else "core.less", x, n.scalar(0, x))
     return n.emit("core.where", cond, neg, pos)
@@ -331,7 +385,10 @@ def _elu(n: Node) -> list[Value | None]:
 @handles("Selu")
 def _selu(n: Node) -> list[Value | None]:
     x = n.inp(0)
-    alpha, gamma = n.attr("alpha", 1.67326319217681884765625), n.attr("gamma", 1.05070102214813232421875)
+    alpha, gamma = (
+        n.attr("alpha", 1.67326319217681884765625),
+        n.attr("gamma", 1.05070102214813232421875),
+    )
     em1 = n.emit("core.sub", n.emit("core.exp", x), n.scalar(1, x))
     y = _where_neg(n, x, n.emit("core.mul", em1, n.scalar(alpha, x)), x, inclusive=True)
     return [n.emit("core.mul", y, n.scalar(gamma, x))]
@@ -356,8 +413,11 @@ def _trelu(n: Node) -> list[Value | None]:
 @handles("HardSigmoid")
 def _hsig(n: Node) -> list[Value | None]:
     x = n.inp(0)
-    y = n.emit("core.add", n.emit("core.mul", x, n.scalar(n.attr("alpha", 0.2), x)),
-               n.scalar(n.attr("beta", 0.5), x))
+    y = n.emit(
+        "core.add",
+        n.emit("core.mul", x, n.scalar(n.attr("alpha", 0.2), x)),
+        n.scalar(n.attr("beta", 0.5), x),
+    )
     return [n.emit("core.max", n.emit("core.min", y, n.scalar(1, x)), n.scalar(0, x))]
 
 
@@ -396,13 +456,21 @@ def _swish(n: Node) -> list[Value | None]:
     alpha = float(n.attr("alpha", 1.0))
     if alpha == 1.0:
         return [n.emit("core.silu", x)]
-    return [n.emit("core.mul", x, n.emit("core.sigmoid", n.emit("core.mul", x, n.scalar(alpha, x))))]
+    return [
+        n.emit("core.mul", x, n.emit("core.sigmoid", n.emit("core.mul", x, n.scalar(alpha, x))))
+    ]
 
 
 @handles("QuickGelu", domain=MS)
 def _quick_gelu(n: Node) -> list[Value | None]:
     x = n.inp(0)
-    return [n.emit("core.mul", x, n.emit("core.sigmoid", n.emit("core.mul", x, n.scalar(n.attr("alpha", 1.702), x))))]
+    return [
+        n.emit(
+            "core.mul",
+            x,
+            n.emit("core.sigmoid", n.emit("core.mul", x, n.scalar(n.attr("alpha", 1.702), x))),
+        )
+    ]
 
 
 @handles("Gelu", domain=MS)
@@ -418,6 +486,7 @@ def _ms_fast_gelu(n: Node) -> list[Value | None]:
 
 # -- matmul ------------------------------------------------------------------------------------
 
+
 @handles("MatMul")
 def _matmul(n: Node) -> list[Value | None]:
     return [n.emit("core.matmul", n.inp(0), n.inp(1))]
@@ -426,8 +495,13 @@ def _matmul(n: Node) -> list[Value | None]:
 @handles("Gemm")
 def _gemm(n: Node) -> list[Value | None]:
     a, b = n.inp(0), n.inp(1)
-    y = n.emit("core.matmul", a, b, transpose_a=bool(n.attr("transA", 0)),
-               transpose_b=bool(n.attr("transB", 0)))
+    y = n.emit(
+        "core.matmul",
+        a,
+        b,
+        transpose_a=bool(n.attr("transA", 0)),
+        transpose_b=bool(n.attr("transB", 0)),
+    )
     alpha, beta = float(n.attr("alpha", 1.0)), float(n.attr("beta", 1.0))
     if alpha != 1.0:
         y = n.emit("core.mul", y, n.scalar(alpha, y))
@@ -441,13 +515,19 @@ def _gemm(n: Node) -> list[Value | None]:
 
 @handles("FusedMatMul", domain=MS)
 def _fused_matmul(n: Node) -> list[Value | None]:
-    y = n.emit("core.matmul", n.inp(0), n.inp(1), transpose_a=bool(n.attr("transA", 0)),
-               transpose_b=bool(n.attr("transB", 0)))
+    y = n.emit(
+        "core.matmul",
+        n.inp(0),
+        n.inp(1),
+        transpose_a=bool(n.attr("transA", 0)),
+        transpose_b=bool(n.attr("transB", 0)),
+    )
     alpha = float(n.attr("alpha", 1.0))
     return [y if alpha == 1.0 else n.emit("core.mul", y, n.scalar(alpha, y))]
 
 
 # -- constants and shapes ------------------------------------------------------------------------
+
 
 @handles("Constant")
 def _constant(n: Node) -> list[Value | None]:
@@ -523,8 +603,13 @@ def _split(n: Node) -> list[Value | None]:
             if part is DYN:
                 raise NotMapped(f"cannot split dynamic dim {d} into {count} equal parts")
             sizes = [part] * count
-    outs = n.emit_n("core.split", [x], {"axis": axis, "sizes": tuple(sizes)}, len(sizes),
-                    hints=n.out_hints[:len(sizes)])
+    outs = n.emit_n(
+        "core.split",
+        [x],
+        {"axis": axis, "sizes": tuple(sizes)},
+        len(sizes),
+        hints=n.out_hints[: len(sizes)],
+    )
     return list(outs)
 
 
@@ -532,20 +617,34 @@ def _split(n: Node) -> list[Value | None]:
 def _slice(n: Node) -> list[Value | None]:
     x = n.inp(0)
     k = [n.known(i) if n.has(i) else None for i in range(1, 5)]
-    static = all(v is None or v.dtype != object for v in k) and k[0] is not None and k[1] is not None \
-        and (not n.has(3) or k[2] is not None) and (not n.has(4) or k[3] is not None)
+    static = (
+        all(v is None or v.dtype != object for v in k)
+        and k[0] is not None
+        and k[1] is not None
+        and (not n.has(3) or k[2] is not None)
+        and (not n.has(4) or k[3] is not None)
+    )
     if static:
         starts, ends = n.ints(1, "starts"), n.ints(2, "ends")
         axes = n.ints(3, "axes") if n.has(3) else list(range(len(starts)))
         steps = n.ints(4, "steps") if n.has(4) else [1] * len(starts)
-        return [n.emit("core.slice", x, starts=tuple(starts), ends=tuple(ends), axes=tuple(axes),
-                       steps=tuple(steps))]
+        return [
+            n.emit(
+                "core.slice",
+                x,
+                starts=tuple(starts),
+                ends=tuple(ends),
+                axes=tuple(axes),
+                steps=tuple(steps),
+            )
+        ]
     ops = [x, n.inp(1), n.inp(2)]
     if n.has(3) or n.has(4):
         dt = _dtype(n.inp(1))
         count = n.cast(n.emit("core.size", n.inp(1)), dt)
-        ops.append(n.inp(3) if n.has(3) else
-                   n.emit("core.range", n.scalar(0, dt), count, n.scalar(1, dt)))
+        ops.append(
+            n.inp(3) if n.has(3) else n.emit("core.range", n.scalar(0, dt), count, n.scalar(1, dt))
+        )
     if n.has(4):
         ops.append(n.inp(4))
     return [n.emit("core.slice_dyn", *ops, hint=n.out_hints[0])]
@@ -563,14 +662,25 @@ def _gather_el(n: Node) -> list[Value | None]:
 
 @handles("ScatterElements")
 def _scatter_el(n: Node) -> list[Value | None]:
-    return [n.emit("core.scatter_elements", n.inp(0), n.inp(1), n.inp(2), axis=int(n.attr("axis", 0)),
-                   reduction=n.attr("reduction", "none"))]
+    return [
+        n.emit(
+            "core.scatter_elements",
+            n.inp(0),
+            n.inp(1),
+            n.inp(2),
+            axis=int(n.attr("axis", 0)),
+            reduction=n.attr("reduction", "none"),
+        )
+    ]
 
 
 @handles("ScatterND")
 def _scatter_nd(n: Node) -> list[Value | None]:
-    return [n.emit("core.scatter_nd", n.inp(0), n.inp(1), n.inp(2),
-                   reduction=n.attr("reduction", "none"))]
+    return [
+        n.emit(
+            "core.scatter_nd", n.inp(0), n.inp(1), n.inp(2), reduction=n.attr("reduction", "none")
+        )
+    ]
 
 
 @handles("Expand")
@@ -640,23 +750,45 @@ def _trilu(n: Node) -> list[Value | None]:
 @handles("CumSum")
 def _cumsum(n: Node) -> list[Value | None]:
     axis = n.ints(1, "axis")[0]
-    return [n.emit("core.cumsum", n.inp(0), axis=axis, exclusive=bool(n.attr("exclusive", 0)),
-                   reverse=bool(n.attr("reverse", 0)))]
+    return [
+        n.emit(
+            "core.cumsum",
+            n.inp(0),
+            axis=axis,
+            exclusive=bool(n.attr("exclusive", 0)),
+            reverse=bool(n.attr("reverse", 0)),
+        )
+    ]
 
 
 @handles("ArgMax", "ArgMin")
 def _arg(n: Node) -> list[Value | None]:
     name = "core.argmax" if n.op_type == "ArgMax" else "core.argmin"
-    return [n.emit(name, n.inp(0), axis=int(n.attr("axis", 0)), keepdims=bool(n.attr("keepdims", 1)),
-                   select_last_index=bool(n.attr("select_last_index", 0)))]
+    return [
+        n.emit(
+            name,
+            n.inp(0),
+            axis=int(n.attr("axis", 0)),
+            keepdims=bool(n.attr("keepdims", 1)),
+            select_last_index=bool(n.attr("select_last_index", 0)),
+        )
+    ]
 
 
 @handles("TopK")
 def _topk(n: Node) -> list[Value | None]:
     k = n.ints(1, "k")[0]
-    outs = n.emit_n("core.top_k", [n.inp(0)], {"k": k, "axis": int(n.attr("axis", -1)),
-                                              "largest": bool(n.attr("largest", 1)),
-                                              "sorted": bool(n.attr("sorted", 1))}, 2)
+    outs = n.emit_n(
+        "core.top_k",
+        [n.inp(0)],
+        {
+            "k": k,
+            "axis": int(n.attr("axis", -1)),
+            "largest": bool(n.attr("largest", 1)),
+            "sorted": bool(n.attr("sorted", 1)),
+        },
+        2,
+    )
     return list(outs)
 
 
@@ -702,8 +834,13 @@ def _const_of_shape(n: Node) -> list[Value | None]:
 
 # -- reductions --------------------------------------------------------------------------------
 
-_REDUCE = {"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": "reduce_max",
-           "ReduceMin": "reduce_min", "ReduceProd": "reduce_prod"}
+_REDUCE = {
+    "ReduceSum": "reduce_sum",
+    "ReduceMean": "reduce_mean",
+    "ReduceMax": "reduce_max",
+    "ReduceMin": "reduce_min",
+    "ReduceProd": "reduce_prod",
+}
 
 
 def _runtime_axes(n: Node) -> bool:
@@ -722,8 +859,11 @@ def _reduce_axes(n: Node) -> list[int] | None:
     if axes_from_input and n.has(1) and n.known(1) is None and n.t(1).shape == (0,):
         axes: list[int] = []  # a run-time input that is always empty
     else:
-        axes = (n.ints(1, "axes") if n.has(1) else []) if axes_from_input else \
-            [int(a) for a in (n.attr("axes") or [])]
+        axes = (
+            (n.ints(1, "axes") if n.has(1) else [])
+            if axes_from_input
+            else [int(a) for a in (n.attr("axes") or [])]
+        )
     if not axes and n.attr("noop_with_empty_axes", 0):
         return None
     return axes
@@ -779,6 +919,7 @@ def _softmax(n: Node) -> list[Value | None]:
 
 # -- normalization ------------------------------------------------------------------------------
 
+
 def _norm_axes(n: Node, x: Value, axis: int) -> tuple[int, ...]:
     r = _rank(x)
     a = axis + r if axis < 0 else axis
@@ -791,7 +932,12 @@ def _layer_norm(n: Node) -> list[Value | None]:
     eps = float(n.attr("epsilon", 1e-5))
     axes = _norm_axes(n, x, int(n.attr("axis", -1)))
     extra_outputs = any(n.outputs_used[1:])
-    if len(axes) == 1 and not extra_outputs and _rank(w) <= 1 and (not n.has(2) or _rank(n.inp(2)) <= 1):
+    if (
+        len(axes) == 1
+        and not extra_outputs
+        and _rank(w) <= 1
+        and (not n.has(2) or _rank(n.inp(2)) <= 1)
+    ):
         ops = [x, w] + ([n.inp(2)] if n.has(2) else [])
         return [n.emit("llm.layer_norm", *ops, eps=eps), None, None]
     mean = n.emit("core.reduce_mean", x, axes=axes, keepdims=True)
@@ -852,6 +998,7 @@ def _ms_skip_ln(n: Node) -> list[Value | None]:
 
 # -- rotary embedding ---------------------------------------------------------------------------
 
+
 def _to_heads(n: Node, x: Value, heads: int) -> Value:
     """[B, S, H*D] -> [B, H, S, D]."""
     t = x.type
@@ -871,10 +1018,12 @@ def _from_heads(n: Node, x: Value) -> Value:
     return n.emit("core.reshape", y, shape=(0, 0, dim_mul(t.shape[2], t.shape[3])))
 
 
-def _rotary(n: Node, x4: Value, cos: Value, sin: Value, pos: Value, interleaved: bool,
-            rotary_dim: int) -> Value:
-    return n.emit("llm.rotary_embedding", x4, cos, sin, pos, interleaved=interleaved,
-                  rotary_dim=rotary_dim)
+def _rotary(
+    n: Node, x4: Value, cos: Value, sin: Value, pos: Value, interleaved: bool, rotary_dim: int
+) -> Value:
+    return n.emit(
+        "llm.rotary_embedding", x4, cos, sin, pos, interleaved=interleaved, rotary_dim=rotary_dim
+    )
 
 
 def _positions_from_offset(n: Node, x4: Value, offset: Value) -> Value:
@@ -917,7 +1066,9 @@ def _rotary_23(n: Node) -> list[Value | None]:
         b_s = n.emit("core.shape", n.inp(1), start=0, end=2)
         total = n.emit("core.reduce_prod", b_s, axes=(0,), keepdims=False)
         flat = n.emit("core.range", n.scalar(0, DType.i64), total, n.scalar(1, DType.i64))
-        pos = n.emit("core.reshape_dyn", flat, b_s, hint=TensorType((ct.shape[0], ct.shape[1]), DType.i64))
+        pos = n.emit(
+            "core.reshape_dyn", flat, b_s, hint=TensorType((ct.shape[0], ct.shape[1]), DType.i64)
+        )
     y = _rotary(n, x4, cos, sin, pos, interleaved, rdim)
     return [_from_heads(n, y) if r == 3 else y]
 
@@ -950,12 +1101,20 @@ def _rotary_ms(n: Node) -> list[Value | None]:
     pos = n.cast(n.inp(1), DType.i64)
     if pt.rank == 1:
         pos = _positions_from_offset(n, x4, pos)
-    y = _rotary(n, x4, n.inp(2), n.inp(3), pos, bool(n.attr("interleaved", 0)),
-                int(n.attr("rotary_embedding_dim", 0)))
+    y = _rotary(
+        n,
+        x4,
+        n.inp(2),
+        n.inp(3),
+        pos,
+        bool(n.attr("interleaved", 0)),
+        int(n.attr("rotary_embedding_dim", 0)),
+    )
     return [_from_heads(n, y) if r == 3 else y]
 
 
 # -- attention ----------------------------------------------------------------------------------
+
 
 def _static(d: Dim) -> int | None:
     return d if isinstance(d, int) else None
@@ -973,8 +1132,12 @@ def _top_left_causal(n: Node, q: Value, k: Value) -> Value:
     shape = n.emit("core.concat", qs, ks, axis=0)
     qt, kt = q.type, k.type
     assert isinstance(qt, TensorType) and isinstance(kt, TensorType)
-    ones = n.emit("core.constant_of_shape", shape, value=DenseAttr(np.array(True)),
-                  hint=TensorType((qt.shape[2], kt.shape[2]), DType.bool))
+    ones = n.emit(
+        "core.constant_of_shape",
+        shape,
+        value=DenseAttr(np.array(True)),
+        hint=TensorType((qt.shape[2], kt.shape[2]), DType.bool),
+    )
     return n.emit("core.trilu", ones, upper=False)
 
 
@@ -994,8 +1157,13 @@ def _arange(n: Node, x: Value, axis: int) -> Value:
     d = t.shape[axis]
     if isinstance(d, int):
         return n.array(np.arange(d), DType.i64)
-    return n.emit("core.range", n.scalar(0, DType.i64), _seq_len(n, x, axis), n.scalar(1, DType.i64),
-                  hint=TensorType((d,), DType.i64))
+    return n.emit(
+        "core.range",
+        n.scalar(0, DType.i64),
+        _seq_len(n, x, axis),
+        n.scalar(1, DType.i64),
+        hint=TensorType((d,), DType.i64),
+    )
 
 
 def _pad_mask(n: Node, mask: Value, k: Value) -> Value:
@@ -1015,8 +1183,9 @@ def _pad_mask(n: Node, mask: Value, k: Value) -> Value:
     return mask
 
 
-def _attention_general(n: Node, q: Value, k: Value, v: Value, mask: Value | None, past: bool,
-                       nonpad: Value | None) -> tuple[Value, Value | None]:
+def _attention_general(
+    n: Node, q: Value, k: Value, v: Value, mask: Value | None, past: bool, nonpad: Value | None
+) -> tuple[Value, Value | None]:
     """ONNX Attention in core ops, step for step as the ONNX reference computes it."""
     dt = _dtype(q)
     qt = n.t(0) if _rank(n.inp(0)) == 4 else q.type
@@ -1044,14 +1213,21 @@ def _attention_general(n: Node, q: Value, k: Value, v: Value, mask: Value | None
     bias: Value | None = None
     if mask is not None:
         mask = _pad_mask(n, mask, k)
-        bias = n.emit("core.where", mask, zero, ninf) if _dtype(mask) == DType.bool else n.cast(mask, dt)
+        bias = (
+            n.emit("core.where", mask, zero, ninf)
+            if _dtype(mask) == DType.bool
+            else n.cast(mask, dt)
+        )
     i_idx = n.emit("core.unsqueeze", _arange(n, q, 2), axes=(1,))  # [Sq, 1]
     j_idx = n.emit("core.unsqueeze", _arange(n, k, 2), axes=(0,))  # [1, Skv]
     if past:
         offset = _seq_len(n, n.inp(4), 2)
     elif nonpad is not None:
-        offset = n.emit("core.reshape", n.emit("core.sub", n.cast(nonpad, DType.i64), _seq_len(n, q, 2)),
-                        shape=(-1, 1, 1, 1))
+        offset = n.emit(
+            "core.reshape",
+            n.emit("core.sub", n.cast(nonpad, DType.i64), _seq_len(n, q, 2)),
+            shape=(-1, 1, 1, 1),
+        )
     else:
         offset = n.scalar(0, DType.i64)
     pos = n.emit("core.add", i_idx, offset)  # [Sq, 1] or [B, 1, Sq, 1]
@@ -1070,7 +1246,9 @@ def _attention_general(n: Node, q: Value, k: Value, v: Value, mask: Value | None
         bias = extra if bias is None else n.emit("core.add", bias, extra)
     if nonpad is not None:
         jb = n.emit("core.unsqueeze", _arange(n, k, 2), axes=(0,))
-        keep = n.emit("core.less", jb, n.emit("core.unsqueeze", n.cast(nonpad, DType.i64), axes=(1,)))
+        keep = n.emit(
+            "core.less", jb, n.emit("core.unsqueeze", n.cast(nonpad, DType.i64), axes=(1,))
+        )
         keep = n.emit("core.unsqueeze", keep, axes=(1, 2))  # [B, 1, 1, Skv]
         extra = n.emit("core.where", keep, zero, ninf)
         bias = extra if bias is None else n.emit("core.add", bias, extra)
@@ -1115,9 +1293,12 @@ def _attention(n: Node) -> list[Value | None]:
         v = n.emit("core.concat", n.inp(5), v, axis=2)
     nonpad = n.inp(6) if n.has(6) else None
     mask = n.inp(3) if n.has(3) else None
-    general = (nonpad is not None or n.attr("left_window_size", -1) != -1
-               or n.attr("right_window_size", -1) != -1
-               or (n.num_outputs > 3 and n.outputs_used[3]))
+    general = (
+        nonpad is not None
+        or n.attr("left_window_size", -1) != -1
+        or n.attr("right_window_size", -1) != -1
+        or (n.num_outputs > 3 and n.outputs_used[3])
+    )
     qk_out: Value | None = None
     if general:
         y, qk_out = _attention_general(n, q, k, v, mask, past, nonpad)
@@ -1126,7 +1307,7 @@ def _attention(n: Node) -> list[Value | None]:
     if rank == 3:
         y = _from_heads(n, y)
     outs: list[Value | None] = [y, k if past else None, v if past else None, qk_out]
-    return outs[:max(n.num_outputs, 1)]
+    return outs[: max(n.num_outputs, 1)]
 
 
 def _attention_sdpa(n: Node, q: Value, k: Value, v: Value, mask: Value | None, past: bool) -> Value:
@@ -1167,21 +1348,28 @@ def _gqa(n: Node) -> list[Value | None]:
     if n.has(10) or n.has(11):
         raise NotMapped("attention_bias / head_sink inputs are not supported")
     if n.has(1) != n.has(2):
-        raise NotMapped("key and value must both be given (unpacked) or both be absent (packed QKV)")
+        raise NotMapped(
+            "key and value must both be given (unpacked) or both be absent (packed QKV)"
+        )
     if n.has(1):
         q_in, k_in, v_in = n.inp(0), n.inp(1), n.inp(2)
     else:  # packed: query holds [q | k | v] along the hidden axis, (hq + 2 hkv) heads of head_size
         width = n.t(0).shape[-1]
         if not isinstance(width, int) or width % (hq + 2 * hkv):
-            raise NotMapped(f"packed QKV width {width} is not a multiple of num_heads + 2 * kv_num_heads")
+            raise NotMapped(
+                f"packed QKV width {width} is not a multiple of num_heads + 2 * kv_num_heads"
+            )
         hd = width // (hq + 2 * hkv)
-        q_in, k_in, v_in = n.emit_n("core.split", [n.inp(0)],
-                                    {"axis": -1, "sizes": (hq * hd, hkv * hd, hkv * hd)}, 3)
+        q_in, k_in, v_in = n.emit_n(
+            "core.split", [n.inp(0)], {"axis": -1, "sizes": (hq * hd, hkv * hd, hkv * hd)}, 3
+        )
     q, k, v = _to_heads(n, q_in, hq), _to_heads(n, k_in, hkv), _to_heads(n, v_in, hkv)
     if n.attr("do_rotary", 0):
         # positions: past_len + s for every batch row (no left padding)
         if n.has(3):
-            past_len = n.emit("core.squeeze", n.emit("core.shape", n.inp(3), start=2, end=3), axes=(0,))
+            past_len = n.emit(
+                "core.squeeze", n.emit("core.shape", n.inp(3), start=2, end=3), axes=(0,)
+            )
         else:
             past_len = n.scalar(0, DType.i64)
         pos = _positions_from_offset(n, q, past_len)
@@ -1201,6 +1389,7 @@ def _gqa(n: Node) -> list[Value | None]:
 
 
 # -- quantized matmul ----------------------------------------------------------------------------
+
 
 def _as_shape(n: Node, i: int, shape: tuple[int, ...]) -> Value:
     """Input i viewed with a new static shape: the initializer's bytes retyped, else a reshape."""

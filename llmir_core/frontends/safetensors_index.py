@@ -27,9 +27,18 @@ _MAX_HEADER = 100 * 1024 * 1024  # the format's own limit on the JSON header
 
 # safetensors dtype names -> llmir dtypes (the ones a model's weights use)
 DTYPES: dict[str, DType] = {
-    "F64": DType.f64, "F32": DType.f32, "F16": DType.f16, "BF16": DType.bf16,
-    "F8_E4M3": DType.f8e4m3, "F8_E5M2": DType.f8e5m2, "I64": DType.i64, "I32": DType.i32,
-    "I16": DType.i16, "I8": DType.i8, "U8": DType.u8, "BOOL": DType.bool,
+    "F64": DType.f64,
+    "F32": DType.f32,
+    "F16": DType.f16,
+    "BF16": DType.bf16,
+    "F8_E4M3": DType.f8e4m3,
+    "F8_E5M2": DType.f8e5m2,
+    "I64": DType.i64,
+    "I32": DType.i32,
+    "I16": DType.i16,
+    "I8": DType.i8,
+    "U8": DType.u8,
+    "BOOL": DType.bool,
 }
 
 
@@ -60,9 +69,11 @@ class SafetensorsIndex:
         entry = self.tensors.get(name)
         if entry is None:
             where = ", ".join(self.files)
-            raise InputError(f"tensor '{name}' is not in {where}",
-                             hint="the checkpoint does not match its config.json (wrong architecture "
-                                  "or an incomplete download)")
+            raise InputError(
+                f"tensor '{name}' is not in {where}",
+                hint="the checkpoint does not match its config.json (wrong architecture "
+                "or an incomplete download)",
+            )
         return entry
 
 
@@ -73,15 +84,24 @@ def read_header(path: str) -> tuple[dict[str, TensorEntry], dict[str, str]]:
         with open(path, "rb") as fh:
             head = fh.read(8)
             if len(head) < 8:
-                raise InputError(f"{path}: truncated safetensors file ({size} bytes, the 8-byte "
-                                 "header length is missing)", hint=_REDOWNLOAD)
+                raise InputError(
+                    f"{path}: truncated safetensors file ({size} bytes, the 8-byte "
+                    "header length is missing)",
+                    hint=_REDOWNLOAD,
+                )
             (n,) = struct.unpack("<Q", head)
             if n > _MAX_HEADER:
-                raise InputError(f"{path}: header length {n} is not plausible (over 100 MB); "
-                                 "not a safetensors file?", hint=_REDOWNLOAD)
+                raise InputError(
+                    f"{path}: header length {n} is not plausible (over 100 MB); "
+                    "not a safetensors file?",
+                    hint=_REDOWNLOAD,
+                )
             if 8 + n > size:
-                raise InputError(f"{path}: truncated safetensors file: the header needs {8 + n} "
-                                 f"bytes, the file has {size}", hint=_REDOWNLOAD)
+                raise InputError(
+                    f"{path}: truncated safetensors file: the header needs {8 + n} "
+                    f"bytes, the file has {size}",
+                    hint=_REDOWNLOAD,
+                )
             raw = fh.read(n)
     except FileNotFoundError:
         raise InputError(f"{path}: file not found", hint=_REDOWNLOAD) from None
@@ -90,10 +110,13 @@ def read_header(path: str) -> tuple[dict[str, TensorEntry], dict[str, str]]:
     try:
         header = json.loads(raw.decode("utf-8").rstrip(" "))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: the safetensors header is not valid JSON ({exc})",
-                         hint=_REDOWNLOAD) from None
+        raise InputError(
+            f"{path}: the safetensors header is not valid JSON ({exc})", hint=_REDOWNLOAD
+        ) from None
     except RecursionError:
-        raise InputError(f"{path}: the safetensors header is JSON nested too deeply", hint=_REDOWNLOAD) from None
+        raise InputError(
+            f"{path}: the safetensors header is JSON nested too deeply", hint=_REDOWNLOAD
+        ) from None
     if not isinstance(header, dict):
         raise InputError(f"{path}: the safetensors header must be a JSON object")
     meta = header.pop("__metadata__", None) or {}
@@ -117,28 +140,39 @@ def _entry(path: str, name: str, info: Any, data_start: int, data_size: int) -> 
         raise InputError(f"{field}: header entry must be an object")
     dt = info.get("dtype")
     if not isinstance(dt, str) or dt not in DTYPES:
-        raise InputError(f"{field}: dtype {dt!r:.60} is not supported "
-                         f"(supported: {', '.join(DTYPES)})")
+        raise InputError(
+            f"{field}: dtype {dt!r:.60} is not supported (supported: {', '.join(DTYPES)})"
+        )
     shape = info.get("shape")
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise InputError(f"{field}: shape must be a list of non-negative integers, got {shape!r}")
     offs = info.get("data_offsets")
-    if (not isinstance(offs, list) or len(offs) != 2 or not all(type(o) is int for o in offs)
-            or offs[0] < 0 or offs[1] < offs[0]):
-        raise InputError(f"{field}: data_offsets must be [begin, end] with 0 <= begin <= end, "
-                         f"got {offs!r}")
+    if (
+        not isinstance(offs, list)
+        or len(offs) != 2
+        or not all(type(o) is int for o in offs)
+        or offs[0] < 0
+        or offs[1] < offs[0]
+    ):
+        raise InputError(
+            f"{field}: data_offsets must be [begin, end] with 0 <= begin <= end, got {offs!r}"
+        )
     begin, end = offs
     if end > data_size:
-        raise InputError(f"{field}: data_offsets end {end} is past the end of the file "
-                         f"(the data section has {data_size} bytes)", hint=_REDOWNLOAD)
+        raise InputError(
+            f"{field}: data_offsets end {end} is past the end of the file "
+            f"(the data section has {data_size} bytes)",
+            hint=_REDOWNLOAD,
+        )
     dtype = DTYPES[dt]
     numel = 1
     for d in shape:
         numel *= d
     want = numel * dtype.bits // 8
     if end - begin != want:
-        raise InputError(f"{field}: data_offsets span {end - begin} bytes, but {dt} {shape} "
-                         f"needs {want}")
+        raise InputError(
+            f"{field}: data_offsets span {end - begin} bytes, but {dt} {shape} needs {want}"
+        )
     return TensorEntry(name, path, dtype, tuple(shape), data_start + begin, end - begin)
 
 
@@ -146,9 +180,11 @@ def _check_overlaps(path: str, entries: dict[str, TensorEntry], data_start: int)
     spans = sorted((e.offset, e.offset + e.nbytes, e.name) for e in entries.values() if e.nbytes)
     for (_b0, e0, n0), (b1, _e1, n1) in zip(spans, spans[1:]):
         if b1 < e0:
-            raise InputError(f"{path}: tensor '{n1}' (data_offsets begin {b1 - data_start}) "
-                             f"overlaps tensor '{n0}' (ends at {e0 - data_start})",
-                             hint=_REDOWNLOAD)
+            raise InputError(
+                f"{path}: tensor '{n1}' (data_offsets begin {b1 - data_start}) "
+                f"overlaps tensor '{n0}' (ends at {e0 - data_start})",
+                hint=_REDOWNLOAD,
+            )
 
 
 def open_index(path: str | os.PathLike[str]) -> SafetensorsIndex:
@@ -164,10 +200,15 @@ def open_index(path: str | os.PathLike[str]) -> SafetensorsIndex:
             if len(found) == 1:
                 p = p / found[0]
             else:
-                what = f"{len(found)} .safetensors files and no {INDEX_NAME}" if found else \
-                    "no .safetensors files"
-                raise InputError(f"{p}: {what}",
-                                 hint="the folder must hold model.safetensors, or shards and their index")
+                what = (
+                    f"{len(found)} .safetensors files and no {INDEX_NAME}"
+                    if found
+                    else "no .safetensors files"
+                )
+                raise InputError(
+                    f"{p}: {what}",
+                    hint="the folder must hold model.safetensors, or shards and their index",
+                )
     if p.name.endswith(".index.json"):
         return _open_sharded(p)
     tensors, meta = read_header(str(p.resolve()))
@@ -180,7 +221,9 @@ def _open_sharded(index_path: Path) -> SafetensorsIndex:
     except FileNotFoundError:
         raise InputError(f"{index_path}: file not found") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{index_path}: not a valid JSON index ({exc})", hint=_REDOWNLOAD) from None
+        raise InputError(
+            f"{index_path}: not a valid JSON index ({exc})", hint=_REDOWNLOAD
+        ) from None
     wmap = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
         raise InputError(f"{index_path}: weight_map must be an object of tensor name -> shard file")
@@ -190,8 +233,10 @@ def _open_sharded(index_path: Path) -> SafetensorsIndex:
         if os.path.isabs(shard) or ".." in Path(shard).parts:
             raise InputError(f"{index_path}: weight_map names shard '{shard}' outside the folder")
         if not (folder / shard).is_file():
-            raise InputError(f"{index_path}: weight_map names shard '{shard}', which is missing",
-                             hint="download the missing shard (or the whole model again)")
+            raise InputError(
+                f"{index_path}: weight_map names shard '{shard}', which is missing",
+                hint="download the missing shard (or the whole model again)",
+            )
     tensors: dict[str, TensorEntry] = {}
     meta: dict[str, str] = {}
     files: list[str] = []
@@ -204,8 +249,11 @@ def _open_sharded(index_path: Path) -> SafetensorsIndex:
     for name, shard in wmap.items():
         entry = tensors.get(name)
         if entry is None or os.path.basename(entry.file) != os.path.basename(shard):
-            raise InputError(f"{index_path}: weight_map puts tensor '{name}' in '{shard}', "
-                             "but that shard does not hold it", hint=_REDOWNLOAD)
+            raise InputError(
+                f"{index_path}: weight_map puts tensor '{name}' in '{shard}', "
+                "but that shard does not hold it",
+                hint=_REDOWNLOAD,
+            )
     return SafetensorsIndex(tensors, files, meta)
 
 

@@ -26,7 +26,7 @@ ARCH_NOTES: dict[str, str] = {
     "global layers from `layer_types` / `sliding_window_pattern`, each with its own rope "
     "(`rope_local_base_freq`, or `rope_parameters` per layer type)",
     "gemma3": "GGUF gemma3: local layers by `attention.sliding_window_pattern` (llama.cpp's default: every "
-              "6th layer global) with `rope.freq_base_swa` (default 10000)",
+    "6th layer global) with `rope.freq_base_swa` (default 10000)",
     "mixtral": "`llm.moe` in every layer: softmax top-k of `num_local_experts`, renormalised "
     "(GGUF: `llama` with `expert_count`)",
     "qwen2_moe": "`llm.moe` on sparse layers (`decoder_sparse_step`, `mlp_only_layers`), `norm_topk_prob`, "

@@ -26,7 +26,9 @@ class InterpError(CheckFailed):
     """An op's result disagrees with its declared type, or the op cannot run."""
 
 
-def _bind_shape(shape: tuple[int, ...], t: TensorType, env: dict[str, int], what: str) -> str | None:
+def _bind_shape(
+    shape: tuple[int, ...], t: TensorType, env: dict[str, int], what: str
+) -> str | None:
     """Bind/check dims; return an error message or None."""
     if len(shape) != t.rank:
         return f"{what} has rank {len(shape)} {list(shape)}, expected rank {t.rank} ({t})"
@@ -35,8 +37,13 @@ def _bind_shape(shape: tuple[int, ...], t: TensorType, env: dict[str, int], what
         if isinstance(d, int):
             if actual != d:
                 return f"{what} dim {i} is {actual}, expected {d} ({t})"
-        elif isinstance(d, SymDim) and len(d.terms) == 1 and d.terms[0][1] == 1 and \
-                len(d.terms[0][0]) == 1 and d.const == 0:
+        elif (
+            isinstance(d, SymDim)
+            and len(d.terms) == 1
+            and d.terms[0][1] == 1
+            and len(d.terms[0][0]) == 1
+            and d.const == 0
+        ):
             name = d.terms[0][0][0]
             if name in env and env[name] != actual:
                 return f"{what} dim {i} is {actual}, but ?{name} is {env[name]} elsewhere"
@@ -62,10 +69,14 @@ class Interpreter:
     def __init__(self, module: Module, check_types: bool = True) -> None:
         self.module = module
         self.check_types = check_types
-        self.base_dir = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
+        self.base_dir = (
+            os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
+        )
         self.trace: list[tuple[Op, list[Any]]] | None = None
 
-    def run(self, inputs: Mapping[str, Any] | Sequence[Any], fn_name: str | None = None) -> list[Any]:
+    def run(
+        self, inputs: Mapping[str, Any] | Sequence[Any], fn_name: str | None = None
+    ) -> list[Any]:
         if not self.module.functions:
             raise InputError("the module has no function to run")
         if fn_name is None:
@@ -74,19 +85,27 @@ class Interpreter:
             fn = self.module.function(fn_name)
         except KeyError:
             names = ", ".join("@" + f.name for f in self.module.functions)
-            raise InputError(f"no function @{fn_name} in the module", hint=f"its functions: {names}") from None
+            raise InputError(
+                f"no function @{fn_name} in the module", hint=f"its functions: {names}"
+            ) from None
         return self.run_function(fn, inputs)
 
-    def bind_inputs(self, fn: Function, inputs: Mapping[str, Any] | Sequence[Any]) -> tuple[dict[int, Any], dict[str, int]]:
+    def bind_inputs(
+        self, fn: Function, inputs: Mapping[str, Any] | Sequence[Any]
+    ) -> tuple[dict[int, Any], dict[str, int]]:
         if isinstance(inputs, Mapping):
             missing = [a.name for a in fn.args if a.name not in inputs]
             extra = [k for k in inputs if k not in {a.name for a in fn.args}]
             if missing:
-                raise InputError(f"missing input(s): {', '.join(missing)}",
-                                 hint=f"@{fn.name} takes " + ", ".join(f"{a.name}: {a.type}" for a in fn.args))
+                raise InputError(
+                    f"missing input(s): {', '.join(missing)}",
+                    hint=f"@{fn.name} takes " + ", ".join(f"{a.name}: {a.type}" for a in fn.args),
+                )
             if extra:
-                raise InputError(f"unknown input(s): {', '.join(extra)}",
-                                 hint="inputs are: " + ", ".join(a.name for a in fn.args))
+                raise InputError(
+                    f"unknown input(s): {', '.join(extra)}",
+                    hint="inputs are: " + ", ".join(a.name for a in fn.args),
+                )
             values = [inputs[a.name] for a in fn.args]
         else:
             values = list(inputs)
@@ -101,15 +120,23 @@ class Interpreter:
                     v = np.asarray(v)
                     if v.dtype != numpy_dtype(t.dtype):
                         raise InputError(f"input {a.name} has dtype {v.dtype}, expected {t.dtype}")
-                msg = _bind_shape(tuple(np.shape(v) if not isinstance(v, PackedArray) else v.shape), t, env,
-                                  f"input {a.name}")
+                msg = _bind_shape(
+                    tuple(np.shape(v) if not isinstance(v, PackedArray) else v.shape),
+                    t,
+                    env,
+                    f"input {a.name}",
+                )
                 if msg:
                     raise InputError(msg)
             vals[id(a)] = v
         return vals, env
 
-    def run_function(self, fn: Function, inputs: Mapping[str, Any] | Sequence[Any],
-                     env: dict[str, int] | None = None) -> list[Any]:
+    def run_function(
+        self,
+        fn: Function,
+        inputs: Mapping[str, Any] | Sequence[Any],
+        env: dict[str, int] | None = None,
+    ) -> list[Any]:
         vals, bound = self.bind_inputs(fn, inputs)
         env = {**(env or {}), **bound}
         # drop each value after its last use, so a long function does not hold every activation
@@ -123,7 +150,9 @@ class Interpreter:
             args = [vals[id(v)] for v in op.operands]
             outs = self.eval_op(op, args, env)
             if len(outs) != len(op.results):
-                raise InterpError(f"{op.name} returned {len(outs)} values, expected {len(op.results)}")
+                raise InterpError(
+                    f"{op.name} returned {len(outs)} values, expected {len(op.results)}"
+                )
             for r, o in zip(op.results, outs):
                 if self.check_types:
                     self._check_result(op, r.type, o, env)
@@ -192,8 +221,12 @@ class Interpreter:
         return sub.run_function(fn, args, env)
 
 
-def run(module: Module, inputs: Mapping[str, Any] | Sequence[Any], fn: str | None = None,
-        check_types: bool = True) -> list[Any]:
+def run(
+    module: Module,
+    inputs: Mapping[str, Any] | Sequence[Any],
+    fn: str | None = None,
+    check_types: bool = True,
+) -> list[Any]:
     """Evaluate `fn` (default: main) on numpy inputs; return its outputs."""
     return Interpreter(module, check_types).run(inputs, fn)
 

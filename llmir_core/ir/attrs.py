@@ -23,14 +23,19 @@ class DenseAttr:
     def __init__(self, array: np.ndarray, type_: TensorType | None = None) -> None:
         arr = np.asarray(array)
         self.array = arr
-        self.type = type_ or TensorType(tuple(int(s) for s in arr.shape), dtype_from_numpy(arr.dtype))
+        self.type = type_ or TensorType(
+            tuple(int(s) for s in arr.shape), dtype_from_numpy(arr.dtype)
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DenseAttr):
             return NotImplemented
-        return (self.type == other.type and self.array.shape == other.array.shape
-                and self.array.dtype == other.array.dtype
-                and self.array.tobytes() == other.array.tobytes())
+        return (
+            self.type == other.type
+            and self.array.shape == other.array.shape
+            and self.array.dtype == other.array.dtype
+            and self.array.tobytes() == other.array.tobytes()
+        )
 
     def __hash__(self) -> int:
         return hash((str(self.type), self.array.tobytes()))
@@ -39,8 +44,22 @@ class DenseAttr:
         return f"DenseAttr({self.array!r})"
 
 
-AttrValue = Union[int, float, bool, str, tuple[Any, ...], dict[str, Any], DType, SymDim, _Dyn, TensorType,
-                  KVCacheType, QuantType, DenseAttr, None]
+AttrValue = Union[
+    int,
+    float,
+    bool,
+    str,
+    tuple[Any, ...],
+    dict[str, Any],
+    DType,
+    SymDim,
+    _Dyn,
+    TensorType,
+    KVCacheType,
+    QuantType,
+    DenseAttr,
+    None,
+]
 
 
 def attr_equal(a: Any, b: Any) -> bool:

@@ -42,8 +42,14 @@ class Value:
 
     __slots__ = ("name", "type", "owner", "index", "pos")
 
-    def __init__(self, name: str, type_: Type, owner: Op | None = None, index: int = 0,
-                 pos: SourcePos | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        type_: Type,
+        owner: Op | None = None,
+        index: int = 0,
+        pos: SourcePos | None = None,
+    ) -> None:
         self.name = name
         self.type = type_
         self.owner = owner
@@ -59,9 +65,16 @@ class Op:
 
     __slots__ = ("name", "operands", "results", "attrs", "origin", "pos")
 
-    def __init__(self, name: str, operands: list[Value], result_types: list[Type],
-                 attrs: dict[str, Any] | None = None, result_names: list[str] | None = None,
-                 origin: str | None = None, pos: SourcePos | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        operands: list[Value],
+        result_types: list[Type],
+        attrs: dict[str, Any] | None = None,
+        result_names: list[str] | None = None,
+        origin: str | None = None,
+        pos: SourcePos | None = None,
+    ) -> None:
         self.name = name
         self.operands = list(operands)
         self.attrs: dict[str, Any] = dict(attrs or {})
@@ -85,9 +98,15 @@ class Op:
 class Function:
     """A function: typed arguments, a straight-line list of ops, and returned values."""
 
-    def __init__(self, name: str, args: list[Value], ops: list[Op] | None = None,
-                 outputs: list[Value] | None = None, attrs: dict[str, Any] | None = None,
-                 pos: SourcePos | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        args: list[Value],
+        ops: list[Op] | None = None,
+        outputs: list[Value] | None = None,
+        attrs: dict[str, Any] | None = None,
+        pos: SourcePos | None = None,
+    ) -> None:
         self.name = name
         self.args = args
         self.ops: list[Op] = ops or []
@@ -109,8 +128,13 @@ class Function:
 class Module:
     """A module: a name, header attributes (spec version, dialects, extensions), functions."""
 
-    def __init__(self, name: str = "module", functions: list[Function] | None = None,
-                 attrs: dict[str, Any] | None = None, source: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str = "module",
+        functions: list[Function] | None = None,
+        attrs: dict[str, Any] | None = None,
+        source: str | None = None,
+    ) -> None:
         self.name = name
         self.functions: list[Function] = functions or []
         self.attrs: dict[str, Any] = dict(attrs or {})
@@ -153,8 +177,12 @@ def functions_equal(a: Function, b: Function) -> bool:
     if not all(_values_equal(x, y) for x, y in zip(a.args, b.args)):
         return False
     for x, y in zip(a.ops, b.ops):
-        if (x.name != y.name or x.origin != y.origin or len(x.operands) != len(y.operands)
-                or len(x.results) != len(y.results)):
+        if (
+            x.name != y.name
+            or x.origin != y.origin
+            or len(x.operands) != len(y.operands)
+            or len(x.results) != len(y.results)
+        ):
             return False
         if not all(_values_equal(p, q) for p, q in zip(x.operands, y.operands)):
             return False
@@ -163,10 +191,14 @@ def functions_equal(a: Function, b: Function) -> bool:
         if not attr_equal(x.attrs, y.attrs):
             return False
     return len(a.outputs) == len(b.outputs) and all(
-        _values_equal(x, y) for x, y in zip(a.outputs, b.outputs))
+        _values_equal(x, y) for x, y in zip(a.outputs, b.outputs)
+    )
 
 
 def modules_equal(a: Module, b: Module) -> bool:
-    return (a.name == b.name and attr_equal(a.attrs, b.attrs)
-            and len(a.functions) == len(b.functions)
-            and all(functions_equal(x, y) for x, y in zip(a.functions, b.functions)))
+    return (
+        a.name == b.name
+        and attr_equal(a.attrs, b.attrs)
+        and len(a.functions) == len(b.functions)
+        and all(functions_equal(x, y) for x, y in zip(a.functions, b.functions))
+    )

@@ -119,7 +119,7 @@ def dim_div_exact(a: Dim, b: Dim) -> Dim:
     # divide by a single monomial with coefficient
     if pb[1] != 0 or len(pb[0]) != 1 or pa[1] != 0:
         return DYN
-    (mb, cb), = pb[0].items()
+    ((mb, cb),) = pb[0].items()
     out: dict[Monomial, int] = {}
     const = 0
     for ma, ca in pa[0].items():
@@ -135,8 +135,6 @@ def dim_div_exact(a: Dim, b: Dim) -> Dim:
         else:
             const += ca // cb
     return _make(out, const)
-
-
 
 
 def dims_compatible(a: Dim, b: Dim) -> bool:

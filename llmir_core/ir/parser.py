@@ -70,7 +70,8 @@ _OP_LINE = re.compile(
     rf"(?P<attrs> \{{[^{{}}\n]*\}})? : \((?P<ins>{_TYPES})?\) -> "  # nested dicts: token parser
     rf"(?P<outs>{TYPE_PATTERN}|\((?:{_TYPES})?\))(?: loc\((?P<loc>{_STR})\))?)[ \t]*\r?(?=\n|\Z)"
     # without a loc on the line, a `loc(...)` on a later line still belongs to this op
-    r"(?(loc)|(?!(?:\s+|//[^\n]*)*loc(?![\w.$])))")
+    r"(?(loc)|(?!(?:\s+|//[^\n]*)*loc(?![\w.$])))"
+)
 _TYPE_ITEM = re.compile(TYPE_PATTERN)
 _TYPES_CACHE: dict[str, list[Type]] = {}
 _ATTRS_CACHE: dict[str, dict[str, Any]] = {}
@@ -173,7 +174,9 @@ class Parser:
 
     def expect(self, text: str, what: str | None = None) -> None:
         if not self.accept(text):
-            raise self.error(f"expected '{text}'{' ' + what if what else ''}, found {self._describe(self.tok())}")
+            raise self.error(
+                f"expected '{text}'{' ' + what if what else ''}, found {self._describe(self.tok())}"
+            )
 
     def expect_kind(self, kind: str, what: str) -> str:
         if self.kind() != kind:
@@ -191,8 +194,11 @@ class Parser:
             raise self.error(f"bad escape in string: {exc.msg}", offset + max(at, 0)) from None
         assert isinstance(value, str)
         if _has_surrogate(value):  # "\ud800" alone: no UTF-8 spelling, so nothing could write it
-            raise self.error("bad escape in string: a lone UTF-16 surrogate (\\ud800-\\udfff "
-                             "must come in high-low pairs)", offset + _lone_surrogate_at(text))
+            raise self.error(
+                "bad escape in string: a lone UTF-16 surrogate (\\ud800-\\udfff "
+                "must come in high-low pairs)",
+                offset + _lone_surrogate_at(text),
+            )
         return value
 
     def symbol(self) -> str:
@@ -222,8 +228,10 @@ class Parser:
             attrs = self.parse_attr_dict()
         version = attrs.get("llmir.version", SPEC_VERSION)
         if version != SPEC_VERSION:
-            raise self.error(f"unsupported llmir spec version {version!r}; this llmir reads "
-                             f"{SPEC_VERSION!r}", attrs_off)
+            raise self.error(
+                f"unsupported llmir spec version {version!r}; this llmir reads {SPEC_VERSION!r}",
+                attrs_off,
+            )
         self.expect("{", "to open the module body")
         functions: list[Function] = []
         seen: dict[str, SourcePos] = {}
@@ -233,20 +241,27 @@ class Parser:
             f = self.parse_function()
             assert f.pos is not None
             if f.name in seen:
-                raise ParseError(f"redefinition of function @{f.name} (first defined at "
-                                 f"{seen[f.name].line}:{seen[f.name].col})",
-                                 f.pos, self.line_text(f.pos.line))
+                raise ParseError(
+                    f"redefinition of function @{f.name} (first defined at "
+                    f"{seen[f.name].line}:{seen[f.name].col})",
+                    f.pos,
+                    self.line_text(f.pos.line),
+                )
             seen[f.name] = f.pos
             functions.append(f)
         if self.kind() != _EOF:
-            raise self.error(f"expected end of file after the module, found {self._describe(self.tok())}")
+            raise self.error(
+                f"expected end of file after the module, found {self._describe(self.tok())}"
+            )
         return Module(name, functions, attrs, source=self.filename)
 
     def parse_function(self) -> Function:
         start = self.offset()
         self.expect("func.func", "(a function)")
         if self.kind() != "sym":
-            raise self.error(f"expected a function name like @main, found {self._describe(self.tok())}")
+            raise self.error(
+                f"expected a function name like @main, found {self._describe(self.tok())}"
+            )
         fname = self.symbol()
         self.expect("(")
         scope: dict[str, Value] = {}
@@ -281,7 +296,9 @@ class Parser:
                     continue
             kind, text = self.tok(0)[:2]
             if kind == _EOF:
-                raise self.error(f"unexpected end of file in function @{fname}: missing 'return' and '}}'")
+                raise self.error(
+                    f"unexpected end of file in function @{fname}: missing 'return' and '}}'"
+                )
             if kind == "id" and text == "return":
                 self.parse_return(fn, scope, sig_types)
                 break
@@ -306,15 +323,21 @@ class Parser:
             while self.accept(","):
                 types.append(self.parse_type())
             if len(types) != len(outs):
-                raise self.error(f"return lists {len(outs)} values but {len(types)} types", types_off)
+                raise self.error(
+                    f"return lists {len(outs)} values but {len(types)} types", types_off
+                )
             for (v, off), t in zip(outs, types):
                 if v.type != t:
-                    raise self.error(f"return type {t} does not match %{v.name}'s type {v.type}", off)
+                    raise self.error(
+                        f"return type {t} does not match %{v.name}'s type {v.type}", off
+                    )
         fn.outputs = [v for v, _ in outs]
         if [v.type for v in fn.outputs] != sig_types:
             got = ", ".join(str(v.type) for v in fn.outputs) or "nothing"
             want = ", ".join(str(t) for t in sig_types) or "nothing"
-            raise self.error(f"function @{fn.name} returns ({got}) but its signature says ({want})", ret_off)
+            raise self.error(
+                f"function @{fn.name} returns ({got}) but its signature says ({want})", ret_off
+            )
 
     def lookup(self, scope: dict[str, Value], name: str, off: int) -> Value:
         v = scope.get(name)
@@ -382,8 +405,12 @@ class Parser:
         if out_types is None:
             out_types = self._types_text(outs)
         names = [n[1:] for n in res.split(", ")] if res else []
-        if in_types is None or out_types is None or len(in_types) != len(operands) or \
-                len(out_types) != len(names):
+        if (
+            in_types is None
+            or out_types is None
+            or len(in_types) != len(operands)
+            or len(out_types) != len(names)
+        ):
             return None
         for v, t in zip(operands, in_types):
             if v.type is not t and v.type != t:
@@ -425,8 +452,15 @@ class Parser:
         line = self._fast_line + text.count("\n", self._fast_off, start)
         self._fast_off, self._fast_line = start, line
         col = start - text.rfind("\n", 0, start)
-        op = Op(opname, operands, out_types, attrs, names, origin,
-                SourcePos(filename, line, col + m.start(3) - start))
+        op = Op(
+            opname,
+            operands,
+            out_types,
+            attrs,
+            names,
+            origin,
+            SourcePos(filename, line, col + m.start(3) - start),
+        )
         for r in op.results:
             r.pos = SourcePos(filename, line, col)
             scope[r.name] = r
@@ -445,7 +479,9 @@ class Parser:
             self.expect("=", "after the result names")
         op_off = self.offset()
         if self.kind() != "id" or not _OPNAME.fullmatch(self.peek()):
-            raise self.error(f"expected an op name like core.add, found {self._describe(self.tok())}")
+            raise self.error(
+                f"expected an op name like core.add, found {self._describe(self.tok())}"
+            )
         opname = self.take()
         operands: list[tuple[Value, int]] = []
         if self.kind() == "val":
@@ -478,16 +514,31 @@ class Parser:
             origin = self.string(self.expect_kind("str", "a location string"), off)
             self.expect(")")
         if len(in_types) != len(operands):
-            raise self.error(f"{opname} has {len(operands)} operands but its signature lists "
-                             f"{len(in_types)} types", op_off)
+            raise self.error(
+                f"{opname} has {len(operands)} operands but its signature lists "
+                f"{len(in_types)} types",
+                op_off,
+            )
         for (v, _), (t, toff) in zip(operands, in_types):
             if v.type != t:
-                raise self.error(f"operand %{v.name} has type {v.type}, but the signature says {t}", toff)
+                raise self.error(
+                    f"operand %{v.name} has type {v.type}, but the signature says {t}", toff
+                )
         if len(out_types) != len(result_names):
-            raise self.error(f"{opname} defines {len(result_names)} results but its signature lists "
-                             f"{len(out_types)} result types", out_off)
-        op = Op(opname, [v for v, _ in operands], out_types, attrs,
-                [n for n, _ in result_names], origin, self.pos_at(op_off))
+            raise self.error(
+                f"{opname} defines {len(result_names)} results but its signature lists "
+                f"{len(out_types)} result types",
+                out_off,
+            )
+        op = Op(
+            opname,
+            [v for v, _ in operands],
+            out_types,
+            attrs,
+            [n for n, _ in result_names],
+            origin,
+            self.pos_at(op_off),
+        )
         for r, (n, off) in zip(op.results, result_names):
             if n in scope:
                 prev = scope[n]
@@ -508,7 +559,9 @@ class Parser:
             except TypeSyntaxError as exc:
                 raise self.error(str(exc), off + exc.offset) from None
         if kind == "id" and self.peek() == "tensor":
-            raise self.error("malformed tensor type: expected tensor<DIMS x DTYPE> with a closing '>'")
+            raise self.error(
+                "malformed tensor type: expected tensor<DIMS x DTYPE> with a closing '>'"
+            )
         raise self.error(f"expected a type, found {self._describe(self.tok())}")
 
     def parse_type_list(self) -> list[Type]:
@@ -649,8 +702,10 @@ class Parser:
             arr = np.full(shape, arr, dtype=arr.dtype)
         elif arr.shape != shape:
             if not (arr.size == 0 == size):  # `[]` is the literal of every empty shape
-                raise self.error(f"dense constant has shape {list(arr.shape)} but its type says "
-                                 f"{list(shape)}", body_off)
+                raise self.error(
+                    f"dense constant has shape {list(arr.shape)} but its type says {list(shape)}",
+                    body_off,
+                )
             arr = arr.reshape(shape)
         return DenseAttr(arr, t)
 
@@ -676,7 +731,9 @@ class Parser:
         if kind == "id" and text in ("true", "false"):
             self.take()
             return text == "true"
-        raise self.error(f"expected a number in the dense literal, found {self._describe(self.tok())}")
+        raise self.error(
+            f"expected a number in the dense literal, found {self._describe(self.tok())}"
+        )
 
 
 def _dense_array(body: Any, dtype: DType) -> np.ndarray:
@@ -719,12 +776,19 @@ _ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", re.S)
 def _lone_surrogate_at(text: str) -> int:
     """Offset in a string token of the first \\uXXXX surrogate escape that is not half of a
     high-low pair (0 when none is found)."""
-    escapes = [(m.start(), int(m.group(1), 16) if m.group(1) else -1, m.end()) for m in _ESCAPE.finditer(text)]
+    escapes = [
+        (m.start(), int(m.group(1), 16) if m.group(1) else -1, m.end())
+        for m in _ESCAPE.finditer(text)
+    ]
     i = 0
     while i < len(escapes):
         at, code, end = escapes[i]
-        if 0xD800 <= code <= 0xDBFF and i + 1 < len(escapes) and escapes[i + 1][0] == end \
-                and 0xDC00 <= escapes[i + 1][1] <= 0xDFFF:
+        if (
+            0xD800 <= code <= 0xDBFF
+            and i + 1 < len(escapes)
+            and escapes[i + 1][0] == end
+            and 0xDC00 <= escapes[i + 1][1] <= 0xDFFF
+        ):
             i += 2
             continue
         if 0xD800 <= code <= 0xDFFF:
@@ -745,10 +809,13 @@ def _not_utf8(path: str, data: bytes, at: int) -> ParseError:
     """A located error for the first byte that is not UTF-8 (line and column in characters)."""
     line_start = data.rfind(b"\n", 0, at) + 1
     line_end = data.find(b"\n", at)
-    shown = data[line_start:line_end if line_end >= 0 else len(data)].decode("utf-8", "replace")
+    shown = data[line_start : line_end if line_end >= 0 else len(data)].decode("utf-8", "replace")
     col = len(data[line_start:at].decode("utf-8", "replace")) + 1
-    err = ParseError(f"not UTF-8 text (byte {data[at]:#04x} at offset {at})",
-                     SourcePos(path, data.count(b"\n", 0, at) + 1, col), shown)
+    err = ParseError(
+        f"not UTF-8 text (byte {data[at]:#04x} at offset {at})",
+        SourcePos(path, data.count(b"\n", 0, at) + 1, col),
+        shown,
+    )
     err.hint = "is this a binary model file? use `llmir import` for models"
     return err
 

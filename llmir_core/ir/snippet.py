@@ -72,12 +72,16 @@ def op_function(line: str, name: str) -> str:
     return f"{head} {{\n  {line.strip()}\n  {ret}\n}}"
 
 
-def module_text(functions: Iterable[str], name: str = "m", dialects: Iterable[str] = ("core",)) -> str:
+def module_text(
+    functions: Iterable[str], name: str = "m", dialects: Iterable[str] = ("core",)
+) -> str:
     """A module around function texts (indented two spaces), with the standard header."""
     ds = ", ".join(f'"{d}"' for d in sorted(set(dialects)))
     body = "\n\n".join("  " + f.replace("\n", "\n  ") for f in functions)
-    return (f'module {format_symbol(name)} attributes {{llmir.dialects = [{ds}], '
-            f'llmir.version = "{SPEC_VERSION}"}} {{\n{body}\n}}\n')
+    return (
+        f"module {format_symbol(name)} attributes {{llmir.dialects = [{ds}], "
+        f'llmir.version = "{SPEC_VERSION}"}} {{\n{body}\n}}\n'
+    )
 
 
 def op_example_module(line: str, dialect: str, name: str = "example") -> str:

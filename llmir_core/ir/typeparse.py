@@ -75,7 +75,9 @@ def parse_dim_expr(text: str, base: int = 0) -> Dim:  # noqa: C901 (a hand-writt
     while pos < len(stripped):
         m = _DIM_TOKEN.match(stripped, pos)
         if not m:
-            raise TypeSyntaxError(f"unexpected '{stripped[pos:].strip()[:10]}' in dimension", base + pos)
+            raise TypeSyntaxError(
+                f"unexpected '{stripped[pos:].strip()[:10]}' in dimension", base + pos
+            )
         toks.append((m.group(1), base + m.start(1)))
         pos = m.end()
     if not toks:
@@ -145,9 +147,11 @@ def parse_elem_type(text: str, base: int = 0) -> ElemType:
     if t in DTYPE_NAMES:
         return DTYPE_NAMES[t]
     if t.startswith("!quant."):
-        preset = GGUF_QUANTS.get(t[len("!quant."):])
+        preset = GGUF_QUANTS.get(t[len("!quant.") :])
         if preset is None:
-            raise TypeSyntaxError(f"unknown quantization preset '{t}' (known: {', '.join(GGUF_QUANTS)})", base)
+            raise TypeSyntaxError(
+                f"unknown quantization preset '{t}' (known: {', '.join(GGUF_QUANTS)})", base
+            )
         return preset
     if t.startswith("!quant<") and t.endswith(">"):
         pieces = [p.strip() for p, _ in _split_top(t[7:-1])]
@@ -164,17 +168,23 @@ def parse_elem_type(text: str, base: int = 0) -> ElemType:
             raise TypeSyntaxError(f"unknown quant scale dtype '{scale_name}'", base)
         try:
             scale = DTYPE_NAMES[scale_name]
-            q = QuantType(pieces[0], int(kv["bits"]), int(kv["block"]), scale,
-                          kv.get("zero", "none"),
-                          int(kv["super_block"]) if "super_block" in kv else None)
+            q = QuantType(
+                pieces[0],
+                int(kv["bits"]),
+                int(kv["block"]),
+                scale,
+                kv.get("zero", "none"),
+                int(kv["super_block"]) if "super_block" in kv else None,
+            )
         except (KeyError, ValueError) as exc:
             raise TypeSyntaxError(f"bad !quant<...> parameters: {exc}", base) from None
         if q.zero not in ("none", "int", "min"):
             raise TypeSyntaxError(f"quant zero must be none, int or min, got '{q.zero}'", base)
         if not 1 <= q.bits <= 8:
             raise TypeSyntaxError(f"quant bits must be 1 to 8, got {q.bits}", base)
-        if q.block < 1 or (q.super_block is not None and
-                           (q.super_block < 1 or q.super_block % q.block)):
+        if q.block < 1 or (
+            q.super_block is not None and (q.super_block < 1 or q.super_block % q.block)
+        ):
             raise TypeSyntaxError("quant block must be positive (and divide super_block)", base)
         unknown = sorted(set(kv) - {"bits", "block", "scale", "zero", "super_block"})
         if unknown:
@@ -194,9 +204,13 @@ def _parse_tensor(text: str) -> TensorType:
         at = 7 + off + _lead(piece)
         m = re.fullmatch(r"\s*([A-Za-z_]\w*)\s*=\s*\"([^\"]*)\"\s*", piece)
         if not m:
-            raise TypeSyntaxError(f"expected key=\"value\" tensor option, got '{piece.strip()}'", at)
+            raise TypeSyntaxError(
+                f"expected key=\"value\" tensor option, got '{piece.strip()}'", at
+            )
         if m.group(1) not in ("layout", "device", "sema"):
-            raise TypeSyntaxError(f"unknown tensor option '{m.group(1)}' (known: layout, device, sema)", at)
+            raise TypeSyntaxError(
+                f"unknown tensor option '{m.group(1)}' (known: layout, device, sema)", at
+            )
         if m.group(1) in opts:
             raise TypeSyntaxError(f"tensor option '{m.group(1)}' given twice", at)
         opts[m.group(1)] = m.group(2)
@@ -204,8 +218,11 @@ def _parse_tensor(text: str) -> TensorType:
     if _SPACED_SEP.search(shape_text):
         start = 0
         for sep in _SPACED_SEP.finditer(shape_text):
-            dims.append(parse_dim_expr(shape_text[start:sep.start()].lstrip(),
-                                       7 + start + _lead(shape_text[start:])))
+            dims.append(
+                parse_dim_expr(
+                    shape_text[start : sep.start()].lstrip(), 7 + start + _lead(shape_text[start:])
+                )
+            )
             start = sep.end()
         elem = parse_elem_type(shape_text[start:], 7 + start + _lead(shape_text[start:]))
     else:
@@ -217,7 +234,9 @@ def _parse_tensor(text: str) -> TensorType:
             if s[pos] == "?":
                 pos += 1
                 if pos < len(s) and (s[pos].isalpha() or s[pos] == "_") and s[pos] != "x":
-                    raise TypeSyntaxError("named dims need the spaced form: tensor<?batch x 4 x f32>", lead + start)
+                    raise TypeSyntaxError(
+                        "named dims need the spaced form: tensor<?batch x 4 x f32>", lead + start
+                    )
                 dims.append(DYN)
             else:
                 while pos < len(s) and s[pos].isdigit():
@@ -238,8 +257,11 @@ def _dim_int(text: str, offset: int) -> int:
         raise TypeSyntaxError(f"dimension '{text}' is not a decimal number", offset)
     value = int(text)
     if value > MAX_DIM:
-        raise TypeSyntaxError(f"dimension {text[:30]}{'...' if len(text) > 30 else ''} is larger "
-                              f"than the largest int64 ({MAX_DIM})", offset)
+        raise TypeSyntaxError(
+            f"dimension {text[:30]}{'...' if len(text) > 30 else ''} is larger "
+            f"than the largest int64 ({MAX_DIM})",
+            offset,
+        )
     return value
 
 

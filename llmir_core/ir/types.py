@@ -50,23 +50,48 @@ class DType(str, Enum):
 
 _FLOATS = {DType.f64, DType.f32, DType.f16, DType.bf16, DType.f8e4m3, DType.f8e5m2}
 _INTS = {DType.i64, DType.i32, DType.i16, DType.i8, DType.u8, DType.i4, DType.u4}
-_BITS = {DType.f64: 64, DType.f32: 32, DType.f16: 16, DType.bf16: 16, DType.f8e4m3: 8,
-         DType.f8e5m2: 8, DType.i64: 64, DType.i32: 32, DType.i16: 16, DType.i8: 8, DType.u8: 8,
-         DType.i4: 4, DType.u4: 4, DType.bool: 8}
+_BITS = {
+    DType.f64: 64,
+    DType.f32: 32,
+    DType.f16: 16,
+    DType.bf16: 16,
+    DType.f8e4m3: 8,
+    DType.f8e5m2: 8,
+    DType.i64: 64,
+    DType.i32: 32,
+    DType.i16: 16,
+    DType.i8: 8,
+    DType.u8: 8,
+    DType.i4: 4,
+    DType.u4: 4,
+    DType.bool: 8,
+}
 DTYPE_NAMES = {d.value: d for d in DType}
 
 
 def numpy_dtype(d: DType) -> np.dtype[Any]:
-    simple = {DType.f64: np.float64, DType.f32: np.float32, DType.f16: np.float16,
-              DType.i64: np.int64, DType.i32: np.int32, DType.i16: np.int16, DType.i8: np.int8,
-              DType.u8: np.uint8, DType.bool: np.bool_}
+    simple = {
+        DType.f64: np.float64,
+        DType.f32: np.float32,
+        DType.f16: np.float16,
+        DType.i64: np.int64,
+        DType.i32: np.int32,
+        DType.i16: np.int16,
+        DType.i8: np.int8,
+        DType.u8: np.uint8,
+        DType.bool: np.bool_,
+    }
     if d in simple:
         return np.dtype(simple[d])
     import ml_dtypes  # numpy has no bf16/f8/int4: ml_dtypes (an onnx dependency) provides them
 
-    exotic = {DType.bf16: ml_dtypes.bfloat16, DType.f8e4m3: ml_dtypes.float8_e4m3fn,
-              DType.f8e5m2: ml_dtypes.float8_e5m2, DType.i4: ml_dtypes.int4,
-              DType.u4: ml_dtypes.uint4}
+    exotic = {
+        DType.bf16: ml_dtypes.bfloat16,
+        DType.f8e4m3: ml_dtypes.float8_e4m3fn,
+        DType.f8e5m2: ml_dtypes.float8_e5m2,
+        DType.i4: ml_dtypes.int4,
+        DType.u4: ml_dtypes.uint4,
+    }
     out: np.dtype[Any] = np.dtype(exotic[d])
     return out
 
@@ -103,8 +128,10 @@ class QuantType:
         if preset == self:
             return f"!quant.{self.scheme}"
         sb = f", super_block={self.super_block}" if self.super_block else ""
-        return (f"!quant<{self.scheme}, bits={self.bits}, block={self.block}, "
-                f"scale={self.scale}, zero={self.zero}{sb}>")
+        return (
+            f"!quant<{self.scheme}, bits={self.bits}, block={self.block}, "
+            f"scale={self.scale}, zero={self.zero}{sb}>"
+        )
 
     @property
     def block_bytes(self) -> int:
@@ -125,8 +152,18 @@ GGUF_QUANTS: dict[str, QuantType] = {
     "q6_k": QuantType("q6_k", 6, 16, DType.f16, "none", 256),
 }
 # bytes per block (GGUF's own type_size), over `super_block or block` elements
-GGUF_BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q8_0": 34,
-                    "q2_k": 84, "q3_k": 110, "q4_k": 144, "q5_k": 176, "q6_k": 210}
+GGUF_BLOCK_BYTES = {
+    "q4_0": 18,
+    "q4_1": 20,
+    "q5_0": 22,
+    "q5_1": 24,
+    "q8_0": 34,
+    "q2_k": 84,
+    "q3_k": 110,
+    "q4_k": 144,
+    "q5_k": 176,
+    "q6_k": 210,
+}
 
 ElemType = Union[DType, QuantType]
 
@@ -185,7 +222,7 @@ class TensorType:
         for key in TENSOR_OPTION_KEYS:
             v = getattr(self, key)
             if v is not None:
-                body += f", {key}=\"{v}\""
+                body += f', {key}="{v}"'
         text = f"tensor<{body}>"
         object.__setattr__(self, "_text", text)
         return text
@@ -206,8 +243,10 @@ class KVCacheType:
     dtype: DType
 
     def __str__(self) -> str:
-        return (f"!llm.kv_cache<layers={self.layers}, kv_heads={self.kv_heads}, "
-                f"max_len={format_dim(self.max_len)}, head_dim={self.head_dim}, dtype={self.dtype}>")
+        return (
+            f"!llm.kv_cache<layers={self.layers}, kv_heads={self.kv_heads}, "
+            f"max_len={format_dim(self.max_len)}, head_dim={self.head_dim}, dtype={self.dtype}>"
+        )
 
 
 Type = Union[TensorType, KVCacheType]
@@ -220,5 +259,17 @@ def tensor(shape: tuple[Dim, ...] | list[Dim], dtype: ElemType | str) -> TensorT
     return TensorType(tuple(shape), dtype)
 
 
-__all__ = ["DType", "QuantType", "TensorType", "KVCacheType", "Type", "ElemType", "DYN",
-           "tensor", "numpy_dtype", "dtype_from_numpy", "GGUF_QUANTS", "DTYPE_NAMES"]
+__all__ = [
+    "DType",
+    "QuantType",
+    "TensorType",
+    "KVCacheType",
+    "Type",
+    "ElemType",
+    "DYN",
+    "tensor",
+    "numpy_dtype",
+    "dtype_from_numpy",
+    "GGUF_QUANTS",
+    "DTYPE_NAMES",
+]

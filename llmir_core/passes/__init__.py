@@ -30,24 +30,67 @@ from .lower_triton import LowerTriton
 from .merge_qkv import MergeQkv
 from .quantize_weights import QuantizeWeights
 
-PASS_CLASSES: list[type] = [Canonicalize, ConstantFold, Cse, Dce, LiftActivations, LiftRmsNorm,
-                            FuseMatmulTranspose, FuseSiluMul, FuseGatedMlp, MergeQkv,
-                            LiftLayerNorm, LiftRotary, LiftAttention, FuseAddRmsNorm, FuseLinear,
-                            QuantizeWeights, KvCacheInt8, AssignPrecision,
-                            LowerOrtAttention, LowerOrtNorms, LowerOrtMatmul, LowerOrtModule, LowerTriton]
+PASS_CLASSES: list[type] = [
+    Canonicalize,
+    ConstantFold,
+    Cse,
+    Dce,
+    LiftActivations,
+    LiftRmsNorm,
+    FuseMatmulTranspose,
+    FuseSiluMul,
+    FuseGatedMlp,
+    MergeQkv,
+    LiftLayerNorm,
+    LiftRotary,
+    LiftAttention,
+    FuseAddRmsNorm,
+    FuseLinear,
+    QuantizeWeights,
+    KvCacheInt8,
+    AssignPrecision,
+    LowerOrtAttention,
+    LowerOrtNorms,
+    LowerOrtMatmul,
+    LowerOrtModule,
+    LowerTriton,
+]
 PASSES: dict[str, type] = {c.name: c for c in PASS_CLASSES}  # type: ignore[attr-defined]
 
 _CLEANUP = ["canonicalize", "constant-fold", "cse", "dce"]
 PRESETS: dict[str, list[str]] = {
     "O0": [],
     "O1": list(_CLEANUP),
-    "O2": _CLEANUP + ["lift-activations", "lift-rms-norm", "fuse-matmul-transpose", "fuse-silu-mul",
-                      "fuse-gated-mlp", "merge-qkv", "fuse-add-rms-norm", "cse", "dce"],
+    "O2": _CLEANUP
+    + [
+        "lift-activations",
+        "lift-rms-norm",
+        "fuse-matmul-transpose",
+        "fuse-silu-mul",
+        "fuse-gated-mlp",
+        "merge-qkv",
+        "fuse-add-rms-norm",
+        "cse",
+        "dce",
+    ],
 }
 # -O3 also lifts exported LayerNorm (before RMSNorm: a LayerNorm is an RMSNorm of x - mean), rotary
 # and attention patterns and fuses matmul + bias + activation (a granularity not every backend has)
-PRESETS["O3"] = _CLEANUP + ["lift-activations", "lift-layer-norm", "lift-rms-norm", "lift-rotary",
-                            "lift-attention", "fuse-matmul-transpose", "fuse-silu-mul", "fuse-gated-mlp",
-                            "merge-qkv", "fuse-add-rms-norm", "fuse-linear", "constant-fold", "cse", "dce"]
+PRESETS["O3"] = _CLEANUP + [
+    "lift-activations",
+    "lift-layer-norm",
+    "lift-rms-norm",
+    "lift-rotary",
+    "lift-attention",
+    "fuse-matmul-transpose",
+    "fuse-silu-mul",
+    "fuse-gated-mlp",
+    "merge-qkv",
+    "fuse-add-rms-norm",
+    "fuse-linear",
+    "constant-fold",
+    "cse",
+    "dce",
+]
 
 __all__ = ["PASSES", "PRESETS", "Pass", "PassContext"]

@@ -64,25 +64,33 @@ TARGETS: dict[str, Target] = {
 
 
 def _float(v: Value) -> bool:
-    return isinstance(v.type, TensorType) and isinstance(v.type.dtype, DType) and v.type.dtype.is_float
+    return (
+        isinstance(v.type, TensorType) and isinstance(v.type.dtype, DType) and v.type.dtype.is_float
+    )
 
 
 @dataclass(frozen=True)
 class AssignPrecision:
     name: ClassVar[str] = "assign-precision"
-    summary: ClassVar[str] = "dtype/device assignment from a target capability table (casts, transfers, reorders)"
+    summary: ClassVar[str] = (
+        "dtype/device assignment from a target capability table (casts, transfers, reorders)"
+    )
     target: str = "cuda"
     dtype: str = "auto"  # the low precision: auto (the target's), or one the target supports
 
     def _target(self) -> tuple[Target, DType]:
         tgt = TARGETS.get(self.target)
         if tgt is None:
-            raise InputError(f"assign-precision{{target={self.target}}}: unknown target",
-                             hint="targets: " + ", ".join(TARGETS))
+            raise InputError(
+                f"assign-precision{{target={self.target}}}: unknown target",
+                hint="targets: " + ", ".join(TARGETS),
+            )
         low = tgt.low if self.dtype == "auto" else DTYPE_NAMES.get(self.dtype)
         if low not in tgt.dtypes:
-            raise InputError(f"assign-precision{{dtype={self.dtype}}}: target {self.target} computes in "
-                             + ", ".join(str(d) for d in tgt.dtypes))
+            raise InputError(
+                f"assign-precision{{dtype={self.dtype}}}: target {self.target} computes in "
+                + ", ".join(str(d) for d in tgt.dtypes)
+            )
         return tgt, low  # type: ignore[return-value]
 
     def run(self, module: Module, ctx: PassContext) -> bool:
@@ -109,16 +117,23 @@ class AssignPrecision:
 
     def _rule_for(self, op: Op, tgt: Target, static: set[int]) -> tuple[str | None, bool]:
         kind = op.name
-        if kind not in OP_CLASSES or len(op.operands) not in arities(kind) \
-                or not all(isinstance(v.type, TensorType) for v in [*op.operands, *op.results]):
+        if (
+            kind not in OP_CLASSES
+            or len(op.operands) not in arities(kind)
+            or not all(isinstance(v.type, TensorType) for v in [*op.operands, *op.results])
+        ):
             return None, False
         od = get_op(kind)
         if od is None or (od.variadic_results and len(op.results) != len(od.results)):
             return None, False
         if not any(_float(v) for v in [*op.operands, *op.results]):
             return None, False  # shape arithmetic on integers stays on the host
-        if kind == "core.matmul" and id(op.operands[1]) in static and isinstance(op.operands[1].type, TensorType) \
-                and op.operands[1].type.rank == 2:
+        if (
+            kind == "core.matmul"
+            and id(op.operands[1]) in static
+            and isinstance(op.operands[1].type, TensorType)
+            and op.operands[1].type.rank == 2
+        ):
             tb = bool(op.attrs.get("transpose_b"))
             if (tgt.weight_layout == "nk") != tb:
                 return reorder_rule(tgt.weight_layout), True
@@ -133,8 +148,17 @@ class AssignPrecision:
         live = [v for v in op.operands if _float(v) and id(v) not in static]
         return low if live and all(id(v) in is_low for v in live) else DType.f32
 
-    def _rewrite(self, fn: Function, op: Op, ctx: PassContext, tgt: Target, dt: DType, rule: str,
-                 reorder: bool, is_low: set[int]) -> bool:
+    def _rewrite(
+        self,
+        fn: Function,
+        op: Op,
+        ctx: PassContext,
+        tgt: Target,
+        dt: DType,
+        rule: str,
+        reorder: bool,
+        is_low: set[int],
+    ) -> bool:
         od = get_op(op.name)
         assert od is not None
         seed = Match()
@@ -144,12 +168,24 @@ class AssignPrecision:
             seed.values[f"a{i}"] = v
             vt = v.type
             assert isinstance(vt, TensorType)
-            seed.attrs[f"__to{i}"] = dt if _float(v) and i not in MOVE_ONLY.get(op.name, ()) else vt.dtype
-            seed.attrs[f"__lay{i}"] = tgt.weight_layout if op.name == "core.matmul" and i == 1 and reorder else ""
-        detail = f"{op.name} on {tgt.device} in {dt}" + (f", weight reordered to {tgt.weight_layout}" if reorder else "")
-        parts = [Part(RULES[rule if r_i == 0 else rule_name(op.name, len(op.operands), r_i)], old,
-                      {"__back": old.type.dtype}, detail if r_i == 0 else "")  # type: ignore[union-attr]
-                 for r_i, old in enumerate(op.results)]
+            seed.attrs[f"__to{i}"] = (
+                dt if _float(v) and i not in MOVE_ONLY.get(op.name, ()) else vt.dtype
+            )
+            seed.attrs[f"__lay{i}"] = (
+                tgt.weight_layout if op.name == "core.matmul" and i == 1 and reorder else ""
+            )
+        detail = f"{op.name} on {tgt.device} in {dt}" + (
+            f", weight reordered to {tgt.weight_layout}" if reorder else ""
+        )
+        parts = [
+            Part(
+                RULES[rule if r_i == 0 else rule_name(op.name, len(op.operands), r_i)],
+                old,
+                {"__back": old.type.dtype},
+                detail if r_i == 0 else "",
+            )  # type: ignore[union-attr]
+            for r_i, old in enumerate(op.results)
+        ]
         if rewrite(fn, ctx, parts, seed) is not None:
             return False
         for p in parts:

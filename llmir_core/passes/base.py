@@ -96,8 +96,11 @@ def erase_dead(fn: Function, candidates: Iterable[Op] | None = None) -> int:
     counts = use_counts(fn)
     keep: list[Op] = []
     for op in reversed(fn.ops):
-        dead = (all(counts.get(id(r), 0) == 0 for r in op.results) and is_pure(op)
-                and (allowed is None or id(op) in allowed))
+        dead = (
+            all(counts.get(id(r), 0) == 0 for r in op.results)
+            and is_pure(op)
+            and (allowed is None or id(op) in allowed)
+        )
         if dead:
             removed += 1
             for v in op.operands:
@@ -135,8 +138,15 @@ def clone_module(module: Module) -> Module:
             args.append(na)
         ops = []
         for op in fn.ops:
-            nop = Op(op.name, [vmap[id(v)] for v in op.operands], [r.type for r in op.results],
-                     op.attrs, [r.name for r in op.results], op.origin, op.pos)
+            nop = Op(
+                op.name,
+                [vmap[id(v)] for v in op.operands],
+                [r.type for r in op.results],
+                op.attrs,
+                [r.name for r in op.results],
+                op.origin,
+                op.pos,
+            )
             for r, nr in zip(op.results, nop.results):
                 vmap[id(r)] = nr
             ops.append(nop)

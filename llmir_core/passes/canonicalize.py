@@ -19,7 +19,9 @@ from .rewriting import apply_rules
 @dataclass(frozen=True)
 class Canonicalize:
     name: ClassVar[str] = "canonicalize"
-    summary: ClassVar[str] = "algebraic identities: x+0, x*1, -(-x), no-op casts, cancelling transposes"
+    summary: ClassVar[str] = (
+        "algebraic identities: x+0, x*1, -(-x), no-op casts, cancelling transposes"
+    )
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         return apply_rules(module, ctx, rules_for(self.name))

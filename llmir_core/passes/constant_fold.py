@@ -33,7 +33,9 @@ class ConstantFold:
         od = get_op(op.name)
         if od is None or od.effects or od.reference is None or op.name == "core.constant":
             return False
-        if not op.operands or any(v.owner is None or v.owner.name != "core.constant" for v in op.operands):
+        if not op.operands or any(
+            v.owner is None or v.owner.name != "core.constant" for v in op.operands
+        ):
             return False
         for r in op.results:
             shape = r.type.static_shape() if isinstance(r.type, TensorType) else None
@@ -65,15 +67,21 @@ class ConstantFold:
                 for r, val in zip(op.results, outs):
                     arr = np.asarray(val)
                     assert isinstance(r.type, TensorType)
-                    c = b.create("core.constant", [], {"value": DenseAttr(arr, r.type)},
-                                 result_types=[r.type]).results[0]
+                    c = b.create(
+                        "core.constant",
+                        [],
+                        {"value": DenseAttr(arr, r.type)},
+                        result_types=[r.type],
+                    ).results[0]
                     loc = value_loc(r)
                     replace_uses(fn, r, c)
                     old = r.name
                     r.name = old + ".dead"
                     c.name = old
                     ctx.applied(self.name, c, f"{op.name} of constants")
-                    ctx.instances.append(RuleInstance("constant-fold", old, c.name, {}, {}, {}, loc))
+                    ctx.instances.append(
+                        RuleInstance("constant-fold", old, c.name, {}, {}, {}, loc)
+                    )
                 fn.ops[i:i] = new_ops
                 i += len(new_ops) + 1
                 folded.append(op)

@@ -17,8 +17,12 @@ from .base import PassContext, is_pure, replace_many
 
 
 def op_key(op: Op) -> tuple[Any, ...]:
-    return (op.name, tuple(id(v) for v in op.operands), format_attr_dict(op.attrs),
-            tuple(str(r.type) for r in op.results))
+    return (
+        op.name,
+        tuple(id(v) for v in op.operands),
+        format_attr_dict(op.attrs),
+        tuple(str(r.type) for r in op.results),
+    )
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,9 @@ class FuseAddRmsNorm:
                 if reason is not None:
                     ctx.rejected(RULE_NAMES[0], norm.results[0], reason)
                     continue
-                parts = [Part(RULES[RULE_NAMES[0]], norm.results[0]), Part(RULES[RULE_NAMES[1]], add.results[0])]
+                parts = [
+                    Part(RULES[RULE_NAMES[0]], norm.results[0]),
+                    Part(RULES[RULE_NAMES[1]], add.results[0]),
+                ]
                 changed |= rewrite(fn, ctx, parts) is None
         return changed

@@ -43,8 +43,17 @@ def cache_entries(fn: Function) -> list[tuple[Value, Op]]:
     for a in fn.args:
         if not CACHE_ARG.match(a.name) or not isinstance(a.type, TensorType) or a.type.rank != 4:
             continue
-        cat = next((op for op in fn.ops if op.name == "core.concat" and len(op.operands) == 2
-                    and op.operands[0] is a and op.attrs.get("axis") in (2, -2)), None)
+        cat = next(
+            (
+                op
+                for op in fn.ops
+                if op.name == "core.concat"
+                and len(op.operands) == 2
+                and op.operands[0] is a
+                and op.attrs.get("axis") in (2, -2)
+            ),
+            None,
+        )
         if cat is not None:
             out.append((a, cat))
     return out
@@ -90,10 +99,13 @@ class KvCacheInt8:
                 changed = True
             if changed:
                 after = kv_bytes_per_token(fn, True)
-                ctx.applied(RULE, fn.args[2] if self.interface else entries[0][0],
-                            f"KV cache of @{fn.name}: {before} -> {after} bytes per token "
-                            f"({100 * (1 - after / before):.1f}% less; {len(entries)} entries, "
-                            f"{'int8 in the signature' if self.interface else 'int8 codes in the IR'})")
+                ctx.applied(
+                    RULE,
+                    fn.args[2] if self.interface else entries[0][0],
+                    f"KV cache of @{fn.name}: {before} -> {after} bytes per token "
+                    f"({100 * (1 - after / before):.1f}% less; {len(entries)} entries, "
+                    f"{'int8 in the signature' if self.interface else 'int8 codes in the IR'})",
+                )
         return changed
 
     def _reason(self, arg: Value, cat: Op) -> str | None:
@@ -105,7 +117,9 @@ class KvCacheInt8:
         return None
 
     def _roundtrip(self, fn: Function, cat: Op, ctx: PassContext) -> bool:
-        detail = f"int8 codes and per-position scales of the block appended to %{cat.operands[0].name}"
+        detail = (
+            f"int8 codes and per-position scales of the block appended to %{cat.operands[0].name}"
+        )
         return rewrite(fn, ctx, [Part(RULES[RULE], cat.results[0], detail=detail)]) is None
 
     def _int8_interface(self, fn: Function, arg: Value, cat: Op) -> None:
@@ -114,7 +128,7 @@ class KvCacheInt8:
         codes_arg = Value(arg.name, t.with_dtype(DType.i8))
         scale_arg = Value(arg.name + "_scale", TensorType((*t.shape[:3], 1), DType.f32))
         i = fn.args.index(arg)
-        fn.args[i:i + 1] = [codes_arg, scale_arg]
+        fn.args[i : i + 1] = [codes_arg, scale_arg]
         new = cat.operands[1]
         b, new_ops = scratch_builder(fn, cat.origin)
         work = b.op("core.cast", new, to=DType.f32) if t.dtype != DType.f32 else new
@@ -122,10 +136,12 @@ class KvCacheInt8:
         scale = build(kv_scale(V("new")), m, b)
         m.values["s"] = scale
         codes = build(kv_codes(V("new"), V("s")), m, b)
-        all_codes = b.create("core.concat", [codes_arg, codes], {"axis": 2},
-                             names=[cat.results[0].name]).results[0]
-        all_scales = b.create("core.concat", [scale_arg, scale], {"axis": 2},
-                              names=[cat.results[0].name + "_scale"]).results[0]
+        all_codes = b.create(
+            "core.concat", [codes_arg, codes], {"axis": 2}, names=[cat.results[0].name]
+        ).results[0]
+        all_scales = b.create(
+            "core.concat", [scale_arg, scale], {"axis": 2}, names=[cat.results[0].name + "_scale"]
+        ).results[0]
         m.values.update(q=all_codes, s=all_scales)
         deq = build(kv_dequant(V("q"), V("s")), m, b)
         if t.dtype != DType.f32:

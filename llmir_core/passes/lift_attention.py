@@ -26,7 +26,9 @@ from .rewriting import apply_rules
 @dataclass(frozen=True)
 class LiftAttention:
     name: ClassVar[str] = "lift-attention"
-    summary: ClassVar[str] = "softmax(q k^T * scale + mask) v -> llm.scaled_dot_product_attention (GQA, causal)"
+    summary: ClassVar[str] = (
+        "softmax(q k^T * scale + mask) v -> llm.scaled_dot_product_attention (GQA, causal)"
+    )
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         return apply_rules(module, ctx, rules_for(self.name), exclusive=True)

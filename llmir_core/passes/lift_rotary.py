@@ -41,6 +41,7 @@ def _with_table_check(r: Rule, module: Module) -> Rule:
             if not tables_repeat_halves(tab):
                 return f"the {key} table's second half does not repeat its first half"
         return None
+
     return dataclasses.replace(r, check=check)
 
 
@@ -52,4 +53,10 @@ class LiftRotary:
     def run(self, module: Module, ctx: PassContext) -> bool:
         rules = [_with_table_check(r, module) for r in rules_for(self.name)]
         # the gathered tables are shared by the q and k rotaries of a layer
-        return apply_rules(module, ctx, rules, exclusive=True, may_share=frozenset({"core.gather", "core.unsqueeze"}))
+        return apply_rules(
+            module,
+            ctx,
+            rules,
+            exclusive=True,
+            may_share=frozenset({"core.gather", "core.unsqueeze"}),
+        )

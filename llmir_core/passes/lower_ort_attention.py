@@ -355,7 +355,9 @@ class LowerOrtAttention:
             return None
         return [p[0] for p in projs], biases, x, [o for p in projs for o in p[4]]  # type: ignore[index,misc]
 
-    def _rewrite(self, g: Graph, fn: Function, a: _Attn, ctx: PassContext, fmt: object, ev: Evaluate) -> None:
+    def _rewrite(
+        self, g: Graph, fn: Function, a: _Attn, ctx: PassContext, fmt: object, ev: Evaluate
+    ) -> None:
         b, new_ops = scratch_builder(fn, a.sdpa.origin)
         pack = self._packable(g, a, fmt, ev)
         if isinstance(pack, Value):  # already one projection, split: feed it whole

@@ -119,8 +119,16 @@ class LowerOrtMatmul:
             changed = True
         return changed
 
-    def _matmul(self, fn: Function, g: Graph, op: Op, ctx: PassContext, fmt: NbitsFormat | None,
-                base: str, ev: Evaluate) -> bool:
+    def _matmul(
+        self,
+        fn: Function,
+        g: Graph,
+        op: Op,
+        ctx: PassContext,
+        fmt: NbitsFormat | None,
+        base: str,
+        ev: Evaluate,
+    ) -> bool:
         x, w = op.operands
         if op.attrs.get("transpose_a") or tt(x).dtype != DType.f32 or tt(x).rank < 2:
             return False
@@ -134,8 +142,15 @@ class LowerOrtMatmul:
         if nb is not None and srcs[0].cols % nb.block == 0:
             modes = {quantize_mode(s, nb, ev) for s in srcs}
             mode = "none" if modes == {"none"} else ("asym" if nb.asym else "sym")
-            y = b.op("ort.matmul_nbits", x, w, bits=nb.bits, block_size=nb.block,
-                     accuracy_level=self.accuracy_level, quantize=mode)
+            y = b.op(
+                "ort.matmul_nbits",
+                x,
+                w,
+                bits=nb.bits,
+                block_size=nb.block,
+                accuracy_level=self.accuracy_level,
+                quantize=mode,
+            )
             ctx.applied("matmul-nbits", y, "; ".join(self._describe(s, nb, base, ev) for s in srcs))
         else:
             y = b.op("ort.fused_matmul", x, w, transB=trans_b)
@@ -150,8 +165,10 @@ class LowerOrtMatmul:
             return f"{s.label}: {s.scheme} repacked losslessly to {tag}"
         if s.kind == "packed":
             why = packed_requant_reason(s, ev) or f"the op's format is {tag}"
-            return f"{s.label}: {s.scheme} requantized to {tag} with zero points ({why}), " \
-                   f"max abs error {_packed_requant_error(s, nb, base, ev):.3g}"
+            return (
+                f"{s.label}: {s.scheme} requantized to {tag} with zero points ({why}), "
+                f"max abs error {_packed_requant_error(s, nb, base, ev):.3g}"
+            )
         if s.kind == "gguf" and quantize_mode(s, nb) == "none":
             return f"{s.label}: {s.scheme} repacked losslessly to {tag}"
         if s.kind == "gguf":
@@ -190,7 +207,15 @@ def _packed_requant_error(s: WSrc, nb: NbitsFormat, base: str, ev: Evaluate) -> 
     p = packed_parts(s, ev)
     q = p.qtype
     w = load_weight(s.op.attrs, tt(s.op.results[0]), base)
-    x = int32_packed.dequantize(q.scheme, np.asarray(w.data), p.scales, p.zero_points, p.g_idx, q.bits, q.block,
-                                (s.rows, s.cols))
+    x = int32_packed.dequantize(
+        q.scheme,
+        np.asarray(w.data),
+        p.scales,
+        p.zero_points,
+        p.g_idx,
+        q.bits,
+        q.block,
+        (s.rows, s.cols),
+    )
     back = fake_quant(x, nb.bits, nb.block, "asym" if nb.asym else "sym")
     return float(np.abs(back - x).max())

@@ -38,10 +38,18 @@ class PassRun:
     dump: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "pass": self.name, "spec": self.spec, "changed": self.changed,
-                "seconds": round(self.seconds, 6), "ops_before": self.ops_before,
-                "ops_after": self.ops_after, "rewrites": self.rewrites,
-                "validation": self.validation, "dump": self.dump}
+        return {
+            "index": self.index,
+            "pass": self.name,
+            "spec": self.spec,
+            "changed": self.changed,
+            "seconds": round(self.seconds, 6),
+            "ops_before": self.ops_before,
+            "ops_after": self.ops_after,
+            "rewrites": self.rewrites,
+            "validation": self.validation,
+            "dump": self.dump,
+        }
 
 
 @dataclass
@@ -60,7 +68,8 @@ class PipelineResult:
             "passes": [r.to_json() for r in self.runs],
             "rewrites": [vars(r) for r in self.ctx.rewrites],
             "rejections": [vars(r) for r in self.ctx.rejections],
-            "before": self.before.to_json(), "after": self.after.to_json(),
+            "before": self.before.to_json(),
+            "after": self.after.to_json(),
             "validation_seconds": round(self.validation_seconds, 6),
         }
 
@@ -73,30 +82,66 @@ def _check(module: Module, after: str | None) -> None:
     if not errors:
         return
     if after is None:
-        raise InputError("the input module does not verify: " + errors[0].header(),
-                         diagnostics=errors, hint="run `llmir verify` on the input and fix it first")
-    raise CheckFailed(f"pass '{after}' left the module invalid: {errors[0].message}",
-                      diagnostics=errors,
-                      hint=f"this is a bug in pass '{after}'; rerun with --print-after={after} "
-                           "to see its output, and --passes without it to work around it")
+        raise InputError(
+            "the input module does not verify: " + errors[0].header(),
+            diagnostics=errors,
+            hint="run `llmir verify` on the input and fix it first",
+        )
+    raise CheckFailed(
+        f"pass '{after}' left the module invalid: {errors[0].message}",
+        diagnostics=errors,
+        hint=f"this is a bug in pass '{after}'; rerun with --print-after={after} "
+        "to see its output, and --passes without it to work around it",
+    )
 
 
-def run_pipeline(module: Module, passes: list[Any], *, allow_unproved: bool = False,
-                 validator: Validator | None = None, dump_dir: str | None = None,
-                 print_after: set[str] | None = None, print_after_all: bool = False,
-                 command: str = "llmir optimize", dims: dict[str, int] | None = None) -> PipelineResult:
+def run_pipeline(
+    module: Module,
+    passes: list[Any],
+    *,
+    allow_unproved: bool = False,
+    validator: Validator | None = None,
+    dump_dir: str | None = None,
+    print_after: set[str] | None = None,
+    print_after_all: bool = False,
+    command: str = "llmir optimize",
+    dims: dict[str, int] | None = None,
+) -> PipelineResult:
     """Run `passes` over module in order (one trace span `optimize`, a child `pass NAME` each)."""
-    with tracing.span("optimize", {"llmir.module": module.name, "llmir.passes": [p.name for p in passes],
-                                   "llmir.ops": module.op_count()}) as sp:
-        res = _run_pipeline(module, passes, allow_unproved, validator, dump_dir, print_after, print_after_all,
-                            command, dims)
+    with tracing.span(
+        "optimize",
+        {
+            "llmir.module": module.name,
+            "llmir.passes": [p.name for p in passes],
+            "llmir.ops": module.op_count(),
+        },
+    ) as sp:
+        res = _run_pipeline(
+            module,
+            passes,
+            allow_unproved,
+            validator,
+            dump_dir,
+            print_after,
+            print_after_all,
+            command,
+            dims,
+        )
         sp.set({"llmir.ops.after": res.module.op_count(), "llmir.rewrites": len(res.ctx.rewrites)})
         return res
 
 
-def _run_pipeline(module: Module, passes: list[Any], allow_unproved: bool, validator: Validator | None,
-                  dump_dir: str | None, print_after: set[str] | None, print_after_all: bool,
-                  command: str, dims: dict[str, int] | None) -> PipelineResult:
+def _run_pipeline(
+    module: Module,
+    passes: list[Any],
+    allow_unproved: bool,
+    validator: Validator | None,
+    dump_dir: str | None,
+    print_after: set[str] | None,
+    print_after_all: bool,
+    command: str,
+    dims: dict[str, int] | None,
+) -> PipelineResult:
     _check(module, None)
     ctx = PassContext(allow_unproved=allow_unproved)
     before = measure(module, dims)
@@ -116,14 +161,32 @@ def _run_pipeline(module: Module, passes: list[Any], allow_unproved: bool, valid
             dt = time.perf_counter() - t0
             _check(module, p.name)
             specs.append(spec_of(p))
-            run = PassRun(i, p.name, specs[-1], changed, dt, n_before, module.op_count(),
-                          len(ctx.rewrites) - n_rw)
-            sp.set({"llmir.pass.spec": run.spec, "llmir.pass.changed": changed, "llmir.ops.before": n_before,
-                    "llmir.ops.after": run.ops_after, "llmir.rewrites": run.rewrites})
+            run = PassRun(
+                i,
+                p.name,
+                specs[-1],
+                changed,
+                dt,
+                n_before,
+                module.op_count(),
+                len(ctx.rewrites) - n_rw,
+            )
+            sp.set(
+                {
+                    "llmir.pass.spec": run.spec,
+                    "llmir.pass.changed": changed,
+                    "llmir.ops.before": n_before,
+                    "llmir.ops.after": run.ops_after,
+                    "llmir.rewrites": run.rewrites,
+                }
+            )
         if validator is not None and snapshot is not None:
             t1 = time.perf_counter()
-            run.validation = validator(snapshot, module, list(ctx.instances), p.name) if changed \
+            run.validation = (
+                validator(snapshot, module, list(ctx.instances), p.name)
+                if changed
                 else {"verdict": "equivalent", "method": "unchanged", "seconds": 0.0}
+            )
             tv_seconds += time.perf_counter() - t1
             if run.validation.get("verdict") not in ("equivalent",) and failed is None:
                 failed = {"pass": p.name, **run.validation}
@@ -140,7 +203,8 @@ def _dump(module: Module, dump_dir: str, i: int, name: str, command: str, specs:
 
     os.makedirs(dump_dir, exist_ok=True)
     path = os.path.join(dump_dir, f"{i:02d}-{name}.llmir")
-    header = (f"// after pass {i} ({name}); reproduce with:\n"
-              f"//   {command} --passes {','.join(specs)}\n")
+    header = (
+        f"// after pass {i} ({name}); reproduce with:\n//   {command} --passes {','.join(specs)}\n"
+    )
     write_text_atomic(path, header + print_module(module))
     return path

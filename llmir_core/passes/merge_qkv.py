@@ -34,7 +34,11 @@ def _candidate(op: Op) -> bool:
 def _stored_quantized(w: Value) -> QuantType | None:
     """The packed format of a weight read through llm.dequantize (GGUF blocks, nbits codes)."""
     op = w.owner
-    if op is not None and op.name == "llm.dequantize" and isinstance(op.operands[0].type, TensorType):
+    if (
+        op is not None
+        and op.name == "llm.dequantize"
+        and isinstance(op.operands[0].type, TensorType)
+    ):
         q = op.operands[0].type.dtype
         return q if isinstance(q, QuantType) else None
     return None
@@ -68,15 +72,22 @@ class MergeQkv:
             ws = [o.operands[1] for o in trio]
             packed = next(((w, q) for w in ws if (q := _stored_quantized(w)) is not None), None)
             if packed is not None:
-                ctx.rejected("merge-qkv-q", trio[0].results[0],
-                             f"weight %{packed[0].name} is stored as {packed[1]}: the merged weight "
-                             "would be stored in f32 (backends pack quantized Q/K/V themselves)")
+                ctx.rejected(
+                    "merge-qkv-q",
+                    trio[0].results[0],
+                    f"weight %{packed[0].name} is stored as {packed[1]}: the merged weight "
+                    "would be stored in f32 (backends pack quantized Q/K/V themselves)",
+                )
                 continue
-            seed = Match(values={"x": trio[0].operands[0], "wq": ws[0], "wk": ws[1], "wv": ws[2]},
-                         attrs={"sizes": tuple(w.type.shape[0] for w in ws)})  # type: ignore[union-attr]
+            seed = Match(
+                values={"x": trio[0].operands[0], "wq": ws[0], "wk": ws[1], "wv": ws[2]},
+                attrs={"sizes": tuple(w.type.shape[0] for w in ws)},
+            )  # type: ignore[union-attr]
             mm = f"x @ concat(%{ws[0].name}, %{ws[1].name}, %{ws[2].name})^T"
-            parts = [Part(RULES[f"merge-qkv-{k}"], o.results[0], detail=f"slice {k} of {mm}")
-                     for k, o in zip("qkv", trio)]
+            parts = [
+                Part(RULES[f"merge-qkv-{k}"], o.results[0], detail=f"slice {k} of {mm}")
+                for k, o in zip("qkv", trio)
+            ]
             if rewrite(fn, ctx, parts, seed) is None:
                 return True
         return False

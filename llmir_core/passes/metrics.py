@@ -31,9 +31,13 @@ class Metrics:
     bytes_per_token: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"ops": self.ops, "op_counts": dict(sorted(self.op_counts.items())),
-                "param_bytes": self.param_bytes, "flops_per_token": self.flops_per_token,
-                "memory_bytes_per_token": self.bytes_per_token}
+        return {
+            "ops": self.ops,
+            "op_counts": dict(sorted(self.op_counts.items())),
+            "param_bytes": self.param_bytes,
+            "flops_per_token": self.flops_per_token,
+            "memory_bytes_per_token": self.bytes_per_token,
+        }
 
 
 def _numel(t: Any, env: dict[str, int]) -> int:

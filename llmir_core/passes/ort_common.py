@@ -269,8 +269,10 @@ def static_evaluator(module: Module) -> Evaluate:
         if id(v) not in cache:
             val = static_value(module, v)
             if val is None:
-                raise InputError(f"%{v.name}: the packed weight's scales, zero points or g_idx cannot be "
-                                 "read at compile time (a missing weight file?)")
+                raise InputError(
+                    f"%{v.name}: the packed weight's scales, zero points or g_idx cannot be "
+                    "read at compile time (a missing weight file?)"
+                )
             cache[id(v)] = np.asarray(val)
         return cache[id(v)]
 
@@ -284,14 +286,18 @@ def packed_parts(src: WSrc, ev: Evaluate) -> PackedParts:
     assert isinstance(q, QuantType)
     ex = [np.asarray(ev(v)) for v in src.extra]
     n_fixed = 2 if q.zero == "int" else 1
-    return PackedParts(q, ex[0], ex[1] if q.zero == "int" else None, ex[-1] if len(ex) > n_fixed else None)
+    return PackedParts(
+        q, ex[0], ex[1] if q.zero == "int" else None, ex[-1] if len(ex) > n_fixed else None
+    )
 
 
 def packed_requant_reason(src: WSrc, ev: Evaluate) -> str | None:
     """Why the packed weight has no exact MatMulNBits form (it is requantized), or None."""
     p = packed_parts(src, ev)
     q = p.qtype
-    return int32_packed.lossless_nbits(q.scheme, q.bits, q.block, (src.rows, src.cols), p.zero_points, p.g_idx)
+    return int32_packed.lossless_nbits(
+        q.scheme, q.bits, q.block, (src.rows, src.cols), p.zero_points, p.g_idx
+    )
 
 
 def packed_asym(src: WSrc, ev: Evaluate) -> bool:
@@ -308,11 +314,15 @@ def _packed_format(src: WSrc, ev: Evaluate) -> NbitsFormat | None:
     q = packed_parts(src, ev).qtype
     if packed_requant_reason(src, ev) is None:
         return NbitsFormat(q.bits, q.block, packed_asym(src, ev))
-    block = next((b for b in (q.block, 128, 64, 32, 16) if int32_packed.nbits_block_ok(b, src.cols)), 0)
+    block = next(
+        (b for b in (q.block, 128, 64, 32, 16) if int32_packed.nbits_block_ok(b, src.cols)), 0
+    )
     return NbitsFormat(8 if q.bits == 8 else 4, block, True) if block else None
 
 
-def nbits_format(src: WSrc, quant: NbitsFormat | None, ev: Evaluate | None = None) -> NbitsFormat | None:
+def nbits_format(
+    src: WSrc, quant: NbitsFormat | None, ev: Evaluate | None = None
+) -> NbitsFormat | None:
     """The MatMulNBits format this weight takes, or None (kept f32). Packed checkpoint weights
     (which need `ev` to read their zero points and g_idx) keep their bits and group size when
     they repack losslessly, else are requantized with zero points (4 or 8 bits)."""
@@ -362,7 +372,31 @@ def module_options(module: Module) -> dict[str, Any]:
     return dict(opts) if isinstance(opts, dict) else {}
 
 
-__all__ = ["is_decoder", "cache_args", "NbitsFormat", "parse_quant", "Graph", "WSrc", "weight_src",
-           "weight_srcs", "packed_src", "nbits_format", "quantize_mode", "Evaluate", "static_evaluator", "PackedParts", "packed_parts",
-           "packed_requant_reason", "packed_asym", "packed_lossless", "declare_ort", "tt",
-           "ACCURACY_LEVEL", "QUANT_MODES", "kv_bytes_per_token", "TARGET", "module_options", "check_accuracy_level"]
+__all__ = [
+    "is_decoder",
+    "cache_args",
+    "NbitsFormat",
+    "parse_quant",
+    "Graph",
+    "WSrc",
+    "weight_src",
+    "weight_srcs",
+    "packed_src",
+    "nbits_format",
+    "quantize_mode",
+    "Evaluate",
+    "static_evaluator",
+    "PackedParts",
+    "packed_parts",
+    "packed_requant_reason",
+    "packed_asym",
+    "packed_lossless",
+    "declare_ort",
+    "tt",
+    "ACCURACY_LEVEL",
+    "QUANT_MODES",
+    "kv_bytes_per_token",
+    "TARGET",
+    "module_options",
+    "check_accuracy_level",
+]

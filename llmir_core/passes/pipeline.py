@@ -25,8 +25,10 @@ def _split_top(text: str) -> list[str]:
         else:
             cur += ch
     if depth != 0:
-        raise InputError(f"unbalanced braces in pipeline {text!r}",
-                         hint="write options as name{opt=value,opt2=value}")
+        raise InputError(
+            f"unbalanced braces in pipeline {text!r}",
+            hint="write options as name{opt=value,opt2=value}",
+        )
     parts.append(cur)
     return [p.strip() for p in parts if p.strip()]
 
@@ -59,13 +61,14 @@ def parse_pipeline(text: str) -> list[Any]:
         if "{" in item:
             if not item.endswith("}"):
                 raise InputError(f"bad pass spec {item!r}", hint="write options as name{opt=value}")
-            name, opts = item[:item.index("{")].strip(), item[item.index("{") + 1:-1]
+            name, opts = item[: item.index("{")].strip(), item[item.index("{") + 1 : -1]
         cls = PASSES.get(name)
         if cls is None:
             close = difflib.get_close_matches(name, list(PASSES), n=1)
             raise InputError(
                 f"unknown pass {name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""),
-                hint="valid passes: " + ", ".join(PASSES) + " (see `llmir optimize --list`)")
+                hint="valid passes: " + ", ".join(PASSES) + " (see `llmir optimize --list`)",
+            )
         fields = {f.name: f.default for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
         for kv in (p for p in opts.split(",") if p.strip()):
@@ -75,7 +78,9 @@ def parse_pipeline(text: str) -> list[Any]:
             key = k.replace("-", "_")
             if key not in fields:
                 valid = ", ".join(fields) or "none"
-                raise InputError(f"pass {name!r} has no option {k!r}", hint=f"valid options: {valid}")
+                raise InputError(
+                    f"pass {name!r} has no option {k!r}", hint=f"valid options: {valid}"
+                )
             kwargs[key] = _convert(v, fields[key], f"{name}{{{k}}}")
         out.append(cls(**kwargs))
     return out
@@ -99,7 +104,14 @@ def spec_of(p: Any) -> str:
 
 
 def describe_passes() -> list[dict[str, Any]]:
-    return [{"name": n, "summary": getattr(c, "summary", ""),
-             "options": {f.name: f.default for f in dataclasses.fields(c)},
-             "doc": (c.__module__ and __import__(c.__module__, fromlist=["x"]).__doc__ or "").strip()}
-            for n, c in PASSES.items()]
+    return [
+        {
+            "name": n,
+            "summary": getattr(c, "summary", ""),
+            "options": {f.name: f.default for f in dataclasses.fields(c)},
+            "doc": (
+                c.__module__ and __import__(c.__module__, fromlist=["x"]).__doc__ or ""
+            ).strip(),
+        }
+        for n, c in PASSES.items()
+    ]

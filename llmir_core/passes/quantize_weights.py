@@ -62,7 +62,11 @@ class Quantized:
         n, k = self.shape
         blk = self.qtype.block
         half = np.repeat(np.abs(self.scales.astype(np.float64)), blk, axis=-1).reshape(n, k) / 2
-        ratio = float(np.max(np.where(half > 0, err / np.where(half > 0, half, 1), 0.0))) if err.size else 0.0
+        ratio = (
+            float(np.max(np.where(half > 0, err / np.where(half > 0, half, 1), 0.0)))
+            if err.size
+            else 0.0
+        )
         den = float(np.linalg.norm(self.original))
         return float(err.max(initial=0.0)), ratio, float(np.linalg.norm(err)) / den if den else 0.0
 
@@ -79,7 +83,9 @@ def quantize_matrix(w: np.ndarray, bits: int, block: int, symmetric: bool) -> Qu
         scales = (amax / np.float32(top)).astype(np.float32)
         safe = np.where(scales > 0, scales, np.float32(1))
         q = np.clip(np.rint(blocks / safe[..., None]), -top, top)
-        codes = nbits.pack_codes((q + (1 << (bits - 1))).astype(np.uint8).reshape(n, k), bits).reshape(-1)
+        codes = nbits.pack_codes(
+            (q + (1 << (bits - 1))).astype(np.uint8).reshape(n, k), bits
+        ).reshape(-1)
         zeros = None
     else:
         codes, scales, zeros = nbits.quantize(w, bits, block, False, np.dtype(np.float32))
@@ -98,8 +104,11 @@ def _consumers(fn: Function) -> list[tuple[Op, list[tuple[str, Value]]]]:
     return out
 
 
-def _output_error(op: Op, x: np.ndarray, ws: list[np.ndarray], qs: list[np.ndarray]) -> tuple[float, float]:
+def _output_error(
+    op: Op, x: np.ndarray, ws: list[np.ndarray], qs: list[np.ndarray]
+) -> tuple[float, float]:
     """(max |error|, relative error) of the op's output on x with the quantized weights."""
+
     def f(mats: list[np.ndarray]) -> np.ndarray:
         if op.name == "core.matmul":
             return x @ mats[0].T
@@ -109,12 +118,18 @@ def _output_error(op: Op, x: np.ndarray, ws: list[np.ndarray], qs: list[np.ndarr
         if act == "silu":
             a = a / (1 + np.exp(-a))
         else:
-            a = 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a ** 3))) if act == "gelu_tanh" \
+            a = (
+                0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a**3)))
+                if act == "gelu_tanh"
                 else 0.5 * a * (1 + np.vectorize(_erf)(a / np.sqrt(2)))
+            )
         return (a * (x @ u.T)) @ d.T
+
     y, yq = f([w.astype(np.float64) for w in ws]), f([q.astype(np.float64) for q in qs])
     den = float(np.linalg.norm(y))
-    return float(np.abs(yq - y).max(initial=0.0)), float(np.linalg.norm(yq - y)) / den if den else 0.0
+    return float(np.abs(yq - y).max(initial=0.0)), float(
+        np.linalg.norm(yq - y)
+    ) / den if den else 0.0
 
 
 def _erf(v: float) -> float:
@@ -126,7 +141,9 @@ def _erf(v: float) -> float:
 @dataclass(frozen=True)
 class QuantizeWeights:
     name: ClassVar[str] = "quantize-weights"
-    summary: ClassVar[str] = "weight-only int8/int4 blockwise quantization of matmul and gated-MLP weights"
+    summary: ClassVar[str] = (
+        "weight-only int8/int4 blockwise quantization of matmul and gated-MLP weights"
+    )
     bits: int = 4
     block: int = 32
     symmetric: bool = True
@@ -137,11 +154,14 @@ class QuantizeWeights:
         if self.bits not in (4, 8):
             raise InputError(f"quantize-weights{{bits={self.bits}}}: bits must be 4 or 8")
         if self.block < 2 or self.block % 2 or self.block & (self.block - 1):
-            raise InputError(f"quantize-weights{{block={self.block}}}: block must be a power of two >= 2",
-                             hint="onnxruntime's MatMulNBits takes 16, 32, 64, 128 or 256")
+            raise InputError(
+                f"quantize-weights{{block={self.block}}}: block must be a power of two >= 2",
+                hint="onnxruntime's MatMulNBits takes 16, 32, 64, 128 or 256",
+            )
         kinds = ("matmul", "matmul-kn", "gated-mlp-silu", "gated-mlp-gelu", "gated-mlp-gelu_tanh")
-        if not ctx.allow_unproved and not all(is_proved(RULES[weight_rule_name(self.bits, self.symmetric, k)])
-                                              for k in kinds):
+        if not ctx.allow_unproved and not all(
+            is_proved(RULES[weight_rule_name(self.bits, self.symmetric, k)]) for k in kinds
+        ):
             return False
         path, attr_file = self._paths(module)
         blob = bytearray()
@@ -155,14 +175,21 @@ class QuantizeWeights:
 
     def _paths(self, module: Module) -> tuple[str, str]:
         base_dir = os.path.dirname(os.path.abspath(module.source)) if module.source else None
-        stem = os.path.splitext(os.path.basename(module.source))[0] if module.source else module.name
+        stem = (
+            os.path.splitext(os.path.basename(module.source))[0] if module.source else module.name
+        )
         default = f"{stem}.q{self.bits}.weights.bin"
-        path = os.path.abspath(self.weights_file) if self.weights_file else \
-            os.path.join(base_dir or os.getcwd(), default)
+        path = (
+            os.path.abspath(self.weights_file)
+            if self.weights_file
+            else os.path.join(base_dir or os.getcwd(), default)
+        )
         rel = os.path.relpath(path, base_dir) if base_dir else path
         return path, path if rel.startswith("..") else rel  # outside the module's folder: absolute
 
-    def _run_fn(self, module: Module, fn: Function, ctx: PassContext, blob: bytearray, attr_file: str) -> bool:
+    def _run_fn(
+        self, module: Module, fn: Function, ctx: PassContext, blob: bytearray, attr_file: str
+    ) -> bool:
         uses = use_counts(fn)
         slots: dict[int, int] = {}  # weight value -> uses as a quantizable weight operand
         for _, ws in _consumers(fn):
@@ -202,15 +229,28 @@ class QuantizeWeights:
             kind = f"gated-mlp-{op.attrs.get('activation', 'silu')}"
         return weight_rule_name(self.bits, self.symmetric, kind)
 
-    def _quantized(self, module: Module, w: Value, transposed: bool, uses: dict[int, int],
-                   slots: dict[int, int], cache: dict[tuple[int, bool], Quantized | str],
-                   blob: bytearray, attr_file: str) -> Quantized | str:
+    def _quantized(
+        self,
+        module: Module,
+        w: Value,
+        transposed: bool,
+        uses: dict[int, int],
+        slots: dict[int, int],
+        cache: dict[tuple[int, bool], Quantized | str],
+        blob: bytearray,
+        attr_file: str,
+    ) -> Quantized | str:
         key = (id(w), transposed)
         if key in cache:
             return cache[key]
         t = w.type
-        if not isinstance(t, TensorType) or t.rank != 2 or t.static_shape() is None \
-                or not isinstance(t.dtype, DType) or not t.dtype.is_float:
+        if (
+            not isinstance(t, TensorType)
+            or t.rank != 2
+            or t.static_shape() is None
+            or not isinstance(t.dtype, DType)
+            or not t.dtype.is_float
+        ):
             cache[key] = f"weight %{w.name} is not a static float matrix"
         elif uses.get(id(w), 0) != slots.get(id(w), 0):
             cache[key] = f"weight %{w.name} has other uses (quantizing it would keep two copies)"
@@ -226,7 +266,9 @@ class QuantizeWeights:
                     cache[key] = f"the value of weight %{w.name} cannot be read at build time"
                 else:
                     mat = arr.astype(np.float32)
-                    q = quantize_matrix(mat.T if transposed else mat, self.bits, self.block, self.symmetric)
+                    q = quantize_matrix(
+                        mat.T if transposed else mat, self.bits, self.block, self.symmetric
+                    )
                     self._write(q, _source_name(w), blob, attr_file)
                     cache[key] = q
         return cache[key]
@@ -238,33 +280,60 @@ class QuantizeWeights:
         for part, arr in parts.items():
             data = np.ascontiguousarray(arr).tobytes()
             blob.extend(b"\0" * (-len(blob) % ALIGN))
-            q.refs[part] = {"file": attr_file, "name": f"{name}.{part}", "offset": len(blob),
-                            "nbytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            q.refs[part] = {
+                "file": attr_file,
+                "name": f"{name}.{part}",
+                "offset": len(blob),
+                "nbytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
             blob.extend(data)
 
-    def _rewrite(self, fn: Function, op: Op, ws: list[tuple[str, Value]], got: list[Quantized],
-                 ctx: PassContext, rng: np.random.Generator) -> bool:
+    def _rewrite(
+        self,
+        fn: Function,
+        op: Op,
+        ws: list[tuple[str, Value]],
+        got: list[Quantized],
+        ctx: PassContext,
+        rng: np.random.Generator,
+    ) -> bool:
         rule = RULES[self._rule(op)]
         b, prelude = scratch_builder(fn, op.origin)
         seed = Match()
         for (leaf, w), q in zip(ws, got):
             prefix = "w" if leaf == "w" else leaf[1]
-            types = {"q": TensorType(q.shape, q.qtype), "scales": TensorType(q.scales.shape, DType.f32)}
+            types = {
+                "q": TensorType(q.shape, q.qtype),
+                "scales": TensorType(q.scales.shape, DType.f32),
+            }
             if q.zeros is not None:
                 types["zeros"] = TensorType(q.zeros.shape, DType.u8)
             for part, ty in types.items():
-                v = b.create("core.weight", [], dict(q.refs[part]), result_types=[ty],
-                             names=[f"{w.name}.{part if part != 'q' else f'q{self.bits}'}"]).results[0]
+                v = b.create(
+                    "core.weight",
+                    [],
+                    dict(q.refs[part]),
+                    result_types=[ty],
+                    names=[f"{w.name}.{part if part != 'q' else f'q{self.bits}'}"],
+                ).results[0]
                 seed.values[prefix + {"q": "q", "scales": "s", "zeros": "z"}[part]] = v
         k = got[0].shape[1]
         x = rng.standard_normal((16, k))
-        out_abs, out_rel = _output_error(op, x, [q.original for q in got], [q.restored for q in got])
+        out_abs, out_rel = _output_error(
+            op, x, [q.original for q in got], [q.restored for q in got]
+        )
         errs = [q.weight_error() for q in got]
         kind = f"int{self.bits} {'sym' if self.symmetric else 'asym'} block {self.block}"
-        detail = (f"{kind}: weight max|err| {max(e[0] for e in errs):.3g} "
-                  f"({max(e[1] for e in errs):.3f} of the bound scale/2), rel err "
-                  f"{max(e[2] for e in errs):.2%}; output max|err| {out_abs:.3g}, rel err {out_rel:.2%}")
-        return rewrite(fn, ctx, [Part(rule, op.results[0], detail=detail)], seed, prelude=prelude) is None
+        detail = (
+            f"{kind}: weight max|err| {max(e[0] for e in errs):.3g} "
+            f"({max(e[1] for e in errs):.3f} of the bound scale/2), rel err "
+            f"{max(e[2] for e in errs):.2%}; output max|err| {out_abs:.3g}, rel err {out_rel:.2%}"
+        )
+        return (
+            rewrite(fn, ctx, [Part(rule, op.results[0], detail=detail)], seed, prelude=prelude)
+            is None
+        )
 
 
 def _source_name(w: Value) -> str:

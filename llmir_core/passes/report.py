@@ -29,19 +29,23 @@ def _human(n: float) -> str:
 
 def format_report(res: PipelineResult) -> str:
     b, a = res.before, res.after
-    lines = ["== optimization report ==",
-             f"ops:                   {b.ops} -> {a.ops}",
-             f"parameter bytes:       {_human(b.param_bytes)}B -> {_human(a.param_bytes)}B",
-             f"FLOPs per token:       {_human(b.flops_per_token)} -> {_human(a.flops_per_token)}",
-             f"memory traffic/token:  {_human(b.bytes_per_token)}B -> {_human(a.bytes_per_token)}B",
-             "op counts (before -> after):"]
+    lines = [
+        "== optimization report ==",
+        f"ops:                   {b.ops} -> {a.ops}",
+        f"parameter bytes:       {_human(b.param_bytes)}B -> {_human(a.param_bytes)}B",
+        f"FLOPs per token:       {_human(b.flops_per_token)} -> {_human(a.flops_per_token)}",
+        f"memory traffic/token:  {_human(b.bytes_per_token)}B -> {_human(a.bytes_per_token)}B",
+        "op counts (before -> after):",
+    ]
     for name in sorted(set(b.op_counts) | set(a.op_counts)):
         x, y = b.op_counts.get(name, 0), a.op_counts.get(name, 0)
         if x != y:
             lines.append(f"  {name:<36} {x:>5} -> {y}")
     lines.append(f"rewrites applied ({len(res.ctx.rewrites)}):")
     for r in res.ctx.rewrites:
-        lines.append(f"  [{r.pass_name}] {r.rule} at {r.location}" + (f": {r.detail}" if r.detail else ""))
+        lines.append(
+            f"  [{r.pass_name}] {r.rule} at {r.location}" + (f": {r.detail}" if r.detail else "")
+        )
     validated = [r for r in res.runs if r.validation is not None and r.changed]
     if validated:  # how each changing pass was validated: SMT (rule instances) or differential
         lines.append("validation of the passes that changed the module:")
@@ -61,8 +65,14 @@ def format_times(res: PipelineResult) -> str:
         total += r.seconds
         v = ""
         if r.validation is not None:
-            v = f"{r.validation.get('verdict')} ({r.validation.get('method')}, " \
+            v = (
+                f"{r.validation.get('verdict')} ({r.validation.get('method')}, "
                 f"{1000 * float(r.validation.get('seconds', 0.0)):.1f} ms)"
-        lines.append(f"  {r.index:>2} {r.name:<24} {1000 * r.seconds:>9.2f} {r.ops_before:>5}->{r.ops_after:<5}  {v}")
-    lines.append(f"  total passes {1000 * total:.1f} ms; validation {1000 * res.validation_seconds:.1f} ms")
+            )
+        lines.append(
+            f"  {r.index:>2} {r.name:<24} {1000 * r.seconds:>9.2f} {r.ops_before:>5}->{r.ops_after:<5}  {v}"
+        )
+    lines.append(
+        f"  total passes {1000 * total:.1f} ms; validation {1000 * res.validation_seconds:.1f} ms"
+    )
     return "\n".join(lines) + "\n"

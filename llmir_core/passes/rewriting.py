@@ -54,8 +54,12 @@ def usable(rule: Rule, ctx: PassContext) -> bool:
     return ctx.allow_unproved or is_proved(rule)
 
 
-def interior_escape(ops: Iterable[Op], roots: Iterable[Op], uses: dict[int, int],
-                    may_share: frozenset[str] = frozenset()) -> str | None:
+def interior_escape(
+    ops: Iterable[Op],
+    roots: Iterable[Op],
+    uses: dict[int, int],
+    may_share: frozenset[str] = frozenset(),
+) -> str | None:
     """The name of a covered value (not a root) that is also used outside the covered ops."""
     covered = list({id(o): o for o in ops}.values())  # a pattern may cover an op twice
     root_ids = {id(o) for o in roots}
@@ -72,16 +76,28 @@ def interior_escape(ops: Iterable[Op], roots: Iterable[Op], uses: dict[int, int]
     return None
 
 
-def rewrite(fn: Function, ctx: PassContext, parts: Sequence[Part], seed: Match | None = None, *,
-            prelude: Sequence[Op] = (), exclusive: bool = False, may_share: frozenset[str] = frozenset(),
-            report: bool = True) -> str | None:
+def rewrite(
+    fn: Function,
+    ctx: PassContext,
+    parts: Sequence[Part],
+    seed: Match | None = None,
+    *,
+    prelude: Sequence[Op] = (),
+    exclusive: bool = False,
+    may_share: frozenset[str] = frozenset(),
+    report: bool = True,
+) -> str | None:
     """Apply `parts` as one rewrite. Returns None when applied, else the reason (logged as a
     rejection at the first root when `report`). `prelude` ops (new definitions the pass made,
     such as quantized weights) are inserted before the replacement."""
     reason, m = _joint_match(ctx, parts, seed)
     if reason is None and exclusive:
-        escaped = interior_escape(m.ops, [p.root.owner for p in parts if p.root.owner is not None],
-                                  use_counts(fn), may_share)
+        escaped = interior_escape(
+            m.ops,
+            [p.root.owner for p in parts if p.root.owner is not None],
+            use_counts(fn),
+            may_share,
+        )
         if escaped is not None:
             reason = f"%{escaped} is also used outside the pattern"
     if reason is None:
@@ -91,8 +107,14 @@ def rewrite(fn: Function, ctx: PassContext, parts: Sequence[Part], seed: Match |
     return reason
 
 
-def _joint_match(ctx: PassContext, parts: Sequence[Part], seed: Match | None) -> tuple[str | None, Match]:
-    m = Match(dict(seed.values), dict(seed.consts), dict(seed.attrs)) if seed is not None else Match()
+def _joint_match(
+    ctx: PassContext, parts: Sequence[Part], seed: Match | None
+) -> tuple[str | None, Match]:
+    m = (
+        Match(dict(seed.values), dict(seed.consts), dict(seed.attrs))
+        if seed is not None
+        else Match()
+    )
     for p in parts:
         if not usable(p.rule, ctx):
             return UNPROVED, m
@@ -119,7 +141,9 @@ def _const_dtype(v: Value) -> DType:
     return DType.f32
 
 
-def _apply(fn: Function, ctx: PassContext, parts: Sequence[Part], m: Match, prelude: list[Op]) -> str | None:
+def _apply(
+    fn: Function, ctx: PassContext, parts: Sequence[Part], m: Match, prelude: list[Op]
+) -> str | None:
     roots = [p.root for p in parts]
     root_ops = {id(v.owner): v.owner for v in roots if v.owner is not None}
     first = parts[0].root.owner
@@ -134,7 +158,9 @@ def _apply(fn: Function, ctx: PassContext, parts: Sequence[Part], m: Match, prel
         except Exception as exc:  # noqa: BLE001 - the replacement does not type-check here
             return f"replacement does not build: {exc}"
     made = {id(o) for o in [*new_ops, *prelude]}
-    needed: list[Value] = [v for o in [*prelude, *new_ops] for v in o.operands if id(v.owner) not in made]
+    needed: list[Value] = [
+        v for o in [*prelude, *new_ops] for v in o.operands if id(v.owner) not in made
+    ]
     needed += [v for v in news if id(v.owner) not in made]
     root_ids = {id(v) for v in roots}
     cyclic = next((v for v in needed if id(v) in root_ids), None)
@@ -158,17 +184,35 @@ def _apply(fn: Function, ctx: PassContext, parts: Sequence[Part], m: Match, prel
             adopt_name(fn, p.root, new)
         all_leaves = leaves(p.rule.lhs)
         leaves(p.rule.rhs, all_leaves)
-        ctx.instances.append(RuleInstance(
-            rule=p.rule.name, root=name, replacement=new.name,
-            bindings={k: m.values[k].name for k, leaf in all_leaves.items() if isinstance(leaf, V) and k in m.values},
-            consts={k: m.consts[k] for k, leaf in all_leaves.items() if isinstance(leaf, C) and k in m.consts},
-            attrs={**m.attrs, **p.attrs}, location=loc))
+        ctx.instances.append(
+            RuleInstance(
+                rule=p.rule.name,
+                root=name,
+                replacement=new.name,
+                bindings={
+                    k: m.values[k].name
+                    for k, leaf in all_leaves.items()
+                    if isinstance(leaf, V) and k in m.values
+                },
+                consts={
+                    k: m.consts[k]
+                    for k, leaf in all_leaves.items()
+                    if isinstance(leaf, C) and k in m.consts
+                },
+                attrs={**m.attrs, **p.attrs},
+                location=loc,
+            )
+        )
     erase_dead(fn, [*m.ops, *root_ops.values()])
     return None
 
 
-def hoist(fn: Function, at: int, values: Iterable[Value],
-          forbidden: set[int] | frozenset[int] = frozenset()) -> str | None:
+def hoist(
+    fn: Function,
+    at: int,
+    values: Iterable[Value],
+    forbidden: set[int] | frozenset[int] = frozenset(),
+) -> str | None:
     """Make every value in `values` defined before index `at` by moving the pure ops that compute
     it (and what they read) from after `at` to just before it, in their order. Returns the reason
     when that is impossible (an op with effects, or one of the `forbidden` ops, e.g. the roots)."""
@@ -186,7 +230,9 @@ def hoist(fn: Function, at: int, values: Iterable[Value],
         if not is_pure(op):
             return f"%{leaf.name} is defined after the replaced op, by {op.name}, which has effects"
         move[id(op)] = op
-        stack.extend((u, leaf) for u in op.operands if u.owner is not None and pos.get(id(u.owner), -1) >= at)
+        stack.extend(
+            (u, leaf) for u in op.operands if u.owner is not None and pos.get(id(u.owner), -1) >= at
+        )
     if move:
         moved = [o for o in fn.ops if id(o) in move]
         rest = [o for o in fn.ops if id(o) not in move]
@@ -202,8 +248,14 @@ def adopt_name(fn: Function, old: Value, new: Value) -> None:
         new.name = old_name
 
 
-def apply_rules(module: Module, ctx: PassContext, rules: list[Rule], *, exclusive: bool = False,
-                may_share: frozenset[str] = frozenset()) -> bool:
+def apply_rules(
+    module: Module,
+    ctx: PassContext,
+    rules: list[Rule],
+    *,
+    exclusive: bool = False,
+    may_share: frozenset[str] = frozenset(),
+) -> bool:
     """Apply `rules` (each with one root) wherever they match, consumers first, to a fixed point.
     With `exclusive`, a rule applies only where the values it covers besides its root are used
     only inside its pattern (the fusion and lifting passes)."""
@@ -220,8 +272,14 @@ def apply_rules(module: Module, ctx: PassContext, rules: list[Rule], *, exclusiv
     return changed
 
 
-def _round(fn: Function, ctx: PassContext, by_root: dict[str, list[Rule]], seen: set[tuple[str, str]],
-           exclusive: bool, may_share: frozenset[str]) -> bool:
+def _round(
+    fn: Function,
+    ctx: PassContext,
+    by_root: dict[str, list[Rule]],
+    seen: set[tuple[str, str]],
+    exclusive: bool,
+    may_share: frozenset[str],
+) -> bool:
     changed = False
     live = {id(o) for o in fn.ops}
     for op in reversed(list(fn.ops)):
@@ -231,7 +289,9 @@ def _round(fn: Function, ctx: PassContext, by_root: dict[str, list[Rule]], seen:
             if r.match(op) is None:
                 continue
             root = op.results[r.lhs.result]
-            reason = rewrite(fn, ctx, [Part(r, root)], exclusive=exclusive, may_share=may_share, report=False)
+            reason = rewrite(
+                fn, ctx, [Part(r, root)], exclusive=exclusive, may_share=may_share, report=False
+            )
             if reason is None:
                 changed = True
                 live = {id(o) for o in fn.ops}
@@ -243,6 +303,7 @@ def _round(fn: Function, ctx: PassContext, by_root: dict[str, list[Rule]], seen:
 
 
 # the fusion passes' former entry point
-def apply_fusions(module: Module, ctx: PassContext, rules: list[Rule],
-                  may_share: frozenset[str] = frozenset()) -> bool:
+def apply_fusions(
+    module: Module, ctx: PassContext, rules: list[Rule], may_share: frozenset[str] = frozenset()
+) -> bool:
     return apply_rules(module, ctx, rules, exclusive=True, may_share=may_share)

@@ -45,6 +45,7 @@ def _ordered(ops: list[Op]) -> list[Op]:
             if v.owner is not None:
                 visit(v.owner)
         out.append(op)
+
     for op in ops:
         visit(op)
     return out

@@ -16,26 +16,34 @@ from llmir_core.weights import PackedArray
 from . import gguf_blocks, int32_packed, nbits
 
 
-def quantize(x: np.ndarray, qtype: QuantType) -> tuple[PackedArray, np.ndarray | None, np.ndarray | None]:
+def quantize(
+    x: np.ndarray, qtype: QuantType
+) -> tuple[PackedArray, np.ndarray | None, np.ndarray | None]:
     """Encode floats as `qtype`: (packed, scales, zero points); the last two only for nbits."""
     shape = tuple(int(s) for s in np.shape(x))
     if qtype.scheme == "nbits":
-        codes, scales, zp = nbits.quantize(x, qtype.bits, qtype.block, qtype.zero == "none",
-                                           numpy_dtype(qtype.scale))
+        codes, scales, zp = nbits.quantize(
+            x, qtype.bits, qtype.block, qtype.zero == "none", numpy_dtype(qtype.scale)
+        )
         return PackedArray(codes, qtype, shape), scales, zp
     return PackedArray(gguf_blocks.quantize(x, qtype.scheme), qtype, shape), None, None
 
 
-def dequantize(packed: PackedArray, scales: np.ndarray | None = None,
-               zero_points: np.ndarray | None = None, g_idx: np.ndarray | None = None) -> np.ndarray:
+def dequantize(
+    packed: PackedArray,
+    scales: np.ndarray | None = None,
+    zero_points: np.ndarray | None = None,
+    g_idx: np.ndarray | None = None,
+) -> np.ndarray:
     """Decode to float32 of the packed array's logical shape."""
     q = packed.qtype
     if q.scheme in int32_packed.SCHEMES:
         if scales is None:
             raise ValueError(f"{q.scheme} data needs its scales")
         n, k = packed.shape
-        return int32_packed.dequantize(q.scheme, packed.data, scales, zero_points, g_idx, q.bits,
-                                       q.block, (n, k))
+        return int32_packed.dequantize(
+            q.scheme, packed.data, scales, zero_points, g_idx, q.bits, q.block, (n, k)
+        )
     if g_idx is not None:
         raise ValueError("g_idx applies to the int32-packed checkpoint formats only")
     if q.scheme == "nbits":

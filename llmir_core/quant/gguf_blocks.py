@@ -32,8 +32,15 @@ import numpy as np
 
 # scheme -> (elements per block, bytes per block)
 BLOCKS: dict[str, tuple[int, int]] = {
-    "q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24), "q8_0": (32, 34),
-    "q2_k": (256, 84), "q3_k": (256, 110), "q4_k": (256, 144), "q5_k": (256, 176),
+    "q4_0": (32, 18),
+    "q4_1": (32, 20),
+    "q5_0": (32, 22),
+    "q5_1": (32, 24),
+    "q8_0": (32, 34),
+    "q2_k": (256, 84),
+    "q3_k": (256, 110),
+    "q4_k": (256, 144),
+    "q5_k": (256, 176),
     "q6_k": (256, 210),
 }
 QUANTIZABLE = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
@@ -107,8 +114,8 @@ def _dq_q2_k(b: np.ndarray) -> np.ndarray:
 def _dq_q3_k(b: np.ndarray) -> np.ndarray:
     n = b.shape[0]
     hmask, qs, sraw, d = b[:, :32], b[:, 32:96], b[:, 96:108], _f16(b[:, 108:110])
-    low = np.concatenate([sraw[:, :8] & 0x0F, sraw[:, :8] >> 4], axis=1)          # 16 x 4 bits
-    high = (sraw[:, 8:12].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], np.uint8)[None, :, None])
+    low = np.concatenate([sraw[:, :8] & 0x0F, sraw[:, :8] >> 4], axis=1)  # 16 x 4 bits
+    high = sraw[:, 8:12].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], np.uint8)[None, :, None]
     sc = (low | ((high.reshape(n, 16) & 3) << 4)).astype(np.int8) - np.int8(32)
     dl = (d * sc.astype(_F32))[:, :, None]
     q2 = (qs.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8)[None, None, :, None]) & 3
@@ -151,21 +158,32 @@ def _dq_q6_k(b: np.ndarray) -> np.ndarray:
     dl = (d * np.ascontiguousarray(sc).view(np.int8).astype(_F32))[:, :, None]
     g = ql.reshape(n, 2, 1, 64)
     low = np.concatenate([g & 0x0F, g >> 4], axis=2).reshape(n, 8, 32)
-    high = ((qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8)[None, None, :, None]) & 3)
+    high = (qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8)[None, None, :, None]) & 3
     q = (low | (high.reshape(n, 8, 32) << 4)).astype(np.int8) - np.int8(32)
     return (dl * q.reshape(n, 16, 16).astype(_F32)).reshape(n, 256)
 
 
-_DEQUANT = {"q4_0": _dq_q4_0, "q4_1": _dq_q4_1, "q5_0": _dq_q5_0, "q5_1": _dq_q5_1,
-            "q8_0": _dq_q8_0, "q2_k": _dq_q2_k, "q3_k": _dq_q3_k, "q4_k": _dq_q4_k,
-            "q5_k": _dq_q5_k, "q6_k": _dq_q6_k}
+_DEQUANT = {
+    "q4_0": _dq_q4_0,
+    "q4_1": _dq_q4_1,
+    "q5_0": _dq_q5_0,
+    "q5_1": _dq_q5_1,
+    "q8_0": _dq_q8_0,
+    "q2_k": _dq_q2_k,
+    "q3_k": _dq_q3_k,
+    "q4_k": _dq_q4_k,
+    "q5_k": _dq_q5_k,
+    "q6_k": _dq_q6_k,
+}
 
 
 def packed_nbytes(scheme: str, shape: tuple[int, ...]) -> int:
     """Bytes that `shape` takes in `scheme`; ValueError unless rows split into whole blocks."""
     elems, nbytes = BLOCKS[scheme]
     if not shape or shape[-1] % elems:
-        raise ValueError(f"{scheme} needs a last dim that is a multiple of {elems}, got shape {list(shape)}")
+        raise ValueError(
+            f"{scheme} needs a last dim that is a multiple of {elems}, got shape {list(shape)}"
+        )
     return int(np.prod(shape)) // elems * nbytes
 
 
@@ -254,7 +272,9 @@ _QUANT = {"q4_0": _q_q4_0, "q4_1": _q_q4_1, "q5_0": _q_q5_0, "q5_1": _q_q5_1, "q
 def quantize(x: np.ndarray, scheme: str) -> np.ndarray:
     """Encode a float array (rows along the last dim) as flat uint8 blocks of `scheme`."""
     if scheme not in _QUANT:
-        raise ValueError(f"quantizing to {scheme} is not supported (supported: {', '.join(_QUANT)})")
+        raise ValueError(
+            f"quantizing to {scheme} is not supported (supported: {', '.join(_QUANT)})"
+        )
     elems, _ = BLOCKS[scheme]
     packed_nbytes(scheme, tuple(np.shape(x)))
     blocks = np.asarray(x).astype(_F32).reshape(-1, elems)

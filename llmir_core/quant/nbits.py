@@ -49,14 +49,14 @@ def pack_codes(q: np.ndarray, bits: int, fill: int = 0) -> np.ndarray:
     if pad:
         q = np.concatenate([q, np.full((*q.shape[:-1], pad), fill, np.uint8)], axis=-1)
     g = q.astype(np.uint8).reshape(*q.shape[:-1], -1, per)
-    shifts = (np.arange(per, dtype=np.uint8) * bits)
+    shifts = np.arange(per, dtype=np.uint8) * bits
     return np.bitwise_or.reduce(g << shifts, axis=-1).astype(np.uint8)
 
 
 def unpack_codes(b: np.ndarray, bits: int, count: int) -> np.ndarray:
     """Inverse of pack_codes: [..., nbytes] -> [..., count] codes."""
     per = 8 // bits
-    shifts = (np.arange(per, dtype=np.uint8) * bits)
+    shifts = np.arange(per, dtype=np.uint8) * bits
     q = (b[..., None] >> shifts) & np.uint8((1 << bits) - 1)
     return q.reshape(*b.shape[:-1], -1)[..., :count]
 
@@ -69,8 +69,9 @@ def zero_bytes_per_row(k: int, block: int, bits: int) -> int:
     return (k // block * bits + 7) // 8
 
 
-def quantize(w: np.ndarray, bits: int, block: int, symmetric: bool,
-             scale_dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def quantize(
+    w: np.ndarray, bits: int, block: int, symmetric: bool, scale_dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Quantize [..., N, K] floats -> (flat code bytes, scales, packed zero points or None)."""
     w = np.asarray(w)
     k = w.shape[-1]
@@ -97,15 +98,23 @@ def quantize(w: np.ndarray, bits: int, block: int, symmetric: bool,
     return codes, scale, zp
 
 
-def dequantize(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, bits: int,
-               block: int, shape: tuple[int, ...]) -> np.ndarray:
+def dequantize(
+    codes: np.ndarray,
+    scales: np.ndarray,
+    zero_points: np.ndarray | None,
+    bits: int,
+    block: int,
+    shape: tuple[int, ...],
+) -> np.ndarray:
     """Decode to float32 [..., N, K]; zero_points None means the midpoint 2**(bits-1)."""
     k = shape[-1]
     _check(bits, block, k)
     raw = np.asarray(codes).view(np.uint8).reshape(-1)
     if raw.size != codes_nbytes(shape, bits):
-        raise ValueError(f"nbits codes for shape {list(shape)} need {codes_nbytes(shape, bits)} "
-                         f"bytes, got {raw.size}")
+        raise ValueError(
+            f"nbits codes for shape {list(shape)} need {codes_nbytes(shape, bits)} "
+            f"bytes, got {raw.size}"
+        )
     nb = k // block
     lead = tuple(shape[:-1])
     if tuple(np.shape(scales)) != (*lead, nb):
@@ -116,8 +125,9 @@ def dequantize(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | 
     else:
         zpb = zero_bytes_per_row(k, block, bits)
         if tuple(np.shape(zero_points)) != (*lead, zpb):
-            raise ValueError(f"zero points have shape {list(np.shape(zero_points))}, "
-                             f"expected {[*lead, zpb]}")
+            raise ValueError(
+                f"zero points have shape {list(np.shape(zero_points))}, expected {[*lead, zpb]}"
+            )
         zero = unpack_codes(np.asarray(zero_points, np.uint8), bits, nb).astype(_F32)
     s = np.asarray(scales).astype(_F32)
     return ((q - zero[..., None]) * s[..., None]).reshape(shape)

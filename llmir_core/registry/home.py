@@ -56,6 +56,9 @@ def hub_settings() -> HubSettings:
             xdg = os.environ.get("XDG_CACHE_HOME")
             base = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "huggingface"
         cache_dir = base / "hub"
-    return HubSettings(endpoint=endpoint, cache_dir=cache_dir,
-                       token=os.environ.get("HF_TOKEN") or None,
-                       offline=env_flag("HF_HUB_OFFLINE"))
+    return HubSettings(
+        endpoint=endpoint,
+        cache_dir=cache_dir,
+        token=os.environ.get("HF_TOKEN") or None,
+        offline=env_flag("HF_HUB_OFFLINE"),
+    )

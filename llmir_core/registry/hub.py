@@ -57,7 +57,11 @@ def probe_target(endpoint: str) -> tuple[str, int, str]:
     proxy = proxies.get(url.scheme) or proxies.get("all")
     if proxy and not urllib.request.proxy_bypass(host):
         p = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-        return p.hostname or "", p.port or (443 if p.scheme == "https" else 80), f"the proxy {proxy}"
+        return (
+            p.hostname or "",
+            p.port or (443 if p.scheme == "https" else 80),
+            f"the proxy {proxy}",
+        )
     return host, port, f"the hub at {endpoint}"
 
 
@@ -73,9 +77,11 @@ def _check_reachable(s: HubSettings, what: str) -> None:
             pass
     except OSError as exc:
         reason = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
-        raise InputError(f"cannot reach {desc} for {what}: {reason}",
-                         hint="check the network, HF_ENDPOINT and proxy settings; or rerun with "
-                              "--offline to use cached files or a directory registry") from None
+        raise InputError(
+            f"cannot reach {desc} for {what}: {reason}",
+            hint="check the network, HF_ENDPOINT and proxy settings; or rerun with "
+            "--offline to use cached files or a directory registry",
+        ) from None
     _reachable[key] = None
 
 
@@ -84,38 +90,56 @@ def _api(s: HubSettings) -> huggingface_hub.HfApi:
 
 
 @contextlib.contextmanager
-def _hub_errors(s: HubSettings, repo: str, revision: str, path: str | None = None) -> Iterator[None]:
+def _hub_errors(
+    s: HubSettings, repo: str, revision: str, path: str | None = None
+) -> Iterator[None]:
     """Turn huggingface_hub and transport errors into one clear line with a next step."""
     what = f"{repo}@{revision}" + (f" file {path}" if path else "")
     _check_reachable(s, what)
     try:
         yield
     except hf_errors.GatedRepoError as exc:
-        raise InputError(f"{repo} is gated on the hub: {what} needs approved access",
-                         hint="accept the model's terms on its hub page, then set HF_TOKEN") from exc
+        raise InputError(
+            f"{repo} is gated on the hub: {what} needs approved access",
+            hint="accept the model's terms on its hub page, then set HF_TOKEN",
+        ) from exc
     except hf_errors.RepositoryNotFoundError as exc:
-        raise InputError(f"no repository {repo} at {s.endpoint}",
-                         hint="check the repository name; for a private one set HF_TOKEN") from exc
+        raise InputError(
+            f"no repository {repo} at {s.endpoint}",
+            hint="check the repository name; for a private one set HF_TOKEN",
+        ) from exc
     except hf_errors.RevisionNotFoundError as exc:
-        raise InputError(f"{repo} has no revision {revision!r}",
-                         hint="use a branch, tag or commit that exists in the repository") from exc
+        raise InputError(
+            f"{repo} has no revision {revision!r}",
+            hint="use a branch, tag or commit that exists in the repository",
+        ) from exc
     except hf_errors.RemoteEntryNotFoundError as exc:
-        raise InputError(f"{repo}@{revision} has no file {path}",
-                         hint="the index entry names a file the repository lacks: fix the index, "
-                              "or pick another revision") from exc
+        raise InputError(
+            f"{repo}@{revision} has no file {path}",
+            hint="the index entry names a file the repository lacks: fix the index, "
+            "or pick another revision",
+        ) from exc
     except hf_errors.HfHubHTTPError as exc:
-        raise InputError(f"the hub refused {what}: {_reason(exc)}",
-                         hint="check HF_TOKEN and the repository's access settings, then retry") from exc
+        raise InputError(
+            f"the hub refused {what}: {_reason(exc)}",
+            hint="check HF_TOKEN and the repository's access settings, then retry",
+        ) from exc
     except (httpx2.HTTPError, hf_errors.LocalEntryNotFoundError, ConnectionError) as exc:
-        raise InputError(f"cannot reach the hub at {s.endpoint} for {what}: {_reason(exc)}",
-                         hint="check the network, HF_ENDPOINT and proxy settings; or rerun with "
-                              "--offline to use cached files or a directory registry") from exc
+        raise InputError(
+            f"cannot reach the hub at {s.endpoint} for {what}: {_reason(exc)}",
+            hint="check the network, HF_ENDPOINT and proxy settings; or rerun with "
+            "--offline to use cached files or a directory registry",
+        ) from exc
     except OSError as exc:
         if "Consistency check failed" in str(exc):
-            raise CheckFailed(f"{what}: the download's size does not match the hub's: {_reason(exc)}",
-                              hint="retry; if it persists the hub or a proxy serves a bad file") from exc
-        raise InputError(f"cannot store {what} in the hub cache: {exc}",
-                         hint="check free space and permissions of HF_HOME / HF_HUB_CACHE") from exc
+            raise CheckFailed(
+                f"{what}: the download's size does not match the hub's: {_reason(exc)}",
+                hint="retry; if it persists the hub or a proxy serves a bad file",
+            ) from exc
+        raise InputError(
+            f"cannot store {what} in the hub cache: {exc}",
+            hint="check free space and permissions of HF_HOME / HF_HUB_CACHE",
+        ) from exc
 
 
 def _reason(exc: BaseException) -> str:
@@ -128,8 +152,10 @@ def resolve_commit(s: HubSettings, repo: str, revision: str) -> str:
     with _hub_errors(s, repo, revision):
         info = _api(s).model_info(repo, revision=revision)
     if not info.sha:
-        raise InputError(f"the hub gave no commit for {repo}@{revision}",
-                         hint="check that HF_ENDPOINT points at a Hugging Face hub")
+        raise InputError(
+            f"the hub gave no commit for {repo}@{revision}",
+            hint="check that HF_ENDPOINT points at a Hugging Face hub",
+        )
     return str(info.sha)
 
 
@@ -139,25 +165,34 @@ def list_files(s: HubSettings, repo: str, commit: str) -> dict[str, RemoteFile]:
     with _hub_errors(s, repo, commit):
         for item in _api(s).list_repo_tree(repo, revision=commit, recursive=True):
             if isinstance(item, huggingface_hub.hf_api.RepoFile):
-                out[item.path] = RemoteFile(item.path, int(item.size),
-                                            item.lfs.sha256 if item.lfs else None)
+                out[item.path] = RemoteFile(
+                    item.path, int(item.size), item.lfs.sha256 if item.lfs else None
+                )
     return out
 
 
-def download(s: HubSettings, repo: str, path: str, commit: str,
-             progress: ProgressSink | None = None) -> Path:
+def download(
+    s: HubSettings, repo: str, path: str, commit: str, progress: ProgressSink | None = None
+) -> Path:
     """Fetch one file into the hub cache (a no-op when it is cached) and return its path."""
     with _hub_errors(s, repo, commit, path):
         local = huggingface_hub.hf_hub_download(
-            repo, path, revision=commit, cache_dir=s.cache_dir, endpoint=s.endpoint,
-            token=s.token, tqdm_class=_bar_class(progress, path))
+            repo,
+            path,
+            revision=commit,
+            cache_dir=s.cache_dir,
+            endpoint=s.endpoint,
+            token=s.token,
+            tqdm_class=_bar_class(progress, path),
+        )
     return Path(local)
 
 
 def cached(s: HubSettings, repo: str, path: str, commit: str) -> Path | None:
     """The cached copy of `path` at `commit`, reading only the disk."""
-    found = huggingface_hub.try_to_load_from_cache(repo, path, cache_dir=s.cache_dir,
-                                                   revision=commit)
+    found = huggingface_hub.try_to_load_from_cache(
+        repo, path, cache_dir=s.cache_dir, revision=commit
+    )
     return Path(found) if isinstance(found, str) else None
 
 
@@ -191,8 +226,9 @@ def cached_paths(s: HubSettings, repo: str, commit: str) -> list[str]:
     root = _repo_folder(s, repo) / "snapshots" / commit
     if not root.is_dir():
         return []
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                  if p.is_file() or p.is_symlink())
+    return sorted(
+        p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() or p.is_symlink()
+    )
 
 
 def discard(s: HubSettings, pointer: Path) -> None:
@@ -217,8 +253,9 @@ def _bar_class(progress: ProgressSink | None, name: str) -> type[Any] | None:
     sink = progress
 
     class _Bar(_SilentBar):
-        def __init__(self, *args: Any, total: int | None = None, initial: int = 0,
-                     **kwargs: Any) -> None:
+        def __init__(
+            self, *args: Any, total: int | None = None, initial: int = 0, **kwargs: Any
+        ) -> None:
             sink.start(name, total, initial)
 
         def update(self, n: float | None = 1) -> None:

@@ -64,11 +64,17 @@ class Entry:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name, "description": self.description,
+            "name": self.name,
+            "description": self.description,
             "source": {"hf": self.repo, "revision": self.revision},
-            "format": self.format, "quantization": self.quantization, "license": self.license,
-            "parameters": self.parameters, "files": [f.to_json() for f in self.files],
-            "include": list(self.include), "notes": self.notes, "pinned": self.pinned,
+            "format": self.format,
+            "quantization": self.quantization,
+            "license": self.license,
+            "parameters": self.parameters,
+            "files": [f.to_json() for f in self.files],
+            "include": list(self.include),
+            "notes": self.notes,
+            "pinned": self.pinned,
         }
 
 
@@ -87,17 +93,24 @@ class Index:
         if entry is not None:
             return entry
         close = suggestions(name, list(self.entries))
-        hint = (f"did you mean {' or '.join(close)}? `llmir registry list` shows every model"
-                if close else
-                "`llmir registry search WORD` finds models; use hf:ORG/REPO or a local PATH "
-                "for a model that is not in the index")
+        hint = (
+            f"did you mean {' or '.join(close)}? `llmir registry list` shows every model"
+            if close
+            else "`llmir registry search WORD` finds models; use hf:ORG/REPO or a local PATH "
+            "for a model that is not in the index"
+        )
         raise InputError(f"unknown model {name!r} in the {self.describe()}", hint=hint)
 
     def search(self, word: str) -> list[Entry]:
         needle = word.lower()
-        return [e for e in self.entries.values()
-                if any(needle in text.lower() for text in
-                       (e.name, e.description, e.repo, e.format, e.quantization, e.license))]
+        return [
+            e
+            for e in self.entries.values()
+            if any(
+                needle in text.lower()
+                for text in (e.name, e.description, e.repo, e.format, e.quantization, e.license)
+            )
+        ]
 
     def blob(self, sha256: str) -> Path | None:
         if self.mirror is None:
@@ -154,25 +167,33 @@ def load_index(registry: str | None = None, *, offline: bool = False) -> Index:
     if path.is_dir():
         index_file = path / INDEX_NAME
         if not index_file.is_file():
-            raise InputError(f"registry folder {path} has no {INDEX_NAME}",
-                             hint="point --registry at a folder holding index.json "
-                                  "(a mirror written by `llmir registry mirror`) or at an index file")
+            raise InputError(
+                f"registry folder {path} has no {INDEX_NAME}",
+                hint="point --registry at a folder holding index.json "
+                "(a mirror written by `llmir registry mirror`) or at an index file",
+            )
         mirror = path if (path / "blobs").is_dir() else None
         return _from_file(index_file, origin=str(path), kind="directory", mirror=mirror)
     if path.is_file():
         return _from_file(path, origin=str(path), kind="file")
-    raise InputError(f"registry {source} does not exist",
-                     hint="pass an index file, a mirror folder or an http(s) URL to --registry "
-                          "(or LLMIR_REGISTRY), or unset it to use the shipped index")
+    raise InputError(
+        f"registry {source} does not exist",
+        hint="pass an index file, a mirror folder or an http(s) URL to --registry "
+        "(or LLMIR_REGISTRY), or unset it to use the shipped index",
+    )
 
 
 def _from_url(url: str, *, offline: bool) -> Index:
     target = url if url.endswith(".json") else url.rstrip("/") + "/" + INDEX_NAME
-    cache = llmir_home() / "registries" / (hashlib.sha256(target.encode()).hexdigest()[:16] + ".json")
+    cache = (
+        llmir_home() / "registries" / (hashlib.sha256(target.encode()).hexdigest()[:16] + ".json")
+    )
     if offline:
         if not cache.is_file():
-            raise InputError(f"--offline: no cached copy of the registry {target}",
-                             hint="run once online to cache it, or use a registry folder")
+            raise InputError(
+                f"--offline: no cached copy of the registry {target}",
+                hint="run once online to cache it, or use a registry folder",
+            )
         return _from_file(cache, origin=url, kind="url", label=target)
     import urllib.error  # only URL registries need it
     import urllib.request
@@ -182,33 +203,42 @@ def _from_url(url: str, *, offline: bool) -> Index:
             text = response.read().decode("utf-8")
     except (urllib.error.URLError, OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "reason", None) or exc
-        raise InputError(f"cannot fetch the registry {target}: {reason}",
-                         hint="check the URL and the network, or rerun with --offline to use "
-                              "the copy cached by the last successful fetch") from exc
+        raise InputError(
+            f"cannot fetch the registry {target}: {reason}",
+            hint="check the URL and the network, or rerun with --offline to use "
+            "the copy cached by the last successful fetch",
+        ) from exc
     index = _parse(text, label=target, origin=url, kind="url", path=cache)
     cache.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(cache, text)
     return index
 
 
-def _from_file(path: Path, *, origin: str, kind: str, mirror: Path | None = None,
-               label: str | None = None) -> Index:
+def _from_file(
+    path: Path, *, origin: str, kind: str, mirror: Path | None = None, label: str | None = None
+) -> Index:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read the registry index {path}: {exc}",
-                         hint="check the path and its permissions") from exc
-    return _parse(text, label=label or str(path), origin=origin, kind=kind, path=path,
-                  mirror=mirror)
+        raise InputError(
+            f"cannot read the registry index {path}: {exc}",
+            hint="check the path and its permissions",
+        ) from exc
+    return _parse(
+        text, label=label or str(path), origin=origin, kind=kind, path=path, mirror=mirror
+    )
 
 
-def _parse(text: str, *, label: str, origin: str, kind: str, path: Path,
-           mirror: Path | None = None) -> Index:
+def _parse(
+    text: str, *, label: str, origin: str, kind: str, path: Path, mirror: Path | None = None
+) -> Index:
     lines = text.splitlines()
     try:
         doc = jsonpos.parse(text)
     except jsonpos.JsonSyntaxError as exc:
-        raise _index_error(label, lines, [(exc.line, exc.col, f"not valid JSON: {exc.message}")]) from None
+        raise _index_error(
+            label, lines, [(exc.line, exc.col, f"not valid JSON: {exc.message}")]
+        ) from None
     problems = [(*doc.where(p), f"duplicate key {path_text(p)}") for p in doc.duplicates]
     errors = validate(doc.value, schema())
     if not errors:
@@ -227,39 +257,66 @@ def _semantic_errors(value: dict[str, Any]) -> list[SchemaError]:
         paths = [f["path"] for f in model["files"]]
         for i, p in enumerate(paths):
             if p in paths[:i]:
-                errors.append(SchemaError(("models", name, "files", i, "path"), f"{p!r} listed twice"))
+                errors.append(
+                    SchemaError(("models", name, "files", i, "path"), f"{p!r} listed twice")
+                )
         suffix = "." + model["format"]
         weights = [p for p in paths if p.endswith(suffix)]
         if model["format"] == "gguf" and len(weights) != 1:
-            errors.append(SchemaError(("models", name, "files"),
-                                      f"a gguf model lists exactly one .gguf file, found {len(weights)}"))
-        if model["format"] == "safetensors" and not weights and not any(
-                "safetensors" in pat for pat in model.get("include", [])):
-            errors.append(SchemaError(("models", name, "files"),
-                                      "a safetensors model needs a .safetensors file or pattern"))
+            errors.append(
+                SchemaError(
+                    ("models", name, "files"),
+                    f"a gguf model lists exactly one .gguf file, found {len(weights)}",
+                )
+            )
+        if (
+            model["format"] == "safetensors"
+            and not weights
+            and not any("safetensors" in pat for pat in model.get("include", []))
+        ):
+            errors.append(
+                SchemaError(
+                    ("models", name, "files"),
+                    "a safetensors model needs a .safetensors file or pattern",
+                )
+            )
     return errors
 
 
 def _index_error(label: str, lines: list[str], problems: list[tuple[int, int, str]]) -> InputError:
-    diags = [Diagnostic("error", message, SourcePos(label, line, col),
-                        source_line=lines[line - 1] if 0 < line <= len(lines) else None)
-             for line, col, message in problems[:MAX_DIAGNOSTICS]]
+    diags = [
+        Diagnostic(
+            "error",
+            message,
+            SourcePos(label, line, col),
+            source_line=lines[line - 1] if 0 < line <= len(lines) else None,
+        )
+        for line, col, message in problems[:MAX_DIAGNOSTICS]
+    ]
     if len(problems) > MAX_DIAGNOSTICS:
         diags[-1].notes.append(f"{len(problems) - MAX_DIAGNOSTICS} more problem(s) not shown")
     first = diags[0]
-    return InputError(f"{first.pos}: invalid registry index: {first.message}", diagnostics=diags,
-                      hint=f"fix the index at the line shown; its format is {SCHEMA_NAME} "
-                           "(shipped in llmir's registry/ folder)")
+    return InputError(
+        f"{first.pos}: invalid registry index: {first.message}",
+        diagnostics=diags,
+        hint=f"fix the index at the line shown; its format is {SCHEMA_NAME} "
+        "(shipped in llmir's registry/ folder)",
+    )
 
 
 def _entry(name: str, raw: dict[str, Any]) -> Entry:
     return Entry(
-        name=name, description=raw["description"], repo=raw["source"]["hf"],
-        revision=raw["source"]["revision"], format=raw["format"],
-        quantization=raw["quantization"], license=raw["license"],
+        name=name,
+        description=raw["description"],
+        repo=raw["source"]["hf"],
+        revision=raw["source"]["revision"],
+        format=raw["format"],
+        quantization=raw["quantization"],
+        license=raw["license"],
         parameters=raw["parameters"],
         files=tuple(FileSpec(f["path"], f["sha256"], f["size"]) for f in raw["files"]),
-        include=tuple(raw.get("include", [])), notes=raw.get("notes"),
+        include=tuple(raw.get("include", [])),
+        notes=raw.get("notes"),
     )
 
 
@@ -268,8 +325,18 @@ def render_index(entries: list[Entry], description: str | None = None) -> str:
     models: dict[str, Any] = {}
     for e in entries:
         item = e.to_json()
-        models[e.name] = {k: item[k] for k in ("description", "source", "format", "quantization",
-                                                "license", "parameters", "files")}
+        models[e.name] = {
+            k: item[k]
+            for k in (
+                "description",
+                "source",
+                "format",
+                "quantization",
+                "license",
+                "parameters",
+                "files",
+            )
+        }
         if e.include:
             models[e.name]["include"] = list(e.include)
         if e.notes:

@@ -74,7 +74,11 @@ def parse(text: str) -> Located:
     deep = too_deep(text)
     if deep is not None:
         line = text.count("\n", 0, deep) + 1
-        raise JsonSyntaxError(f"nested deeper than {MAX_DEPTH} levels", line, deep - (text.rfind("\n", 0, deep) + 1) + 1)
+        raise JsonSyntaxError(
+            f"nested deeper than {MAX_DEPTH} levels",
+            line,
+            deep - (text.rfind("\n", 0, deep) + 1) + 1,
+        )
     try:
         json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
@@ -82,7 +86,9 @@ def parse(text: str) -> Located:
     except _Constant as exc:  # NaN / Infinity: Python's extension, not JSON
         at = text.find(exc.word)
         line = text.count("\n", 0, at) + 1
-        raise JsonSyntaxError(f"{exc.word} is not valid JSON", line, at - (text.rfind("\n", 0, at) + 1) + 1) from None
+        raise JsonSyntaxError(
+            f"{exc.word} is not valid JSON", line, at - (text.rfind("\n", 0, at) + 1) + 1
+        ) from None
     walker = _Walker(text)
     _, value = walker.value_at(0, ())
     return Located(value=value, positions=walker.positions, duplicates=walker.duplicates)

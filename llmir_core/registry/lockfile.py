@@ -51,9 +51,16 @@ class Lock:
         return next((f for f in self.files if f.path == path), None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"ref": self.ref, "kind": self.kind, "repo": self.repo,
-                "revision": self.revision, "commit": self.commit, "format": self.format,
-                "path": self.path, "files": [f.to_json() for f in self.files]}
+        return {
+            "ref": self.ref,
+            "kind": self.kind,
+            "repo": self.repo,
+            "revision": self.revision,
+            "commit": self.commit,
+            "format": self.format,
+            "path": self.path,
+            "files": [f.to_json() for f in self.files],
+        }
 
 
 @dataclass(frozen=True)
@@ -94,23 +101,41 @@ def _table(name: str, items: list[tuple[str, str | int | None]]) -> list[str]:
 
 
 def render_lock(lock: Lock) -> str:
-    lines = ["# llmir.lock: written by `llmir init`; do not edit. It pins the exact model files:",
-             "# `llmir init` in this folder reproduces them or fails.", "",
-             f"lock_version = {LOCK_VERSION}", ""]
-    lines += _table("model", [("ref", lock.ref), ("kind", lock.kind), ("repo", lock.repo),
-                              ("revision", lock.revision), ("commit", lock.commit),
-                              ("format", lock.format), ("path", lock.path)])
+    lines = [
+        "# llmir.lock: written by `llmir init`; do not edit. It pins the exact model files:",
+        "# `llmir init` in this folder reproduces them or fails.",
+        "",
+        f"lock_version = {LOCK_VERSION}",
+        "",
+    ]
+    lines += _table(
+        "model",
+        [
+            ("ref", lock.ref),
+            ("kind", lock.kind),
+            ("repo", lock.repo),
+            ("revision", lock.revision),
+            ("commit", lock.commit),
+            ("format", lock.format),
+            ("path", lock.path),
+        ],
+    )
     for f in lock.files:
         lines += _table("[files]", [("path", f.path), ("size", f.size), ("sha256", f.sha256)])
     return "\n".join(lines)
 
 
 def render_project(config: ProjectConfig) -> str:
-    lines = ["# llmir project: written by `llmir init`; edit freely.",
-             "# The exact model files are pinned in llmir.lock.", ""]
+    lines = [
+        "# llmir project: written by `llmir init`; edit freely.",
+        "# The exact model files are pinned in llmir.lock.",
+        "",
+    ]
     lines += _table("model", [("ref", config.model), ("registry", config.registry)])
-    lines += ["# `llmir build` and `llmir optimize` run in this folder default to these.",
-              *_table("build", [("target", config.target), ("opt_level", config.opt_level)])]
+    lines += [
+        "# `llmir build` and `llmir optimize` run in this folder default to these.",
+        *_table("build", [("target", config.target), ("opt_level", config.opt_level)]),
+    ]
     return "\n".join(lines)
 
 
@@ -132,11 +157,14 @@ def read_lock(path: Path) -> Lock:
     data = _load(path)
 
     def bad(why: str) -> InputError:
-        return InputError(f"{path}: {why}",
-                          hint=f"restore llmir.lock from version control, or {_RELOCK_HINT}")
+        return InputError(
+            f"{path}: {why}", hint=f"restore llmir.lock from version control, or {_RELOCK_HINT}"
+        )
 
     if data.get("lock_version") != LOCK_VERSION:
-        raise bad(f"unsupported lock_version {data.get('lock_version')!r} (expected {LOCK_VERSION})")
+        raise bad(
+            f"unsupported lock_version {data.get('lock_version')!r} (expected {LOCK_VERSION})"
+        )
     model = data.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("ref"), str):
         raise bad("missing [model] ref")
@@ -150,16 +178,23 @@ def read_lock(path: Path) -> Lock:
     if not isinstance(entries, list):
         raise bad("[[files]] must be an array of tables")
     for i, f in enumerate(entries):
-        ok = (isinstance(f, dict) and isinstance(f.get("path"), str)
-              and isinstance(f.get("size"), int) and isinstance(f.get("sha256"), str)
-              and _SHA256.fullmatch(f["sha256"]) and _safe_relative(f["path"]))
+        ok = (
+            isinstance(f, dict)
+            and isinstance(f.get("path"), str)
+            and isinstance(f.get("size"), int)
+            and isinstance(f.get("sha256"), str)
+            and _SHA256.fullmatch(f["sha256"])
+            and _safe_relative(f["path"])
+        )
         if not ok:
             raise bad(f"[[files]] entry {i + 1} needs a relative path, a size and a 64-hex sha256")
         files.append(LockedFile(f["path"], f["size"], f["sha256"]))
     if not files:
         raise bad("no [[files]] entries")
-    strings = {k: model.get(k) if isinstance(model.get(k), str) else None
-               for k in ("repo", "revision", "commit", "format", "path")}
+    strings = {
+        k: model.get(k) if isinstance(model.get(k), str) else None
+        for k in ("repo", "revision", "commit", "format", "path")
+    }
     return Lock(ref=model["ref"], kind=kind, files=tuple(files), **strings)
 
 
@@ -172,8 +207,10 @@ def read_project(path: Path) -> ProjectConfig:
     data = _load(path)
     model = data.get("model", {})
     if not isinstance(model, dict) or not isinstance(model.get("ref"), str):
-        raise InputError(f"{path}: missing [model] ref",
-                         hint='add `[model]` with `ref = "NAME:TAG"`, or rerun `llmir init --force`')
+        raise InputError(
+            f"{path}: missing [model] ref",
+            hint='add `[model]` with `ref = "NAME:TAG"`, or rerun `llmir init --force`',
+        )
     build = data.get("build", {}) if isinstance(data.get("build"), dict) else {}
     registry = model.get("registry") if isinstance(model.get("registry"), str) else None
     if registry and "://" not in registry and not Path(registry).expanduser().is_absolute():
@@ -181,10 +218,12 @@ def read_project(path: Path) -> ProjectConfig:
     return ProjectConfig(
         model=model["ref"],
         registry=registry,
-        target=build.get("target", DEFAULT_TARGET) if isinstance(build.get("target"), str)
+        target=build.get("target", DEFAULT_TARGET)
+        if isinstance(build.get("target"), str)
         else DEFAULT_TARGET,
         opt_level=build.get("opt_level", DEFAULT_OPT_LEVEL)
-        if isinstance(build.get("opt_level"), int) else DEFAULT_OPT_LEVEL,
+        if isinstance(build.get("opt_level"), int)
+        else DEFAULT_OPT_LEVEL,
     )
 
 

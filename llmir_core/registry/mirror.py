@@ -28,20 +28,32 @@ class MirrorResult:
     bytes_written: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"directory": str(self.directory), "added": self.added,
-                "blobs_written": self.blobs_written, "bytes_written": self.bytes_written}
+        return {
+            "directory": str(self.directory),
+            "added": self.added,
+            "blobs_written": self.blobs_written,
+            "bytes_written": self.bytes_written,
+        }
 
 
-def write_mirror(directory: Path, refs: list[str], *, registry: str | None = None,
-                 offline: bool = False, progress: ProgressSink | None = None,
-                 reporter: Reporter | None = None) -> MirrorResult:
+def write_mirror(
+    directory: Path,
+    refs: list[str],
+    *,
+    registry: str | None = None,
+    offline: bool = False,
+    progress: ProgressSink | None = None,
+    reporter: Reporter | None = None,
+) -> MirrorResult:
     """Pull each `name:tag` and add it, pinned, to the mirror in `directory`."""
     names = []
     for ref in refs:
         parsed = parse_ref(ref)
         if not isinstance(parsed, RegistryRef):
-            raise InputError(f"{ref}: a mirror holds index models (NAME:TAG) only",
-                             hint="add the model to an index file first, then mirror it by name")
+            raise InputError(
+                f"{ref}: a mirror holds index models (NAME:TAG) only",
+                hint="add the model to an index file first, then mirror it by name",
+            )
         names.append(parsed.name)
     index_file = directory / INDEX_NAME
     entries: dict[str, Entry] = {}
@@ -50,20 +62,27 @@ def write_mirror(directory: Path, refs: list[str], *, registry: str | None = Non
     result = MirrorResult(directory=directory)
     blobs = directory / "blobs"
     for name in names:
-        pulled = pull(name, registry=registry, offline=offline, progress=progress,
-                      reporter=reporter)
+        pulled = pull(
+            name, registry=registry, offline=offline, progress=progress, reporter=reporter
+        )
         entries[name] = _pinned_entry(pulled)
         for f in pulled.files:
             target = blobs / f.sha256
-            if target.is_file() and target.stat().st_size == f.size and sha256_file(target) == f.sha256:
+            if (
+                target.is_file()
+                and target.stat().st_size == f.size
+                and sha256_file(target) == f.sha256
+            ):
                 continue
             link_or_copy(f.local, target)
             result.blobs_written += 1
             result.bytes_written += f.size
         result.added.append(name)
     directory.mkdir(parents=True, exist_ok=True)
-    text = render_index(sorted(entries.values(), key=lambda e: e.name),
-                        description="An llmir registry mirror: files are in blobs/<sha256>.")
+    text = render_index(
+        sorted(entries.values(), key=lambda e: e.name),
+        description="An llmir registry mirror: files are in blobs/<sha256>.",
+    )
     write_text_atomic(index_file, text)
     return result
 
@@ -71,5 +90,6 @@ def write_mirror(directory: Path, refs: list[str], *, registry: str | None = Non
 def _pinned_entry(pulled: PullResult) -> Entry:
     assert pulled.entry is not None
     files = tuple(FileSpec(f.path, f.sha256, f.size) for f in pulled.files)
-    return replace(pulled.entry, revision=pulled.lock.commit or pulled.entry.revision,
-                   files=files, include=())
+    return replace(
+        pulled.entry, revision=pulled.lock.commit or pulled.entry.revision, files=files, include=()
+    )

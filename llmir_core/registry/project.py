@@ -42,56 +42,80 @@ class InitResult:
     wrote: list[Path] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"project": str(self.project), "reproduced": self.reproduced,
-                "wrote": [str(p) for p in self.wrote], "model": self.pulled.to_json(),
-                "target": self.config.target, "opt_level": self.config.opt_level}
+        return {
+            "project": str(self.project),
+            "reproduced": self.reproduced,
+            "wrote": [str(p) for p in self.wrote],
+            "model": self.pulled.to_json(),
+            "target": self.config.target,
+            "opt_level": self.config.opt_level,
+        }
 
 
-def init_project(directory: Path, *, model: str | None, registry: str | None = None,
-                 offline: bool = False, force: bool = False, target: str | None = None,
-                 opt_level: int | None = None, progress: ProgressSink | None = None,
-                 reporter: Reporter | None = None) -> InitResult:
+def init_project(
+    directory: Path,
+    *,
+    model: str | None,
+    registry: str | None = None,
+    offline: bool = False,
+    force: bool = False,
+    target: str | None = None,
+    opt_level: int | None = None,
+    progress: ProgressSink | None = None,
+    reporter: Reporter | None = None,
+) -> InitResult:
     """Create (or, with a lock present, reproduce) the project in `directory`."""
     if directory.exists() and not directory.is_dir():
-        raise InputError(f"{directory} exists and is not a folder",
-                         hint="pick a folder path for the project")
+        raise InputError(
+            f"{directory} exists and is not a folder", hint="pick a folder path for the project"
+        )
     lock_path, toml_path = directory / LOCK_FILE, directory / PROJECT_FILE
     lock = None if force or not lock_path.is_file() else read_lock(lock_path)
     existing = None if force or not toml_path.is_file() else read_project(toml_path)
     if lock is not None:
         if model and not same_ref(model, lock.ref):
-            raise InputError(f"{lock_path} pins {lock.ref}, not {model}",
-                             hint=f"drop --model to reproduce {lock.ref}, or add --force to "
-                                  f"re-pin the project to {model}")
+            raise InputError(
+                f"{lock_path} pins {lock.ref}, not {model}",
+                hint=f"drop --model to reproduce {lock.ref}, or add --force to "
+                f"re-pin the project to {model}",
+            )
         model = lock.ref
     else:
         _refuse_non_empty(directory, force)
         model = model or (existing.model if existing else None)
     if not model:
-        raise InputError("no model given",
-                         hint="pass --model NAME:TAG (see `llmir registry list`), "
-                              "--model hf:ORG/REPO or --model PATH")
+        raise InputError(
+            "no model given",
+            hint="pass --model NAME:TAG (see `llmir registry list`), "
+            "--model hf:ORG/REPO or --model PATH",
+        )
     if target is not None:
         from llmir_core.backends import TARGETS
 
         if target not in TARGETS:
-            raise InputError(f"unknown --target {target!r}",
-                             hint=f"known targets: {', '.join(TARGETS)}")
+            raise InputError(
+                f"unknown --target {target!r}", hint=f"known targets: {', '.join(TARGETS)}"
+            )
     registry = registry_source(registry) or (existing.registry if existing else None)
     _check_writable(directory)
-    pulled = pull(model, registry=registry, offline=offline, lock=lock, progress=progress,
-                  reporter=reporter)
+    pulled = pull(
+        model, registry=registry, offline=offline, lock=lock, progress=progress, reporter=reporter
+    )
     config = ProjectConfig(
-        model=pulled.ref, registry=_relative_to(registry, directory),
+        model=pulled.ref,
+        registry=_relative_to(registry, directory),
         target=target or (existing.target if existing else ProjectConfig.target),
-        opt_level=opt_level if opt_level is not None
-        else (existing.opt_level if existing else ProjectConfig.opt_level))
+        opt_level=opt_level
+        if opt_level is not None
+        else (existing.opt_level if existing else ProjectConfig.opt_level),
+    )
     contents = {} if existing and lock else {PROJECT_FILE: render_project(config)}
     if lock is None:
         contents[LOCK_FILE] = render_lock(pulled.lock)
     wrote = write_files(directory, contents)
-    return InitResult(project=directory, pulled=pulled, config=config,
-                      reproduced=lock is not None, wrote=wrote)
+    return InitResult(
+        project=directory, pulled=pulled, config=config, reproduced=lock is not None, wrote=wrote
+    )
 
 
 def _relative_to(registry: str | None, directory: Path) -> str | None:
@@ -108,9 +132,11 @@ def _refuse_non_empty(directory: Path, force: bool) -> None:
     others = sorted(p.name for p in directory.iterdir() if p.name not in _PROJECT_FILES)
     if others:
         shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
-        raise InputError(f"{directory} is not empty ({shown})",
-                         hint="pick a new or empty folder, or add --force to initialise it "
-                              "anyway (replaces llmir.toml and llmir.lock, keeps other files)")
+        raise InputError(
+            f"{directory} is not empty ({shown})",
+            hint="pick a new or empty folder, or add --force to initialise it "
+            "anyway (replaces llmir.toml and llmir.lock, keeps other files)",
+        )
 
 
 def _check_writable(directory: Path) -> None:
@@ -121,11 +147,15 @@ def _check_writable(directory: Path) -> None:
             break
         probe = probe.parent
     if not probe.is_dir():
-        raise InputError(f"cannot create {directory}: {probe} is not a folder",
-                         hint="pick a project path whose parent is a folder")
+        raise InputError(
+            f"cannot create {directory}: {probe} is not a folder",
+            hint="pick a project path whose parent is a folder",
+        )
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise InputError(f"cannot write in {probe}: permission denied",
-                         hint="pick a folder you can write to, or fix its permissions")
+        raise InputError(
+            f"cannot write in {probe}: permission denied",
+            hint="pick a folder you can write to, or fix its permissions",
+        )
 
 
 def write_files(directory: Path, contents: dict[str, str]) -> list[Path]:
@@ -159,7 +189,8 @@ def write_files(directory: Path, contents: dict[str, str]) -> list[Path]:
         for folder in created:  # deepest first
             with contextlib.suppress(OSError):
                 folder.rmdir()
-        raise InputError(f"cannot write the project in {directory}: {exc.strerror or exc}",
-                         hint="check free disk space and the folder's permissions; "
-                              "nothing was written") from exc
+        raise InputError(
+            f"cannot write the project in {directory}: {exc.strerror or exc}",
+            hint="check free disk space and the folder's permissions; nothing was written",
+        ) from exc
     return [directory / name for name in contents]

@@ -51,8 +51,10 @@ def parse_ref(ref: str) -> ModelRef:
     """Classify a reference; a bare `name` means `name:latest`, as in ollama."""
     text = ref.strip()
     if not text:
-        raise InputError("empty model reference",
-                         hint=f"pass NAME:TAG from `llmir registry list`, {HF_SYNTAX}, or a PATH")
+        raise InputError(
+            "empty model reference",
+            hint=f"pass NAME:TAG from `llmir registry list`, {HF_SYNTAX}, or a PATH",
+        )
     if text.startswith("hf:"):
         return _parse_hf(text)
     if text.startswith(_PATH_PREFIXES):
@@ -66,9 +68,11 @@ def parse_ref(ref: str) -> ModelRef:
 def _existing_path(text: str) -> PathRef:
     path = Path(text).expanduser()
     if not path.exists():
-        hint = (f"for a hub repository write hf:{text}" if text.count("/") == 1
-                and not text.startswith(_PATH_PREFIXES) else
-                f"check the path, or pass NAME:TAG from `llmir registry list` or {HF_SYNTAX}")
+        hint = (
+            f"for a hub repository write hf:{text}"
+            if text.count("/") == 1 and not text.startswith(_PATH_PREFIXES)
+            else f"check the path, or pass NAME:TAG from `llmir registry list` or {HF_SYNTAX}"
+        )
         raise InputError(f"no such file or folder: {text}", hint=hint)
     return PathRef(path.resolve())
 
@@ -79,8 +83,13 @@ def _parse_hf(text: str) -> HfRef:
     if "@" in body:
         body, revision = body.rsplit("@", 1)
     parts = body.split("/")
-    ok = (len(parts) >= 2 and all(_REPO_PART_RE.fullmatch(p) for p in parts[:2])
-          and revision and all(parts[2:]) and ".." not in parts)
+    ok = (
+        len(parts) >= 2
+        and all(_REPO_PART_RE.fullmatch(p) for p in parts[:2])
+        and revision
+        and all(parts[2:])
+        and ".." not in parts
+    )
     if not ok:
         raise InputError(f"malformed hub reference {text!r}", hint=f"write {HF_SYNTAX}")
     return HfRef(repo="/".join(parts[:2]), revision=revision, file="/".join(parts[2:]) or None)

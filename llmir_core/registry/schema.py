@@ -14,10 +14,31 @@ from typing import Any
 
 from .jsonpos import JsonPath
 
-_ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "default", "examples",
-                "$defs"}
-_KEYWORDS = {"$ref", "type", "enum", "const", "required", "properties", "additionalProperties",
-             "propertyNames", "pattern", "minLength", "minimum", "items", "minItems"}
+_ANNOTATIONS = {
+    "$schema",
+    "$id",
+    "$comment",
+    "title",
+    "description",
+    "default",
+    "examples",
+    "$defs",
+}
+_KEYWORDS = {
+    "$ref",
+    "type",
+    "enum",
+    "const",
+    "required",
+    "properties",
+    "additionalProperties",
+    "propertyNames",
+    "pattern",
+    "minLength",
+    "minimum",
+    "items",
+    "minItems",
+}
 _TYPES = {
     "object": lambda v: isinstance(v, dict),
     "array": lambda v: isinstance(v, list),
@@ -66,8 +87,13 @@ def _resolve(ref: str, root: dict[str, Any]) -> dict[str, Any]:
     return node  # type: ignore[no-any-return]
 
 
-def _check(value: Any, schema: dict[str, Any], root: dict[str, Any], path: JsonPath,
-           errors: list[SchemaError]) -> None:
+def _check(
+    value: Any,
+    schema: dict[str, Any],
+    root: dict[str, Any],
+    path: JsonPath,
+    errors: list[SchemaError],
+) -> None:
     unknown = set(schema) - _KEYWORDS - _ANNOTATIONS
     if unknown:
         raise ValueError(f"schema uses unsupported keywords {sorted(unknown)}")
@@ -98,17 +124,29 @@ def _check(value: Any, schema: dict[str, Any], root: dict[str, Any], path: JsonP
         _check_object(value, schema, root, path, errors)
 
 
-def _check_string(value: str, schema: dict[str, Any], path: JsonPath,
-                  errors: list[SchemaError]) -> None:
+def _check_string(
+    value: str, schema: dict[str, Any], path: JsonPath, errors: list[SchemaError]
+) -> None:
     if "minLength" in schema and len(value) < schema["minLength"]:
-        errors.append(SchemaError(path, "must not be empty" if schema["minLength"] == 1
-                                  else f"shorter than {schema['minLength']} characters"))
+        errors.append(
+            SchemaError(
+                path,
+                "must not be empty"
+                if schema["minLength"] == 1
+                else f"shorter than {schema['minLength']} characters",
+            )
+        )
     if "pattern" in schema and not re.search(schema["pattern"], value):
         errors.append(SchemaError(path, f"{value!r} does not match {schema['pattern']}"))
 
 
-def _check_object(value: dict[str, Any], schema: dict[str, Any], root: dict[str, Any],
-                  path: JsonPath, errors: list[SchemaError]) -> None:
+def _check_object(
+    value: dict[str, Any],
+    schema: dict[str, Any],
+    root: dict[str, Any],
+    path: JsonPath,
+    errors: list[SchemaError],
+) -> None:
     for name in schema.get("required", []):
         if name not in value:
             errors.append(SchemaError(path, f"missing required field {name!r}"))

@@ -43,12 +43,31 @@ _ARN_SIG = {"x": "... n", "r": "... n", "w": "n"}
 _ARN_LHS = t("llm.rms_norm", _ADD, V("w"), eps=A("eps"), offset=A("offset"))
 _ARN_SUM_RHS = T("llm.add_rms_norm", _FUSED.args, _FUSED.attrs, 1)
 for _name, _lhs, _rhs, _summary in (
-        ("fuse-add-rms-norm", _ARN_LHS, _FUSED, "rms_norm(x + r, w) is result 0 of llm.add_rms_norm(x, r, w)"),
-        ("fuse-add-rms-norm-sum", _ADD, _ARN_SUM_RHS, "x + r is result 1 (the sum) of llm.add_rms_norm(x, r, w)")):
-    rule(Rule(
-        name=_name, summary=_summary, lhs=_lhs, rhs=_rhs, sig=_ARN_SIG, batch_ranks=(0, 1),
-        obligation=equality(_lhs, _rhs, _ARN_SIG, (0, 1)), passes=("fuse-add-rms-norm",),
-    ))
+    (
+        "fuse-add-rms-norm",
+        _ARN_LHS,
+        _FUSED,
+        "rms_norm(x + r, w) is result 0 of llm.add_rms_norm(x, r, w)",
+    ),
+    (
+        "fuse-add-rms-norm-sum",
+        _ADD,
+        _ARN_SUM_RHS,
+        "x + r is result 1 (the sum) of llm.add_rms_norm(x, r, w)",
+    ),
+):
+    rule(
+        Rule(
+            name=_name,
+            summary=_summary,
+            lhs=_lhs,
+            rhs=_rhs,
+            sig=_ARN_SIG,
+            batch_ranks=(0, 1),
+            obligation=equality(_lhs, _rhs, _ARN_SIG, (0, 1)),
+            passes=("fuse-add-rms-norm",),
+        )
+    )
 
 
 # -- matmul + bias + activation -> llm.linear ----------------------------------------------------
@@ -81,24 +100,50 @@ for _tb in (True, False):
     _sig = {"x": "... m k", "w": "n k" if _tb else "k n", "b": "n"}
     _suffix = "" if _tb else "-kn"
     _forms: list[tuple[str, T, T, str]] = [
-        ("linear-bias", t("core.add", _mm, V("b")),
-         t("llm.linear", V("x"), V("w"), V("b"), activation="none", transpose_b=_tb), "x @ w + b")]
+        (
+            "linear-bias",
+            t("core.add", _mm, V("b")),
+            t("llm.linear", V("x"), V("w"), V("b"), activation="none", transpose_b=_tb),
+            "x @ w + b",
+        )
+    ]
     for _act, _wrap in _ACTS.items():
-        _forms.append((f"linear-{_act}", _wrap(_mm),
-                       t("llm.linear", V("x"), V("w"), activation=_act, transpose_b=_tb), f"{_act}(x @ w)"))
-        _forms.append((f"linear-bias-{_act}", _wrap(t("core.add", _mm, V("b"))),
-                       t("llm.linear", V("x"), V("w"), V("b"), activation=_act, transpose_b=_tb),
-                       f"{_act}(x @ w + b)"))
+        _forms.append(
+            (
+                f"linear-{_act}",
+                _wrap(_mm),
+                t("llm.linear", V("x"), V("w"), activation=_act, transpose_b=_tb),
+                f"{_act}(x @ w)",
+            )
+        )
+        _forms.append(
+            (
+                f"linear-bias-{_act}",
+                _wrap(t("core.add", _mm, V("b"))),
+                t("llm.linear", V("x"), V("w"), V("b"), activation=_act, transpose_b=_tb),
+                f"{_act}(x @ w + b)",
+            )
+        )
     for _name, _lhs, _rhs, _what in _forms:
         _s = {k: v for k, v in _sig.items() if k != "b" or "bias" in _name}
-        rule(Rule(
-            name=_name + _suffix, summary=f"{_what} is one llm.linear", lhs=_lhs, rhs=_rhs, sig=_s,
-            tag="reassociating", check=_linear_check, batch_ranks=(0, 1),
-            obligation=equality(_lhs, _rhs, _s, (0, 1)), passes=("fuse-linear",),
-        ))
+        rule(
+            Rule(
+                name=_name + _suffix,
+                summary=f"{_what} is one llm.linear",
+                lhs=_lhs,
+                rhs=_rhs,
+                sig=_s,
+                tag="reassociating",
+                check=_linear_check,
+                batch_ranks=(0, 1),
+                obligation=equality(_lhs, _rhs, _s, (0, 1)),
+                passes=("fuse-linear",),
+            )
+        )
 
 
 # -- decomposed LayerNorm -> llm.layer_norm ---------------------------------------------------------
+
 
 def _layer_norm_check(m: Match) -> str | None:
     x = _type(m.values["x"])
@@ -128,13 +173,20 @@ def _layer_norm_patterns() -> list[tuple[str, T, T]]:
     out = []
     for sq_name, sq in (("mul", t("core.mul", c, c)), ("pow", t("core.pow", c, K(2.0)))):
         var = t("core.add", t("core.reduce_mean", sq, axes=A("ax2"), keepdims=A("kd2")), C("eps"))
-        for n_name, norm in (("rsqrt", t("core.mul", c, t("core.rsqrt", var))),
-                             ("div-sqrt", t("core.div", c, t("core.sqrt", var)))):
+        for n_name, norm in (
+            ("rsqrt", t("core.mul", c, t("core.rsqrt", var))),
+            ("div-sqrt", t("core.div", c, t("core.sqrt", var))),
+        ):
             scaled = {"": t("core.mul", norm, V("w")), "-wl": t("core.mul", V("w"), norm)}
             for w_name, sc in scaled.items():
                 base = f"lift-layer-norm-{sq_name}-{n_name}{w_name}"
-                out.append((base, t("core.add", sc, V("b")),
-                            t("llm.layer_norm", x, V("w"), V("b"), eps=A("eps"))))
+                out.append(
+                    (
+                        base,
+                        t("core.add", sc, V("b")),
+                        t("llm.layer_norm", x, V("w"), V("b"), eps=A("eps")),
+                    )
+                )
                 out.append((base + "-nobias", sc, t("llm.layer_norm", x, V("w"), eps=A("eps"))))
     return out
 
@@ -148,17 +200,31 @@ for _name, _lhs, _rhs in _layer_norm_patterns():
     if _name.endswith("-nobias"):
         del _s["b"]
 
-    rule(Rule(
-        name=_name, summary="the decomposed LayerNorm (x - mean) / sqrt(var + eps) * w (+ b) is llm.layer_norm",
-        lhs=_lhs, rhs=_rhs, sig=_s, check=_layer_norm_check, batch_ranks=(0, 1),
-        tag="exact" if "rsqrt" in _name and "pow" not in _name else "reassociating",
-        obligation=equality(_lhs, _rhs, _s, (0, 1), assume=lambda s: [s["eps"] > 0],
-                            proof_attrs=layer_norm_attrs),
-        passes=("lift-layer-norm",),
-    ))
+    rule(
+        Rule(
+            name=_name,
+            summary="the decomposed LayerNorm (x - mean) / sqrt(var + eps) * w (+ b) is llm.layer_norm",
+            lhs=_lhs,
+            rhs=_rhs,
+            sig=_s,
+            check=_layer_norm_check,
+            batch_ranks=(0, 1),
+            tag="exact" if "rsqrt" in _name and "pow" not in _name else "reassociating",
+            obligation=equality(
+                _lhs,
+                _rhs,
+                _s,
+                (0, 1),
+                assume=lambda s: [s["eps"] > 0],
+                proof_attrs=layer_norm_attrs,
+            ),
+            passes=("lift-layer-norm",),
+        )
+    )
 
 
 # -- the half-split rotary embedding of exported graphs -------------------------------------------
+
 
 def _ints(v: Any) -> tuple[int, ...] | None:
     return tuple(v) if isinstance(v, tuple) and all(isinstance(i, int) for i in v) else None
@@ -180,7 +246,13 @@ def _rotary_check(m: Match) -> str | None:
     last = ((-1,), (3,))
     if lo[0] != (0,) or lo[1] != (half,) or lo[2] not in last or lo[3] not in ((), (1,)):
         return "the first slice is not x[..., :head_dim/2]"
-    if hi[0] != (half,) or hi[1] is None or hi[1][0] < d or hi[2] not in last or hi[3] not in ((), (1,)):
+    if (
+        hi[0] != (half,)
+        or hi[1] is None
+        or hi[1][0] < d
+        or hi[2] not in last
+        or hi[3] not in ((), (1,))
+    ):
         return "the second slice is not x[..., head_dim/2:]"
     for key in ("cos", "sin"):
         tab = _type(m.values[key])
@@ -211,15 +283,34 @@ def _rotary_patterns() -> list[tuple[str, T]]:
 
 
 _HALF_TABLE = {"starts": (0,), "ends": A("half"), "axes": (1,), "steps": (1,)}
-_ROT_RHS = t("llm.rotary_embedding", V("x"), T("core.slice", (V("cos"),), _HALF_TABLE),
-             T("core.slice", (V("sin"),), _HALF_TABLE), V("pos"), interleaved=False, rotary_dim=0)
+_ROT_RHS = t(
+    "llm.rotary_embedding",
+    V("x"),
+    T("core.slice", (V("cos"),), _HALF_TABLE),
+    T("core.slice", (V("sin"),), _HALF_TABLE),
+    V("pos"),
+    interleaved=False,
+    rotary_dim=0,
+)
 _ROT_SIG = {"x": "b h s 2*d", "cos": "p 2*d", "sin": "p 2*d", "pos": "b s"}
 
 
 def rotary_attrs(b: int, s: dict[str, Any]) -> dict[str, Any]:
     d = s["d"]
-    return {"ua1": (1,), "ua2": (1,), "cat": -1, "s1": (0,), "e1": (d,), "a1": (-1,), "st1": (1,),
-            "s2": (d,), "e2": (BIG,), "a2": (-1,), "st2": (1,), "half": (d,)}
+    return {
+        "ua1": (1,),
+        "ua2": (1,),
+        "cat": -1,
+        "s1": (0,),
+        "e1": (d,),
+        "a1": (-1,),
+        "st1": (1,),
+        "s2": (d,),
+        "e2": (BIG,),
+        "a2": (-1,),
+        "st2": (1,),
+        "half": (d,),
+    }
 
 
 def rotary_hyps(s: dict[str, Any], idx: tuple[Any, ...]) -> list[Any]:
@@ -229,18 +320,33 @@ def rotary_hyps(s: dict[str, Any], idx: tuple[Any, ...]) -> list[Any]:
     lv = s["__leaves__"]
     b, i = idx[0], idx[3]
     p = lv["pos"].f((b, idx[2]))
-    return [z3.Implies(i >= s["d"], lv[k].f((p, i)) == lv[k].f((p, i - s["d"]))) for k in ("cos", "sin")]
+    return [
+        z3.Implies(i >= s["d"], lv[k].f((p, i)) == lv[k].f((p, i - s["d"]))) for k in ("cos", "sin")
+    ]
 
 
 for _name, _lhs in _rotary_patterns():
-    rule(Rule(
-        name=_name,
-        summary="x * cos + rotate_half(x) * sin with tables gathered by position is llm.rotary_embedding",
-        lhs=_lhs, rhs=_ROT_RHS, sig=_ROT_SIG, check=_rotary_check, batch_ranks=(0,),
-        obligation=equality(_lhs, _ROT_RHS, _ROT_SIG, (0,), proof_attrs=rotary_attrs,
-                            int_leaves=("pos",), hyps_at=rotary_hyps),
-        passes=("lift-rotary",),
-    ))
+    rule(
+        Rule(
+            name=_name,
+            summary="x * cos + rotate_half(x) * sin with tables gathered by position is llm.rotary_embedding",
+            lhs=_lhs,
+            rhs=_ROT_RHS,
+            sig=_ROT_SIG,
+            check=_rotary_check,
+            batch_ranks=(0,),
+            obligation=equality(
+                _lhs,
+                _ROT_RHS,
+                _ROT_SIG,
+                (0,),
+                proof_attrs=rotary_attrs,
+                int_leaves=("pos",),
+                hyps_at=rotary_hyps,
+            ),
+            passes=("lift-rotary",),
+        )
+    )
 
 
 def tables_repeat_halves(tab: np.ndarray) -> bool:
@@ -280,23 +386,49 @@ def _attn_check(m: Match) -> str | None:
 def _attention_patterns() -> list[tuple[str, T, T, dict[str, str], Any]]:
     q, k, v = V("q"), V("k"), V("v")
     out = []
-    qks = {"": t("core.matmul", q, k, transpose_a=False, transpose_b=True),
-           "-kt": t("core.matmul", q, t("core.transpose", k, perm=A("perm")), transpose_a=False, transpose_b=False)}
+    qks = {
+        "": t("core.matmul", q, k, transpose_a=False, transpose_b=True),
+        "-kt": t(
+            "core.matmul",
+            q,
+            t("core.transpose", k, perm=A("perm")),
+            transpose_a=False,
+            transpose_b=False,
+        ),
+    }
     for qk_name, qk in qks.items():
-        scaled = {"mul": (t("core.mul", qk, C("sc")), A("sc")), "div": (t("core.div", qk, C("c")), A("scale"))}
+        scaled = {
+            "mul": (t("core.mul", qk, C("sc")), A("sc")),
+            "div": (t("core.div", qk, C("c")), A("scale")),
+        }
         for sc_name, (s, scale) in scaled.items():
-            masks = {"": s, "-mask": t("core.add", s, V("mask")), "-mask-left": t("core.add", V("mask"), s)}
+            masks = {
+                "": s,
+                "-mask": t("core.add", s, V("mask")),
+                "-mask-left": t("core.add", V("mask"), s),
+            }
             for m_name, sm in masks.items():
-                lhs = t("core.matmul", t("core.softmax", sm, axis=A("axis")), v, transpose_a=False, transpose_b=False)
+                lhs = t(
+                    "core.matmul",
+                    t("core.softmax", sm, axis=A("axis")),
+                    v,
+                    transpose_a=False,
+                    transpose_b=False,
+                )
                 args = (q, k, v, V("mask")) if m_name else (q, k, v)
                 rhs = T("llm.scaled_dot_product_attention", args, {"scale": scale, "causal": False})
-                sig = dict(_Q4, **({"mask": "s t"} if m_name else {}), **{("sc" if sc_name == "mul" else "c"): ""})
+                sig = dict(
+                    _Q4,
+                    **({"mask": "s t"} if m_name else {}),
+                    **{("sc" if sc_name == "mul" else "c"): ""},
+                )
 
                 def pa(b: int, syms: dict[str, Any], sc_name: str = sc_name) -> dict[str, Any]:
                     at: dict[str, Any] = {"axis": -1, "perm": (0, 1, 3, 2)}
                     if sc_name == "div":
                         at["scale"] = 1 / syms["c"]
                     return at
+
                 out.append((f"lift-attention-{sc_name}{qk_name}{m_name}", lhs, rhs, sig, pa))
     return out
 
@@ -308,20 +440,32 @@ def _positive(name: str) -> Callable[[dict[str, Any]], list[Any]]:
 
 for _name, _lhs, _rhs, _sig, _pa in _attention_patterns():
     _pos = "c" if "-div" in _name else "sc"
-    rule(Rule(
-        name=_name, summary="softmax(q @ k^T * scale (+ mask)) @ v is llm.scaled_dot_product_attention",
-        lhs=_lhs, rhs=_rhs, sig=_sig, check=_attn_check, batch_ranks=(0,), tag="reassociating",
-        obligation=equality(_lhs, _rhs, _sig, (0,), proof_attrs=_pa,
-                            assume=_positive(_pos)),
-        passes=("lift-attention",),
-    ))
+    rule(
+        Rule(
+            name=_name,
+            summary="softmax(q @ k^T * scale (+ mask)) @ v is llm.scaled_dot_product_attention",
+            lhs=_lhs,
+            rhs=_rhs,
+            sig=_sig,
+            check=_attn_check,
+            batch_ranks=(0,),
+            tag="reassociating",
+            obligation=equality(_lhs, _rhs, _sig, (0,), proof_attrs=_pa, assume=_positive(_pos)),
+            passes=("lift-attention",),
+        )
+    )
 
 
 # grouped-query: k and v repeated per q head group by unsqueeze + tile + reshape (repeat_interleave)
 
+
 def _rep(name: str, tag: str) -> T:
-    return t("core.reshape", t("core.tile", t("core.unsqueeze", V(name), axes=A(f"ua{tag}")),
-                               repeats=A(f"reps{tag}")), shape=A(f"shape{tag}"), allowzero=A(f"az{tag}"))
+    return t(
+        "core.reshape",
+        t("core.tile", t("core.unsqueeze", V(name), axes=A(f"ua{tag}")), repeats=A(f"reps{tag}")),
+        shape=A(f"shape{tag}"),
+        allowzero=A(f"az{tag}"),
+    )
 
 
 def _gqa_check(m: Match) -> str | None:
@@ -333,7 +477,13 @@ def _gqa_check(m: Match) -> str | None:
         if _ints(m.attrs[f"ua{tag}"]) != (2,):
             return f"{tag} is not repeated along a new axis 2"
         reps = _ints(m.attrs[f"reps{tag}"])
-        if reps is None or len(reps) != 5 or reps[:2] != (1, 1) or reps[3:] != (1, 1) or reps[2] < 1:
+        if (
+            reps is None
+            or len(reps) != 5
+            or reps[:2] != (1, 1)
+            or reps[3:] != (1, 1)
+            or reps[2] < 1
+        ):
             return f"{tag} is tiled by {m.attrs[f'reps{tag}']}, not [1, 1, g, 1, 1]"
     g = _ints(m.attrs["repsk"])[2]  # type: ignore[index]
     if _ints(m.attrs["repsv"])[2] != g:  # type: ignore[index]
@@ -351,12 +501,23 @@ _GQA_SIG = {"q": "b hk*g s d", "k": "b hk t d", "v": "b hk t e"}
 
 def _gqa_attrs(b: int, s: dict[str, Any]) -> dict[str, Any]:
     g, hk = s["g"], s["hk"]
-    at: dict[str, Any] = {"softcap": 0.0, "sliding_window": 0, "softmax_eps": 0.0, "causal": False,
-                          "scale": s.setdefault("scale_sym", _real("scale")),
-                          "__core.reshape__": {"__merge__": 1}}
+    at: dict[str, Any] = {
+        "softcap": 0.0,
+        "sliding_window": 0,
+        "softmax_eps": 0.0,
+        "causal": False,
+        "scale": s.setdefault("scale_sym", _real("scale")),
+        "__core.reshape__": {"__merge__": 1},
+    }
     for tag in ("k", "v"):
-        at.update({f"ua{tag}": (2,), f"reps{tag}": (1, 1, g, 1, 1), f"shape{tag}": (0, hk * g, 0, 0),
-                   f"az{tag}": False})
+        at.update(
+            {
+                f"ua{tag}": (2,),
+                f"reps{tag}": (1, 1, g, 1, 1),
+                f"shape{tag}": (0, hk * g, 0, 0),
+                f"az{tag}": False,
+            }
+        )
     return at
 
 
@@ -366,13 +527,19 @@ for _with_mask in (False, True):
     _lhs = T("llm.scaled_dot_product_attention", _args, _at)
     _rhs = T("llm.scaled_dot_product_attention", (V("q"), V("k"), V("v")) + _args[3:], _at)
     _sig = dict(_GQA_SIG, **({"mask": "s t"} if _with_mask else {}))
-    rule(Rule(
-        name="attention-gqa" + ("-mask" if _with_mask else ""),
-        summary="attention over k, v repeated g times per head (repeat_interleave) is grouped-query attention",
-        lhs=_lhs, rhs=_rhs, sig=_sig, check=_gqa_check, batch_ranks=(0,),
-        obligation=equality(_lhs, _rhs, _sig, (0,), proof_attrs=_gqa_attrs),
-        passes=("lift-attention",),
-    ))
+    rule(
+        Rule(
+            name="attention-gqa" + ("-mask" if _with_mask else ""),
+            summary="attention over k, v repeated g times per head (repeat_interleave) is grouped-query attention",
+            lhs=_lhs,
+            rhs=_rhs,
+            sig=_sig,
+            check=_gqa_check,
+            batch_ranks=(0,),
+            obligation=equality(_lhs, _rhs, _sig, (0,), proof_attrs=_gqa_attrs),
+            passes=("lift-attention",),
+        )
+    )
 
 
 def _real(name: str) -> Any:
@@ -383,9 +550,14 @@ def _real(name: str) -> Any:
 
 # the causal mask: an additive trilu(-inf, k=1) mask over [seq, seq] is causal attention
 
+
 def _causal_check(m: Match) -> str | None:
     fill = m.attrs["fill"]
-    if not isinstance(fill, DenseAttr) or fill.array.size != 1 or not np.isneginf(fill.array.reshape(-1)[0]):
+    if (
+        not isinstance(fill, DenseAttr)
+        or fill.array.size != 1
+        or not np.isneginf(fill.array.reshape(-1)[0])
+    ):
         return "the mask is not filled with -inf"
     if m.attrs["upper"] is not True:
         return "the mask keeps the upper triangle"
@@ -394,8 +566,10 @@ def _causal_check(m: Match) -> str | None:
         return "q, k or the mask has an unexpected type"
     sq, skv = q.shape[2], k.shape[2]
     if not (sq == skv == mt.shape[0] == mt.shape[1]) or not isinstance(sq, (int, SymDim)):
-        return (f"the mask is [{mt.shape[0]}, {mt.shape[1]}] but q has {sq} and k {skv} positions: "
-                "causal alignment needs one length for all")
+        return (
+            f"the mask is [{mt.shape[0]}, {mt.shape[1]}] but q has {sq} and k {skv} positions: "
+            "causal alignment needs one length for all"
+        )
     for key in ("softcap", "sliding_window", "softmax_eps"):
         if m.attrs[key]:
             return f"attention with {key} is not lifted"
@@ -404,24 +578,46 @@ def _causal_check(m: Match) -> str | None:
     return None
 
 
-_CAUSAL_MASK = t("core.trilu", t("core.constant_of_shape", V("shape"), value=A("fill")), K(1.0), upper=A("upper"))
+_CAUSAL_MASK = t(
+    "core.trilu", t("core.constant_of_shape", V("shape"), value=A("fill")), K(1.0), upper=A("upper")
+)
 _CAT = {k: A(k) for k in ("scale", "causal", "softcap", "sliding_window", "softmax_eps")}
 _CAUSAL_LHS = T("llm.scaled_dot_product_attention", (V("q"), V("k"), V("v"), _CAUSAL_MASK), _CAT)
-_CAUSAL_RHS = T("llm.scaled_dot_product_attention", (V("q"), V("k"), V("v")), dict(_CAT, causal=True))
+_CAUSAL_RHS = T(
+    "llm.scaled_dot_product_attention", (V("q"), V("k"), V("v")), dict(_CAT, causal=True)
+)
 _CAUSAL_SIG = {"q": "b h s d", "k": "b h s d", "v": "b h s e", "shape": "2"}
 
 
 def _causal_attrs(b: int, s: dict[str, Any]) -> dict[str, Any]:
-    return {"softcap": 0.0, "sliding_window": 0, "softmax_eps": 0.0, "causal": False, "upper": True,
-            "scale": s.setdefault("scale_sym", _real("scale")),
-            "__core.constant_of_shape__": {"__shape__": (s["s"], s["s"]), "__neg_inf__": True}}
+    return {
+        "softcap": 0.0,
+        "sliding_window": 0,
+        "softmax_eps": 0.0,
+        "causal": False,
+        "upper": True,
+        "scale": s.setdefault("scale_sym", _real("scale")),
+        "__core.constant_of_shape__": {"__shape__": (s["s"], s["s"]), "__neg_inf__": True},
+    }
 
 
-rule(Rule(
-    name="attention-causal-mask",
-    summary="attention with the additive mask trilu(-inf, k=1) over [seq, seq] is causal attention",
-    lhs=_CAUSAL_LHS, rhs=_CAUSAL_RHS, sig=_CAUSAL_SIG, check=_causal_check, batch_ranks=(0,),
-    obligation=equality(_CAUSAL_LHS, _CAUSAL_RHS, _CAUSAL_SIG, (0,), proof_attrs=_causal_attrs,
-                        int_leaves=("shape",)),
-    passes=("lift-attention",),
-))
+rule(
+    Rule(
+        name="attention-causal-mask",
+        summary="attention with the additive mask trilu(-inf, k=1) over [seq, seq] is causal attention",
+        lhs=_CAUSAL_LHS,
+        rhs=_CAUSAL_RHS,
+        sig=_CAUSAL_SIG,
+        check=_causal_check,
+        batch_ranks=(0,),
+        obligation=equality(
+            _CAUSAL_LHS,
+            _CAUSAL_RHS,
+            _CAUSAL_SIG,
+            (0,),
+            proof_attrs=_causal_attrs,
+            int_leaves=("shape",),
+        ),
+        passes=("lift-attention",),
+    )
+)

@@ -33,17 +33,44 @@ from .terms import A, Match, T, Term, V, t
 # softmax, reductions, exp/log, rotary, lookups), "follow" takes the low precision when its
 # run-time float operands all come from low ops. Move-only operands are not converted.
 OP_CLASSES: dict[str, str] = {
-    "core.matmul": "low", "llm.linear": "low", "llm.gated_mlp": "low",
-    "llm.scaled_dot_product_attention": "low", "llm.quantized_matmul": "low",
-    "llm.rms_norm": "f32", "llm.add_rms_norm": "f32", "llm.layer_norm": "f32", "core.softmax": "f32",
-    "core.log_softmax": "f32", "core.reduce_mean": "f32", "core.reduce_sum": "f32", "core.exp": "f32",
-    "core.log": "f32", "core.pow": "f32", "core.sqrt": "f32", "core.rsqrt": "f32",
-    "llm.rotary_embedding": "f32", "llm.embedding": "f32",
-    "core.add": "follow", "core.sub": "follow", "core.mul": "follow", "core.div": "follow",
-    "core.neg": "follow", "core.silu": "follow", "core.gelu": "follow", "core.relu": "follow",
-    "core.tanh": "follow", "core.sigmoid": "follow", "llm.silu_mul": "follow", "core.reshape": "follow",
-    "core.transpose": "follow", "core.concat": "follow", "core.slice": "follow",
-    "core.unsqueeze": "follow", "core.squeeze": "follow", "core.reduce_max": "follow", "core.tile": "follow",
+    "core.matmul": "low",
+    "llm.linear": "low",
+    "llm.gated_mlp": "low",
+    "llm.scaled_dot_product_attention": "low",
+    "llm.quantized_matmul": "low",
+    "llm.rms_norm": "f32",
+    "llm.add_rms_norm": "f32",
+    "llm.layer_norm": "f32",
+    "core.softmax": "f32",
+    "core.log_softmax": "f32",
+    "core.reduce_mean": "f32",
+    "core.reduce_sum": "f32",
+    "core.exp": "f32",
+    "core.log": "f32",
+    "core.pow": "f32",
+    "core.sqrt": "f32",
+    "core.rsqrt": "f32",
+    "llm.rotary_embedding": "f32",
+    "llm.embedding": "f32",
+    "core.add": "follow",
+    "core.sub": "follow",
+    "core.mul": "follow",
+    "core.div": "follow",
+    "core.neg": "follow",
+    "core.silu": "follow",
+    "core.gelu": "follow",
+    "core.relu": "follow",
+    "core.tanh": "follow",
+    "core.sigmoid": "follow",
+    "llm.silu_mul": "follow",
+    "core.reshape": "follow",
+    "core.transpose": "follow",
+    "core.concat": "follow",
+    "core.slice": "follow",
+    "core.unsqueeze": "follow",
+    "core.squeeze": "follow",
+    "core.reduce_max": "follow",
+    "core.tile": "follow",
     "core.gather": "follow",
 }
 MOVE_ONLY: dict[str, tuple[int, ...]] = {"llm.quantized_matmul": (1, 2, 3)}
@@ -103,24 +130,43 @@ for _kind in OP_CLASSES:
         _inner = T(_kind, tuple(prep(i, _kind) for i in range(_n)), _at)  # shared by the results
         for _r in range(results_of(_kind)):
             _core = T(_kind, _inner.args, _at, _r) if _r else _inner
-            rule(Rule(
-                name=rule_name(_kind, _n, _r),
-                summary=f"{_kind} computed on the target device in the assigned precision",
-                lhs=T(_kind, tuple(V(f"a{i}") for i in range(_n)), _at, _r), rhs=restore(_core),
-                sig=_sig(_n), tag="approximate", obligation=_LEMMA, passes=("assign-precision",),
-            ))
+            rule(
+                Rule(
+                    name=rule_name(_kind, _n, _r),
+                    summary=f"{_kind} computed on the target device in the assigned precision",
+                    lhs=T(_kind, tuple(V(f"a{i}") for i in range(_n)), _at, _r),
+                    rhs=restore(_core),
+                    sig=_sig(_n),
+                    tag="approximate",
+                    obligation=_LEMMA,
+                    passes=("assign-precision",),
+                )
+            )
 
 for _layout, _tb in (("nk", True), ("kn", False)):
-    rule(Rule(
-        name=f"precision-core-matmul-reorder-{_layout}",
-        summary=f"a matmul whose parameter matrix is transposed at load time to the target's "
-                f"{_layout} layout (transpose_b = {str(_tb).lower()})",
-        lhs=t("core.matmul", V("a0"), V("a1"), transpose_a=A("transpose_a"), transpose_b=not _tb),
-        rhs=restore(t("core.matmul", prep(0, "core.matmul"), prep(1, "core.matmul", reorder=True),
-                      transpose_a=A("transpose_a"), transpose_b=_tb)),
-        sig={"a0": "... m k", "a1": "k n" if _tb else "n k"}, tag="approximate", obligation=_LEMMA,
-        passes=("assign-precision",),
-    ))
+    rule(
+        Rule(
+            name=f"precision-core-matmul-reorder-{_layout}",
+            summary=f"a matmul whose parameter matrix is transposed at load time to the target's "
+            f"{_layout} layout (transpose_b = {str(_tb).lower()})",
+            lhs=t(
+                "core.matmul", V("a0"), V("a1"), transpose_a=A("transpose_a"), transpose_b=not _tb
+            ),
+            rhs=restore(
+                t(
+                    "core.matmul",
+                    prep(0, "core.matmul"),
+                    prep(1, "core.matmul", reorder=True),
+                    transpose_a=A("transpose_a"),
+                    transpose_b=_tb,
+                )
+            ),
+            sig={"a0": "... m k", "a1": "k n" if _tb else "n k"},
+            tag="approximate",
+            obligation=_LEMMA,
+            passes=("assign-precision",),
+        )
+    )
 
 
 def reorder_rule(target_layout: str) -> str:
@@ -129,12 +175,14 @@ def reorder_rule(target_layout: str) -> str:
 
 # -- canonicalizations that fold the materialized conversions ------------------------------------
 
+
 def _narrow_roundtrip(dt: DType) -> Any:
     def check(m: Match) -> str | None:
         x = m.values["x"].type
         if not isinstance(x, TensorType) or x.dtype != dt:
             return f"{x} is not a {dt} value widened to f32"
         return None
+
     return check
 
 
@@ -149,6 +197,7 @@ def _same_place(m: Match) -> str | None:
 def _narrow_lemma() -> Obligation:
     """cast(cast(x, f32), D) = x for x in D: widening to f32 is exact and rounding to D is the
     identity on D's values (r is any rounding: r(r(y)) = r(y))."""
+
     def obligation() -> tuple[list[Any], Any, list[Any]]:
         import z3
 
@@ -158,22 +207,41 @@ def _narrow_lemma() -> Obligation:
         x = r(y)
         hyps = [r(r(y)) == r(y), widen(x) == x]
         return hyps, r(widen(x)) == x, [y]
+
     return obligation
 
 
 for _dt in (DType.f16, DType.bf16):
     _lhs = t("core.cast", t("core.cast", V("x"), to=DType.f32), to=_dt)
-    rule(Rule(
-        name=f"cast-roundtrip-{_dt}", summary=f"a {_dt} value widened to f32 and narrowed back is itself",
-        lhs=_lhs, rhs=V("x"), sig={"x": "... n"}, check=_narrow_roundtrip(_dt), obligation=_narrow_lemma(),
-        passes=("canonicalize",), dtypes={"x": str(_dt)},
-    ))
+    rule(
+        Rule(
+            name=f"cast-roundtrip-{_dt}",
+            summary=f"a {_dt} value widened to f32 and narrowed back is itself",
+            lhs=_lhs,
+            rhs=V("x"),
+            sig={"x": "... n"},
+            check=_narrow_roundtrip(_dt),
+            obligation=_narrow_lemma(),
+            passes=("canonicalize",),
+            dtypes={"x": str(_dt)},
+        )
+    )
 
-_TD_LHS = t("llm.to_device", t("llm.to_device", V("x"), device="", layout=""), device=A("device"), layout=A("layout"))
-rule(Rule(
-    name="to-device-roundtrip",
-    summary="a value moved to the host and back to where it was is itself",
-    lhs=_TD_LHS, rhs=V("x"), sig={"x": "... n"}, check=_same_place,
-    obligation=equality(_TD_LHS, V("x"), {"x": "... n"}, (0, 1)),
-    passes=("canonicalize",),
-))
+_TD_LHS = t(
+    "llm.to_device",
+    t("llm.to_device", V("x"), device="", layout=""),
+    device=A("device"),
+    layout=A("layout"),
+)
+rule(
+    Rule(
+        name="to-device-roundtrip",
+        summary="a value moved to the host and back to where it was is itself",
+        lhs=_TD_LHS,
+        rhs=V("x"),
+        sig={"x": "... n"},
+        check=_same_place,
+        obligation=equality(_TD_LHS, V("x"), {"x": "... n"}, (0, 1)),
+        passes=("canonicalize",),
+    )
+)

@@ -22,27 +22,36 @@ from .terms import Term
 Obligation = Callable[[], tuple[list[Any], Any, list[Any]]]
 
 
-def equality(lhs: Term, rhs: Term, sig: dict[str, str], batch_ranks: Sequence[int] = (0, 1), *,
-             assume: Callable[[dict[str, Any]], list[Any]] | None = None,
-             proof_attrs: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None,
-             int_leaves: Sequence[str] = (),
-             hyps_at: Callable[[dict[str, Any], tuple[Any, ...]], list[Any]] | None = None) -> Obligation:
+def equality(
+    lhs: Term,
+    rhs: Term,
+    sig: dict[str, str],
+    batch_ranks: Sequence[int] = (0, 1),
+    *,
+    assume: Callable[[dict[str, Any]], list[Any]] | None = None,
+    proof_attrs: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None,
+    int_leaves: Sequence[str] = (),
+    hyps_at: Callable[[dict[str, Any], tuple[Any, ...]], list[Any]] | None = None,
+) -> Obligation:
     """`lhs == rhs` (shapes and elements). `sig` gives each leaf's shape (`"... m k"`, named dims,
     `"2*h"` products); `proof_attrs(batch, syms)` binds attribute variables (and `__op__` hints
     for the encoder); `assume(syms)` and `hyps_at(syms, index)` add hypotheses (a rule's
     precondition, instantiated at the symbolic index)."""
+
     def obligation() -> tuple[list[Any], Any, list[Any]]:
         from .smt_ext import encode_equality
 
         return encode_equality(lhs, rhs, sig, batch_ranks, assume, proof_attrs, int_leaves, hyps_at)
+
     return obligation
 
 
-def sym_quant_bound(levels: int, scale_rel_err: float = 2.0 ** -10) -> Obligation:
+def sym_quant_bound(levels: int, scale_rel_err: float = 2.0**-10) -> Obligation:
     """Symmetric quantization with codes in [-levels, levels] (int8: 127, int4: 7): the stored
     scale s is amax / levels up to a relative `scale_rel_err` (its rounding to f32 or f16), and
     the code q is any integer within 1/2 of x / s. Claim, for every |x| <= amax: q fits
     (|q| <= levels, so clamping never changes it) and |q * s - x| <= s / 2."""
+
     def obligation() -> tuple[list[Any], Any, list[Any]]:
         import z3
 
@@ -50,11 +59,16 @@ def sym_quant_bound(levels: int, scale_rel_err: float = 2.0 ** -10) -> Obligatio
         q = z3.Int("q")
         t = x / s
         qr = z3.ToReal(q)
-        hyps = [amax > 0, z3.Abs(x) <= amax, s > 0,
-                z3.Abs(s * levels - amax) <= amax * scale_rel_err,
-                z3.Abs(qr - t) <= z3.RealVal(1) / 2]
+        hyps = [
+            amax > 0,
+            z3.Abs(x) <= amax,
+            s > 0,
+            z3.Abs(s * levels - amax) <= amax * scale_rel_err,
+            z3.Abs(qr - t) <= z3.RealVal(1) / 2,
+        ]
         goal = z3.And(z3.Abs(qr) <= levels, z3.Abs(qr * s - x) <= s / 2)
         return hyps, goal, [x, amax, s, q]
+
     return obligation
 
 
@@ -63,6 +77,7 @@ def asym_quant_bound(levels: int) -> Obligation:
     hi = max(max, 0), s = (hi - lo) / levels, zero point z = an integer within 1/2 of -lo / s,
     code q = clamp(r, 0, levels) for an integer r within 1/2 of x / s + z. Claim, for every
     lo <= x <= hi: z and q are codes and |(q - z) * s - x| <= s / 2."""
+
     def obligation() -> tuple[list[Any], Any, list[Any]]:
         import z3
 
@@ -72,11 +87,20 @@ def asym_quant_bound(levels: int) -> Obligation:
         zr, rr = z3.ToReal(z), z3.ToReal(r)
         half = z3.RealVal(1) / 2
         q = z3.If(r < 0, 0, z3.If(r > levels, levels, r))
-        hyps = [lo <= 0, hi >= 0, hi - lo > 0, lo <= x, x <= hi,
-                z3.Abs(zr + lo / s) <= half, z3.Abs(rr - (x / s + zr)) <= half]
-        goal = z3.And(0 <= z, z <= levels, 0 <= q, q <= levels,
-                      z3.Abs((z3.ToReal(q) - zr) * s - x) <= s / 2)
+        hyps = [
+            lo <= 0,
+            hi >= 0,
+            hi - lo > 0,
+            lo <= x,
+            x <= hi,
+            z3.Abs(zr + lo / s) <= half,
+            z3.Abs(rr - (x / s + zr)) <= half,
+        ]
+        goal = z3.And(
+            0 <= z, z <= levels, 0 <= q, q <= levels, z3.Abs((z3.ToReal(q) - zr) * s - x) <= s / 2
+        )
         return hyps, goal, [x, lo, hi, z, r]
+
     return obligation
 
 
@@ -85,6 +109,7 @@ def rounding_bound(mantissa_bits: int, operands: int) -> Obligation:
     mantissa bits (f16: 10, bf16: 7; unit roundoff u = 2^-(m+1)), in its normal range, changes
     the product by at most ((1 + u)^n - 1) * |exact product|: the per-element bound a lowered
     matmul or elementwise product sums (|sum of errors| <= bound * sum of |terms|)."""
+
     def obligation() -> tuple[list[Any], Any, list[Any]]:
         import z3
 
@@ -99,4 +124,5 @@ def rounding_bound(mantissa_bits: int, operands: int) -> Obligation:
         hyps = [z3.Abs(d) <= u for d in ds]
         goal = z3.Abs(rounded - exact) <= bound * z3.Abs(exact)
         return hyps, goal, xs + ds
+
     return obligation

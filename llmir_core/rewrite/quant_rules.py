@@ -50,26 +50,41 @@ for _bits in BITS:
         _kind = f"int{_bits} {'symmetric' if _sym else 'asymmetric'}"
         for _tb in (True, False):
             _lhs = t("core.matmul", V("x"), V("w"), transpose_a=False, transpose_b=_tb)
-            rule(Rule(
-                name=weight_rule_name(_bits, _sym, "matmul" if _tb else "matmul-kn"),
-                summary=f"x @ w{'^T' if _tb else ''} ~ quantized_matmul over {_kind} blockwise codes of w"
-                        f"{'' if _tb else '^T'} (|error| <= scale/2 per weight)",
-                lhs=_lhs, rhs=_qmm(V("x"), "w", _sym), sig={"x": "... m k", "w": "n k" if _tb else "k n"},
-                tag="approximate", obligation=_obligation(_bits, _sym), passes=("quantize-weights",),
-            ))
+            rule(
+                Rule(
+                    name=weight_rule_name(_bits, _sym, "matmul" if _tb else "matmul-kn"),
+                    summary=f"x @ w{'^T' if _tb else ''} ~ quantized_matmul over {_kind} blockwise codes of w"
+                    f"{'' if _tb else '^T'} (|error| <= scale/2 per weight)",
+                    lhs=_lhs,
+                    rhs=_qmm(V("x"), "w", _sym),
+                    sig={"x": "... m k", "w": "n k" if _tb else "k n"},
+                    tag="approximate",
+                    obligation=_obligation(_bits, _sym),
+                    passes=("quantize-weights",),
+                )
+            )
         for _act in ("silu", "gelu", "gelu_tanh"):
             _g, _u = _qmm(V("x"), "g", _sym), _qmm(V("x"), "u", _sym)
             if _act == "silu":
                 _h: T = t("llm.silu_mul", _g, _u)
             else:
-                _h = t("core.mul", t("core.gelu", _g, approximate="none" if _act == "gelu" else "tanh"), _u)
-            rule(Rule(
-                name=weight_rule_name(_bits, _sym, f"gated-mlp-{_act}"),
-                summary=f"a gated MLP ~ three quantized_matmuls over {_kind} blockwise codes of its weights",
-                lhs=t("llm.gated_mlp", V("x"), V("wg"), V("wu"), V("wd"), activation=_act),
-                rhs=_qmm(_h, "d", _sym), sig={"x": "... s h", "wg": "f h", "wu": "f h", "wd": "h f"},
-                tag="approximate", obligation=_obligation(_bits, _sym), passes=("quantize-weights",),
-            ))
+                _h = t(
+                    "core.mul",
+                    t("core.gelu", _g, approximate="none" if _act == "gelu" else "tanh"),
+                    _u,
+                )
+            rule(
+                Rule(
+                    name=weight_rule_name(_bits, _sym, f"gated-mlp-{_act}"),
+                    summary=f"a gated MLP ~ three quantized_matmuls over {_kind} blockwise codes of its weights",
+                    lhs=t("llm.gated_mlp", V("x"), V("wg"), V("wu"), V("wd"), activation=_act),
+                    rhs=_qmm(_h, "d", _sym),
+                    sig={"x": "... s h", "wg": "f h", "wu": "f h", "wd": "h f"},
+                    tag="approximate",
+                    obligation=_obligation(_bits, _sym),
+                    passes=("quantize-weights",),
+                )
+            )
 
 
 # -- KV cache int8: one scale per (batch, head, position), over the head_dim channels -------------
@@ -80,7 +95,12 @@ KV_LEVELS = 127
 def kv_scale(x: Any) -> T:
     """s = max|x| / 127 over the last axis (head_dim), 1 where that row is all zeros."""
     amax = t("core.reduce_max", t("core.abs", x), axes=(-1,), keepdims=True)
-    return t("core.where", t("core.equal", amax, K(0.0)), K(1.0), t("core.div", amax, K(float(KV_LEVELS))))
+    return t(
+        "core.where",
+        t("core.equal", amax, K(0.0)),
+        K(1.0),
+        t("core.div", amax, K(float(KV_LEVELS))),
+    )
 
 
 def kv_codes(x: Any, scale: Any) -> T:
@@ -93,12 +113,16 @@ def kv_dequant(codes: Any, scale: Any) -> T:
 
 
 _S = kv_scale(V("new"))
-rule(Rule(
-    name="kv-cache-int8",
-    summary="a cache entry concat(past, new) ~ concat(past, f32(int8 codes of new) * scale), one scale "
-            "per batch row, head and position (|error| <= scale/2 per element)",
-    lhs=t("core.concat", V("past"), V("new"), axis=2),
-    rhs=t("core.concat", V("past"), kv_dequant(kv_codes(V("new"), _S), _S), axis=2),
-    sig={"past": "b h p d", "new": "b h s d"},
-    tag="approximate", obligation=sym_quant_bound(KV_LEVELS), passes=("kv-cache-int8",),
-))
+rule(
+    Rule(
+        name="kv-cache-int8",
+        summary="a cache entry concat(past, new) ~ concat(past, f32(int8 codes of new) * scale), one scale "
+        "per batch row, head and position (|error| <= scale/2 per element)",
+        lhs=t("core.concat", V("past"), V("new"), axis=2),
+        rhs=t("core.concat", V("past"), kv_dequant(kv_codes(V("new"), _S), _S), axis=2),
+        sig={"past": "b h p d", "new": "b h s d"},
+        tag="approximate",
+        obligation=sym_quant_bound(KV_LEVELS),
+        passes=("kv-cache-int8",),
+    )
+)

@@ -60,8 +60,16 @@ class Rule:
     @property
     def fingerprint(self) -> str:
         """Identifies the statement that was proved (patterns, signature, tag)."""
-        body = "|".join([self.name, self.text, repr(sorted(self.sig.items())), self.tag,
-                         repr(self.batch_ranks), repr(sorted(self.dtypes.items()))])
+        body = "|".join(
+            [
+                self.name,
+                self.text,
+                repr(sorted(self.sig.items())),
+                self.tag,
+                repr(self.batch_ranks),
+                repr(sorted(self.dtypes.items())),
+            ]
+        )
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
     def match(self, root: Op) -> Match | None:

@@ -53,7 +53,9 @@ class ExtEncoder(Encoder):
             self.lemma(("sumsq", s.get_id()), s >= 0)
         return s
 
-    def op(self, name: str, args: Sequence[STensor], attrs: dict[str, Any], leaf_dtype: str = "f32") -> list[STensor]:
+    def op(
+        self, name: str, args: Sequence[STensor], attrs: dict[str, Any], leaf_dtype: str = "f32"
+    ) -> list[STensor]:
         if name == "core.div":
             return [self.elementwise(lambda a, b: a * (1 / b), *args)]
         if name == "core.add" and any(isinstance(a, MaskTensor) for a in args):
@@ -86,8 +88,12 @@ class ExtEncoder(Encoder):
             starts[a] = s0
 
         def f(i: Idx) -> Any:
-            return x.f(tuple(v + s if not (isinstance(s, int) and s == 0) else v
-                             for v, s in zip(i, starts)))
+            return x.f(
+                tuple(
+                    v + s if not (isinstance(s, int) and s == 0) else v for v, s in zip(i, starts)
+                )
+            )
+
         return STensor(tuple(shape), f)
 
     def op_core_unsqueeze(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
@@ -97,7 +103,9 @@ class ExtEncoder(Encoder):
         shape: list[Any] = list(x.shape)
         for a in axes:
             shape.insert(a, 1)
-        return STensor(tuple(shape), lambda i: x.f(tuple(v for j, v in enumerate(i) if j not in axes)))
+        return STensor(
+            tuple(shape), lambda i: x.f(tuple(v for j, v in enumerate(i) if j not in axes))
+        )
 
     def op_core_gather(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
         x, idx = args
@@ -109,17 +117,24 @@ class ExtEncoder(Encoder):
             j = idx.f(i[:n])
             j = j if z3.is_int(j) else z3.ToInt(j)
             return x.f((j,) + tuple(i[n:]))
+
         return STensor(tuple(idx.shape) + tuple(x.shape[1:]), f)
 
     def op_core_tile(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
         x = args[0]
         reps = attrs["repeats"]
-        if any(not (isinstance(d, int) and d == 1) and not (isinstance(r, int) and r == 1)
-               for d, r in zip(x.shape, reps)):
+        if any(
+            not (isinstance(d, int) and d == 1) and not (isinstance(r, int) and r == 1)
+            for d, r in zip(x.shape, reps)
+        ):
             raise EncodeError("only tiling of size-1 dims is encoded")
         shape = tuple(r if isinstance(d, int) and d == 1 else d for d, r in zip(x.shape, reps))
-        return STensor(shape, lambda i: x.f(tuple(0 if isinstance(d, int) and d == 1 else v
-                                                  for d, v in zip(x.shape, i))))
+        return STensor(
+            shape,
+            lambda i: x.f(
+                tuple(0 if isinstance(d, int) and d == 1 else v for d, v in zip(x.shape, i))
+            ),
+        )
 
     def op_core_reshape(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
         """Only merging two adjacent dims [.., a, b, ..] -> [.., a*b, ..] (the GQA repeat)."""
@@ -128,11 +143,12 @@ class ExtEncoder(Encoder):
         if at is None or x.rank < 2:
             raise EncodeError("only reshapes that merge two adjacent dims are encoded")
         inner = x.shape[at + 1]
-        shape = tuple(x.shape[:at]) + (x.shape[at] * inner,) + tuple(x.shape[at + 2:])
+        shape = tuple(x.shape[:at]) + (x.shape[at] * inner,) + tuple(x.shape[at + 2 :])
 
         def f(i: Idx) -> Any:
             h = i[at]
-            return x.f(tuple(i[:at]) + (h / inner, h % inner) + tuple(i[at + 1:]))
+            return x.f(tuple(i[:at]) + (h / inner, h % inner) + tuple(i[at + 1 :]))
+
         return STensor(shape, f)
 
     def op_core_constant_of_shape(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
@@ -147,8 +163,11 @@ class ExtEncoder(Encoder):
             raise EncodeError("only trilu of a -inf fill is encoded")
         k = z3.ToInt(args[1].f(())) if not z3.is_int(args[1].f(())) else args[1].f(())
         upper = attrs.get("upper", True)
-        return MaskTensor(x.shape, x.f, lambda i: z3.And(x.cond(i), (i[1] - i[0] >= k) if upper
-                                                         else (i[1] - i[0] <= k)))
+        return MaskTensor(
+            x.shape,
+            x.f,
+            lambda i: z3.And(x.cond(i), (i[1] - i[0] >= k) if upper else (i[1] - i[0] <= k)),
+        )
 
     # -- fused and lifted llm ops: their definitions ------------------------------------------
     def op_llm_add_rms_norm(self, args: Sequence[STensor], attrs: dict[str, Any]) -> list[STensor]:
@@ -173,7 +192,9 @@ class ExtEncoder(Encoder):
         eps = z3.RealVal(eps) if isinstance(eps, float) else eps
         mean = self._reduce(x, {"axes": (-1,), "keepdims": True}, "mean")
         c = self.elementwise(lambda a, b: a - b, x, mean)
-        var = self._reduce(self.elementwise(lambda a, b: a * b, c, c), {"axes": (-1,), "keepdims": True}, "mean")
+        var = self._reduce(
+            self.elementwise(lambda a, b: a * b, c, c), {"axes": (-1,), "keepdims": True}, "mean"
+        )
         last = x.rank - 1
         y = STensor(x.shape, lambda i: c.f(i) * self.rsqrt(var.f(_zero_at(i, last)) + eps))
         y = self.elementwise(lambda a, b: a * b, y, w)
@@ -198,9 +219,12 @@ class ExtEncoder(Encoder):
             first = x.f(i) * cos.f((p(i), d)) - x.f(lo) * sin.f((p(i), d))
             second = x.f(i) * cos.f((p(i), d - half)) + x.f(hi) * sin.f((p(i), d - half))
             return z3.If(d < half, first, second)
+
         return STensor(x.shape, f)
 
-    def op_llm_scaled_dot_product_attention(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
+    def op_llm_scaled_dot_product_attention(
+        self, args: Sequence[STensor], attrs: dict[str, Any]
+    ) -> STensor:
         q, k, v = args[:3]
         for key in ("softcap", "sliding_window", "softmax_eps"):
             if attrs.get(key):
@@ -212,8 +236,14 @@ class ExtEncoder(Encoder):
             scale = z3.RealVal(scale)
         group = _quotient(q.shape[1], k.shape[1])
         if group is not None:  # grouped-query: kv head h // group serves q head h
-            k = STensor(k.shape[:1] + q.shape[1:2] + k.shape[2:], (lambda t: lambda i: t.f((i[0], i[1] / group) + i[2:]))(k))
-            v = STensor(v.shape[:1] + q.shape[1:2] + v.shape[2:], (lambda t: lambda i: t.f((i[0], i[1] / group) + i[2:]))(v))
+            k = STensor(
+                k.shape[:1] + q.shape[1:2] + k.shape[2:],
+                (lambda t: lambda i: t.f((i[0], i[1] / group) + i[2:]))(k),
+            )
+            v = STensor(
+                v.shape[:1] + q.shape[1:2] + v.shape[2:],
+                (lambda t: lambda i: t.f((i[0], i[1] / group) + i[2:]))(v),
+            )
         kt = self.op_core_transpose([k], {"perm": (0, 1, 3, 2)})
         s = self.op_core_matmul([q, kt], {})
         s = self.elementwise(lambda a, b: a * b, s, STensor((), lambda i: scale))
@@ -223,7 +253,9 @@ class ExtEncoder(Encoder):
             sq, skv = q.shape[2], k.shape[2]
             sc = s
             # masked iff key j > i + Skv - Sq (the same normal form as an additive trilu mask)
-            s = STensor(sc.shape, lambda i: z3.If(i[3] - i[2] >= 1 + skv - sq, self.neg_inf, sc.f(i)))
+            s = STensor(
+                sc.shape, lambda i: z3.If(i[3] - i[2] >= 1 + skv - sq, self.neg_inf, sc.f(i))
+            )
         p = self.op_core_softmax([s], {"axis": -1})
         return self.op_core_matmul([p, v], {})
 
@@ -240,8 +272,12 @@ def _captures_bound(e: Any) -> bool:
         seen.add(x.get_id())
         if z3.is_quantifier(x):
             continue
-        if z3.is_const(x) and x.decl().kind() == z3.Z3_OP_UNINTERPRETED and x.decl().name()[:1] == "k" \
-                and x.decl().name()[1:].isdigit():
+        if (
+            z3.is_const(x)
+            and x.decl().kind() == z3.Z3_OP_UNINTERPRETED
+            and x.decl().name()[:1] == "k"
+            and x.decl().name()[1:].isdigit()
+        ):
             return True
         stack.extend(x.children())
     return False
@@ -259,7 +295,7 @@ def _quotient(a: Any, b: Any) -> Any:
         rest = [a.arg(i) for i in range(a.num_args())]
         for j, f in enumerate(rest):
             if not isinstance(b, int) and f.eq(b):
-                others = rest[:j] + rest[j + 1:]
+                others = rest[:j] + rest[j + 1 :]
                 out = others[0]
                 for o in others[1:]:
                     out = out * o
@@ -268,6 +304,7 @@ def _quotient(a: Any, b: Any) -> Any:
 
 
 # -- the obligation: lhs == rhs at a symbolic index, for every listed batch rank -----------------
+
 
 def _dims_of(sig: str, batch: int, dims: dict[str, Any], suffix: str) -> tuple[Any, ...]:
     out: list[Any] = []
@@ -284,11 +321,16 @@ def _dims_of(sig: str, batch: int, dims: dict[str, Any], suffix: str) -> tuple[A
     return tuple(out)
 
 
-def encode_equality(lhs: Term, rhs: Term, sig: dict[str, str], batch_ranks: Sequence[int],
-                    assume: Callable[[dict[str, Any]], list[Any]] | None,
-                    proof_attrs: Callable[[int, dict[str, Any]], dict[str, Any]] | None,
-                    int_leaves: Sequence[str],
-                    hyps_at: Callable[[dict[str, Any], Idx], list[Any]] | None) -> tuple[list[Any], Any, list[Any]]:
+def encode_equality(
+    lhs: Term,
+    rhs: Term,
+    sig: dict[str, str],
+    batch_ranks: Sequence[int],
+    assume: Callable[[dict[str, Any]], list[Any]] | None,
+    proof_attrs: Callable[[int, dict[str, Any]], dict[str, Any]] | None,
+    int_leaves: Sequence[str],
+    hyps_at: Callable[[dict[str, Any], Idx], list[Any]] | None,
+) -> tuple[list[Any], Any, list[Any]]:
     """(hypotheses, goal, symbols to show) stating that lhs and rhs have equal shapes and are
     equal at a symbolic index, for symbolic dims, for each batch rank."""
     hyps: list[Any] = []
@@ -307,16 +349,26 @@ def encode_equality(lhs: Term, rhs: Term, sig: dict[str, str], batch_ranks: Sequ
                 continue
             shape = _dims_of(sig.get(name, ""), batch, dims, sfx)
             sort = z3.IntSort() if name in int_leaves else z3.RealSort()
-            fn = z3.Function(name + sfx, *([z3.IntSort()] * len(shape)), sort) if shape \
+            fn = (
+                z3.Function(name + sfx, *([z3.IntSort()] * len(shape)), sort)
+                if shape
                 else z3.Const(name + sfx, sort)
-            env[name] = STensor(shape, (lambda g, n: (lambda i: g(*i)) if n else (lambda i: g))(fn, len(shape)))
-        syms = {**{k: v for k, v in env.items() if not isinstance(v, STensor)}, **dims,
-                "__leaves__": env}
+            )
+            env[name] = STensor(
+                shape, (lambda g, n: (lambda i: g(*i)) if n else (lambda i: g))(fn, len(shape))
+            )
+        syms = {
+            **{k: v for k, v in env.items() if not isinstance(v, STensor)},
+            **dims,
+            "__leaves__": env,
+        }
         attrs = dict(proof_attrs(batch, syms)) if proof_attrs else {}
         syms.update({k: v for k, v in attrs.items() if isinstance(v, z3.ExprRef)})
         cache: dict[int, list[STensor]] = {}
 
-        def resolve(v: Any, attrs: dict[str, Any] = attrs, syms: dict[str, Any] = syms, sfx: str = sfx) -> Any:
+        def resolve(
+            v: Any, attrs: dict[str, Any] = attrs, syms: dict[str, Any] = syms, sfx: str = sfx
+        ) -> Any:
             if isinstance(v, A):
                 if v.name in attrs:
                     return attrs[v.name]
@@ -327,8 +379,13 @@ def encode_equality(lhs: Term, rhs: Term, sig: dict[str, str], batch_ranks: Sequ
                 return tuple(resolve(x) for x in v)
             return v
 
-        def encode(term: Term, enc: ExtEncoder = enc, env: dict[str, Any] = env,
-                   cache: dict[int, list[STensor]] = cache, attrs: dict[str, Any] = attrs) -> STensor:
+        def encode(
+            term: Term,
+            enc: ExtEncoder = enc,
+            env: dict[str, Any] = env,
+            cache: dict[int, list[STensor]] = cache,
+            attrs: dict[str, Any] = attrs,
+        ) -> STensor:
             if isinstance(term, V):
                 return env[term.name]
             if isinstance(term, C):
@@ -356,8 +413,12 @@ def encode_equality(lhs: Term, rhs: Term, sig: dict[str, str], batch_ranks: Sequ
             hyps += hyps_at(syms, idx)
         if not lv.eq(rv):  # syntactically equal sides need no lemma (and z3 then answers at once)
             hyps += [f for f in enc.lemmas() if not _captures_bound(f)]
-        same_shape = [z3.simplify(a == b) if not (isinstance(a, int) and isinstance(b, int))
-                      else z3.BoolVal(a == b) for a, b in zip(lt.shape, rt.shape)]
+        same_shape = [
+            z3.simplify(a == b)
+            if not (isinstance(a, int) and isinstance(b, int))
+            else z3.BoolVal(a == b)
+            for a, b in zip(lt.shape, rt.shape)
+        ]
         goals.append(z3.And(*same_shape, lv == rv))
         show += list(dims.values()) + list(idx)
     return hyps, z3.And(*goals), show

@@ -27,7 +27,7 @@ from llmir_core.ir.attrs import DenseAttr, attr_equal
 from llmir_core.ir.core import Op, Value
 from llmir_core.ir.types import DType, TensorType
 
-BIG = 2 ** 62  # a slice end at or past this means "to the end" (ONNX uses INT64_MAX)
+BIG = 2**62  # a slice end at or past this means "to the end" (ONNX uses INT64_MAX)
 
 
 @dataclass(frozen=True)
@@ -168,8 +168,9 @@ def subst_attrs(attrs: Mapping[str, Any], bound: Mapping[str, Any]) -> dict[str,
     return out
 
 
-def build(term: Term, m: Match, b: Any, const_dtype: DType = DType.f32,
-          cache: dict[Any, Op] | None = None) -> Value:
+def build(
+    term: Term, m: Match, b: Any, const_dtype: DType = DType.f32, cache: dict[Any, Op] | None = None
+) -> Value:
     """Build `term` with builder `b`, taking leaves from the match. Ops are shared through
     `cache` by name, operands and attributes, so terms that differ only in the result they
     take (the results of one fused op, the parts of one split) build one op."""
@@ -177,7 +178,9 @@ def build(term: Term, m: Match, b: Any, const_dtype: DType = DType.f32,
     if isinstance(term, V):
         return m.values[term.name]
     if isinstance(term, K):
-        return b.op("core.constant", value=DenseAttr(np.array(term.value, dtype=const_dtype.to_numpy())))
+        return b.op(
+            "core.constant", value=DenseAttr(np.array(term.value, dtype=const_dtype.to_numpy()))
+        )
     if isinstance(term, C):
         existing = m.values.get("$" + term.name)
         if existing is not None:

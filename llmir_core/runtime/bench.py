@@ -48,7 +48,10 @@ class BenchResult:
 
     def summary(self) -> dict[str, Any]:
         def ms(xs: list[float]) -> dict[str, float]:
-            return {"mean": statistics.fmean(xs), "stddev": statistics.pstdev(xs) if len(xs) > 1 else 0.0}
+            return {
+                "mean": statistics.fmean(xs),
+                "stddev": statistics.pstdev(xs) if len(xs) > 1 else 0.0,
+            }
 
         itl = sorted(x for r in self.runs for x in r.itl_s)
 
@@ -60,7 +63,9 @@ class BenchResult:
         prefill = [r.prefill_s * 1000 for r in self.runs]
         return {
             "prefill_ms": ms(prefill),
-            "prefill_tokens_per_s": ms([self.batch * self.prompt_len / (r.prefill_s or 1e-9) for r in self.runs]),
+            "prefill_tokens_per_s": ms(
+                [self.batch * self.prompt_len / (r.prefill_s or 1e-9) for r in self.runs]
+            ),
             "ttft_ms": ms([r.ttft_s * 1000 for r in self.runs]),
             "decode_tokens_per_s": ms([r.decode_tps(self.batch) for r in self.runs]),
             "itl_ms": {"p50": pct(50), "p90": pct(90), "p99": pct(99)},
@@ -70,11 +75,23 @@ class BenchResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "bench_schema": BENCH_SCHEMA,
-            "config": {"prompt_len": self.prompt_len, "gen_len": self.gen_len, "batch": self.batch,
-                       "threads": self.threads, "runs": len(self.runs)},
+            "config": {
+                "prompt_len": self.prompt_len,
+                "gen_len": self.gen_len,
+                "batch": self.batch,
+                "threads": self.threads,
+                "runs": len(self.runs),
+            },
             "results": self.summary(),
-            "runs": [{"prefill_s": r.prefill_s, "ttft_s": r.ttft_s, "decode_s": r.decode_s,
-                      "itl_s": r.itl_s} for r in self.runs],
+            "runs": [
+                {
+                    "prefill_s": r.prefill_s,
+                    "ttft_s": r.ttft_s,
+                    "decode_s": r.decode_s,
+                    "itl_s": r.itl_s,
+                }
+                for r in self.runs
+            ],
             "fingerprint": self.fingerprint,
         }
 
@@ -92,16 +109,39 @@ def hardware_fingerprint() -> dict[str, Any]:
                     cpu = line.split(":", 1)[1].strip()
                 if line.startswith("flags"):
                     have = set(line.split(":", 1)[1].split())
-                    flags = sorted(have & {"avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
-                                           "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile",
-                                           "amx_bf16", "amx_int8", "sse4_2", "neon", "asimd"})
+                    flags = sorted(
+                        have
+                        & {
+                            "avx",
+                            "avx2",
+                            "fma",
+                            "f16c",
+                            "avx512f",
+                            "avx512bw",
+                            "avx512_vnni",
+                            "avx512_bf16",
+                            "avx_vnni",
+                            "amx_tile",
+                            "amx_bf16",
+                            "amx_int8",
+                            "sse4_2",
+                            "neon",
+                            "asimd",
+                        }
+                    )
                     break
     except OSError:
         pass
-    info: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "cpu_flags": flags,
-                            "machine": platform.machine(), "os": platform.platform(),
-                            "python": platform.python_version(), "llmir": __version__,
-                            "numpy": np.__version__}
+    info: dict[str, Any] = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "cpu_flags": flags,
+        "machine": platform.machine(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "llmir": __version__,
+        "numpy": np.__version__,
+    }
     try:
         import onnxruntime  # noqa: PLC0415  (optional: only to report its version)
 
@@ -113,18 +153,29 @@ def hardware_fingerprint() -> dict[str, Any]:
     return info
 
 
-
-
-def run_bench(decoder: Decoder, vocab: int, *, prompt_len: int, gen_len: int, batch: int = 1,
-              runs: int = 3, warmup: int = 1, threads: int | None = None, seed: int = 0,
-              model_hash: str | None = None, progress: Any = None) -> BenchResult:
+def run_bench(
+    decoder: Decoder,
+    vocab: int,
+    *,
+    prompt_len: int,
+    gen_len: int,
+    batch: int = 1,
+    runs: int = 3,
+    warmup: int = 1,
+    threads: int | None = None,
+    seed: int = 0,
+    model_hash: str | None = None,
+    progress: Any = None,
+) -> BenchResult:
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, vocab, size=(batch, prompt_len), dtype=np.int64)
     res = BenchResult(prompt_len, gen_len, batch, threads)
     for i in range(warmup + runs):
         decoder.reset(batch)
-        with tracing.span("bench run", {"llmir.bench.run": i + 1, "llmir.bench.warmup": i < warmup,
-                                        "llmir.batch": batch}) as run_span:
+        with tracing.span(
+            "bench run",
+            {"llmir.bench.run": i + 1, "llmir.bench.warmup": i < warmup, "llmir.batch": batch},
+        ) as run_span:
             t0 = time.perf_counter()
             with tracing.span("prefill", {"gen_ai.usage.input_tokens": batch * prompt_len}):
                 logits = decoder.forward(ids)
@@ -140,11 +191,17 @@ def run_bench(decoder: Decoder, vocab: int, *, prompt_len: int, gen_len: int, ba
                     nxt = np.argmax(logits[:, -1], axis=-1).astype(np.int64)[:, None]
                     itl.append(time.perf_counter() - s)
             decode_s = time.perf_counter() - d0
-            run_span.set({"gen_ai.usage.input_tokens": batch * prompt_len,
-                          "gen_ai.usage.output_tokens": batch * gen_len,
-                          "gen_ai.server.time_to_first_token": ttft,
-                          "llmir.decode.tokens_per_s": batch * len(itl) / decode_s if decode_s > 0 else None,
-                          "llmir.kv_cache.bytes": kv_cache_bytes(decoder)})
+            run_span.set(
+                {
+                    "gen_ai.usage.input_tokens": batch * prompt_len,
+                    "gen_ai.usage.output_tokens": batch * gen_len,
+                    "gen_ai.server.time_to_first_token": ttft,
+                    "llmir.decode.tokens_per_s": batch * len(itl) / decode_s
+                    if decode_s > 0
+                    else None,
+                    "llmir.kv_cache.bytes": kv_cache_bytes(decoder),
+                }
+            )
         if i >= warmup:
             res.runs.append(RunStats(t1 - t0, ttft, decode_s, itl))
         if progress is not None:

@@ -33,15 +33,24 @@ def cache_specs(fn: Function) -> list[CacheSpec]:
     """Read the cache inputs from a decoder function's signature."""
     names = [a.name for a in fn.args]
     if names[:2] != ["input_ids", "positions"]:
-        raise InputError(f"@{fn.name} is not a decoder: its inputs must start with input_ids, positions "
-                         f"(has {', '.join(names[:3])})",
-                         hint="import a Hugging Face folder or a GGUF file with `llmir import`")
+        raise InputError(
+            f"@{fn.name} is not a decoder: its inputs must start with input_ids, positions "
+            f"(has {', '.join(names[:3])})",
+            hint="import a Hugging Face folder or a GGUF file with `llmir import`",
+        )
     specs = []
     for a in fn.args[2:]:
         t = a.type
-        if not isinstance(t, TensorType) or t.rank != 4 or not isinstance(t.shape[1], int) \
-                or not isinstance(t.shape[3], int) or t.is_quantized:
-            raise InputError(f"decoder cache input {a.name} must be [batch, kv_heads, past, head_dim], has {t}")
+        if (
+            not isinstance(t, TensorType)
+            or t.rank != 4
+            or not isinstance(t.shape[1], int)
+            or not isinstance(t.shape[3], int)
+            or t.is_quantized
+        ):
+            raise InputError(
+                f"decoder cache input {a.name} must be [batch, kv_heads, past, head_dim], has {t}"
+            )
         specs.append(CacheSpec(a.name, t.shape[1], t.shape[3], numpy_dtype(t.dtype)))  # type: ignore[arg-type]
     return specs
 
@@ -70,16 +79,22 @@ class FunctionDecoder:
         if not self.cache:
             self.reset(batch)
         if self.max_context is not None and self.length + seq > self.max_context:
-            raise InputError(f"{self.length + seq} tokens exceed the model's context of {self.max_context}",
-                             hint="use a shorter prompt or fewer --max-new-tokens")
-        positions = np.broadcast_to(np.arange(self.length, self.length + seq, dtype=np.int64), (batch, seq))
+            raise InputError(
+                f"{self.length + seq} tokens exceed the model's context of {self.max_context}",
+                hint="use a shorter prompt or fewer --max-new-tokens",
+            )
+        positions = np.broadcast_to(
+            np.arange(self.length, self.length + seq, dtype=np.int64), (batch, seq)
+        )
         feeds = {"input_ids": ids, "positions": np.ascontiguousarray(positions)}
         for s, c in zip(self.specs, self.cache):
             feeds[s.name] = c
         outs = self.call(feeds)
         logits, present = outs[0], list(outs[1:])
         if len(present) != len(self.specs):
-            raise InputError(f"decoder returned {len(present)} cache tensors, expected {len(self.specs)}")
+            raise InputError(
+                f"decoder returned {len(present)} cache tensors, expected {len(self.specs)}"
+            )
         self.cache = present
         self.length += seq
         return np.asarray(logits)

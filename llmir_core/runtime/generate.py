@@ -47,36 +47,70 @@ class GenerationResult:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "text": self.text, "prompt_tokens": len(self.prompt_ids), "token_ids": self.ids,
+            "text": self.text,
+            "prompt_tokens": len(self.prompt_ids),
+            "token_ids": self.ids,
             "stop_reason": self.stop_reason,
-            "timings": {"prefill_s": self.prefill_s, "ttft_s": self.ttft_s,
-                        "decode_tokens_per_s": self.decode_tokens_per_s,
-                        "generated_tokens": len(self.ids)},
+            "timings": {
+                "prefill_s": self.prefill_s,
+                "ttft_s": self.ttft_s,
+                "decode_tokens_per_s": self.decode_tokens_per_s,
+                "generated_tokens": len(self.ids),
+            },
         }
 
 
-def generate(decoder: Decoder, codec: TextCodec, prompt_ids: list[int], *, max_new_tokens: int,
-             sampler: Sampler, eos_ids: Sequence[int] = (), stop: Sequence[str] = (),
-             on_text: Callable[[str], None] | None = None) -> GenerationResult:
+def generate(
+    decoder: Decoder,
+    codec: TextCodec,
+    prompt_ids: list[int],
+    *,
+    max_new_tokens: int,
+    sampler: Sampler,
+    eos_ids: Sequence[int] = (),
+    stop: Sequence[str] = (),
+    on_text: Callable[[str], None] | None = None,
+) -> GenerationResult:
     """Generate up to max_new_tokens after the prompt, streaming text pieces to on_text.
 
     Traced as a span `generate` (GenAI attributes) with children `prefill` and `decode`."""
     c = sampler.config
-    with tracing.span("generate", {
-            "gen_ai.operation.name": "text_completion", "gen_ai.request.max_tokens": max_new_tokens,
-            "gen_ai.request.temperature": c.temperature, "gen_ai.request.top_p": c.top_p,
-            "gen_ai.request.top_k": c.top_k, "gen_ai.request.seed": c.seed,
-            "gen_ai.usage.input_tokens": len(prompt_ids)}) as sp:
+    with tracing.span(
+        "generate",
+        {
+            "gen_ai.operation.name": "text_completion",
+            "gen_ai.request.max_tokens": max_new_tokens,
+            "gen_ai.request.temperature": c.temperature,
+            "gen_ai.request.top_p": c.top_p,
+            "gen_ai.request.top_k": c.top_k,
+            "gen_ai.request.seed": c.seed,
+            "gen_ai.usage.input_tokens": len(prompt_ids),
+        },
+    ) as sp:
         res = _generate(decoder, codec, prompt_ids, max_new_tokens, sampler, eos_ids, stop, on_text)
-        sp.set({"gen_ai.usage.output_tokens": len(res.ids), "gen_ai.response.finish_reasons": [res.stop_reason],
-                "gen_ai.server.time_to_first_token": res.ttft_s, "llmir.prefill_s": res.prefill_s,
+        sp.set(
+            {
+                "gen_ai.usage.output_tokens": len(res.ids),
+                "gen_ai.response.finish_reasons": [res.stop_reason],
+                "gen_ai.server.time_to_first_token": res.ttft_s,
+                "llmir.prefill_s": res.prefill_s,
                 "llmir.decode.tokens_per_s": res.decode_tokens_per_s,
-                "llmir.kv_cache.bytes": kv_cache_bytes(decoder)})
+                "llmir.kv_cache.bytes": kv_cache_bytes(decoder),
+            }
+        )
     return res
 
 
-def _generate(decoder: Decoder, codec: TextCodec, prompt_ids: list[int], max_new_tokens: int, sampler: Sampler,
-              eos_ids: Sequence[int], stop: Sequence[str], on_text: Callable[[str], None] | None) -> GenerationResult:
+def _generate(
+    decoder: Decoder,
+    codec: TextCodec,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    sampler: Sampler,
+    eos_ids: Sequence[int],
+    stop: Sequence[str],
+    on_text: Callable[[str], None] | None,
+) -> GenerationResult:
     res = GenerationResult(list(prompt_ids))
     decoder.reset(1)
     t0 = time.perf_counter()
@@ -104,7 +138,7 @@ def _generate(decoder: Decoder, codec: TextCodec, prompt_ids: list[int], max_new
             if hit is not None:
                 stable = stable[: stable.index(hit)]
                 if on_text and len(stable) > len(emitted):
-                    on_text(stable[len(emitted):])
+                    on_text(stable[len(emitted) :])
                 emitted = stable
                 res.stop_reason = "stop_string"
                 break
@@ -113,7 +147,7 @@ def _generate(decoder: Decoder, codec: TextCodec, prompt_ids: list[int], max_new
                 hold = max((len(s) - 1 for s in stop), default=0)
                 safe = stable[: len(stable) - hold] if hold else stable
                 if len(safe) > len(emitted):
-                    on_text(safe[len(emitted):])
+                    on_text(safe[len(emitted) :])
                     emitted = safe
             if step == max_new_tokens - 1:
                 break
@@ -122,13 +156,19 @@ def _generate(decoder: Decoder, codec: TextCodec, prompt_ids: list[int], max_new
                 break
             logits = decoder.forward(np.asarray([[tok]], dtype=np.int64))
             res.token_s.append(time.perf_counter() - tok_start)
-        decode.set({"gen_ai.usage.output_tokens": len(res.ids), "gen_ai.server.time_to_first_token": res.ttft_s,
-                    "llmir.decode.steps": len(res.token_s), "llmir.decode.tokens_per_s": res.decode_tokens_per_s,
-                    "llmir.kv_cache.bytes": kv_cache_bytes(decoder)})
+        decode.set(
+            {
+                "gen_ai.usage.output_tokens": len(res.ids),
+                "gen_ai.server.time_to_first_token": res.ttft_s,
+                "llmir.decode.steps": len(res.token_s),
+                "llmir.decode.tokens_per_s": res.decode_tokens_per_s,
+                "llmir.kv_cache.bytes": kv_cache_bytes(decoder),
+            }
+        )
     final = codec.decode(res.ids)
     if res.stop_reason == "stop_string":
         final = emitted
     if on_text and len(final) > len(emitted) and final.startswith(emitted):
-        on_text(final[len(emitted):])
+        on_text(final[len(emitted) :])
     res.text = final
     return res

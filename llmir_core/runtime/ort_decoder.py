@@ -38,7 +38,9 @@ DEFAULT_CAPACITY = 256  # KV rows allocated at reset when nothing was reserved
 
 
 def _ort() -> Any:
-    ort = import_optional("onnxruntime", "onnxruntime is not installed", hint="pip install onnxruntime")
+    ort = import_optional(
+        "onnxruntime", "onnxruntime is not installed", hint="pip install onnxruntime"
+    )
     # onnxruntime's own log lines (coloured whatever NO_COLOR says) stay off: every failure
     # reaches llmir as an exception, reported in its one-line form
     ort.set_default_logger_severity(4)
@@ -47,6 +49,7 @@ def _ort() -> Any:
 
 def busy_cores(seconds: float) -> float:
     """CPU cores other processes kept busy over the next `seconds` (we sleep meanwhile)."""
+
     def busy() -> int:
         with open("/proc/stat", encoding="ascii") as fh:
             parts = [int(x) for x in fh.readline().split()[1:]]
@@ -60,7 +63,9 @@ def busy_cores(seconds: float) -> float:
 def auto_threads(sample_s: float = 0.1) -> int:
     """One thread per core that other processes leave free (at least 1): oversubscribed
     cores make every decode step wait for the slowest thread."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     try:
         busy = busy_cores(sample_s)
     except (OSError, ValueError, IndexError):  # no /proc/stat: trust the core count
@@ -96,13 +101,21 @@ def session_options(threads: int | None = None, spin: bool | None = None) -> Any
 class OrtDecoder:
     """Prefill and decode through an onnxruntime session; the KV cache stays in bound buffers."""
 
-    def __init__(self, art_dir: str, manifest: dict[str, Any], threads: int | None = None,
-                 max_context: int | None = None, spin: bool | None = None) -> None:
+    def __init__(
+        self,
+        art_dir: str,
+        manifest: dict[str, Any],
+        threads: int | None = None,
+        max_context: int | None = None,
+        spin: bool | None = None,
+    ) -> None:
         dec = manifest.get("decoder")
         if not isinstance(dec, dict):
-            raise InputError(f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
-                             hint="build it with `llmir build MODEL.llmir --target onnxruntime` from an "
-                                  "imported LLM")
+            raise InputError(
+                f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
+                hint="build it with `llmir build MODEL.llmir --target onnxruntime` from an "
+                "imported LLM",
+            )
         self.art_dir = art_dir
         self.manifest = manifest
         self.decoder = dec
@@ -111,19 +124,24 @@ class OrtDecoder:
         limit = dec.get("max_len")
         if max_context is not None and max_context < 1:
             raise InputError(f"max context must be >= 1, got {max_context}")
-        self.max_context: int | None = min(x for x in (limit, max_context) if x is not None) \
-            if (limit or max_context) else None
+        self.max_context: int | None = (
+            min(x for x in (limit, max_context) if x is not None)
+            if (limit or max_context)
+            else None
+        )
         if self.shared and self.max_context is None:
             raise InputError(f"{art_dir}: the manifest gives no max_len for the shared KV buffers")
         self.threads = resolve_threads(threads)
         ort = _ort()
         path = os.path.join(art_dir, manifest.get("model", "model.onnx"))
         try:
-            self.sess = ort.InferenceSession(path, session_options(self.threads, spin),
-                                             providers=["CPUExecutionProvider"])
+            self.sess = ort.InferenceSession(
+                path, session_options(self.threads, spin), providers=["CPUExecutionProvider"]
+            )
         except Exception as exc:  # onnxruntime raises its own exception types
-            raise InputError(f"{path}: onnxruntime cannot load the model: "
-                             f"{str(exc).strip().splitlines()[0]}") from None
+            raise InputError(
+                f"{path}: onnxruntime cannot load the model: {str(exc).strip().splitlines()[0]}"
+            ) from None
         self.io = self.sess.io_binding()
         self.length = 0
         self.batch = 0
@@ -158,16 +176,25 @@ class OrtDecoder:
             if batch != self.batch or not self.buffers or self.capacity < want:
                 self._allocate(batch, want)
         else:
-            self._values = [ort.OrtValue.ortvalue_from_numpy(np.zeros(
-                (batch, c["kv_heads"], 0, c["head_dim"]), np.int8 if c.get("dtype") == "i8" else np.float32))
-                for c in self.caches]
+            self._values = [
+                ort.OrtValue.ortvalue_from_numpy(
+                    np.zeros(
+                        (batch, c["kv_heads"], 0, c["head_dim"]),
+                        np.int8 if c.get("dtype") == "i8" else np.float32,
+                    )
+                )
+                for c in self.caches
+            ]
         self.batch = batch
 
     def _allocate(self, batch: int, capacity: int, keep: int = 0) -> None:
         """New shared buffers of `capacity` rows (the first `keep` rows copied), bound in and out."""
         ort = _ort()
         old = self.buffers
-        self.buffers = [np.zeros((batch, c["kv_heads"], capacity, c["head_dim"]), np.float32) for c in self.caches]
+        self.buffers = [
+            np.zeros((batch, c["kv_heads"], capacity, c["head_dim"]), np.float32)
+            for c in self.caches
+        ]
         if keep:
             for new, prev in zip(self.buffers, old):
                 new[:, :, :keep] = prev[:, :, :keep]
@@ -188,11 +215,13 @@ class OrtDecoder:
         if batch != self.batch:
             raise InputError(f"batch {batch} differs from the {self.batch} the cache was reset for")
         if self.max_context is not None and self.length + seq > self.max_context:
-            raise InputError(f"{self.length + seq} tokens exceed the model's context of {self.max_context}",
-                             hint="use a shorter prompt or fewer --max-new-tokens")
+            raise InputError(
+                f"{self.length + seq} tokens exceed the model's context of {self.max_context}",
+                hint="use a shorter prompt or fewer --max-new-tokens",
+            )
         if batch > 1 and seq > 1 and self.length and self.decoder.get("fused_attention_layers"):
             # GroupQueryAttention takes a multi-token chunk after a cached prefix only for batch 1
-            steps = [self.forward(ids[:, i:i + 1]) for i in range(seq)]
+            steps = [self.forward(ids[:, i : i + 1]) for i in range(seq)]
             return steps[-1] if self._last_only else np.concatenate(steps, axis=1)
         if self.shared and self.length + seq > self.capacity:
             assert self.max_context is not None
@@ -207,8 +236,11 @@ class OrtDecoder:
             self._step_pos[:] = self.length
         else:
             self._step_bound = False
-            positions = np.ascontiguousarray(np.broadcast_to(
-                np.arange(self.length, self.length + seq, dtype=np.int64), (batch, seq)))
+            positions = np.ascontiguousarray(
+                np.broadcast_to(
+                    np.arange(self.length, self.length + seq, dtype=np.int64), (batch, seq)
+                )
+            )
             io.bind_cpu_input("input_ids", ids)
             io.bind_cpu_input("positions", positions)
             if not self.shared:
@@ -233,8 +265,12 @@ class OrtDecoder:
             ort = _ort()
             self._step_ids = np.zeros((batch, 1), np.int64)
             self._step_pos = np.zeros((batch, 1), np.int64)
-            self.io.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(self._step_ids))
-            self.io.bind_ortvalue_input("positions", ort.OrtValue.ortvalue_from_numpy(self._step_pos))
+            self.io.bind_ortvalue_input(
+                "input_ids", ort.OrtValue.ortvalue_from_numpy(self._step_ids)
+            )
+            self.io.bind_ortvalue_input(
+                "positions", ort.OrtValue.ortvalue_from_numpy(self._step_pos)
+            )
             self.io.bind_ortvalue_output(self._logits_name, self._logits_buffer(batch, 1)[1])
             self._step_bound = True
         return self._logits[batch][0]
@@ -263,20 +299,36 @@ def load_decoder_manifest(art_dir: str) -> dict[str, Any]:
     from llmir_core.backends.ort import load_manifest
 
     if not os.path.isdir(art_dir):
-        raise InputError(f"{art_dir}: not a folder", hint="pass an artifact folder built by `llmir build`")
+        raise InputError(
+            f"{art_dir}: not a folder", hint="pass an artifact folder built by `llmir build`"
+        )
     manifest = load_manifest(art_dir)
     if not isinstance(manifest.get("decoder"), dict):
-        raise InputError(f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
-                         hint="build an imported LLM with `llmir build MODEL.llmir --target onnxruntime`")
+        raise InputError(
+            f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
+            hint="build an imported LLM with `llmir build MODEL.llmir --target onnxruntime`",
+        )
     return manifest
 
 
 @traced("load", after=trace_attrs.loaded)  # perf: tracing
-def open_artifact(art_dir: str, threads: int | None = None, max_context: int | None = None,
-                  spin: bool | None = None) -> OrtDecoder:
+def open_artifact(
+    art_dir: str,
+    threads: int | None = None,
+    max_context: int | None = None,
+    spin: bool | None = None,
+) -> OrtDecoder:
     """The decoder in an artifact folder, ready for `reset` and `forward`."""
     return OrtDecoder(art_dir, load_decoder_manifest(art_dir), threads, max_context, spin)
 
 
-__all__ = ["OrtDecoder", "open_artifact", "load_decoder_manifest", "session_options", "auto_threads", "busy_cores",
-           "resolve_threads", "DEFAULT_THREADS"]
+__all__ = [
+    "OrtDecoder",
+    "open_artifact",
+    "load_decoder_manifest",
+    "session_options",
+    "auto_threads",
+    "busy_cores",
+    "resolve_threads",
+    "DEFAULT_THREADS",
+]

@@ -437,15 +437,26 @@ def compare(
         for t in order:
             if progress:
                 progress(f"run {r + 1}/{runs}: {t.label}")
-            with tracing.span("peer run", {"llmir.peer": t.label, "llmir.bench.run": r + 1,
-                                           "llmir.threads": n_threads,
-                                           "gen_ai.usage.input_tokens": prompt_len}) as sp:
+            with tracing.span(
+                "peer run",
+                {
+                    "llmir.peer": t.label,
+                    "llmir.bench.run": r + 1,
+                    "llmir.threads": n_threads,
+                    "gen_ai.usage.input_tokens": prompt_len,
+                },
+            ) as sp:
                 out = _spawn(t, ids, gen_len, n_threads, timeout)
                 out.update({"tool": t.label, "round": r, "busy": out["others_cores"] > busy_limit})
-                sp.set({"gen_ai.usage.output_tokens": len(out["tokens"]),
+                sp.set(
+                    {
+                        "gen_ai.usage.output_tokens": len(out["tokens"]),
                         "gen_ai.server.time_to_first_token": out["ttft_ms"] / 1e3,
-                        "llmir.decode.tokens_per_s": out["decode_tok_s"], "llmir.peak_rss_mb": out["peak_rss_mb"],
-                        "llmir.busy": out["busy"]})
+                        "llmir.decode.tokens_per_s": out["decode_tok_s"],
+                        "llmir.peak_rss_mb": out["peak_rss_mb"],
+                        "llmir.busy": out["busy"],
+                    }
+                )
             res.runs.append(out)
     res.fingerprint = {
         **hardware_fingerprint(),

@@ -212,7 +212,9 @@ def initializer_bytes(model: Any) -> dict[str, int]:
 
 def _kernel_bytes(args: dict[str, Any], context: int, weights: int) -> float:
     # onnxruntime's parameter_size misses weights it prepacked (and freed): take them from the graph
-    if str(args.get("op_name", "")).startswith("Gather"):  # an embedding lookup reads the rows it returns
+    if str(args.get("op_name", "")).startswith(
+        "Gather"
+    ):  # an embedding lookup reads the rows it returns
         return float(args.get("activation_size", 0)) + float(args.get("output_size", 0))
     read = float(args.get("activation_size", 0)) + weights
     if args.get("op_name") == "GroupQueryAttention":
@@ -266,7 +268,9 @@ def _phase(
                 o = ph.ops[key] = OpTime(src["op"], src["line"], src["loc"])
             o.us += us
             o.bytes += (
-                _kernel_bytes(k["args"], ctx, mapper.weights.get(node, mapper.weights.get(found, 0)))
+                _kernel_bytes(
+                    k["args"], ctx, mapper.weights.get(node, mapper.weights.get(found, 0))
+                )
                 / n
             )
             if run is runs[0]:
@@ -277,10 +281,13 @@ def _phase(
 
 def _profiled(res: ProfileResult) -> dict[str, Any]:
     dec = res.phase("decode")
-    return {"llmir.threads": res.threads, "llmir.read_bandwidth_gb_per_s": res.bandwidth_gbs,
-            "llmir.decode.step_us": dec.step_us,
-            "llmir.decode.attributed_share": dec.attributed_us / dec.step_us if dec.step_us else None,
-            "llmir.prefill.step_us": res.phase("prefill").step_us}
+    return {
+        "llmir.threads": res.threads,
+        "llmir.read_bandwidth_gb_per_s": res.bandwidth_gbs,
+        "llmir.decode.step_us": dec.step_us,
+        "llmir.decode.attributed_share": dec.attributed_us / dec.step_us if dec.step_us else None,
+        "llmir.prefill.step_us": res.phase("prefill").step_us,
+    }
 
 
 @tracing.traced("profile", after=_profiled)

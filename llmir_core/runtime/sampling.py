@@ -19,22 +19,32 @@ class SamplingConfig:
     temperature: float = 0.0  # 0 => greedy
     top_k: int = 0  # 0 => off
     top_p: float = 1.0  # 1 => off
-    repetition_penalty: float = 1.0  # 1 => off (CTRL-style: divide positive logits, multiply negative)
+    repetition_penalty: float = (
+        1.0  # 1 => off (CTRL-style: divide positive logits, multiply negative)
+    )
     seed: int | None = None
 
     def validate(self) -> None:
         if self.temperature < 0:
-            raise InputError(f"--temperature must be >= 0, got {self.temperature}",
-                             hint="0 picks the most likely token (greedy); 0.7 to 1.0 samples")
+            raise InputError(
+                f"--temperature must be >= 0, got {self.temperature}",
+                hint="0 picks the most likely token (greedy); 0.7 to 1.0 samples",
+            )
         if self.top_k < 0:
-            raise InputError(f"--top-k must be >= 0, got {self.top_k}",
-                             hint="0 turns top-k off; 40 keeps the 40 most likely tokens")
+            raise InputError(
+                f"--top-k must be >= 0, got {self.top_k}",
+                hint="0 turns top-k off; 40 keeps the 40 most likely tokens",
+            )
         if not 0.0 < self.top_p <= 1.0:
-            raise InputError(f"--top-p must be in (0, 1], got {self.top_p}",
-                             hint="1 turns top-p off; 0.9 keeps the tokens making up 90% of the probability")
+            raise InputError(
+                f"--top-p must be in (0, 1], got {self.top_p}",
+                hint="1 turns top-p off; 0.9 keeps the tokens making up 90% of the probability",
+            )
         if self.repetition_penalty <= 0:
-            raise InputError(f"--repetition-penalty must be > 0, got {self.repetition_penalty}",
-                             hint="1 turns it off; 1.1 to 1.3 discourages repeats")
+            raise InputError(
+                f"--repetition-penalty must be > 0, got {self.repetition_penalty}",
+                hint="1 turns it off; 1.1 to 1.3 discourages repeats",
+            )
 
 
 @dataclass

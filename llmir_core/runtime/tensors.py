@@ -71,12 +71,13 @@ def manifest_signature(manifest: Mapping[str, Any]) -> tuple[list[TensorSig], li
                         dims.append(DYN)
             out.append(TensorSig(e["name"], DTYPE_NAMES[e["dtype"]], tuple(dims)))
         return out
+
     return parse(list(manifest["inputs"])), parse(list(manifest["outputs"]))
 
 
 def _single_name(d: Dim) -> str | None:
     if isinstance(d, SymDim) and d.const == 0 and len(d.terms) == 1:
-        (mono, coef), = d.terms
+        ((mono, coef),) = d.terms
         if coef == 1 and len(mono) == 1:
             return mono[0]
     return None
@@ -90,7 +91,9 @@ def check_inputs(sigs: list[TensorSig], inputs: Mapping[str, np.ndarray]) -> dic
     want = "; ".join(s.describe() for s in sigs)
     if extra:  # named first: a misspelt name is usually why another one is missing
         also = f" (and missing: {', '.join(missing)})" if missing else ""
-        raise InputError(f"unknown input(s): {', '.join(extra)}{also}", hint=f"the model takes {want}")
+        raise InputError(
+            f"unknown input(s): {', '.join(extra)}{also}", hint=f"the model takes {want}"
+        )
     if missing:
         raise InputError(f"missing input(s): {', '.join(missing)}", hint=f"the model takes {want}")
     env: dict[str, int] = {}
@@ -99,16 +102,22 @@ def check_inputs(sigs: list[TensorSig], inputs: Mapping[str, np.ndarray]) -> dic
     for s in sigs:
         v = inputs[s.name]
         if v.dtype != numpy_dtype(s.dtype):
-            raise InputError(f"input {s.name} has dtype {v.dtype}, expected {s.dtype} ({numpy_dtype(s.dtype)})",
-                             hint=f"convert it, e.g. numpy: x.astype('{numpy_dtype(s.dtype)}')")
+            raise InputError(
+                f"input {s.name} has dtype {v.dtype}, expected {s.dtype} ({numpy_dtype(s.dtype)})",
+                hint=f"convert it, e.g. numpy: x.astype('{numpy_dtype(s.dtype)}')",
+            )
         if v.ndim != len(s.shape):
-            raise InputError(f"input {s.name} has shape {list(v.shape)} (rank {v.ndim}), expected rank "
-                             f"{len(s.shape)}: {TensorType(s.shape, s.dtype)}")
+            raise InputError(
+                f"input {s.name} has shape {list(v.shape)} (rank {v.ndim}), expected rank "
+                f"{len(s.shape)}: {TensorType(s.shape, s.dtype)}"
+            )
         for i, (actual, d) in enumerate(zip(v.shape, s.shape)):
             if isinstance(d, int):
                 if actual != d:
-                    raise InputError(f"input {s.name} dim {i} is {actual}, expected {d} "
-                                     f"({TensorType(s.shape, s.dtype)})")
+                    raise InputError(
+                        f"input {s.name} dim {i} is {actual}, expected {d} "
+                        f"({TensorType(s.shape, s.dtype)})"
+                    )
                 continue
             name = _single_name(d)
             if name is None:
@@ -116,18 +125,24 @@ def check_inputs(sigs: list[TensorSig], inputs: Mapping[str, np.ndarray]) -> dic
                     deferred.append((s, i, d, actual))
                 continue
             if name in env and env[name] != actual:
-                raise InputError(f"input {s.name} dim {i} is {actual}, but ?{name} is {env[name]} "
-                                 f"(from {where[name]})", hint=f"every ?{name} must be the same size")
+                raise InputError(
+                    f"input {s.name} dim {i} is {actual}, but ?{name} is {env[name]} "
+                    f"(from {where[name]})",
+                    hint=f"every ?{name} must be the same size",
+                )
             env.setdefault(name, actual)
             where.setdefault(name, f"{s.name} dim {i}")
     for s, i, d, actual in deferred:
         val = eval_dim(d, env)
         if val is not None and val != actual:
-            raise InputError(f"input {s.name} dim {i} is {actual}, expected {format_dim(d)} = {val}")
+            raise InputError(
+                f"input {s.name} dim {i} is {actual}, expected {format_dim(d)} = {val}"
+            )
     return env
 
 
 # -- loading and writing ---------------------------------------------------------------------------
+
 
 def load_tensor(path: str) -> np.ndarray:
     """A tensor from a .npy file or an ONNX TensorProto .pb file."""
@@ -140,21 +155,32 @@ def load_tensor(path: str) -> np.ndarray:
     try:
         arr = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        if "descr" in str(exc):  # e.g. '<f1': an ml_dtypes float8 array numpy.save wrote but cannot read
-            raise InputError(f"{path}: a .npy file whose element type numpy cannot read back: {exc}",
-                             hint=_PB_HINT) from None
-        raise InputError(f"{path}: not a readable .npy file: {exc}",
-                         hint="save tensors with numpy.save, or as ONNX TensorProto .pb") from None
+        if "descr" in str(
+            exc
+        ):  # e.g. '<f1': an ml_dtypes float8 array numpy.save wrote but cannot read
+            raise InputError(
+                f"{path}: a .npy file whose element type numpy cannot read back: {exc}",
+                hint=_PB_HINT,
+            ) from None
+        raise InputError(
+            f"{path}: not a readable .npy file: {exc}",
+            hint="save tensors with numpy.save, or as ONNX TensorProto .pb",
+        ) from None
     if not isinstance(arr, np.ndarray):
         raise InputError(f"{path}: holds several arrays (.npz); pass one .npy per input")
     if arr.dtype.kind == "V":  # bfloat16/float8/int4 saved by numpy.save lose their type: raw bytes
-        raise InputError(f"{path}: a .npy file of untyped {arr.dtype.itemsize}-byte elements ('{arr.dtype.str}'), "
-                         "as numpy.save writes bfloat16, float8 and int4 arrays", hint=_PB_HINT)
+        raise InputError(
+            f"{path}: a .npy file of untyped {arr.dtype.itemsize}-byte elements ('{arr.dtype.str}'), "
+            "as numpy.save writes bfloat16, float8 and int4 arrays",
+            hint=_PB_HINT,
+        )
     return arr
 
 
-_PB_HINT = ("save such tensors as ONNX TensorProto .pb: "
-            "open(f, 'wb').write(onnx.numpy_helper.from_array(arr).SerializeToString())")
+_PB_HINT = (
+    "save such tensors as ONNX TensorProto .pb: "
+    "open(f, 'wb').write(onnx.numpy_helper.from_array(arr).SerializeToString())"
+)
 
 
 def needs_pb(arr: np.ndarray) -> bool:
@@ -169,7 +195,9 @@ def parse_input_specs(specs: list[str]) -> dict[str, np.ndarray]:
     for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
-            raise InputError(f"--input {spec!r}: expected NAME=FILE", hint="e.g. --input input_ids=ids.npy")
+            raise InputError(
+                f"--input {spec!r}: expected NAME=FILE", hint="e.g. --input input_ids=ids.npy"
+            )
         if name in out:
             raise InputError(f"--input {name} given twice")
         out[name] = load_tensor(path)
@@ -187,7 +215,9 @@ def write_outputs(outputs: Mapping[str, np.ndarray], out_dir: str) -> list[str]:
         try:
             os.makedirs(out_dir, exist_ok=True)
         except OSError as exc:
-            raise InputError(f"{out_dir}: cannot create the output folder: {exc.strerror}") from None
+            raise InputError(
+                f"{out_dir}: cannot create the output folder: {exc.strerror}"
+            ) from None
     paths = []
     for name, arr in outputs.items():
         a = np.asarray(arr)
@@ -213,14 +243,17 @@ def summarize(outputs: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"name": name, "shape": list(a.shape), "dtype": str(a.dtype)}
         if a.size and (a.dtype.kind in "biuf" or a.dtype.name in ("bfloat16", "int4", "uint4")):
             f = a.astype(np.float64)
-            row.update(min=float(np.nanmin(f)) if not np.isnan(f).all() else float("nan"),
-                       max=float(np.nanmax(f)) if not np.isnan(f).all() else float("nan"),
-                       mean=float(np.mean(f)))
+            row.update(
+                min=float(np.nanmin(f)) if not np.isnan(f).all() else float("nan"),
+                max=float(np.nanmax(f)) if not np.isnan(f).all() else float("nan"),
+                mean=float(np.mean(f)),
+            )
         rows.append(row)
     return rows
 
 
 # -- running ----------------------------------------------------------------------------------------
+
 
 def run_module(module: Module, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run on the reference interpreter; inputs and outputs keyed by the model's I/O names."""
@@ -235,17 +268,29 @@ def run_module(module: Module, inputs: Mapping[str, np.ndarray]) -> dict[str, np
     return dict(zip(names, [np.asarray(o) for o in outs]))
 
 
-@traced("run", lambda target, inputs, backend="reference", threads=None: {  # perf: tracing
-    "llmir.backend": backend, "llmir.input": target, "llmir.threads": threads})
-def run_target(target: str, inputs: Mapping[str, np.ndarray], backend: str = "reference",
-               threads: int | None = None) -> dict[str, np.ndarray]:
+@traced(
+    "run",
+    lambda target, inputs, backend="reference", threads=None: {  # perf: tracing
+        "llmir.backend": backend,
+        "llmir.input": target,
+        "llmir.threads": threads,
+    },
+)
+def run_target(
+    target: str,
+    inputs: Mapping[str, np.ndarray],
+    backend: str = "reference",
+    threads: int | None = None,
+) -> dict[str, np.ndarray]:
     """Run an artifact folder or a .llmir file on `backend`."""
     if backend not in BACKENDS:
         raise InputError(f"unknown backend '{backend}' (known: {', '.join(BACKENDS)})")
     if os.path.isdir(target):
         if backend != "onnxruntime":
-            raise InputError(f"{target}: an artifact folder runs on onnxruntime",
-                             hint="pass --backend onnxruntime, or run the .llmir file on the reference")
+            raise InputError(
+                f"{target}: an artifact folder runs on onnxruntime",
+                hint="pass --backend onnxruntime, or run the .llmir file on the reference",
+            )
         from llmir_core.backends import open_artifact, read_manifest
 
         manifest = read_manifest(target)
@@ -269,5 +314,17 @@ def run_target(target: str, inputs: Mapping[str, np.ndarray], backend: str = "re
         return dict(open_artifact(art, threads=threads, tensors=True).run(inputs))
 
 
-__all__ = ["TensorSig", "module_signature", "manifest_signature", "check_inputs", "load_tensor",
-           "parse_input_specs", "write_outputs", "needs_pb", "summarize", "run_module", "run_target", "BACKENDS"]
+__all__ = [
+    "TensorSig",
+    "module_signature",
+    "manifest_signature",
+    "check_inputs",
+    "load_tensor",
+    "parse_input_specs",
+    "write_outputs",
+    "needs_pb",
+    "summarize",
+    "run_module",
+    "run_target",
+    "BACKENDS",
+]

@@ -46,14 +46,18 @@ class TextGenOptions:
     max_context: int | None = None  # cap on the KV buffers (default: the artifact's max_len)
 
     def sampling(self) -> SamplingConfig:
-        cfg = SamplingConfig(self.temperature, self.top_k, self.top_p, self.repetition_penalty, self.seed)
+        cfg = SamplingConfig(
+            self.temperature, self.top_k, self.top_p, self.repetition_penalty, self.seed
+        )
         cfg.validate()
         return cfg
 
     def validate(self) -> None:
         if self.max_new_tokens < 1:
-            raise InputError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}",
-                             hint="give the number of tokens to generate, e.g. -n 64")
+            raise InputError(
+                f"--max-new-tokens must be >= 1, got {self.max_new_tokens}",
+                hint="give the number of tokens to generate, e.g. -n 64",
+            )
         self.sampling()
 
 
@@ -66,22 +70,36 @@ class TextResult:
     warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"prompt": self.prompt, **self.result.to_json(), "prompt_token_ids": self.result.prompt_ids,
-                "warnings": self.warnings}
+        return {
+            "prompt": self.prompt,
+            **self.result.to_json(),
+            "prompt_token_ids": self.result.prompt_ids,
+            "warnings": self.warnings,
+        }
 
 
 def _jinja_env() -> Any:
-    sandbox = import_optional("jinja2.sandbox", "rendering a chat template needs the `jinja2` package",
-                              hint="pip install jinja2")
+    sandbox = import_optional(
+        "jinja2.sandbox",
+        "rendering a chat template needs the `jinja2` package",
+        hint="pip install jinja2",
+    )
     ImmutableSandboxedEnvironment = sandbox.ImmutableSandboxedEnvironment
     import jinja2
 
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    def tojson(
+        x: Any,
+        ensure_ascii: bool = False,
+        indent: int | None = None,
+        separators: Any = None,
+        sort_keys: bool = False,
+    ) -> str:
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
 
     def strftime_now(fmt: str) -> str:
         import datetime
@@ -89,26 +107,43 @@ def _jinja_env() -> Any:
         return datetime.datetime.now().strftime(fmt)
 
     # the settings transformers uses for chat templates
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     return env
 
 
-def render_chat(template: str, messages: Sequence[dict[str, str]], *, bos_token: str | None = None,
-                eos_token: str | None = None, add_generation_prompt: bool = True, **extra: Any) -> str:
+def render_chat(
+    template: str,
+    messages: Sequence[dict[str, str]],
+    *,
+    bos_token: str | None = None,
+    eos_token: str | None = None,
+    add_generation_prompt: bool = True,
+    **extra: Any,
+) -> str:
     """Render a Hugging Face chat template (Jinja) for `messages`."""
     env = _jinja_env()
     import jinja2
 
     try:
-        return str(env.from_string(template).render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token or "", eos_token=eos_token or "", **extra))
+        return str(
+            env.from_string(template).render(
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                bos_token=bos_token or "",
+                eos_token=eos_token or "",
+                **extra,
+            )
+        )
     except jinja2.exceptions.TemplateError as exc:
-        raise InputError(f"the model's chat template failed: {exc}",
-                         hint="run without --chat to send the prompt as plain text") from None
+        raise InputError(
+            f"the model's chat template failed: {exc}",
+            hint="run without --chat to send the prompt as plain text",
+        ) from None
 
 
 def open_decoder(art_dir: str, **options: Any) -> Any:
@@ -117,8 +152,10 @@ def open_decoder(art_dir: str, **options: Any) -> Any:
 
     dec = open_artifact(art_dir, **options)
     if not hasattr(dec, "forward"):
-        raise InputError(f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
-                         hint="build an imported LLM with `llmir build MODEL.llmir`")
+        raise InputError(
+            f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
+            hint="build an imported LLM with `llmir build MODEL.llmir`",
+        )
     return dec
 
 
@@ -126,15 +163,19 @@ def load_artifact_tokenizer(art_dir: str, manifest: dict[str, Any]) -> Tokenizer
     dec = manifest["decoder"]
     tok = dec.get("tokenizer")
     if not tok:
-        raise InputError(f"{art_dir}: the artifact has no tokenizer, so it cannot take text",
-                         hint="give token ids with `llmir run ARTIFACT --prompt-ids 1,2,3`, or import "
-                              "the model with its tokenizer and build it again")
+        raise InputError(
+            f"{art_dir}: the artifact has no tokenizer, so it cannot take text",
+            hint="give token ids with `llmir run ARTIFACT --prompt-ids 1,2,3`, or import "
+            "the model with its tokenizer and build it again",
+        )
     template = None
     if dec.get("chat_template"):
         with open(os.path.join(art_dir, dec["chat_template"]), encoding="utf-8") as fh:
             template = fh.read()
     backend = from_hf_file(os.path.join(art_dir, tok["file"]))
-    return Tokenizer(backend, dec.get("bos_token_id"), tuple(dec.get("eos_token_ids") or ()), template)
+    return Tokenizer(
+        backend, dec.get("bos_token_id"), tuple(dec.get("eos_token_ids") or ()), template
+    )
 
 
 class _Codec:
@@ -150,7 +191,9 @@ class _Codec:
     def decode(self, ids: Sequence[int]) -> str:
         """Display-safe text from the tokens' bytes (see textstream): no U+FFFD for split or
         invalid UTF-8, control characters and noncharacters escaped."""
-        return decode_tokens(ids, self.token_bytes, lambda x: self.tok.decode(x, skip_special_tokens=True))
+        return decode_tokens(
+            ids, self.token_bytes, lambda x: self.tok.decode(x, skip_special_tokens=True)
+        )
 
 
 class TextGenerator:
@@ -159,7 +202,9 @@ class TextGenerator:
     def __init__(self, art_dir: str, options: TextGenOptions | None = None) -> None:
         self.options = options or TextGenOptions()
         self.options.validate()
-        self.decoder = open_decoder(art_dir, threads=self.options.threads, max_context=self.options.max_context)
+        self.decoder = open_decoder(
+            art_dir, threads=self.options.threads, max_context=self.options.max_context
+        )
         self.manifest = self.decoder.manifest
         self.tokenizer = load_artifact_tokenizer(art_dir, self.manifest)
 
@@ -174,15 +219,18 @@ class TextGenerator:
         if not tpl:
             raise InputError("the model has no chat template", hint="run without --chat")
         eos = self.tokenizer.eos_ids[0] if self.tokenizer.eos_ids else None
-        return render_chat(tpl, messages, bos_token=self._token(self.tokenizer.bos_id),
-                           eos_token=self._token(eos))
+        return render_chat(
+            tpl, messages, bos_token=self._token(self.tokenizer.bos_id), eos_token=self._token(eos)
+        )
 
     @traced("tokenize", after=tokenized)  # perf: tracing
     def encode(self, prompt: str | Sequence[dict[str, str]]) -> list[int]:
         if isinstance(prompt, str) and not self.options.chat:
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)
         else:
-            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            messages = (
+                [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            )
             if self.options.system and not any(m.get("role") == "system" for m in messages):
                 messages = [{"role": "system", "content": self.options.system}, *messages]
             # the template writes the special tokens itself (as transformers does)
@@ -191,23 +239,36 @@ class TextGenerator:
             raise InputError("the prompt encodes to no tokens", hint="pass a non-empty --prompt")
         return ids
 
-    def generate(self, prompt: str | Sequence[dict[str, str]],
-                 on_text: Callable[[str], None] | None = None) -> TextResult:
+    def generate(
+        self, prompt: str | Sequence[dict[str, str]], on_text: Callable[[str], None] | None = None
+    ) -> TextResult:
         """Generate for one prompt (text, or chat messages), streaming pieces to on_text."""
         opts = self.options
         ids = self.encode(prompt)
         ctx = self.decoder.max_context
         if ctx is not None and len(ids) >= ctx:
-            raise InputError(f"the prompt has {len(ids)} tokens, but the model's context is {ctx} "
-                             "(with room for at least one new token)", hint="use a shorter prompt")
+            raise InputError(
+                f"the prompt has {len(ids)} tokens, but the model's context is {ctx} "
+                "(with room for at least one new token)",
+                hint="use a shorter prompt",
+            )
         self.decoder.reserve(len(ids) + opts.max_new_tokens)
-        res = generate(self.decoder, _Codec(self.tokenizer), ids, max_new_tokens=opts.max_new_tokens,
-                       sampler=Sampler(opts.sampling()), eos_ids=self.tokenizer.eos_ids, stop=opts.stop,
-                       on_text=on_text)
+        res = generate(
+            self.decoder,
+            _Codec(self.tokenizer),
+            ids,
+            max_new_tokens=opts.max_new_tokens,
+            sampler=Sampler(opts.sampling()),
+            eos_ids=self.tokenizer.eos_ids,
+            stop=opts.stop,
+            on_text=on_text,
+        )
         warnings = []
         if res.stop_reason == "context":
-            warnings.append(f"generation stopped at the model's context limit of {ctx} tokens "
-                            f"after {len(res.ids)} new tokens")
+            warnings.append(
+                f"generation stopped at the model's context limit of {ctx} tokens "
+                f"after {len(res.ids)} new tokens"
+            )
         shown = prompt if isinstance(prompt, str) else [dict(m) for m in prompt]
         return TextResult(shown, res, warnings)
 
@@ -216,7 +277,9 @@ def read_prompts_file(path: str) -> list[str]:
     """Prompts from a file: JSON Lines (a string or {"prompt": ...} per line) for .jsonl, else
     one prompt per non-empty line."""
     if not os.path.isfile(path):
-        raise InputError(f"{path}: no such file", hint="--prompts-file takes a text file, one prompt per line")
+        raise InputError(
+            f"{path}: no such file", hint="--prompts-file takes a text file, one prompt per line"
+        )
     lines = read_text_lines(path)
     prompts: list[str] = []
     for n, line in enumerate(lines, start=1):
@@ -229,7 +292,9 @@ def read_prompts_file(path: str) -> list[str]:
                 raise InputError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
             text = item.get("prompt") if isinstance(item, dict) else item
             if not isinstance(text, str):
-                raise InputError(f"{path}:{n}: expected a string or an object with a \"prompt\" string")
+                raise InputError(
+                    f'{path}:{n}: expected a string or an object with a "prompt" string'
+                )
             prompts.append(text)
         else:
             prompts.append(line)
@@ -238,9 +303,13 @@ def read_prompts_file(path: str) -> list[str]:
     return prompts
 
 
-def generate_texts(art_dir: str, prompts: Sequence[str], options: TextGenOptions | None = None,
-                   on_text: Callable[[int, str], None] | None = None,
-                   on_done: Callable[[int, TextResult], None] | None = None) -> list[TextResult]:
+def generate_texts(
+    art_dir: str,
+    prompts: Sequence[str],
+    options: TextGenOptions | None = None,
+    on_text: Callable[[int, str], None] | None = None,
+    on_done: Callable[[int, TextResult], None] | None = None,
+) -> list[TextResult]:
     """Generate for each prompt in turn, in one session: `llmir run ARTIFACT --prompt/--prompts-file`.
 
     on_text(i, piece) streams prompt i's text as it is decoded; on_done(i, result) follows each."""
@@ -251,8 +320,10 @@ def generate_texts(art_dir: str, prompts: Sequence[str], options: TextGenOptions
     for i, p in enumerate(prompts):
         stream = None
         if on_text is not None:
+
             def stream(piece: str, i: int = i) -> None:
                 on_text(i, piece)
+
         res = gen.generate(p, stream)
         out.append(res)
         if on_done:
@@ -260,8 +331,12 @@ def generate_texts(art_dir: str, prompts: Sequence[str], options: TextGenOptions
     return out
 
 
-def chat_loop(art_dir: str, options: TextGenOptions, read: Callable[[], str | None],
-              write: Callable[[str], None]) -> list[TextResult]:
+def chat_loop(
+    art_dir: str,
+    options: TextGenOptions,
+    read: Callable[[], str | None],
+    write: Callable[[str], None],
+) -> list[TextResult]:
     """An interactive conversation: read() gives the next user line (None, /exit or /quit ends
     it), write() streams the reply. The conversation is re-rendered and prefilled each turn."""
     options.chat = True
@@ -285,34 +360,66 @@ def chat_loop(art_dir: str, options: TextGenOptions, read: Callable[[], str | No
 
 def results_json(results: Sequence[TextResult]) -> dict[str, Any]:
     """The `--format json` payload of `llmir run ARTIFACT --prompt`."""
-    return {"results": [r.to_json() for r in results],
-            "warnings": [w for r in results for w in r.warnings]}
+    return {
+        "results": [r.to_json() for r in results],
+        "warnings": [w for r in results for w in r.warnings],
+    }
 
 
-def bench_artifact(art_dir: str, *, prompt_len: int = 128, gen_len: int = 128, batch: int = 1,
-                   threads: int | None = None, runs: int = 3, warmup: int = 1, seed: int = 0,
-                   progress: Callable[[int, int], None] | None = None) -> BenchResult:
+def bench_artifact(
+    art_dir: str,
+    *,
+    prompt_len: int = 128,
+    gen_len: int = 128,
+    batch: int = 1,
+    threads: int | None = None,
+    runs: int = 3,
+    warmup: int = 1,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> BenchResult:
     """`llmir bench ARTIFACT`: prefill and decode timings on random token ids."""
-    for name, v, low in (("--prompt-len", prompt_len, 1), ("--gen-len", gen_len, 1), ("--batch", batch, 1),
-                         ("--runs", runs, 1), ("--warmup", warmup, 0)):
+    for name, v, low in (
+        ("--prompt-len", prompt_len, 1),
+        ("--gen-len", gen_len, 1),
+        ("--batch", batch, 1),
+        ("--runs", runs, 1),
+        ("--warmup", warmup, 0),
+    ):
         if v < low:
             raise InputError(f"{name} must be >= {low}, got {v}", hint="see `llmir bench --help`")
     dec = open_decoder(art_dir, threads=threads)
     need = prompt_len + gen_len
     if dec.max_context is not None and need > dec.max_context:
-        raise InputError(f"--prompt-len + --gen-len = {need} exceeds the model's context of {dec.max_context}")
+        raise InputError(
+            f"--prompt-len + --gen-len = {need} exceeds the model's context of {dec.max_context}"
+        )
     dec.reserve(need)
     files = dec.manifest.get("files", {})
     model_hash = _combined_hash({k: v.get("sha256") for k, v in sorted(files.items())})
-    res = run_bench(dec, dec.vocab, prompt_len=prompt_len, gen_len=gen_len, batch=batch, runs=runs,
-                    warmup=warmup, threads=dec.threads, seed=seed,
-                    model_hash=model_hash, progress=progress)
+    res = run_bench(
+        dec,
+        dec.vocab,
+        prompt_len=prompt_len,
+        gen_len=gen_len,
+        batch=batch,
+        runs=runs,
+        warmup=warmup,
+        threads=dec.threads,
+        seed=seed,
+        model_hash=model_hash,
+        progress=progress,
+    )
     d = dec.manifest["decoder"]
-    res.fingerprint.update({
-        "artifact": os.path.basename(os.path.abspath(art_dir)), "kv_cache": d.get("kv_cache"),
-        "weights": d.get("quant", {}).get("f32_weights"), "accuracy_level": d.get("accuracy_level"),
-        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-    })
+    res.fingerprint.update(
+        {
+            "artifact": os.path.basename(os.path.abspath(art_dir)),
+            "kv_cache": d.get("kv_cache"),
+            "weights": d.get("quant", {}).get("f32_weights"),
+            "accuracy_level": d.get("accuracy_level"),
+            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        }
+    )
     return res
 
 
@@ -331,10 +438,23 @@ def busy_warning(sample_s: float = 0.3) -> str | None:
     except (OSError, ValueError, IndexError):
         return None
     if busy > 0.25:
-        return (f"other processes keep {busy:.1f} of {os.cpu_count()} cores busy: timings may be "
-                "slow and noisy")
+        return (
+            f"other processes keep {busy:.1f} of {os.cpu_count()} cores busy: timings may be "
+            "slow and noisy"
+        )
     return None
 
 
-__all__ = ["TextGenOptions", "TextResult", "TextGenerator", "render_chat", "generate_texts", "chat_loop",
-           "read_prompts_file", "results_json", "bench_artifact", "busy_warning", "load_artifact_tokenizer"]
+__all__ = [
+    "TextGenOptions",
+    "TextResult",
+    "TextGenerator",
+    "render_chat",
+    "generate_texts",
+    "chat_loop",
+    "read_prompts_file",
+    "results_json",
+    "bench_artifact",
+    "busy_warning",
+    "load_artifact_tokenizer",
+]

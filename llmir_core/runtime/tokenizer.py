@@ -55,16 +55,18 @@ class Tokenizer:
 
 
 def _tokenizers() -> Any:
-    return import_optional("tokenizers", "the `tokenizers` package is not installed",
-                           hint="pip install tokenizers")
+    return import_optional(
+        "tokenizers", "the `tokenizers` package is not installed", hint="pip install tokenizers"
+    )
 
 
 def from_hf_file(path: str) -> Any:
     """Load a tokenizer.json."""
     tk = _tokenizers()
     if not os.path.isfile(path):
-        raise InputError(f"{path}: tokenizer file not found",
-                         hint="the model folder moved: import it again")
+        raise InputError(
+            f"{path}: tokenizer file not found", hint="the model folder moved: import it again"
+        )
     try:
         return tk.Tokenizer.from_file(path)
     except (KeyboardInterrupt, SystemExit):
@@ -73,7 +75,9 @@ def from_hf_file(path: str) -> Any:
         raise InputError(f"{path}: not a valid tokenizer.json ({exc})") from None
 
 
-def _spm_merges(tokens: list[str], scores: list[float] | None, types: list[int] | None) -> list[tuple[str, str]]:
+def _spm_merges(
+    tokens: list[str], scores: list[float] | None, types: list[int] | None
+) -> list[tuple[str, str]]:
     """SentencePiece BPE merges from piece scores (transformers' `generate_merges` rule):
     every split of a piece into two pieces, the higher-scoring result first, then by id."""
     vocab = {t: i for i, t in enumerate(tokens)}
@@ -97,18 +101,30 @@ def _post_processor(tk: Any, meta: dict[str, Any], tokens: list[str]) -> Any:
     """BOS / EOS / SEP around the text as llama.cpp adds them (its defaults when keys are absent)."""
     st = special_tokens(meta)
     before = [st.bos_id] if st.add_bos and st.bos_id is not None else []
-    after = [i for i, on in ((st.eos_id, st.add_eos), (st.sep_id, st.add_sep)) if on and i is not None]
+    after = [
+        i for i, on in ((st.eos_id, st.add_eos), (st.sep_id, st.add_sep)) if on and i is not None
+    ]
     if not before and not after:
         return None
+
     def seq(body: str, type_id: int) -> str:
-        return " ".join([*(f"{tokens[i]}:{type_id}" for i in before), body,
-                         *(f"{tokens[i]}:{type_id}" for i in after)])
+        return " ".join(
+            [
+                *(f"{tokens[i]}:{type_id}" for i in before),
+                body,
+                *(f"{tokens[i]}:{type_id}" for i in after),
+            ]
+        )
+
     specials = list(dict.fromkeys((tokens[i], i) for i in before + after))
-    return tk.processors.TemplateProcessing(single=seq("$A:0", 0), pair=seq("$A:0", 0) + " " + seq("$B:1", 1),
-                                            special_tokens=specials)
+    return tk.processors.TemplateProcessing(
+        single=seq("$A:0", 0), pair=seq("$A:0", 0) + " " + seq("$B:1", 1), special_tokens=specials
+    )
 
 
-def _added_tokens(tk: Any, tokens: list[str], types: list[int] | None, byte_level: bool) -> list[Any]:
+def _added_tokens(
+    tk: Any, tokens: list[str], types: list[int] | None, byte_level: bool
+) -> list[Any]:
     out = []
     for i, ty in enumerate(types or []):
         if ty in (_CONTROL, _UNKNOWN):  # as HF saves them: special, skipped when decoding
@@ -125,8 +141,10 @@ def from_gguf_metadata(meta: dict[str, Any]) -> Any:
     model = meta.get("model")
     tokens = meta.get("tokens")
     if not tokens:
-        raise InputError(f"{where}: metadata field 'tokenizer.ggml.tokens' is missing",
-                         hint="the file holds no tokenizer: convert it again with one")
+        raise InputError(
+            f"{where}: metadata field 'tokenizer.ggml.tokens' is missing",
+            hint="the file holds no tokenizer: convert it again with one",
+        )
     tokens = [str(t) for t in tokens]
     types = [int(t) for t in meta["token_type"]] if meta.get("token_type") is not None else None
     if model == "gpt2":
@@ -134,9 +152,11 @@ def from_gguf_metadata(meta: dict[str, Any]) -> Any:
         merges = [tuple(m.split(" ", 1)) for m in merges_raw]
         pre = pre_tokenizer(meta.get("pre"))
         if pre is None:
-            raise InputError(f"{where}: metadata field 'tokenizer.ggml.pre' is '{meta.get('pre')}', a "
-                             "pre-tokenizer llmir does not know",
-                             hint=f"supported: {', '.join(SUPPORTED_PRE)}; or import with --no-tokenizer")
+            raise InputError(
+                f"{where}: metadata field 'tokenizer.ggml.pre' is '{meta.get('pre')}', a "
+                "pre-tokenizer llmir does not know",
+                hint=f"supported: {', '.join(SUPPORTED_PRE)}; or import with --no-tokenizer",
+            )
         vocab = {t: i for i, t in enumerate(tokens)}
         t = tk.Tokenizer(tk.models.BPE(vocab, merges, ignore_merges=pre.ignore_merges))
         t.pre_tokenizer = build_pre_tokenizer(tk, pre)
@@ -147,11 +167,19 @@ def from_gguf_metadata(meta: dict[str, Any]) -> Any:
         scores = [float(s) for s in meta["scores"]] if meta.get("scores") is not None else None
         vocab = {t: i for i, t in enumerate(tokens)}
         merges_raw = meta.get("merges")
-        merges = [tuple(m.split(" ", 1)) for m in merges_raw] if merges_raw else \
-            _spm_merges(tokens, scores, types)
+        merges = (
+            [tuple(m.split(" ", 1)) for m in merges_raw]
+            if merges_raw
+            else _spm_merges(tokens, scores, types)
+        )
         unk = meta.get("unknown_token_id")
-        bpe = tk.models.BPE(vocab, merges, unk_token=tokens[int(unk)] if unk is not None else None,
-                            fuse_unk=True, byte_fallback=True)
+        bpe = tk.models.BPE(
+            vocab,
+            merges,
+            unk_token=tokens[int(unk)] if unk is not None else None,
+            fuse_unk=True,
+            byte_fallback=True,
+        )
         t = tk.Tokenizer(bpe)
         prefix = bool(meta.get("add_space_prefix", True))
         norm = [tk.normalizers.Prepend("▁")] if prefix else []
@@ -163,8 +191,10 @@ def from_gguf_metadata(meta: dict[str, Any]) -> Any:
     elif model in BUILDERS:
         t = BUILDERS[model](tk, meta, tokens)
     else:
-        raise InputError(f"{where}: metadata field 'tokenizer.ggml.model' is '{model}', which is not "
-                         "supported", hint=f"supported tokenizer models: {', '.join(TOKENIZER_MODELS)}")
+        raise InputError(
+            f"{where}: metadata field 'tokenizer.ggml.model' is '{model}', which is not supported",
+            hint=f"supported tokenizer models: {', '.join(TOKENIZER_MODELS)}",
+        )
     added = _added_tokens(tk, tokens, types, byte_level=model == "gpt2")
     if added:
         t.add_tokens(added)
@@ -178,12 +208,18 @@ def load_tokenizer(module: Any, base_dir: str | None = None) -> Tokenizer:
     """The tokenizer an imported module names in its `llm.tokenizer` attribute."""
     spec = module.attrs.get("llm.tokenizer")
     if not isinstance(spec, dict) or "file" not in spec:
-        raise InputError(f"module @{module.name} names no tokenizer (attribute llm.tokenizer)",
-                         hint="import the model again with its tokenizer (tokenizer.json, or a GGUF "
-                              "file that holds one)")
+        raise InputError(
+            f"module @{module.name} names no tokenizer (attribute llm.tokenizer)",
+            hint="import the model again with its tokenizer (tokenizer.json, or a GGUF "
+            "file that holds one)",
+        )
     if base_dir is None:
         base_dir = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
-    path = spec["file"] if os.path.isabs(spec["file"]) else os.path.normpath(os.path.join(base_dir, spec["file"]))
+    path = (
+        spec["file"]
+        if os.path.isabs(spec["file"])
+        else os.path.normpath(os.path.join(base_dir, spec["file"]))
+    )
     fmt = spec.get("format")
     if fmt == "hf":
         backend = from_hf_file(path)
@@ -192,11 +228,22 @@ def load_tokenizer(module: Any, base_dir: str | None = None) -> Tokenizer:
 
         backend = from_gguf_metadata(read_tokenizer(path))
     else:
-        raise InputError(f"module @{module.name}: llm.tokenizer format '{fmt}' is not known (hf, gguf)")
-    return Tokenizer(backend, module.attrs.get("llm.bos_token_id"),
-                     tuple(module.attrs.get("llm.eos_token_ids") or ()),
-                     module.attrs.get("llm.chat_template"))
+        raise InputError(
+            f"module @{module.name}: llm.tokenizer format '{fmt}' is not known (hf, gguf)"
+        )
+    return Tokenizer(
+        backend,
+        module.attrs.get("llm.bos_token_id"),
+        tuple(module.attrs.get("llm.eos_token_ids") or ()),
+        module.attrs.get("llm.chat_template"),
+    )
 
 
-__all__ = ["Tokenizer", "load_tokenizer", "from_gguf_metadata", "from_hf_file", "SUPPORTED_PRE",
-           "TOKENIZER_MODELS"]
+__all__ = [
+    "Tokenizer",
+    "load_tokenizer",
+    "from_gguf_metadata",
+    "from_hf_file",
+    "SUPPORTED_PRE",
+    "TOKENIZER_MODELS",
+]

@@ -26,7 +26,7 @@ def _dims_env(module: Module, value: int) -> dict[str, int]:
     env: dict[str, int] = {}
     for a in module.main.args:
         t = a.type
-        for d in (t.shape if isinstance(t, TensorType) else ()):
+        for d in t.shape if isinstance(t, TensorType) else ():
             if isinstance(d, SymDim):
                 for n in d.names():
                     env[n] = value
@@ -48,7 +48,11 @@ def make_inputs(module: Module, env: dict[str, int], seed: int, scale: float) ->
         shape = tuple(eval_dim(d, env) or 1 if isinstance(d, (int, SymDim)) else 1 for d in t.shape)
         dt = t.dtype
         if isinstance(dt, DType) and dt.is_float:
-            arr = rng.standard_normal(shape) * scale / max(1.0, np.sqrt(shape[-1]) if shape and t.rank >= 2 else 1.0)
+            arr = (
+                rng.standard_normal(shape)
+                * scale
+                / max(1.0, np.sqrt(shape[-1]) if shape and t.rank >= 2 else 1.0)
+            )
             out[a.name] = arr.astype(numpy_dtype(dt))
         elif isinstance(dt, DType) and dt == DType.bool:
             out[a.name] = rng.random(shape) < 0.7
@@ -61,7 +65,9 @@ def make_inputs(module: Module, env: dict[str, int], seed: int, scale: float) ->
 
 def _tol(module: Module) -> float:
     dts = [a.type.dtype for a in module.main.args if isinstance(a.type, TensorType)]
-    base = max((BASE_TOL.get(d, 1e-4) for d in dts if isinstance(d, DType) and d.is_float), default=1e-6)
+    base = max(
+        (BASE_TOL.get(d, 1e-4) for d in dts if isinstance(d, DType) and d.is_float), default=1e-6
+    )
     return base * (1.0 + module.op_count() / 200.0)
 
 
@@ -103,8 +109,11 @@ def _trace(module: Module, inputs: dict[str, Any]) -> tuple[list[Any], dict[str,
 
 def compare(before: Module, after: Module, seeds: int = 2) -> dict[str, Any]:
     tol = _tol(before)
-    trials = [("every symbolic dim = 1 (seq=1)", 1, 1.0), ("every symbolic dim = 3", 3, 1.0),
-              ("large magnitudes (x100)", 2, 100.0)][: max(1, seeds + 1)]
+    trials = [
+        ("every symbolic dim = 1 (seq=1)", 1, 1.0),
+        ("every symbolic dim = 3", 3, 1.0),
+        ("large magnitudes (x100)", 2, 100.0),
+    ][: max(1, seeds + 1)]
     ran = 0
     for seed, (label, dimv, scale) in enumerate(trials):
         env = _dims_env(before, dimv)
@@ -115,8 +124,11 @@ def compare(before: Module, after: Module, seeds: int = 2) -> dict[str, Any]:
             ob, tb = _trace(before, b_in)
             oa, ta = _trace(after, a_in)
         except Exception as exc:  # noqa: BLE001 - cannot run: inconclusive
-            return {"verdict": "inconclusive", "method": "differential",
-                    "details": [f"the reference interpreter cannot run these modules: {exc}"]}
+            return {
+                "verdict": "inconclusive",
+                "method": "differential",
+                "details": [f"the reference interpreter cannot run these modules: {exc}"],
+            }
         ran += 1
         bad = [i for i, (x, y) in enumerate(zip(ob, oa)) if not _close(y, x, tol)]
         if not bad:
@@ -136,10 +148,23 @@ def compare(before: Module, after: Module, seeds: int = 2) -> dict[str, Any]:
             details.append(f"first differing value: %{name}")
             details.append(f"  original:  {_where(op_b)}")
             details.append(f"  optimized: {_where(op_a)}")
-        inp = {k: (v.tolist() if isinstance(v, np.ndarray) and v.size <= 16 else
-                   f"numpy.random.default_rng({seed}) standard normal x{scale}, shape {getattr(v, 'shape', '?')}")
-               for k, v in inputs.items()}
-        return {"verdict": "not-equivalent", "method": "differential", "details": details,
-                "first_difference": first[0] if first else None, "input": inp,
-                "input_desc": {"seed": seed, "dims": env, "scale": scale}}
-    return {"verdict": "equivalent", "method": f"differential ({ran} seeded inputs, rtol {tol:.2g})"}
+        inp = {
+            k: (
+                v.tolist()
+                if isinstance(v, np.ndarray) and v.size <= 16
+                else f"numpy.random.default_rng({seed}) standard normal x{scale}, shape {getattr(v, 'shape', '?')}"
+            )
+            for k, v in inputs.items()
+        }
+        return {
+            "verdict": "not-equivalent",
+            "method": "differential",
+            "details": details,
+            "first_difference": first[0] if first else None,
+            "input": inp,
+            "input_desc": {"seed": seed, "dims": env, "scale": scale},
+        }
+    return {
+        "verdict": "equivalent",
+        "method": f"differential ({ran} seeded inputs, rtol {tol:.2g})",
+    }

@@ -59,12 +59,14 @@ def _exp(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
 
 def _monotone_positive(f: Any, log: bool = False) -> Any:
     """sqrt, rsqrt, log, reciprocal: monotone on (0, inf); unbounded when 0 may be reached."""
+
     def rule(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
         a = ins[0]
         if a[0] <= 0:
             return (-INF, INF) if log else (0.0, INF)
         lo, hi = f(a[0]), f(a[1])
         return (min(lo, hi), max(lo, hi))
+
     return rule
 
 
@@ -94,7 +96,9 @@ def _reduce_sum(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
 
 
 def _norm(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
-    lo, hi = ranges.norm_bound(_dim(op.operands[0].type, -1, env, max_dim), ins[1], float(op.attrs.get("offset", 0.0)))
+    lo, hi = ranges.norm_bound(
+        _dim(op.operands[0].type, -1, env, max_dim), ins[1], float(op.attrs.get("offset", 0.0))
+    )
     if op.name == "llm.layer_norm" and len(ins) > 2:
         return (lo + ins[2][0], hi + ins[2][1])
     return (lo, hi)
@@ -130,8 +134,10 @@ INTERVAL_RULES: dict[str, Any] = {
     "core.div": _div,
     "core.pow": _pow,
     "core.neg": lambda op, ins, env, md: (-ins[0][1], -ins[0][0]),
-    "core.abs": lambda op, ins, env, md: (0.0 if ins[0][0] <= 0 <= ins[0][1] else min(abs(ins[0][0]), abs(ins[0][1])),
-                                          _absmax(ins[0])),
+    "core.abs": lambda op, ins, env, md: (
+        0.0 if ins[0][0] <= 0 <= ins[0][1] else min(abs(ins[0][0]), abs(ins[0][1])),
+        _absmax(ins[0]),
+    ),
     "core.relu": lambda op, ins, env, md: (max(ins[0][0], 0.0), max(ins[0][1], 0.0)),
     "core.sigmoid": _fixed(0.0, 1.0),
     "core.softmax": _fixed(0.0, 1.0),
@@ -149,10 +155,28 @@ INTERVAL_RULES: dict[str, Any] = {
     "llm.gated_mlp": _gated_mlp,
     "core.reduce_sum": _reduce_sum,
     # ops whose result elements are elements (or means, maxima) of their first operand
-    **{n: _first for n in ("core.reduce_mean", "core.reduce_max", "core.reduce_min", "core.cast", "core.reshape",
-                           "core.transpose", "core.identity", "core.expand", "core.slice", "core.gather",
-                           "core.split", "core.squeeze", "core.unsqueeze", "core.flatten", "core.tile",
-                           "llm.embedding", "llm.dequantize")},
+    **{
+        n: _first
+        for n in (
+            "core.reduce_mean",
+            "core.reduce_max",
+            "core.reduce_min",
+            "core.cast",
+            "core.reshape",
+            "core.transpose",
+            "core.identity",
+            "core.expand",
+            "core.slice",
+            "core.gather",
+            "core.split",
+            "core.squeeze",
+            "core.unsqueeze",
+            "core.flatten",
+            "core.tile",
+            "llm.embedding",
+            "llm.dequantize",
+        )
+    },
     "core.pad": lambda op, ins, env, md: _union(ins[0], (0.0, 0.0)),
     "core.concat": lambda op, ins, env, md: _union(*ins),
     "core.where": lambda op, ins, env, md: _union(ins[1], ins[2]),
@@ -196,13 +220,21 @@ class RangeReport:
     outputs: list[Iv]
 
     def to_json(self) -> dict[str, Any]:
-        return {"outputs": [list(r) for r in self.outputs], "f16_values": self.f16_values,
-                "f16_overflow_possible": self.f16_risks,
-                "f16_overflow_excluded": not self.f16_risks}
+        return {
+            "outputs": [list(r) for r in self.outputs],
+            "f16_values": self.f16_values,
+            "f16_overflow_possible": self.f16_risks,
+            "f16_overflow_excluded": not self.f16_risks,
+        }
 
 
-def analyze(module: Module, input_range: Iv = (-1.0, 1.0), arg_ranges: dict[str, Iv] | None = None,
-            dims: dict[str, int] | None = None, max_dim: int = 4096) -> RangeReport:
+def analyze(
+    module: Module,
+    input_range: Iv = (-1.0, 1.0),
+    arg_ranges: dict[str, Iv] | None = None,
+    dims: dict[str, int] | None = None,
+    max_dim: int = 4096,
+) -> RangeReport:
     fn = module.main
     env = dict(dims or {})
     ranges: dict[str, Iv] = {}
@@ -230,20 +262,26 @@ def analyze(module: Module, input_range: Iv = (-1.0, 1.0), arg_ranges: dict[str,
                 n16 += 1
                 if _absmax(r) > F16_MAX:
                     where = f" at {op.pos}" if op.pos else ""
-                    risks.append(f"%{res.name} ({op.name}{where}) may reach {_absmax(r):.3g} > 65504")
+                    risks.append(
+                        f"%{res.name} ({op.name}{where}) may reach {_absmax(r):.3g} > 65504"
+                    )
     return RangeReport(ranges, risks, n16, [by_id.get(id(v), (-INF, INF)) for v in fn.outputs])
 
 
 # -- invariant expressions ------------------------------------------------------------------
 
-_TOK = re.compile(r"\s*(?:(?P<num>\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+)|(?P<name>[A-Za-z_]\w*)"
-                  r"|(?P<op>\+-|==|!=|<=|>=|[-+*/()<>\[\],]))")
+_TOK = re.compile(
+    r"\s*(?:(?P<num>\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+)|(?P<name>[A-Za-z_]\w*)"
+    r"|(?P<op>\+-|==|!=|<=|>=|[-+*/()<>\[\],]))"
+)
 
 
 class InvariantSyntaxError(InputError):
     def __init__(self, message: str, text: str, col: int) -> None:
-        super().__init__(f"invariant {text!r}, column {col + 1}: {message}",
-                         hint="see docs/optimize.md, 'Invariant expressions'")
+        super().__init__(
+            f"invariant {text!r}, column {col + 1}: {message}",
+            hint="see docs/optimize.md, 'Invariant expressions'",
+        )
         self.col = col
 
 
@@ -262,8 +300,11 @@ def parse_invariant(text: str) -> Node:  # noqa: C901 (a hand-written expression
             break
         m = _TOK.match(text, pos)
         if not m or m.end() == pos:
-            raise InvariantSyntaxError(f"unexpected character {text[pos:].lstrip()[0]!r}", text,
-                                       len(text) - len(text[pos:].lstrip()))
+            raise InvariantSyntaxError(
+                f"unexpected character {text[pos:].lstrip()[0]!r}",
+                text,
+                len(text) - len(text[pos:].lstrip()),
+            )
         kind = m.lastgroup or "op"
         toks.append((kind, m.group(kind), m.start(kind)))
         pos = m.end()
@@ -277,7 +318,9 @@ def parse_invariant(text: str) -> Node:  # noqa: C901 (a hand-written expression
         nonlocal i
         tok = toks[i]
         if want is not None and tok[1] != want:
-            raise InvariantSyntaxError(f"expected {want!r}, found {tok[1] or 'end of text'!r}", text, tok[2])
+            raise InvariantSyntaxError(
+                f"expected {want!r}, found {tok[1] or 'end of text'!r}", text, tok[2]
+            )
         i += 1
         return tok
 
@@ -300,7 +343,9 @@ def parse_invariant(text: str) -> Node:  # noqa: C901 (a hand-written expression
                     args.append(arith())
                 take(")")
                 if val not in ("sum", "max", "min", "mean", "abs", "softmax"):
-                    raise InvariantSyntaxError(f"unknown function {val!r} (sum, max, min, mean, abs, softmax)", text, col)
+                    raise InvariantSyntaxError(
+                        f"unknown function {val!r} (sum, max, min, mean, abs, softmax)", text, col
+                    )
                 return Node("call", val, tuple(args))
             node = Node("name", val)
             if peek()[1] == "[":
@@ -341,7 +386,9 @@ def parse_invariant(text: str) -> Node:  # noqa: C901 (a hand-written expression
             raise InvariantSyntaxError("expected a tolerance number after +-", text, c3)
         tol = float(v)
     if peek()[0] != "eof":
-        raise InvariantSyntaxError(f"unexpected {peek()[1]!r} after the comparison", text, peek()[2])
+        raise InvariantSyntaxError(
+            f"unexpected {peek()[1]!r} after the comparison", text, peek()[2]
+        )
     return Node("cmp", op, (lhs, rhs, Node("num", tol)))
 
 
@@ -380,8 +427,15 @@ def check_invariant(text: str, op: Op, report: RangeReport, limit_s: float = 5.0
     node = parse_invariant(text)
     lhs, rhs, tol = node.args
     # SMT: softmax normalisation over a symbolic row length
-    if (lhs.kind == "call" and lhs.value == "sum" and lhs.args and lhs.args[0].kind == "call"
-            and lhs.args[0].value == "softmax" and rhs.kind == "num" and node.value == "=="):
+    if (
+        lhs.kind == "call"
+        and lhs.value == "sum"
+        and lhs.args
+        and lhs.args[0].kind == "call"
+        and lhs.args[0].value == "softmax"
+        and rhs.kind == "num"
+        and node.value == "=="
+    ):
         from .solver import run_job
 
         res = run_job(_softmax_normalized_job, limit_s, limit_s=limit_s)
@@ -397,16 +451,36 @@ def check_invariant(text: str, op: Op, report: RangeReport, limit_s: float = 5.0
     try:
         a, b = _iv(lhs, env), _iv(rhs, env)
     except KeyError as exc:
-        raise InputError(f"invariant {text!r}: unknown name {exc}",
-                         hint="use output, output[i] or an operand name") from None
+        raise InputError(
+            f"invariant {text!r}: unknown name {exc}",
+            hint="use output, output[i] or an operand name",
+        ) from None
     t = tol.value
     op_ = node.value
-    holds = {"<=": a[1] <= b[0] + t, "<": a[1] < b[0] + t, ">=": a[0] >= b[1] - t,
-             ">": a[0] > b[1] - t, "==": a[1] - b[0] <= t and b[1] - a[0] <= t, "!=": a[1] < b[0] or b[1] < a[0]}
-    fails = {"<=": a[0] > b[1] + t, "<": a[0] >= b[1] + t, ">=": a[1] < b[0] - t,
-             ">": a[1] <= b[0] - t, "==": a[0] > b[1] + t or b[0] > a[1] + t, "!=": False}
+    holds = {
+        "<=": a[1] <= b[0] + t,
+        "<": a[1] < b[0] + t,
+        ">=": a[0] >= b[1] - t,
+        ">": a[0] > b[1] - t,
+        "==": a[1] - b[0] <= t and b[1] - a[0] <= t,
+        "!=": a[1] < b[0] or b[1] < a[0],
+    }
+    fails = {
+        "<=": a[0] > b[1] + t,
+        "<": a[0] >= b[1] + t,
+        ">=": a[1] < b[0] - t,
+        ">": a[1] <= b[0] - t,
+        "==": a[0] > b[1] + t or b[0] > a[1] + t,
+        "!=": False,
+    }
     verdict = "proved" if holds[op_] else ("violated" if fails[op_] else "unknown")
-    return {"invariant": text, "verdict": verdict, "method": "intervals", "lhs": list(a), "rhs": list(b)}
+    return {
+        "invariant": text,
+        "verdict": verdict,
+        "method": "intervals",
+        "lhs": list(a),
+        "rhs": list(b),
+    }
 
 
 def _iv(n: Node, env: dict[str, Iv]) -> Iv:

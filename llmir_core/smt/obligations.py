@@ -10,6 +10,7 @@ def quant_error_bound(levels: int, divisor: float | None = None) -> Any:
     s = amax / levels, q = round(x / s), x' = q * s. Claim, for every |x| <= amax:
     the code fits (|x / s| <= levels, so nothing clamps) and |x' - x| <= s / 2.
     `round` is uninterpreted with the ground lemma |round(t) - t| <= 1/2."""
+
     def obligation() -> tuple[list[Any], Any, list[Any]]:
         import z3
 
@@ -20,4 +21,5 @@ def quant_error_bound(levels: int, divisor: float | None = None) -> Any:
         hyps = [amax > 0, z3.Abs(x) <= amax, z3.Abs(rnd(t) - t) <= z3.RealVal(1) / 2]
         goal = z3.And(z3.Abs(t) <= levels, z3.Abs(rnd(t) * s - x) <= s / 2)
         return hyps, goal, [x, amax]
+
     return obligation

@@ -46,9 +46,16 @@ class RuleVerdict:
     dtype_checks: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"rule": self.rule, "verdict": self.verdict, "tag": self.tag, "method": self.method,
-                "seconds": round(self.seconds, 4), "detail": self.detail,
-                "counterexample": self.counterexample, "dtype_checks": self.dtype_checks}
+        return {
+            "rule": self.rule,
+            "verdict": self.verdict,
+            "tag": self.tag,
+            "method": self.method,
+            "seconds": round(self.seconds, 4),
+            "detail": self.detail,
+            "counterexample": self.counterexample,
+            "dtype_checks": self.dtype_checks,
+        }
 
 
 def dim_names(sig: str, batch: int) -> list[str]:
@@ -66,6 +73,7 @@ def _attrs_for(rule: Rule, batch: int) -> dict[str, Any]:
 
 
 # -- the child-side job --------------------------------------------------------------------
+
 
 def _job(rule: Rule, batch: int, limit_s: float) -> dict[str, Any]:  # noqa: C901 (one case per obligation kind, run in the solver child)
     import z3
@@ -86,7 +94,11 @@ def _job(rule: Rule, batch: int, limit_s: float) -> dict[str, Any]:  # noqa: C90
             continue
         names = dim_names(rule.sig.get(name, ""), batch)
         shape = tuple(dims.setdefault(n, z3.Int(n)) for n in names)
-        fn = z3.Function(name, *([z3.IntSort()] * len(names)), z3.RealSort()) if names else z3.Real(name)
+        fn = (
+            z3.Function(name, *([z3.IntSort()] * len(names)), z3.RealSort())
+            if names
+            else z3.Real(name)
+        )
         funcs[name] = (fn, names)
         tensors[name] = STensor(shape, _leaf_fn(fn, len(names)))
     attrs = _attrs_for(rule, batch)
@@ -124,7 +136,11 @@ def _job(rule: Rule, batch: int, limit_s: float) -> dict[str, Any]:  # noqa: C90
     except (EncodeError, KeyError, TypeError, IndexError) as exc:
         return {"verdict": "unknown", "reason": f"no encoding: {exc}"}
     if lhs.rank != rhs.rank:
-        return {"verdict": "sat", "reason": f"ranks differ: {lhs.rank} vs {rhs.rank}", "model": None}
+        return {
+            "verdict": "sat",
+            "reason": f"ranks differ: {lhs.rank} vs {rhs.rank}",
+            "model": None,
+        }
     idx = tuple(z3.Int(f"i{j}") for j in range(lhs.rank))
     try:
         lv, rv = lhs.f(idx), rhs.f(idx)
@@ -138,7 +154,9 @@ def _job(rule: Rule, batch: int, limit_s: float) -> dict[str, Any]:  # noqa: C90
     s.add(enc.lemmas())
     if s.check() == z3.unsat:
         return {"verdict": "vacuous", "reason": "the rule's assumptions cannot hold"}
-    shape_diff = z3.Or([z3.Not(_eq(a, b)) for a, b in zip(lhs.shape, rhs.shape)] or [z3.BoolVal(False)])
+    shape_diff = z3.Or(
+        [z3.Not(_eq(a, b)) for a, b in zip(lhs.shape, rhs.shape)] or [z3.BoolVal(False)]
+    )
     s.add([z3.And(0 <= i, i < d) for i, d in zip(idx, lhs.shape)])
     s.add(z3.Or(shape_diff, lv != rv))
     r = s.check()
@@ -168,8 +186,10 @@ def _job(rule: Rule, batch: int, limit_s: float) -> dict[str, Any]:  # noqa: C90
             arr[ix] = num(fn(*[z3.IntVal(i) for i in ix])) if names else num(fn)
         arrays[name] = arr.tolist()
     consts = {n: num(s_) for n, s_ in syms.items()}
-    return {"verdict": "sat", "model": {"dims": use, "smt_dims": dim_vals, "arrays": arrays,
-                                          "consts": consts}}
+    return {
+        "verdict": "sat",
+        "model": {"dims": use, "smt_dims": dim_vals, "arrays": arrays, "consts": consts},
+    }
 
 
 def _leaf_fn(f: Any, rank: int) -> Any:
@@ -186,8 +206,15 @@ def _eq(a: Any, b: Any) -> Any:
 
 # -- the parent side: replay in numpy ------------------------------------------------------
 
-def instantiate(rule: Rule, side: Term, dims: dict[str, int], consts: dict[str, float], batch: int,
-                dtype: str = "f64") -> Any:
+
+def instantiate(
+    rule: Rule,
+    side: Term,
+    dims: dict[str, int],
+    consts: dict[str, float],
+    batch: int,
+    dtype: str = "f64",
+) -> Any:
     """A module computing one side of the rule on concrete shapes (leaves are arguments)."""
     from llmir_core.builder import Builder, new_module
     from llmir_core.ir.attrs import DenseAttr
@@ -230,15 +257,24 @@ def instantiate(rule: Rule, side: Term, dims: dict[str, int], consts: dict[str, 
         assert isinstance(term, T)
         if id(term) not in cache:
             args = [build(a) for a in term.args]
-            cache[id(term)] = b.create(term.op, args, {k: resolve(v) for k, v in term.attrs.items()})
+            cache[id(term)] = b.create(
+                term.op, args, {k: resolve(v) for k, v in term.attrs.items()}
+            )
         return cache[id(term)].results[term.result]
 
     b.ret(build(side))
     return mod
 
 
-def replay(rule: Rule, batch: int, dims: dict[str, int], consts: dict[str, float],
-           arrays: dict[str, Any] | None, seeds: int = 4, dtype: str = "f64") -> dict[str, Any] | None:
+def replay(
+    rule: Rule,
+    batch: int,
+    dims: dict[str, int],
+    consts: dict[str, float],
+    arrays: dict[str, Any] | None,
+    seeds: int = 4,
+    dtype: str = "f64",
+) -> dict[str, Any] | None:
     """Run both sides; return a counterexample dict when they differ, else None."""
     from llmir_core.dialects.opdef import OpVerifyError
     from llmir_core.interp import run
@@ -251,8 +287,14 @@ def replay(rule: Rule, batch: int, dims: dict[str, int], consts: dict[str, float
     try:
         rm = instantiate(rule, rule.rhs, dims, consts, batch, dtype)
     except OpVerifyError as exc:  # the replacement is ill-typed where the pattern is not
-        return {"source": "shapes", "dims": dims, "consts": consts, "inputs": {},
-                "error": f"the replacement does not type-check: {exc}", "max_abs_diff": float("inf")}
+        return {
+            "source": "shapes",
+            "dims": dims,
+            "consts": consts,
+            "inputs": {},
+            "error": f"the replacement does not type-check: {exc}",
+            "max_abs_diff": float("inf"),
+        }
     args = lm.main.args
     tol = {"f64": 1e-9, "f32": 2e-5, "f16": 2e-2, "bf16": 5e-2}.get(dtype, 1e-9)
     trials: list[tuple[str, dict[str, Any]]] = []
@@ -260,22 +302,42 @@ def replay(rule: Rule, batch: int, dims: dict[str, int], consts: dict[str, float
         trials.append(("smt model", {a.name: np.asarray(arrays[a.name]) for a in args}))
     rng = np.random.default_rng(0)
     for s in range(seeds):
-        trials.append((f"random seed {s}", {a.name: rng.normal(size=a.type.static_shape()) * (1 + 9 * (s % 2))
-                                            for a in args}))
+        trials.append(
+            (
+                f"random seed {s}",
+                {a.name: rng.normal(size=a.type.static_shape()) * (1 + 9 * (s % 2)) for a in args},
+            )
+        )
     for label, raw in trials:
-        inputs = {k: np.asarray(v).astype(DTYPE_NAMES[str(a.type.dtype)].to_numpy())
-                  for a in args for k, v in raw.items() if k == a.name}
+        inputs = {
+            k: np.asarray(v).astype(DTYPE_NAMES[str(a.type.dtype)].to_numpy())
+            for a in args
+            for k, v in raw.items()
+            if k == a.name
+        }
         try:
             lo = run(lm, inputs)[0]
-            ro = run(rm, {k: v for k, v in inputs.items() if k in {a.name for a in rm.main.args}})[0]
+            ro = run(rm, {k: v for k, v in inputs.items() if k in {a.name for a in rm.main.args}})[
+                0
+            ]
         except Exception as exc:  # noqa: BLE001 - an op that cannot run here
             raise ReplayError(f"cannot run the rule in numpy: {type(exc).__name__}: {exc}") from exc
         lo64, ro64 = np.asarray(lo, np.float64), np.asarray(ro, np.float64)
-        if lo64.shape != ro64.shape or not np.allclose(lo64, ro64, rtol=tol, atol=tol, equal_nan=True):
-            diff = float(np.nanmax(np.abs(lo64 - ro64))) if lo64.shape == ro64.shape else float("inf")
-            return {"source": label, "dims": dims, "consts": consts,
-                    "inputs": {k: np.asarray(v).round(6).tolist() for k, v in inputs.items()},
-                    "lhs": lo64.round(6).tolist(), "rhs": ro64.round(6).tolist(), "max_abs_diff": diff}
+        if lo64.shape != ro64.shape or not np.allclose(
+            lo64, ro64, rtol=tol, atol=tol, equal_nan=True
+        ):
+            diff = (
+                float(np.nanmax(np.abs(lo64 - ro64))) if lo64.shape == ro64.shape else float("inf")
+            )
+            return {
+                "source": label,
+                "dims": dims,
+                "consts": consts,
+                "inputs": {k: np.asarray(v).round(6).tolist() for k, v in inputs.items()},
+                "lhs": lo64.round(6).tolist(),
+                "rhs": ro64.round(6).tolist(),
+                "max_abs_diff": diff,
+            }
     return None
 
 
@@ -288,8 +350,9 @@ def prove(rule: Rule, limit_s: float = 10.0, dtype_checks: bool = True) -> RuleV
         cex = res.get("model")
         if verdict == "sat":
             verdict = "refuted"
-        return RuleVerdict(rule.name, verdict, time.perf_counter() - t0, rule.tag, "smt (error bound)",
-                           detail, cex)
+        return RuleVerdict(
+            rule.name, verdict, time.perf_counter() - t0, rule.tag, "smt (error bound)", detail, cex
+        )
     per: list[dict[str, Any]] = []
     final, detail, cex = "proved", "", None
     for batch in rule.batch_ranks:
@@ -306,13 +369,19 @@ def prove(rule: Rule, limit_s: float = 10.0, dtype_checks: bool = True) -> RuleV
             try:
                 found = replay(rule, batch, dims, consts, model["arrays"] if model else None)
             except ReplayError as exc:
-                final, detail = "unknown", f"z3 found a difference that could not be replayed: {exc}"
+                final, detail = (
+                    "unknown",
+                    f"z3 found a difference that could not be replayed: {exc}",
+                )
                 break
             if found is not None:
                 final, cex = "refuted", {"batch_rank": batch, **found}
                 detail = res.get("reason", f"sides differ (max |diff| {found['max_abs_diff']:.3g})")
                 break
-            final, detail = "spurious", "z3 found a model of the uninterpreted functions, but numpy shows no difference"
+            final, detail = (
+                "spurious",
+                "z3 found a model of the uninterpreted functions, but numpy shows no difference",
+            )
             continue
         final, detail = v, res.get("reason", "")
         break
@@ -321,14 +390,25 @@ def prove(rule: Rule, limit_s: float = 10.0, dtype_checks: bool = True) -> RuleV
         # SMT could not decide: differential testing may still refute (never prove) the rule
         batch = rule.batch_ranks[-1]
         try:
-            found = replay(rule, batch, {n: 3 for n in _all_dims(rule, batch)},
-                           {n: 0.5 for n, lf in leaves(rule.lhs).items() if isinstance(lf, C)}, None)
+            found = replay(
+                rule,
+                batch,
+                {n: 3 for n in _all_dims(rule, batch)},
+                {n: 0.5 for n, lf in leaves(rule.lhs).items() if isinstance(lf, C)},
+                None,
+            )
         except ReplayError:
             found = None
         if found is not None:
-            final, cex, method = "refuted", {"batch_rank": batch, **found}, "differential (smt: " + final + ")"
+            final, cex, method = (
+                "refuted",
+                {"batch_rank": batch, **found},
+                "differential (smt: " + final + ")",
+            )
             detail = f"smt: {detail}; numpy shows a difference of {found['max_abs_diff']:.3g}"
-    out = RuleVerdict(rule.name, final, time.perf_counter() - t0, rule.tag, method, detail, cex, per)
+    out = RuleVerdict(
+        rule.name, final, time.perf_counter() - t0, rule.tag, method, detail, cex, per
+    )
     if dtype_checks and final == "proved" and rule.tag == "reassociating":
         out.dtype_checks = _dtype_checks(rule)
     return out
@@ -373,5 +453,8 @@ def _obligation_job(rule: Rule, limit_s: float) -> dict[str, Any]:
     if r == z3.unknown:
         return {"verdict": "unknown", "reason": s.reason_unknown()}
     m = s.model()
-    return {"verdict": "sat", "reason": "the error bound fails",
-            "model": {str(k): str(m.eval(k, model_completion=True)) for k in show}}
+    return {
+        "verdict": "sat",
+        "reason": "the error bound fails",
+        "model": {str(k): str(m.eval(k, model_completion=True)) for k in show},
+    }

@@ -117,7 +117,9 @@ class Encoder:
 
     def _root_lemmas(self, x: Any) -> None:
         s, r = self.uf("sqrt")(x), self.uf("rsqrt")(x)
-        self.lemma(("root", x.get_id()), z3.Implies(x > 0, z3.And(s > 0, r > 0, s * r == 1, s * s == x)))
+        self.lemma(
+            ("root", x.get_id()), z3.Implies(x > 0, z3.And(s > 0, r > 0, s * r == 1, s * s == x))
+        )
 
     def exp(self, x: Any) -> Any:
         e = self.uf("exp")(x)
@@ -141,6 +143,7 @@ class Encoder:
 
             def mp(idx: Idx, t: STensor = t, off: int = off) -> Idx:
                 return tuple(0 if _is_one(t.shape[j]) else idx[j + off] for j in range(t.rank))
+
             maps.append(mp)
         return tuple(out), maps
 
@@ -149,7 +152,9 @@ class Encoder:
         return STensor(shape, lambda idx: fn(*(t.f(m(idx)) for t, m in zip(ts, maps))))
 
     # -- ops -----------------------------------------------------------------------------
-    def op(self, name: str, args: Sequence[STensor], attrs: dict[str, Any], leaf_dtype: str = "f32") -> list[STensor]:
+    def op(
+        self, name: str, args: Sequence[STensor], attrs: dict[str, Any], leaf_dtype: str = "f32"
+    ) -> list[STensor]:
         from llmir_core.dialects.registry import get_op
 
         od = get_op(name)
@@ -201,6 +206,7 @@ class Encoder:
             for a, p in enumerate(perm):
                 src[p] = idx[a]
             return x.f(tuple(src))
+
         return STensor(shape, f)
 
     def op_core_matmul(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
@@ -208,9 +214,13 @@ class Encoder:
         if a.rank < 2 or b.rank < 2:
             raise EncodeError("matmul of vectors is not encoded")
         if attrs.get("transpose_a"):
-            a = self.op_core_transpose([a], {"perm": tuple(range(a.rank - 2)) + (a.rank - 1, a.rank - 2)})
+            a = self.op_core_transpose(
+                [a], {"perm": tuple(range(a.rank - 2)) + (a.rank - 1, a.rank - 2)}
+            )
         if attrs.get("transpose_b"):
-            b = self.op_core_transpose([b], {"perm": tuple(range(b.rank - 2)) + (b.rank - 1, b.rank - 2)})
+            b = self.op_core_transpose(
+                [b], {"perm": tuple(range(b.rank - 2)) + (b.rank - 1, b.rank - 2)}
+            )
         ab = STensor(a.shape[:-2], lambda i: 0)
         bb = STensor(b.shape[:-2], lambda i: 0)
         batch, (ma, mb) = self.broadcast(ab, bb)
@@ -222,12 +232,15 @@ class Encoder:
             bi = idx[:nb]
             i, j = idx[nb], idx[nb + 1]
             return self.sum(n_k, lambda k: a.f(ma(bi) + (i, k)) * b.f(mb(bi) + (k, j)))
+
         return STensor(shape, f)
 
     def _reduce(self, x: STensor, attrs: dict[str, Any], kind: str) -> STensor:
         axes = sorted({a % x.rank for a in attrs.get("axes", ())} or set(range(x.rank)))
         keep = attrs.get("keepdims", True)
-        shape = tuple((1 if i in axes else d) for i, d in enumerate(x.shape) if keep or i not in axes)
+        shape = tuple(
+            (1 if i in axes else d) for i, d in enumerate(x.shape) if keep or i not in axes
+        )
 
         def f(idx: Idx) -> Any:
             full: list[Any] = []
@@ -240,6 +253,7 @@ class Encoder:
                 else:
                     full.append(next(it))
             return self._nested(x, full, axes, kind)
+
         return STensor(shape, f)
 
     def _nested(self, x: STensor, full: list[Any], axes: list[int], kind: str) -> Any:
@@ -251,6 +265,7 @@ class Encoder:
             g = list(full)
             g[ax] = k
             return self._nested(x, g, rest, kind)
+
         n = x.shape[ax]
         if kind in ("sum", "mean"):
             s = self.sum(n, body)
@@ -293,6 +308,7 @@ class Encoder:
             for t, o in zip(reversed(args[:-1]), reversed(offs[:-1])):
                 out = z3.If(idx[ax] < o + t.shape[ax], t.f(_shift(idx, ax, -o)), out)
             return out
+
         return STensor(shape, f)
 
     def op_core_split(self, args: Sequence[STensor], attrs: dict[str, Any]) -> list[STensor]:
@@ -311,12 +327,15 @@ class Encoder:
         eps = attrs.get("eps", 1e-6)
         eps = eps if not isinstance(eps, float) else z3.RealVal(eps)
         off = attrs.get("offset", 0.0)
-        ms = self._reduce(STensor(x.shape, lambda i: x.f(i) * x.f(i)), {"axes": (-1,), "keepdims": True}, "mean")
+        ms = self._reduce(
+            STensor(x.shape, lambda i: x.f(i) * x.f(i)), {"axes": (-1,), "keepdims": True}, "mean"
+        )
         last = x.rank - 1
 
         def f(i: Idx) -> Any:
             t = ms.f(_zero_at(i, last)) + eps
             return x.f(i) * self.rsqrt(t) * (w.f((i[-1],)) + off)
+
         return STensor(x.shape, f)
 
     def op_llm_silu_mul(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
@@ -346,7 +365,11 @@ def _shift(idx: Idx, ax: int, by: Any) -> Idx:
 def _is_square(e: Any) -> bool:
     if z3.is_mul(e) and e.num_args() == 2 and e.arg(0).eq(e.arg(1)):
         return True
-    if z3.is_app_of(e, z3.Z3_OP_POWER) and z3.is_rational_value(e.arg(1)) and e.arg(1).as_fraction() == 2:
+    if (
+        z3.is_app_of(e, z3.Z3_OP_POWER)
+        and z3.is_rational_value(e.arg(1))
+        and e.arg(1).as_fraction() == 2
+    ):
         return True
     return False
 
@@ -380,6 +403,8 @@ UNARY: dict[str, Callable[[Encoder], Callable[[Any], Any]]] = {
     "core.reciprocal": lambda e: lambda x: 1 / x,
     "core.sigmoid": _sigmoid,
     "core.silu": lambda e: lambda x: x * _sigmoid(e)(x),
-    **{f"core.{n}": _uninterpreted(n)
-       for n in ("log", "tanh", "erf", "sin", "cos", "floor", "ceil", "round", "sign")},
+    **{
+        f"core.{n}": _uninterpreted(n)
+        for n in ("log", "tanh", "erf", "sin", "cos", "floor", "ceil", "round", "sign")
+    },
 }

@@ -33,7 +33,9 @@ def _child(conn: Any, job: Callable[..., dict[str, Any]], args: tuple[Any, ...])
     try:
         conn.send_bytes(pickle.dumps(res))
     except Exception as exc:  # noqa: BLE001 - unpicklable result
-        conn.send_bytes(pickle.dumps({"verdict": "unknown", "reason": f"result not picklable: {exc}"}))
+        conn.send_bytes(
+            pickle.dumps({"verdict": "unknown", "reason": f"result not picklable: {exc}"})
+        )
     conn.close()
 
 
@@ -42,7 +44,9 @@ def _warm() -> None:
     import z3  # noqa: F401
 
 
-def run_job(job: Callable[..., dict[str, Any]], *args: Any, limit_s: float | None = None) -> dict[str, Any]:
+def run_job(
+    job: Callable[..., dict[str, Any]], *args: Any, limit_s: float | None = None
+) -> dict[str, Any]:
     """Run `job(*args)` (which may import and use z3) in a child; kill it after `limit_s`."""
     limit = DEFAULT_LIMIT_S if limit_s is None else limit_s
     _warm()
@@ -56,7 +60,10 @@ def run_job(job: Callable[..., dict[str, Any]], *args: Any, limit_s: float | Non
         if parent.poll(limit):
             res = pickle.loads(parent.recv_bytes())
         else:
-            res = {"verdict": "inconclusive", "reason": f"solver timed out after {limit:g} s (killed)"}
+            res = {
+                "verdict": "inconclusive",
+                "reason": f"solver timed out after {limit:g} s (killed)",
+            }
     except EOFError:
         res = {"verdict": "inconclusive", "reason": "solver process died (out of memory?)"}
     finally:

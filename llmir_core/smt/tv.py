@@ -68,7 +68,12 @@ class Terms:
     def op(self, op: Op) -> list[int]:
         od = get_op(op.name)
         kids = tuple(self.of_value[id(v)] for v in op.operands)
-        if self.expand and od is not None and od.decompose is not None and op.name.startswith(("llm.", "ort.")):
+        if (
+            self.expand
+            and od is not None
+            and od.decompose is not None
+            and op.name.startswith(("llm.", "ort."))
+        ):
             outs = self._expand(op, od)
             if outs is not None:
                 for r, t in zip(op.results, outs):
@@ -87,7 +92,9 @@ class Terms:
         key = (op.name, _attr_key(op.attrs), tuple(str(v.type) for v in op.operands))
         cached = self.defs.get(key)
         if cached is None:
-            fn = Function(f"{op.name}.def", [Value(f"a{i}", v.type) for i, v in enumerate(op.operands)])
+            fn = Function(
+                f"{op.name}.def", [Value(f"a{i}", v.type) for i, v in enumerate(op.operands)]
+            )
             b = Builder(fn)
             self.keep.append(fn)
             try:
@@ -118,7 +125,9 @@ class Terms:
 def signature_mismatch(a: Module, b: Module) -> str | None:
     fa, fb = a.main, b.main
     if len(fa.args) != len(fb.args):
-        return f"@{fa.name} takes {len(fa.args)} arguments in one file and {len(fb.args)} in the other"
+        return (
+            f"@{fa.name} takes {len(fa.args)} arguments in one file and {len(fb.args)} in the other"
+        )
     for i, (x, y) in enumerate(zip(fa.args, fb.args)):
         if x.type != y.type:
             return f"argument #{i} (%{x.name} vs %{y.name}) has type {x.type} vs {y.type}"
@@ -130,8 +139,14 @@ def signature_mismatch(a: Module, b: Module) -> str | None:
     return None
 
 
-def _instance_eq(tt: Terms, inst: RuleInstance, before: dict[str, int], after: dict[str, int],
-                 fb: Function, fa: Function) -> tuple[int, int] | None:
+def _instance_eq(
+    tt: Terms,
+    inst: RuleInstance,
+    before: dict[str, int],
+    after: dict[str, int],
+    fb: Function,
+    fa: Function,
+) -> tuple[int, int] | None:
     lhs = before.get(inst.root)
     if lhs is None:
         return None
@@ -163,8 +178,11 @@ def _instance_eq(tt: Terms, inst: RuleInstance, before: dict[str, int], after: d
     return None if rhs is None else (lhs, rhs)
 
 
-def congruence_closure(nodes: list[tuple[str, tuple[int, ...]]], eqs: list[tuple[int, int]],
-                       goals: list[tuple[int, int]]) -> bool:
+def congruence_closure(
+    nodes: list[tuple[str, tuple[int, ...]]],
+    eqs: list[tuple[int, int]],
+    goals: list[tuple[int, int]],
+) -> bool:
     """Decide the EUF query in-process: do the equalities force every goal pair equal?
 
     The classic congruence closure (union-find, use lists, a signature table keyed by the
@@ -208,8 +226,9 @@ def congruence_closure(nodes: list[tuple[str, tuple[int, ...]]], eqs: list[tuple
     return all(find(a) == find(b) for a, b in goals)
 
 
-def _fold_eq(inst: RuleInstance, lhs: int, after: dict[str, int], fb: Function,
-             fa: Function) -> tuple[int, int] | None:
+def _fold_eq(
+    inst: RuleInstance, lhs: int, after: dict[str, int], fb: Function, fa: Function
+) -> tuple[int, int] | None:
     """A folded constant is trusted only after re-evaluating the original op (the reference
     interpreter is the oracle): a wrong fold adds no equality, so validation catches it."""
     import numpy as np
@@ -232,8 +251,12 @@ def _fold_eq(inst: RuleInstance, lhs: int, after: dict[str, int], fb: Function,
     return lhs, rhs
 
 
-def _euf_job(nodes: list[tuple[str, tuple[int, ...]]], eqs: list[tuple[int, int]],
-             goals: list[tuple[int, int]], limit_s: float) -> dict[str, Any]:
+def _euf_job(
+    nodes: list[tuple[str, tuple[int, ...]]],
+    eqs: list[tuple[int, int]],
+    goals: list[tuple[int, int]],
+    limit_s: float,
+) -> dict[str, Any]:
     import z3
 
     S = z3.DeclareSort("T")
@@ -258,14 +281,25 @@ def _euf_job(nodes: list[tuple[str, tuple[int, ...]]], eqs: list[tuple[int, int]
     return {"verdict": verdict, "reason": s.reason_unknown() if verdict == "unknown" else ""}
 
 
-def validate(before: Module, after: Module, instances: list[RuleInstance] | None = None,
-             limit_s: float = 10.0, differential: bool = True, seeds: int = 2) -> dict[str, Any]:
+def validate(
+    before: Module,
+    after: Module,
+    instances: list[RuleInstance] | None = None,
+    limit_s: float = 10.0,
+    differential: bool = True,
+    seeds: int = 2,
+) -> dict[str, Any]:
     """Decide whether `after` computes what `before` computes. Returns a verdict dict."""
     t0 = time.perf_counter()
     why = signature_mismatch(before, after)
     if why is not None:
-        return {"verdict": "not-equivalent", "method": "signature", "details": [why],
-                "seconds": time.perf_counter() - t0, "signature": why}
+        return {
+            "verdict": "not-equivalent",
+            "method": "signature",
+            "details": [why],
+            "seconds": time.perf_counter() - t0,
+            "signature": why,
+        }
     tt = Terms()
     fb, fa = before.main, after.main
     nb = tt.function(fb)
@@ -275,25 +309,43 @@ def validate(before: Module, after: Module, instances: list[RuleInstance] | None
     goals = [(x, y) for x, y in zip(outs_b, outs_a) if x != y]
     info: dict[str, Any] = {"terms": len(tt.nodes), "instances": len(instances or [])}
     if not goals:
-        return {"verdict": "equivalent", "method": "smt (hash-consed terms identical)",
-                "seconds": time.perf_counter() - t0, **info}
+        return {
+            "verdict": "equivalent",
+            "method": "smt (hash-consed terms identical)",
+            "seconds": time.perf_counter() - t0,
+            **info,
+        }
     eqs = []
     for inst in instances or []:
         e = _instance_eq(tt, inst, nb, na, fb, fa)
         if e is not None:
             eqs.append(e)
     if congruence_closure(tt.nodes, eqs, goals):
-        return {"verdict": "equivalent", "method": "EUF (congruence closure over hash-consed terms + "
-                f"{len(eqs)} rule instances)", "seconds": time.perf_counter() - t0, **info}
+        return {
+            "verdict": "equivalent",
+            "method": "EUF (congruence closure over hash-consed terms + "
+            f"{len(eqs)} rule instances)",
+            "seconds": time.perf_counter() - t0,
+            **info,
+        }
     res = run_job(_euf_job, tt.nodes, eqs, goals, limit_s, limit_s=limit_s)
     info["smt"] = res["verdict"]
     if res["verdict"] == "unsat":
-        return {"verdict": "equivalent", "method": "smt (EUF over hash-consed terms + rule instances)",
-                "seconds": time.perf_counter() - t0, **info}
+        return {
+            "verdict": "equivalent",
+            "method": "smt (EUF over hash-consed terms + rule instances)",
+            "seconds": time.perf_counter() - t0,
+            **info,
+        }
     if not differential:
         v = "inconclusive"
-        return {"verdict": v, "method": "smt", "details": [res.get("reason", "z3 could not show equivalence")],
-                "seconds": time.perf_counter() - t0, **info}
+        return {
+            "verdict": v,
+            "method": "smt",
+            "details": [res.get("reason", "z3 could not show equivalence")],
+            "seconds": time.perf_counter() - t0,
+            **info,
+        }
     from .differential import compare
 
     d = compare(before, after, seeds=seeds)
@@ -304,5 +356,7 @@ def validate(before: Module, after: Module, instances: list[RuleInstance] | None
     return {**info, **d}
 
 
-def validate_pass(before: Module, after: Module, instances: list[RuleInstance], pass_name: str) -> dict[str, Any]:
+def validate_pass(
+    before: Module, after: Module, instances: list[RuleInstance], pass_name: str
+) -> dict[str, Any]:
     return validate(before, after, instances)

@@ -15,8 +15,12 @@ from tests.conftest import REPO, run_cli
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("main_job")
-    r = subprocess.run([sys.executable, str(REPO / "examples" / "make_tiny_llama.py"), str(d / "tiny")],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "make_tiny_llama.py"), str(d / "tiny")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     r = run_cli("import", str(d / "tiny"), "-o", str(d / "tiny.llmir"))
     assert r.returncode == 0, r.stderr
@@ -38,8 +42,24 @@ def test_generate_streams_text_and_json_has_ids_and_timings(artifact: Path) -> N
 
 
 def test_same_seed_same_text_and_sampling_flags(artifact: Path) -> None:
-    args = ("run", str(artifact), "--prompt", "The quick", "-n", "16", "--temperature", "0.9",
-            "--top-k", "40", "--top-p", "0.95", "--repetition-penalty", "1.1", "--format", "json")
+    args = (
+        "run",
+        str(artifact),
+        "--prompt",
+        "The quick",
+        "-n",
+        "16",
+        "--temperature",
+        "0.9",
+        "--top-k",
+        "40",
+        "--top-p",
+        "0.95",
+        "--repetition-penalty",
+        "1.1",
+        "--format",
+        "json",
+    )
     a = json.loads(run_cli(*args, "--seed", "7").stdout)["results"][0]["token_ids"]
     b = json.loads(run_cli(*args, "--seed", "7").stdout)["results"][0]["token_ids"]
     assert a == b
@@ -64,8 +84,12 @@ def test_context_limit_is_a_warning_not_a_crash(artifact: Path, tmp_path: Path) 
     res = json.loads(r.stdout)["results"][0]
     assert res["stop_reason"] == "context" and "context limit" in " ".join(res["warnings"])
     r = run_cli("run", str(small), "--prompt", "Hi", "-n", "40")
-    assert r.returncode == 0 and "warning: generation stopped at the model's context limit" in r.stderr
-    r = run_cli("run", str(small), "--prompt", "a long prompt that is longer than twelve tokens", "-n", "2")
+    assert (
+        r.returncode == 0 and "warning: generation stopped at the model's context limit" in r.stderr
+    )
+    r = run_cli(
+        "run", str(small), "--prompt", "a long prompt that is longer than twelve tokens", "-n", "2"
+    )
     assert r.returncode == 2 and "context" in r.stderr
 
 
@@ -81,8 +105,20 @@ def test_run_usage_errors(artifact: Path, tmp_path: Path) -> None:
 
 
 def test_bench_json(artifact: Path) -> None:
-    r = run_cli("bench", str(artifact), "--prompt-len", "8", "--gen-len", "4", "--runs", "2",
-                "--warmup", "0", "--format", "json")
+    r = run_cli(
+        "bench",
+        str(artifact),
+        "--prompt-len",
+        "8",
+        "--gen-len",
+        "4",
+        "--runs",
+        "2",
+        "--warmup",
+        "0",
+        "--format",
+        "json",
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["results"]["decode_tokens_per_s"]["mean"] > 0
@@ -90,7 +126,13 @@ def test_bench_json(artifact: Path) -> None:
 
 
 def test_build_flags_only_for_decoders(tmp_path: Path) -> None:
-    r = run_cli("build", str(REPO / "examples" / "decoder.llmir"), "-o", str(tmp_path / "b"),
-                "--quant", "int4")
+    r = run_cli(
+        "build",
+        str(REPO / "examples" / "decoder.llmir"),
+        "-o",
+        str(tmp_path / "b"),
+        "--quant",
+        "int4",
+    )
     assert r.returncode == 2 and "decoder builds only" in r.stderr
     assert not (tmp_path / "b").exists()

@@ -32,9 +32,13 @@ def test_verify_ok(tmp_path: Path) -> None:
 
 def test_verify_type_error_exit_1_with_location(tmp_path: Path) -> None:
     f = tmp_path / "m.llmir"
-    f.write_text(GOOD.replace("-> tensor<?batch x 4 x f32>\n    return", "-> tensor<?batch x 5 x f32>\n    return")
-                 .replace("return %y : tensor<?batch x 4 x f32>", "return %y : tensor<?batch x 5 x f32>")
-                 .replace(") -> tensor<?batch x 4 x f32> {", ") -> tensor<?batch x 5 x f32> {"))
+    f.write_text(
+        GOOD.replace(
+            "-> tensor<?batch x 4 x f32>\n    return", "-> tensor<?batch x 5 x f32>\n    return"
+        )
+        .replace("return %y : tensor<?batch x 4 x f32>", "return %y : tensor<?batch x 5 x f32>")
+        .replace(") -> tensor<?batch x 4 x f32> {", ") -> tensor<?batch x 5 x f32> {")
+    )
     r = run_cli("verify", str(f))
     assert r.returncode == 1
     assert f"{f}:3:" in r.stderr

@@ -52,8 +52,12 @@ from llmir_core.onnx_backend import LlmirRep
 
 BACKENDS = ("reference", "onnxruntime")
 # (rtol, atol) floors per output dtype name
-TOL_FLOOR = {"float16": (2e-3, 1e-3), "bfloat16": (1.6e-2, 1e-2), "float8_e4m3fn": (2.5e-1, 1e-2),
-             "float8_e5m2": (2.5e-1, 1e-2)}
+TOL_FLOOR = {
+    "float16": (2e-3, 1e-3),
+    "bfloat16": (1.6e-2, 1e-2),
+    "float8_e4m3fn": (2.5e-1, 1e-2),
+    "float8_e5m2": (2.5e-1, 1e-2),
+}
 
 
 # In-scope tests llmir does not run, with the reason (not counted in the pass rate).
@@ -111,8 +115,13 @@ def _types_in(model: onnx.ModelProto) -> set[int]:
 
 def scope_of(case: Any) -> str | None:
     """None when the case is in scope, else the reason it is not."""
-    missing = sorted({f"{d + ':' if d else ''}{o}" for d, o in map(_op_key, case.model.graph.node)
-                      if (d, o) not in HANDLERS})
+    missing = sorted(
+        {
+            f"{d + ':' if d else ''}{o}"
+            for d, o in map(_op_key, case.model.graph.node)
+            if (d, o) not in HANDLERS
+        }
+    )
     if missing:
         return f"op not in llmir's op set: {', '.join(missing)}"
     bad = sorted(t for t in _types_in(case.model) if t not in ONNX_TO_DTYPE)
@@ -123,8 +132,12 @@ def scope_of(case: Any) -> str | None:
 
 
 def _arrays(values: list[Any]) -> list[np.ndarray]:
-    return [np.asarray(onnx.numpy_helper.to_array(v)) if isinstance(v, onnx.TensorProto) else np.asarray(v)
-            for v in values]
+    return [
+        np.asarray(onnx.numpy_helper.to_array(v))
+        if isinstance(v, onnx.TensorProto)
+        else np.asarray(v)
+        for v in values
+    ]
 
 
 # Value range of the fixed-point types numpy's iinfo does not know (ml_dtypes' sub-byte ints).
@@ -141,7 +154,9 @@ def _int_range(dtype: np.dtype) -> tuple[int, int] | None:
     return None
 
 
-def undefined_elements(case: Any, inputs: list[np.ndarray], want: list[np.ndarray]) -> list[np.ndarray | None]:
+def undefined_elements(
+    case: Any, inputs: list[np.ndarray], want: list[np.ndarray]
+) -> list[np.ndarray | None]:
     """Per expected output, a mask of the elements whose value the ONNX spec leaves undefined
     (None: all defined). Only a Cast/CastLike of a graph input from a floating type to a
     fixed-point type has such elements: NaN, +-inf and values out of the target's range."""
@@ -162,8 +177,9 @@ def undefined_elements(case: Any, inputs: list[np.ndarray], want: list[np.ndarra
     return out
 
 
-def compare(got: np.ndarray, want: np.ndarray, rtol: float, atol: float,
-            undefined: np.ndarray | None = None) -> str | None:
+def compare(
+    got: np.ndarray, want: np.ndarray, rtol: float, atol: float, undefined: np.ndarray | None = None
+) -> str | None:
     """None when equal within tolerance, else a one-line reason. Elements set in `undefined`
     (see undefined_elements) may hold any value."""
     got, want = np.asarray(got), np.asarray(want)
@@ -185,18 +201,24 @@ def compare(got: np.ndarray, want: np.ndarray, rtol: float, atol: float,
     if close.all():
         return None
     idx = np.argwhere(~close)[0]
-    return (f"{int((~close).sum())} of {close.size} elements differ (first at {idx.tolist()}: "
-            f"{g[tuple(idx)]!r} vs {w[tuple(idx)]!r})")
+    return (
+        f"{int((~close).sum())} of {close.size} elements differ (first at {idx.tolist()}: "
+        f"{g[tuple(idx)]!r} vs {w[tuple(idx)]!r})"
+    )
 
 
-def _ort_original(case: Any, inputs: list[np.ndarray]) -> tuple[list[np.ndarray] | None, str | None]:
+def _ort_original(
+    case: Any, inputs: list[np.ndarray]
+) -> tuple[list[np.ndarray] | None, str | None]:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 4
     so.intra_op_num_threads = 1
     try:
-        sess = ort.InferenceSession(case.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(
+            case.model.SerializeToString(), so, providers=["CPUExecutionProvider"]
+        )
         names = [i.name for i in sess.get_inputs()]
         return run_session(sess, dict(zip(names, inputs))), None
     except Exception as exc:
@@ -266,14 +288,21 @@ def run_all(names: list[str] | None = None) -> tuple[list[CaseResult], float]:
 
 def summarize(results: list[CaseResult]) -> dict[str, Any]:
     in_scope = [r for r in results if r.scope is None]
-    summary: dict[str, Any] = {"total": len(results), "in_scope": len(in_scope),
-                               "out_of_scope": len(results) - len(in_scope)}
+    summary: dict[str, Any] = {
+        "total": len(results),
+        "in_scope": len(in_scope),
+        "out_of_scope": len(results) - len(in_scope),
+    }
     for b in BACKENDS:
         c = Counter(r.status.get(b) for r in in_scope)
         runnable = len(in_scope) - c["excluded"]
-        summary[b] = {"pass": c["pass"], "fail": c["fail"], "excluded": c["excluded"],
-                      "runnable": runnable,
-                      "rate": c["pass"] / runnable if runnable else 1.0}
+        summary[b] = {
+            "pass": c["pass"],
+            "fail": c["fail"],
+            "excluded": c["excluded"],
+            "runnable": runnable,
+            "rate": c["pass"] / runnable if runnable else 1.0,
+        }
     agree = [r.ort_original_agrees for r in in_scope if r.ort_original_agrees is not None]
     summary["ort_original_agrees"] = sum(1 for a in agree if a)
     summary["ort_original_compared"] = len(agree)
@@ -281,7 +310,9 @@ def summarize(results: list[CaseResult]) -> dict[str, Any]:
 
 
 def per_op(results: list[CaseResult]) -> dict[str, dict[str, Counter[str]]]:
-    table: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: {b: Counter() for b in BACKENDS})
+    table: dict[str, dict[str, Counter[str]]] = defaultdict(
+        lambda: {b: Counter() for b in BACKENDS}
+    )
     for r in results:
         if r.scope is not None:
             continue

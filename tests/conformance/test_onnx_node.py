@@ -29,10 +29,15 @@ def results() -> list[CaseResult]:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_pass_rate(results: list[CaseResult], backend: str) -> None:
     s = summarize(results)[backend]
-    failing = [f"{r.name}: {r.reason.get(backend)}" for r in results
-               if r.scope is None and r.status.get(backend) == "fail"]
-    assert s["rate"] >= MIN_RATE, (f"{backend}: {s['pass']}/{s['runnable']} = {s['rate']:.2%} < {MIN_RATE:.0%}; "
-                                   "failing:\n" + "\n".join(failing))
+    failing = [
+        f"{r.name}: {r.reason.get(backend)}"
+        for r in results
+        if r.scope is None and r.status.get(backend) == "fail"
+    ]
+    assert s["rate"] >= MIN_RATE, (
+        f"{backend}: {s['pass']}/{s['runnable']} = {s['rate']:.2%} < {MIN_RATE:.0%}; "
+        "failing:\n" + "\n".join(failing)
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -72,7 +72,9 @@ def random_blocks(scheme: str, shape: tuple[int, ...], rng: np.random.Generator)
     return raw.reshape(-1)
 
 
-def quantize_weights(module: Module, blob: Path, pick: Callable[[str], str | None], seed: int = 0) -> Module:
+def quantize_weights(
+    module: Module, blob: Path, pick: Callable[[str], str | None], seed: int = 0
+) -> Module:
     """Replace the 2-D f32 weights `pick(name)` names a GGUF scheme for by that scheme's blocks
     (gguf-exact quantization where llmir has it, random blocks otherwise) + llm.dequantize."""
     fn = module.main
@@ -96,10 +98,27 @@ def quantize_weights(module: Module, blob: Path, pick: Callable[[str], str | Non
                 data = random_blocks(scheme, shape, rng)
             off = fh.tell()
             fh.write(data.tobytes())
-            q = Op("core.weight", [], [TensorType(shape, GGUF_QUANTS[scheme])],
-                   {"file": str(blob), "name": op.attrs["name"], "offset": off, "nbytes": int(data.size)},
-                   [op.results[0].name + "_q"], op.origin)
-            dq = Op("llm.dequantize", [q.results[0]], [t], {"dtype": DType.f32}, [op.results[0].name], op.origin)
+            q = Op(
+                "core.weight",
+                [],
+                [TensorType(shape, GGUF_QUANTS[scheme])],
+                {
+                    "file": str(blob),
+                    "name": op.attrs["name"],
+                    "offset": off,
+                    "nbytes": int(data.size),
+                },
+                [op.results[0].name + "_q"],
+                op.origin,
+            )
+            dq = Op(
+                "llm.dequantize",
+                [q.results[0]],
+                [t],
+                {"dtype": DType.f32},
+                [op.results[0].name],
+                op.origin,
+            )
             swap[id(op.results[0])] = dq.results[0]
             new_ops += [q, dq]
     fn.ops = new_ops

@@ -13,8 +13,22 @@ from tests.conftest import run_cli
 
 
 def test_bench_json_schema(tiny_artifact: Path) -> None:
-    r = run_cli("bench", str(tiny_artifact), "--prompt-len", "8", "--gen-len", "4", "--runs", "2",
-                "--warmup", "0", "--threads", "1", "--format", "json")
+    r = run_cli(
+        "bench",
+        str(tiny_artifact),
+        "--prompt-len",
+        "8",
+        "--gen-len",
+        "4",
+        "--runs",
+        "2",
+        "--warmup",
+        "0",
+        "--threads",
+        "1",
+        "--format",
+        "json",
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["schema_version"] == 1 and data["kind"] == "bench" and data["bench_schema"] == 1
@@ -25,13 +39,33 @@ def test_bench_json_schema(tiny_artifact: Path) -> None:
     assert set(res["itl_ms"]) == {"p50", "p90", "p99"} and res["peak_rss_mb"] > 0
     assert len(data["runs"]) == 2 and all(len(run["itl_s"]) == 3 for run in data["runs"])
     fp = data["fingerprint"]
-    for key in ("cpu", "cores", "cpu_flags", "llmir", "onnxruntime", "model_sha256", "kv_cache", "weights"):
+    for key in (
+        "cpu",
+        "cores",
+        "cpu_flags",
+        "llmir",
+        "onnxruntime",
+        "model_sha256",
+        "kv_cache",
+        "weights",
+    ):
         assert key in fp
     assert fp["kv_cache"] == "shared_buffer" and len(fp["model_sha256"]) == 64
 
 
 def test_bench_human_table(tiny_artifact: Path) -> None:
-    r = run_cli("bench", str(tiny_artifact), "--prompt-len", "4", "--gen-len", "2", "--runs", "1", "--warmup", "0")
+    r = run_cli(
+        "bench",
+        str(tiny_artifact),
+        "--prompt-len",
+        "4",
+        "--gen-len",
+        "2",
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+    )
     assert r.returncode == 0, r.stderr
     for row in ("prefill", "time to first token", "decode speed", "P50 / P90 / P99", "peak RSS"):
         assert row in r.stdout

@@ -35,18 +35,24 @@ def test_parity_prefill_and_16_decode_steps(tiny_module: Any, tiny_artifact: Pat
 
 def test_greedy_32_tokens_identical(tiny_module: Any, tiny_artifact: Path) -> None:
     prompt = [int(x) for x in PROMPT[0]]
-    assert greedy(open_artifact(str(tiny_artifact)), prompt, 32) == greedy(ref_decoder(tiny_module), prompt, 32)
+    assert greedy(open_artifact(str(tiny_artifact)), prompt, 32) == greedy(
+        ref_decoder(tiny_module), prompt, 32
+    )
 
 
 @pytest.mark.parametrize("arch", sorted(ARCH_SHAPES))
 def test_architectures_match_the_interpreter(arch: str, tmp_path: Path) -> None:
     """Each architecture's distinguishing feature (sliding window, biases, q/k norm, partial
     rotary, softcaps, sandwich norms) survives the fused lowering."""
-    module = import_hf(make_llama_folder(tmp_path / arch, ARCH_SHAPES[arch], tokenizer=False),
-                       require_tokenizer=False)
+    module = import_hf(
+        make_llama_folder(tmp_path / arch, ARCH_SHAPES[arch], tokenizer=False),
+        require_tokenizer=False,
+    )
     man = build_decoder(module, str(tmp_path / "art"))
     d = man["decoder"]
-    assert d["kv_cache"] == "shared_buffer" and d["fused_attention_layers"] == ARCH_SHAPES[arch].layers
+    assert (
+        d["kv_cache"] == "shared_buffer" and d["fused_attention_layers"] == ARCH_SHAPES[arch].layers
+    )
     assert parity(module, open_artifact(str(tmp_path / "art")), PROMPT) <= 1e-4
 
 
@@ -102,9 +108,15 @@ def test_artifact_files_and_manifest(tiny_artifact: Path) -> None:
     assert d["max_len"] == 256 and d["eos_token_ids"] == [2] and d["bos_token_id"] == 1
     assert d["tokenizer"] == {"format": "hf", "file": "tokenizer.json"}
     assert "<|im_start|>" in (tiny_artifact / d["chat_template"]).read_text()
-    assert set(d["generic_ops"]) <= {"core.mul"} and d["packed_qkv_layers"] == 2  # the SwiGLU product
+    assert (
+        set(d["generic_ops"]) <= {"core.mul"} and d["packed_qkv_layers"] == 2
+    )  # the SwiGLU product
     assert man["target"] == "onnxruntime" and man["source"]["sha256"]
-    assert [i["name"] for i in man["inputs"]][:3] == ["input_ids", "positions", "past_key_values.0.key"]
+    assert [i["name"] for i in man["inputs"]][:3] == [
+        "input_ids",
+        "positions",
+        "past_key_values.0.key",
+    ]
     assert [o["name"] for o in man["outputs"]][:2] == ["logits", "present.0.key"]
 
 
@@ -117,8 +129,10 @@ def test_builds_are_byte_identical(tiny_module: Any, tmp_path: Path) -> None:
 def test_tied_embedding_is_stored_once(tmp_path: Path) -> None:
     from .tiny import LlamaShape
 
-    module = import_hf(make_llama_folder(tmp_path / "m", LlamaShape(tie=True), tokenizer=False),
-                       require_tokenizer=False)
+    module = import_hf(
+        make_llama_folder(tmp_path / "m", LlamaShape(tie=True), tokenizer=False),
+        require_tokenizer=False,
+    )
     build_decoder(module, str(tmp_path / "a"))
     import onnx
 
@@ -137,14 +151,19 @@ def test_tied_quantized_table_is_shared(scheme: str, tmp_path: Path) -> None:
 
     from .tiny import LlamaShape
 
-    module = import_hf(make_llama_folder(tmp_path / "m", LlamaShape(tie=True), tokenizer=False),
-                       require_tokenizer=False)
-    quantize_weights(module, tmp_path / "blob.bin", lambda name: scheme if "embed" in name else None)
+    module = import_hf(
+        make_llama_folder(tmp_path / "m", LlamaShape(tie=True), tokenizer=False),
+        require_tokenizer=False,
+    )
+    quantize_weights(
+        module, tmp_path / "blob.bin", lambda name: scheme if "embed" in name else None
+    )
     build_decoder(module, str(tmp_path / "a"), accuracy_level=1)
     m = onnx.load(str(tmp_path / "a" / "model.onnx"), load_external_data=False)
     ops = [n.op_type for n in m.graph.node]
-    assert "GatherBlockQuantized" in ops and "Gather" not in [n.op_type for n in m.graph.node
-                                                               if "input_ids" in n.input]
+    assert "GatherBlockQuantized" in ops and "Gather" not in [
+        n.op_type for n in m.graph.node if "input_ids" in n.input
+    ]
     assert parity(module, open_artifact(str(tmp_path / "a")), PROMPT, steps=3) <= 1e-4
 
 
@@ -167,46 +186,73 @@ def _wide_module(tmp_path: Path) -> Any:
     from .tiny import LlamaShape
 
     shape = LlamaShape(hidden=256, intermediate=256, heads=4, kv_heads=2, layers=2)
-    return import_hf(make_llama_folder(tmp_path / "wide", shape, tokenizer=False), require_tokenizer=False)
+    return import_hf(
+        make_llama_folder(tmp_path / "wide", shape, tokenizer=False), require_tokenizer=False
+    )
 
 
 def test_quantized_weights_match_the_interpreter(tmp_path: Path) -> None:
     """q4_0, q8_0, q6_k and q3_k weights become MatMulNBits with the same values: with fp32
     activations (accuracy level 1) the logits match the reference interpreter's."""
     module = _wide_module(tmp_path)
-    schemes = {"q_proj": "q4_0", "k_proj": "q6_k", "v_proj": "q6_k", "o_proj": "q3_k", "gate_proj": "q8_0",
-               "up_proj": "q4_0", "down_proj": "q8_0", "lm_head": "q4_0"}
-    quantize_weights(module, tmp_path / "blob.bin",
-                     lambda name: next((s for k, s in schemes.items() if k in name), None))
+    schemes = {
+        "q_proj": "q4_0",
+        "k_proj": "q6_k",
+        "v_proj": "q6_k",
+        "o_proj": "q3_k",
+        "gate_proj": "q8_0",
+        "up_proj": "q4_0",
+        "down_proj": "q8_0",
+        "lm_head": "q4_0",
+    }
+    quantize_weights(
+        module,
+        tmp_path / "blob.bin",
+        lambda name: next((s for k, s in schemes.items() if k in name), None),
+    )
     man = build_decoder(module, str(tmp_path / "a"), accuracy_level=1)
     q = man["decoder"]["quant"]
-    assert q["gguf_lossless"] == {"q3_k": 2, "q4_0": 5, "q6_k": 4, "q8_0": 4} and not q["gguf_requantized"]
+    assert (
+        q["gguf_lossless"] == {"q3_k": 2, "q4_0": 5, "q6_k": 4, "q8_0": 4}
+        and not q["gguf_requantized"]
+    )
     assert man["decoder"]["packed_qkv_layers"] == 0  # q4_0 q with q6_k k/v: different formats
     assert parity(module, open_artifact(str(tmp_path / "a")), PROMPT, steps=4) <= 1e-4
 
 
 def test_requantized_formats_report_their_error(tmp_path: Path) -> None:
     module = _wide_module(tmp_path)
-    quantize_weights(module, tmp_path / "blob.bin",
-                     lambda name: "q4_k" if "gate_proj" in name else ("q5_1" if "up_proj" in name else None))
+    quantize_weights(
+        module,
+        tmp_path / "blob.bin",
+        lambda name: "q4_k" if "gate_proj" in name else ("q5_1" if "up_proj" in name else None),
+    )
     man = build_decoder(module, str(tmp_path / "a"), accuracy_level=1)
     req = man["decoder"]["quant"]["gguf_requantized"]
-    assert {(r["from"], r["to"]) for r in req} == {("q4_k", "int4"), ("q5_1", "int8")} and len(req) == 4
+    assert {(r["from"], r["to"]) for r in req} == {("q4_k", "int4"), ("q5_1", "int8")} and len(
+        req
+    ) == 4
     assert all(0 < r["max_rel_error"] < 0.2 for r in req)
     assert set(REQUANT) >= {r["from"] for r in req}
     assert parity(module, open_artifact(str(tmp_path / "a")), PROMPT, steps=2) < 0.2
 
 
-def test_int4_quantization_of_f32_weights(tiny_module: Any, tiny_artifact: Path, tmp_path: Path) -> None:
+def test_int4_quantization_of_f32_weights(
+    tiny_module: Any, tiny_artifact: Path, tmp_path: Path
+) -> None:
     man = build_decoder(tiny_module, str(tmp_path / "q"), quant="int4", accuracy_level=1)
-    assert man["decoder"]["quant"]["quantized"] == {"int4": 15}  # 2 layers x 7 projections + lm_head
+    assert man["decoder"]["quant"]["quantized"] == {
+        "int4": 15
+    }  # 2 layers x 7 projections + lm_head
     f32 = open_artifact(str(tiny_artifact))
     q4 = open_artifact(str(tmp_path / "q"))
     f32.reset(1)
     q4.reset(1)
     a, b = f32.forward(PROMPT), q4.forward(PROMPT)
     assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.98
-    assert (tmp_path / "q" / "model.onnx.data").stat().st_size < (tiny_artifact / "model.onnx.data").stat().st_size
+    assert (tmp_path / "q" / "model.onnx.data").stat().st_size < (
+        tiny_artifact / "model.onnx.data"
+    ).stat().st_size
 
 
 def test_last_logits_only(tiny_module: Any, tiny_artifact: Path, tmp_path: Path) -> None:
@@ -249,9 +295,11 @@ def test_max_len_caps_the_context(tiny_module: Any, tmp_path: Path) -> None:
 def test_errors(tiny_module: Any, tmp_path: Path) -> None:
     from llmir_core.ir.parser import parse_module
 
-    plain = parse_module("module @m {\n  func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {\n"
-                         "    %y = core.add %x, %x : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>\n"
-                         "    return %y : tensor<4xf32>\n  }\n}\n")
+    plain = parse_module(
+        "module @m {\n  func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {\n"
+        "    %y = core.add %x, %x : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>\n"
+        "    return %y : tensor<4xf32>\n  }\n}\n"
+    )
     assert is_decoder(tiny_module) and not is_decoder(plain)
     with pytest.raises(InputError, match="is not a decoder"):
         build_decoder(plain, str(tmp_path / "a"))
@@ -280,8 +328,11 @@ def test_optimized_modules_keep_the_fused_build(pipeline: str, tmp_path: Path) -
 
     from .tiny import ARCH_SHAPES
 
-    module = import_hf(make_llama_folder(tmp_path / "m", ARCH_SHAPES["qwen2"], tokenizer=False),
-                       str(tmp_path / "m.llmir"), require_tokenizer=False)
+    module = import_hf(
+        make_llama_folder(tmp_path / "m", ARCH_SHAPES["qwen2"], tokenizer=False),
+        str(tmp_path / "m.llmir"),
+        require_tokenizer=False,
+    )
     (tmp_path / "m.llmir").write_text(print_module(module))
     passes = preset(3) if pipeline == "O3" else parse_pipeline(pipeline)
     module = run_pipeline(module, passes, allow_unproved=True).module

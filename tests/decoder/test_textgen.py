@@ -25,8 +25,12 @@ from .tiny import CHATML
 
 def test_prompt_streams_greedy_text(tiny_artifact: Path) -> None:
     pieces: list[tuple[int, str]] = []
-    [res] = generate_texts(str(tiny_artifact), ["the cat"], TextGenOptions(max_new_tokens=12),
-                           on_text=lambda i, p: pieces.append((i, p)))
+    [res] = generate_texts(
+        str(tiny_artifact),
+        ["the cat"],
+        TextGenOptions(max_new_tokens=12),
+        on_text=lambda i, p: pieces.append((i, p)),
+    )
     r = res.result
     assert "".join(p for _, p in pieces) == r.text and {i for i, _ in pieces} == {0}
     assert r.prompt_ids[:3] == [100, 98, 16]  # "the" merged to one token, then " " and "c"
@@ -36,8 +40,14 @@ def test_prompt_streams_greedy_text(tiny_artifact: Path) -> None:
 
 def test_same_seed_same_text(tiny_artifact: Path) -> None:
     def run(seed: int) -> list[int]:
-        opts = TextGenOptions(max_new_tokens=16, temperature=1.0, top_k=40, top_p=0.95,
-                              repetition_penalty=1.2, seed=seed)
+        opts = TextGenOptions(
+            max_new_tokens=16,
+            temperature=1.0,
+            top_k=40,
+            top_p=0.95,
+            repetition_penalty=1.2,
+            seed=seed,
+        )
         return generate_texts(str(tiny_artifact), ["hello"], opts)[0].result.ids
 
     assert run(7) == run(7)
@@ -51,7 +61,7 @@ def test_stop_string_and_eos(tiny_artifact: Path) -> None:
     assert len(visible) >= 4
     gen.options.stop = (visible[2:4],)
     cut = gen.generate("the cat").result
-    assert cut.stop_reason == "stop_string" and cut.text == visible[:visible.index(visible[2:4])]
+    assert cut.stop_reason == "stop_string" and cut.text == visible[: visible.index(visible[2:4])]
     gen.options.stop = ()
     gen.tokenizer.eos_ids = (full.ids[0],)
     eos = gen.generate("the cat").result
@@ -60,15 +70,21 @@ def test_stop_string_and_eos(tiny_artifact: Path) -> None:
 
 def test_chat_template_is_full_jinja(tiny_artifact: Path) -> None:
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
-    assert render_chat(CHATML, msgs) == ("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
-                                         "<|im_start|>assistant\n")
-    tpl = ("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}"
-           "{{ ns.n }}{{ messages[-1]['content'] | tojson }}{{ bos_token }}"
-           "{% if messages | length > 2 %}{{ raise_exception('too many messages') }}{% endif %}")
+    assert render_chat(CHATML, msgs) == (
+        "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    tpl = (
+        "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}"
+        "{{ ns.n }}{{ messages[-1]['content'] | tojson }}{{ bos_token }}"
+        "{% if messages | length > 2 %}{{ raise_exception('too many messages') }}{% endif %}"
+    )
     assert render_chat(tpl, msgs, bos_token="<s>") == '2"hi"<s>'
     with pytest.raises(InputError, match="too many messages"):
         render_chat(tpl, msgs * 2)
-    gen = TextGenerator(str(tiny_artifact), TextGenOptions(max_new_tokens=4, chat=True, system="be brief"))
+    gen = TextGenerator(
+        str(tiny_artifact), TextGenOptions(max_new_tokens=4, chat=True, system="be brief")
+    )
     ids = gen.encode("hi")
     assert ids[0] == 1 and ids.count(1) == 3  # <|im_start|> is one special token, 3 turns
     assert gen.tokenizer.decode(ids, skip_special_tokens=False) == render_chat(CHATML, msgs)
@@ -80,7 +96,9 @@ def test_context_limit_stops_with_a_warning(tiny_artifact: Path) -> None:
     gen = TextGenerator(str(tiny_artifact), TextGenOptions(max_new_tokens=10, max_context=n + 3))
     res = gen.generate("the cat")
     assert res.result.stop_reason == "context" and len(res.result.ids) == 4
-    assert res.warnings == [f"generation stopped at the model's context limit of {n + 3} tokens after 4 new tokens"]
+    assert res.warnings == [
+        f"generation stopped at the model's context limit of {n + 3} tokens after 4 new tokens"
+    ]
     gen = TextGenerator(str(tiny_artifact), TextGenOptions(max_context=4))
     with pytest.raises(InputError, match="the prompt has 5 tokens, but the model's context is 4"):
         gen.generate("the cat")
@@ -89,14 +107,21 @@ def test_context_limit_stops_with_a_warning(tiny_artifact: Path) -> None:
 def test_prompts_file_and_json(tiny_artifact: Path, tmp_path: Path) -> None:
     (tmp_path / "p.txt").write_text("the cat\n\nhello\n")
     (tmp_path / "p.jsonl").write_text('"the cat"\n{"prompt": "hello"}\n')
-    assert read_prompts_file(str(tmp_path / "p.txt")) == read_prompts_file(str(tmp_path / "p.jsonl")) \
+    assert (
+        read_prompts_file(str(tmp_path / "p.txt"))
+        == read_prompts_file(str(tmp_path / "p.jsonl"))
         == ["the cat", "hello"]
+    )
     (tmp_path / "bad.jsonl").write_text('{"text": 1}\n')
     with pytest.raises(InputError, match=r"bad.jsonl:1: expected a string"):
         read_prompts_file(str(tmp_path / "bad.jsonl"))
     done: list[int] = []
-    res = generate_texts(str(tiny_artifact), read_prompts_file(str(tmp_path / "p.txt")),
-                         TextGenOptions(max_new_tokens=3), on_done=lambda i, r: done.append(i))
+    res = generate_texts(
+        str(tiny_artifact),
+        read_prompts_file(str(tmp_path / "p.txt")),
+        TextGenOptions(max_new_tokens=3),
+        on_done=lambda i, r: done.append(i),
+    )
     assert done == [0, 1]
     data = results_json(res)
     r0 = data["results"][0]
@@ -108,7 +133,9 @@ def test_prompts_file_and_json(tiny_artifact: Path, tmp_path: Path) -> None:
 def test_chat_loop(tiny_artifact: Path) -> None:
     lines = iter(["hello", "", "again", "/exit", "never read"])
     out: list[str] = []
-    turns = chat_loop(str(tiny_artifact), TextGenOptions(max_new_tokens=3), lambda: next(lines), out.append)
+    turns = chat_loop(
+        str(tiny_artifact), TextGenOptions(max_new_tokens=3), lambda: next(lines), out.append
+    )
     assert len(turns) == 2 and isinstance(turns[1].prompt, list) and len(turns[1].prompt) == 3
     assert "".join(out).count("\n") >= 2
 
@@ -144,9 +171,9 @@ def test_batch_forward_matches_single_rows(tiny_artifact: Path) -> None:
     step = dec.forward(both[:, -1].argmax(-1)[:, None])
     for b in range(2):
         dec.reset(1)
-        one = dec.forward(ids[b:b + 1])
-        assert np.allclose(one, both[b:b + 1], atol=1e-5)
-        assert np.allclose(dec.forward(one[:, -1].argmax(-1)[:, None]), step[b:b + 1], atol=1e-5)
+        one = dec.forward(ids[b : b + 1])
+        assert np.allclose(one, both[b : b + 1], atol=1e-5)
+        assert np.allclose(dec.forward(one[:, -1].argmax(-1)[:, None]), step[b : b + 1], atol=1e-5)
 
 
 def test_thread_default_follows_free_cores(monkeypatch: pytest.MonkeyPatch) -> None:

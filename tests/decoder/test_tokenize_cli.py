@@ -80,7 +80,9 @@ def test_jsonl(vocab_gguf: tuple[Path, Any], tmp_path: Path) -> None:
     rows = [json.loads(line) for line in out.splitlines()]
     assert rows == [hf.encode(t).ids for t in texts]
     (tmp_path / "ids.jsonl").write_text(out)
-    code, out, err = _invoke("tokenize", path, "--jsonl", tmp_path / "ids.jsonl", "--decode", "--no-special")
+    code, out, err = _invoke(
+        "tokenize", path, "--jsonl", tmp_path / "ids.jsonl", "--decode", "--no-special"
+    )
     assert code == 0, err
     assert [json.loads(line) for line in out.splitlines()] == texts
 
@@ -98,9 +100,15 @@ def test_errors(vocab_gguf: tuple[Path, Any], tiny_dir: Path, tmp_path: Path) ->
         (("tokenize", tmp_path / "x.txt", "x"), "not a source with a tokenizer"),
         (("tokenize", path, "--decode", "1,a"), "'a' is not a token id"),
         (("tokenize", path, "--decode", "99999"), "token id 99999 is outside the vocabulary"),
-        (("tokenize", path, "--jsonl", tmp_path / "bad.jsonl"), "bad.jsonl:2:1: expected a JSON string"),
+        (
+            ("tokenize", path, "--jsonl", tmp_path / "bad.jsonl"),
+            "bad.jsonl:2:1: expected a JSON string",
+        ),
         (("tokenize", path, "--jsonl", tmp_path / "broken.jsonl"), "broken.jsonl:2:"),
-        (("tokenize", path, "--jsonl", tmp_path / "ids.jsonl", "--decode"), "ids.jsonl:2:1: token id 99999"),
+        (
+            ("tokenize", path, "--jsonl", tmp_path / "ids.jsonl", "--decode"),
+            "ids.jsonl:2:1: token id 99999",
+        ),
         (("tokenize", path, "--jsonl", tmp_path / "missing.jsonl"), "missing.jsonl: cannot read"),
         (("tokenize", path, "x", "--jsonl", tmp_path / "bad.jsonl"), "not both"),
     ]

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
-          "+ '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}"
-          "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
+    "+ '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2: eos = 2, bos = 1
 
 
@@ -49,8 +51,17 @@ ARCH_SHAPES = {
     "gemma2": LlamaShape(arch="gemma2", tie=True),  # sandwich norms, softcaps, gelu-tanh
     "llama-wide": LlamaShape(hidden=128, heads=2, kv_heads=1, layers=1),  # head_dim 64
 }
-SMOLLM2_135M = LlamaShape(vocab=49152, hidden=576, intermediate=1536, layers=30, heads=9, kv_heads=3,
-                          context=8192, rope_theta=100000.0, tie=True)
+SMOLLM2_135M = LlamaShape(
+    vocab=49152,
+    hidden=576,
+    intermediate=1536,
+    layers=30,
+    heads=9,
+    kv_heads=3,
+    context=8192,
+    rope_theta=100000.0,
+    tie=True,
+)
 
 
 def _tensors(s: LlamaShape, seed: int) -> dict[str, np.ndarray]:
@@ -59,7 +70,7 @@ def _tensors(s: LlamaShape, seed: int) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
 
     def proj(name: str, rows: int, cols: int) -> None:
-        out[name] = (rng.standard_normal((rows, cols), dtype=np.float32) / np.float32(np.sqrt(cols)))
+        out[name] = rng.standard_normal((rows, cols), dtype=np.float32) / np.float32(np.sqrt(cols))
 
     base = 0.0 if s.arch == "gemma2" else 1.0  # gemma stores norm weights as w - 1
 
@@ -120,41 +131,78 @@ def make_tokenizer(vocab: int) -> object:
     return tok
 
 
-def make_llama_folder(folder: str | Path, shape: LlamaShape = TINY, seed: int = 0,
-                      tokenizer: bool = True) -> Path:
+def make_llama_folder(
+    folder: str | Path, shape: LlamaShape = TINY, seed: int = 0, tokenizer: bool = True
+) -> Path:
     """Write a llama model folder; returns its path."""
     from safetensors.numpy import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     s = shape
-    archs = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-             "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM"}
+    archs = {
+        "llama": "LlamaForCausalLM",
+        "mistral": "MistralForCausalLM",
+        "qwen2": "Qwen2ForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
+        "phi3": "Phi3ForCausalLM",
+        "gemma2": "Gemma2ForCausalLM",
+    }
     config = {
-        "model_type": s.arch, "architectures": [archs[s.arch]], "hidden_size": s.hidden,
-        "intermediate_size": s.intermediate, "num_hidden_layers": s.layers,
-        "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "vocab_size": s.vocab,
-        "max_position_embeddings": s.context, "rms_norm_eps": s.eps, "rope_theta": s.rope_theta,
-        "rope_scaling": None, "tie_word_embeddings": s.tie, "hidden_act": "silu",
-        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32", "attention_bias": False,
+        "model_type": s.arch,
+        "architectures": [archs[s.arch]],
+        "hidden_size": s.hidden,
+        "intermediate_size": s.intermediate,
+        "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "vocab_size": s.vocab,
+        "max_position_embeddings": s.context,
+        "rms_norm_eps": s.eps,
+        "rope_theta": s.rope_theta,
+        "rope_scaling": None,
+        "tie_word_embeddings": s.tie,
+        "hidden_act": "silu",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+        "attention_bias": False,
         "head_dim": s.hidden // s.heads,
     }
-    config.update({
-        "mistral": {"sliding_window": 6},
-        "qwen2": {"use_sliding_window": False},
-        "qwen3": {"use_sliding_window": False},
-        "phi3": {"partial_rotary_factor": 0.5, "sliding_window": None},
-        "gemma2": {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 24, "sliding_window": 6,
-                   "final_logit_softcapping": 3.0, "attn_logit_softcapping": 2.0},
-    }.get(s.arch, {}))
+    config.update(
+        {
+            "mistral": {"sliding_window": 6},
+            "qwen2": {"use_sliding_window": False},
+            "qwen3": {"use_sliding_window": False},
+            "phi3": {"partial_rotary_factor": 0.5, "sliding_window": None},
+            "gemma2": {
+                "hidden_activation": "gelu_pytorch_tanh",
+                "query_pre_attn_scalar": 24,
+                "sliding_window": 6,
+                "final_logit_softcapping": 3.0,
+                "attn_logit_softcapping": 2.0,
+            },
+        }.get(s.arch, {})
+    )
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    (folder / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 1, "eos_token_id": 2})
+    )
     save_file(_tensors(s, seed), str(folder / "model.safetensors"), metadata={"format": "pt"})
     if tokenizer:
         make_tokenizer(s.vocab).save(str(folder / "tokenizer.json"))  # type: ignore[attr-defined]
-        (folder / "tokenizer_config.json").write_text(json.dumps({
-            "bos_token": SPECIALS[1], "eos_token": SPECIALS[2], "unk_token": SPECIALS[0],
-            "chat_template": CHATML, "model_max_length": s.context,
-            "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2))
+        (folder / "tokenizer_config.json").write_text(
+            json.dumps(
+                {
+                    "bos_token": SPECIALS[1],
+                    "eos_token": SPECIALS[2],
+                    "unk_token": SPECIALS[0],
+                    "chat_template": CHATML,
+                    "model_max_length": s.context,
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                },
+                indent=2,
+            )
+        )
     (folder / "llmir_shape.json").write_text(json.dumps({**asdict(s), "seed": seed}))
     return folder

@@ -107,12 +107,21 @@ def test_filecheck(case: Case, tmp_path: Path) -> None:
     env = {**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", ""), "NO_COLOR": "1"}
     for i, command in enumerate(case.commands):
         script = substitute(command, file, tmp_path / f"{case.path.stem}.tmp{i}")
-        r = subprocess.run(["bash", "-c", PRELUDE + script], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            ["bash", "-c", PRELUDE + script],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if r.returncode != 0:
-            pytest.fail(f"{case.path}:{case.first_line}: RUN failed (exit {r.returncode}):\n"
-                        f"  {script}\n--- stdout ---\n{r.stdout[-4000:]}\n"
-                        f"--- stderr ---\n{r.stderr[-6000:]}", pytrace=False)
+            pytest.fail(
+                f"{case.path}:{case.first_line}: RUN failed (exit {r.returncode}):\n"
+                f"  {script}\n--- stdout ---\n{r.stdout[-4000:]}\n"
+                f"--- stderr ---\n{r.stderr[-6000:]}",
+                pytrace=False,
+            )
 
 
 def test_driver_splits_and_keeps_line_numbers(tmp_path: Path) -> None:
@@ -129,5 +138,7 @@ def test_every_registered_op_has_a_golden() -> None:
     from tests.filecheck.gen_op_goldens import missing_ops
 
     missing = missing_ops()
-    assert not missing, (f"no golden parse/print test for {', '.join(missing)}: run "
-                         "`python tests/filecheck/gen_op_goldens.py` and review the new checks")
+    assert not missing, (
+        f"no golden parse/print test for {', '.join(missing)}: run "
+        "`python tests/filecheck/gen_op_goldens.py` and review the new checks"
+    )

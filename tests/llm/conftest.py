@@ -13,7 +13,9 @@ import pytest
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Any]]:
     """`tiny_model(arch)` -> (folder with config.json + model.safetensors, the torch model)."""
     pytest.importorskip("torch", reason="torch is a test-only extra (pip install torch)")
-    pytest.importorskip("transformers", reason="transformers is a test-only extra (pip install transformers)")
+    pytest.importorskip(
+        "transformers", reason="transformers is a test-only extra (pip install transformers)"
+    )
     from .tiny import make_model
 
     root = tmp_path_factory.mktemp("tiny_models")

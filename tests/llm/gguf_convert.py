@@ -19,12 +19,26 @@ from typing import Any
 
 import numpy as np
 
-_ARCH = {"llama": "LLAMA", "mistral": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3", "phi3": "PHI3",
-         "gemma2": "GEMMA2", "mixtral": "LLAMA", "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE", "gemma3_text": "GEMMA3"}
-_EXPERT = re.compile(r"^(model\.layers\.\d+\.(?:block_sparse_moe|mlp)\.experts)\.(\d+)\.(\w+)\.weight$")
+_ARCH = {
+    "llama": "LLAMA",
+    "mistral": "LLAMA",
+    "qwen2": "QWEN2",
+    "qwen3": "QWEN3",
+    "phi3": "PHI3",
+    "gemma2": "GEMMA2",
+    "mixtral": "LLAMA",
+    "qwen2_moe": "QWEN2MOE",
+    "qwen3_moe": "QWEN3MOE",
+    "gemma3_text": "GEMMA3",
+}
+_EXPERT = re.compile(
+    r"^(model\.layers\.\d+\.(?:block_sparse_moe|mlp)\.experts)\.(\d+)\.(\w+)\.weight$"
+)
 
 
-def stack_experts(state: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, list[str]]]:
+def stack_experts(
+    state: dict[str, np.ndarray],
+) -> tuple[dict[str, np.ndarray], dict[str, list[str]]]:
     """Per-expert HF tensors stacked [experts, out, in] under `...experts.NAME.weight` (as
     convert_hf_to_gguf.py does); also the per-expert names of each stacked tensor, in order."""
     out: dict[str, np.ndarray] = {}
@@ -45,18 +59,30 @@ def permute(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
     """llama.cpp convert_hf_to_gguf.py LlamaModel.permute."""
     if n_head_kv is not None and n_head != n_head_kv:
         n_head = n_head_kv
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def unpermute(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
     if n_head_kv is not None and n_head != n_head_kv:
         n_head = n_head_kv
-    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def llama3_rope_factors(rp: dict[str, Any], head_dim: int) -> np.ndarray:
     base, factor = rp["rope_theta"], rp["factor"]
-    low, high, old = rp["low_freq_factor"], rp["high_freq_factor"], rp["original_max_position_embeddings"]
+    low, high, old = (
+        rp["low_freq_factor"],
+        rp["high_freq_factor"],
+        rp["original_max_position_embeddings"],
+    )
     freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
     out = []
     for f in freqs:
@@ -85,9 +111,14 @@ def _qtype_for(name: str, arr: np.ndarray, policy: str | dict[str, str]) -> str:
 
 
 def write_gguf(  # noqa: C901 (a test writer: one branch per GGUF field kind)
-    folder: Path, state: dict[str, np.ndarray], out: Path, policy: str | dict[str, str] = "F32",
-               tokenizer: dict[str, Any] | None | bool = None, raw: dict[str, tuple[np.ndarray, str]] | None = None,
-               split_max_tensors: int = 0) -> dict[str, np.ndarray]:
+    folder: Path,
+    state: dict[str, np.ndarray],
+    out: Path,
+    policy: str | dict[str, str] = "F32",
+    tokenizer: dict[str, Any] | None | bool = None,
+    raw: dict[str, tuple[np.ndarray, str]] | None = None,
+    split_max_tensors: int = 0,
+) -> dict[str, np.ndarray]:
     """Write `state` (HF names -> float32 arrays) of the model in `folder` as GGUF at `out`.
 
     `raw` gives pre-encoded blocks for some GGUF tensors (name -> (uint8 bytes [rows, row_bytes],
@@ -100,11 +131,19 @@ def write_gguf(  # noqa: C901 (a test writer: one branch per GGUF field kind)
     arch = getattr(gguf.MODEL_ARCH, _ARCH[mt])
     arch_name = gguf.MODEL_ARCH_NAMES[arch]
     n_layers = cfg["num_hidden_layers"]
-    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    heads, kv = (
+        cfg["num_attention_heads"],
+        cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+    )
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    rp = cfg.get("rope_parameters") or {"rope_theta": cfg.get("rope_theta", 10000.0), **(cfg.get("rope_scaling") or {})}
+    rp = cfg.get("rope_parameters") or {
+        "rope_theta": cfg.get("rope_theta", 10000.0),
+        **(cfg.get("rope_scaling") or {}),
+    }
     local_rp = None
-    if mt == "gemma3_text":  # per layer type: the global layers' rope is the model's, the local base apart
+    if (
+        mt == "gemma3_text"
+    ):  # per layer type: the global layers' rope is the model's, the local base apart
         local_rp, rp = rp["sliding_attention"], rp["full_attention"]
     # split_max_tensors > 0: shards OUT-00001-of-0000N.gguf as llama.cpp's gguf-split writes them
     w = gguf.GGUFWriter(str(out), arch_name, split_max_tensors=split_max_tensors)
@@ -129,12 +168,16 @@ def write_gguf(  # noqa: C901 (a test writer: one branch per GGUF field kind)
     if rp.get("rope_type") == "yarn":
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(rp["factor"])
-        w.add_rope_scaling_orig_ctx_len(rp.get("original_max_position_embeddings") or cfg["max_position_embeddings"])
+        w.add_rope_scaling_orig_ctx_len(
+            rp.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
+        )
     longrope = rp.get("rope_type") == "longrope"
     if longrope:  # as convert_hf_to_gguf.py's Phi3MiniModel: factor tensors, attention factor
         orig = cfg.get("original_max_position_embeddings") or rp["original_max_position_embeddings"]
         scale = cfg["max_position_embeddings"] / orig
-        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0)
+        w.add_rope_scaling_attn_factors(
+            math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0
+        )
         w.add_rope_scaling_orig_ctx_len(orig)
     if mt == "phi3" and cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
@@ -148,7 +191,9 @@ def write_gguf(  # noqa: C901 (a test writer: one branch per GGUF field kind)
         w.add_sliding_window(cfg["sliding_window"])
         w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
-        if cfg["query_pre_attn_scalar"] != head_dim:  # not written by llama.cpp (it assumes head_dim)
+        if (
+            cfg["query_pre_attn_scalar"] != head_dim
+        ):  # not written by llama.cpp (it assumes head_dim)
             w.add_float32(f"{arch_name}.attention.scale", cfg["query_pre_attn_scalar"] ** -0.5)
     experts = cfg.get("num_local_experts") or cfg.get("num_experts")
     if experts:
@@ -167,8 +212,12 @@ def write_gguf(  # noqa: C901 (a test writer: one branch per GGUF field kind)
     if rp.get("rope_type") == "llama3":
         tensors.append(("rope_freqs.weight", llama3_rope_factors(rp, head_dim), "F32", ""))
     if longrope:
-        tensors.append(("rope_factors_long.weight", np.asarray(rp["long_factor"], np.float32), "F32", ""))
-        tensors.append(("rope_factors_short.weight", np.asarray(rp["short_factor"], np.float32), "F32", ""))
+        tensors.append(
+            ("rope_factors_long.weight", np.asarray(rp["long_factor"], np.float32), "F32", "")
+        )
+        tensors.append(
+            ("rope_factors_short.weight", np.asarray(rp["short_factor"], np.float32), "F32", "")
+        )
     for hf_name, arr in state.items():
         if mt in ("gemma2", "gemma3_text") and hf_name == "lm_head.weight":
             continue
@@ -211,7 +260,9 @@ def write_gguf(  # noqa: C901 (a test writer: one branch per GGUF field kind)
             continue
         if hf_name.endswith("shared_expert_gate.weight"):
             values = values.reshape(1, -1)
-        if mt in ("llama", "mistral", "mixtral") and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+        if mt in ("llama", "mistral", "mixtral") and hf_name.endswith(
+            ("q_proj.weight", "k_proj.weight")
+        ):
             values = unpermute(values, heads, heads if "q_proj" in hf_name else kv)
         if mt in ("gemma2", "gemma3_text") and hf_name.endswith("norm.weight"):
             values = np.asarray(state[hf_name], dtype=np.float32)  # F32: (1 + w) rounds alike
@@ -227,8 +278,15 @@ def _add_tokenizer(w: Any, tok: dict[str, Any] | None | bool, vocab_size: int) -
     if tok is False:  # a file without a tokenizer
         return
     if tok is None or tok is True:  # a placeholder byte-level vocabulary: ids only, no merges
-        tok = {"model": "gpt2", "pre": "gpt-2", "tokens": [f"t{i}" for i in range(vocab_size)],
-               "token_type": [1] * vocab_size, "merges": [], "bos_token_id": 1, "eos_token_id": 2}
+        tok = {
+            "model": "gpt2",
+            "pre": "gpt-2",
+            "tokens": [f"t{i}" for i in range(vocab_size)],
+            "token_type": [1] * vocab_size,
+            "merges": [],
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        }
     w.add_tokenizer_model(tok["model"])
     if "pre" in tok:
         w.add_tokenizer_pre(tok["pre"])
@@ -238,8 +296,11 @@ def _add_tokenizer(w: Any, tok: dict[str, Any] | None | bool, vocab_size: int) -
         w.add_token_scores(tok["scores"])
     if tok.get("merges"):
         w.add_token_merges(tok["merges"])
-    for key, fn in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id),
-                    ("unknown_token_id", w.add_unk_token_id)):
+    for key, fn in (
+        ("bos_token_id", w.add_bos_token_id),
+        ("eos_token_id", w.add_eos_token_id),
+        ("unknown_token_id", w.add_unk_token_id),
+    ):
         if tok.get(key) is not None:
             fn(tok[key])
     if "add_bos_token" in tok:
@@ -262,5 +323,9 @@ def load_reference(model: Any, reference: dict[str, np.ndarray]) -> None:
     with torch.no_grad():
         for k, v in reference.items():
             sd[k].copy_(torch.from_numpy(v))
-        if "lm_head.weight" in sd and "lm_head.weight" not in reference and getattr(model.config, "tie_word_embeddings", False):
+        if (
+            "lm_head.weight" in sd
+            and "lm_head.weight" not in reference
+            and getattr(model.config, "tie_word_embeddings", False)
+        ):
             sd["lm_head.weight"].copy_(torch.from_numpy(reference["model.embed_tokens.weight"]))

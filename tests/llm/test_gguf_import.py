@@ -26,8 +26,14 @@ gguf = pytest.importorskip("gguf", reason="the gguf package is needed to write t
 TOL = 1e-4
 
 
-def convert(tiny_model: Any, arch: str, out: Path, policy: Any = "F32", raw: Any = None,
-            tokenizer: Any = None) -> Any:
+def convert(
+    tiny_model: Any,
+    arch: str,
+    out: Path,
+    policy: Any = "F32",
+    raw: Any = None,
+    tokenizer: Any = None,
+) -> Any:
     """Write the tiny model as GGUF; return a torch copy holding exactly the file's values."""
     from .gguf_convert import load_reference, model_state, write_gguf
 
@@ -45,7 +51,9 @@ def check_parity(module: Any, model: Any, steps: int = 16) -> None:
     assert max(diffs) <= TOL, f"max relative logit difference {max(diffs):.2e}"
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama3-rope", "llama-linear", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"])
+@pytest.mark.parametrize(
+    "arch", ["llama", "llama3-rope", "llama-linear", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"]
+)
 def test_f32_parity(arch: str, tiny_model: Any, tmp_path: Path) -> None:
     ref = convert(tiny_model, arch, tmp_path / "m.gguf")
     module = import_gguf(tmp_path / "m.gguf")
@@ -53,14 +61,19 @@ def test_f32_parity(arch: str, tiny_model: Any, tmp_path: Path) -> None:
     check_parity(module, ref)
 
 
-@pytest.mark.parametrize("arch, policy", [("llama", "Q8_0"), ("llama", "Q4_0"), ("phi3", "Q4_0"),
-                                          ("gemma2", "Q8_0"), ("qwen3", "Q4_0")])
+@pytest.mark.parametrize(
+    "arch, policy",
+    [("llama", "Q8_0"), ("llama", "Q4_0"), ("phi3", "Q4_0"), ("gemma2", "Q8_0"), ("qwen3", "Q4_0")],
+)
 def test_quantized_parity(arch: str, policy: str, tiny_model: Any, tmp_path: Path) -> None:
     ref = convert(tiny_model, arch, tmp_path / "m.gguf", policy)
     module = import_gguf(tmp_path / "m.gguf")
     assert verify(module) == []
-    packed = {op.results[0].type.dtype for op in module.main.ops
-              if op.name == "core.weight" and isinstance(op.results[0].type.dtype, QuantType)}
+    packed = {
+        op.results[0].type.dtype
+        for op in module.main.ops
+        if op.name == "core.weight" and isinstance(op.results[0].type.dtype, QuantType)
+    }
     assert {str(q) for q in packed} >= {f"!quant.{policy.lower()}"}
     check_parity(module, ref, steps=4)
 
@@ -70,10 +83,15 @@ def kquant_blocks(rows: int, cols: int, qname: str, rng: np.random.Generator) ->
     size = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[qname]
     raw = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
     d, dmin = np.float16(2e-4).tobytes(), np.float16(1e-4).tobytes()
-    fields = {"Q4_K": [(0, d), (2, dmin)], "Q5_K": [(0, d), (2, dmin)], "Q6_K": [(size - 2, d)],
-              "Q2_K": [(size - 4, d), (size - 2, dmin)], "Q3_K": [(size - 2, d)]}[qname]
+    fields = {
+        "Q4_K": [(0, d), (2, dmin)],
+        "Q5_K": [(0, d), (2, dmin)],
+        "Q6_K": [(size - 2, d)],
+        "Q2_K": [(size - 4, d), (size - 2, dmin)],
+        "Q3_K": [(size - 2, d)],
+    }[qname]
     for at, b in fields:
-        raw[..., at:at + 2] = np.frombuffer(b, np.uint8)
+        raw[..., at : at + 2] = np.frombuffer(b, np.uint8)
     return raw.reshape(rows, -1)
 
 
@@ -81,13 +99,20 @@ def test_every_tensor_type(tiny_model: Any, tmp_path: Path) -> None:
     """F16, BF16, Q4_1, Q5_0, Q5_1 and the K-quants in one model; each decodes bit for bit as
     gguf.quants.dequantize does, and the logits match transformers on the decoded values."""
     rng = np.random.default_rng(0)
-    raw = {"blk.0.attn_q.weight": (kquant_blocks(256, 256, "Q4_K", rng), "Q4_K"),
-           "blk.0.attn_k.weight": (kquant_blocks(128, 256, "Q5_K", rng), "Q5_K"),
-           "blk.0.attn_v.weight": (kquant_blocks(128, 256, "Q6_K", rng), "Q6_K"),
-           "blk.0.ffn_gate.weight": (kquant_blocks(256, 256, "Q2_K", rng), "Q2_K"),
-           "blk.0.ffn_up.weight": (kquant_blocks(256, 256, "Q3_K", rng), "Q3_K")}
-    policy = {"attn_output": "Q4_1", "ffn_down": "Q5_0", "token_embd": "Q5_1", "output.": "BF16",
-              "*": "F16"}
+    raw = {
+        "blk.0.attn_q.weight": (kquant_blocks(256, 256, "Q4_K", rng), "Q4_K"),
+        "blk.0.attn_k.weight": (kquant_blocks(128, 256, "Q5_K", rng), "Q5_K"),
+        "blk.0.attn_v.weight": (kquant_blocks(128, 256, "Q6_K", rng), "Q6_K"),
+        "blk.0.ffn_gate.weight": (kquant_blocks(256, 256, "Q2_K", rng), "Q2_K"),
+        "blk.0.ffn_up.weight": (kquant_blocks(256, 256, "Q3_K", rng), "Q3_K"),
+    }
+    policy = {
+        "attn_output": "Q4_1",
+        "ffn_down": "Q5_0",
+        "token_embd": "Q5_1",
+        "output.": "BF16",
+        "*": "F16",
+    }
     ref = convert(tiny_model, "llama-wide", tmp_path / "m.gguf", policy, raw=raw)
     module = import_gguf(tmp_path / "m.gguf")
     assert verify(module) == []
@@ -111,14 +136,19 @@ def test_every_tensor_type(tiny_model: Any, tmp_path: Path) -> None:
 def check_parity_once(interp: Interpreter, module: Any, model: Any) -> None:
     p = np.random.default_rng(3).integers(3, VOCAB, (1, 7))
     feeds = {"input_ids": p, "positions": np.arange(7, dtype=np.int64)[None]}
-    feeds.update({a.name: np.zeros((1, a.type.shape[1], 0, a.type.shape[3]), np.float32)
-                  for a in module.main.args[2:]})
+    feeds.update(
+        {
+            a.name: np.zeros((1, a.type.shape[1], 0, a.type.shape[3]), np.float32)
+            for a in module.main.args[2:]
+        }
+    )
     logits = interp.run(feeds)[0]
     diffs = check_against_full_forward(model, p, [logits], np.zeros((1, 0), np.int64))
     assert diffs[0] <= TOL
 
 
 # -- bad files --------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def small_gguf(tiny_model: Any, tmp_path: Path) -> Path:
@@ -129,17 +159,29 @@ def small_gguf(tiny_model: Any, tmp_path: Path) -> Path:
 def test_truncated_data(small_gguf: Path) -> None:
     data = small_gguf.read_bytes()
     small_gguf.write_bytes(data[:-100])
-    with pytest.raises(InputError, match=r"m\.gguf: truncated GGUF file: tensor '[\w.]+' needs bytes \d+\.\.\d+, "
-                                         rf"the file has {len(data) - 100}"):
+    with pytest.raises(
+        InputError,
+        match=r"m\.gguf: truncated GGUF file: tensor '[\w.]+' needs bytes \d+\.\.\d+, "
+        rf"the file has {len(data) - 100}",
+    ):
         import_gguf(small_gguf)
 
 
-@pytest.mark.parametrize("keep, message", [
-    (0, r"m\.gguf: empty file, not a GGUF model"),
-    (3, r"m\.gguf: not a GGUF file \(it starts with b'GGU', not b'GGUF'\)"),
-    (200, r"m\.gguf: not a readable GGUF file \(200 bytes\): the header is truncated or damaged"),
-    (3000, r"m\.gguf: not a readable GGUF file \(3000 bytes\): the header is truncated or damaged"),
-])
+@pytest.mark.parametrize(
+    "keep, message",
+    [
+        (0, r"m\.gguf: empty file, not a GGUF model"),
+        (3, r"m\.gguf: not a GGUF file \(it starts with b'GGU', not b'GGUF'\)"),
+        (
+            200,
+            r"m\.gguf: not a readable GGUF file \(200 bytes\): the header is truncated or damaged",
+        ),
+        (
+            3000,
+            r"m\.gguf: not a readable GGUF file \(3000 bytes\): the header is truncated or damaged",
+        ),
+    ],
+)
 def test_truncated_header(small_gguf: Path, keep: int, message: str) -> None:
     small_gguf.write_bytes(small_gguf.read_bytes()[:keep])
     with pytest.raises(InputError, match=message):
@@ -153,19 +195,26 @@ def _patch_type(path: Path, tensor: str, new_type: int) -> None:
     at = field.offset + 8 + len(tensor.encode()) + 4 + 8 * n_dims
     del reader
     data = bytearray(path.read_bytes())
-    data[at:at + 4] = struct.pack("<I", new_type)
+    data[at : at + 4] = struct.pack("<I", new_type)
     path.write_bytes(bytes(data))
 
 
 def test_unknown_tensor_type(small_gguf: Path) -> None:
     _patch_type(small_gguf, "blk.0.attn_q.weight", 99)
-    with pytest.raises(InputError, match=r"tensor 'blk\.0\.attn_q\.weight' has unknown tensor type 99"):
+    with pytest.raises(
+        InputError, match=r"tensor 'blk\.0\.attn_q\.weight' has unknown tensor type 99"
+    ):
         import_gguf(small_gguf)
 
 
 def test_unsupported_tensor_type(small_gguf: Path) -> None:
-    _patch_type(small_gguf, "blk.0.attn_q.weight", int(gguf.GGMLQuantizationType.IQ4_NL))  # same size as Q4_0
-    with pytest.raises(InputError, match=r"tensor 'blk\.0\.attn_q\.weight' has type IQ4_NL, which llmir does not support"):
+    _patch_type(
+        small_gguf, "blk.0.attn_q.weight", int(gguf.GGMLQuantizationType.IQ4_NL)
+    )  # same size as Q4_0
+    with pytest.raises(
+        InputError,
+        match=r"tensor 'blk\.0\.attn_q\.weight' has type IQ4_NL, which llmir does not support",
+    ):
         import_gguf(small_gguf)
 
 
@@ -183,7 +232,10 @@ def _minimal(path: Path, arch: str, tokenizer: bool = True) -> None:
 
 def test_unsupported_architecture(tmp_path: Path) -> None:
     _minimal(tmp_path / "f.gguf", "falcon")
-    with pytest.raises(InputError, match=r"f\.gguf: metadata field 'general\.architecture' is 'falcon', which is not supported"):
+    with pytest.raises(
+        InputError,
+        match=r"f\.gguf: metadata field 'general\.architecture' is 'falcon', which is not supported",
+    ):
         import_gguf(tmp_path / "f.gguf")
 
 
@@ -194,15 +246,31 @@ def test_missing_metadata(tmp_path: Path) -> None:
 
 
 def test_missing_tokenizer(tiny_model: Any, tmp_path: Path) -> None:
-    convert(tiny_model, "llama", tmp_path / "m.gguf", tokenizer={"model": "none", "tokens": ["a"], "token_type": [1]})
-    with pytest.raises(InputError, match=r"metadata field 'tokenizer\.ggml\.model' is 'none', which is not supported"):
+    convert(
+        tiny_model,
+        "llama",
+        tmp_path / "m.gguf",
+        tokenizer={"model": "none", "tokens": ["a"], "token_type": [1]},
+    )
+    with pytest.raises(
+        InputError,
+        match=r"metadata field 'tokenizer\.ggml\.model' is 'none', which is not supported",
+    ):
         import_gguf(tmp_path / "m.gguf")
     assert import_gguf(tmp_path / "m.gguf", require_tokenizer=False).main is not None
 
 
 def test_attributes_and_relative_paths(tiny_model: Any, tmp_path: Path) -> None:
-    tok = {"model": "gpt2", "pre": "qwen2", "tokens": [f"t{i}" for i in range(VOCAB)], "token_type": [1] * VOCAB,
-           "merges": [], "bos_token_id": 1, "eos_token_id": 2, "chat_template": "{{ x }}"}
+    tok = {
+        "model": "gpt2",
+        "pre": "qwen2",
+        "tokens": [f"t{i}" for i in range(VOCAB)],
+        "token_type": [1] * VOCAB,
+        "merges": [],
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "chat_template": "{{ x }}",
+    }
     convert(tiny_model, "qwen2", tmp_path / "m.gguf", tokenizer=tok)
     (tmp_path / "out").mkdir()
     m = import_gguf(tmp_path / "m.gguf", out_path=tmp_path / "out" / "m.llmir")

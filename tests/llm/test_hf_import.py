@@ -96,8 +96,13 @@ def test_module_text_origins_and_relative_weights(tiny_model: Any, tmp_path: Pat
     again.source = str(out)
     assert verify(again) == []
     kinds = {op.name for op in module.main.ops}
-    assert {"llm.embedding", "llm.rms_norm", "llm.rotary_embedding", "llm.scaled_dot_product_attention",
-            "llm.gated_mlp"} <= kinds
+    assert {
+        "llm.embedding",
+        "llm.rms_norm",
+        "llm.rotary_embedding",
+        "llm.scaled_dot_product_attention",
+        "llm.gated_mlp",
+    } <= kinds
 
 
 def test_phi3_fused_weights_are_row_blocks(tiny_model: Any) -> None:
@@ -120,7 +125,9 @@ def test_sharded_bf16_checkpoint(tiny_model: Any, tmp_path: Path) -> None:
     assert (out / "model.safetensors.index.json").is_file()
     module = import_hf(out, require_tokenizer=False)
     assert any(op.name == "core.cast" for op in module.main.ops)
-    ref = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+    ref = AutoModelForCausalLM.from_pretrained(
+        out, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     p = prompt()
     want, _ = hf_step(ref, p, None)
     got, _ = ir_greedy(module, p, 0)
@@ -134,12 +141,18 @@ def test_tokenizer_chat_template_and_generation_config(tiny_model: Any, tmp_path
     from tokenizers import Tokenizer, models
 
     # a real (if tiny) tokenizer: an empty or malformed tokenizer.json is refused at import
-    Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(d / "tokenizer.json"))
+    Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(
+        str(d / "tokenizer.json")
+    )
     (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
-    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 5], "temperature": 0.6,
-                                                          "top_p": 0.9, "do_sample": True}))
+    (d / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [2, 5], "temperature": 0.6, "top_p": 0.9, "do_sample": True})
+    )
     m = import_hf(d)
-    assert m.attrs["llm.tokenizer"] == {"format": "hf", "file": str((d / "tokenizer.json").resolve())}
+    assert m.attrs["llm.tokenizer"] == {
+        "format": "hf",
+        "file": str((d / "tokenizer.json").resolve()),
+    }
     assert m.attrs["llm.chat_template"] == "{{ messages }}"
     assert m.attrs["llm.eos_token_ids"] == (2, 5)
     assert m.attrs["llm.generation"]["temperature"] == 0.6
@@ -149,6 +162,7 @@ def test_tokenizer_chat_template_and_generation_config(tiny_model: Any, tmp_path
 
 
 # -- bad input -------------------------------------------------------------------------------
+
 
 def edited(folder: Path, tmp_path: Path, **changes: Any) -> Path:
     d = tmp_path / "edited"
@@ -163,27 +177,58 @@ def edited(folder: Path, tmp_path: Path, **changes: Any) -> Path:
     return d
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]},
-     r"config\.json: field 'model_type': model_type 'gpt_neox' \(architectures \['GPTNeoXForCausalLM'\]\) is not supported"),
-    ({"rope_parameters": {"rope_type": "ntk-by-parts", "rope_theta": 10000.0, "factor": 4.0}},
-     r"config\.json: field 'rope_parameters\.rope_type' is 'ntk-by-parts', which is not supported"),
-    ({"rope_parameters": None, "rope_theta": 10000.0, "rope_scaling": {"type": "longrope"}},
-     r"config\.json: field 'rope_scaling\.short_factor' must list 8 numbers"),
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}},
-     r"field 'rope_parameters\.low_freq_factor' is missing or not a number"),
-    ({"hidden_size": None}, r"config\.json: field 'hidden_size' is missing"),
-    ({"hidden_act": "relu2"}, r"config\.json: field 'hidden_act' is 'relu2', which is not supported"),
-    ({"quantization_config": {"quant_method": "bitsandbytes"}},
-     r"field 'quantization_config\.quant_method' is 'bitsandbytes', which is not supported"),
-    ({"quantization_config": {"quant_method": "gptq"}},
-     r"field 'quantization_config\.bits' must be an integer, got None"),
-    ({"mlp_bias": True}, r"field 'mlp_bias' is true"),
-    ({"num_key_value_heads": 3}, r"field 'num_key_value_heads' \(3\) does not divide num_attention_heads \(4\)"),
-    ({"intermediate_size": 100},
-     r"model\.safetensors: tensor 'model\.layers\.0\.mlp\.gate_proj\.weight' has shape \[96, 64\], but config\.json implies \[100, 64\]"),
-])
-def test_config_errors(tiny_model: Any, tmp_path: Path, changes: dict[str, Any], message: str) -> None:
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            {"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]},
+            r"config\.json: field 'model_type': model_type 'gpt_neox' \(architectures \['GPTNeoXForCausalLM'\]\) is not supported",
+        ),
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "ntk-by-parts",
+                    "rope_theta": 10000.0,
+                    "factor": 4.0,
+                }
+            },
+            r"config\.json: field 'rope_parameters\.rope_type' is 'ntk-by-parts', which is not supported",
+        ),
+        (
+            {"rope_parameters": None, "rope_theta": 10000.0, "rope_scaling": {"type": "longrope"}},
+            r"config\.json: field 'rope_scaling\.short_factor' must list 8 numbers",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}},
+            r"field 'rope_parameters\.low_freq_factor' is missing or not a number",
+        ),
+        ({"hidden_size": None}, r"config\.json: field 'hidden_size' is missing"),
+        (
+            {"hidden_act": "relu2"},
+            r"config\.json: field 'hidden_act' is 'relu2', which is not supported",
+        ),
+        (
+            {"quantization_config": {"quant_method": "bitsandbytes"}},
+            r"field 'quantization_config\.quant_method' is 'bitsandbytes', which is not supported",
+        ),
+        (
+            {"quantization_config": {"quant_method": "gptq"}},
+            r"field 'quantization_config\.bits' must be an integer, got None",
+        ),
+        ({"mlp_bias": True}, r"field 'mlp_bias' is true"),
+        (
+            {"num_key_value_heads": 3},
+            r"field 'num_key_value_heads' \(3\) does not divide num_attention_heads \(4\)",
+        ),
+        (
+            {"intermediate_size": 100},
+            r"model\.safetensors: tensor 'model\.layers\.0\.mlp\.gate_proj\.weight' has shape \[96, 64\], but config\.json implies \[100, 64\]",
+        ),
+    ],
+)
+def test_config_errors(
+    tiny_model: Any, tmp_path: Path, changes: dict[str, Any], message: str
+) -> None:
     folder, _ = tiny_model("llama")
     with pytest.raises(InputError, match=message):
         import_hf(edited(folder, tmp_path, **changes), require_tokenizer=False)
@@ -199,7 +244,10 @@ def test_missing_tokenizer(tiny_model: Any, tmp_path: Path) -> None:
 def test_missing_weight_and_config(tiny_model: Any, tmp_path: Path) -> None:
     folder, _ = tiny_model("llama")
     d = edited(folder, tmp_path, tie_word_embeddings=False, num_hidden_layers=3)
-    with pytest.raises(InputError, match=r"field 'num_hidden_layers' is 3, but the weights in model\.safetensors cover 2 layer"):
+    with pytest.raises(
+        InputError,
+        match=r"field 'num_hidden_layers' is 3, but the weights in model\.safetensors cover 2 layer",
+    ):
         import_hf(d, require_tokenizer=False)
     (d / "config.json").unlink()
     with pytest.raises(InputError, match=r"edited: no config\.json"):
@@ -210,7 +258,11 @@ def test_dynamic_rope_is_the_default_inside_the_context(tiny_model: Any, tmp_pat
     """Dynamic NTK scaling only changes frequencies past max_position_embeddings, the limit."""
     folder, _ = tiny_model("llama")
     plain = print_module(import_hf(folder, require_tokenizer=False))
-    d = edited(folder, tmp_path, rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
+    d = edited(
+        folder,
+        tmp_path,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+    )
     dynamic = print_module(import_hf(d, require_tokenizer=False))
     assert dynamic.replace("@edited", "@llama") == plain.replace(str(folder), str(d))
 
@@ -220,8 +272,11 @@ def test_null_sliding_window_means_none(tiny_model: Any, tmp_path: Path) -> None
     (4096, which an absent field gets, as in transformers)."""
     folder, _ = tiny_model("mistral")
     d = edited(folder, tmp_path, sliding_window=None)  # removes the field
-    windows = {op.attrs.get("sliding_window") for op in import_hf(d, require_tokenizer=False).main.ops
-               if op.name == "llm.scaled_dot_product_attention"}
+    windows = {
+        op.attrs.get("sliding_window")
+        for op in import_hf(d, require_tokenizer=False).main.ops
+        if op.name == "llm.scaled_dot_product_attention"
+    }
     assert windows == {4096}
     cfg = json.loads((d / "config.json").read_text())
     cfg["sliding_window"] = None

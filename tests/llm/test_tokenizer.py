@@ -16,20 +16,36 @@ import pytest
 
 from llmir_core.errors import InputError
 
-tk = pytest.importorskip("tokenizers", reason="the tokenizers package is needed (pip install tokenizers)")
+tk = pytest.importorskip(
+    "tokenizers", reason="the tokenizers package is needed (pip install tokenizers)"
+)
 
-CORPUS = ["The quick brown fox jumps over the lazy dog. 1234567 numbers!",
-          "Größere Äpfel über Straßen — naïve café, déjà vu.", "Привет, как дела? Всё хорошо.",
-          "日本語のテキストです。東京は大きい。", "中文文本测试，你好世界！", "مرحبا بالعالم",
-          "  spaces\tand\nnewlines\r\n ok", "emoji 🙂🚀 and code: def f(x): return x**2"] * 10
-TEXTS = ["Hello wörld! Ünïcödé 你好，世界 — Привет мир 🙂 12345 x**2\n  tabs\tend",
-         "<|begin|>system\nÜber 日本 données<|end|> after", "Ωμέγα ελληνικά ᚠᚢᚦ 한국어 텍스트", ""]
-LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. 1234567 numbers!",
+    "Größere Äpfel über Straßen — naïve café, déjà vu.",
+    "Привет, как дела? Всё хорошо.",
+    "日本語のテキストです。東京は大きい。",
+    "中文文本测试，你好世界！",
+    "مرحبا بالعالم",
+    "  spaces\tand\nnewlines\r\n ok",
+    "emoji 🙂🚀 and code: def f(x): return x**2",
+] * 10
+TEXTS = [
+    "Hello wörld! Ünïcödé 你好，世界 — Привет мир 🙂 12345 x**2\n  tabs\tend",
+    "<|begin|>system\nÜber 日本 données<|end|> after",
+    "Ωμέγα ελληνικά ᚠᚢᚦ 한국어 텍스트",
+    "",
+]
+LLAMA3_RE = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
-QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_RE = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def byte_level_bpe(pre: str = "llama-bpe") -> Any:
@@ -37,28 +53,45 @@ def byte_level_bpe(pre: str = "llama-bpe") -> Any:
     pt = tk.pre_tokenizers
     t = tk.Tokenizer(tk.models.BPE(ignore_merges=pre == "llama-bpe"))
     if pre in ("llama-bpe", "qwen2"):
-        t.pre_tokenizer = pt.Sequence([pt.Split(tk.Regex(LLAMA3_RE if pre == "llama-bpe" else QWEN2_RE),
-                                                behavior="isolated"),
-                                       pt.ByteLevel(add_prefix_space=False, use_regex=False)])
+        t.pre_tokenizer = pt.Sequence(
+            [
+                pt.Split(
+                    tk.Regex(LLAMA3_RE if pre == "llama-bpe" else QWEN2_RE), behavior="isolated"
+                ),
+                pt.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     elif pre in ("smollm", "starcoder", "refact", "command-r"):
-        t.pre_tokenizer = pt.Sequence([pt.Digits(individual_digits=True), pt.ByteLevel(add_prefix_space=False)])
-    elif pre in ("deepseek-coder", "deepseek-llm"):  # their tokenizer.json: a Sequence of Split regexes
+        t.pre_tokenizer = pt.Sequence(
+            [pt.Digits(individual_digits=True), pt.ByteLevel(add_prefix_space=False)]
+        )
+    elif pre in (
+        "deepseek-coder",
+        "deepseek-llm",
+    ):  # their tokenizer.json: a Sequence of Split regexes
         from llmir_core.runtime.pretokenize import pre_tokenizer
 
         spec = pre_tokenizer(pre)
         assert spec is not None
-        t.pre_tokenizer = pt.Sequence([pt.Split(tk.Regex(r), behavior="isolated") for r in spec.regexes]
-                                      + [pt.ByteLevel(add_prefix_space=False, use_regex=False)])
+        t.pre_tokenizer = pt.Sequence(
+            [pt.Split(tk.Regex(r), behavior="isolated") for r in spec.regexes]
+            + [pt.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
     else:
         t.pre_tokenizer = pt.ByteLevel(add_prefix_space=False)
     if pre == "qwen2":
         t.normalizer = tk.normalizers.NFC()
     t.decoder = tk.decoders.ByteLevel()
-    trainer = tk.trainers.BpeTrainer(vocab_size=500, special_tokens=["<|begin|>", "<|end|>"],
-                                     initial_alphabet=pt.ByteLevel.alphabet(), show_progress=False)
+    trainer = tk.trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=["<|begin|>", "<|end|>"],
+        initial_alphabet=pt.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     t.train_from_iterator(CORPUS, trainer)
     t.post_processor = tk.processors.TemplateProcessing(
-        single="<|begin|> $A", pair="<|begin|> $A <|begin|> $B", special_tokens=[("<|begin|>", 0)])
+        single="<|begin|> $A", pair="<|begin|> $A <|begin|> $B", special_tokens=[("<|begin|>", 0)]
+    )
     return t
 
 
@@ -67,20 +100,37 @@ def sentencepiece_bpe() -> Any:
     norm = tk.normalizers.Sequence([tk.normalizers.Prepend("▁"), tk.normalizers.Replace(" ", "▁")])
     t = tk.Tokenizer(tk.models.BPE())
     t.normalizer = norm
-    t.pre_tokenizer = tk.pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=True)
-    t.train_from_iterator(CORPUS, tk.trainers.BpeTrainer(vocab_size=450, limit_alphabet=100, show_progress=False))
+    t.pre_tokenizer = tk.pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme="never", split=True
+    )
+    t.train_from_iterator(
+        CORPUS, tk.trainers.BpeTrainer(vocab_size=450, limit_alphabet=100, show_progress=False)
+    )
     j = json.loads(t.to_str())
     trained = [p for p, _ in sorted(j["model"]["vocab"].items(), key=lambda kv: kv[1])]
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in j["model"]["merges"]]
+    merges = [
+        tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in j["model"]["merges"]
+    ]
     pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)] + trained
     vocab = {p: i for i, p in enumerate(pieces)}
-    hf = tk.Tokenizer(tk.models.BPE(vocab, merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    hf = tk.Tokenizer(
+        tk.models.BPE(vocab, merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True)
+    )
     hf.normalizer = norm
-    hf.decoder = tk.decoders.Sequence([tk.decoders.Replace("▁", " "), tk.decoders.ByteFallback(),
-                                       tk.decoders.Fuse(), tk.decoders.Strip(" ", 1, 0)])
-    hf.add_special_tokens([tk.AddedToken(s, special=True, normalized=False) for s in ("<unk>", "<s>", "</s>")])
-    hf.post_processor = tk.processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                         special_tokens=[("<s>", 1)])
+    hf.decoder = tk.decoders.Sequence(
+        [
+            tk.decoders.Replace("▁", " "),
+            tk.decoders.ByteFallback(),
+            tk.decoders.Fuse(),
+            tk.decoders.Strip(" ", 1, 0),
+        ]
+    )
+    hf.add_special_tokens(
+        [tk.AddedToken(s, special=True, normalized=False) for s in ("<unk>", "<s>", "</s>")]
+    )
+    hf.post_processor = tk.processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+    )
     return hf
 
 
@@ -94,23 +144,49 @@ def gguf_vocab(hf: Any, model: str, pre: str = "llama-bpe") -> dict[str, Any]:
     special = {a["id"] for a in j["added_tokens"] if a["special"]}
     meta: dict[str, Any] = {"model": model, "tokens": tokens}
     if model == "gpt2":
-        meta.update(pre=pre, token_type=[3 if i in special else 1 for i in range(len(tokens))],
-                    merges=[" ".join(m) if isinstance(m, list) else m for m in j["model"]["merges"]],
-                    bos_token_id=0, eos_token_id=1, add_bos_token=True)
+        meta.update(
+            pre=pre,
+            token_type=[3 if i in special else 1 for i in range(len(tokens))],
+            merges=[" ".join(m) if isinstance(m, list) else m for m in j["model"]["merges"]],
+            bos_token_id=0,
+            eos_token_id=1,
+            add_bos_token=True,
+        )
     else:
-        types = [2 if t == "<unk>" else 3 if i in special else 6 if t.startswith("<0x") else 1
-                 for i, t in enumerate(tokens)]
+        types = [
+            2 if t == "<unk>" else 3 if i in special else 6 if t.startswith("<0x") else 1
+            for i, t in enumerate(tokens)
+        ]
         # SentencePiece scores: pieces in merge order, best first (bytes and controls score 0)
         scores = [0.0 if ty != 1 else -float(i) for i, ty in enumerate(types)]
-        meta.update(token_type=types, scores=scores, bos_token_id=1, eos_token_id=2, unknown_token_id=0,
-                    add_bos_token=True, add_space_prefix=True)
+        meta.update(
+            token_type=types,
+            scores=scores,
+            bos_token_id=1,
+            eos_token_id=2,
+            unknown_token_id=0,
+            add_bos_token=True,
+            add_space_prefix=True,
+        )
     return meta
 
 
-@pytest.mark.parametrize("kind, pre", [("gpt2", "llama-bpe"), ("gpt2", "qwen2"), ("gpt2", "smollm"),
-                                       ("gpt2", "gpt-2"), ("gpt2", "mpt"), ("gpt2", "starcoder"),
-                                       ("gpt2", "refact"), ("gpt2", "command-r"), ("gpt2", "deepseek-coder"),
-                                       ("gpt2", "deepseek-llm"), ("llama", "")])
+@pytest.mark.parametrize(
+    "kind, pre",
+    [
+        ("gpt2", "llama-bpe"),
+        ("gpt2", "qwen2"),
+        ("gpt2", "smollm"),
+        ("gpt2", "gpt-2"),
+        ("gpt2", "mpt"),
+        ("gpt2", "starcoder"),
+        ("gpt2", "refact"),
+        ("gpt2", "command-r"),
+        ("gpt2", "deepseek-coder"),
+        ("gpt2", "deepseek-llm"),
+        ("llama", ""),
+    ],
+)
 def test_rebuilt_tokenizer_matches(kind: str, pre: str) -> None:
     from llmir_core.runtime.tokenizer import from_gguf_metadata
 
@@ -120,7 +196,9 @@ def test_rebuilt_tokenizer_matches(kind: str, pre: str) -> None:
         want = hf.encode(text).ids
         assert rebuilt.encode(text).ids == want, text
         assert rebuilt.decode(want) == hf.decode(want)
-        assert rebuilt.decode(want, skip_special_tokens=False) == hf.decode(want, skip_special_tokens=False)
+        assert rebuilt.decode(want, skip_special_tokens=False) == hf.decode(
+            want, skip_special_tokens=False
+        )
     assert len(hf.encode(TEXTS[0]).ids) > 20  # the test text really is split into many pieces
 
 
@@ -170,7 +248,9 @@ def test_no_tokenizer_and_unknown_pre(tiny_model: Any, tmp_path: Path) -> None:
 
     folder, model = tiny_model("llama")
     write_gguf(folder, model_state(model), tmp_path / "a.gguf", tokenizer=False)
-    with pytest.raises(InputError, match=r"a\.gguf: metadata field 'tokenizer\.ggml\.model' is missing"):
+    with pytest.raises(
+        InputError, match=r"a\.gguf: metadata field 'tokenizer\.ggml\.model' is missing"
+    ):
         import_gguf(tmp_path / "a.gguf")
     module = import_gguf(tmp_path / "a.gguf", require_tokenizer=False)
     with pytest.raises(InputError, match=r"names no tokenizer \(attribute llm\.tokenizer\)"):
@@ -178,7 +258,9 @@ def test_no_tokenizer_and_unknown_pre(tiny_model: Any, tmp_path: Path) -> None:
     meta = gguf_vocab(byte_level_bpe(), "gpt2")
     meta["pre"] = "no-such-pre"
     write_gguf(folder, model_state(model), tmp_path / "b.gguf", tokenizer=meta)
-    with pytest.raises(InputError, match=r"b\.gguf: metadata field 'tokenizer\.ggml\.pre' is 'no-such-pre'"):
+    with pytest.raises(
+        InputError, match=r"b\.gguf: metadata field 'tokenizer\.ggml\.pre' is 'no-such-pre'"
+    ):
         import_gguf(tmp_path / "b.gguf")
     # --no-tokenizer really drops it: the module names none, so the build takes token ids only
     module = import_gguf(tmp_path / "b.gguf", require_tokenizer=False)

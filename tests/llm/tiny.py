@@ -14,50 +14,150 @@ from typing import Any
 import numpy as np
 
 VOCAB = 128
-BASE: dict[str, Any] = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96,
-                            bos_token_id=1, eos_token_id=2)
+BASE: dict[str, Any] = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=96,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 # arch name -> (transformers model_type, config overrides)
 ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("llama", {}),
-    "llama3-rope": ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                  "original_max_position_embeddings": 32}}),
-    "llama-linear": ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 500.0, "factor": 4.0}}),
+    "llama3-rope": (
+        "llama",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            }
+        },
+    ),
+    "llama-linear": (
+        "llama",
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 500.0, "factor": 4.0}},
+    ),
     "llama-wide": ("llama", {"hidden_size": 256, "intermediate_size": 256, "num_hidden_layers": 1}),
     "mistral": ("mistral", {"sliding_window": 8}),
     "qwen2": ("qwen2", {"num_hidden_layers": 3}),
     "qwen3": ("qwen3", {"head_dim": 32}),
-    "phi3": ("phi3", {"partial_rotary_factor": 0.5, "num_key_value_heads": 4,
-                      "pad_token_id": 0}),
-    "gemma2": ("gemma2", {"head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 8,
-                          "final_logit_softcapping": 3.0, "attn_logit_softcapping": 2.0,
-                          "num_hidden_layers": 3, "pad_token_id": 0}),
-    "qwen2-yarn": ("qwen2", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                                 "original_max_position_embeddings": 24}}),
-    "llama-yarn-mscale": ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 5000.0, "factor": 8.0,
-                                                        "original_max_position_embeddings": 16, "mscale": 1.0,
-                                                        "mscale_all_dim": 0.5, "beta_fast": 16, "beta_slow": 2}}),
-    "llama-dynamic": ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}}),
-    "phi3-longrope": ("phi3", {"num_key_value_heads": 4, "pad_token_id": 0, "original_max_position_embeddings": 24,
-                               "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
-                                                   "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
-                                                   "long_factor": [1.0, 1.5, 2.2, 3.4, 5.0, 7.5, 11.0, 16.0]}}),
-    "gemma3": ("gemma3_text", {"head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 8,
-                               "num_hidden_layers": 3, "pad_token_id": 0,
-                               "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-                               "rope_parameters": {
-                                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                   "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 2.0}}}),
-    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}),
-    "qwen2-moe": ("qwen2_moe", {"num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
-                                "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
-                                "mlp_only_layers": [1], "norm_topk_prob": False}),
-    "qwen2-moe-all": ("qwen2_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                                    "shared_expert_intermediate_size": 48, "norm_topk_prob": False}),
-    "qwen3-moe": ("qwen3_moe", {"num_experts": 6, "num_experts_per_tok": 3, "moe_intermediate_size": 40,
-                                "norm_topk_prob": True, "head_dim": 32}),
+    "phi3": ("phi3", {"partial_rotary_factor": 0.5, "num_key_value_heads": 4, "pad_token_id": 0}),
+    "gemma2": (
+        "gemma2",
+        {
+            "head_dim": 16,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": 8,
+            "final_logit_softcapping": 3.0,
+            "attn_logit_softcapping": 2.0,
+            "num_hidden_layers": 3,
+            "pad_token_id": 0,
+        },
+    ),
+    "qwen2-yarn": (
+        "qwen2",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 24,
+            }
+        },
+    ),
+    "llama-yarn-mscale": (
+        "llama",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 5000.0,
+                "factor": 8.0,
+                "original_max_position_embeddings": 16,
+                "mscale": 1.0,
+                "mscale_all_dim": 0.5,
+                "beta_fast": 16,
+                "beta_slow": 2,
+            }
+        },
+    ),
+    "llama-dynamic": (
+        "llama",
+        {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}},
+    ),
+    "phi3-longrope": (
+        "phi3",
+        {
+            "num_key_value_heads": 4,
+            "pad_token_id": 0,
+            "original_max_position_embeddings": 24,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                "long_factor": [1.0, 1.5, 2.2, 3.4, 5.0, 7.5, 11.0, 16.0],
+            },
+        },
+    ),
+    "gemma3": (
+        "gemma3_text",
+        {
+            "head_dim": 16,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": 8,
+            "num_hidden_layers": 3,
+            "pad_token_id": 0,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 2.0},
+            },
+        },
+    ),
+    "mixtral": (
+        "mixtral",
+        {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
+    ),
+    "qwen2-moe": (
+        "qwen2_moe",
+        {
+            "num_hidden_layers": 3,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48,
+            "mlp_only_layers": [1],
+            "norm_topk_prob": False,
+        },
+    ),
+    "qwen2-moe-all": (
+        "qwen2_moe",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48,
+            "norm_topk_prob": False,
+        },
+    ),
+    "qwen3-moe": (
+        "qwen3_moe",
+        {
+            "num_experts": 6,
+            "num_experts_per_tok": 3,
+            "moe_intermediate_size": 40,
+            "norm_topk_prob": True,
+            "head_dim": 32,
+        },
+    ),
 }
 # architectures whose rope changes with the position (longrope): compared against transformers'
 # own cached decoding, not one forward over the whole sequence
@@ -141,7 +241,9 @@ def ir_greedy(module: Any, prompt: np.ndarray, steps: int) -> tuple[list[np.ndar
     interp = Interpreter(module)
     fn = module.main
     batch = prompt.shape[0]
-    cache = [np.zeros((batch, a.type.shape[1], 0, a.type.shape[3]), np.float32) for a in fn.args[2:]]
+    cache = [
+        np.zeros((batch, a.type.shape[1], 0, a.type.shape[3]), np.float32) for a in fn.args[2:]
+    ]
     length = 0
 
     def step(ids: np.ndarray) -> np.ndarray:
@@ -166,8 +268,9 @@ def ir_greedy(module: Any, prompt: np.ndarray, steps: int) -> tuple[list[np.ndar
     return all_logits, np.concatenate(tokens, axis=1) if tokens else np.zeros((batch, 0), np.int64)
 
 
-def check_against_full_forward(model: Any, prompt: np.ndarray, ir_logits: list[np.ndarray],
-                               ir_tokens: np.ndarray) -> list[float]:
+def check_against_full_forward(
+    model: Any, prompt: np.ndarray, ir_logits: list[np.ndarray], ir_tokens: np.ndarray
+) -> list[float]:
     """Check a cached greedy run against ONE transformers forward over prompt + generated tokens.
 
     transformers' logits at position p equal those its own cached decoding would give there, so
@@ -176,9 +279,11 @@ def check_against_full_forward(model: Any, prompt: np.ndarray, ir_logits: list[n
     """
     full, _ = hf_step(model, np.concatenate([prompt, ir_tokens], axis=1), None)
     p = prompt.shape[1]
-    want = [full[:, :p]] + [full[:, p - 1 + k: p + k] for k in range(1, len(ir_logits))]
-    hf_next = full[:, p - 1: p - 1 + ir_tokens.shape[1]].argmax(-1)
-    np.testing.assert_array_equal(hf_next, ir_tokens, err_msg="greedy tokens differ from transformers'")
+    want = [full[:, :p]] + [full[:, p - 1 + k : p + k] for k in range(1, len(ir_logits))]
+    hf_next = full[:, p - 1 : p - 1 + ir_tokens.shape[1]].argmax(-1)
+    np.testing.assert_array_equal(
+        hf_next, ir_tokens, err_msg="greedy tokens differ from transformers'"
+    )
     return [rel_diff(a, b) for a, b in zip(ir_logits, want)]
 
 

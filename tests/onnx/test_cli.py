@@ -30,7 +30,9 @@ def _invoke(*args: str) -> tuple[int, str, str]:
 @pytest.fixture()
 def model_dir(tmp_path: Path) -> Path:
     save(mlp(), str(tmp_path / "m.onnx"), external=True)
-    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((2, 3, 64)).astype(np.float32))
+    np.save(
+        tmp_path / "x.npy", np.random.default_rng(0).standard_normal((2, 3, 64)).astype(np.float32)
+    )
     return tmp_path
 
 
@@ -43,16 +45,28 @@ def test_import_build_run_pipeline(model_dir: Path) -> None:
     assert r.stdout.startswith(f"{d / 'm.llmir'}: 9 ops, 2 weights")
     code, _, err = _invoke("build", d / "m.llmir", "--target", "onnxruntime", "-o", d / "art")
     assert code == 0, err
-    code, out, err = _invoke("run", d / "art", "--input", f"x={d / 'x.npy'}", "--output-dir", d / "o1",
-                             "--format", "json")
+    code, out, err = _invoke(
+        "run",
+        d / "art",
+        "--input",
+        f"x={d / 'x.npy'}",
+        "--output-dir",
+        d / "o1",
+        "--format",
+        "json",
+    )
     assert code == 0, err
     data = json.loads(out)
     assert data["schema_version"] == 1 and data["backend"] == "onnxruntime"
     assert data["outputs"][0]["name"] == "y" and data["outputs"][0]["shape"] == [2, 3, 64]
-    code, out, err = _invoke("run", d / "m.llmir", "--input", f"x={d / 'x.npy'}", "--output-dir", d / "o2")
+    code, out, err = _invoke(
+        "run", d / "m.llmir", "--input", f"x={d / 'x.npy'}", "--output-dir", d / "o2"
+    )
     assert code == 0, err
     assert out.startswith("y: float32[2, 3, 64]  min ")
-    np.testing.assert_allclose(np.load(d / "o1" / "y.npy"), np.load(d / "o2" / "y.npy"), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.load(d / "o1" / "y.npy"), np.load(d / "o2" / "y.npy"), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_build_is_byte_identical_and_manifest_is_complete(model_dir: Path) -> None:
@@ -74,7 +88,9 @@ def test_build_is_byte_identical_and_manifest_is_complete(model_dir: Path) -> No
         assert info["sha256"] == hashlib.sha256((d / "a" / f).read_bytes()).hexdigest()
     # every weight is external data: the graph file holds no tensor bytes
     proto = onnx.load(str(d / "a" / "model.onnx"), load_external_data=False)
-    assert all(t.data_location == T.EXTERNAL for t in proto.graph.initializer if t.name.startswith("w_"))
+    assert all(
+        t.data_location == T.EXTERNAL for t in proto.graph.initializer if t.name.startswith("w_")
+    )
     assert (d / "a" / "model.onnx").stat().st_size < 4096
 
 
@@ -83,7 +99,9 @@ def _bad_models(d: Path) -> dict[str, tuple[Path, str]]:
     save(mlp(), str(d / "emb.onnx"))
     data = (d / "emb.onnx").read_bytes()
     (d / "trunc.onnx").write_bytes(data[: len(data) // 2])
-    (d / "corrupt.onnx").write_bytes(bytes(np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8)))
+    (d / "corrupt.onnx").write_bytes(
+        bytes(np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8))
+    )
     save(mlp(), str(d / "ext.onnx"), external=True)
 
     def relocate(name: str, location: str) -> Path:
@@ -98,23 +116,58 @@ def _bad_models(d: Path) -> dict[str, tuple[Path, str]]:
     (d / "short.data").write_bytes((d / "ext.onnx.data").read_bytes()[:40000])
     x = [h.make_tensor_value_info("x", T.FLOAT, [2])]
     y = [h.make_tensor_value_info("b", T.FLOAT, [2])]
-    onnx.save(_model([h.make_node("Add", ["x", "b"], ["a"], name="n1"), h.make_node("Relu", ["a"], ["b"], name="n2")],
-                     x, y), str(d / "cycle.onnx"))
-    onnx.save(_model([h.make_node("Add", ["x", "nope"], ["b"], name="add0")], x, y), str(d / "dangling.onnx"))
+    onnx.save(
+        _model(
+            [
+                h.make_node("Add", ["x", "b"], ["a"], name="n1"),
+                h.make_node("Relu", ["a"], ["b"], name="n2"),
+            ],
+            x,
+            y,
+        ),
+        str(d / "cycle.onnx"),
+    )
+    onnx.save(
+        _model([h.make_node("Add", ["x", "nope"], ["b"], name="add0")], x, y),
+        str(d / "dangling.onnx"),
+    )
     return {
         "truncated": (d / "trunc.onnx", "not a valid ONNX model (truncated or corrupt"),
         "corrupt": (d / "corrupt.onnx", "not a valid ONNX model"),
-        "path-traversal": (relocate("trav.onnx", "../ext.onnx.data"), "outside the model's folder; refusing it (path traversal)"),
+        "path-traversal": (
+            relocate("trav.onnx", "../ext.onnx.data"),
+            "outside the model's folder; refusing it (path traversal)",
+        ),
         "absolute-location": (relocate("abs.onnx", str(d / "ext.onnx.data")), "path traversal"),
-        "missing-data": (relocate("missing.onnx", "missing.data"), "external data file 'missing.data' for tensor 'w_up' not found"),
-        "short-data": (relocate("short.onnx", "short.data"), "has 40000 bytes but tensor 'w_down' needs bytes 32768..65536"),
+        "missing-data": (
+            relocate("missing.onnx", "missing.data"),
+            "external data file 'missing.data' for tensor 'w_up' not found",
+        ),
+        "short-data": (
+            relocate("short.onnx", "short.data"),
+            "has 40000 bytes but tensor 'w_down' needs bytes 32768..65536",
+        ),
         "cycle": (d / "cycle.onnx", "the graph has a cycle through node(s) n1, n2"),
-        "dangling": (d / "dangling.onnx", "node 'add0' (Add) reads 'nope', which no node, initializer or graph input defines"),
+        "dangling": (
+            d / "dangling.onnx",
+            "node 'add0' (Add) reads 'nope', which no node, initializer or graph input defines",
+        ),
     }
 
 
-@pytest.mark.parametrize("case", ["truncated", "corrupt", "path-traversal", "absolute-location",
-                                  "missing-data", "short-data", "cycle", "dangling"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "truncated",
+        "corrupt",
+        "path-traversal",
+        "absolute-location",
+        "missing-data",
+        "short-data",
+        "cycle",
+        "dangling",
+    ],
+)
 def test_bad_input_one_line_exit_2_no_output(tmp_path: Path, case: str) -> None:
     src, fragment = _bad_models(tmp_path)[case]
     out = tmp_path / "out" / "model.llmir"
@@ -123,17 +176,22 @@ def test_bad_input_one_line_exit_2_no_output(tmp_path: Path, case: str) -> None:
     assert code == 2
     assert fragment in err
     lines = err.strip().splitlines()
-    assert lines[0].startswith("error: ") and all(ln.startswith(("error: ", "hint: ")) for ln in lines)
+    assert lines[0].startswith("error: ") and all(
+        ln.startswith(("error: ", "hint: ")) for ln in lines
+    )
     assert "Traceback" not in err and stdout == ""
     assert os.listdir(out.parent) == []  # no output, no weights file, no temp file
 
 
-def test_failed_import_removes_its_weights_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_import_removes_its_weights_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     save(mlp(), str(tmp_path / "emb.onnx"))
     import llmir_core.frontends as fe
 
     def boom() -> None:
         raise OSError(28, "No space left on device")
+
     # the weights file is written first; make writing the .llmir (the second file) fail
     monkeypatch.setattr(fe, "atomic_write", _fail_second(fe.atomic_write, boom))
     out = tmp_path / "o"
@@ -151,17 +209,26 @@ def _fail_second(real, boom):
         if calls["n"] == 2:
             boom()
         return real(path, mode)
+
     return wrapper
 
 
 def test_unknown_op_and_keep_unknown(tmp_path: Path) -> None:
-    m = _model([h.make_node("Einsum", ["x", "x"], ["y"], equation="i,i->i", name="ein")],
-               [h.make_tensor_value_info("x", T.FLOAT, [3])], [h.make_tensor_value_info("y", T.FLOAT, [3])], opset=21)
+    m = _model(
+        [h.make_node("Einsum", ["x", "x"], ["y"], equation="i,i->i", name="ein")],
+        [h.make_tensor_value_info("x", T.FLOAT, [3])],
+        [h.make_tensor_value_info("y", T.FLOAT, [3])],
+        opset=21,
+    )
     onnx.save(m, str(tmp_path / "u.onnx"))
     code, _, err = _invoke("import", tmp_path / "u.onnx", "-o", tmp_path / "u.llmir")
-    assert code == 2 and "node 'ein' (Einsum, opset 21): ONNX op Einsum is not known to llmir" in err
+    assert (
+        code == 2 and "node 'ein' (Einsum, opset 21): ONNX op Einsum is not known to llmir" in err
+    )
     assert not (tmp_path / "u.llmir").exists()
-    assert _invoke("import", tmp_path / "u.onnx", "-o", tmp_path / "u.llmir", "--keep-unknown")[0] == 0
+    assert (
+        _invoke("import", tmp_path / "u.onnx", "-o", tmp_path / "u.llmir", "--keep-unknown")[0] == 0
+    )
     assert _invoke("build", tmp_path / "u.llmir", "-o", tmp_path / "art")[0] == 0
     np.save(tmp_path / "x.npy", np.array([1, 2, 3], np.float32))
     code, out, err = _invoke("run", tmp_path / "art", "-i", f"x={tmp_path / 'x.npy'}")
@@ -171,9 +238,14 @@ def test_unknown_op_and_keep_unknown(tmp_path: Path) -> None:
 
 
 def _two_input_model(d: Path) -> Path:
-    m = _model([h.make_node("Add", ["a", "b"], ["y"], name="add")],
-               [h.make_tensor_value_info("a", T.FLOAT, ["batch", 4]), h.make_tensor_value_info("b", T.FLOAT, ["batch", 4])],
-               [h.make_tensor_value_info("y", T.FLOAT, ["batch", 4])])
+    m = _model(
+        [h.make_node("Add", ["a", "b"], ["y"], name="add")],
+        [
+            h.make_tensor_value_info("a", T.FLOAT, ["batch", 4]),
+            h.make_tensor_value_info("b", T.FLOAT, ["batch", 4]),
+        ],
+        [h.make_tensor_value_info("y", T.FLOAT, ["batch", 4])],
+    )
     onnx.save(m, str(d / "two.onnx"))
     assert _invoke("import", d / "two.onnx", "-o", d / "two.llmir")[0] == 0
     assert _invoke("build", d / "two.llmir", "-o", d / "two")[0] == 0
@@ -201,7 +273,11 @@ def test_run_input_errors(tmp_path: Path, target: str) -> None:
         ([a, f"b={d / 'nope.npy'}"], "no such file"),
     ]
     for specs, fragment in cases:
-        args = ["run", d / target] + [x for s in specs for x in ("--input", s)] + ["--output-dir", d / "out"]
+        args = (
+            ["run", d / target]
+            + [x for s in specs for x in ("--input", s)]
+            + ["--output-dir", d / "out"]
+        )
         code, out, err = _invoke(*args)
         assert code == 2, (specs, err)
         assert fragment in err, (fragment, err)
@@ -213,7 +289,9 @@ def test_run_tensorproto_input(tmp_path: Path) -> None:
     for name in ("a", "b"):
         t = nh.from_array(np.full((2, 4), 1.5, np.float32), name)
         (d / f"{name}.pb").write_bytes(t.SerializeToString())
-    code, out, err = _invoke("run", d / "two.llmir", "-i", f"a={d / 'a.pb'}", "-i", f"b={d / 'b.pb'}", "-o", d / "o")
+    code, out, err = _invoke(
+        "run", d / "two.llmir", "-i", f"a={d / 'a.pb'}", "-i", f"b={d / 'b.pb'}", "-o", d / "o"
+    )
     assert code == 0, err
     np.testing.assert_array_equal(np.load(d / "o" / "y.npy"), np.full((2, 4), 3.0, np.float32))
 

@@ -29,8 +29,10 @@ def _text(model: onnx.ModelProto, **kw) -> str:
 
 def test_dim_params_become_named_symbolic_dims() -> None:
     nodes = [h.make_node("Concat", ["a", "b"], ["y"], axis=1, name="cat")]
-    ins = [h.make_tensor_value_info("a", T.FLOAT, ["batch", "past_sequence_length", 4]),
-           h.make_tensor_value_info("b", T.FLOAT, ["batch", "x_len", 4])]
+    ins = [
+        h.make_tensor_value_info("a", T.FLOAT, ["batch", "past_sequence_length", 4]),
+        h.make_tensor_value_info("b", T.FLOAT, ["batch", "x_len", 4]),
+    ]
     text = _text(_model(nodes, ins, [h.make_tensor_value_info("y", T.FLOAT, None)]))
     assert "%a: tensor<?batch x ?past_sequence_length x 4 x f32>" in text
     # names llmir reserves (a leading x) are prefixed; sizes add up symbolically
@@ -40,7 +42,9 @@ def test_dim_params_become_named_symbolic_dims() -> None:
 def test_dim_param_expression_and_unnamed_dims() -> None:
     nodes = [h.make_node("Relu", ["a"], ["y"], name="r")]
     ins = [h.make_tensor_value_info("a", T.FLOAT, ["past + 1", None, 3])]
-    assert "%a: tensor<?past+1 x ? x 3 x f32>" in _text(_model(nodes, ins, [h.make_tensor_value_info("y", T.FLOAT, None)]))
+    assert "%a: tensor<?past+1 x ? x 3 x f32>" in _text(
+        _model(nodes, ins, [h.make_tensor_value_info("y", T.FLOAT, None)])
+    )
 
 
 def test_node_names_become_locations() -> None:
@@ -51,15 +55,25 @@ def test_node_names_become_locations() -> None:
 
 
 def test_runtime_shape_arithmetic_folds_to_a_symbolic_reshape() -> None:
-    nodes = [h.make_node("Shape", ["x"], ["s"], name="shape"),
-             h.make_node("Gather", ["s", "zero"], ["b"], axis=0, name="g"),
-             h.make_node("Unsqueeze", ["b", "axes0"], ["bu"], name="u"),
-             h.make_node("Concat", ["bu", "minus1", "eight"], ["shp"], axis=0, name="cat"),
-             h.make_node("Reshape", ["x", "shp"], ["y"], name="rs")]
-    inits = [nh.from_array(np.array(0, np.int64), "zero"), nh.from_array(np.array([0], np.int64), "axes0"),
-             nh.from_array(np.array([-1], np.int64), "minus1"), nh.from_array(np.array([8], np.int64), "eight")]
-    m = _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, ["batch", "seq", 16])],
-               [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    nodes = [
+        h.make_node("Shape", ["x"], ["s"], name="shape"),
+        h.make_node("Gather", ["s", "zero"], ["b"], axis=0, name="g"),
+        h.make_node("Unsqueeze", ["b", "axes0"], ["bu"], name="u"),
+        h.make_node("Concat", ["bu", "minus1", "eight"], ["shp"], axis=0, name="cat"),
+        h.make_node("Reshape", ["x", "shp"], ["y"], name="rs"),
+    ]
+    inits = [
+        nh.from_array(np.array(0, np.int64), "zero"),
+        nh.from_array(np.array([0], np.int64), "axes0"),
+        nh.from_array(np.array([-1], np.int64), "minus1"),
+        nh.from_array(np.array([8], np.int64), "eight"),
+    ]
+    m = _model(
+        nodes,
+        [h.make_tensor_value_info("x", T.FLOAT, ["batch", "seq", 16])],
+        [h.make_tensor_value_info("y", T.FLOAT, None)],
+        inits,
+    )
     text = _text(m)
     assert "core.reshape %x {shape = [?batch, -1, 8]}" in text
     assert "-> tensor<?batch x 2*?seq x 8 x f32>" in text
@@ -72,7 +86,9 @@ def test_weights_reference_external_data_in_place(tmp_path: Path) -> None:
     out.parent.mkdir()
     import_model(src, out_path=out)
     text = out.read_text()
-    assert 'core.weight {file = "../m.onnx.data", name = "w_up", nbytes = 32768, offset = 0}' in text
+    assert (
+        'core.weight {file = "../m.onnx.data", name = "w_up", nbytes = 32768, offset = 0}' in text
+    )
     assert not (tmp_path / "sub" / "m.weights.bin").exists()  # nothing copied
     module, _ = import_onnx(src)  # without an output path the reference is absolute
     weights = [op for op in module.main.ops if op.name == "core.weight"]
@@ -102,8 +118,12 @@ def test_model_over_2gb_imports_without_reading_weights(tmp_path: Path) -> None:
     for k, v in (("location", "big.onnx.data"), ("offset", "0"), ("length", str(4 * n))):
         e = w.external_data.add()
         e.key, e.value = k, v
-    m = _model([h.make_node("Add", ["x", "w"], ["y"], name="add")],
-               [h.make_tensor_value_info("x", T.FLOAT, [n])], [h.make_tensor_value_info("y", T.FLOAT, [n])], [w])
+    m = _model(
+        [h.make_node("Add", ["x", "w"], ["y"], name="add")],
+        [h.make_tensor_value_info("x", T.FLOAT, [n])],
+        [h.make_tensor_value_info("y", T.FLOAT, [n])],
+        [w],
+    )
     onnx.save(m, str(tmp_path / "big.onnx"))
     module = import_model(tmp_path / "big.onnx", out_path=tmp_path / "big.llmir")
     assert "nbytes = 2400000000" in (tmp_path / "big.llmir").read_text()
@@ -114,41 +134,67 @@ def test_model_over_2gb_imports_without_reading_weights(tmp_path: Path) -> None:
 
 
 def test_unknown_op_error_names_op_domain_opset_and_node() -> None:
-    m = _model([h.make_node("Einsum", ["x", "x"], ["y"], equation="i,i->i", name="my_einsum")],
-               [h.make_tensor_value_info("x", T.FLOAT, [3])], [h.make_tensor_value_info("y", T.FLOAT, [3])], opset=21)
+    m = _model(
+        [h.make_node("Einsum", ["x", "x"], ["y"], equation="i,i->i", name="my_einsum")],
+        [h.make_tensor_value_info("x", T.FLOAT, [3])],
+        [h.make_tensor_value_info("y", T.FLOAT, [3])],
+        opset=21,
+    )
     with pytest.raises(InputError) as exc:
         import_onnx(m)
     msg = exc.value.message
-    assert "node 'my_einsum'" in msg and "Einsum" in msg and "opset 21" in msg and "not known" in msg
+    assert (
+        "node 'my_einsum'" in msg and "Einsum" in msg and "opset 21" in msg and "not known" in msg
+    )
     assert "--keep-unknown" in (exc.value.hint or "")
-    m2 = _model([h.make_node("Foo", ["x"], ["y"], domain="com.example", name="foo")],
-                [h.make_tensor_value_info("x", T.FLOAT, [3])], [h.make_tensor_value_info("y", T.FLOAT, [3])])
+    m2 = _model(
+        [h.make_node("Foo", ["x"], ["y"], domain="com.example", name="foo")],
+        [h.make_tensor_value_info("x", T.FLOAT, [3])],
+        [h.make_tensor_value_info("y", T.FLOAT, [3])],
+    )
     m2.opset_import.append(h.make_opsetid("com.example", 2))
     with pytest.raises(InputError, match=r"node 'foo' \(com.example:Foo, opset 2\)"):
         import_onnx(m2)
 
 
 def test_keep_unknown_keeps_an_opaque_op_with_onnx_types() -> None:
-    m = _model([h.make_node("Einsum", ["x", "x"], ["e"], equation="ij,ij->i", name="ein"),
-                h.make_node("Relu", ["e"], ["y"], name="relu")],
-               [h.make_tensor_value_info("x", T.FLOAT, ["n", 4])], [h.make_tensor_value_info("y", T.FLOAT, None)], opset=21)
+    m = _model(
+        [
+            h.make_node("Einsum", ["x", "x"], ["e"], equation="ij,ij->i", name="ein"),
+            h.make_node("Relu", ["e"], ["y"], name="relu"),
+        ],
+        [h.make_tensor_value_info("x", T.FLOAT, ["n", 4])],
+        [h.make_tensor_value_info("y", T.FLOAT, None)],
+        opset=21,
+    )
     text = _text(m, keep_unknown=True)
-    assert 'onnx.opaque %x, %x {attributes = {equation = "ij,ij->i"}, domain = "", op_type = "Einsum", opset = 21}' in text
+    assert (
+        'onnx.opaque %x, %x {attributes = {equation = "ij,ij->i"}, domain = "", op_type = "Einsum", opset = 21}'
+        in text
+    )
     assert "-> tensor<?n x f32>" in text and 'llmir.dialects = ["core", "llm", "onnx"]' in text
 
 
 def test_attribute_inputs_must_be_constant() -> None:
-    m = _model([h.make_node("Unsqueeze", ["x", "axes"], ["y"], name="unsq")],
-               [h.make_tensor_value_info("x", T.FLOAT, [3]), h.make_tensor_value_info("axes", T.INT64, [1])],
-               [h.make_tensor_value_info("y", T.FLOAT, None)])
+    m = _model(
+        [h.make_node("Unsqueeze", ["x", "axes"], ["y"], name="unsq")],
+        [
+            h.make_tensor_value_info("x", T.FLOAT, [3]),
+            h.make_tensor_value_info("axes", T.INT64, [1]),
+        ],
+        [h.make_tensor_value_info("y", T.FLOAT, None)],
+    )
     with pytest.raises(NeedsConstantError, match="input 'axes'") as exc:
         import_onnx(m)
     assert exc.value.input_name == "axes"
 
 
 def test_odd_value_names_are_kept_as_io_names() -> None:
-    m = _model([h.make_node("Relu", ["input:0"], ["out/0"], name="r")],
-               [h.make_tensor_value_info("input:0", T.FLOAT, [2])], [h.make_tensor_value_info("out/0", T.FLOAT, [2])])
+    m = _model(
+        [h.make_node("Relu", ["input:0"], ["out/0"], name="r")],
+        [h.make_tensor_value_info("input:0", T.FLOAT, [2])],
+        [h.make_tensor_value_info("out/0", T.FLOAT, [2])],
+    )
     module, _ = import_onnx(m)
     assert module.main.attrs["input_names"] == ("input:0",)
     assert module.main.attrs["output_names"] == ("out/0",)

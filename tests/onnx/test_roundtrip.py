@@ -32,7 +32,9 @@ def _roundtrip(tmp_path: Path, model, inputs: dict[str, np.ndarray], external: b
     assert set(ref) == set(want) == set(got)
     for name, w in want.items():
         np.testing.assert_allclose(ref[name], w, rtol=RTOL, atol=ATOL, err_msg=f"reference {name}")
-        np.testing.assert_allclose(got[name], w, rtol=RTOL, atol=ATOL, err_msg=f"onnxruntime {name}")
+        np.testing.assert_allclose(
+            got[name], w, rtol=RTOL, atol=ATOL, err_msg=f"onnxruntime {name}"
+        )
 
 
 @pytest.mark.parametrize("external", [True, False], ids=["external-data", "embedded"])
@@ -43,8 +45,10 @@ def test_mlp(tmp_path: Path, external: bool) -> None:
 
 def test_opset23_attention_block(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
-    inputs = {"x": rng.standard_normal((2, 6, 32)).astype(np.float32),
-              "pos": np.tile(np.arange(3, 9, dtype=np.int64), (2, 1))}
+    inputs = {
+        "x": rng.standard_normal((2, 6, 32)).astype(np.float32),
+        "pos": np.tile(np.arange(3, 9, dtype=np.int64), (2, 1)),
+    }
     _roundtrip(tmp_path, llm23(), inputs)
     text = (tmp_path / "model.llmir").read_text()
     for op in ("llm.rms_norm", "llm.rotary_embedding", "llm.scaled_dot_product_attention"):
@@ -52,8 +56,11 @@ def test_opset23_attention_block(tmp_path: Path) -> None:
     assert 'loc("onnx:attention")' in text
 
 
-@pytest.mark.parametrize("batch,seq,past", [(2, 5, 0), (1, 4, 3), (2, 1, 3)],
-                         ids=["prompt", "continued-prefill", "decode"])
+@pytest.mark.parametrize(
+    "batch,seq,past",
+    [(2, 5, 0), (1, 4, 3), (2, 1, 3)],
+    ids=["prompt", "continued-prefill", "decode"],
+)
 def test_contrib_block(tmp_path: Path, batch: int, seq: int, past: int) -> None:
     _roundtrip(tmp_path, contrib(), contrib_inputs(batch=batch, seq=seq, past=past))
     text = (tmp_path / "model.llmir").read_text()
@@ -62,8 +69,11 @@ def test_contrib_block(tmp_path: Path, batch: int, seq: int, past: int) -> None:
     assert b"MatMulNBits" in built and b"Attention" in built
 
 
-@pytest.mark.parametrize("batch,seq,past", [(2, 5, 0), (1, 3, 4), (2, 1, 4)],
-                         ids=["prompt", "continued-prefill", "decode"])
+@pytest.mark.parametrize(
+    "batch,seq,past",
+    [(2, 5, 0), (1, 3, 4), (2, 1, 4)],
+    ids=["prompt", "continued-prefill", "decode"],
+)
 def test_gqa_with_rotary(tmp_path: Path, batch: int, seq: int, past: int) -> None:
     _roundtrip(tmp_path, gqa_rotary(), gqa_inputs(batch, seq, past))
 

@@ -59,9 +59,16 @@ def test_torch_decoder_block(tmp_path: Path) -> None:
     src = tmp_path / "block.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(_block(), (torch.randn(2, 5, 32),), str(src), input_names=["x"],
-                          output_names=["y"], dynamo=False, opset_version=18,
-                          dynamic_axes={"x": {0: "batch", 1: "seq"}, "y": {0: "batch", 1: "seq"}})
+        torch.onnx.export(
+            _block(),
+            (torch.randn(2, 5, 32),),
+            str(src),
+            input_names=["x"],
+            output_names=["y"],
+            dynamo=False,
+            opset_version=18,
+            dynamic_axes={"x": {0: "batch", 1: "seq"}, "y": {0: "batch", 1: "seq"}},
+        )
     x = np.random.default_rng(5).standard_normal((3, 7, 32)).astype(np.float32)
     want = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     module = import_model(src, out_path=tmp_path / "block.llmir")

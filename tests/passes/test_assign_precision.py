@@ -31,17 +31,30 @@ def _inputs(m: Any) -> dict[str, Any]:
 def _placed(m: Any) -> None:
     """Every op reads its tensor operands on the device it runs on (llm.to_device moves)."""
     for op in m.main.ops:
-        if op.name == "llm.to_device" or not op.results or not isinstance(op.results[0].type, TensorType):
+        if (
+            op.name == "llm.to_device"
+            or not op.results
+            or not isinstance(op.results[0].type, TensorType)
+        ):
             continue
         dev = op.results[0].type.device
         for v in op.operands:
-            if isinstance(v.type, TensorType) and v.owner is not None and v.owner.name not in ("core.weight", "core.constant"):
+            if (
+                isinstance(v.type, TensorType)
+                and v.owner is not None
+                and v.owner.name not in ("core.weight", "core.constant")
+            ):
                 assert v.type.device == dev, (op.name, v.name, v.type, dev)
 
 
-@pytest.mark.parametrize("spec,low,tol", [("assign-precision{target=cuda}", DType.f16, 5e-3),
-                                          ("assign-precision{target=cpu,dtype=bf16}", DType.bf16, 4e-2),
-                                          ("assign-precision{target=cpu}", DType.f32, 1e-5)])
+@pytest.mark.parametrize(
+    "spec,low,tol",
+    [
+        ("assign-precision{target=cuda}", DType.f16, 5e-3),
+        ("assign-precision{target=cpu,dtype=bf16}", DType.bf16, 4e-2),
+        ("assign-precision{target=cpu}", DType.f32, 1e-5),
+    ],
+)
 def test_assign_precision_validates_and_stays_close(spec: str, low: DType, tol: float) -> None:
     m = exported_block()
     original = clone_module(m)
@@ -52,7 +65,9 @@ def test_assign_precision_validates_and_stays_close(spec: str, low: DType, tol: 
     _placed(m)
     mm = [op for op in m.main.ops if op.name == "core.matmul"]
     assert mm and all(op.results[0].type.dtype == low for op in mm)  # type: ignore[union-attr]
-    norms = [op for op in m.main.ops if op.name in ("llm.rms_norm", "core.softmax", "core.reduce_mean")]
+    norms = [
+        op for op in m.main.ops if op.name in ("llm.rms_norm", "core.softmax", "core.reduce_mean")
+    ]
     assert all(op.results[0].type.dtype == DType.f32 for op in norms)  # type: ignore[union-attr]
     assert [a.type for a in m.main.args] == [a.type for a in original.main.args]
     x = _inputs(original)
@@ -82,7 +97,9 @@ def test_cpu_reorders_onnx_weights_and_cuda_keeps_them() -> None:
         reordered = [r for r in res.ctx.rewrites if "reordered" in r.detail]
         assert len(reordered) == want_reorders, target
         if want_reorders:
-            mm = next(op for op in m.main.ops if op.name == "core.matmul" and op.attrs["transpose_b"])
+            mm = next(
+                op for op in m.main.ops if op.name == "core.matmul" and op.attrs["transpose_b"]
+            )
             w = mm.operands[1]
             assert w.type.layout == "nk" and w.type.device == "cuda"  # type: ignore[union-attr]
 
@@ -110,5 +127,7 @@ class SwapsOperands:
 
 def test_translation_validation_catches_a_precision_pass_bug() -> None:
     res = run_pipeline(exported_block(), [SwapsOperands()], validator=validate_pass)
-    assert res.failed_validation is not None and res.failed_validation["verdict"] == "not-equivalent"
+    assert (
+        res.failed_validation is not None and res.failed_validation["verdict"] == "not-equivalent"
+    )
     assert res.failed_validation["pass"] == "assign-precision"

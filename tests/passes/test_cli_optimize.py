@@ -23,16 +23,32 @@ SMALL = f"""module @m attributes {{llmir.dialects = ["core"], llmir.version = "0
 def test_optimize_report_times_dumps_and_verify_each(tmp_path: Path) -> None:
     src, out, dumps = tmp_path / "in.llmir", tmp_path / "out.llmir", tmp_path / "d"
     src.write_text(SMALL)
-    r = run_cli("optimize", str(src), "-O2", "-o", str(out), "--verify-each", "--report",
-                "--time-passes", "--print-after=lift-activations", "--dump-dir", str(dumps))
+    r = run_cli(
+        "optimize",
+        str(src),
+        "-O2",
+        "-o",
+        str(out),
+        "--verify-each",
+        "--report",
+        "--time-passes",
+        "--print-after=lift-activations",
+        "--dump-dir",
+        str(dumps),
+    )
     assert r.returncode == 0, r.stderr
     assert "core.silu %x" in out.read_text()
     assert "rewrites applied" in r.stdout and "add-zero at %a" in r.stdout
     assert "== pass timings ==" in r.stdout and "equivalent" in r.stdout
     dump = dumps / "05-lift-activations.llmir"
-    assert dump.exists() and "--passes canonicalize,constant-fold,cse,dce,lift-activations" in dump.read_text()
+    assert (
+        dump.exists()
+        and "--passes canonicalize,constant-fold,cse,dce,lift-activations" in dump.read_text()
+    )
     # the dump's header command reproduces it
-    again = run_cli("optimize", str(src), "--passes", "canonicalize,constant-fold,cse,dce,lift-activations")
+    again = run_cli(
+        "optimize", str(src), "--passes", "canonicalize,constant-fold,cse,dce,lift-activations"
+    )
     assert again.stdout == "\n".join(dump.read_text().splitlines()[2:]) + "\n"
     # the output is equivalent to the input, checked from the files alone
     v = run_cli("verify", str(out), "--against", str(src))
@@ -77,10 +93,14 @@ def test_verify_against_detects_difference_and_signature(tmp_path: Path) -> None
 def test_verify_rules_subset_and_timeout() -> None:
     r = run_cli("verify", "--rules", "--rule", "neg-neg")
     assert r.returncode == 0 and r.stdout.startswith("proved") and "neg-neg" in r.stdout
-    r = run_cli("verify", "--rules", "--rule", "fuse-gated-mlp", "--timeout", "0.001", "--format", "json")
+    r = run_cli(
+        "verify", "--rules", "--rule", "fuse-gated-mlp", "--timeout", "0.001", "--format", "json"
+    )
     assert r.returncode == 3
     data = json.loads(r.stdout)
-    assert data["rules"][0]["verdict"] == "inconclusive" and "timed out" in data["rules"][0]["detail"]
+    assert (
+        data["rules"][0]["verdict"] == "inconclusive" and "timed out" in data["rules"][0]["detail"]
+    )
 
 
 def test_output_in_another_folder_keeps_weight_references(tmp_path) -> None:
@@ -96,10 +116,11 @@ def test_output_in_another_folder_keeps_weight_references(tmp_path) -> None:
     np.arange(16, dtype=np.float32).tofile(src_dir / "w.bin")
     (src_dir / "m.llmir").write_text(
         'module @m attributes {llmir.dialects = ["core"], llmir.version = "0.1"} {\n'
-        '  func.func @main(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {\n'
+        "  func.func @main(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {\n"
         '    %w = core.weight {file = "w.bin", name = "w", nbytes = 64, offset = 0} : () -> tensor<4x4xf32>\n'
-        '    %y = core.matmul %x, %w : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>\n'
-        '    return %y : tensor<2x4xf32>\n  }\n}\n')
+        "    %y = core.matmul %x, %w : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>\n"
+        "    return %y : tensor<2x4xf32>\n  }\n}\n"
+    )
     r = run_cli("optimize", str(src_dir / "m.llmir"), "-O1", "-o", str(out_dir / "o.llmir"))
     assert r.returncode == 0, r.stderr
     assert 'file = "../../src/w.bin"' in (out_dir / "o.llmir").read_text()

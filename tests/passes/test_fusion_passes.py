@@ -62,7 +62,11 @@ def test_add_rms_norm_reference_by_hand() -> None:
     x, r, w = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 8), (2, 3, 8), (8,)))
     y, s = _run_op("llm.add_rms_norm", [x, r, w], eps=1e-5, offset=1.0)
     want_s = x + r
-    want_y = want_s / np.sqrt((want_s.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5) * (w + 1.0)
+    want_y = (
+        want_s
+        / np.sqrt((want_s.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5)
+        * (w + 1.0)
+    )
     np.testing.assert_array_equal(s, want_s)
     np.testing.assert_allclose(y, want_y, rtol=1e-6)
 
@@ -73,9 +77,13 @@ def test_linear_reference_by_hand(act: str) -> None:
     x, w, bias = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 8), (5, 8), (5,)))
     (y,) = _run_op("llm.linear", [x, w, bias], activation=act)
     z = x.astype(np.float64) @ w.T.astype(np.float64) + bias
-    want = {"none": z, "relu": np.maximum(z, 0), "silu": z / (1 + np.exp(-z)),
-            "gelu": 0.5 * z * (1 + np.vectorize(__import__("math").erf)(z / np.sqrt(2))),
-            "gelu_tanh": 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))}[act]
+    want = {
+        "none": z,
+        "relu": np.maximum(z, 0),
+        "silu": z / (1 + np.exp(-z)),
+        "gelu": 0.5 * z * (1 + np.vectorize(__import__("math").erf)(z / np.sqrt(2))),
+        "gelu_tanh": 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3))),
+    }[act]
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
     (y2,) = _run_op("llm.linear", [x, w.T.copy()], activation=act, transpose_b=False)
     np.testing.assert_allclose(y2, _run_op("llm.linear", [x, w], activation=act)[0], rtol=1e-6)
@@ -89,11 +97,24 @@ def test_O3_lifts_an_exported_block_and_validates_each_pass() -> None:
     assert all(r.validation and r.validation["verdict"] == "equivalent" for r in res.runs)
     c = res.after.op_counts
     assert c["llm.layer_norm"] == 1 and c["llm.rotary_embedding"] == 2
-    assert c["llm.scaled_dot_product_attention"] == 1 and c["llm.linear"] == 3 and c["llm.add_rms_norm"] == 1
-    for gone in ("core.softmax", "core.trilu", "core.tile", "core.gather", "core.reduce_mean", "core.gelu"):
+    assert (
+        c["llm.scaled_dot_product_attention"] == 1
+        and c["llm.linear"] == 3
+        and c["llm.add_rms_norm"] == 1
+    )
+    for gone in (
+        "core.softmax",
+        "core.trilu",
+        "core.tile",
+        "core.gather",
+        "core.reduce_mean",
+        "core.gelu",
+    ):
         assert gone not in c, gone
     sdpa = next(op for op in m.main.ops if op.name == "llm.scaled_dot_product_attention")
-    assert sdpa.attrs["causal"] is True and sdpa.operands[1].type.shape[1] == 2  # GQA: un-repeated k
+    assert (
+        sdpa.attrs["causal"] is True and sdpa.operands[1].type.shape[1] == 2
+    )  # GQA: un-repeated k
     assert res.after.ops < res.before.ops / 2 and not verify(m)
     assert compare(original, m)["verdict"] == "equivalent"
     assert validate(original, m)["verdict"] == "equivalent"
@@ -109,7 +130,11 @@ def test_O3_differs_from_O2_on_the_decoder() -> None:
     r2, r3 = run_pipeline(m2, preset(2)), run_pipeline(m3, preset(3), validator=validate_pass)
     assert r3.failed_validation is None
     # the post-attention norm of each layer and the next layer's input norm read residual adds
-    assert r2.after.op_counts["llm.add_rms_norm"] == r3.after.op_counts["llm.add_rms_norm"] == 2 * TINY.layers - 1
+    assert (
+        r2.after.op_counts["llm.add_rms_norm"]
+        == r3.after.op_counts["llm.add_rms_norm"]
+        == 2 * TINY.layers - 1
+    )
     e2, e3 = run_pipeline(exported_block(), preset(2)), run_pipeline(exported_block(), preset(3))
     assert e3.after.ops < e2.after.ops  # -O3 lifts the exported attention, rotary and LayerNorm
 
@@ -150,7 +175,8 @@ def test_fusion_keeps_a_shared_product(shared: bool) -> None:
         # both candidates, x @ w^T + b and relu(x @ w^T), are refused for the same reason
         assert {(r.rule, r.reason) for r in res.ctx.rejections} == {
             ("linear-bias", "%p is also used outside the pattern"),
-            ("linear-relu", "%p is also used outside the pattern")}
+            ("linear-relu", "%p is also used outside the pattern"),
+        }
     else:
         assert [r.rule for r in res.ctx.rewrites] == ["linear-bias"]
         assert counts["llm.linear"] == 1 and "core.matmul" not in counts
@@ -171,25 +197,50 @@ def _mut(name: str, **changes: Any) -> Any:
 ROT = RULES["lift-rotary"]
 MUTANTS = {
     # the sum result is the normalized one
-    "add-rms-norm-wrong-result": _mut("fuse-add-rms-norm-sum", rhs=T(
-        "llm.add_rms_norm", RULES["fuse-add-rms-norm"].rhs.args, RULES["fuse-add-rms-norm"].rhs.attrs, 0)),
+    "add-rms-norm-wrong-result": _mut(
+        "fuse-add-rms-norm-sum",
+        rhs=T(
+            "llm.add_rms_norm",
+            RULES["fuse-add-rms-norm"].rhs.args,
+            RULES["fuse-add-rms-norm"].rhs.attrs,
+            0,
+        ),
+    ),
     # the activation is lost
-    "linear-drops-activation": _mut("linear-bias-silu", rhs=t("llm.linear", V("x"), V("w"), V("b"),
-                                                              activation="none", transpose_b=True)),
+    "linear-drops-activation": _mut(
+        "linear-bias-silu",
+        rhs=t("llm.linear", V("x"), V("w"), V("b"), activation="none", transpose_b=True),
+    ),
     # transpose_b flipped: w used as [in, out]
-    "linear-transposed-weight": _mut("linear-silu", rhs=t("llm.linear", V("x"), V("w"), activation="silu",
-                                                          transpose_b=False), sig={"x": "... m k", "w": "k k"}),
+    "linear-transposed-weight": _mut(
+        "linear-silu",
+        rhs=t("llm.linear", V("x"), V("w"), activation="silu", transpose_b=False),
+        sig={"x": "... m k", "w": "k k"},
+    ),
     # the bias is dropped from the lifted LayerNorm
-    "layer-norm-drops-bias": _mut("lift-layer-norm-mul-rsqrt", rhs=t("llm.layer_norm", V("x"), V("w"), eps=A("eps")),
-                                  proof={"assume": lambda s: [s["eps"] > 0], "proof_attrs": fusion_rules.layer_norm_attrs}),
+    "layer-norm-drops-bias": _mut(
+        "lift-layer-norm-mul-rsqrt",
+        rhs=t("llm.layer_norm", V("x"), V("w"), eps=A("eps")),
+        proof={"assume": lambda s: [s["eps"] > 0], "proof_attrs": fusion_rules.layer_norm_attrs},
+    ),
     # sin and cos swapped in the lifted rotary
-    "rotary-swaps-tables": _mut("lift-rotary", rhs=T("llm.rotary_embedding", (
-        ROT.rhs.args[0], ROT.rhs.args[2], ROT.rhs.args[1], ROT.rhs.args[3]), ROT.rhs.attrs),
-        proof={"proof_attrs": fusion_rules.rotary_attrs, "int_leaves": ("pos",),
-               "hyps_at": fusion_rules.rotary_hyps}),
+    "rotary-swaps-tables": _mut(
+        "lift-rotary",
+        rhs=T(
+            "llm.rotary_embedding",
+            (ROT.rhs.args[0], ROT.rhs.args[2], ROT.rhs.args[1], ROT.rhs.args[3]),
+            ROT.rhs.attrs,
+        ),
+        proof={
+            "proof_attrs": fusion_rules.rotary_attrs,
+            "int_leaves": ("pos",),
+            "hyps_at": fusion_rules.rotary_hyps,
+        },
+    ),
     # the tables' halves are not assumed to repeat (the pass's data precondition dropped)
-    "rotary-without-precondition": _mut("lift-rotary", proof={"proof_attrs": fusion_rules.rotary_attrs,
-                                                              "int_leaves": ("pos",)}),
+    "rotary-without-precondition": _mut(
+        "lift-rotary", proof={"proof_attrs": fusion_rules.rotary_attrs, "int_leaves": ("pos",)}
+    ),
 }
 
 

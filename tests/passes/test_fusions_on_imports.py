@@ -27,11 +27,21 @@ from llmir_core.smt.tv import validate_pass
 from tests.decoder.tiny import ARCH_SHAPES, make_llama_folder
 from tests.llm.tiny import ir_greedy
 
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 32}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 # per layer: merge-qkv logs q, k, v; fuse-add-rms-norm logs the norm and the sum
-PER_LAYER = {("merge-qkv", "merge-qkv-q"): 1, ("merge-qkv", "merge-qkv-k"): 1, ("merge-qkv", "merge-qkv-v"): 1,
-             ("fuse-add-rms-norm", "fuse-add-rms-norm"): 2, ("fuse-add-rms-norm", "fuse-add-rms-norm-sum"): 2}
+PER_LAYER = {
+    ("merge-qkv", "merge-qkv-q"): 1,
+    ("merge-qkv", "merge-qkv-k"): 1,
+    ("merge-qkv", "merge-qkv-v"): 1,
+    ("fuse-add-rms-norm", "fuse-add-rms-norm"): 2,
+    ("fuse-add-rms-norm", "fuse-add-rms-norm-sum"): 2,
+}
 
 
 def _folder(root: Path, arch: str) -> Path:
@@ -60,7 +70,10 @@ def _optimize(module: Module) -> tuple[Module, Any]:
     res = run_pipeline(clone_module(module), preset(2), validator=validate_pass)
     assert res.failed_validation is None, res.failed_validation
     for run in res.runs:
-        assert run.validation is not None and run.validation["verdict"] == "equivalent", (run.name, run.validation)
+        assert run.validation is not None and run.validation["verdict"] == "equivalent", (
+            run.name,
+            run.validation,
+        )
     return res.module, res
 
 
@@ -73,12 +86,18 @@ def _same_generation(before: Module, after: Module) -> None:
         np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-4 * float(np.abs(x).max()))
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3", "gemma2"])
+@pytest.mark.parametrize(
+    "arch", ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3", "gemma2"]
+)
 def test_o2_fuses_hf_imports(arch: str, tmp_path: Path) -> None:
     module = import_hf(_folder(tmp_path, arch), require_tokenizer=False)
     layers = int(module.attrs["llm.num_layers"])
     after, res = _optimize(module)
-    got = Counter((r.pass_name, r.rule) for r in res.ctx.rewrites if r.pass_name in ("merge-qkv", "fuse-add-rms-norm"))
+    got = Counter(
+        (r.pass_name, r.rule)
+        for r in res.ctx.rewrites
+        if r.pass_name in ("merge-qkv", "fuse-add-rms-norm")
+    )
     assert got == Counter({k: n * layers for k, n in PER_LAYER.items()})
     assert not [r for r in res.ctx.rejections if r.pass_name in ("merge-qkv", "fuse-add-rms-norm")]
     ops = Counter(op.name for op in after.main.ops)

@@ -39,12 +39,15 @@ def test_invariants_by_smt_and_intervals() -> None:
     assert r["verdict"] == "violated"
 
 
-@pytest.mark.parametrize("text,col,msg", [
-    ("sum(output) ==", 15, "unexpected 'end of text'"),
-    ("sum(output) ~ 1", 13, "unexpected character '~'"),
-    ("median(output) == 1", 1, "unknown function 'median'"),
-    ("sum(output)", 12, "expected a comparison"),
-])
+@pytest.mark.parametrize(
+    "text,col,msg",
+    [
+        ("sum(output) ==", 15, "unexpected 'end of text'"),
+        ("sum(output) ~ 1", 13, "unexpected character '~'"),
+        ("median(output) == 1", 1, "unknown function 'median'"),
+        ("sum(output)", 12, "expected a comparison"),
+    ],
+)
 def test_invariant_syntax_errors_are_located(text: str, col: int, msg: str) -> None:
     with pytest.raises(InvariantSyntaxError) as e:
         parse_invariant(text)

@@ -30,28 +30,47 @@ RULE_MUTANTS = {
     # wrong eps: the lifted norm uses a fixed 1e-6 instead of the pattern's eps
     "wrong-eps": _mut("lift-rms-norm-mul-rsqrt", rhs=t("llm.rms_norm", V("x"), V("w"), eps=1e-6)),
     # dropped scale: the weight multiplication is lost
-    "dropped-scale": _mut("lift-rms-norm-mul-rsqrt", rhs=t("llm.rms_norm", V("x"), V("w"), eps=A("eps"))
-                          .__class__("llm.rms_norm", (V("x"), V("w")), {"eps": A("eps"), "offset": 1.0})),
+    "dropped-scale": _mut(
+        "lift-rms-norm-mul-rsqrt",
+        rhs=t("llm.rms_norm", V("x"), V("w"), eps=A("eps")).__class__(
+            "llm.rms_norm", (V("x"), V("w")), {"eps": A("eps"), "offset": 1.0}
+        ),
+    ),
     # reduction over the wrong axis: mean over -2 lifted as a last-axis norm
-    "wrong-axis": _mut("lift-rms-norm-mul-rsqrt", proof_attrs=lambda b: {"axes": (-2,), "keepdims": True},
-                       batch_ranks=(1,)),
+    "wrong-axis": _mut(
+        "lift-rms-norm-mul-rsqrt",
+        proof_attrs=lambda b: {"axes": (-2,), "keepdims": True},
+        batch_ranks=(1,),
+    ),
     # multiplying by c is only x when c == 1: the assumption is dropped
     "mul-any-constant": _mut("mul-one", assume=None),
     "neg-neg-to-neg": _mut("neg-neg", rhs=t("core.neg", V("x"))),
     "sub-zero-left": _mut("sub-zero", lhs=t("core.sub", C("c"), V("x"))),
     "div-one-left": _mut("div-one", lhs=t("core.div", C("c"), V("x"))),
     "swapped-silu-mul": _mut("fuse-silu-mul", rhs=t("llm.silu_mul", V("u"), V("g"))),
-    "swapped-gate-up": _mut("fuse-gated-mlp", rhs=t("llm.gated_mlp", V("x"), V("wu"), V("wg"), V("wd"))),
-    "non-inverse-perms": _mut("transpose-transpose", sig={"x": "... m n k"},
-                              proof_attrs=lambda b: {"p1": (1, 2, 0), "p2": (1, 2, 0)}, batch_ranks=(0,)),
+    "swapped-gate-up": _mut(
+        "fuse-gated-mlp", rhs=t("llm.gated_mlp", V("x"), V("wu"), V("wg"), V("wd"))
+    ),
+    "non-inverse-perms": _mut(
+        "transpose-transpose",
+        sig={"x": "... m n k"},
+        proof_attrs=lambda b: {"p1": (1, 2, 0), "p2": (1, 2, 0)},
+        batch_ranks=(0,),
+    ),
     "qkv-sizes-swapped": _mut("merge-qkv-k", proof_attrs=lambda b: {"sizes": ("k", "q", "v")}),
     "silu-missing-x": _mut("lift-silu", rhs=t("core.sigmoid", V("x"))),
     # int8 scale 128 instead of 127: the largest value's code is 128 and clamps
-    "int8-scale-128": dataclasses.replace(RULES["quant-int8-sym-error-bound"], name="mutant-int8-128",
-                                          obligation=quant_error_bound(127, divisor=128.0)),
+    "int8-scale-128": dataclasses.replace(
+        RULES["quant-int8-sym-error-bound"],
+        name="mutant-int8-128",
+        obligation=quant_error_bound(127, divisor=128.0),
+    ),
     # int4 with 8 positive levels claimed for a 7-level code
-    "int4-levels-8": dataclasses.replace(RULES["quant-int4-sym-error-bound"], name="mutant-int4-8",
-                                         obligation=quant_error_bound(7, divisor=8.0)),
+    "int4-levels-8": dataclasses.replace(
+        RULES["quant-int4-sym-error-bound"],
+        name="mutant-int4-8",
+        obligation=quant_error_bound(7, divisor=8.0),
+    ),
 }
 
 
@@ -158,13 +177,21 @@ class FoldsAddAsSub:
 
         fn = module.main
         for op in fn.ops:
-            if op.name == "core.add" and all(v.owner and v.owner.name == "core.constant" for v in op.operands):
+            if op.name == "core.add" and all(
+                v.owner and v.owner.name == "core.constant" for v in op.operands
+            ):
                 a, b = (v.owner.attrs["value"].array for v in op.operands)
                 old = op.results[0]
-                op.name, op.operands, op.attrs = "core.constant", [], {"value": DenseAttr(np.asarray(a - b))}
+                op.name, op.operands, op.attrs = (
+                    "core.constant",
+                    [],
+                    {"value": DenseAttr(np.asarray(a - b))},
+                )
                 from llmir_core.rewrite.rule import RuleInstance
 
-                ctx.instances.append(RuleInstance("constant-fold", old.name, old.name, {}, {}, {}, ""))
+                ctx.instances.append(
+                    RuleInstance("constant-fold", old.name, old.name, {}, {}, {}, "")
+                )
                 return True
         return False
 
@@ -226,14 +253,20 @@ def test_pass_bug_is_caught_by_translation_validation(key: str) -> None:
 
 
 def test_pass_bug_reports_first_differing_op_with_location() -> None:
-    res = run_pipeline(parse_module(GELU, "gelu.llmir"), [CseIgnoresAttrs()], validator=validate_pass)
+    res = run_pipeline(
+        parse_module(GELU, "gelu.llmir"), [CseIgnoresAttrs()], validator=validate_pass
+    )
     details = "\n".join(res.failed_validation["details"])  # type: ignore[index]
     assert "first differing value: %y" in details
-    assert 'gelu.llmir:5:' in details and 'loc("hf:model.mlp.act")' in details
+    assert "gelu.llmir:5:" in details and 'loc("hf:model.mlp.act")' in details
 
 
 def test_correct_passes_validate() -> None:
-    for text, p in ((GELU, PASSES["cse"]()), (FOLD, PASSES["constant-fold"]()), (CACHE, PASSES["dce"]())):
+    for text, p in (
+        (GELU, PASSES["cse"]()),
+        (FOLD, PASSES["constant-fold"]()),
+        (CACHE, PASSES["dce"]()),
+    ):
         res = run_pipeline(parse_module(text), [p], validator=validate_pass)
         assert res.failed_validation is None
         assert all(r.validation["verdict"] == "equivalent" for r in res.runs)  # type: ignore[index]

@@ -90,13 +90,25 @@ def test_manager_rejects_invalid_input() -> None:
 
 
 def test_dumps_are_numbered_and_reproducible(tmp_path: Any) -> None:
-    res = run_pipeline(parse_module(SMALL), preset(1), dump_dir=str(tmp_path), print_after_all=True,
-                       command="llmir optimize in.llmir")
+    res = run_pipeline(
+        parse_module(SMALL),
+        preset(1),
+        dump_dir=str(tmp_path),
+        print_after_all=True,
+        command="llmir optimize in.llmir",
+    )
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["01-canonicalize.llmir", "02-constant-fold.llmir", "03-cse.llmir", "04-dce.llmir"]
+    assert names == [
+        "01-canonicalize.llmir",
+        "02-constant-fold.llmir",
+        "03-cse.llmir",
+        "04-dce.llmir",
+    ]
     text = (tmp_path / "03-cse.llmir").read_text()
-    assert text.startswith("// after pass 3 (cse); reproduce with:\n"
-                           "//   llmir optimize in.llmir --passes canonicalize,constant-fold,cse\n")
+    assert text.startswith(
+        "// after pass 3 (cse); reproduce with:\n"
+        "//   llmir optimize in.llmir --passes canonicalize,constant-fold,cse\n"
+    )
     assert parse_module(text) is not None
     assert res.runs[0].dump is not None
 
@@ -119,7 +131,14 @@ def test_unproved_rules_are_refused_without_opt_in() -> None:
 
     bogus = dataclasses.replace(RULES["neg-neg"], name="unproved-neg-neg")
     assert not is_proved(bogus)
-    m = parse_module(SMALL.replace("%s = core.sigmoid %a", "%n = core.neg %a : ({T}) -> {T}\n    %nn = core.neg %n : ({T}) -> {T}\n    %s = core.sigmoid %nn".replace("{T}", T)))
+    m = parse_module(
+        SMALL.replace(
+            "%s = core.sigmoid %a",
+            "%n = core.neg %a : ({T}) -> {T}\n    %nn = core.neg %n : ({T}) -> {T}\n    %s = core.sigmoid %nn".replace(
+                "{T}", T
+            ),
+        )
+    )
     ctx = PassContext()
     assert not apply_rules(m, ctx, [bogus])
     assert "no proof certificate" in ctx.rejections[0].reason

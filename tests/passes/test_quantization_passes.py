@@ -72,16 +72,22 @@ def test_quantize_matrix_meets_the_proved_bound(bits: int, symmetric: bool) -> N
     assert codes.size == w.size * bits
     if symmetric:  # codes in [-L, L] around the midpoint: never the asymmetric extra code
         lvl = (1 << (bits - 1)) - 1
-        dq = np.rint(q.restored.reshape(16, 2, 32) / np.where(q.scales == 0, 1, q.scales)[..., None])
+        dq = np.rint(
+            q.restored.reshape(16, 2, 32) / np.where(q.scales == 0, 1, q.scales)[..., None]
+        )
         assert np.abs(dq).max() <= lvl
 
 
-@pytest.mark.parametrize("spec", ["quantize-weights{bits=8}", "quantize-weights{bits=4,symmetric=false,block=16}"])
+@pytest.mark.parametrize(
+    "spec", ["quantize-weights{bits=8}", "quantize-weights{bits=4,symmetric=false,block=16}"]
+)
 def test_quantize_weights_on_a_decoder(tiny: Path, tmp_path: Path, spec: str) -> None:
     m = _load(tiny)
     original = clone_module(m)
     out = tmp_path / "w.bin"
-    res = run_pipeline(m, parse_pipeline(spec.replace("}", f",weights_file={out}}}")), validator=validate_pass)
+    res = run_pipeline(
+        m, parse_pipeline(spec.replace("}", f",weights_file={out}}}")), validator=validate_pass
+    )
     assert res.failed_validation is None and res.runs[0].validation["verdict"] == "equivalent"  # type: ignore[index]
     # per layer q, k, v, o and the gated MLP's three projections, and the output head
     assert res.after.op_counts.get("llm.quantized_matmul", 0) == 7 * TINY.layers + 1
@@ -95,14 +101,19 @@ def test_quantize_weights_on_a_decoder(tiny: Path, tmp_path: Path, spec: str) ->
     for op in m.main.ops:
         if op.name == "core.weight" and op.attrs["file"].endswith("w.bin"):
             a = op.attrs
-            assert hashlib.sha256(data[a["offset"]:a["offset"] + a["nbytes"]]).hexdigest() == a["sha256"]
+            assert (
+                hashlib.sha256(data[a["offset"] : a["offset"] + a["nbytes"]]).hexdigest()
+                == a["sha256"]
+            )
     a, b = _decode(original), _decode(m)
     rel = np.linalg.norm(a - b) / np.linalg.norm(a)
     assert rel < (0.03 if "bits=8" in spec else 0.4), rel
 
 
 def test_quantize_weights_leaves_a_tied_table_and_explains(tmp_path: Path) -> None:
-    folder = make_llama_folder(tmp_path / "tied", dataclasses.replace(TINY, tie=True), tokenizer=False)
+    folder = make_llama_folder(
+        tmp_path / "tied", dataclasses.replace(TINY, tie=True), tokenizer=False
+    )
     m = import_hf(folder, out_path=tmp_path / "t.llmir", require_tokenizer=False)
     res = run_pipeline(m, parse_pipeline(f"quantize-weights{{weights_file={tmp_path / 'w.bin'}}}"))
     reasons = [r.reason for r in res.ctx.rejections]
@@ -112,7 +123,9 @@ def test_quantize_weights_leaves_a_tied_table_and_explains(tmp_path: Path) -> No
 
 def test_quantize_weights_rejects_a_block_that_does_not_divide(tiny: Path, tmp_path: Path) -> None:
     m = _load(tiny)
-    res = run_pipeline(m, parse_pipeline(f"quantize-weights{{block=128,weights_file={tmp_path / 'w.bin'}}}"))
+    res = run_pipeline(
+        m, parse_pipeline(f"quantize-weights{{block=128,weights_file={tmp_path / 'w.bin'}}}")
+    )
     assert not res.ctx.rewrites and "not a multiple of block 128" in res.ctx.rejections[0].reason
     with pytest.raises(InputError, match="bits must be 4 or 8"):
         run_pipeline(_load(tiny), parse_pipeline("quantize-weights{bits=3}"))
@@ -121,11 +134,17 @@ def test_quantize_weights_rejects_a_block_that_does_not_divide(tiny: Path, tmp_p
 
 
 def test_quantization_lemmas_and_their_mutants() -> None:
-    for name in ("quantize-weights-int4-sym-matmul", "quantize-weights-int8-asym-gated-mlp-silu", "kv-cache-int8"):
+    for name in (
+        "quantize-weights-int4-sym-matmul",
+        "quantize-weights-int8-asym-gated-mlp-silu",
+        "kv-cache-int8",
+    ):
         assert prove(RULES[name], 10).verdict == "proved"
     r = RULES["quantize-weights-int8-sym-matmul"]
     # a scale that may be 1% off amax/127 lets the largest code reach 128: refuted
-    bad = dataclasses.replace(r, name="mutant-scale", obligation=sym_quant_bound(127, scale_rel_err=0.01))
+    bad = dataclasses.replace(
+        r, name="mutant-scale", obligation=sym_quant_bound(127, scale_rel_err=0.01)
+    )
     assert prove(bad, 10).verdict == "refuted"
     # asymmetric codes claimed to fit in 4 bits with the 8-bit range
     bad = dataclasses.replace(r, name="mutant-asym", obligation=asym_quant_bound(255))
@@ -139,12 +158,24 @@ def test_quantization_lemmas_and_their_mutants() -> None:
             hyps, goal, show = inner()
             import z3
 
-            return hyps, z3.And(goal, show[4] <= 7), show  # ... but a 15-level code does not fit 3 bits
+            return (
+                hyps,
+                z3.And(goal, show[4] <= 7),
+                show,
+            )  # ... but a 15-level code does not fit 3 bits
+
         return ob
-    assert prove(dataclasses.replace(r, name="mutant-levels", obligation=levels_mismatch()), 10).verdict == "refuted"
+
+    assert (
+        prove(
+            dataclasses.replace(r, name="mutant-levels", obligation=levels_mismatch()), 10
+        ).verdict
+        == "refuted"
+    )
 
 
 # -- KV cache ----------------------------------------------------------------------------------------
+
 
 def test_kv_cache_int8_validates_and_keeps_the_signature(tiny: Path) -> None:
     m = _load(tiny)
@@ -169,13 +200,15 @@ def test_kv_cache_int8_interface_runs_in_the_unchanged_runtime(tiny: Path) -> No
     names = [a.name for a in m.main.args]
     assert names[2:4] == ["past_key_values.0.key", "past_key_values.0.key_scale"]
     specs = cache_specs(m.main)
-    assert [s.dtype for s in specs[:2]] == [np.dtype(np.int8), np.dtype(np.float32)] and specs[1].head_dim == 1
+    assert [s.dtype for s in specs[:2]] == [np.dtype(np.int8), np.dtype(np.float32)] and specs[
+        1
+    ].head_dim == 1
     # the same numbers as the IR-level round trip: every block is quantized once, when appended
     np.testing.assert_array_equal(_decode(m), _decode(roundtrip))
 
 
 def _cache_fn(layers: int, kv_heads: int, head_dim: int) -> Function:
-    text = ["module @m attributes {llmir.dialects = [\"core\"], llmir.version = \"0.1\"} {"]
+    text = ['module @m attributes {llmir.dialects = ["core"], llmir.version = "0.1"} {']
     t_p = f"tensor<?b x {kv_heads} x ?p x {head_dim} x f32>"
     t_n = f"tensor<?b x {kv_heads} x ?s x {head_dim} x f32>"
     t_a = f"tensor<?b x {kv_heads} x ?p+?s x {head_dim} x f32>"
@@ -183,7 +216,9 @@ def _cache_fn(layers: int, kv_heads: int, head_dim: int) -> Function:
     for i in range(layers):
         for kind in ("key", "value"):
             args += [f"%past_key_values.{i}.{kind}: {t_p}", f"%n{i}{kind}: {t_n}"]
-            body.append(f"    %p{i}{kind} = core.concat %past_key_values.{i}.{kind}, %n{i}{kind} {{axis = 2}} : ({t_p}, {t_n}) -> {t_a}")
+            body.append(
+                f"    %p{i}{kind} = core.concat %past_key_values.{i}.{kind}, %n{i}{kind} {{axis = 2}} : ({t_p}, {t_n}) -> {t_a}"
+            )
             outs.append(f"%p{i}{kind}")
     text.append(f"  func.func @main({', '.join(args)}) -> ({', '.join([t_a] * len(outs))}) {{")
     text += body + [f"    return {', '.join(outs)} : {', '.join([t_a] * len(outs))}", "  }", "}"]
@@ -193,7 +228,10 @@ def _cache_fn(layers: int, kv_heads: int, head_dim: int) -> Function:
 def test_kv_memory_of_a_smollm2_shaped_cache() -> None:
     fn = _cache_fn(30, 3, 64)
     f32, i8 = kv_bytes_per_token(fn, False), kv_bytes_per_token(fn, True)
-    assert (f32, i8) == (46080, 12240)  # 30 layers x K,V x 3 heads x (64 f32 | 64 i8 + one f32 scale)
+    assert (f32, i8) == (
+        46080,
+        12240,
+    )  # 30 layers x K,V x 3 heads x (64 f32 | 64 i8 + one f32 scale)
     assert round(100 * (1 - i8 / f32), 1) == 73.4  # vs an f32 cache
     assert round(100 * (1 - i8 / (f32 / 2)), 1) == 46.9  # vs an f16 cache
     assert isinstance(fn.args[0].type, TensorType)

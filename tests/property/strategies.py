@@ -22,8 +22,19 @@ from llmir_core.ir.dims import DYN, Dim, SymDim, dim_add, dim_mul, eval_dim
 from llmir_core.ir.types import GGUF_QUANTS, DType, TensorType
 
 SYMS = ("batch", "seq", "h")
-UNARY = ("core.neg", "core.abs", "core.relu", "core.exp", "core.tanh", "core.sigmoid", "core.silu",
-         "core.sqrt", "core.sin", "core.floor", "core.erf")
+UNARY = (
+    "core.neg",
+    "core.abs",
+    "core.relu",
+    "core.exp",
+    "core.tanh",
+    "core.sigmoid",
+    "core.silu",
+    "core.sqrt",
+    "core.sin",
+    "core.floor",
+    "core.erf",
+)
 BINARY = ("core.add", "core.sub", "core.mul", "core.max", "core.min", "core.div")
 FLOATS = (DType.f32, DType.f64, DType.f16)
 CAST_TO = (DType.f32, DType.f64, DType.f16, DType.bf16, DType.i32, DType.i64)
@@ -37,7 +48,9 @@ def _text(max_size: int = 10) -> st.SearchStrategy[str]:
     return st.text(st.characters(exclude_categories=("Cs",)), max_size=max_size)
 
 
-origins = st.one_of(st.none(), st.sampled_from(["hf:model.layers.0.mlp", "onnx:/MatMul_3"]), _text(12))
+origins = st.one_of(
+    st.none(), st.sampled_from(["hf:model.layers.0.mlp", "onnx:/MatMul_3"]), _text(12)
+)
 
 
 @st.composite
@@ -54,16 +67,24 @@ def sym_dims(draw: st.DrawFn) -> Dim:
 def attr_values(max_leaves: int = 8) -> st.SearchStrategy[Any]:
     """Every kind of attribute value the printer and parser support."""
     leaves = st.one_of(
-        st.booleans(), st.integers(-10**20, 10**20), st.floats(allow_nan=True, allow_infinity=True),
-        _text(), st.none(), st.sampled_from(list(DType)), sym_dims(),
+        st.booleans(),
+        st.integers(-(10**20), 10**20),
+        st.floats(allow_nan=True, allow_infinity=True),
+        _text(),
+        st.none(),
+        st.sampled_from(list(DType)),
+        sym_dims(),
         st.sampled_from(list(GGUF_QUANTS.values())),
         st.builds(lambda s, d: TensorType(s, d), shapes, st.sampled_from(list(DType))),
     )
     return st.recursive(
         leaves,
-        lambda inner: st.one_of(st.lists(inner, max_size=3).map(tuple),
-                                st.dictionaries(_text(6).filter(bool), inner, max_size=3)),
-        max_leaves=max_leaves)
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=3).map(tuple),
+            st.dictionaries(_text(6).filter(bool), inner, max_size=3),
+        ),
+        max_leaves=max_leaves,
+    )
 
 
 def _constant(draw: st.DrawFn, shape: tuple[int, ...], dtype: DType) -> DenseAttr:
@@ -79,7 +100,7 @@ def _constant(draw: st.DrawFn, shape: tuple[int, ...], dtype: DType) -> DenseAtt
 def _broadcast_partner_shape(draw: st.DrawFn, shape: tuple[Dim, ...]) -> tuple[Dim, ...]:
     """A suffix of `shape` with some dims replaced by 1: broadcasts with it for any binding."""
     k = draw(st.integers(0, len(shape)))
-    suffix = shape[len(shape) - k:]
+    suffix = shape[len(shape) - k :]
     return tuple(1 if draw(st.booleans()) else d for d in suffix)
 
 
@@ -89,7 +110,7 @@ def _reshape_target(draw: st.DrawFn, shape: tuple[Dim, ...]) -> tuple[Dim, ...] 
     if choice in ("merge", "minus1") and len(shape) >= 2:
         i = draw(st.integers(0, len(shape) - 2))
         merged = dim_mul(shape[i], shape[i + 1])
-        target = list(shape[:i]) + [merged] + list(shape[i + 2:])
+        target = list(shape[:i]) + [merged] + list(shape[i + 2 :])
         if choice == "minus1":
             target[i] = -1
         return tuple(target)
@@ -99,7 +120,7 @@ def _reshape_target(draw: st.DrawFn, shape: tuple[Dim, ...]) -> tuple[Dim, ...] 
     ones = [i for i, d in enumerate(shape) if d == 1]
     if choice == "drop" and ones:
         i = draw(st.sampled_from(ones))
-        return tuple(shape[:i]) + tuple(shape[i + 1:])
+        return tuple(shape[:i]) + tuple(shape[i + 1 :])
     return None
 
 
@@ -156,12 +177,15 @@ def modules(draw: st.DrawFn, max_ops: int = 8) -> Module:
     outs = draw(st.lists(st.sampled_from(values), min_size=1, max_size=3, unique_by=id))
     b.ret(*outs)
     fn.attrs = draw(st.dictionaries(_text(6).filter(bool), attr_values(), max_size=2))
-    m = Module(draw(st.sampled_from(["m", "SmolLM2-135M", "a b"])), [fn],
-               {"llmir.dialects": ("core",)})
+    m = Module(
+        draw(st.sampled_from(["m", "SmolLM2-135M", "a b"])), [fn], {"llmir.dialects": ("core",)}
+    )
     return m
 
 
-def random_inputs(fn: Function, env: dict[str, int], rng: np.random.Generator) -> dict[str, np.ndarray]:
+def random_inputs(
+    fn: Function, env: dict[str, int], rng: np.random.Generator
+) -> dict[str, np.ndarray]:
     out = {}
     for a in fn.args:
         t = a.type

@@ -35,7 +35,9 @@ def test_round_trip_and_verify(m) -> None:
 
 
 @settings(max_examples=100, deadline=None, derandomize=True, database=None)
-@given(modules(), st.fixed_dictionaries({n: st.integers(1, 4) for n in SYMS}), st.integers(0, 2**31))
+@given(
+    modules(), st.fixed_dictionaries({n: st.integers(1, 4) for n in SYMS}), st.integers(0, 2**31)
+)
 def test_inferred_shapes_match_the_interpreter(m, env, seed) -> None:
     fn = m.functions[0]
     interp = Interpreter(m, check_types=False)

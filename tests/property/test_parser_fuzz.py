@@ -25,9 +25,10 @@ from llmir_core.verifier import verify
 FILECHECK = Path(__file__).resolve().parents[1] / "filecheck"
 PROFILE = settings(max_examples=200, deadline=None, derandomize=True, database=None)
 # tokens and the whitespace after them (a looser split than the parser's: fine for mutation)
-_PIECE = re.compile(r'(tensor<[^<>]*(?:<[^<>]*>[^<>]*)*>|"(?:[^"\\\n]|\\.)*"|[%@?!]?[\w.$]+|->|.)(\s*)',
-                    re.S)
-ALPHABET = "%@?!{}[]()<>,:=+-*/\"\\ \n\r\tx0123456789.abcdefilmnorstuvqkgw_é\x0c"
+_PIECE = re.compile(
+    r'(tensor<[^<>]*(?:<[^<>]*>[^<>]*)*>|"(?:[^"\\\n]|\\.)*"|[%@?!]?[\w.$]+|->|.)(\s*)', re.S
+)
+ALPHABET = '%@?!{}[]()<>,:=+-*/"\\ \n\r\tx0123456789.abcdefilmnorstuvqkgw_é\x0c'
 
 
 @lru_cache(maxsize=1)
@@ -97,7 +98,10 @@ def mutants(draw: st.DrawFn) -> str:
         elif tok:
             j = draw(st.integers(0, len(tok)))
             ch = draw(st.sampled_from(ALPHABET))
-            toks[k] = (tok[:j] + ch + tok[j + 1:] if draw(st.booleans()) else tok[:j] + ch + tok[j:], ws)
+            toks[k] = (
+                tok[:j] + ch + tok[j + 1 :] if draw(st.booleans()) else tok[:j] + ch + tok[j:],
+                ws,
+            )
     return "".join(t + w for t, w in toks)
 
 

@@ -48,9 +48,14 @@ def env(tmp_path: Path, hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> dict[s
     for key in list(os.environ):
         if key.upper() in _PROXY_VARS or key.startswith(("HF_", "HUGGINGFACE_", "LLMIR_")):
             monkeypatch.delenv(key)
-    values = {"LLMIR_HOME": tmp_path / "llmir-home", "HF_HOME": tmp_path / "hf-home",
-              "XDG_CACHE_HOME": tmp_path / "xdg", "HF_ENDPOINT": hub.url,
-              "HF_HUB_DISABLE_TELEMETRY": "1", "NO_COLOR": "1"}
+    values = {
+        "LLMIR_HOME": tmp_path / "llmir-home",
+        "HF_HOME": tmp_path / "hf-home",
+        "XDG_CACHE_HOME": tmp_path / "xdg",
+        "HF_ENDPOINT": hub.url,
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "NO_COLOR": "1",
+    }
     for key, value in values.items():
         monkeypatch.setenv(key, str(value))
     # huggingface_hub reads its telemetry switch once, at import: its agent-detection call
@@ -63,11 +68,19 @@ def env(tmp_path: Path, hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> dict[s
     return sub
 
 
-def llmir(env: dict[str, str], *args: str, cwd: Path | None = None,
-          timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def llmir(
+    env: dict[str, str], *args: str, cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """Run the real CLI in a subprocess (stdout and stderr captured: not a terminal)."""
-    return subprocess.run([sys.executable, "-m", "llmir_cli.app", *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "llmir_cli.app", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @dataclass
@@ -115,14 +128,30 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def entry(repo: str, files: dict[str, bytes | None], *, revision: str = "main",
-          fmt: str = "safetensors", include: list[str] | None = None) -> dict[str, Any]:
+def entry(
+    repo: str,
+    files: dict[str, bytes | None],
+    *,
+    revision: str = "main",
+    fmt: str = "safetensors",
+    include: list[str] | None = None,
+) -> dict[str, Any]:
     """An index entry; a file given with bytes is pinned (sha256 and size), None is not."""
     out: dict[str, Any] = {
-        "description": f"test model {repo}", "source": {"hf": repo, "revision": revision},
-        "format": fmt, "quantization": "f32", "license": "mit", "parameters": 4096,
-        "files": [{"path": p, "sha256": sha256(d) if d is not None else None,
-                   "size": len(d) if d is not None else None} for p, d in files.items()],
+        "description": f"test model {repo}",
+        "source": {"hf": repo, "revision": revision},
+        "format": fmt,
+        "quantization": "f32",
+        "license": "mit",
+        "parameters": 4096,
+        "files": [
+            {
+                "path": p,
+                "sha256": sha256(d) if d is not None else None,
+                "size": len(d) if d is not None else None,
+            }
+            for p, d in files.items()
+        ],
     }
     if include:
         out["include"] = include

@@ -55,8 +55,9 @@ class FakeHub:
 
         self.server = Server(("127.0.0.1", 0), _make_handler(self))
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     def __enter__(self) -> FakeHub:
         self.thread.start()
@@ -113,8 +114,11 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:  # noqa: C901 (
             if path in hub.static:
                 self._send(200, hub.static[path], {"Content-Type": "application/json"}, head)
                 return
-            for pattern, handler in ((_REVISION, self._revision), (_TREE, self._tree),
-                                     (_RESOLVE, self._resolve)):
+            for pattern, handler in (
+                (_REVISION, self._revision),
+                (_TREE, self._tree),
+                (_RESOLVE, self._resolve),
+            ):
                 match = pattern.match(path)
                 if match:
                     handler(head, *match.groups())
@@ -134,12 +138,16 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:  # noqa: C901 (
             self._send(200, json.dumps(data).encode(), {"Content-Type": "application/json"}, head)
 
         def _error(self, status: int, code: str, message: str, commit: str | None = None) -> None:
-            headers = {"X-Error-Code": code, "X-Error-Message": message,
-                       "Content-Type": "application/json"}
+            headers = {
+                "X-Error-Code": code,
+                "X-Error-Message": message,
+                "Content-Type": "application/json",
+            }
             if commit:
                 headers["X-Repo-Commit"] = commit
-            self._send(status, json.dumps({"error": message}).encode(), headers,
-                       self.command == "HEAD")
+            self._send(
+                status, json.dumps({"error": message}).encode(), headers, self.command == "HEAD"
+            )
 
         def _lookup(self, repo: str, rev: str) -> tuple[str, dict[str, bytes]] | None:
             if repo not in hub.repos:
@@ -155,8 +163,16 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:  # noqa: C901 (
             found = self._lookup(repo, rev)
             if found:
                 commit, files = found
-                self._json({"id": repo, "modelId": repo, "sha": commit, "private": False,
-                            "siblings": [{"rfilename": p} for p in sorted(files)]}, head)
+                self._json(
+                    {
+                        "id": repo,
+                        "modelId": repo,
+                        "sha": commit,
+                        "private": False,
+                        "siblings": [{"rfilename": p} for p in sorted(files)],
+                    },
+                    head,
+                )
 
         def _tree(self, head: bool, repo: str, rev: str) -> None:
             found = self._lookup(repo, rev)
@@ -166,8 +182,11 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:  # noqa: C901 (
             for p, data in sorted(found[1].items()):
                 item = {"type": "file", "oid": git_blob_sha1(data), "size": len(data), "path": p}
                 if p.endswith(LFS_SUFFIXES):
-                    item["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data),
-                                   "pointerSize": 134}
+                    item["lfs"] = {
+                        "oid": hashlib.sha256(data).hexdigest(),
+                        "size": len(data),
+                        "pointerSize": 134,
+                    }
                 items.append(item)
             self._json(items, head)
 
@@ -183,8 +202,12 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:  # noqa: C901 (
             data = hub.tampered.get((repo, commit, path), declared)
             lfs = path.endswith(LFS_SUFFIXES)
             etag = hashlib.sha256(declared).hexdigest() if lfs else git_blob_sha1(declared)
-            headers = {"X-Repo-Commit": commit, "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
-                       "Content-Type": "application/octet-stream"}
+            headers = {
+                "X-Repo-Commit": commit,
+                "ETag": f'"{etag}"',
+                "Accept-Ranges": "bytes",
+                "Content-Type": "application/octet-stream",
+            }
             if lfs:
                 headers["X-Linked-Etag"] = f'"{etag}"'
                 headers["X-Linked-Size"] = str(len(declared))
@@ -199,7 +222,7 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:  # noqa: C901 (
                 start = int(match.group(1))
                 end = int(match.group(2)) if match.group(2) else len(data) - 1
                 headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
-                body = data[start:end + 1]
+                body = data[start : end + 1]
                 status = 206
             else:
                 body, status = data, 200

@@ -21,8 +21,11 @@ def _check(host: object) -> None:
 def install() -> None:
     if _saved:
         return
-    _saved.update(connect=socket.socket.connect, connect_ex=socket.socket.connect_ex,
-                  getaddrinfo=socket.getaddrinfo)
+    _saved.update(
+        connect=socket.socket.connect,
+        connect_ex=socket.socket.connect_ex,
+        getaddrinfo=socket.getaddrinfo,
+    )
 
     def connect(self: socket.socket, address: Any) -> Any:
         if self.family in (socket.AF_INET, socket.AF_INET6):

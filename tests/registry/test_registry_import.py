@@ -34,8 +34,16 @@ def test_import_a_registry_reference_offline(env, hub, tmp_path) -> None:
 
 def test_import_an_unknown_reference_suggests_names(env, hub, tmp_path) -> None:
     mirror = _mirror(tmp_path)
-    r = llmir(env, "import", "tiny-lama:1", "--registry", str(mirror), "--offline",
-              "-o", str(tmp_path / "m.llmir"))
+    r = llmir(
+        env,
+        "import",
+        "tiny-lama:1",
+        "--registry",
+        str(mirror),
+        "--offline",
+        "-o",
+        str(tmp_path / "m.llmir"),
+    )
     assert r.returncode == 2
     assert "tiny-llama:1" in r.stderr  # the close name is suggested
     assert not (tmp_path / "m.llmir").exists()

@@ -14,8 +14,14 @@ from llmir_core.registry import HfRef, PathRef, RegistryRef, load_index, parse_r
 from llmir_core.registry.index import schema, shipped_index_path
 from llmir_core.registry.schema import validate
 
-REQUIRED = ["qwen2.5:0.5b-q4_0", "qwen2.5:0.5b", "llama3.2:1b-instruct-q8_0", "phi3:mini-q4_1",
-            "smollm2:135m", "smollm2:135m-q8_0"]
+REQUIRED = [
+    "qwen2.5:0.5b-q4_0",
+    "qwen2.5:0.5b",
+    "llama3.2:1b-instruct-q8_0",
+    "phi3:mini-q4_1",
+    "smollm2:135m",
+    "smollm2:135m-q8_0",
+]
 
 
 def test_shipped_index_validates_against_its_schema() -> None:
@@ -35,17 +41,26 @@ def test_schema_uses_only_keywords_the_validator_knows() -> None:
     validate(json.loads(shipped_index_path().read_text()), schema())
 
 
-@pytest.mark.parametrize(("mutate", "line_of", "message"), [
-    # Why: a wrong type deep inside an entry must point at that field's line.
-    (lambda m: m["a:b"]["files"][0].__setitem__("size", "big"), '"size"', "expected integer or null"),
-    # Why: a digest that is not 64 hex characters is a schema error, not a later mismatch.
-    (lambda m: m["a:b"]["files"][0].__setitem__("sha256", "abc"), '"sha256"', "does not match"),
-    # Why: typos in field names must not be ignored silently.
-    (lambda m: m["a:b"].__setitem__("licence", "mit"), '"licence"', "unknown field 'licence'"),
-    # Why: an enum violation names the allowed values.
-    (lambda m: m["a:b"].__setitem__("format", "onnx"), '"format"', "not one of"),
-])
-def test_malformed_index_reports_the_line(tmp_path: Path, mutate, line_of: str, message: str) -> None:
+@pytest.mark.parametrize(
+    ("mutate", "line_of", "message"),
+    [
+        # Why: a wrong type deep inside an entry must point at that field's line.
+        (
+            lambda m: m["a:b"]["files"][0].__setitem__("size", "big"),
+            '"size"',
+            "expected integer or null",
+        ),
+        # Why: a digest that is not 64 hex characters is a schema error, not a later mismatch.
+        (lambda m: m["a:b"]["files"][0].__setitem__("sha256", "abc"), '"sha256"', "does not match"),
+        # Why: typos in field names must not be ignored silently.
+        (lambda m: m["a:b"].__setitem__("licence", "mit"), '"licence"', "unknown field 'licence'"),
+        # Why: an enum violation names the allowed values.
+        (lambda m: m["a:b"].__setitem__("format", "onnx"), '"format"', "not one of"),
+    ],
+)
+def test_malformed_index_reports_the_line(
+    tmp_path: Path, mutate, line_of: str, message: str
+) -> None:
     models = {"a:b": entry("org/repo", {"model.safetensors": b"x"})}
     mutate(models)
     path = write_index(tmp_path / "index.json", models)
@@ -111,6 +126,7 @@ def test_search_matches_names_formats_and_repos() -> None:
 
 # -- the CLI ---------------------------------------------------------------------------------
 
+
 def test_cli_list_json_and_human(env: dict[str, str]) -> None:
     r = cli("registry", "list", "--format", "json")
     assert r.returncode == 0, r.stderr
@@ -147,10 +163,12 @@ def test_cli_unknown_name_exit_2_with_suggestion(env: dict[str, str]) -> None:
     assert data["kind"] == "error" and data["exit_code"] == 2 and "smollm2:135m" in data["hint"]
 
 
-def test_cli_malformed_index_shows_line_and_caret(env: dict[str, str], tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    path = write_index(tmp_path / "index.json",
-                       {"a:b": entry("org/repo", {"model.safetensors": b"x"})})
+def test_cli_malformed_index_shows_line_and_caret(
+    env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_index(
+        tmp_path / "index.json", {"a:b": entry("org/repo", {"model.safetensors": b"x"})}
+    )
     path.write_text(path.read_text().replace('"parameters": 4096', '"parameters": -1'))
     line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if '"parameters"' in t)
     monkeypatch.setenv("LLMIR_REGISTRY", str(path))  # the environment variable selects the index

@@ -23,30 +23,49 @@ BIG = 11 * 1024 * 1024  # over huggingface_hub's 10 MiB write chunk, so a resume
 def tiny(tmp_path: Path, hub: FakeHub) -> tuple[dict[str, bytes], str, Path]:
     files = tiny_model()
     commit = hub.publish("org/tiny", files)
-    index = write_index(tmp_path / "index.json", {
-        "tiny:1": entry("org/tiny", {"model.safetensors": files["model.safetensors"],
-                                     "config.json": None}, include=["*.json"])})
+    index = write_index(
+        tmp_path / "index.json",
+        {
+            "tiny:1": entry(
+                "org/tiny",
+                {"model.safetensors": files["model.safetensors"], "config.json": None},
+                include=["*.json"],
+            )
+        },
+    )
     return files, commit, index
 
 
 def test_init_real_pull_resumes_after_a_dropped_connection(env, hub, tmp_path) -> None:
     files = {**tiny_model(), "model.safetensors": safetensors_bytes(BIG // 4)}
     commit = hub.publish("org/big", files)
-    index = write_index(tmp_path / "index.json", {
-        "big:1": entry("org/big", {"model.safetensors": files["model.safetensors"],
-                                   "config.json": None}, include=["*.json"])})
+    index = write_index(
+        tmp_path / "index.json",
+        {
+            "big:1": entry(
+                "org/big",
+                {"model.safetensors": files["model.safetensors"], "config.json": None},
+                include=["*.json"],
+            )
+        },
+    )
     hub.cut_after["model.safetensors"] = BIG - 100_000  # drop the connection near the end
     proj = tmp_path / "proj"
-    r = llmir(env,  "init", str(proj), "--model", "big:1", "--registry", str(index), "-v")
+    r = llmir(env, "init", str(proj), "--model", "big:1", "--registry", str(index), "-v")
     assert r.returncode == 0, r.stderr
     ranges = [rng for method, _, rng in hub.file_requests("model.safetensors") if method == "GET"]
     assert ranges[0] is None and ranges[1] is not None and ranges[1].startswith("bytes=")
     assert int(ranges[1][6:].rstrip("-")) >= 10 * 1024 * 1024  # resumed, not restarted
     lock = tomllib.loads((proj / "llmir.lock").read_text())
     assert lock["model"]["commit"] == commit
-    assert {f["path"]: f["sha256"] for f in lock["files"]} == {p: sha256(d) for p, d in files.items()}
+    assert {f["path"]: f["sha256"] for f in lock["files"]} == {
+        p: sha256(d) for p, d in files.items()
+    }
     toml = tomllib.loads((proj / "llmir.toml").read_text())
-    assert toml["model"]["ref"] == "big:1" and toml["build"] == {"target": "onnxruntime", "opt_level": 2}
+    assert toml["model"]["ref"] == "big:1" and toml["build"] == {
+        "target": "onnxruntime",
+        "opt_level": 2,
+    }
     assert "paths" not in toml  # no command reads a [paths] table
     # Result on stdout, logs on stderr, no progress bar in a pipe.
     assert r.stdout.startswith(f"initialised {proj} for big:1")
@@ -56,8 +75,20 @@ def test_init_real_pull_resumes_after_a_dropped_connection(env, hub, tmp_path) -
 
 def test_init_json_output_and_offline_rerun(env, hub, tiny, tmp_path) -> None:
     files, commit, index = tiny
-    r = cli("init", str(tmp_path / "a"), "-m", "tiny:1", "--registry", str(index),
-              "--format", "json", "-O", "3", "--target", "onnxruntime")
+    r = cli(
+        "init",
+        str(tmp_path / "a"),
+        "-m",
+        "tiny:1",
+        "--registry",
+        str(index),
+        "--format",
+        "json",
+        "-O",
+        "3",
+        "--target",
+        "onnxruntime",
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["schema_version"] == 1 and data["kind"] == "init" and data["ok"] is True
@@ -65,12 +96,23 @@ def test_init_json_output_and_offline_rerun(env, hub, tiny, tmp_path) -> None:
     assert data["model"]["lock"]["commit"] == commit
     assert len(data["model"]["files"]) == len(files)
     before = hub.connections
-    r = llmir(env,  "init", str(tmp_path / "b"), "-m", "tiny:1", "--registry", str(index),
-              "--offline", "-q")
+    r = llmir(
+        env,
+        "init",
+        str(tmp_path / "b"),
+        "-m",
+        "tiny:1",
+        "--registry",
+        str(index),
+        "--offline",
+        "-q",
+    )
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""  # --quiet: results and errors only
     assert hub.connections == before  # --offline made no connection at all
-    assert (tmp_path / "b" / "llmir.lock").read_text() == (tmp_path / "a" / "llmir.lock").read_text()
+    assert (tmp_path / "b" / "llmir.lock").read_text() == (
+        tmp_path / "a" / "llmir.lock"
+    ).read_text()
 
 
 def test_init_offline_from_a_directory_registry(env, hub, tmp_path) -> None:
@@ -80,8 +122,7 @@ def test_init_offline_from_a_directory_registry(env, hub, tmp_path) -> None:
     (mirror / "blobs").mkdir()
     for data in files.values():
         (mirror / "blobs" / sha256(data)).write_bytes(data)
-    r = cli("init", str(tmp_path / "p"), "-m", "tiny:1", "--registry", str(mirror),
-              "--offline")
+    r = cli("init", str(tmp_path / "p"), "-m", "tiny:1", "--registry", str(mirror), "--offline")
     assert r.returncode == 0, r.stderr
     assert hub.connections == 0
 
@@ -144,15 +185,16 @@ def test_init_unknown_name_and_bad_digest_exit_codes(env, hub, tiny, tmp_path) -
 def test_init_into_a_path_under_a_file_fails_cleanly(env, hub, tiny, tmp_path) -> None:
     _, _, index = tiny
     (tmp_path / "file").write_text("x")
-    r = cli("init", str(tmp_path / "file" / "proj"), "-m", "tiny:1", "--registry",
-              str(index))
+    r = cli("init", str(tmp_path / "file" / "proj"), "-m", "tiny:1", "--registry", str(index))
     assert r.returncode == 2
     assert "is not a folder" in r.stderr and "hint:" in r.stderr
     assert hub.connections == 0
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0,
-                    reason="permissions do not stop root; the disk-full test covers the rollback")
+@pytest.mark.skipif(
+    os.name != "posix" or os.geteuid() == 0,
+    reason="permissions do not stop root; the disk-full test covers the rollback",
+)
 def test_init_into_a_read_only_folder(env, hub, tiny, tmp_path) -> None:
     _, _, index = tiny
     locked = tmp_path / "ro"

@@ -27,10 +27,16 @@ def tiny(tmp_path: Path, hub: FakeHub) -> tuple[dict[str, bytes], str, Path]:
     """org/tiny on the fake hub, and an index whose tiny:1 pins the weights only."""
     files = tiny_model()
     commit = hub.publish("org/tiny", files)
-    index = write_index(tmp_path / "index.json", {
-        "tiny:1": entry("org/tiny", {"model.safetensors": files["model.safetensors"],
-                                     "config.json": None}, include=["*.json"]),
-    })
+    index = write_index(
+        tmp_path / "index.json",
+        {
+            "tiny:1": entry(
+                "org/tiny",
+                {"model.safetensors": files["model.safetensors"], "config.json": None},
+                include=["*.json"],
+            ),
+        },
+    )
     return files, commit, index
 
 
@@ -78,11 +84,15 @@ def test_tampered_download_is_removed_and_not_used(env, hub, tiny) -> None:
     assert sha256(data) not in {p.name for p in blobs.iterdir()}
 
 
-def test_lock_pins_unpinned_files_and_catches_a_later_change(env, hub, tmp_path, monkeypatch) -> None:
+def test_lock_pins_unpinned_files_and_catches_a_later_change(
+    env, hub, tmp_path, monkeypatch
+) -> None:
     files = tiny_model()
     commit = hub.publish("org/free", files)
-    index = write_index(tmp_path / "index.json", {
-        "free:1": entry("org/free", {"model.safetensors": None, "config.json": None})})
+    index = write_index(
+        tmp_path / "index.json",
+        {"free:1": entry("org/free", {"model.safetensors": None, "config.json": None})},
+    )
     first = pull("free:1", registry=str(index))
     assert {f.pinned_by for f in first.files} == {"hub", "first pull"}  # LFS digest / computed
     # Another machine (empty cache) later gets different bytes for the same commit.
@@ -111,9 +121,10 @@ def test_offline_uses_only_the_cache_and_makes_no_connection(env, hub, tiny, mon
 def test_directory_mirror_offline(env, hub, tmp_path) -> None:
     files = tiny_model(seed=3)
     mirror = tmp_path / "mirror"
-    write_index(mirror / "index.json", {
-        "tiny:1": entry("org/tiny", {p: d for p, d in files.items()},
-                        revision="0" * 40)})
+    write_index(
+        mirror / "index.json",
+        {"tiny:1": entry("org/tiny", {p: d for p, d in files.items()}, revision="0" * 40)},
+    )
     (mirror / "blobs").mkdir()
     for data in files.values():
         (mirror / "blobs" / sha256(data)).write_bytes(data)
@@ -166,7 +177,9 @@ def test_hf_references(env, hub) -> None:
     result = pull("hf:org/st")
     assert {f.path for f in result.files} == set(files)  # top-level weights, configs, tokenizer
     assert result.lock.kind == "hf" and result.lock.format == "safetensors"
-    hub.publish("org/gg", {"a-q4_0.gguf": b"GGUF" + b"\1" * 60, "a-q8_0.gguf": b"GGUF" + b"\2" * 60})
+    hub.publish(
+        "org/gg", {"a-q4_0.gguf": b"GGUF" + b"\1" * 60, "a-q8_0.gguf": b"GGUF" + b"\2" * 60}
+    )
     with pytest.raises(InputError, match="2 GGUF files") as err:
         pull("hf:org/gg")
     assert "hf:org/gg/a-q4_0.gguf" in (err.value.hint or "")
@@ -180,8 +193,10 @@ def test_hf_references(env, hub) -> None:
 
 def test_index_naming_a_missing_file(env, hub, tmp_path) -> None:
     hub.publish("org/tiny", tiny_model())
-    index = write_index(tmp_path / "index.json",
-                        {"t:1": entry("org/tiny", {"model.safetensors": None, "absent.json": None})})
+    index = write_index(
+        tmp_path / "index.json",
+        {"t:1": entry("org/tiny", {"model.safetensors": None, "absent.json": None})},
+    )
     with pytest.raises(InputError, match="has no file absent.json"):
         pull("t:1", registry=str(index))
 

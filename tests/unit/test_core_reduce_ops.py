@@ -16,12 +16,19 @@ from llmir_core.verifier import verify
 
 from .test_core_shape_ops import build, check, example_module, i64, ort_run, run_ir
 
-REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min": "ReduceMin",
-          "prod": "ReduceProd"}
+REDUCE = {
+    "sum": "ReduceSum",
+    "mean": "ReduceMean",
+    "max": "ReduceMax",
+    "min": "ReduceMin",
+    "prod": "ReduceProd",
+}
 RNG = np.random.default_rng(1)
 
 
-def onnx_reduce(kind: str, x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> list[np.ndarray]:
+def onnx_reduce(
+    kind: str, x: np.ndarray, axes: tuple[int, ...], keepdims: bool
+) -> list[np.ndarray]:
     return ort_run(REDUCE[kind], [x, i64(*axes)] if axes else [x], keepdims=int(keepdims))
 
 
@@ -39,10 +46,15 @@ def test_declared_with_example_that_verifies(name: str) -> None:
 @pytest.mark.parametrize("keepdims", [True, False])
 @pytest.mark.parametrize("dt", [np.float32, np.int32, np.float16])
 def test_reduce(kind: str, axes: tuple[int, ...], keepdims: bool, dt: Any) -> None:
-    x = (RNG.integers(-4, 5, size=(3, 4, 5)) if dt == np.int32 else RNG.uniform(0.5, 1.5, (3, 4, 5))).astype(dt)
+    x = (
+        RNG.integers(-4, 5, size=(3, 4, 5)) if dt == np.int32 else RNG.uniform(0.5, 1.5, (3, 4, 5))
+    ).astype(dt)
     tol = {np.float32: 1e-6, np.float16: 2e-3, np.int32: 0}[dt]
-    check(run_ir(f"core.reduce_{kind}", [x], {"axes": axes, "keepdims": keepdims}),
-          onnx_reduce(kind, x, axes, keepdims), rtol=tol)
+    check(
+        run_ir(f"core.reduce_{kind}", [x], {"axes": axes, "keepdims": keepdims}),
+        onnx_reduce(kind, x, axes, keepdims),
+        rtol=tol,
+    )
 
 
 @pytest.mark.parametrize("kind", list(REDUCE))
@@ -50,16 +62,23 @@ def test_reduce(kind: str, axes: tuple[int, ...], keepdims: bool, dt: Any) -> No
 def test_reduce_over_no_elements(kind: str, dt: Any) -> None:
     x = np.zeros((0, 3), dt)
     if kind == "mean":
-        pytest.skip("ONNX leaves the mean of nothing undefined: llmir gives NaN (float; like numpy, torch and "
-                    "ONNX's reference) or raises (int), onnxruntime gives 0; see the identities test")
+        pytest.skip(
+            "ONNX leaves the mean of nothing undefined: llmir gives NaN (float; like numpy, torch and "
+            "ONNX's reference) or raises (int), onnxruntime gives 0; see the identities test"
+        )
     check(run_ir(f"core.reduce_{kind}", [x], {"axes": (0,)}), onnx_reduce(kind, x, (0,), True))
 
 
 def test_reduce_empty_identities_follow_onnx() -> None:
     x = np.zeros((0, 2), np.float32)
-    got = {k: run_ir(f"core.reduce_{k}", [x], {"axes": (0,), "keepdims": False})[0].tolist() for k in REDUCE}
+    got = {
+        k: run_ir(f"core.reduce_{k}", [x], {"axes": (0,), "keepdims": False})[0].tolist()
+        for k in REDUCE
+    }
     assert got["sum"] == [0, 0] and got["prod"] == [1, 1]
-    assert got["max"] == [-np.inf] * 2 and got["min"] == [np.inf] * 2 and np.isnan(got["mean"]).all()
+    assert (
+        got["max"] == [-np.inf] * 2 and got["min"] == [np.inf] * 2 and np.isnan(got["mean"]).all()
+    )
     b = np.zeros((0,), np.bool_)
     assert run_ir("core.reduce_max", [b])[0].tolist() == [False]
     assert run_ir("core.reduce_min", [b])[0].tolist() == [True]
@@ -79,20 +98,28 @@ def test_reduce_scalar_and_negative_int_mean() -> None:
 
 
 def test_float_sum_is_rounded_once() -> None:
-    x = np.array([1.0] + [2.0 ** -11] * 4, np.float16)  # each 2^-11 alone vanishes against 1.0 in f16
+    x = np.array([1.0] + [2.0**-11] * 4, np.float16)  # each 2^-11 alone vanishes against 1.0 in f16
     assert run_ir("core.reduce_sum", [x])[0].tolist() == [1.001953125]
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("axis", [-1, 0, 1])
-@pytest.mark.parametrize("dt,scale", [(np.float32, 1.0), (np.float32, 1000.0), (np.float16, 10.0),
-                                      (np.float64, 1.0)])
+@pytest.mark.parametrize(
+    "dt,scale", [(np.float32, 1.0), (np.float32, 1000.0), (np.float16, 10.0), (np.float64, 1.0)]
+)
 def test_softmax(op: str, axis: int, dt: Any, scale: float) -> None:
-    x = (RNG.standard_normal((2, 3, 5)) * scale).astype(dt)  # scale 1000: exp overflows unless stable
+    x = (RNG.standard_normal((2, 3, 5)) * scale).astype(
+        dt
+    )  # scale 1000: exp overflows unless stable
     tol = {np.float32: 1e-5, np.float16: 2e-3, np.float64: 1e-12}[dt]
     ours = run_ir(f"core.{op}", [x], {"axis": axis})
     assert np.isfinite(ours[0]).all()
-    check(ours, ort_run("Softmax" if op == "softmax" else "LogSoftmax", [x], axis=axis), rtol=tol, atol=tol)
+    check(
+        ours,
+        ort_run("Softmax" if op == "softmax" else "LogSoftmax", [x], axis=axis),
+        rtol=tol,
+        atol=tol,
+    )
 
 
 def test_softmax_empty_axis_and_masked_rows() -> None:
@@ -102,20 +129,44 @@ def test_softmax_empty_axis_and_masked_rows() -> None:
 
 
 SYMBOLIC = [
-    ("reduce_sum", "tensor<?b x ?s x 8 x f32>", {"axes": (-1,)}, "tensor<?b x ?s x 1 x f32>", (2, 3, 8)),
-    ("reduce_mean", "tensor<?b x ?s x 8 x f32>", {"axes": (1,), "keepdims": False}, "tensor<?b x 8 x f32>",
-     (2, 3, 8)),
+    (
+        "reduce_sum",
+        "tensor<?b x ?s x 8 x f32>",
+        {"axes": (-1,)},
+        "tensor<?b x ?s x 1 x f32>",
+        (2, 3, 8),
+    ),
+    (
+        "reduce_mean",
+        "tensor<?b x ?s x 8 x f32>",
+        {"axes": (1,), "keepdims": False},
+        "tensor<?b x 8 x f32>",
+        (2, 3, 8),
+    ),
     ("reduce_max", "tensor<?b x ?s x 8 x f32>", {}, "tensor<1x1x1xf32>", (2, 0, 8)),
     ("reduce_min", "tensor<?b x ?s x 8 x f32>", {"keepdims": False}, "tensor<f32>", (2, 3, 8)),
-    ("reduce_prod", "tensor<?b x ?s x 8 x i64>", {"axes": (0, 2)}, "tensor<1 x ?s x 1 x i64>", (2, 3, 8)),
-    ("softmax", "tensor<?b x 9 x ?q x ?k x f32>", {}, "tensor<?b x 9 x ?q x ?k x f32>", (1, 9, 2, 3)),
+    (
+        "reduce_prod",
+        "tensor<?b x ?s x 8 x i64>",
+        {"axes": (0, 2)},
+        "tensor<1 x ?s x 1 x i64>",
+        (2, 3, 8),
+    ),
+    (
+        "softmax",
+        "tensor<?b x 9 x ?q x ?k x f32>",
+        {},
+        "tensor<?b x 9 x ?q x ?k x f32>",
+        (1, 9, 2, 3),
+    ),
     ("log_softmax", "tensor<?b x ?v x bf16>", {"axis": 0}, "tensor<?b x ?v x bf16>", (2, 5)),
 ]
 
 
 @pytest.mark.parametrize("op,type_,attrs,expected,shape", SYMBOLIC, ids=[c[0] for c in SYMBOLIC])
-def test_symbolic_shape_rule(op: str, type_: str, attrs: dict[str, Any], expected: str,
-                             shape: tuple[int, ...]) -> None:
+def test_symbolic_shape_rule(
+    op: str, type_: str, attrs: dict[str, Any], expected: str, shape: tuple[int, ...]
+) -> None:
     t = parse_type_text(type_)
     m, o = build(f"core.{op}", [t], attrs)
     assert o.results[0].type == parse_type_text(expected)
@@ -144,6 +195,8 @@ def test_verifier_error(op: str, type_: str, attrs: dict[str, Any], message: str
     fn = Function("main", [])
     b = Builder(fn)
     x = b.arg("x", parse_type_text(type_))
-    b.ret(*b.create(f"core.{op}", [x], attrs, result_types=[parse_type_text("tensor<f32>")]).results)
+    b.ret(
+        *b.create(f"core.{op}", [x], attrs, result_types=[parse_type_text("tensor<f32>")]).results
+    )
     msgs = [d.message for d in verify(Module("t", [fn], {"llmir.dialects": ("core",)}))]
     assert any(m.startswith(f"core.{op}: ") and message in m for m in msgs), msgs

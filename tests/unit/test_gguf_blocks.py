@@ -69,7 +69,7 @@ def _random_k_blocks(rng: np.random.Generator, scheme: str, n: int) -> np.ndarra
     raw = rng.integers(0, 256, (n, nbytes), dtype=np.uint8)
     for off in K_F16_FIELDS[scheme]:  # finite scales, so every value is comparable bit for bit
         d = (rng.standard_normal(n) * 0.05).astype(np.float16)
-        raw[:, off:off + 2] = d.view(np.uint8).reshape(n, 2)
+        raw[:, off : off + 2] = d.view(np.uint8).reshape(n, 2)
     return raw
 
 
@@ -110,10 +110,12 @@ def test_round_half_away_from_zero() -> None:
 
 
 def test_no_gguf_import_at_run_time() -> None:
-    code = ("import sys, numpy as np; import llmir_core.quant, llmir_core.dialects.llm; "
-            "from llmir_core.quant import gguf_blocks; "
-            "gguf_blocks.dequantize(gguf_blocks.quantize(np.ones((1, 32), np.float32), 'q8_0'), 'q8_0', (1, 32)); "
-            "print(sorted(m for m in ('gguf', 'onnxruntime', 'torch') if m in sys.modules))")
+    code = (
+        "import sys, numpy as np; import llmir_core.quant, llmir_core.dialects.llm; "
+        "from llmir_core.quant import gguf_blocks; "
+        "gguf_blocks.dequantize(gguf_blocks.quantize(np.ones((1, 32), np.float32), 'q8_0'), 'q8_0', (1, 32)); "
+        "print(sorted(m for m in ('gguf', 'onnxruntime', 'torch') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -121,7 +123,9 @@ def test_no_gguf_import_at_run_time() -> None:
 
 # -- nbits ---------------------------------------------------------------------------------------
 
-ort_pybind = pytest.importorskip("onnxruntime.capi._pybind_state", reason="onnxruntime is the nbits oracle")
+ort_pybind = pytest.importorskip(
+    "onnxruntime.capi._pybind_state", reason="onnxruntime is the nbits oracle"
+)
 
 
 @pytest.mark.parametrize("bits", [2, 4, 8])
@@ -130,7 +134,9 @@ ort_pybind = pytest.importorskip("onnxruntime.capi._pybind_state", reason="onnxr
 def test_nbits_quantize_matches_onnxruntime(bits: int, symmetric: bool, block: int, k: int) -> None:
     rng = np.random.default_rng(bits * 100 + block)
     n = 5
-    w = (rng.standard_normal((k, n)) * rng.uniform(0.1, 3.0, (1, n))).astype(np.float32)  # ORT: [K, N]
+    w = (rng.standard_normal((k, n)) * rng.uniform(0.1, 3.0, (1, n))).astype(
+        np.float32
+    )  # ORT: [K, N]
     w[:block, 0] = 0.0
     w[:block, 1] = np.abs(w[:block, 1])  # all-positive block: asymmetric zero point 0
     kb, per = k // block, 8 // bits
@@ -187,6 +193,7 @@ def test_nbits_errors() -> None:
 
 # -- the ops ---------------------------------------------------------------------------------------
 
+
 def _module(name: str, arg_types: list[TensorType], attrs: dict[str, object]) -> Module:
     fn = Function("main", [])
     b = Builder(fn)
@@ -213,8 +220,10 @@ def test_quantize_dequantize_ops_match_gguf(scheme: str) -> None:
 def test_k_quant_dequantize_op() -> None:
     raw = _random_k_blocks(np.random.default_rng(5), "q6_k", 2)
     q = GGUF_QUANTS["q6_k"]
-    (y,) = run(_module("llm.dequantize", [TensorType((2, 256), q)], {}),
-               [PackedArray(raw.reshape(-1), q, (2, 256))])
+    (y,) = run(
+        _module("llm.dequantize", [TensorType((2, 256), q)], {}),
+        [PackedArray(raw.reshape(-1), q, (2, 256))],
+    )
     assert np.array_equal(y, gguf_quants.dequantize(raw, GGMLQuantizationType.Q6_K).reshape(2, 256))
 
 
@@ -222,11 +231,15 @@ def test_nbits_quantize_op_results() -> None:
     qt = QuantType("nbits", 4, 16, DType.f16, "int")
     m = _module("llm.quantize", [TensorType((3, 64), DType.f32)], {"format": qt})
     assert [str(r.type) for r in m.main.ops[0].results] == [
-        "tensor<3x64x!quant<nbits, bits=4, block=16, scale=f16, zero=int>>", "tensor<3x4xf16>",
-        "tensor<3x2xu8>"]
+        "tensor<3x64x!quant<nbits, bits=4, block=16, scale=f16, zero=int>>",
+        "tensor<3x4xf16>",
+        "tensor<3x2xu8>",
+    ]
     x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
     packed, scales, zp = run(m, [x])
     assert packed.data.shape == (96,) and scales.dtype == np.float16 and zp.dtype == np.uint8
-    (y,) = run(_module("llm.dequantize", [m.main.ops[0].results[i].type for i in range(3)], {}),
-               [packed, scales, zp])
+    (y,) = run(
+        _module("llm.dequantize", [m.main.ops[0].results[i].type for i in range(3)], {}),
+        [packed, scales, zp],
+    )
     assert np.abs(y - x).max() < 0.25

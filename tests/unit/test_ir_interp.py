@@ -54,15 +54,28 @@ def test_module_without_functions() -> None:
         run(Module("m"), [])
 
 
-@pytest.mark.parametrize("inputs,message", [
-    ({"x": np.zeros(2, np.float32)}, "missing input(s): y"),
-    ({"x": np.zeros(2, np.float32), "y": np.zeros(2, np.float32), "z": 1}, "unknown input(s): z"),
-    ({"x": np.zeros(2, np.float64), "y": np.zeros(2, np.float32)}, "input x has dtype float64, expected f32"),
-    ({"x": np.zeros((2, 2), np.float32), "y": np.zeros(2, np.float32)},
-     "input x has rank 2 [2, 2], expected rank 1"),
-    ({"x": np.zeros(2, np.float32), "y": np.zeros(3, np.float32)},
-     "input y dim 0 is 3, but ?n is 2 elsewhere"),
-])
+@pytest.mark.parametrize(
+    "inputs,message",
+    [
+        ({"x": np.zeros(2, np.float32)}, "missing input(s): y"),
+        (
+            {"x": np.zeros(2, np.float32), "y": np.zeros(2, np.float32), "z": 1},
+            "unknown input(s): z",
+        ),
+        (
+            {"x": np.zeros(2, np.float64), "y": np.zeros(2, np.float32)},
+            "input x has dtype float64, expected f32",
+        ),
+        (
+            {"x": np.zeros((2, 2), np.float32), "y": np.zeros(2, np.float32)},
+            "input x has rank 2 [2, 2], expected rank 1",
+        ),
+        (
+            {"x": np.zeros(2, np.float32), "y": np.zeros(3, np.float32)},
+            "input y dim 0 is 3, but ?n is 2 elsewhere",
+        ),
+    ],
+)
 def test_input_errors(inputs: dict, message: str) -> None:
     with pytest.raises(InputError) as info:
         run(parse_module(CHAIN), inputs)
@@ -109,18 +122,41 @@ def test_symbolic_dims_bind_across_inputs_and_results() -> None:
 
 # -- ops registered by the tests ---------------------------------------------------------
 
+
 @pytest.fixture
 def test_ops() -> Iterator[None]:
     def same(ctx: object) -> list:
         return [ctx.types[0]]  # type: ignore[attr-defined]
 
     defs = [
-        OpDef("test.overflow", "Raises OverflowError.", (Operand("x"),), (), same,
-              lambda a, at: (_ for _ in ()).throw(OverflowError("too big")), "nothing."),
-        OpDef("test.wrong_dtype", "Returns float64.", (Operand("x"),), (), same,
-              lambda a, at: a[0].astype(np.float64), "nothing."),
-        OpDef("test.twice", "2x, by decomposition only.", (Operand("x"),), (), same, None, "nothing.",
-              decompose=lambda b, o, at: [b.op("core.add", o[0], o[0])]),
+        OpDef(
+            "test.overflow",
+            "Raises OverflowError.",
+            (Operand("x"),),
+            (),
+            same,
+            lambda a, at: (_ for _ in ()).throw(OverflowError("too big")),
+            "nothing.",
+        ),
+        OpDef(
+            "test.wrong_dtype",
+            "Returns float64.",
+            (Operand("x"),),
+            (),
+            same,
+            lambda a, at: a[0].astype(np.float64),
+            "nothing.",
+        ),
+        OpDef(
+            "test.twice",
+            "2x, by decomposition only.",
+            (Operand("x"),),
+            (),
+            same,
+            None,
+            "nothing.",
+            decompose=lambda b, o, at: [b.op("core.add", o[0], o[0])],
+        ),
     ]
     for d in defs:
         OPS[d.name] = d
@@ -134,13 +170,17 @@ def _one_op(name: str) -> Module:
 
 
 def test_reference_overflow_is_an_interp_error(test_ops: None) -> None:
-    with pytest.raises(InterpError, match=r"<string>:5:10: test.overflow failed at run time: too big"):
+    with pytest.raises(
+        InterpError, match=r"<string>:5:10: test.overflow failed at run time: too big"
+    ):
         run(_one_op("test.overflow"), {"x": np.ones(2, np.float32), "y": np.ones(2, np.float32)})
 
 
 def test_result_dtype_is_checked(test_ops: None) -> None:
     m = _one_op("test.wrong_dtype")
-    with pytest.raises(InterpError, match="test.wrong_dtype produced dtype float64, declared tensor<"):
+    with pytest.raises(
+        InterpError, match="test.wrong_dtype produced dtype float64, declared tensor<"
+    ):
         run(m, {"x": np.ones(2, np.float32), "y": np.ones(2, np.float32)})
     (out,) = run(m, {"x": np.ones(2, np.float32), "y": np.ones(2, np.float32)}, check_types=False)
     assert out.dtype == np.float64

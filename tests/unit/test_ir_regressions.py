@@ -95,8 +95,10 @@ def test_loc_on_the_next_line_belongs_to_the_op() -> None:
     # the one-line fast path took the op without its loc(...) written on the following line,
     # and then failed on `loc`; the token parser attaches it (found by the parser fuzzer)
     t = "tensor<4xf32>"
-    text = (HEAD + f"  func.func @f(%x: {t}) -> {t} {{\n    %y = core.neg %x : ({t}) -> {t}\n"
-            f'    loc("hf:model.norm")\n    return %y : {t}\n  }}\n}}\n')
+    text = (
+        HEAD + f"  func.func @f(%x: {t}) -> {t} {{\n    %y = core.neg %x : ({t}) -> {t}\n"
+        f'    loc("hf:model.norm")\n    return %y : {t}\n  }}\n}}\n'
+    )
     fast = Parser(text).parse_module()
     assert fast.functions[0].ops[0].origin == "hf:model.norm"
     assert fast == Parser(text, fast=False).parse_module()
@@ -106,8 +108,10 @@ def test_cached_attribute_dicts_are_not_shared() -> None:
     # the fast path caches parsed attribute dictionaries by their text; each op gets its own
     t = "tensor<2x2xf32>"
     line = f"core.matmul %x, %x {{transpose_b = true}} : ({t}, {t}) -> {t}"
-    m = parse_module(HEAD + f"  func.func @f(%x: {t}) -> {t} {{\n    %a = {line}\n    %b = {line}\n"
-                     f"    return %b : {t}\n  }}\n}}\n")
+    m = parse_module(
+        HEAD + f"  func.func @f(%x: {t}) -> {t} {{\n    %a = {line}\n    %b = {line}\n"
+        f"    return %b : {t}\n  }}\n}}\n"
+    )
     a, b = m.functions[0].ops
     a.attrs["transpose_a"] = True
     assert "transpose_a" not in b.attrs
@@ -117,9 +121,12 @@ def test_cached_attribute_dicts_are_not_shared() -> None:
 @pytest.mark.parametrize("newline", ["\n", "\r\n"])
 def test_fast_path_positions_match_the_token_parser(newline: str) -> None:
     t = "tensor<4xf32>"
-    text = (HEAD + f"  // comment\n  func.func @f(%x: {t}) -> {t} {{\n\n    %y, %z = core.top_k %x {{k = 2}} : "
-            f"({t}) -> (tensor<2xf32>, tensor<2xi64>)\n      %w = core.neg %x : ({t}) -> {t}\n"
-            f"    return %w : {t}\n  }}\n}}\n").replace("\n", newline)
+    text = (
+        HEAD
+        + f"  // comment\n  func.func @f(%x: {t}) -> {t} {{\n\n    %y, %z = core.top_k %x {{k = 2}} : "
+        f"({t}) -> (tensor<2xf32>, tensor<2xi64>)\n      %w = core.neg %x : ({t}) -> {t}\n"
+        f"    return %w : {t}\n  }}\n}}\n"
+    ).replace("\n", newline)
     fast, slow = Parser(text).parse_module(), Parser(text, fast=False).parse_module()
     for a, b in zip(fast.functions[0].ops, slow.functions[0].ops):
         assert a.pos == b.pos
@@ -132,5 +139,13 @@ def test_fast_path_group_numbers() -> None:
     from llmir_core.ir.parser import _OP_LINE
 
     assert list(_OP_LINE.groupindex.items()) == [
-        ("line", 1), ("res", 2), ("op", 3), ("args", 4), ("attrs", 5), ("ins", 6), ("outs", 7), ("loc", 8)]
+        ("line", 1),
+        ("res", 2),
+        ("op", 3),
+        ("args", 4),
+        ("attrs", 5),
+        ("ins", 6),
+        ("outs", 7),
+        ("loc", 8),
+    ]
     assert _OP_LINE.groups == 8

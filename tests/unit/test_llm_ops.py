@@ -37,6 +37,7 @@ B, S = SymDim.name("batch"), SymDim.name("seq")
 
 # -- harness ---------------------------------------------------------------------------------------
 
+
 def _type_of(a: Any) -> Any:
     if isinstance(a, PackedArray):
         return TensorType(a.shape, a.qtype)
@@ -84,6 +85,7 @@ def infer(name: str, types: list[str], **attrs: Any) -> list[str]:
 
 # -- examples --------------------------------------------------------------------------------------
 
+
 def _split_top(s: str) -> list[str]:
     out, depth, cur = [], 0, ""
     for ch in s:
@@ -106,7 +108,7 @@ def example_module(line: str) -> str:
         if depth == 0 and line.startswith(" : (", i):
             cut = i
             break
-    head, sig = line[:cut], line[cut + 3:]
+    head, sig = line[:cut], line[cut + 3 :]
     lhs, rhs = head.split(" = ", 1)
     results = [r.strip() for r in lhs.split(",")]
     operands = [o.strip() for o in rhs.split(" ", 1)[1].split("{", 1)[0].split(",") if o.strip()]
@@ -115,16 +117,35 @@ def example_module(line: str) -> str:
     outs = _split_top(outs_text[1:-1]) if outs_text.startswith("(") else [outs_text]
     args = ", ".join(f"{o}: {t}" for o, t in zip(operands, ins))
     ret = f"({', '.join(outs)})" if len(outs) > 1 else outs[0]
-    return (f'module @ex attributes {{llmir.dialects = ["core", "llm"], llmir.version = "0.1"}} {{\n'
-            f"  func.func @main({args}) -> {ret} {{\n    {line}\n"
-            f"    return {', '.join(results)} : {', '.join(outs)}\n  }}\n}}\n")
+    return (
+        f'module @ex attributes {{llmir.dialects = ["core", "llm"], llmir.version = "0.1"}} {{\n'
+        f"  func.func @main({args}) -> {ret} {{\n    {line}\n"
+        f"    return {', '.join(results)} : {', '.join(outs)}\n  }}\n}}\n"
+    )
 
 
 def test_catalog_is_complete() -> None:
-    assert LLM_OPS == sorted(f"llm.{n}" for n in (
-        "embedding", "rms_norm", "layer_norm", "rotary_embedding", "scaled_dot_product_attention",
-        "silu_mul", "gated_mlp", "kv_cache_update", "kv_cache_read", "quantize", "dequantize",
-        "quantized_matmul", "add_rms_norm", "linear", "to_device", "moe"))
+    assert LLM_OPS == sorted(
+        f"llm.{n}"
+        for n in (
+            "embedding",
+            "rms_norm",
+            "layer_norm",
+            "rotary_embedding",
+            "scaled_dot_product_attention",
+            "silu_mul",
+            "gated_mlp",
+            "kv_cache_update",
+            "kv_cache_read",
+            "quantize",
+            "dequantize",
+            "quantized_matmul",
+            "add_rms_norm",
+            "linear",
+            "to_device",
+            "moe",
+        )
+    )
 
 
 @pytest.mark.parametrize("name", LLM_OPS)
@@ -139,8 +160,15 @@ def test_example_parses_verifies_and_is_canonical(name: str) -> None:
 
 # -- references against independent computations ----------------------------------------------------
 
-def _ort(op_type: str, inputs: dict[str, np.ndarray], n_out: int = 1, domain: str = "",
-         opset: int = 23, **attrs: Any) -> list[np.ndarray]:
+
+def _ort(
+    op_type: str,
+    inputs: dict[str, np.ndarray],
+    n_out: int = 1,
+    domain: str = "",
+    opset: int = 23,
+    **attrs: Any,
+) -> list[np.ndarray]:
     pytest.importorskip("onnx", reason="onnx builds the oracle models")
     ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the oracle")
     from onnx import TensorProto, helper
@@ -148,13 +176,18 @@ def _ort(op_type: str, inputs: dict[str, np.ndarray], n_out: int = 1, domain: st
     def vi(name: str, a: np.ndarray | None) -> Any:
         if a is None:
             return helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
-        return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        return helper.make_tensor_value_info(
+            name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape
+        )
 
     outs = [f"y{i}" for i in range(n_out)]
     node = helper.make_node(op_type, list(inputs), outs, domain=domain, **attrs)
-    graph = helper.make_graph([node], "g", [vi(k, v) for k, v in inputs.items()],
-                              [vi(o, None) for o in outs])
-    imports = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    graph = helper.make_graph(
+        [node], "g", [vi(k, v) for k, v in inputs.items()], [vi(o, None) for o in outs]
+    )
+    imports = [helper.make_opsetid("", opset)] + (
+        [helper.make_opsetid(domain, 1)] if domain else []
+    )
     model = helper.make_model(graph, opset_imports=imports)
     model.ir_version = 10
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -180,8 +213,15 @@ def test_rms_norm_matches_onnxruntime() -> None:
 def test_rms_norm_offset_by_hand() -> None:
     x, w = rand(3, 8, dtype=np.float64), rand(8, seed=1, dtype=np.float64)
     (y,) = ref("llm.rms_norm", [x, w], eps=1e-6, offset=1.0)
-    want = np.array([[v / math.sqrt(sum(t * t for t in row) / 8 + 1e-6) * (1.0 + w[j])
-                      for j, v in enumerate(row)] for row in x])
+    want = np.array(
+        [
+            [
+                v / math.sqrt(sum(t * t for t in row) / 8 + 1e-6) * (1.0 + w[j])
+                for j, v in enumerate(row)
+            ]
+            for row in x
+        ]
+    )
     np.testing.assert_allclose(y, want, rtol=1e-12)
 
 
@@ -195,11 +235,18 @@ def test_layer_norm_matches_onnxruntime(with_bias: bool) -> None:
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
-def _rope_inputs(batch: int = 2, heads: int = 3, seq: int = 5, head: int = 8, rd: int = 0) -> list[np.ndarray]:
+def _rope_inputs(
+    batch: int = 2, heads: int = 3, seq: int = 5, head: int = 8, rd: int = 0
+) -> list[np.ndarray]:
     half = (rd or head) // 2
     ang = np.arange(32)[:, None] * (10000.0 ** (-np.arange(half) / half))[None, :]
     pos = np.random.default_rng(3).integers(0, 32, (batch, seq)).astype(np.int64)
-    return [rand(batch, heads, seq, head), np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32), pos]
+    return [
+        rand(batch, heads, seq, head),
+        np.cos(ang).astype(np.float32),
+        np.sin(ang).astype(np.float32),
+        pos,
+    ]
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -224,8 +271,16 @@ def test_rotary_by_hand_llama_convention() -> None:
     np.testing.assert_allclose(y[0, 0, 1], want, rtol=1e-5)
 
 
-def _attn_by_hand(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False, window: int = 0,
-                  softcap: float = 0.0, scale: float = 0.0, mask: np.ndarray | None = None) -> np.ndarray:
+def _attn_by_hand(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    causal: bool = False,
+    window: int = 0,
+    softcap: float = 0.0,
+    scale: float = 0.0,
+    mask: np.ndarray | None = None,
+) -> np.ndarray:
     """Loops over every (batch, head, query): an independent, obviously-correct attention."""
     bsz, hq, sq, d = q.shape
     hk, skv = k.shape[1], k.shape[2]
@@ -264,7 +319,9 @@ ATTN_CASES = {
 }
 
 
-def _attn_inputs(case: dict[str, Any], hq: int = 4, hk: int = 2) -> tuple[list[np.ndarray], dict[str, Any]]:
+def _attn_inputs(
+    case: dict[str, Any], hq: int = 4, hk: int = 2
+) -> tuple[list[np.ndarray], dict[str, Any]]:
     sq, skv = case.get("sq", 5), case.get("skv", case.get("sq", 5))
     args = [rand(2, hq, sq, 8, seed=1), rand(2, hk, skv, 8, seed=2), rand(2, hk, skv, 6, seed=3)]
     rng = np.random.default_rng(4)
@@ -282,13 +339,20 @@ def _attn_inputs(case: dict[str, Any], hq: int = 4, hk: int = 2) -> tuple[list[n
 def test_attention_reference_by_hand(case: str) -> None:
     args, attrs = _attn_inputs(ATTN_CASES[case])
     (y,) = ref("llm.scaled_dot_product_attention", args, **attrs)
-    want = _attn_by_hand(*args[:3], causal=attrs.get("causal", False), window=attrs.get("sliding_window", 0),
-                         softcap=attrs.get("softcap", 0.0), scale=attrs.get("scale", 0.0),
-                         mask=args[3] if len(args) > 3 else None)
+    want = _attn_by_hand(
+        *args[:3],
+        causal=attrs.get("causal", False),
+        window=attrs.get("sliding_window", 0),
+        softcap=attrs.get("softcap", 0.0),
+        scale=attrs.get("scale", 0.0),
+        mask=args[3] if len(args) > 3 else None,
+    )
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("case", ["plain", "causal_prefill", "softcap_scale", "bool_mask", "float_mask_causal"])
+@pytest.mark.parametrize(
+    "case", ["plain", "causal_prefill", "softcap_scale", "bool_mask", "float_mask_causal"]
+)
 def test_attention_matches_onnxruntime(case: str) -> None:
     args, attrs = _attn_inputs(ATTN_CASES[case])
     (y,) = ref("llm.scaled_dot_product_attention", args, **attrs)
@@ -307,8 +371,13 @@ def test_attention_matches_torch() -> None:
     q, k, v = rand(2, 6, 3, 8, seed=1), rand(2, 2, 7, 8, seed=2), rand(2, 2, 7, 8, seed=3)
     (y,) = ref("llm.scaled_dot_product_attention", [q, k, v], causal=True)
     keep = torch.ones(3, 7, dtype=torch.bool).tril(diagonal=7 - 3)  # bottom-right aligned
-    want = f.scaled_dot_product_attention(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v),
-                                          attn_mask=keep, enable_gqa=True)
+    want = f.scaled_dot_product_attention(
+        torch.from_numpy(q),
+        torch.from_numpy(k),
+        torch.from_numpy(v),
+        attn_mask=keep,
+        enable_gqa=True,
+    )
     np.testing.assert_allclose(y, want.numpy(), rtol=1e-5, atol=1e-6)
     q2 = rand(1, 2, 4, 8, seed=5)
     (y2,) = ref("llm.scaled_dot_product_attention", [q2, q2, q2], causal=True)
@@ -332,9 +401,14 @@ def test_silu_mul_and_gated_mlp_by_hand() -> None:
     (y,) = ref("llm.silu_mul", [g, u])
     np.testing.assert_allclose(y, g / (1 + np.exp(-g)) * u, rtol=1e-6)
     x, wg, wu, wd = rand(2, 3, 8), rand(16, 8, seed=1), rand(16, 8, seed=2), rand(5, 16, seed=3)
-    for act, fn in (("silu", lambda t: t / (1 + np.exp(-t))),
-                    ("gelu", lambda t: 0.5 * t * (1 + np.vectorize(math.erf)(t / math.sqrt(2)))),
-                    ("gelu_tanh", lambda t: 0.5 * t * (1 + np.tanh(math.sqrt(2 / math.pi) * (t + 0.044715 * t ** 3))))):
+    for act, fn in (
+        ("silu", lambda t: t / (1 + np.exp(-t))),
+        ("gelu", lambda t: 0.5 * t * (1 + np.vectorize(math.erf)(t / math.sqrt(2)))),
+        (
+            "gelu_tanh",
+            lambda t: 0.5 * t * (1 + np.tanh(math.sqrt(2 / math.pi) * (t + 0.044715 * t**3))),
+        ),
+    ):
         (y,) = ref("llm.gated_mlp", [x, wg, wu, wd], activation=act)
         xd = x.astype(np.float64)
         want = (fn(xd @ wg.T) * (xd @ wu.T)) @ wd.T
@@ -352,7 +426,9 @@ def test_kv_cache_update_and_read_by_hand() -> None:
     k, v = rand(1, 2, 3, 4), rand(1, 2, 3, 4, seed=1)
     i64 = TensorType((), DType.i64)
     kt = TensorType((1, 2, 3, 4), DType.f32)
-    (c1,) = ref("llm.kv_cache_update", [cache, k, v, np.array(2, np.int64)], [t, kt, kt, i64], layer=1)
+    (c1,) = ref(
+        "llm.kv_cache_update", [cache, k, v, np.array(2, np.int64)], [t, kt, kt, i64], layer=1
+    )
     assert isinstance(c1, KVCacheValue)
     assert not cache.keys.any(), "update must not modify its input cache"
     want = np.zeros((2, 1, 2, 8, 4), np.float32)
@@ -386,10 +462,16 @@ def test_quantized_matmul_matches_onnxruntime_matmulnbits(bits: int, zero: str) 
     packed, scales, zp = quantize(w, qt)
     args = [x, packed, scales] + ([zp] if zp is not None else [])
     (y,) = ref("llm.quantized_matmul", args)
-    feeds = {"A": x, "B": packed.data.reshape(n, k // block, block * bits // 8), "scales": scales.reshape(-1)}
+    feeds = {
+        "A": x,
+        "B": packed.data.reshape(n, k // block, block * bits // 8),
+        "scales": scales.reshape(-1),
+    }
     if zp is not None:
         feeds["zero_points"] = zp.reshape(-1)
-    (want,) = _ort("MatMulNBits", feeds, domain="com.microsoft", K=k, N=n, bits=bits, block_size=block)
+    (want,) = _ort(
+        "MatMulNBits", feeds, domain="com.microsoft", K=k, N=n, bits=bits, block_size=block
+    )
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
 
 
@@ -406,15 +488,23 @@ def test_quantized_matmul_gguf_equals_dequantize_then_matmul() -> None:
 
 # -- reference == decomposition -------------------------------------------------------------------
 
-def _same_numbers(name: str, arrays: list[Any], types: list[Any] | None = None, rtol: float = 1e-5,
-                  atol: float = 1e-5, **attrs: Any) -> None:
+
+def _same_numbers(
+    name: str,
+    arrays: list[Any],
+    types: list[Any] | None = None,
+    rtol: float = 1e-5,
+    atol: float = 1e-5,
+    **attrs: Any,
+) -> None:
     r = ref(name, arrays, types, **attrs)
     d = dec(name, arrays, types, **attrs)
     assert len(r) == len(d)
     for a, b in zip(r, d):
         assert a.dtype == b.dtype and a.shape == b.shape
-        np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=atol,
-                                   equal_nan=True)
+        np.testing.assert_allclose(
+            a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=atol, equal_nan=True
+        )
 
 
 def test_decompose_embedding() -> None:
@@ -424,10 +514,20 @@ def test_decompose_embedding() -> None:
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_decompose_rms_norm(dtype: Any) -> None:
     tol = 1e-5 if dtype == np.float32 else 2e-3
-    _same_numbers("llm.rms_norm", [rand(2, 3, 16, dtype=dtype), rand(16, seed=1, dtype=dtype)],
-                  rtol=tol, atol=tol, eps=1e-5)
-    _same_numbers("llm.rms_norm", [rand(4, 8, dtype=dtype), rand(8, seed=1, dtype=dtype)],
-                  rtol=tol, atol=tol, offset=1.0)
+    _same_numbers(
+        "llm.rms_norm",
+        [rand(2, 3, 16, dtype=dtype), rand(16, seed=1, dtype=dtype)],
+        rtol=tol,
+        atol=tol,
+        eps=1e-5,
+    )
+    _same_numbers(
+        "llm.rms_norm",
+        [rand(4, 8, dtype=dtype), rand(8, seed=1, dtype=dtype)],
+        rtol=tol,
+        atol=tol,
+        offset=1.0,
+    )
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -440,32 +540,45 @@ def test_decompose_layer_norm(with_bias: bool) -> None:
 @pytest.mark.parametrize("rd", [0, 4])
 def test_decompose_rotary(interleaved: bool, rd: int) -> None:
     args = _rope_inputs(rd=rd)
-    types = [TensorType((B, 3, S, 8), DType.f32), _type_of(args[1]), _type_of(args[2]),
-             TensorType((B, S), DType.i64)]
+    types = [
+        TensorType((B, 3, S, 8), DType.f32),
+        _type_of(args[1]),
+        _type_of(args[2]),
+        TensorType((B, S), DType.i64),
+    ]
     _same_numbers("llm.rotary_embedding", args, types, interleaved=interleaved, rotary_dim=rd)
 
 
 @pytest.mark.parametrize("case", list(ATTN_CASES) + ["softmax_eps", "mha"])
 def test_decompose_attention(case: str) -> None:
-    spec = {"softmax_eps": {"softmax_eps": 0.5, "causal": True}, "mha": {"causal": True}}.get(case, ATTN_CASES.get(case))
+    spec = {"softmax_eps": {"softmax_eps": 0.5, "causal": True}, "mha": {"causal": True}}.get(
+        case, ATTN_CASES.get(case)
+    )
     args, attrs = _attn_inputs(spec, hk=4 if case == "mha" else 2)
     past = SymDim.name("past")
     sq, skv = args[0].shape[2], args[1].shape[2]
     q_seq = S
     kv_seq = dim_add(past, S) if skv != sq else S  # named dims, as a decoder writes them
-    types = [TensorType((B, args[0].shape[1], q_seq, 8), DType.f32),
-             TensorType((B, args[1].shape[1], kv_seq, 8), DType.f32),
-             TensorType((B, args[1].shape[1], kv_seq, 6), DType.f32)]
+    types = [
+        TensorType((B, args[0].shape[1], q_seq, 8), DType.f32),
+        TensorType((B, args[1].shape[1], kv_seq, 8), DType.f32),
+        TensorType((B, args[1].shape[1], kv_seq, 6), DType.f32),
+    ]
     if len(args) > 3:
-        types.append(_type_of(args[3]) if args[3].ndim == 4 else TensorType((q_seq, kv_seq), DType.f32))
+        types.append(
+            _type_of(args[3]) if args[3].ndim == 4 else TensorType((q_seq, kv_seq), DType.f32)
+        )
         if args[3].ndim == 4:
             types[3] = TensorType((B, 1, q_seq, kv_seq), DType.bool)
     _same_numbers("llm.scaled_dot_product_attention", args, types, **attrs)
 
 
 def test_decompose_attention_f16() -> None:
-    args = [rand(1, 2, 3, 8, dtype=np.float16), rand(1, 1, 3, 8, seed=1, dtype=np.float16),
-            rand(1, 1, 3, 8, seed=2, dtype=np.float16)]
+    args = [
+        rand(1, 2, 3, 8, dtype=np.float16),
+        rand(1, 1, 3, 8, seed=1, dtype=np.float16),
+        rand(1, 1, 3, 8, seed=2, dtype=np.float16),
+    ]
     _same_numbers("llm.scaled_dot_product_attention", args, rtol=2e-3, atol=2e-3, causal=True)
 
 
@@ -487,7 +600,9 @@ def test_decompose_quantized_matmul(fmt: str) -> None:
     if fmt == "q4_k":
         from tests.unit.test_gguf_blocks import _random_k_blocks
 
-        packed = PackedArray(_random_k_blocks(np.random.default_rng(0), "q4_k", 4).reshape(-1), qt, (4, 256))
+        packed = PackedArray(
+            _random_k_blocks(np.random.default_rng(0), "q4_k", 4).reshape(-1), qt, (4, 256)
+        )
         extra: list[Any] = []
     else:
         packed, scales, zp = quantize(w, qt)
@@ -496,70 +611,153 @@ def test_decompose_quantized_matmul(fmt: str) -> None:
 
 
 def test_every_composite_op_has_a_decomposition() -> None:
-    composite = {"llm.embedding", "llm.rms_norm", "llm.layer_norm", "llm.rotary_embedding",
-                 "llm.scaled_dot_product_attention", "llm.silu_mul", "llm.gated_mlp",
-                 "llm.quantized_matmul", "llm.add_rms_norm", "llm.linear", "llm.moe"}
+    composite = {
+        "llm.embedding",
+        "llm.rms_norm",
+        "llm.layer_norm",
+        "llm.rotary_embedding",
+        "llm.scaled_dot_product_attention",
+        "llm.silu_mul",
+        "llm.gated_mlp",
+        "llm.quantized_matmul",
+        "llm.add_rms_norm",
+        "llm.linear",
+        "llm.moe",
+    }
     assert {n for n in LLM_OPS if all_ops()[n].decompose is not None} == composite
 
 
 # -- symbolic shape inference -------------------------------------------------------------------------
 
+
 def test_infer_symbolic_dims() -> None:
     f32 = "f32"
-    assert infer("llm.scaled_dot_product_attention",
-                 [f"tensor<?batch x 9 x ?seq x 64 x {f32}>", "tensor<?batch x 3 x ?past+?seq x 64 x f32>",
-                  "tensor<?batch x 3 x ?past+?seq x 32 x f32>", "tensor<?batch x 1 x ?seq x ?past+?seq x bool>"],
-                 causal=True) == ["tensor<?batch x 9 x ?seq x 32 x f32>"]
-    assert infer("llm.rotary_embedding", ["tensor<?batch x 9 x ?seq x 64 x f16>", "tensor<2048x32xf16>",
-                                          "tensor<2048x32xf16>", "tensor<?batch x ?seq x i64>"]) == \
-        ["tensor<?batch x 9 x ?seq x 64 x f16>"]
-    assert infer("llm.embedding", ["tensor<49152x576xbf16>", "tensor<?batch x ?seq x i64>"]) == \
-        ["tensor<?batch x ?seq x 576 x bf16>"]
-    assert infer("llm.gated_mlp", ["tensor<?batch x ?seq x 64 x f32>", "tensor<256x64xf32>",
-                                   "tensor<256x64xf32>", "tensor<64x256xf32>"]) == ["tensor<?batch x ?seq x 64 x f32>"]
-    assert infer("llm.rms_norm", ["tensor<?batch x ?seq x 64 x f32>", "tensor<64xf32>"]) == \
-        ["tensor<?batch x ?seq x 64 x f32>"]
-    assert infer("llm.silu_mul", ["tensor<?batch x ?seq x 8 x f32>", "tensor<8xf32>"]) == \
-        ["tensor<?batch x ?seq x 8 x f32>"]
+    assert infer(
+        "llm.scaled_dot_product_attention",
+        [
+            f"tensor<?batch x 9 x ?seq x 64 x {f32}>",
+            "tensor<?batch x 3 x ?past+?seq x 64 x f32>",
+            "tensor<?batch x 3 x ?past+?seq x 32 x f32>",
+            "tensor<?batch x 1 x ?seq x ?past+?seq x bool>",
+        ],
+        causal=True,
+    ) == ["tensor<?batch x 9 x ?seq x 32 x f32>"]
+    assert infer(
+        "llm.rotary_embedding",
+        [
+            "tensor<?batch x 9 x ?seq x 64 x f16>",
+            "tensor<2048x32xf16>",
+            "tensor<2048x32xf16>",
+            "tensor<?batch x ?seq x i64>",
+        ],
+    ) == ["tensor<?batch x 9 x ?seq x 64 x f16>"]
+    assert infer("llm.embedding", ["tensor<49152x576xbf16>", "tensor<?batch x ?seq x i64>"]) == [
+        "tensor<?batch x ?seq x 576 x bf16>"
+    ]
+    assert infer(
+        "llm.gated_mlp",
+        [
+            "tensor<?batch x ?seq x 64 x f32>",
+            "tensor<256x64xf32>",
+            "tensor<256x64xf32>",
+            "tensor<64x256xf32>",
+        ],
+    ) == ["tensor<?batch x ?seq x 64 x f32>"]
+    assert infer("llm.rms_norm", ["tensor<?batch x ?seq x 64 x f32>", "tensor<64xf32>"]) == [
+        "tensor<?batch x ?seq x 64 x f32>"
+    ]
+    assert infer("llm.silu_mul", ["tensor<?batch x ?seq x 8 x f32>", "tensor<8xf32>"]) == [
+        "tensor<?batch x ?seq x 8 x f32>"
+    ]
     kv = "!llm.kv_cache<layers=2, kv_heads=3, max_len=?, head_dim=64, dtype=f16>"
     assert infer("llm.kv_cache_read", [kv, "tensor<i64>"], layer=1) == ["tensor<?x3x?x64xf16>"] * 2
-    assert infer("llm.kv_cache_update", [kv, "tensor<?batch x 3 x ?seq x 64 x f16>",
-                                         "tensor<?batch x 3 x ?seq x 64 x f16>", "tensor<i64>"], layer=0) == [kv]
-    assert infer("llm.quantize", ["tensor<?rows x 128 x f32>"],
-                 format=QuantType("nbits", 4, 32, DType.f16, "int")) == [
+    assert infer(
+        "llm.kv_cache_update",
+        [
+            kv,
+            "tensor<?batch x 3 x ?seq x 64 x f16>",
+            "tensor<?batch x 3 x ?seq x 64 x f16>",
+            "tensor<i64>",
+        ],
+        layer=0,
+    ) == [kv]
+    assert infer(
+        "llm.quantize",
+        ["tensor<?rows x 128 x f32>"],
+        format=QuantType("nbits", 4, 32, DType.f16, "int"),
+    ) == [
         "tensor<?rows x 128 x !quant<nbits, bits=4, block=32, scale=f16, zero=int>>",
-        "tensor<?rows x 4 x f16>", "tensor<?rows x 2 x u8>"]
-    assert infer("llm.quantize", ["tensor<4 x ?k x f32>"], format=QuantType("nbits", 8, 32, DType.f32, "int")) == [
-        "tensor<4 x ?k x !quant<nbits, bits=8, block=32, scale=f32, zero=int>>", "tensor<4x?xf32>", "tensor<4x?xu8>"]
-    assert infer("llm.dequantize", ["tensor<?n x 256 x !quant.q6_k>"], dtype=DType.bf16) == \
-        ["tensor<?n x 256 x bf16>"]
-    assert infer("llm.quantized_matmul", ["tensor<?batch x ?seq x 64 x f32>", "tensor<128x64x!quant.q8_0>"]) == \
-        ["tensor<?batch x ?seq x 128 x f32>"]
+        "tensor<?rows x 4 x f16>",
+        "tensor<?rows x 2 x u8>",
+    ]
+    assert infer(
+        "llm.quantize", ["tensor<4 x ?k x f32>"], format=QuantType("nbits", 8, 32, DType.f32, "int")
+    ) == [
+        "tensor<4 x ?k x !quant<nbits, bits=8, block=32, scale=f32, zero=int>>",
+        "tensor<4x?xf32>",
+        "tensor<4x?xu8>",
+    ]
+    assert infer("llm.dequantize", ["tensor<?n x 256 x !quant.q6_k>"], dtype=DType.bf16) == [
+        "tensor<?n x 256 x bf16>"
+    ]
+    assert infer(
+        "llm.quantized_matmul", ["tensor<?batch x ?seq x 64 x f32>", "tensor<128x64x!quant.q8_0>"]
+    ) == ["tensor<?batch x ?seq x 128 x f32>"]
     assert DYN is not None
 
 
 # -- one verifier error per op ----------------------------------------------------------------------
 
 BAD = {
-    "llm.embedding": (("tensor<?batch x ?seq x i64>", "tensor<?batch x ?seq x f32>"), "ids must be integers"),
-    "llm.rms_norm": (("tensor<64xf32>) ->", "tensor<32xf32>) ->"), "weight has 32 elements but x's last dim is 64"),
-    "llm.layer_norm": (("tensor<64xf32>) ->", "tensor<64xf16>) ->"), "bias has dtype f16, expected f32"),
+    "llm.embedding": (
+        ("tensor<?batch x ?seq x i64>", "tensor<?batch x ?seq x f32>"),
+        "ids must be integers",
+    ),
+    "llm.rms_norm": (
+        ("tensor<64xf32>) ->", "tensor<32xf32>) ->"),
+        "weight has 32 elements but x's last dim is 64",
+    ),
+    "llm.layer_norm": (
+        ("tensor<64xf32>) ->", "tensor<64xf16>) ->"),
+        "bias has dtype f16, expected f32",
+    ),
     "llm.rotary_embedding": (("%pos :", "%pos {rotary_dim = 3} :"), "rotary_dim must be even"),
-    "llm.scaled_dot_product_attention": (("tensor<?batch x 9 x ?seq", "tensor<?batch x 8 x ?seq"),
-                                         "q heads (8) must be a multiple of kv heads (3)"),
-    "llm.silu_mul": (("-> tensor<?batch x ?seq x 256 x f32>", "-> tensor<?batch x ?seq x 256 x f32>"),
-                     "up has dtype f16, expected f32"),
-    "llm.gated_mlp": (("tensor<64x256xf32>)", "tensor<64x128xf32>)"), "w_down takes 128 inputs but the gate gives 256"),
+    "llm.scaled_dot_product_attention": (
+        ("tensor<?batch x 9 x ?seq", "tensor<?batch x 8 x ?seq"),
+        "q heads (8) must be a multiple of kv heads (3)",
+    ),
+    "llm.silu_mul": (
+        ("-> tensor<?batch x ?seq x 256 x f32>", "-> tensor<?batch x ?seq x 256 x f32>"),
+        "up has dtype f16, expected f32",
+    ),
+    "llm.gated_mlp": (
+        ("tensor<64x256xf32>)", "tensor<64x128xf32>)"),
+        "w_down takes 128 inputs but the gate gives 256",
+    ),
     "llm.moe": (("{top_k = 2}", "{top_k = 9}"), "top_k must be in 1..8, got 9"),
-    "llm.kv_cache_update": (("{layer = 0}", "{layer = 2}"), "layer 2 is out of range for a cache of 2 layers"),
+    "llm.kv_cache_update": (
+        ("{layer = 0}", "{layer = 2}"),
+        "layer 2 is out of range for a cache of 2 layers",
+    ),
     "llm.kv_cache_read": (("tensor<i64>)", "tensor<f32>)"), "length must be an integer scalar"),
     "llm.quantize": (("!quant.q4_0}", "!quant.q4_k}"), "quantizing to q4_k is not supported"),
-    "llm.dequantize": (("128x64x!quant.q4_0", "128x48x!quant.q4_0"), "not a multiple of the q4_0 block (32)"),
-    "llm.quantized_matmul": (("x 64 x f32>, tensor<128x64x", "x 32 x f32>, tensor<128x64x"),
-                             "contraction dims differ: x has 32, the weight 64"),
-    "llm.add_rms_norm": (("tensor<64xf32>) ->", "tensor<32xf32>) ->"), "weight has 32 elements but x's last dim is 64"),
-    "llm.linear": (("tensor<256xf32>) ->", "tensor<128xf32>) ->"), "bias has 128 elements but the output has 256"),
-    "llm.to_device": (('{device = "cuda"}', '{device = 3}'), "device"),
+    "llm.dequantize": (
+        ("128x64x!quant.q4_0", "128x48x!quant.q4_0"),
+        "not a multiple of the q4_0 block (32)",
+    ),
+    "llm.quantized_matmul": (
+        ("x 64 x f32>, tensor<128x64x", "x 32 x f32>, tensor<128x64x"),
+        "contraction dims differ: x has 32, the weight 64",
+    ),
+    "llm.add_rms_norm": (
+        ("tensor<64xf32>) ->", "tensor<32xf32>) ->"),
+        "weight has 32 elements but x's last dim is 64",
+    ),
+    "llm.linear": (
+        ("tensor<256xf32>) ->", "tensor<128xf32>) ->"),
+        "bias has 128 elements but the output has 256",
+    ),
+    "llm.to_device": (('{device = "cuda"}', "{device = 3}"), "device"),
 }
 
 
@@ -583,8 +781,15 @@ def test_verifier_error(name: str) -> None:
 
 def test_attention_mask_must_broadcast() -> None:
     with pytest.raises(Exception, match="does not broadcast to the scores"):
-        infer("llm.scaled_dot_product_attention",
-              ["tensor<1x4x5x8xf32>", "tensor<1x2x7x8xf32>", "tensor<1x2x7x8xf32>", "tensor<5x6xbool>"])
+        infer(
+            "llm.scaled_dot_product_attention",
+            [
+                "tensor<1x4x5x8xf32>",
+                "tensor<1x2x7x8xf32>",
+                "tensor<1x2x7x8xf32>",
+                "tensor<5x6xbool>",
+            ],
+        )
 
 
 def test_nbits_operands_are_checked() -> None:
@@ -598,6 +803,7 @@ def test_nbits_operands_are_checked() -> None:
 
 
 # -- the example decoder ----------------------------------------------------------------------------
+
 
 def test_example_decoder_verifies_runs_and_is_causal() -> None:
     from pathlib import Path
@@ -622,7 +828,9 @@ def test_example_decoder_is_generated_by_its_script() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("make_example_decoder", root / "scripts" / "make_example_decoder.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_example_decoder", root / "scripts" / "make_example_decoder.py"
+    )
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

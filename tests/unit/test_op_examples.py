@@ -37,16 +37,26 @@ def test_declaration_is_complete(name: str, opdef: OpDef) -> None:
     d = opdef
     assert d.summary.endswith(".") and d.verifies.endswith("."), name
     assert d.reference is not None or d.decompose is not None or name == "core.weight", (
-        f"{name} has neither reference semantics nor a decomposition")
+        f"{name} has neither reference semantics nor a decomposition"
+    )
     names = [o.name for o in d.operands] + [a.name for a in d.attrs]
     assert len(names) == len(set(names)), f"{name} repeats an operand or attribute name"
 
 
-@pytest.mark.parametrize("line,message", [
-    ("%y = core.neg %x : (tensor<4xf32>) -> tensor<4xf32> extra", "expected the end of the op line"),
-    ("%y = core.add %x, %z : (tensor<4xf32>) -> tensor<4xf32>", "core.add has 2 operands but 1 operand types"),
-    ("core.neg", "expected ':' and the op's type signature"),
-])
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        (
+            "%y = core.neg %x : (tensor<4xf32>) -> tensor<4xf32> extra",
+            "expected the end of the op line",
+        ),
+        (
+            "%y = core.add %x, %z : (tensor<4xf32>) -> tensor<4xf32>",
+            "core.add has 2 operands but 1 operand types",
+        ),
+        ("core.neg", "expected ':' and the op's type signature"),
+    ],
+)
 def test_malformed_examples_are_parse_errors(line: str, message: str) -> None:
     from llmir_core.errors import ParseError
 

@@ -16,8 +16,11 @@ z3 = pytest.importorskip("z3", reason="the SMT encoder needs z3-solver")
 from llmir_core.smt.intervals import analyze  # noqa: E402
 from llmir_core.smt.meaning import meaning_of  # noqa: E402
 
-SOURCES = {"smt": {"explicit", "encoder", "decomposition", "uninterpreted"},
-           "interval": {"explicit", "generic", "fallback"}, "cost": {"explicit", "generic"}}
+SOURCES = {
+    "smt": {"explicit", "encoder", "decomposition", "uninterpreted"},
+    "interval": {"explicit", "generic", "fallback"},
+    "cost": {"explicit", "generic"},
+}
 
 
 @pytest.mark.parametrize("name", sorted(all_ops()))
@@ -49,21 +52,36 @@ def test_declared_parts_are_the_ones_used() -> None:
 """
     m = parse_module(text, "m.llmir")
     rep = analyze(m, input_range=(-1.0, 1.0))
-    assert rep.ranges["y"] == (0.0, 8 * 1.0 * 1.0 + 1.0)  # relu(K |x| |w| + |b|), from the declaration
+    assert rep.ranges["y"] == (
+        0.0,
+        8 * 1.0 * 1.0 + 1.0,
+    )  # relu(K |x| |w| + |b|), from the declaration
     flops, read = op_cost(m.main.ops[0], {})
     assert flops == 2 * 8 * 8 + 2 * 8 and read == 4 * (16 + 32 + 4)
     assert measure(m).flops_per_token == flops
 
 
-@pytest.mark.parametrize("attrs, message", [
-    ((Attr("k", "integer", 0),), "unknown kind 'integer'"),
-    ((Attr("k", "int", 1.5),), "default 1.5 is not a int"),
-    ((Attr("k", "str", "c", choices=("a", "b")),), "default 'c' is not one of its choices"),
-    ((Attr("k", "int", 0), Attr("k", "int", 0)), "declared twice"),
-])
-def test_bad_declarations_are_refused_at_registration(attrs: tuple[Attr, ...], message: str) -> None:
-    od = OpDef(name="test.bad_decl", summary="", operands=(Operand("x"),), attrs=attrs,
-               infer=lambda ctx: [], reference=None, verifies="")
+@pytest.mark.parametrize(
+    "attrs, message",
+    [
+        ((Attr("k", "integer", 0),), "unknown kind 'integer'"),
+        ((Attr("k", "int", 1.5),), "default 1.5 is not a int"),
+        ((Attr("k", "str", "c", choices=("a", "b")),), "default 'c' is not one of its choices"),
+        ((Attr("k", "int", 0), Attr("k", "int", 0)), "declared twice"),
+    ],
+)
+def test_bad_declarations_are_refused_at_registration(
+    attrs: tuple[Attr, ...], message: str
+) -> None:
+    od = OpDef(
+        name="test.bad_decl",
+        summary="",
+        operands=(Operand("x"),),
+        attrs=attrs,
+        infer=lambda ctx: [],
+        reference=None,
+        verifies="",
+    )
     with pytest.raises(ValueError, match=message):
         register(od)
     assert get_op("test.bad_decl") is None
@@ -78,11 +96,14 @@ _ARN = """module @m attributes {llmir.dialects = ["core", "llm"], llmir.version 
 """
 
 
-@pytest.mark.parametrize("x, r, w, message", [
-    ("i32", "i32", "8xi32", "operand #0 (x) must have a float dtype, got i32"),
-    ("f32", "f16", "8xf32", "residual has dtype f16, expected f32 (insert core.cast)"),
-    ("f32", "f32", "1x8xf32", "weight must have rank 1, got tensor<1x8xf32>"),
-])
+@pytest.mark.parametrize(
+    "x, r, w, message",
+    [
+        ("i32", "i32", "8xi32", "operand #0 (x) must have a float dtype, got i32"),
+        ("f32", "f16", "8xf32", "residual has dtype f16, expected f32 (insert core.cast)"),
+        ("f32", "f32", "1x8xf32", "weight must have rank 1, got tensor<1x8xf32>"),
+    ],
+)
 def test_declared_operand_constraints_are_checked(x: str, r: str, w: str, message: str) -> None:
     from llmir_core.verifier import verify
 
@@ -93,8 +114,15 @@ def test_declared_operand_constraints_are_checked(x: str, r: str, w: str, messag
 
 
 def test_operand_constraint_declarations_are_checked() -> None:
-    od = OpDef(name="test.bad_operand", summary="", operands=(Operand("x", dtype_of="y"), Operand("y", kind="floaty")),
-               attrs=(), infer=lambda ctx: [], reference=None, verifies="")
+    od = OpDef(
+        name="test.bad_operand",
+        summary="",
+        operands=(Operand("x", dtype_of="y"), Operand("y", kind="floaty")),
+        attrs=(),
+        infer=lambda ctx: [],
+        reference=None,
+        verifies="",
+    )
     errs = od.declaration_errors()
     assert "operand 'x': dtype_of names no earlier operand ('y')" in errs
     assert "operand 'y' has unknown kind 'floaty' (kinds: tensor, float)" in errs

@@ -87,12 +87,18 @@ def test_subprocess_parse_error_has_caret_and_no_traceback(tmp_path: Path) -> No
 def test_subprocess_verify_failure_exit_1(tmp_path: Path) -> None:
     f = tmp_path / "bad.llmir"
     t = "tensor<4xf32>"
-    f.write_text('module @m attributes {llmir.dialects = ["core"], llmir.version = "0.1"} {\n'
-                 f"  func.func @f(%x: {t}) -> {t} {{\n    %y = core.silly %x : ({t}) -> {t}\n"
-                 f"    return %y : {t}\n  }}\n}}\n", encoding="utf-8")
+    f.write_text(
+        'module @m attributes {llmir.dialects = ["core"], llmir.version = "0.1"} {\n'
+        f"  func.func @f(%x: {t}) -> {t} {{\n    %y = core.silly %x : ({t}) -> {t}\n"
+        f"    return %y : {t}\n  }}\n}}\n",
+        encoding="utf-8",
+    )
     r = run_cli("verify", str(f))
     assert r.returncode == 1 and "Traceback" not in r.stderr
     lines = r.stderr.splitlines()
-    assert lines[:3] == [f"{f}:3:10: error: unknown op 'core.silly'",
-                         f"      %y = core.silly %x : ({t}) -> {t}", "           ^"]
+    assert lines[:3] == [
+        f"{f}:3:10: error: unknown op 'core.silly'",
+        f"      %y = core.silly %x : ({t}) -> {t}",
+        "           ^",
+    ]
     assert lines[3].startswith("  note: did you mean core.silu")

@@ -40,8 +40,14 @@ def make_decoder(ctx: int | None = None) -> FunctionDecoder:
 
 def test_greedy_generation_streams_and_counts() -> None:
     pieces: list[str] = []
-    res = generate(make_decoder(), Chars(), [0, 1, 2], max_new_tokens=5,
-                   sampler=Sampler(SamplingConfig()), on_text=pieces.append)
+    res = generate(
+        make_decoder(),
+        Chars(),
+        [0, 1, 2],
+        max_new_tokens=5,
+        sampler=Sampler(SamplingConfig()),
+        on_text=pieces.append,
+    )
     assert res.text == "defgh"
     assert "".join(pieces) == "defgh"
     assert res.ids == [3, 4, 5, 6, 7]
@@ -56,27 +62,50 @@ def test_cache_grows_by_one_per_step() -> None:
 
 
 def test_eos_and_stop_strings() -> None:
-    res = generate(make_decoder(), Chars(), [0], max_new_tokens=10,
-                   sampler=Sampler(SamplingConfig()), eos_ids=[4])
+    res = generate(
+        make_decoder(),
+        Chars(),
+        [0],
+        max_new_tokens=10,
+        sampler=Sampler(SamplingConfig()),
+        eos_ids=[4],
+    )
     assert res.text == "bcd" and res.stop_reason == "eos"
     pieces: list[str] = []
-    res = generate(make_decoder(), Chars(), [0], max_new_tokens=10,
-                   sampler=Sampler(SamplingConfig()), stop=["de"], on_text=pieces.append)
+    res = generate(
+        make_decoder(),
+        Chars(),
+        [0],
+        max_new_tokens=10,
+        sampler=Sampler(SamplingConfig()),
+        stop=["de"],
+        on_text=pieces.append,
+    )
     assert res.text == "bc" and res.stop_reason == "stop_string"
     assert "".join(pieces) == "bc"
 
 
 def test_context_limit_stops_with_reason() -> None:
-    res = generate(make_decoder(ctx=6), Chars(), [0, 1, 2], max_new_tokens=10,
-                   sampler=Sampler(SamplingConfig()))
+    res = generate(
+        make_decoder(ctx=6),
+        Chars(),
+        [0, 1, 2],
+        max_new_tokens=10,
+        sampler=Sampler(SamplingConfig()),
+    )
     assert res.stop_reason == "context"
     assert len(res.ids) == 4
 
 
 def test_prompt_longer_than_context_is_an_input_error() -> None:
     with pytest.raises(InputError, match="exceed the model's context"):
-        generate(make_decoder(ctx=2), Chars(), [0, 1, 2], max_new_tokens=1,
-                 sampler=Sampler(SamplingConfig()))
+        generate(
+            make_decoder(ctx=2),
+            Chars(),
+            [0, 1, 2],
+            max_new_tokens=1,
+            sampler=Sampler(SamplingConfig()),
+        )
 
 
 def test_same_seed_same_samples() -> None:
@@ -102,8 +131,9 @@ def test_repetition_penalty_changes_greedy_choice() -> None:
     assert Sampler(SamplingConfig(repetition_penalty=2.0)).pick(logits, [0]) == 1
 
 
-@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0.0), dict(top_k=-2),
-                                 dict(repetition_penalty=0.0)])
+@pytest.mark.parametrize(
+    "bad", [dict(temperature=-1), dict(top_p=0.0), dict(top_k=-2), dict(repetition_penalty=0.0)]
+)
 def test_bad_sampling_flags(bad: dict[str, float]) -> None:
     with pytest.raises(InputError):
         Sampler(SamplingConfig(**bad))  # type: ignore[arg-type]
