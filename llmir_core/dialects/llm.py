@@ -856,8 +856,9 @@ def _check_format(q: QuantType, shape: tuple[Dim, ...], quantizing: bool) -> Non
             )
         if not q.scale.is_float:
             raise OpVerifyError(f"{q.scheme} scales must be float, got {q.scale}")
-        if all(isinstance(d, int) for d in shape):
-            why = int32_packed.check_layout(q.scheme, q.bits, int(shape[0]), int(shape[1]), q.block)
+        rows, cols = shape[0], shape[1]
+        if isinstance(rows, int) and isinstance(cols, int):
+            why = int32_packed.check_layout(q.scheme, q.bits, rows, cols, q.block)
             if why:
                 raise OpVerifyError(f"{q.scheme}: {why}")
         return

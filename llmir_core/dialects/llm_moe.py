@@ -61,13 +61,13 @@ def _infer_moe(ctx: InferCtx) -> list[Type]:
     k = ctx.attrs["top_k"]
     if k < 1 or (isinstance(experts, int) and k > experts):
         raise OpVerifyError(f"top_k must be in 1..{experts}, got {k}")
-    n = len(ctx.types)
-    if n not in (5, 8, 9):
+    n_operands = len(ctx.types)
+    if n_operands not in (5, 8, 9):
         raise OpVerifyError(
             f"takes 5 operands, or 8 with a shared expert (gate, up, down), or 9 with its "
-            f"router; got {n}"
+            f"router; got {n_operands}"
         )
-    if n >= 8:
+    if n_operands >= 8:
         sg, su, sd = (
             tensor_arg(ctx, i, m)
             for i, m in ((5, "shared_gate"), (6, "shared_up"), (7, "shared_down"))
@@ -77,7 +77,7 @@ def _infer_moe(ctx: InferCtx) -> list[Type]:
                 raise OpVerifyError(f"{m} must be [out, in], got rank {t.rank}")
         _same(sg.shape[1], hidden, f"shared_gate takes {sg.shape[1]} inputs but x has {hidden}")
         _same(sd.shape[0], hidden, f"shared_down gives {sd.shape[0]} outputs but x has {hidden}")
-    if n == 9:
+    if n_operands == 9:
         sr = tensor_arg(ctx, 8, "shared_router")
         if sr.rank != 2 or not (sr.shape[0] == 1):
             raise OpVerifyError(f"shared_router must be [1, hidden], got {sr}")

@@ -22,9 +22,10 @@ before `original_max_position_embeddings` (a longer prefill uses the short set b
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,7 @@ class RopeParams:
     rotary_dim: int
     max_positions: int
     original_max: int | None = None  # a top-level original_max_position_embeddings (Phi-3)
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def num(self, key: str, default: float | None = None) -> float:
         v = self.params.get(key, default)

@@ -81,8 +81,8 @@ class MergeQkv:
                 continue
             seed = Match(
                 values={"x": trio[0].operands[0], "wq": ws[0], "wk": ws[1], "wv": ws[2]},
-                attrs={"sizes": tuple(w.type.shape[0] for w in ws)},
-            )  # type: ignore[union-attr]
+                attrs={"sizes": tuple(w.type.shape[0] for w in ws)},  # type: ignore[union-attr]
+            )
             mm = f"x @ concat(%{ws[0].name}, %{ws[1].name}, %{ws[2].name})^T"
             parts = [
                 Part(RULES[f"merge-qkv-{k}"], o.results[0], detail=f"slice {k} of {mm}")
