@@ -8,8 +8,6 @@ lowered yet) + its serializer; `open_artifact` reads the manifest's target and d
 from __future__ import annotations
 
 import importlib
-import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -103,29 +101,19 @@ def build(
 
 
 def read_manifest(artifact_dir: str) -> dict[str, Any]:
-    if not os.path.isdir(artifact_dir):
-        raise InputError(
-            f"{artifact_dir}: not a folder", hint="pass an artifact folder built by `llmir build`"
-        )
-    path = os.path.join(artifact_dir, MANIFEST)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        raise InputError(
-            f"{artifact_dir}: no {MANIFEST} (not an llmir artifact folder)",
-            hint="build one with `llmir build MODEL.llmir -o DIR`",
-        ) from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read the manifest: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("target"), str):
-        raise InputError(f"{path}: the manifest names no target")
-    return data
+    """The artifact's manifest with its shape checked (llmir_core.artifact_check); no hashing."""
+    from llmir_core.artifact_check import read_manifest as read_checked_shape
+
+    return read_checked_shape(artifact_dir)
 
 
 def open_artifact(artifact_dir: str, **options: Any) -> Any:
-    """The runner of an artifact folder, from the target its manifest names."""
-    return get_target(read_manifest(artifact_dir)["target"]).open(artifact_dir, **options)
+    """The runner of an artifact folder, from the target its manifest names. The one place an
+    artifact is checked against its manifest (sizes; sha256 when changed or inside
+    `full_checks()`) before its target opens it."""
+    from llmir_core.artifact_check import open_checked
+
+    return get_target(open_checked(artifact_dir)["target"]).open(artifact_dir, **options)
 
 
 __all__ = ["build", "lower", "get_target", "open_artifact", "read_manifest", "TARGETS"]

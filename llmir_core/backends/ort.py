@@ -362,14 +362,19 @@ def load_manifest(art_dir: str) -> dict[str, Any]:
 
 @traced(
     "load",
-    lambda art_dir, threads=None: {
+    lambda art_dir, threads=None, manifest=None: {
         "llmir.artifact": art_dir,
         "llmir.threads": threads,  # perf
         "llmir.target": "onnxruntime",
     },
 )
-def runner_for_artifact(art_dir: str, threads: int | None = None) -> OrtRunner:
-    manifest = load_manifest(art_dir)
+def runner_for_artifact(
+    art_dir: str, threads: int | None = None, manifest: dict[str, Any] | None = None
+) -> OrtRunner:
+    """A session on the artifact's model; `manifest`: already read and checked by the caller
+    (`llmir_core.backends.open_artifact`), so the files are not checked twice."""
+    if manifest is None:
+        manifest = load_manifest(art_dir)
     return OrtRunner(os.path.join(art_dir, manifest.get("model", MODEL_FILE)), threads)
 
 

@@ -136,10 +136,15 @@ class OrtTarget:
         )
 
     def open(self, artifact_dir: str, **options: Any) -> Any:
-        """threads, max_context, spin; tensors=True: a tensor runner even for a decoder."""
+        """threads, max_context, spin; tensors=True: a tensor runner even for a decoder.
+        `llmir_core.backends.open_artifact` checked the files already: only the shape here."""
         from . import read_manifest
 
         manifest = read_manifest(artifact_dir)
+        if manifest["target"] != NAME:
+            raise InputError(
+                f"{artifact_dir}: artifact target is {manifest['target']!r}, not {NAME}"
+            )
         if isinstance(manifest.get("decoder"), dict) and not options.get("tensors"):
             from llmir_core.runtime.ort_decoder import OrtDecoder
 
@@ -152,7 +157,7 @@ class OrtTarget:
             )
         from .ort import runner_for_artifact
 
-        return runner_for_artifact(artifact_dir, options.get("threads"))
+        return runner_for_artifact(artifact_dir, options.get("threads"), manifest)
 
 
 TARGET = OrtTarget()

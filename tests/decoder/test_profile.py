@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -123,6 +124,14 @@ def test_profile_needs_tagged_nodes(parsed_artifact: tuple[Path, Path], tmp_path
     for nd in model.graph.node:
         del nd.metadata_props[:]
     onnx.save(model, str(old / "model.onnx"))
+    # an artifact built without node tags (an older llmir) has a manifest matching its files
+    manifest = json.loads((old / "manifest.json").read_text())
+    data = (old / "model.onnx").read_bytes()
+    manifest["files"]["model.onnx"] = {
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "bytes": len(data),
+    }
+    (old / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(InputError, match="do not name the .llmir ops"):
         profile_artifact(str(old), prompt_len=4, decode_steps=1, measure_bandwidth=False)
     with pytest.raises(InputError, match="exceeds the model's context of 256"):
