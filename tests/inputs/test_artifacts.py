@@ -192,3 +192,26 @@ def test_short_max_len_build_still_runs(art: Path, llama_dir: Path, tmp_path: Pa
     build_decoder(import_hf(llama_dir, tmp_path / "m.llmir"), str(out), max_len=12)
     code, out_text, err = invoke("run", str(out), *RUN)
     assert code == 0, err
+
+
+@pytest.mark.parametrize("tensors", [False, True])
+def test_verify_artifact_hashes_each_file_once(
+    art: Path, tensors: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening through the one dispatch point checks once, even when the target reads the
+    manifest again (decoder and tensor runners alike)."""
+    import llmir_core.artifact_check as ac
+    from llmir_core.backends import open_artifact
+
+    hashed: list[str] = []
+    real = ac.sha256_file
+
+    def counting(path: str) -> str:
+        hashed.append(os.path.basename(path))
+        return real(path)
+
+    monkeypatch.setattr(ac, "sha256_file", counting)
+    with full_checks():
+        open_artifact(str(art), threads=1, tensors=tensors)
+    files = json.loads((art / "manifest.json").read_text())["files"]
+    assert sorted(hashed) == sorted([*files, "manifest.json"])
