@@ -240,8 +240,11 @@ def check_gguf(g: Any) -> None:
     a = arch + "."
     for key in _GGUF_REQUIRED:  # a missing field is named before any size is compared
         g.req(a + key)
-    b = backing(
-        ((t.name, [int(d) for d in t.shape]) for t in reader.tensors), r"blk\.(\d+)\.", "the file"
+    shards = len(getattr(g, "shards", [g.path]))
+    b = backing(  # a split model: the tensors of every shard
+        ((t.name, [int(d) for d in t.shape]) for t in g.tensors.values()),
+        r"blk\.(\d+)\.",
+        f"the {shards} shards" if shards > 1 else "the file",
     )
     fail: Fail = g.fail
     layer_count(fail, a + "block_count", g.req(a + "block_count"), b)

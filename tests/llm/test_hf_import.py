@@ -6,6 +6,7 @@ cache) equal transformers' to 1e-4 x max |logit|, and the 32 greedy tokens are i
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -120,8 +121,9 @@ def test_sharded_bf16_checkpoint(tiny_model: Any, tmp_path: Path) -> None:
 
     folder, model = tiny_model("llama")
     out = tmp_path / "bf16"
-    model.to(torch.bfloat16).save_pretrained(out, max_shard_size="40KB")
-    model.to(torch.float32)
+    # a copy: casting the session's shared model in place would round its weights to bf16 for
+    # every later test of the worker (the quantized-checkpoint parity tests among them)
+    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(out, max_shard_size="40KB")
     assert (out / "model.safetensors.index.json").is_file()
     module = import_hf(out, require_tokenizer=False)
     assert any(op.name == "core.cast" for op in module.main.ops)

@@ -146,7 +146,7 @@ def test_rope_errors(tiny_model: Any, tmp_path: Path) -> None:
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": "4"},
     )
     with pytest.raises(
-        InputError, match=r"field 'rope_parameters\.factor' is missing or not a number"
+        InputError, match=r"config\.json: field 'rope_parameters\.factor' must be a number, got '4'"
     ):
         import_hf(bad, require_tokenizer=False)
     folder, _ = tiny_model("gemma3")
