@@ -90,10 +90,11 @@ def build(
 ) -> dict[str, Any]:
     """Lower (unless the module is lowered for `target` already) and serialize; the manifest.
 
-    A module lowered here is parsed back from its printed text, which goes to the serializer as
+    The lowered module is parsed back from its printed text, which goes to the serializer as
     `lowered_text` (the onnxruntime decoder writes it into the artifact, so the `llmir.line` tags
     of its nodes name lines of a real file)."""
     from llmir_core.ir.parser import parse_module
+    from llmir_core.ir.printer import print_module
 
     t = get_target(target)
     lowered_for = module.attrs.get("target")
@@ -102,16 +103,17 @@ def build(
             f"module @{module.name} is lowered for '{lowered_for}', not '{t.name}'",
             hint=f"build it with --target {lowered_for}, or lower the unlowered module",
         )
-    lowered_text: str | None = None
     if lowered_for is None:
         lowered_text = lower_text(module, t.name, options, source_path=source_path)
-        module = parse_module(lowered_text, module.source or "<lowered>")
     elif options:
         raise InputError(
             f"module @{module.name} is already lowered for {t.name}: build options "
             f"({', '.join(sorted(options))}) were fixed when it was lowered",
             hint="pass them to `llmir optimize --target` instead",
         )
+    else:  # printed again, so both ways give the same artifact (and lines in the same text)
+        lowered_text = print_module(module)
+    module = parse_module(lowered_text, module.source or "<lowered>")
     from .ort_lower import BuildError
 
     try:

@@ -19,8 +19,8 @@ passes (llmir_core/passes/lower_ort_*.py) to its ONNX node(s), with no pattern m
 Weights are streamed into the data file (row chunks), each stored once, and the files are
 byte-identical across builds of the same input. The artifact holds `model.onnx`,
 `model.onnx.data`, `manifest.json` (with a `decoder` section), the tokenizer and chat template,
-and `model.lowered.llmir` (the lowered module, when the build lowered it: each node's
-`llmir.line` tag is a line of it, `llmir.loc` the op's source location).
+and `model.lowered.llmir` (the lowered module as `build` printed it: each node's `llmir.line` tag
+is a line of it, `llmir.loc` the op's source location).
 """
 
 from __future__ import annotations
@@ -930,9 +930,9 @@ def serialize_decoder(
 ) -> dict[str, Any]:
     """Write the artifact of a lowered decoder module into out_dir (atomically); the manifest.
 
-    lowered_text: the text the module was parsed from when `build` lowered it; written as
-    `model.lowered.llmir` (manifest `lowered`), the file the nodes' `llmir.line` tags point into.
-    Without it the tags point into the module's own file (manifest `source.file`)."""
+    lowered_text: the text `build` parsed the module from; written as `model.lowered.llmir`
+    (manifest `lowered`), the file the nodes' `llmir.line` tags point into. Without it the tags
+    point into the module's own file (manifest `source.file`)."""
     out_dir = os.path.abspath(out_dir)
     check_artifact_dir(out_dir)
     tmp = artifact_tmp_dir(out_dir)

@@ -384,7 +384,7 @@ def profile_artifact(
             progress("measuring read bandwidth")
         bw = measure_read_bandwidth(dec.threads)
     # the file the nodes' llmir.line tags point into: the lowered module the build wrote into the
-    # artifact, else (a module lowered before the build) the module's own file
+    # artifact, else (an artifact without one, e.g. a generic build) the module's own file
     src = dec.manifest.get("lowered") or (dec.manifest.get("source") or {}).get("file")
     fp = {
         **hardware_fingerprint(),
