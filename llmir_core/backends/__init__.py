@@ -52,6 +52,19 @@ def lower(
     """The module lowered for `target` (a copy; through its printed text, so building it gives
     what building the saved `llmir optimize --target` output gives)."""
     from llmir_core.ir.parser import parse_module
+
+    text = lower_text(module, target, options, source_path=source_path)
+    return parse_module(text, module.source or "<lowered>")
+
+
+def lower_text(
+    module: Module,
+    target: str = "onnxruntime",
+    options: Mapping[str, Any] | None = None,
+    *,
+    source_path: str | None = None,
+) -> str:
+    """The printed text of `module` lowered for `target` (what `lower` parses back)."""
     from llmir_core.ir.printer import print_module
     from llmir_core.passes.base import clone_module
     from llmir_core.passes.lower_ort_module import source_record
@@ -60,8 +73,8 @@ def lower(
     t = get_target(target)
     m = clone_module(module)
     m.attrs.setdefault("llmir.source", source_record(module, source_path))
-    res = run_pipeline(m, t.lowering(options or {}))
-    return parse_module(print_module(res.module), module.source or "<lowered>")
+    res = run_pipeline(m, t.lowering(options or {}), span_name="lower")
+    return print_module(res.module)
 
 
 @traced("build", trace_attrs.build_args, trace_attrs.built)
@@ -73,7 +86,14 @@ def build(
     source_path: str | None = None,
     options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Lower (unless the module is lowered for `target` already) and serialize; the manifest."""
+    """Lower (unless the module is lowered for `target` already) and serialize; the manifest.
+
+    The lowered module is parsed back from its printed text, which goes to the serializer as
+    `lowered_text` (the onnxruntime decoder writes it into the artifact, so the `llmir.line` tags
+    of its nodes name lines of a real file)."""
+    from llmir_core.ir.parser import parse_module
+    from llmir_core.ir.printer import print_module
+
     t = get_target(target)
     lowered_for = module.attrs.get("target")
     if lowered_for is not None and lowered_for != t.name:
@@ -82,17 +102,22 @@ def build(
             hint=f"build it with --target {lowered_for}, or lower the unlowered module",
         )
     if lowered_for is None:
-        module = lower(module, t.name, options, source_path=source_path)
+        lowered_text = lower_text(module, t.name, options, source_path=source_path)
     elif options:
         raise InputError(
             f"module @{module.name} is already lowered for {t.name}: build options "
             f"({', '.join(sorted(options))}) were fixed when it was lowered",
             hint="pass them to `llmir optimize --target` instead",
         )
+    else:  # printed again, so both ways give the same artifact (and lines in the same text)
+        lowered_text = print_module(module)
+    module = parse_module(lowered_text, module.source or "<lowered>")
     from .ort_lower import BuildError
 
     try:
-        return dict(t.serialize(module, out_dir, source_path=source_path))
+        return dict(
+            t.serialize(module, out_dir, source_path=source_path, lowered_text=lowered_text)
+        )
     except BuildError as exc:
         src = source_path or module.source
         if not src or exc.message.startswith(src) or exc.diagnostics:
@@ -107,6 +132,7 @@ def read_manifest(artifact_dir: str) -> dict[str, Any]:
     return read_checked_shape(artifact_dir)
 
 
+@traced("load", after=trace_attrs.loaded)  # perf: tracing
 def open_artifact(artifact_dir: str, **options: Any) -> Any:
     """The runner of an artifact folder, from the target its manifest names. The one place an
     artifact is checked against its manifest (sizes; sha256 when changed or inside
@@ -116,4 +142,12 @@ def open_artifact(artifact_dir: str, **options: Any) -> Any:
     return get_target(open_checked(artifact_dir)["target"]).open(artifact_dir, **options)
 
 
-__all__ = ["build", "lower", "get_target", "open_artifact", "read_manifest", "TARGETS"]
+__all__ = [
+    "build",
+    "lower",
+    "lower_text",
+    "get_target",
+    "open_artifact",
+    "read_manifest",
+    "TARGETS",
+]

@@ -2,8 +2,9 @@
 metadata_props, `node_sources(model)` reads it back (e.g. to map onnxruntime's per-node profile
 onto the module's lines).
 
-Keys: `llmir.op` (the op's name, e.g. `core.matmul`), `llmir.line` (`LINE:COL` of the op in the
-.llmir file the module was parsed from; the file is the manifest's `source.file`) and `llmir.loc`
+Keys: `llmir.op` (the op's name, e.g. `ort.matmul_nbits`), `llmir.line` (`LINE:COL` of the op in
+the .llmir file the module was parsed from: the lowered module the build wrote into the artifact,
+manifest `lowered`; else, e.g. the generic build, manifest `source.file`) and `llmir.loc`
 (the op's `loc`: HF module, GGUF tensor or ONNX node it was imported from). A node emitted for a
 matched group of ops (e.g. GroupQueryAttention for attention + rotary + KV concat) carries the op
 the group was matched at.

@@ -18,7 +18,9 @@ passes (llmir_core/passes/lower_ort_*.py) to its ONNX node(s), with no pattern m
 
 Weights are streamed into the data file (row chunks), each stored once, and the files are
 byte-identical across builds of the same input. The artifact holds `model.onnx`,
-`model.onnx.data`, `manifest.json` (with a `decoder` section), the tokenizer and chat template.
+`model.onnx.data`, `manifest.json` (with a `decoder` section), the tokenizer and chat template,
+and `model.lowered.llmir` (the lowered module as `build` printed it: each node's `llmir.line` tag
+is a line of it, `llmir.loc` the op's source location).
 """
 
 from __future__ import annotations
@@ -62,8 +64,6 @@ from llmir_core.passes.ort_common import (
 )
 from llmir_core.quant import gguf_blocks, int32_packed, nbits
 from llmir_core.quant.gguf_repack import LOSSLESS, REQUANT, repack_gguf
-from llmir_core.runtime import trace_attrs
-from llmir_core.tracing import traced
 from llmir_core.weights import load_weight, resolve_path
 
 from .ort import (
@@ -83,6 +83,7 @@ from .ort_lower import DataWriter
 DECODER_SCHEMA = 1
 TOKENIZER_FILE = "tokenizer.json"
 TEMPLATE_FILE = "chat_template.jinja"
+LOWERED_FILE = "model.lowered.llmir"  # the lowered module the nodes' llmir.line tags point into
 _LARGE = 1 << 20  # tensors of at least this many bytes are aligned to 64 KiB
 _FOLD_MAX = 1 << 16  # elements: static values up to this size are folded into constants
 _CHUNK = 32 << 20  # bytes of f32 rows processed at once when a weight is transformed
@@ -884,7 +885,6 @@ def _jsonable(x: Any) -> Any:
     return str(x)
 
 
-@traced("build", trace_attrs.build_args, trace_attrs.built)  # perf: tracing
 def build_decoder(
     module: Module,
     out_dir: str,
@@ -925,8 +925,14 @@ def build_decoder(
     return build(module, out_dir, "onnxruntime", source_path=source_path, options=options)
 
 
-def serialize_decoder(module: Module, out_dir: str) -> dict[str, Any]:
-    """Write the artifact of a lowered decoder module into out_dir (atomically); the manifest."""
+def serialize_decoder(
+    module: Module, out_dir: str, *, lowered_text: str | None = None
+) -> dict[str, Any]:
+    """Write the artifact of a lowered decoder module into out_dir (atomically); the manifest.
+
+    lowered_text: the text `build` parsed the module from; written as `model.lowered.llmir`
+    (manifest `lowered`), the file the nodes' `llmir.line` tags point into. Without it the tags
+    point into the module's own file (manifest `source.file`)."""
     out_dir = os.path.abspath(out_dir)
     check_artifact_dir(out_dir)
     tmp = artifact_tmp_dir(out_dir)
@@ -939,6 +945,10 @@ def serialize_decoder(module: Module, out_dir: str) -> dict[str, Any]:
         with open(os.path.join(tmp, MODEL_FILE), "wb") as fh:
             fh.write(model.SerializeToString(deterministic=True))
         files = [MODEL_FILE, DATA_FILE]
+        if lowered_text is not None:
+            with open(os.path.join(tmp, LOWERED_FILE), "w", encoding="utf-8", newline="") as fh:
+                fh.write(lowered_text)
+            files.append(LOWERED_FILE)
         tok = _copy_tokenizer(module, tmp)
         if tok:
             files.append(TOKENIZER_FILE)
@@ -1042,6 +1052,7 @@ def _manifest(
         "opset": {d.domain or "ai.onnx": d.version for d in model.opset_import},
         "model": MODEL_FILE,
         "source": {"file": src.get("file") or None, "sha256": src.get("sha256")},
+        "lowered": LOWERED_FILE if LOWERED_FILE in files else None,
         "inputs": _signature(ins, list(fn.args), "past_len"),
         "outputs": _signature(outs, list(fn.outputs), "present_len", D.last_logits),
         "files": {

@@ -105,17 +105,23 @@ class OrtTarget:
         ]
 
     def serialize(
-        self, module: Module, out_dir: str, *, source_path: str | None = None
+        self,
+        module: Module,
+        out_dir: str,
+        *,
+        source_path: str | None = None,
+        lowered_text: str | None = None,
     ) -> dict[str, Any]:
         """A lowered module -> artifact folder: the decoder serializer for decoder modules, the
-        generic op-by-op build otherwise (and for `generic` lowerings)."""
+        generic op-by-op build otherwise (and for `generic` lowerings). lowered_text: the text
+        the module was parsed from when the build lowered it (its op positions point there)."""
         from llmir_core.passes.ort_common import is_decoder, module_options
 
         opts = module_options(module)
         if is_decoder(module) and not opts.get("generic"):
             from .ort_decoder import serialize_decoder
 
-            return serialize_decoder(module, out_dir)
+            return serialize_decoder(module, out_dir, lowered_text=lowered_text)
         decoder_only = [k for k in ("max_len", "last_logits") if opts.get(k)]
         if opts.get("quant", "f32") != "f32":
             decoder_only.append("quant")

@@ -93,7 +93,12 @@ class Target(Protocol):
     def lowering(self, options: Mapping[str, Any]) -> list[Any]: ...
 
     def serialize(
-        self, module: Module, out_dir: str, *, source_path: str | None = None
+        self,
+        module: Module,
+        out_dir: str,
+        *,
+        source_path: str | None = None,
+        lowered_text: str | None = None,
     ) -> dict[str, Any]: ...
 
     def open(self, artifact_dir: str, **options: Any) -> Any: ...

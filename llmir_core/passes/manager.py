@@ -106,10 +106,12 @@ def run_pipeline(
     print_after_all: bool = False,
     command: str = "llmir optimize",
     dims: dict[str, int] | None = None,
+    span_name: str = "optimize",
 ) -> PipelineResult:
-    """Run `passes` over module in order (one trace span `optimize`, a child `pass NAME` each)."""
+    """Run `passes` over module in order (one trace span `span_name`, a child `pass NAME` each;
+    `build` names its lowering pipeline's span `lower`)."""
     with tracing.span(
-        "optimize",
+        span_name,
         {
             "llmir.module": module.name,
             "llmir.passes": [p.name for p in passes],

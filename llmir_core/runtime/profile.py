@@ -3,9 +3,10 @@
 `profile_artifact(dir)` opens the artifact's decoder with onnxruntime profiling on
 (`SessionOptions.enable_profiling`), runs one unmeasured prefill and a few decode steps, then a
 measured prefill of `prompt_len` random tokens and `decode_steps` decode steps. Each onnxruntime
-node carries the .llmir op it was emitted for (`llmir_core.backends.nodeinfo`: op name, line:col
-in the module's file, `loc`), so every kernel's time lands on one op of the module the artifact
-was built from; the report ranks those ops by their share of the step (`model_run` wall time)
+node carries the .llmir op it was emitted for (`llmir_core.backends.nodeinfo`: the lowered op's
+name, its line:col in the lowered module the build wrote into the artifact, `model.lowered.llmir`,
+and its `loc`, the source location it was imported from), so every kernel's time lands on one op
+of the lowered module; the report ranks those ops by their share of the step (`model_run` wall time)
 and says how much of the step named ops cover (the rest is onnxruntime's own overhead between
 kernels, and any node it made up during graph optimization).
 
@@ -123,7 +124,7 @@ class Phase:
 @dataclass
 class ProfileResult:
     artifact: str
-    source: str | None  # the .llmir file the artifact was built from (manifest source.file)
+    source: str | None  # the .llmir file of the ops' lines (manifest `lowered`, else source.file)
     threads: int
     bandwidth_gbs: float | None
     phases: list[Phase]
@@ -382,7 +383,9 @@ def profile_artifact(
         if progress:
             progress("measuring read bandwidth")
         bw = measure_read_bandwidth(dec.threads)
-    src = (dec.manifest.get("source") or {}).get("file")
+    # the file the nodes' llmir.line tags point into: the lowered module the build wrote into the
+    # artifact, else (an artifact without one, e.g. a generic build) the module's own file
+    src = dec.manifest.get("lowered") or (dec.manifest.get("source") or {}).get("file")
     fp = {
         **hardware_fingerprint(),
         "artifact": os.path.basename(os.path.abspath(art_dir)),

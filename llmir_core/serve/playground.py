@@ -2,8 +2,8 @@
 per-pass diffs and bench results, gathered once when the server starts.
 
 - `source`: the `.llmir` the artifact was built from (`--ir`, else the file the manifest names,
-  looked for in the artifact folder and in the folder that holds it); `lowered`: `--lowered`, else another
-  `.llmir` in the artifact folder;
+  looked for in the artifact folder and in the folder that holds it); `lowered`: `--lowered`, else the manifest's
+  `lowered` (`model.lowered.llmir`, written by `llmir build`), else another `.llmir` in the artifact folder;
 - `report`: a text file (`llmir optimize --report` output);
 - `passes`: from a `--print-after-all --dump-dir` folder (`NN-pass.llmir` files; else an
   `llmir-dumps` folder in or beside the artifact whose last dump is `source`): each pass's
@@ -134,6 +134,9 @@ def collect(
 ) -> dict[str, Any]:
     src_path = ir or _find_source(art_dir, manifest)
     source = _read(src_path, "IR") if src_path else None
+    if lowered is None and isinstance(manifest.get("lowered"), str):
+        named = os.path.join(art_dir, manifest["lowered"])  # the lowered module the build wrote
+        lowered = named if os.path.isfile(named) else None
     if lowered is None:
         others = sorted(
             f

@@ -32,46 +32,58 @@ def parsed_artifact(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def test_every_node_names_its_llmir_line(parsed_artifact: tuple[Path, Path]) -> None:
+    """Each node names the lowered op it was serialized from, its line in the lowered module the
+    build wrote into the artifact, and the op's loc (where the import found it)."""
     art, src = parsed_artifact
+    manifest = json.loads((art / "manifest.json").read_text())
+    assert (
+        manifest["lowered"] == "model.lowered.llmir" and "model.lowered.llmir" in manifest["files"]
+    )
     model = onnx.load(str(art / "model.onnx"), load_external_data=False)
     sources = node_sources(model)
     assert set(sources) == {n.name for n in model.graph.node}
-    text = src.read_text().splitlines()
+    lowered = (art / "model.lowered.llmir").read_text().splitlines()
+    original = src.read_text()
     for info in sources.values():
         line, col = (int(x) for x in info["line"].split(":"))
-        assert text[line - 1][col - 1 :].startswith(info["op"]) or info["op"] in text[line - 1]
-        assert info["loc"] and f'loc("{info["loc"]}")' in text[line - 1]
+        assert (
+            lowered[line - 1][col - 1 :].startswith(info["op"]) or info["op"] in lowered[line - 1]
+        )
+        assert info["loc"] and f'loc("{info["loc"]}")' in lowered[line - 1]
+        assert f'loc("{info["loc"]}")' in original  # the loc is the imported module's
+    assert any(i["op"].startswith("ort.") for i in sources.values())
 
 
 def test_profile_attributes_the_decode_step_to_lines(parsed_artifact: tuple[Path, Path]) -> None:
-    art, src = parsed_artifact
+    art, _ = parsed_artifact
     res = profile_artifact(
         str(art), prompt_len=8, decode_steps=4, threads=1, warmup_steps=1, measure_bandwidth=False
     )
-    assert res.source == "tiny.llmir" and res.bandwidth_gbs is None
-    text = src.read_text().splitlines()
+    assert res.source == "model.lowered.llmir" and res.bandwidth_gbs is None
+    text = (art / "model.lowered.llmir").read_text().splitlines()
     for ph in res.phases:
         assert not ph.unmapped and ph.kernel_us > 0
         assert ph.attributed_us / ph.kernel_us >= 0.95
         ops = ph.ranked()
         kinds = {o.op for o in ops}
         assert {
-            "llm.scaled_dot_product_attention",
-            "llm.gated_mlp",
-            "llm.rms_norm",
-            "core.matmul",
+            "ort.group_query_attention",
+            "ort.fused_matmul",
+            "ort.simplified_layer_norm",
+            "ort.skip_simplified_layer_norm",
+            "llm.embedding",
         } <= kinds
         for o in ops:
             assert o.op in text[int(o.line.split(":")[0]) - 1] and o.loc
-        attn = [o for o in ops if o.op == "llm.scaled_dot_product_attention"]
+        attn = [o for o in ops if o.op == "ort.group_query_attention"]
         assert len(attn) == 2 and all("GroupQueryAttention" in o.nodes for o in attn)
-        mlp = next(o for o in ops if o.op == "llm.gated_mlp")
-        assert mlp.bytes >= 3 * 64 * 96 * 4  # its three weight matrices
+        mlp = [o for o in ops if o.loc.startswith("hf:model.layers.0.mlp")]
+        assert sum(o.bytes for o in mlp) >= 3 * 64 * 96 * 4  # its three weight matrices
     d = res.to_json()
     assert d["profile_schema"] == 1 and set(d["phases"]) == {"prefill", "decode"}
     dec = d["phases"]["decode"]
     assert dec["steps"] == 4 and dec["kernel_coverage"] >= 0.95
-    assert all(op["file"] == "tiny.llmir" and op["line"] >= 1 for op in dec["ops"])
+    assert all(op["file"] == "model.lowered.llmir" and op["line"] >= 1 for op in dec["ops"])
 
 
 def test_bench_profile_cli(parsed_artifact: tuple[Path, Path]) -> None:
@@ -109,7 +121,7 @@ def test_bench_profile_cli(parsed_artifact: tuple[Path, Path]) -> None:
     assert r.returncode == 0, r.stderr
     assert (
         "decode step (mean of 2)" in r.stdout
-        and "tiny.llmir:" in r.stdout
+        and "model.lowered.llmir:" in r.stdout
         and "hf:model.layers." in r.stdout
     )
     r = run_cli("bench", str(art), "--profile", "--top", "0")

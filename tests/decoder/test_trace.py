@@ -165,10 +165,22 @@ def test_trace_file_collects_optimize_and_run(tiny_dir: Path, tmp_path: Path) ->
     by = {}
     for s in spans:
         by.setdefault(s["name"], []).append(s)
-    opt_span = by["optimize"][0]
+    for stage in ("import", "optimize", "build", "lower", "load"):  # one span per stage
+        assert len(by[stage]) == 1, stage
+    opt_span, build_span = by["optimize"][0], by["lower"][0]
+    assert ids[build_span["parentSpanId"]]["name"] == "build"  # build = lower + serialize
+    assert ids[by["build"][0]["parentSpanId"]]["name"] == "llmir build"
     passes = [s for s in spans if s["name"].startswith("pass ")]
-    assert passes and all(p["parentSpanId"] == opt_span["spanId"] for p in passes)
-    assert {_attrs(p)["llmir.pass"] for p in passes} >= {"canonicalize", "dce"}
+    opt_passes = [p for p in passes if p["traceId"] == opt_span["traceId"]]
+    assert opt_passes and all(p["parentSpanId"] == opt_span["spanId"] for p in opt_passes)
+    assert {_attrs(p)["llmir.pass"] for p in opt_passes} >= {"canonicalize", "dce"}
+    lowering = [p for p in passes if p["traceId"] == build_span["traceId"]]  # under `lower`
+    assert lowering and all(p["parentSpanId"] == build_span["spanId"] for p in lowering)
+    assert {_attrs(p)["llmir.pass"] for p in lowering} >= {
+        "lower-ort-attention",
+        "lower-ort-module",
+    }
+    assert len(opt_passes) + len(lowering) == len(passes)
     assert ids[opt_span["parentSpanId"]]["name"] == "llmir optimize"
     assert _attrs(by["build"][0])["llmir.target"] == "onnxruntime"
     assert _attrs(by["import"][0])["llmir.source"] == str(tiny_dir)
