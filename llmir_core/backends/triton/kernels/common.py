@@ -51,5 +51,14 @@ def ieee_dot(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and interpreting())
 
 
+def kv_ptr_types(dtype: str, quant: bool) -> dict[str, str]:
+    """AOT pointer types of an attention kernel's KV-cache arguments: the cache in `dtype`, or int8
+    codes with f32 per-position scales (the scale pointers are unused, typed like the cache, when
+    the cache is not quantized)."""
+    kv = "i8" if quant else dtype
+    scale = "fp32" if quant else kv
+    return {"k_ptr": kv, "v_ptr": kv, "ks_ptr": scale, "vs_ptr": scale}
+
+
 def cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import AotSpec, cdiv, pow2
+from .common import AotSpec, cdiv, kv_ptr_types, pow2
 
 
 @triton.jit
@@ -260,13 +260,9 @@ def decode_attention(
 def aot_specs(dtype: str) -> list[AotSpec]:
     out = []
     for quant in (False, True):
-        kv = "i8" if quant else dtype
         ptrs = {
             "q_ptr": dtype,
-            "k_ptr": kv,
-            "v_ptr": kv,
-            "ks_ptr": "fp32" if quant else kv,
-            "vs_ptr": "fp32" if quant else kv,
+            **kv_ptr_types(dtype, quant),
             "pos_ptr": "i64",
             "po_ptr": "fp32",
             "plse_ptr": "fp32",

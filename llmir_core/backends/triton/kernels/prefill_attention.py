@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import AotSpec, cdiv, ieee_dot, pow2
+from .common import AotSpec, cdiv, ieee_dot, kv_ptr_types, pow2
 
 
 @triton.jit
@@ -211,13 +211,9 @@ def prefill_attention(
 def aot_specs(dtype: str) -> list[AotSpec]:
     out = []
     for quant in (False, True):
-        kv = "i8" if quant else dtype
         ptrs = {
             "q_ptr": dtype,
-            "k_ptr": kv,
-            "v_ptr": kv,
-            "ks_ptr": "fp32" if quant else kv,
-            "vs_ptr": "fp32" if quant else kv,
+            **kv_ptr_types(dtype, quant),
             "out_ptr": dtype,
         }
         out.append(
