@@ -76,20 +76,20 @@ def bench_cmd(
             "--profile",
             help="Per-op time of a prefill and a decode step, mapped to the .llmir ops.",
         ),
-    ] = False,  # perf
+    ] = False,
     profile_steps: Annotated[
         int, typer.Option("--profile-steps", help="Decode steps averaged by --profile.")
-    ] = 16,  # perf
+    ] = 16,
     top: Annotated[
         int, typer.Option("--top", help="Ops listed by --profile (JSON lists all).")
-    ] = 15,  # perf
+    ] = 15,
     vs: Annotated[
         list[str] | None,
         typer.Option(
             "--vs",
             help="A peer to compare with: ort-genai:DIR, transformers:DIR or llama.cpp:FILE.gguf (repeatable).",
         ),
-    ] = None,  # perf
+    ] = None,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -102,9 +102,9 @@ def bench_cmd(
         busy = busy_warning()
         if busy:
             ctx.log(f"warning: {busy}")
-        if profile and vs:  # perf
+        if profile and vs:
             raise InputError("give either --profile or --vs, not both")
-        if profile:  # perf
+        if profile:
             from ._bench_perf import run_profile
 
             return run_profile(
@@ -116,7 +116,7 @@ def bench_cmd(
                 seed=seed,
                 top=top,
             )
-        if vs:  # perf
+        if vs:
             from ._bench_perf import run_vs
 
             return run_vs(

@@ -132,7 +132,7 @@ def read_manifest(artifact_dir: str) -> dict[str, Any]:
     return read_checked_shape(artifact_dir)
 
 
-@traced("load", after=trace_attrs.loaded)  # perf: tracing
+@traced("load", after=trace_attrs.loaded)  # tracing
 def open_artifact(artifact_dir: str, **options: Any) -> Any:
     """The runner of an artifact folder, from the target its manifest names. The one place an
     artifact is checked against its manifest (sizes; sha256 when changed or inside

@@ -27,7 +27,7 @@ from llmir_core.fileio import replace_dir, sha256_file
 from llmir_core.ir.core import Module, Value
 from llmir_core.ir.dims import format_dim
 from llmir_core.ir.types import DType, KVCacheType, TensorType, numpy_dtype
-from llmir_core.tracing import traced  # perf: tracing
+from llmir_core.tracing import traced  # tracing
 
 from .ort_lower import MS, OPSET, BuildError, DataPlan, Lowering, onnx_dtype, value_info
 
@@ -364,7 +364,7 @@ def load_manifest(art_dir: str) -> dict[str, Any]:
     "load",
     lambda art_dir, threads=None, manifest=None: {
         "llmir.artifact": art_dir,
-        "llmir.threads": threads,  # perf
+        "llmir.threads": threads,
         "llmir.target": "onnxruntime",
     },
 )

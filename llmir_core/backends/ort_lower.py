@@ -30,7 +30,7 @@ from llmir_core.ir.dims import DYN, Dim, SymDim, format_dim
 from llmir_core.ir.types import DType, QuantType, TensorType, Type, numpy_dtype
 from llmir_core.weights import resolve_path
 
-from .nodeinfo import tag_node  # perf: node -> .llmir op
+from .nodeinfo import tag_node  # node -> .llmir op
 
 OPSET = 23
 MS = "com.microsoft"
@@ -285,9 +285,7 @@ class Lowering:
         self.dim_cache: dict[str, str] = {}
         self.opsets: dict[str, int] = {"": OPSET}
         self.origin: str | None = None
-        self.src_op: Op | None = (
-            None  # perf: the op whose nodes are being emitted (nodeinfo.tag_node)
-        )
+        self.src_op: Op | None = None  # the op whose nodes are being emitted (nodeinfo.tag_node)
         self._counter = 0
 
     # -- names ---------------------------------------------------------------
@@ -322,7 +320,7 @@ class Lowering:
         nd = helper.make_node(op_type, inputs, outs, name=name, domain=domain or None, **attrs)
         if self.origin:
             nd.doc_string = self.origin
-        tag_node(nd, self.src_op)  # perf: node -> .llmir op
+        tag_node(nd, self.src_op)  # node -> .llmir op
         self.nodes.append(nd)
         if domain and domain not in self.opsets:
             self.opsets[domain] = 1
@@ -503,7 +501,7 @@ class Lowering:
         prev = (
             self.origin,
             self.src_op,
-        )  # perf: restored, as lower_op also runs nested (static producers)
+        )  # restored, as lower_op also runs nested (static producers)
         self.origin = op.origin
         self.src_op = (
             op if op.pos is not None or self.src_op is None else self.src_op
@@ -1084,7 +1082,7 @@ def _l_opaque(L: Lowering, op: Op) -> list[str]:
     nd.attribute.extend(onnx_attrs)
     if L.origin:
         nd.doc_string = L.origin
-    tag_node(nd, L.src_op)  # perf: node -> .llmir op
+    tag_node(nd, L.src_op)  # node -> .llmir op
     L.nodes.append(nd)
     L.opsets[domain] = max(L.opsets.get(domain, 1), int(at["opset"]))
     return [o for o in outs if o]

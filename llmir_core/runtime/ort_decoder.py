@@ -311,7 +311,7 @@ def load_decoder_manifest(art_dir: str) -> dict[str, Any]:
     return manifest
 
 
-@traced("load", after=trace_attrs.loaded)  # perf: tracing
+@traced("load", after=trace_attrs.loaded)  # tracing
 def open_artifact(
     art_dir: str,
     threads: int | None = None,

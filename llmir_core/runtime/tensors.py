@@ -22,7 +22,7 @@ from llmir_core.ir.core import Module
 from llmir_core.ir.dims import DYN, Dim, SymDim, eval_dim, format_dim
 from llmir_core.ir.typeparse import TypeSyntaxError, parse_dim_expr
 from llmir_core.ir.types import DTYPE_NAMES, DType, TensorType, numpy_dtype
-from llmir_core.tracing import traced  # perf: tracing
+from llmir_core.tracing import traced  # tracing
 
 BACKENDS = ("reference", "onnxruntime")
 
@@ -270,7 +270,7 @@ def run_module(module: Module, inputs: Mapping[str, np.ndarray]) -> dict[str, np
 
 @traced(
     "run",
-    lambda target, inputs, backend="reference", threads=None: {  # perf: tracing
+    lambda target, inputs, backend="reference", threads=None: {  # tracing
         "llmir.backend": backend,
         "llmir.input": target,
         "llmir.threads": threads,

@@ -26,7 +26,7 @@ from .generate import GenerationResult, generate
 from .sampling import Sampler, SamplingConfig
 from .textstream import decode_tokens, token_bytes_fn
 from .tokenizer import Tokenizer, from_hf_file
-from .trace_attrs import tokenized  # perf: tracing
+from .trace_attrs import tokenized  # tracing
 
 
 @dataclass
@@ -223,7 +223,7 @@ class TextGenerator:
             tpl, messages, bos_token=self._token(self.tokenizer.bos_id), eos_token=self._token(eos)
         )
 
-    @traced("tokenize", after=tokenized)  # perf: tracing
+    @traced("tokenize", after=tokenized)  # tracing
     def encode(self, prompt: str | Sequence[dict[str, str]]) -> list[int]:
         if isinstance(prompt, str) and not self.options.chat:
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)
