@@ -218,6 +218,7 @@ class KvCacheInt8:
             "prompts": cal.prompts,
             "tokens": cal.tokens,
             "method": "amax of the f32 module's cache entries (reference interpreter) / 127",
+            "sample_ids": cal.sample,
         }
         ctx.applied(
             RULE_CALIBRATED,

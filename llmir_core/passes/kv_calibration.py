@@ -26,6 +26,7 @@ DEFAULT_TEXT = (
     "sea level; at the top of Mount Everest it boils at about 70. Question: what is 12 times 7? "
     "Answer: 84. The meeting was moved to Tuesday, 3 p.m., because the room was booked."
 )
+SAMPLE = 32  # calibration ids recorded in the module for differential validation
 MAX_TOKENS = 512  # per prompt: the interpreter's cost grows with the square of the length
 
 
@@ -35,6 +36,7 @@ class Calibration:
     source: str  # what was run, for the provenance attribute
     prompts: int
     tokens: int
+    sample: list[int]  # the first ids run (validation draws its inputs from them)
 
 
 def _builtin_ids(vocab: int, n: int = 96) -> list[int]:
@@ -126,7 +128,8 @@ def calibrate(module: Module, presents: list[Value], path: str = "") -> Calibrat
             x = np.abs(np.asarray(outs[idx[id(v)]], np.float32)).max(axis=(0, 2))
             prev = amax.get(v.name)
             amax[v.name] = x if prev is None else np.maximum(prev, x)
-    return Calibration(amax, src, len(prompts), sum(len(p) for p in prompts))
+    tokens = sum(len(p) for p in prompts)
+    return Calibration(amax, src, len(prompts), tokens, prompts[0][:SAMPLE])
 
 
 __all__ = ["Calibration", "calibrate", "prompt_ids", "DEFAULT_TEXT"]
