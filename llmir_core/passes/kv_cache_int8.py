@@ -182,6 +182,14 @@ class KvCacheInt8:
             return False
         fn = module.main
         entries = cache_entries(fn)
+        if entries and [a.name for a in fn.args[:2]] != ["input_ids", "positions"]:
+            for _, cat in entries:  # calibration runs the module as a decoder
+                ctx.rejected(
+                    RULE_CALIBRATED,
+                    cat.results[0],
+                    "calibration needs a decoder (inputs input_ids, positions, then the caches)",
+                )
+            return False
         ok = []
         for arg, cat in entries:
             reason = self._reason(arg, cat)
