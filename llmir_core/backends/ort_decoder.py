@@ -5,8 +5,9 @@ passes (llmir_core/passes/lower_ort_*.py) to its ONNX node(s), with no pattern m
 
 - `ort.group_query_attention` -> com.microsoft.GroupQueryAttention (plus `seqlens_k` and
   `total_sequence_length` computed from its positions operand, and com.microsoft.RotaryEmbedding
-  on q and k when the rotary table is too narrow for the op's own rotary). Its present outputs
-  keep the IR's names, so the runtime binds past and present to one buffer;
+  on q and k when the rotary table is too narrow for the op's own rotary; `kv_quant` ->
+  k/v_quant_type PER_CHANNEL/PER_TENSOR, kv_cache_bit_width 8, k_scale/v_scale inputs). Its
+  present outputs keep the IR's names, so the runtime binds past and present to one buffer;
 - `ort.matmul_nbits` -> MatMulNBits, its logical weight packed into blocks (GGUF and GPTQ/AWQ/
   compressed-tensors checkpoints repacked, nbits passed through, float weights quantized as the
   op's `quantize` says: the lowering pass made the choice, the manifest lists it);
@@ -656,6 +657,13 @@ def _emit_gqa(D: DecoderSerializer, op: Op) -> bool:
         attrs["do_rotary"] = 1
         attrs["rotary_interleaved"] = int(bool(at.get("rotary_interleaved", False)))
         ins += [cos, sin, D.name(positions)]
+    quant = str(at.get("kv_quant", "none"))
+    if quant != "none":  # int8 cache: k_scale and v_scale are inputs 12 and 13
+        rot = 2 if rotary else 0
+        k_scale, v_scale = ops_[n_in + 3 + rot], ops_[n_in + 4 + rot]
+        ins += [""] * (12 - len(ins)) + [D.name(k_scale), D.name(v_scale)]
+        attrs["k_quant_type"] = attrs["v_quant_type"] = quant.upper()
+        attrs["kv_cache_bit_width"] = 8
     names = _output_names(D.fn)
     outs = D.fn.outputs
     ik = next(i for i, v in enumerate(outs) if v is op.results[1])
