@@ -2,7 +2,9 @@
 time, and optionally translation-validate each pass.
 
 `run_pipeline` returns a `PipelineResult` holding the module, one `PassRun` per pass (time,
-op counts, validation verdict), the rewrites and rejections, and before/after metrics.
+op counts, validation verdict), the rewrites and rejections, and before/after metrics. A
+pipeline that leaves the module lowered for a target records its passes on it
+(`llmir.pipeline`, see `record_pipeline`).
 """
 
 from __future__ import annotations
@@ -133,6 +135,16 @@ def run_pipeline(
         return res
 
 
+def record_pipeline(module: Module, prior: Any, specs: list[str]) -> None:
+    """A module a pipeline leaves lowered for a target (its `target` attribute set) records the
+    passes that ran as `llmir.pipeline` (their `--passes` specs; the artifact's manifest copies
+    it): appended to the record it had when it was lowered already, replacing it otherwise."""
+    if module.attrs.get("target") is None or not specs:
+        return
+    before = [str(s) for s in prior] if isinstance(prior, list) else []
+    module.attrs["llmir.pipeline"] = before + specs
+
+
 def _run_pipeline(
     module: Module,
     passes: list[Any],
@@ -145,6 +157,7 @@ def _run_pipeline(
     dims: dict[str, int] | None,
 ) -> PipelineResult:
     _check(module, None)
+    prior = module.attrs.get("llmir.pipeline") if module.attrs.get("target") is not None else None
     ctx = PassContext(allow_unproved=allow_unproved)
     before = measure(module, dims)
     runs: list[PassRun] = []
@@ -197,6 +210,8 @@ def _run_pipeline(
         runs.append(run)
         if failed is not None:
             break
+    if failed is None:
+        record_pipeline(module, prior, specs)
     return PipelineResult(module, runs, ctx, before, measure(module, dims), tv_seconds, failed)
 
 
