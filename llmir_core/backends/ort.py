@@ -236,7 +236,7 @@ def build(
             "model": MODEL_FILE,
             "source": {"file": src_name, "sha256": src_sha},
             "lowered": LOWERED_FILE if lowered_text is not None else None,
-            "pipeline": [str(p) for p in pipeline] if isinstance(pipeline, list) else None,
+            "pipeline": [str(p) for p in pipeline] if isinstance(pipeline, (list, tuple)) else None,
             "inputs": _signature(inputs, fn.args),
             "outputs": _signature(outputs, fn.outputs),
             "files": {
