@@ -34,6 +34,7 @@ from .ort_lower import MS, OPSET, BuildError, DataPlan, Lowering, onnx_dtype, va
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 MANIFEST = "manifest.json"
+LOWERED_FILE = "model.lowered.llmir"  # the lowered module the nodes' llmir.line tags point into
 
 
 # -- entry points --------------------------------------------------------------------------------------
@@ -192,9 +193,13 @@ def build(
     *,
     source_path: str | None = None,
     source: dict[str, str] | None = None,
+    lowered_text: str | None = None,
 ) -> dict[str, Any]:
     """Write an onnxruntime artifact for the module into out_dir (the generic op-by-op lowering);
-    return its manifest. `source` ({file, sha256}) names the module it was lowered from."""
+    return its manifest. `source` ({file, sha256}) names the module it was lowered from.
+    lowered_text: the text the module was parsed from (`llmir build` lowered it), written as
+    `model.lowered.llmir` (manifest `lowered`): the file the nodes' `llmir.line` tags point into,
+    as in the decoder build. The manifest's `pipeline` is the module's `llmir.pipeline`."""
     if target != "onnxruntime":
         raise InputError(
             f"unknown target '{target}'", hint="the onnxruntime backend builds --target onnxruntime"
@@ -216,6 +221,11 @@ def build(
             files.append(DATA_FILE)
         with open(os.path.join(tmp, MODEL_FILE), "wb") as fh:
             fh.write(model.SerializeToString(deterministic=True))
+        if lowered_text is not None:
+            with open(os.path.join(tmp, LOWERED_FILE), "w", encoding="utf-8", newline="") as fh:
+                fh.write(lowered_text)
+            files.append(LOWERED_FILE)
+        pipeline = module.attrs.get("llmir.pipeline")
         manifest: dict[str, Any] = {
             "format": ARTIFACT_FORMAT,
             "schema_version": 1,
@@ -225,6 +235,8 @@ def build(
             "opset": {d.domain or "ai.onnx": d.version for d in model.opset_import},
             "model": MODEL_FILE,
             "source": {"file": src_name, "sha256": src_sha},
+            "lowered": LOWERED_FILE if lowered_text is not None else None,
+            "pipeline": [str(p) for p in pipeline] if isinstance(pipeline, (list, tuple)) else None,
             "inputs": _signature(inputs, fn.args),
             "outputs": _signature(outputs, fn.outputs),
             "files": {

@@ -1061,6 +1061,7 @@ def _manifest(
         "model": MODEL_FILE,
         "source": {"file": src.get("file") or None, "sha256": src.get("sha256")},
         "lowered": LOWERED_FILE if LOWERED_FILE in files else None,
+        "pipeline": _jsonable(module.attrs.get("llmir.pipeline")),
         "inputs": _signature(ins, list(fn.args), "past_len"),
         "outputs": _signature(outs, list(fn.outputs), "present_len", D.last_logits),
         "files": {

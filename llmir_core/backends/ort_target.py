@@ -139,6 +139,7 @@ class OrtTarget:
             NAME,
             source_path=source_path,
             source=dict(src) if isinstance(src, dict) else None,
+            lowered_text=lowered_text,
         )
 
     def open(self, artifact_dir: str, **options: Any) -> Any:

@@ -76,7 +76,7 @@ def test_build_is_byte_identical_and_manifest_is_complete(model_dir: Path) -> No
         code, _, err = _invoke("build", d / "m.llmir", "-o", d / out)
         assert code == 0, err
     files = sorted(os.listdir(d / "a"))
-    assert files == ["manifest.json", "model.onnx", "model.onnx.data"]
+    assert files == ["manifest.json", "model.lowered.llmir", "model.onnx", "model.onnx.data"]
     for f in files:
         assert (d / "a" / f).read_bytes() == (d / "b" / f).read_bytes(), f
     assert _invoke("build", d / "m.llmir", "-o", d / "a")[0] == 0  # rebuilding in place is allowed
@@ -92,6 +92,34 @@ def test_build_is_byte_identical_and_manifest_is_complete(model_dir: Path) -> No
         t.data_location == T.EXTERNAL for t in proto.graph.initializer if t.name.startswith("w_")
     )
     assert (d / "a" / "model.onnx").stat().st_size < 4096
+
+
+def test_generic_build_writes_its_lowered_module(model_dir: Path) -> None:
+    """The generic build keeps the lowered module (manifest `lowered`), the file its nodes'
+    `llmir.line` tags point into (what `bench --profile` maps onto), and names the pipeline; the
+    lowered module `optimize --target` writes builds the same bytes."""
+    from llmir_core.backends.nodeinfo import node_sources
+
+    d = model_dir
+    assert _invoke("import", d / "m.onnx", "-o", d / "m.llmir")[0] == 0
+    assert _invoke("build", d / "m.llmir", "-o", d / "a")[0] == 0
+    man = json.loads((d / "a" / "manifest.json").read_text())
+    assert man["lowered"] == "model.lowered.llmir" and "model.lowered.llmir" in man["files"]
+    assert man["pipeline"][0] == "canonicalize" and man["pipeline"][-1] == "lower-ort-module"
+    lines = (d / "a" / "model.lowered.llmir").read_text().splitlines()
+    assert 'target = "onnxruntime"' in lines[0]
+    sources = node_sources(onnx.load(str(d / "a" / "model.onnx"), load_external_data=False))
+    assert sources
+    for info in sources.values():  # each tag names the line:col of its op in the lowered module
+        line, col = (int(x) for x in info["line"].split(":"))
+        assert lines[line - 1][col - 1 :].startswith(info["op"] + " "), (info, lines[line - 1])
+    code, _, err = _invoke(
+        "optimize", d / "m.llmir", "--target", "onnxruntime", "-o", d / "l.llmir"
+    )
+    assert code == 0, err
+    assert _invoke("build", d / "l.llmir", "-o", d / "b")[0] == 0
+    for f in sorted(os.listdir(d / "a")):
+        assert (d / "a" / f).read_bytes() == (d / "b" / f).read_bytes(), f
 
 
 def _bad_models(d: Path) -> dict[str, tuple[Path, str]]:
