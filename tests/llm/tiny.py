@@ -158,6 +158,17 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
             "head_dim": 32,
         },
     ),
+    # expert widths that are multiples of 32: GGUF q4_0/q8_0 experts (ffn_down_exps' rows too)
+    "qwen3-moe-q": (
+        "qwen3_moe",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "norm_topk_prob": True,
+            "head_dim": 32,
+        },
+    ),
 }
 # architectures whose rope changes with the position (longrope): compared against transformers'
 # own cached decoding, not one forward over the whole sequence
