@@ -169,6 +169,18 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
             "head_dim": 32,
         },
     ),
+    # 256-wide experts: GGUF K-quant experts (blocks of 256 along every row)
+    "qwen3-moe-k": (
+        "qwen3_moe",
+        {
+            "hidden_size": 256,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 256,
+            "norm_topk_prob": True,
+            "head_dim": 64,
+        },
+    ),
 }
 # architectures whose rope changes with the position (longrope): compared against transformers'
 # own cached decoding, not one forward over the whole sequence
