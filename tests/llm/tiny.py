@@ -181,6 +181,43 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
             "head_dim": 64,
         },
     ),
+    # multi-head latent attention (no q LoRA, as DeepSeek-V2-Lite), greedy routing, 2 shared experts
+    "deepseek-v2-lite": (
+        "deepseek_v2",
+        {
+            "num_key_value_heads": 4,
+            "q_lora_rank": None,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 16,
+            "n_routed_experts": 6,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "n_shared_experts": 2,
+            "first_k_dense_replace": 1,
+        },
+    ),
+    # q LoRA, group-limited routing with a routed scaling factor
+    "deepseek-v2": (
+        "deepseek_v2",
+        {
+            "num_key_value_heads": 4,
+            "q_lora_rank": 24,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 24,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "n_shared_experts": 1,
+            "topk_method": "group_limited_greedy",
+            "n_group": 4,
+            "topk_group": 2,
+            "routed_scaling_factor": 2.5,
+        },
+    ),
 }
 # architectures whose rope changes with the position (longrope): compared against transformers'
 # own cached decoding, not one forward over the whole sequence
