@@ -11,13 +11,13 @@ common width and block.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from onnx import TensorProto
 
 from llmir_core.passes.lower_ort_moe import expert_srcs
-from llmir_core.passes.ort_common import NbitsFormat, WSrc
+from llmir_core.passes.ort_common import NbitsFormat, WSrc, tt
 from llmir_core.quant import nbits
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .ort_decoder import DecoderSerializer
 
 MS = "com.microsoft"
-_Packed = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # codes, scales, zero codes [rows, nb]
+_Packed = tuple[np.ndarray, np.ndarray, np.ndarray]  # codes, scales, zero codes: unpacked, per row
 
 
 def widen(
@@ -149,16 +149,12 @@ def emit_moe(D: DecoderSerializer, op: Op) -> bool:
     experts = len(weights[0])
 
     def rows2d(name: str) -> str:  # onnxruntime takes the router inputs as [tokens, experts]
-        return (
-            name
-            if len(op.operands[0].type.shape) == 2
-            else D.L.one(  # type: ignore[union-attr]
-                "Reshape", name, D.L.ints([-1, experts])
-            )
-        )
+        if tt(op.operands[0]).rank == 2:
+            return name
+        return D.L.one("Reshape", name, D.L.ints([-1, experts]))
 
     probs = rows2d(probs)
-    attrs = {
+    attrs: dict[str, Any] = {
         "k": int(op.attrs["k"]),
         "normalize_routing_weights": int(bool(op.attrs.get("normalize", True))),
         "activation_type": "swiglu",

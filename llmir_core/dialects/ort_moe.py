@@ -55,13 +55,14 @@ def _infer(ctx: InferCtx, quantized: bool) -> list[Type]:
     )
     experts, hidden = probs.shape[-1], x.shape[-1]
     wg, wu, wd = (tensor_arg(ctx, i, n) for i, n in ((2, "w_gate"), (3, "w_up"), (4, "w_down")))
-    for t, n in ((wg, "w_gate"), (wu, "w_up"), (wd, "w_down")):
+    for t, nm in ((wg, "w_gate"), (wu, "w_up"), (wd, "w_down")):
         _need(
-            t.rank == 3 and t.dtype == x.dtype, f"{n} must be {x.dtype} [experts, out, in], got {t}"
+            t.rank == 3 and t.dtype == x.dtype,
+            f"{nm} must be {x.dtype} [experts, out, in], got {t}",
         )
         _need(
             not _known_ne(t.shape[0], experts),
-            f"{n} has {t.shape[0]} experts, router_probs {experts}",
+            f"{nm} has {t.shape[0]} experts, router_probs {experts}",
         )
     inter = wg.shape[1]
     _need(

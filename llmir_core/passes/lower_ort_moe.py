@@ -248,7 +248,7 @@ class LowerOrtMoe:
             "normalize": bool(at.get("norm_topk", True)),
         }
         wts = list(op.operands[2:5])
-        if plan is None:
+        if not isinstance(plan, _Plan):
             y = b.op("ort.moe", x, logits, *wts, **common)
             ctx.applied("moe", y, "f32 experts")
         else:
