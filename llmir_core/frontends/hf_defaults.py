@@ -35,16 +35,6 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "use_sliding_window": False,
         "max_window_layers": 28,
     },
-    "qwen3": {
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 32768,
-        "tie_word_embeddings": False,
-        "hidden_act": "silu",
-        "rope_theta": 10000.0,
-        "sliding_window": 4096,
-        "use_sliding_window": False,
-        "max_window_layers": 28,
-    },
     "phi3": {
         "rms_norm_eps": 1e-5,
         "max_position_embeddings": 4096,
@@ -79,6 +69,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "head_dim": 256,
     },
 }
+DEFAULTS["qwen3"] = dict(DEFAULTS["qwen2"])  # the same class defaults
 
 # the mixture-of-experts families: their dense base's defaults plus their own
 DEFAULTS["mixtral"] = {

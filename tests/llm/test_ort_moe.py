@@ -130,20 +130,9 @@ gguf = pytest.importorskip("gguf", reason="the gguf package is needed to write t
 
 def _ort_greedy(module: Any, art: Path, prompt: np.ndarray, steps: int, **opts: Any) -> Any:
     pytest.importorskip("onnxruntime", reason="onnxruntime builds are checked when it is installed")
-    from llmir_core.backends.ort_decoder import build_decoder
-    from llmir_core.runtime.ort_decoder import open_artifact
+    from .test_rope_types import ort_greedy
 
-    build_decoder(module, str(art), **opts)
-    dec = open_artifact(str(art))
-    dec.reset(prompt.shape[0])
-    logits = dec.forward(prompt)
-    out, toks = [logits], []
-    for _ in range(steps):
-        nxt = logits[:, -1].argmax(-1)[:, None]
-        toks.append(nxt)
-        logits = dec.forward(nxt)
-        out.append(logits)
-    return out, np.concatenate(toks, axis=1) if toks else np.zeros((len(prompt), 0), np.int64)
+    return ort_greedy(module, art, prompt, steps, **opts)
 
 
 def _nodes(art: Path) -> tuple[dict[str, Any], dict[str, int]]:
