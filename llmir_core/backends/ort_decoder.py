@@ -818,6 +818,12 @@ def _emit_embedding(D: DecoderSerializer, op: Op) -> bool:
     return True
 
 
+def _emit_moe(D: DecoderSerializer, op: Op) -> bool:
+    from .ort_moe import emit_moe
+
+    return emit_moe(D, op)
+
+
 def _emit_quick_gelu(D: DecoderSerializer, op: Op) -> bool:
     D.bind(
         op.results[0],
@@ -836,6 +842,8 @@ _EMIT = {
     "ort.matmul_nbits": _emit_matmul_nbits,
     "ort.quick_gelu": _emit_quick_gelu,
     "llm.embedding": _emit_embedding,
+    "ort.moe": _emit_moe,
+    "ort.qmoe": _emit_moe,
 }
 
 

@@ -75,6 +75,7 @@ class OrtTarget:
         from llmir_core.passes.lower_ort_attention import LowerOrtAttention
         from llmir_core.passes.lower_ort_matmul import LowerOrtMatmul
         from llmir_core.passes.lower_ort_module import LowerOrtModule
+        from llmir_core.passes.lower_ort_moe import LowerOrtMoe
         from llmir_core.passes.lower_ort_norms import LowerOrtNorms
         from llmir_core.passes.ort_common import ACCURACY_LEVEL
 
@@ -100,6 +101,7 @@ class OrtTarget:
         return [
             LowerOrtAttention(quant, block),
             LowerOrtNorms(),
+            LowerOrtMoe(quant, block, level),
             LowerOrtMatmul(quant, block, level),
             module,
         ]

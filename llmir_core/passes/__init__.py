@@ -25,6 +25,7 @@ from .lift_rotary import LiftRotary
 from .lower_ort_attention import LowerOrtAttention
 from .lower_ort_matmul import LowerOrtMatmul
 from .lower_ort_module import LowerOrtModule
+from .lower_ort_moe import LowerOrtMoe
 from .lower_ort_norms import LowerOrtNorms
 from .lower_triton import LowerTriton
 from .merge_qkv import MergeQkv
@@ -51,6 +52,7 @@ PASS_CLASSES: list[type] = [
     AssignPrecision,
     LowerOrtAttention,
     LowerOrtNorms,
+    LowerOrtMoe,
     LowerOrtMatmul,
     LowerOrtModule,
     LowerTriton,
