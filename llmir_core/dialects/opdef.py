@@ -5,10 +5,11 @@ what its verifier checks, a shape/dtype rule over symbolic dims (`infer`), the n
 semantics (`reference`), and for composite ops a decomposition into simpler ops (`decompose`).
 The rest of the op's meaning lives on the declaration too (docs/optimize.md, "An op's meaning"):
 - `smt`: its element-level encoding for the SMT prover (a function over the shared helpers of
-  `llmir_core.smt.semantics.Encoder`), usually `lazy("llmir_core.dialects.core_smt:matmul")` so
-  z3 loads only when an encoding is evaluated; or else `no_smt`, the reason there is none (rules
-  over it cannot be proved; translation validation keeps it an uninterpreted function, expands
-  it through its decomposition if it has one, and falls back to differential testing);
+  `llmir_core.smt.semantics.Encoder`), usually `encoding("core_smt", "matmul")`, a `Lazy`
+  reference into `dialects/*_smt.py`, so z3 loads only when an encoding is evaluated; or else
+  `no_smt`, the reason there is none (rules over it cannot be proved; translation validation
+  keeps it an uninterpreted function, expands it through its decomposition if it has one, and
+  falls back to differential testing);
 - `interval`: the range of its first result from its operands' ranges (helpers in `ranges`);
   fallback [0, 1] for bool results, unbounded otherwise;
 - `cost`: FLOPs and bytes read per evaluation (helpers in `ranges`); fallback one FLOP per result

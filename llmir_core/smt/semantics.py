@@ -166,10 +166,6 @@ class Encoder:
         return out if isinstance(out, list) else [out]
 
     # -- shared helpers for op encodings ---------------------------------------------------
-    def unary(self, fn: Callable[[Any], Any]) -> Callable[[Any, Sequence[STensor], Any], STensor]:
-        """An elementwise encoding from a function of one element."""
-        return lambda enc, args, attrs: self.elementwise(fn, args[0])
-
     def apply_uf(self, name: str, x: STensor) -> STensor:
         """x mapped elementwise through the uninterpreted function `name` (an opaque kernel)."""
         g = self.uf(name)
