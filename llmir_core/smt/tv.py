@@ -237,25 +237,32 @@ def per_op(
     """How the ops of `after` were validated, counted by op name and way: `smt` when the whole
     module was decided on terms (`by_smt`), or when the op's result terms are equal (congruent,
     given the rule instances) to terms of the original; `differential` otherwise, with the
-    reason (the op's declared `no_smt`, or that no equal term exists in the original)."""
+    reason: an operand already differs, the op's declared `no_smt`, or that its result has no
+    equal term in the original (where the modules diverge)."""
     from .meaning import tv_treatment
 
     original = {find(tt.of_value[id(v)]) for v in before.values() if id(v) in tt.of_value}
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     for op in after.ops:
         od = get_op(op.name)
-        terms = [tt.of_value.get(id(r)) for r in op.results]
-        if by_smt or all(t is not None and find(t) in original for t in terms):
+
+        def same(vs: Any) -> bool:
+            return all(
+                (t := tt.of_value.get(id(v))) is not None and find(t) in original for v in vs
+            )
+
+        if by_smt or same(op.results):
             way, how = "smt", tv_treatment(od) if od is not None else "unknown op"
         else:
             way = "differential"
-            how = (
-                od.no_smt
-                if od is not None and od.no_smt
-                else "no equal term in the original, and no rule instance relates them"
-            )
+            if not same(op.operands):
+                how = "an operand already differs from the original's"
+            elif od is not None and od.no_smt:
+                how = od.no_smt
+            else:
+                how = "its operands match the original's, its result has no equal term there"
         row = rows.setdefault(
-            (op.name, way), {"op": op.name, "count": 0, "validated_by": way, "how": how}
+            (op.name, way, how), {"op": op.name, "count": 0, "validated_by": way, "how": how}
         )
         row["count"] += 1
     return sorted(rows.values(), key=lambda r: (r["validated_by"] != "differential", r["op"]))
