@@ -307,6 +307,8 @@ register(
         infer=_infer_moe,
         reference=_ref_moe,
         decompose=_dec_moe,
+        no_smt="each token's experts are chosen by a top-k of router scores (a data-dependent "
+        "choice); translation validation expands it through its decomposition",
         verifies="x has rank >= 2; router is [E, hidden]; the expert weights are [E, out, in] of x's "
         "dtype chaining hidden -> inter -> hidden; 1 <= top_k <= E; the shared expert, when "
         "present, chains hidden -> shared_inter -> hidden; routed_scale > 0; n_group divides E, "

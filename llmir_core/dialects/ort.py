@@ -25,8 +25,9 @@ import numpy as np
 from llmir_core.ir.dims import dim_add
 from llmir_core.ir.types import DType, QuantType, TensorType, Type
 
+from . import ranges
 from .llm import _ref_rms_norm, _ref_rotary, _ref_sdpa
-from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError
+from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError, encoding
 from .registry import register, register_dialect
 from .shapes import float_tensor, fmt_shape, like, tensor_arg
 
@@ -329,6 +330,8 @@ register(
         reference=_ref_gqa,
         decompose=_dec_gqa,
         results=("output", "present_key", "present_value"),
+        no_smt="it writes its KV buffer in place at per-row positions (seqlens); translation "
+        "validation expands it through its decomposition",
         verifies="operands match the packed/do_rotary form, num_heads is a multiple of kv_num_heads, "
         "q/k/v widths are heads * head_dim (head_dim from past_key), the caches share q's dtype "
         "(int8 with f32 scales of the kv_quant layout when kv_quant is set), "
@@ -376,6 +379,9 @@ register(
             if at["transB"]
             else b.op("core.matmul", o[0], o[1])
         ],
+        smt=encoding("target_smt", "ort_fused_matmul"),
+        interval=ranges.iv_matmul,
+        cost=ranges.cost_matmul,
         verifies="a is a float tensor of rank >= 2 and b a 2-D matrix of its dtype whose contraction dim matches.",
         example="%y = ort.fused_matmul %x, %w : (tensor<?batch x ?seq x 64 x f32>, tensor<128x64xf32>) "
         "-> tensor<?batch x ?seq x 128 x f32>",
@@ -477,6 +483,8 @@ register(
         infer=_infer_nbits,
         reference=_ref_nbits,
         decompose=_dec_nbits,
+        smt=encoding("target_smt", "ort_matmul_nbits"),
+        cost=ranges.cost_matmul,
         verifies="a is a float tensor, b a 2-D [N, K] weight with K a multiple of block_size (a float "
         "of a's dtype, or nbits-packed with matching bits/block and its scales), bits is 4 or 8, "
         "and accuracy_level is 0..4.",
@@ -525,6 +533,9 @@ register(
         infer=_infer_sln,
         reference=lambda a, at: _ref_rms_norm(a, _rms_attrs(at)),
         decompose=lambda b, o, at: [b.op("llm.rms_norm", o[0], o[1], **_rms_attrs(at))],
+        smt=encoding("target_smt", "ort_simplified_layer_norm"),
+        interval=ranges.iv_norm,
+        cost=ranges.cost_per_element(4),
         verifies="x is a float tensor, weight 1-D of its dtype over the last dim, epsilon >= 0.",
         example="%y = ort.simplified_layer_norm %x, %w {epsilon = 1e-05} : (tensor<?batch x ?seq x 64 x f32>, "
         "tensor<64xf32>) -> tensor<?batch x ?seq x 64 x f32>",
@@ -561,6 +572,9 @@ register(
         reference=_ref_skip_sln,
         decompose=_dec_skip_sln,
         results=("normed", "sum"),
+        smt=encoding("target_smt", "ort_skip_simplified_layer_norm"),
+        interval=ranges.iv_add_norm,
+        cost=ranges.cost_add_norm,
         verifies="x and skip share a float type, weight is 1-D of its dtype over the last dim, epsilon >= 0.",
         example="%y, %s = ort.skip_simplified_layer_norm %x, %r, %w {epsilon = 1e-05} : "
         "(tensor<?batch x ?seq x 64 x f32>, tensor<?batch x ?seq x 64 x f32>, tensor<64xf32>) -> "
@@ -593,6 +607,7 @@ register(
         infer=lambda ctx: [float_tensor(ctx, 0, "x")],
         reference=_ref_quick_gelu,
         decompose=_dec_quick_gelu,
+        smt=encoding("target_smt", "ort_quick_gelu"),
         verifies="x is a float tensor.",
         example="%y = ort.quick_gelu %x : (tensor<?batch x ?seq x 256 x f32>) -> tensor<?batch x ?seq x 256 x f32>",
     )
