@@ -161,7 +161,7 @@ class OrtTarget:
                 options.get("max_context"),
                 options.get("spin"),
             )
-        from .ort import runner_for_artifact
+        from .ort_runtime import runner_for_artifact
 
         return runner_for_artifact(artifact_dir, options.get("threads"), manifest)
 
