@@ -71,8 +71,10 @@ class OrtTarget:
         return self._caps
 
     def lowering(self, options: Mapping[str, Any]) -> list[Any]:
-        """lower-ort-attention, -norms, -matmul (decoders only; no-ops elsewhere) and -module."""
+        """lower-ort-attention, -norms, -matmul, -embedding (decoders only; no-ops elsewhere)
+        and -module."""
         from llmir_core.passes.lower_ort_attention import LowerOrtAttention
+        from llmir_core.passes.lower_ort_embedding import LowerOrtEmbedding
         from llmir_core.passes.lower_ort_matmul import LowerOrtMatmul
         from llmir_core.passes.lower_ort_module import LowerOrtModule
         from llmir_core.passes.lower_ort_norms import LowerOrtNorms
@@ -101,6 +103,7 @@ class OrtTarget:
             LowerOrtAttention(quant, block),
             LowerOrtNorms(),
             LowerOrtMatmul(quant, block, level),
+            LowerOrtEmbedding(quant, block),
             module,
         ]
 
