@@ -165,9 +165,19 @@ def _plain_name(name: str) -> bool:
 
 
 def _state_path() -> str:
-    from llmir_core.registry.home import llmir_home
+    return os.path.join(_llmir_home(), STATE_FILE)
 
-    return os.path.join(str(llmir_home()), STATE_FILE)
+
+def _llmir_home() -> str:
+    """`llmir_core.registry.home.llmir_home()`, without importing the registry package (its
+    __init__ loads the index, pull and lock-file modules: ~0.1 s of CPU on every artifact
+    open). tests/inputs/test_artifacts.py checks that the two agree."""
+    explicit = os.environ.get("LLMIR_HOME")
+    if explicit:
+        return os.path.expanduser(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = os.path.expanduser(xdg) if xdg else os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "llmir")
 
 
 def _load_state() -> dict[str, Any]:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from llmir_core.dialects.registry import all_ops
 from llmir_core.errors import InputError
-from llmir_core.ir.core import Module
 
-from .target import Capabilities
+if TYPE_CHECKING:  # opening an artifact needs no IR (tests/decoder/test_open_imports.py)
+    from llmir_core.ir.core import Module
+
+    from .target import Capabilities
 
 NAME = "onnxruntime"
 _OPTIONS = ("quant", "quant_block", "accuracy_level", "max_len", "last_logits", "generic")
@@ -29,7 +30,10 @@ _REASONS = {
 
 
 def _capabilities() -> Capabilities:
+    from llmir_core.dialects.registry import all_ops
+
     from .ort_lower import LOWER
+    from .target import Capabilities
 
     ops = set(LOWER) | {"core.weight", "ort.*", "llm.embedding"}
     for name, od in all_ops().items():

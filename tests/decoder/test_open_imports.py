@@ -15,12 +15,21 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BUILDER_LIBS = ("onnx", "gguf", "torch", "transformers", "z3")
+# what loading a decoder needs none of: the IR, the op tables, the registry (its index and pull)
+NOT_FOR_LOADING = (
+    "llmir_core.ir",
+    "llmir_core.dialects",
+    "llmir_core.passes",
+    "llmir_core.registry",
+)
 
 PRELUDE = f"""
 import json, sys
-def builder_libs():
-    return sorted(n for n in {BUILDER_LIBS!r}
+def loaded(names):
+    return sorted(n for n in names
                   if n in sys.modules or any(m.startswith(n + '.') for m in sys.modules))
+def builder_libs():
+    return loaded({BUILDER_LIBS!r})
 """
 
 
@@ -46,11 +55,13 @@ dec = open_artifact({str(tiny_artifact)!r}, threads=1)
 dec.reset(1)
 logits = dec.forward(np.array([[1, 5, 7]], np.int64))
 print(json.dumps({{"libs": builder_libs(), "shape": list(logits.shape),
-                  "onnxruntime": "onnxruntime" in sys.modules}}))
+                  "onnxruntime": "onnxruntime" in sys.modules,
+                  "internal": loaded({NOT_FOR_LOADING!r})}}))
 """,
         tmp_path,
     )
     assert out["onnxruntime"] is True
+    assert out["internal"] == [], f"opening a decoder imported {out['internal']}"
     assert out["libs"] == [], f"opening an artifact imported {out['libs']}"
     assert out["shape"][0] == 1
 
