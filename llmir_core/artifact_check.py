@@ -165,9 +165,19 @@ def _plain_name(name: str) -> bool:
 
 
 def _state_path() -> str:
-    from llmir_core.registry.home import llmir_home
+    return os.path.join(_llmir_home(), STATE_FILE)
 
-    return os.path.join(str(llmir_home()), STATE_FILE)
+
+def _llmir_home() -> str:
+    """`llmir_core.registry.home.llmir_home()`, without importing the registry package (its
+    __init__ loads the index, pull and lock-file modules: ~0.1 s of CPU on every artifact
+    open). tests/inputs/test_artifacts.py checks that the two agree."""
+    explicit = os.environ.get("LLMIR_HOME")
+    if explicit:
+        return os.path.expanduser(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = os.path.expanduser(xdg) if xdg else os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "llmir")
 
 
 def _load_state() -> dict[str, Any]:
@@ -271,19 +281,84 @@ def check_decoder_context(art_dir: str, manifest: dict[str, Any]) -> None:
 
 
 def _rotary_rows(model_path: str) -> int | None:
-    """Rows of the cos_cache initializer of a built decoder (None when there is none)."""
+    """Rows of the cos_cache initializer of a built decoder (None when there is none, or the
+    file is not readable: onnxruntime names the problem when it opens it). Read straight from
+    the protobuf wire format, so opening an artifact never imports onnx."""
     try:
-        import onnx
-    except ImportError:
+        with open(model_path, "rb") as fh:
+            data = memoryview(fh.read())
+        graph = _pb_field(data, 7)  # ModelProto.graph
+        if graph is None:
+            return None
+        for tensor in _pb_fields(graph, 5):  # GraphProto.initializer
+            if bytes(_pb_field(tensor, 8) or b"") == b"cos_cache":  # TensorProto.name
+                dims = _pb_ints(tensor, 1)  # TensorProto.dims
+                return dims[0] if dims else None
+    except (OSError, ValueError):
         return None
-    try:
-        proto = onnx.load(model_path, load_external_data=False)
-    except Exception:  # not readable: onnxruntime names the problem when it opens the file
-        return None
-    for t in proto.graph.initializer:
-        if t.name == "cos_cache" and len(t.dims) >= 1:
-            return int(t.dims[0])
     return None
+
+
+def _pb_varint(buf: memoryview, i: int) -> tuple[int, int]:
+    out = shift = 0
+    while True:
+        if i >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        b = buf[i]
+        i += 1
+        out |= (b & 0x7F) << shift
+        if b < 0x80:
+            return out, i
+        shift += 7
+
+
+def _pb_scan(buf: memoryview) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value) of a protobuf message: an int for varints, the bytes
+    (a memoryview) for length-delimited fields, None for fixed-width ones."""
+    i = 0
+    while i < len(buf):
+        key, i = _pb_varint(buf, i)
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            v, i = _pb_varint(buf, i)
+            yield num, wire, v
+        elif wire == 2:
+            n, i = _pb_varint(buf, i)
+            if i + n > len(buf):
+                raise ValueError("truncated field")
+            yield num, wire, buf[i : i + n]
+            i += n
+        elif wire in (1, 5):
+            i += 8 if wire == 1 else 4
+            yield num, wire, None
+        else:
+            raise ValueError(f"wire type {wire}")
+
+
+def _pb_fields(buf: memoryview, num: int) -> Iterator[memoryview]:
+    for n, wire, v in _pb_scan(buf):
+        if n == num and wire == 2:
+            yield v
+
+
+def _pb_field(buf: memoryview, num: int) -> memoryview | None:
+    return next(_pb_fields(buf, num), None)
+
+
+def _pb_ints(buf: memoryview, num: int) -> list[int]:
+    """A repeated int64 field, packed or not."""
+    out: list[int] = []
+    for n, wire, v in _pb_scan(buf):
+        if n != num:
+            continue
+        if wire == 0:
+            out.append(v)
+        elif wire == 2:
+            i = 0
+            while i < len(v):
+                x, i = _pb_varint(v, i)
+                out.append(x)
+    return out
 
 
 def open_checked(art_dir: str, *, full: bool = False) -> dict[str, Any]:

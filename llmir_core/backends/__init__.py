@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmir_core.errors import InputError
-from llmir_core.ir.core import Module
 from llmir_core.runtime import trace_attrs
 from llmir_core.tracing import traced
+
+if TYPE_CHECKING:  # opening an artifact needs no IR (tests/decoder/test_open_imports.py)
+    from llmir_core.ir.core import Module
 
 TARGETS: dict[str, str] = {
     "onnxruntime": "llmir_core.backends.ort_target:TARGET",

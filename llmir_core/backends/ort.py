@@ -4,7 +4,7 @@
 weight and every constant of 1 KiB or more, as ONNX external data; never inline, so protobuf's
 2 GB limit is never hit) and `manifest.json`, atomically (a temp folder renamed into place) and
 deterministically (the same input gives byte-identical files). The op-by-op lowering lives in
-`ort_lower.py`. This module is the only importer of onnxruntime.
+`ort_lower.py`; opening and running an artifact (onnxruntime only, no onnx) in `ort_runtime.py`.
 """
 
 from __future__ import annotations
@@ -14,22 +14,20 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
 from llmir_core import SPEC_VERSION, __version__
 from llmir_core.errors import InputError
 from llmir_core.fileio import replace_dir, sha256_file
 from llmir_core.ir.core import Module, Value
 from llmir_core.ir.dims import format_dim
-from llmir_core.ir.types import DType, KVCacheType, TensorType, numpy_dtype
-from llmir_core.tracing import traced  # tracing
+from llmir_core.ir.types import KVCacheType, TensorType
 
 from .ort_lower import MS, OPSET, BuildError, DataPlan, Lowering, onnx_dtype, value_info
+from .ort_runtime import OrtRunner
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -256,104 +254,6 @@ def build(
     return manifest
 
 
-# -- running ----------------------------------------------------------------------------------------------
-
-
-def _session(model: str | bytes, threads: int | None = None) -> Any:
-    import onnxruntime as ort
-
-    # onnxruntime's own log lines (coloured whatever NO_COLOR says) stay off: a failure reaches
-    # llmir as an exception, reported in its one-line form
-    ort.set_default_logger_severity(4)
-    so = ort.SessionOptions()
-    so.log_severity_level = 4  # errors reach llmir as exceptions; no coloured log lines
-    if threads:
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-    try:
-        return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own exception types
-        raise BuildError(
-            f"onnxruntime cannot load the model: {str(exc).strip().splitlines()[0]}"
-        ) from None
-
-
-_SPECIAL_IN = {
-    "bfloat16": TensorProto.BFLOAT16,
-    "float8_e4m3fn": TensorProto.FLOAT8E4M3FN,
-    "float8_e5m2": TensorProto.FLOAT8E5M2,
-}
-_SPECIAL_OUT = {
-    "tensor(bfloat16)": (DType.bf16, 2),
-    "tensor(float8e4m3fn)": (DType.f8e4m3, 1),
-    "tensor(float8e5m2)": (DType.f8e5m2, 1),
-    "tensor(int4)": (DType.i4, 0),
-    "tensor(uint4)": (DType.u4, 0),
-}
-
-
-def _ort_value(arr: np.ndarray) -> Any:
-    """numpy -> OrtValue, passing the types onnxruntime's numpy bridge lacks as raw bytes."""
-    import onnxruntime as ort
-
-    arr = np.ascontiguousarray(arr)
-    code = _SPECIAL_IN.get(arr.dtype.name)
-    if code is not None:
-        raw = arr.view(np.uint16 if arr.dtype.itemsize == 2 else np.uint8)
-        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(raw, onnx_element_type=code)
-    if arr.dtype.name in ("int4", "uint4"):
-        raise BuildError(f"onnxruntime's Python API cannot take {arr.dtype.name} inputs")
-    return ort.OrtValue.ortvalue_from_numpy(arr)
-
-
-def _from_ort_value(v: Any) -> np.ndarray:
-    special = _SPECIAL_OUT.get(v.data_type())
-    if special is None:
-        return np.asarray(v.numpy())
-    import ctypes
-
-    dt, width = special
-    shape = tuple(v.shape())
-    n = int(np.prod(shape)) if shape else 1
-    nbytes = n * width if width else (n + 1) // 2
-    raw = (
-        np.frombuffer(bytes((ctypes.c_char * nbytes).from_address(v.data_ptr())), np.uint8)
-        if nbytes
-        else np.zeros(0, np.uint8)
-    )
-    if width:
-        return raw.view(numpy_dtype(dt)).reshape(shape).copy()
-    lo, hi = raw & 0x0F, raw >> 4
-    codes = np.stack([lo, hi], axis=-1).reshape(-1)[:n].astype(np.int8)
-    if dt == DType.i4:
-        codes = np.where(codes > 7, codes - 16, codes).astype(np.int8)
-    return codes.astype(numpy_dtype(dt)).reshape(shape)
-
-
-def run_session(sess: Any, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    """Run an onnxruntime session on numpy inputs, bf16/f8/int4 included."""
-    feeds = {k: _ort_value(np.asarray(v)) for k, v in inputs.items()}
-    return [_from_ort_value(o) for o in sess.run_with_ort_values(None, feeds)]
-
-
-class OrtRunner:
-    """An onnxruntime session over an artifact folder or an in-memory model."""
-
-    def __init__(self, model: str | bytes, threads: int | None = None) -> None:
-        self.sess = _session(model, threads)
-        self.input_names = [i.name for i in self.sess.get_inputs()]
-        self.output_names = [o.name for o in self.sess.get_outputs()]
-
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        try:
-            outs = run_session(self.sess, inputs)
-        except BuildError:
-            raise
-        except Exception as exc:
-            raise BuildError(f"onnxruntime failed: {str(exc).strip().splitlines()[0]}") from None
-        return dict(zip(self.output_names, outs))
-
-
 def session_for_module(
     module: Module, threads: int | None = 1
 ) -> tuple[OrtRunner, list[str], list[str]]:
@@ -362,43 +262,11 @@ def session_for_module(
     return OrtRunner(model.SerializeToString(), threads), inputs, outputs
 
 
-def load_manifest(art_dir: str) -> dict[str, Any]:
-    """The artifact's manifest, after checking its files against it (llmir_core.artifact_check)."""
-    from llmir_core.artifact_check import open_checked
-
-    data = open_checked(art_dir)
-    if data.get("target") != "onnxruntime":
-        raise InputError(f"{art_dir}: artifact target is {data.get('target')!r}, not onnxruntime")
-    return data
-
-
-@traced(
-    "load",
-    lambda art_dir, threads=None, manifest=None: {
-        "llmir.artifact": art_dir,
-        "llmir.threads": threads,
-        "llmir.target": "onnxruntime",
-    },
-)
-def runner_for_artifact(
-    art_dir: str, threads: int | None = None, manifest: dict[str, Any] | None = None
-) -> OrtRunner:
-    """A session on the artifact's model; `manifest`: already read and checked by the caller
-    (`llmir_core.backends.open_artifact`), so the files are not checked twice."""
-    if manifest is None:
-        manifest = load_manifest(art_dir)
-    return OrtRunner(os.path.join(art_dir, manifest.get("model", MODEL_FILE)), threads)
-
-
 __all__ = [
     "build",
     "to_onnx",
     "BuildError",
-    "OrtRunner",
     "session_for_module",
-    "load_manifest",
-    "runner_for_artifact",
-    "run_session",
     "OPSET",
     "MS",
     "Lowering",

@@ -13,8 +13,8 @@ passes (llmir_core/passes/lower_ort_*.py) to its ONNX node(s), with no pattern m
   op's `quantize` says: the lowering pass made the choice, the manifest lists it);
 - `ort.fused_matmul` -> FusedMatMul; `ort.(skip_)simplified_layer_norm` ->
   (Skip)SimplifiedLayerNormalization; `ort.quick_gelu` -> QuickGelu;
-- `llm.embedding` -> Gather over the streamed table, or GatherBlockQuantized when the table is
-  also the quantized lm_head (stored once);
+- `llm.embedding` -> Gather over the streamed table; `ort.gather_block_quantized` ->
+  GatherBlockQuantized over the table's MatMulNBits blocks (a tied lm_head's stored once);
 - everything else through the generic op-by-op lowering (`ort_lower.Lowering`).
 
 Weights are streamed into the data file (row chunks), each stored once, and the files are
@@ -101,6 +101,7 @@ class _QuantLog:
     requantized: list[dict[str, Any]] = field(default_factory=list)
     quantized: dict[str, int] = field(default_factory=dict)
     passthrough: int = 0
+    embedding: list[dict[str, Any]] = field(default_factory=list)  # gather_block_quantized tables
 
 
 def _weight_type(op: Op) -> TensorType:
@@ -249,9 +250,21 @@ class _Weights:
             b_bytes,
         )
         sc_all = np.concatenate(scales)
-        off = self.data.start(sc_all.nbytes >= _LARGE)
-        self.data.write(sc_all)
-        s_name = self._init(name + ".scales", TensorProto.FLOAT, [rows, nb], off, sc_all.nbytes)
+        half = sc_all.astype(np.float16)
+        if np.array_equal(half.astype(np.float32), sc_all):
+            # every scale is an f16 (GGUF's own, for the lossless formats): stored as f16, half
+            # the bytes, and cast to the f32 MatMulNBits takes (onnxruntime folds the Cast once,
+            # when the session is made)
+            off = self.data.start(half.nbytes >= _LARGE)
+            self.data.write(half)
+            s16 = self._init(
+                name + ".scales_f16", TensorProto.FLOAT16, [rows, nb], off, half.nbytes
+            )
+            s_name = self.L.one("Cast", s16, to=TensorProto.FLOAT)
+        else:
+            off = self.data.start(sc_all.nbytes >= _LARGE)
+            self.data.write(sc_all)
+            s_name = self._init(name + ".scales", TensorProto.FLOAT, [rows, nb], off, sc_all.nbytes)
         z_name = None
         if fmt.asym:
             z_all = np.concatenate(zps).astype(np.uint8)
@@ -782,39 +795,49 @@ def _emit_embedding(D: DecoderSerializer, op: Op) -> bool:
     src = weight_src(D.g, op.operands[0])
     if src is None:
         return False
-    ids = D.name(op.operands[1])
-    head = next(
-        (
-            u
-            for u in D.g.uses(op.operands[0])
-            if u.name == "ort.matmul_nbits"
-            and len(u.operands) == 2
-            and u.operands[1] is op.operands[0]
-        ),
-        None,
-    )
-    if head is not None and head.attrs.get("quantize", "none") != "asym":
-        # the lm_head is this table, quantized: look rows up in its blocks (stored once)
-        fmt = NbitsFormat(int(head.attrs["bits"]), int(head.attrs["block_size"]), False)
-        b, s, _ = D.w.nbits([src], fmt, _label(head, "weight"))
-        flat = D.L.one("Reshape", b, D.L.ints([src.rows, src.cols * fmt.bits // 8]))
-        D.bind(
-            op.results[0],
-            D.L.one(
-                "GatherBlockQuantized",
-                flat,
-                ids,
-                s,
-                domain=MS,
-                bits=fmt.bits,
-                block_size=fmt.block,
-                gather_axis=0,
-                quantize_axis=1,
-            ),
-        )
-        return True
     table = D.w.f32([src], _label(op, "weight"))
-    D.bind(op.results[0], D.L.one("Gather", table, ids, axis=0))
+    D.bind(op.results[0], D.L.one("Gather", table, D.name(op.operands[1]), axis=0))
+    return True
+
+
+def _emit_gather_block_quantized(D: DecoderSerializer, op: Op) -> bool:
+    """GatherBlockQuantized over the table's MatMulNBits blocks (the same initializers as a
+    tied lm_head's: one copy), [vocab, blocks, bytes] as stored; its [..., blocks, block]
+    rows are reshaped to [..., hidden]."""
+    src = weight_src(D.g, op.operands[0])
+    if src is None:
+        raise BuildError(f"%{op.operands[0].name}: ort.gather_block_quantized needs a weight")
+    at = op.attrs
+    fmt = NbitsFormat(int(at["bits"]), int(at["block_size"]), False)
+    b, s, _ = D.w.nbits([src], fmt, _label(op, "weight"))
+    nb = src.cols // fmt.block
+    s3 = D.L.one("Reshape", s, D.L.ints([src.rows, nb, 1]))
+    rows = D.L.one(
+        "GatherBlockQuantized",
+        b,
+        D.name(op.operands[1]),
+        s3,
+        domain=MS,
+        bits=fmt.bits,
+        block_size=fmt.block,
+        gather_axis=0,
+        quantize_axis=2,
+    )
+    rank = tt(op.operands[1]).rank
+    D.bind(op.results[0], D.L.one("Reshape", rows, D.L.ints([0] * rank + [src.cols])))
+    quantize = str(at.get("quantize", "none"))
+    info: dict[str, Any] = {
+        "weight": src.label,
+        "bits": fmt.bits,
+        "block": fmt.block,
+        "quantize": quantize,
+        "shared_with_lm_head": any(u.name == "ort.matmul_nbits" for u in D.g.uses(src.value)),
+    }
+    if quantize != "none":
+        from llmir_core.passes.lower_ort_embedding import embedding_error
+
+        info["max_abs_error"] = embedding_error(src, fmt, D.w.base_dir)
+    D.w.log.embedding.append(info)
     return True
 
 
@@ -844,6 +867,7 @@ _EMIT = {
     "llm.embedding": _emit_embedding,
     "ort.moe": _emit_moe,
     "ort.qmoe": _emit_moe,
+    "ort.gather_block_quantized": _emit_gather_block_quantized,
 }
 
 
@@ -1046,6 +1070,7 @@ def _manifest(
             "gguf_requantized": D.log.requantized,
             "quantized": dict(sorted(D.log.quantized.items())),
             "nbits_passthrough": D.log.passthrough,
+            "embedding": D.log.embedding,
         },
         "fused_attention_layers": len(D.gqa_ops),
         "packed_qkv_layers": sum(1 for op in D.gqa_ops if op.attrs.get("packed")),

@@ -23,7 +23,6 @@ from onnx import TensorProto, helper
 from llmir_core.builder import Builder
 from llmir_core.dialects.opdef import OpVerifyError
 from llmir_core.dialects.registry import get_op
-from llmir_core.errors import InputError
 from llmir_core.ir.attrs import DenseAttr
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.dims import DYN, Dim, SymDim, format_dim
@@ -31,6 +30,7 @@ from llmir_core.ir.types import DType, QuantType, TensorType, Type, numpy_dtype
 from llmir_core.weights import resolve_path
 
 from .nodeinfo import tag_node  # node -> .llmir op
+from .ort_runtime import BuildError  # defined where artifacts are opened (no onnx there)
 
 OPSET = 23
 MS = "com.microsoft"
@@ -55,10 +55,6 @@ DTYPE_TO_ONNX: dict[DType, int] = {
     DType.u4: TensorProto.UINT4,
     DType.i4: TensorProto.INT4,
 }
-
-
-class BuildError(InputError):
-    """The module uses something the onnxruntime backend cannot express (exit 2)."""
 
 
 # -- the data file plan -----------------------------------------------------------------------------

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from llmir_core.dialects.registry import all_ops
 from llmir_core.errors import InputError
-from llmir_core.ir.core import Module
 
-from .target import Capabilities
+if TYPE_CHECKING:  # opening an artifact needs no IR (tests/decoder/test_open_imports.py)
+    from llmir_core.ir.core import Module
+
+    from .target import Capabilities
 
 NAME = "onnxruntime"
 _OPTIONS = ("quant", "quant_block", "accuracy_level", "max_len", "last_logits", "generic")
@@ -29,7 +30,10 @@ _REASONS = {
 
 
 def _capabilities() -> Capabilities:
+    from llmir_core.dialects.registry import all_ops
+
     from .ort_lower import LOWER
+    from .target import Capabilities
 
     ops = set(LOWER) | {"core.weight", "ort.*", "llm.embedding"}
     for name, od in all_ops().items():
@@ -71,8 +75,10 @@ class OrtTarget:
         return self._caps
 
     def lowering(self, options: Mapping[str, Any]) -> list[Any]:
-        """lower-ort-attention, -norms, -matmul (decoders only; no-ops elsewhere) and -module."""
+        """lower-ort-attention, -norms, -matmul, -embedding (decoders only; no-ops elsewhere)
+        and -module."""
         from llmir_core.passes.lower_ort_attention import LowerOrtAttention
+        from llmir_core.passes.lower_ort_embedding import LowerOrtEmbedding
         from llmir_core.passes.lower_ort_matmul import LowerOrtMatmul
         from llmir_core.passes.lower_ort_module import LowerOrtModule
         from llmir_core.passes.lower_ort_moe import LowerOrtMoe
@@ -103,6 +109,7 @@ class OrtTarget:
             LowerOrtNorms(),
             LowerOrtMoe(quant, block, level),
             LowerOrtMatmul(quant, block, level),
+            LowerOrtEmbedding(quant, block),
             module,
         ]
 
@@ -164,7 +171,7 @@ class OrtTarget:
                 options.get("max_context"),
                 options.get("spin"),
             )
-        from .ort import runner_for_artifact
+        from .ort_runtime import runner_for_artifact
 
         return runner_for_artifact(artifact_dir, options.get("threads"), manifest)
 

@@ -494,6 +494,83 @@ register(
 )
 
 
+# -- quantized embedding lookup -------------------------------------------------------------------
+
+
+def _infer_gbq(ctx: InferCtx) -> list[Type]:
+    table = float_tensor(ctx, 0, "table")
+    ids = tensor_arg(ctx, 1, "ids")
+    _need(table.rank == 2, f"table must be a 2-D [vocab, hidden] weight, got {table}")
+    _need(
+        isinstance(ids.dtype, DType) and ids.dtype.is_int, f"ids must be integers, got {ids.dtype}"
+    )
+    bits, block = ctx["bits"], ctx["block_size"]
+    _need(bits in (4, 8), f"bits must be 4 or 8, got {bits}")
+    _need(
+        block >= 16 and block & (block - 1) == 0,
+        f"block_size must be a power of two >= 16, got {block}",
+    )
+    h = table.shape[1]
+    if isinstance(h, int):
+        _need(h % block == 0, f"hidden = {h} is not a multiple of block_size {block}")
+    return [like(table, (*ids.shape, h))]
+
+
+def _ref_gbq(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
+    table, ids = args
+    if ids.size and (ids.min() < 0 or ids.max() >= table.shape[0]):
+        raise IndexError(
+            f"token id out of range [0, {table.shape[0]}): "
+            f"min {int(ids.min())}, max {int(ids.max())}"
+        )
+    rows = np.take(np.asarray(table), ids.reshape(-1), axis=0)
+    if at["quantize"] != "none":  # row by row: the blocks run along a row
+        rows = fake_quant(rows, at["bits"], at["block_size"], at["quantize"])
+    return rows.astype(table.dtype).reshape(*ids.shape, table.shape[1])
+
+
+def _dec_gbq(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
+    if at["quantize"] != "none":
+        raise OpVerifyError("a quantizing gather_block_quantized has no exact decomposition")
+    return [b.op("llm.embedding", o[0], o[1])]
+
+
+register(
+    OpDef(
+        name="ort.gather_block_quantized",
+        summary="com.microsoft.GatherBlockQuantized: rows of an embedding table stored as "
+        "bits-bit blocks of block_size along its rows (result[..., :] = table[ids[...], :]). The "
+        "table is the logical [vocab, hidden] float weight, which the serializer packs exactly "
+        "as `ort.matmul_nbits` packs it (a tied lm_head's blocks are stored once, for both); "
+        'quantize "none" means the packing is lossless (a GGUF block format), "sym" that the '
+        "rows are rounded to symmetric blocks.",
+        operands=(
+            Operand("table", doc="[vocab, hidden] float weight"),
+            Operand("ids", doc="integer token ids"),
+        ),
+        attrs=(
+            Attr("bits", "int", doc="4 or 8"),
+            Attr("block_size", "int", doc="elements per block along a row"),
+            Attr(
+                "quantize",
+                "str",
+                "none",
+                choices=("none", "sym"),
+                doc="none (lossless repack) or sym (rounded to symmetric blocks)",
+            ),
+        ),
+        infer=_infer_gbq,
+        reference=_ref_gbq,
+        decompose=_dec_gbq,
+        verifies="table is a 2-D float weight whose row length is a multiple of block_size, ids "
+        "an integer tensor, bits is 4 or 8 and block_size a power of two >= 16; the result is "
+        "[*ids.shape, hidden].",
+        example="%h = ort.gather_block_quantized %table, %ids {bits = 8, block_size = 32} : "
+        "(tensor<128x64xf32>, tensor<?batch x ?seq x i64>) -> tensor<?batch x ?seq x 64 x f32>",
+    )
+)
+
+
 # -- norms and activations -----------------------------------------------------------------------------
 
 

@@ -23,6 +23,7 @@ from .lift_layer_norm import LiftLayerNorm
 from .lift_rms_norm import LiftRmsNorm
 from .lift_rotary import LiftRotary
 from .lower_ort_attention import LowerOrtAttention
+from .lower_ort_embedding import LowerOrtEmbedding
 from .lower_ort_matmul import LowerOrtMatmul
 from .lower_ort_module import LowerOrtModule
 from .lower_ort_moe import LowerOrtMoe
@@ -54,6 +55,7 @@ PASS_CLASSES: list[type] = [
     LowerOrtNorms,
     LowerOrtMoe,
     LowerOrtMatmul,
+    LowerOrtEmbedding,
     LowerOrtModule,
     LowerTriton,
 ]

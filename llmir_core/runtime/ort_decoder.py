@@ -298,7 +298,7 @@ class OrtDecoder:
 
 
 def load_decoder_manifest(art_dir: str) -> dict[str, Any]:
-    from llmir_core.backends.ort import load_manifest
+    from llmir_core.backends.ort_runtime import load_manifest
 
     if not os.path.isdir(art_dir):
         raise InputError(

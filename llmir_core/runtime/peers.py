@@ -44,7 +44,7 @@ KINDS = {
     "llama.cpp": ("llama_cpp", "pip install llama-cpp-python"),
 }
 _LIBS = {
-    "llmir": ("onnxruntime", "llmir_core.runtime.ort_decoder", "llmir_core.backends.ort"),
+    "llmir": ("onnxruntime", "llmir_core.runtime.ort_decoder", "llmir_core.backends.ort_runtime"),
     "ort-genai": ("onnxruntime_genai",),
     "transformers": ("torch", "transformers"),
     "llama.cpp": ("llama_cpp",),

@@ -45,7 +45,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
-from llmir_core.backends.ort import run_session
+from llmir_core.backends.ort_runtime import run_session
 from llmir_core.frontends.onnx import ONNX_TO_DTYPE, onnx_dtype_name
 from llmir_core.frontends.onnx_ops import HANDLERS
 from llmir_core.onnx_backend import LlmirRep

@@ -215,3 +215,44 @@ def test_verify_artifact_hashes_each_file_once(
         open_artifact(str(art), threads=1, tensors=tensors)
     files = json.loads((art / "manifest.json").read_text())["files"]
     assert sorted(hashed) == sorted([*files, "manifest.json"])
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"LLMIR_HOME": "/x/home"},
+        {"LLMIR_HOME": "~/h"},
+        {"XDG_CACHE_HOME": "/x/cache"},
+        {"XDG_CACHE_HOME": "~/c"},
+        {},
+    ],
+)
+def test_check_state_home_is_the_registry_home(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """artifact_check finds LLMIR_HOME itself (importing the registry package would cost every
+    artifact open); both must agree."""
+    from llmir_core.artifact_check import _llmir_home
+    from llmir_core.registry.home import llmir_home
+
+    for k in ("LLMIR_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert _llmir_home() == str(llmir_home())
+
+
+def test_rotary_rows_read_without_onnx(art: Path, tmp_path: Path) -> None:
+    """The context check reads cos_cache's rows from model.onnx's protobuf wire format (no
+    onnx import): the same number onnx reads, and None for a file that is not a model."""
+    import onnx
+
+    from llmir_core.artifact_check import _rotary_rows
+
+    proto = onnx.load(str(art / "model.onnx"), load_external_data=False)
+    want = next(int(t.dims[0]) for t in proto.graph.initializer if t.name == "cos_cache")
+    assert _rotary_rows(str(art / "model.onnx")) == want
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff")
+    assert _rotary_rows(str(junk)) is None
+    assert _rotary_rows(str(tmp_path / "missing.onnx")) is None

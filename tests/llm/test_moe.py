@@ -223,7 +223,8 @@ def test_generic_build_of_many_decomposed_ops(tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime", reason="onnxruntime builds are checked when it is installed")
     from safetensors.numpy import save_file
 
-    from llmir_core.backends.ort import build, runner_for_artifact
+    from llmir_core.backends.ort import build
+    from llmir_core.backends.ort_runtime import runner_for_artifact
     from llmir_core.frontends.hf import emit_weight
     from llmir_core.frontends.safetensors_index import open_index
 

@@ -13,7 +13,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from llmir_core.backends.ort import build, runner_for_artifact
+from llmir_core.backends.ort import build
+from llmir_core.backends.ort_runtime import runner_for_artifact
 from llmir_core.frontends import import_model
 from llmir_core.runtime.tensors import run_module
 from tests.onnx.models import contrib, contrib_inputs, gqa_inputs, gqa_rotary, llm23, mlp, save

@@ -1,0 +1,140 @@
+"""lower-ort-embedding: an embedding lookup into a table stored in blocks becomes
+`ort.gather_block_quantized` (com.microsoft.GatherBlockQuantized), so the table stays as small
+as its blocks instead of being written out as f32.
+
+Runs after lower-ort-matmul. An `llm.embedding(table, ids)` of a decoder, with a static 2-D f32
+table, is rewritten when:
+
+- the table is also the weight of an `ort.matmul_nbits` (a tied lm_head) whose blocks are
+  symmetric: the lookup takes the head's bits, block size and `quantize`, and the serializer
+  stores the blocks once for both;
+- else the table is a GGUF tensor in a block format that repacks losslessly (q4_0, q8_0, q5_0,
+  q6_k, q3_k): `quantize = "none"` (exact: the values are the GGUF file's);
+- else the build quantizes float weights (`--quant int4|int8`, symmetric): the rows are rounded
+  to those blocks (`quantize = "sym"`; the report gives the max abs error).
+
+Anything else (f32 builds, zero-point formats) keeps `llm.embedding`, a plain Gather.
+Invariant: a rewrite with `quantize = "none"` computes exactly what it replaced (its
+decomposition is the `llm.embedding`); a "sym" one differs by the reported rounding.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from llmir_core.ir.core import Module, Op
+from llmir_core.ir.types import DType
+
+from .base import PassContext, erase_dead, replace_uses, scratch_builder
+from .ort_common import (
+    Graph,
+    NbitsFormat,
+    WSrc,
+    declare_ort,
+    is_decoder,
+    nbits_format,
+    parse_quant,
+    quantize_mode,
+    tt,
+    weight_src,
+)
+
+
+@dataclass(frozen=True)
+class LowerOrtEmbedding:
+    name: ClassVar[str] = "lower-ort-embedding"
+    summary: ClassVar[str] = (
+        "embedding lookups in block-stored tables (tied quantized lm_head, GGUF blocks, "
+        "--quant) -> ort.gather_block_quantized"
+    )
+    quant: str = ""
+    quant_block: int = 32
+
+    def run(self, module: Module, ctx: PassContext) -> bool:
+        if not is_decoder(module):  # other modules keep the generic op-by-op build
+            return False
+        fmt = parse_quant(self.quant, self.quant_block)
+        base = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
+        changed = False
+        for fn in module.functions:
+            g = Graph(fn)
+            for op in list(fn.ops):
+                if op.name != "llm.embedding" or tt(op.results[0]).dtype != DType.f32:
+                    continue
+                choice = self._choose(g, op, fmt)
+                if choice is None:
+                    continue
+                nb, mode, why = choice
+                b, new_ops = scratch_builder(fn, op.origin)
+                y = b.op(
+                    "ort.gather_block_quantized",
+                    op.operands[0],
+                    op.operands[1],
+                    bits=nb.bits,
+                    block_size=nb.block,
+                    quantize=mode,
+                )
+                if mode == "sym":
+                    src = weight_src(g, op.operands[0])
+                    assert src is not None
+                    why += f", max abs error {embedding_error(src, nb, base):.3g}"
+                ctx.applied("gather-block-quantized", y, why)
+                i = next(i for i, o in enumerate(fn.ops) if o is op)
+                fn.ops[i:i] = new_ops
+                name = op.results[0].name
+                replace_uses(fn, op.results[0], y)
+                op.results[0].name = name + ".dead"
+                y.name = name
+                erase_dead(fn, [op])
+                changed = True
+        if changed:
+            declare_ort(module)
+        return changed
+
+    def _choose(
+        self, g: Graph, op: Op, fmt: NbitsFormat | None
+    ) -> tuple[NbitsFormat, str, str] | None:
+        """(format, quantize, description) for the lookup, or None to keep it a Gather."""
+        table = op.operands[0]
+        src = weight_src(g, table)
+        if src is None:
+            return None
+        for u in g.uses(table):
+            if (
+                u.name == "ort.matmul_nbits"
+                and len(u.operands) == 2
+                and u.operands[1] is table
+                and u.attrs.get("quantize", "none") in ("none", "sym")
+            ):
+                nb = NbitsFormat(int(u.attrs["bits"]), int(u.attrs["block_size"]), False)
+                mode = str(u.attrs.get("quantize", "none"))
+                return nb, mode, f"{src.label}: the tied lm_head's int{nb.bits} blocks, stored once"
+        if src.kind == "gguf":
+            nb = nbits_format(src, None)
+            if nb is not None and not nb.asym and quantize_mode(src, nb) == "none":
+                return nb, "none", f"{src.label}: {src.scheme} blocks repacked losslessly"
+            return None
+        if src.kind in ("f32", "cast") and fmt is not None and not fmt.asym:
+            if src.cols % fmt.block:
+                return None
+            return fmt, "sym", f"{src.label}: f32 quantized to int{fmt.bits} block {fmt.block}"
+        return None
+
+
+def embedding_error(s: WSrc, nb: NbitsFormat, base: str) -> float:
+    """Max |rounded - table| over the table (what quantizing the embedding loses)."""
+    from llmir_core.dialects.ort import fake_quant
+    from llmir_core.weights import load_weight
+
+    assert s.op is not None
+    w = np.asarray(load_weight(s.op.attrs, tt(s.op.results[0]), base).data)
+    err = 0.0
+    step = max(1, (8 << 20) // max(1, s.cols * 4))
+    for r in range(0, s.rows, step):
+        x = np.asarray(w[r : r + step], np.float32)
+        err = max(err, float(np.abs(fake_quant(x, nb.bits, nb.block, "sym") - x).max()))
+    return err
