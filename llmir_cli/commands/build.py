@@ -72,6 +72,15 @@ def build_cmd(
             help="Decoders: MatMulNBits activation precision 0-4 (4 = int8, fastest; 1 = fp32).",
         ),
     ] = None,
+    logits: Annotated[
+        str | None,
+        typer.Option(
+            "--logits",
+            help="Decoders: logits for the 'last' position only (what generation reads; the "
+            "default) or for 'all' positions (perplexity, `llmir run --tensors`).",
+            show_default=False,
+        ),
+    ] = None,
     generic: Annotated[
         bool,
         typer.Option(
@@ -103,14 +112,21 @@ def build_cmd(
         t0 = time.perf_counter()
         from llmir_core.passes.ort_common import is_decoder
 
+        if logits not in (None, "last", "all"):
+            raise InputError(f"--logits must be 'last' or 'all', got {logits!r}")
         given = {
             k: v
-            for k, v in (("quant", quant), ("max_len", max_len), ("accuracy_level", accuracy_level))
+            for k, v in (
+                ("quant", quant),
+                ("max_len", max_len),
+                ("accuracy_level", accuracy_level),
+                ("last_logits", None if logits is None else logits == "last"),
+            )
             if v is not None
         }
         if given and (target != "onnxruntime" or generic or not is_decoder(module)):
             raise InputError(
-                "--quant, --max-len and --accuracy-level apply to decoder builds only",
+                "--quant, --max-len, --accuracy-level and --logits apply to decoder builds only",
                 hint="import an LLM (HF folder or GGUF) to get a decoder module",
             )
         if quant:

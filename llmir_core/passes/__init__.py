@@ -23,6 +23,7 @@ from .lift_layer_norm import LiftLayerNorm
 from .lift_rms_norm import LiftRmsNorm
 from .lift_rotary import LiftRotary
 from .lower_ort_attention import LowerOrtAttention
+from .lower_ort_logits import LowerOrtLogits
 from .lower_ort_matmul import LowerOrtMatmul
 from .lower_ort_module import LowerOrtModule
 from .lower_ort_norms import LowerOrtNorms
@@ -52,6 +53,7 @@ PASS_CLASSES: list[type] = [
     LowerOrtAttention,
     LowerOrtNorms,
     LowerOrtMatmul,
+    LowerOrtLogits,
     LowerOrtModule,
     LowerTriton,
 ]
