@@ -61,6 +61,15 @@ AccuracyLevelOpt = Annotated[
         show_default=False,
     ),
 ]
+LogitsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--logits",
+        help="Decoders: logits for the 'last' position only (what generation reads; the "
+        "default) or for 'all' positions (perplexity, `llmir run --tensors`).",
+        show_default=False,
+    ),
+]
 GenericOpt = Annotated[
     bool,
     typer.Option(

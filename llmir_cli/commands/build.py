@@ -18,6 +18,7 @@ from .._options import (
     DebugOpt,
     FormatOpt,
     GenericOpt,
+    LogitsOpt,
     MaxLenOpt,
     OptLevelOpt,
     OutputFormat,
@@ -73,6 +74,7 @@ def build_cmd(
     quant_block: QuantBlockOpt = 32,
     max_len: MaxLenOpt = None,
     accuracy_level: AccuracyLevelOpt = None,
+    logits: LogitsOpt = None,
     generic: GenericOpt = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
@@ -105,6 +107,7 @@ def build_cmd(
             quant_block=quant_block,
             max_len=max_len,
             accuracy_level=accuracy_level,
+            logits=logits,
             generic=generic,
         )
         if opt_level is None and project is not None and "target" not in module.attrs:

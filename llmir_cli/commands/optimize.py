@@ -22,6 +22,7 @@ from .._options import (
     DebugOpt,
     FormatOpt,
     GenericOpt,
+    LogitsOpt,
     MaxLenOpt,
     OptLevelOpt,
     OutputFormat,
@@ -102,6 +103,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
     quant_block: QuantBlockOpt = 32,
     max_len: MaxLenOpt = None,
     accuracy_level: AccuracyLevelOpt = None,
+    logits: LogitsOpt = None,
     generic: GenericOpt = False,
     allow_unproved: Annotated[
         bool,
@@ -145,6 +147,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                 ("--quant", quant is not None),
                 ("--max-len", max_len is not None),
                 ("--accuracy-level", accuracy_level is not None),
+                ("--logits", logits is not None),
                 ("--generic", generic),
             )
             if given
@@ -174,6 +177,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                 quant_block=quant_block,
                 max_len=max_len,
                 accuracy_level=accuracy_level,
+                logits=logits,
                 generic=generic,
             )
             if passes is None:  # what `llmir build` runs for this -O and these options

@@ -59,20 +59,29 @@ def build_options(
     quant_block: int = 32,
     max_len: int | None = None,
     accuracy_level: int | None = None,
+    logits: str | None = None,
     generic: bool = False,
 ) -> dict[str, Any]:
     """The lowering options the build flags give (only those given), checked against the module:
-    --quant, --max-len and --accuracy-level apply to onnxruntime decoder lowerings only."""
+    --quant, --max-len, --accuracy-level and --logits apply to onnxruntime decoder lowerings
+    only."""
     from llmir_core.passes.ort_common import is_decoder
 
+    if logits not in (None, "last", "all"):
+        raise InputError(f"--logits must be 'last' or 'all', got {logits!r}")
     given: dict[str, Any] = {
         k: v
-        for k, v in (("quant", quant), ("max_len", max_len), ("accuracy_level", accuracy_level))
+        for k, v in (
+            ("quant", quant),
+            ("max_len", max_len),
+            ("accuracy_level", accuracy_level),
+            ("last_logits", None if logits is None else logits == "last"),
+        )
         if v is not None
     }
     if given and (target != "onnxruntime" or generic or not is_decoder(module)):
         raise InputError(
-            "--quant, --max-len and --accuracy-level apply to decoder builds only",
+            "--quant, --max-len, --accuracy-level and --logits apply to decoder builds only",
             hint="import an LLM (HF folder or GGUF) to get a decoder module",
         )
     if quant:

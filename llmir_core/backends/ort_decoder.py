@@ -46,6 +46,7 @@ from llmir_core.ir.dims import format_dim
 from llmir_core.ir.types import QuantType, TensorType
 from llmir_core.passes.ort_common import (
     ACCURACY_LEVEL,
+    LAST_LOGITS,
     Graph,
     NbitsFormat,
     WSrc,
@@ -408,7 +409,8 @@ class DecoderSerializer:
         self.quant = parse_quant(str(opts.get("quant", "f32")), int(opts.get("quant_block", 32)))
         self.accuracy_level = int(opts.get("accuracy_level", ACCURACY_LEVEL))
         self.max_len_opt: int | None = int(opts.get("max_len") or 0) or None
-        self.last_logits = bool(opts.get("last_logits", False))
+        # last-position logits are the IR's own (lower-ort-logits): the logits type says which
+        self.last_logits = tt(self.fn.outputs[0]).rank == 3 and tt(self.fn.outputs[0]).shape[1] == 1
         self.max_len: int | None = None
         self.generic_ops: dict[str, int] = {}
         self.gqa_ops = [op for op in self.fn.ops if op.name == "ort.group_query_attention"]
@@ -447,7 +449,7 @@ class DecoderSerializer:
     def _generic(self, op: Op) -> None:
         for o in op.operands:
             self.name(o)
-        if op.name != "core.weight":
+        if op.name not in ("core.weight", "core.constant"):  # initializers, not nodes
             self.generic_ops[op.name] = self.generic_ops.get(op.name, 0) + 1
         self.L.lower_op(op)
 
@@ -518,8 +520,6 @@ class DecoderSerializer:
         outs = []
         for i, (n, v) in enumerate(zip(out_names, fn.outputs)):
             t = tt(v)
-            if i == 0 and self.last_logits:
-                t = TensorType((t.shape[0], 1, t.shape[2]), t.dtype)
             outs.append(_value_info(n, t, "present_len" if i else None))
         graph = helper.make_graph(
             self.L.nodes, self.module.name or "main", ins, outs, initializer=self.L.inits
@@ -711,20 +711,16 @@ def _emit_norm(D: DecoderSerializer, op: Op) -> bool:
     return True
 
 
-def _lhs(D: DecoderSerializer, op: Op) -> str:
-    xn = D.name(op.operands[0])
-    if D.last_logits and _feeds_logits(D, op):
-        xn = D.L.one("Gather", xn, D.L.const(np.array([-1], np.int64), "last_position"), axis=1)
-    return xn
-
-
 def _emit_fused_matmul(D: DecoderSerializer, op: Op) -> bool:
     srcs = D.weight(op.operands[1])
     trans_b = bool(op.attrs.get("transB", True))
     if not trans_b:
         srcs = [WSrc(s.value, "eval", None, s.cols, s.rows, transpose=True) for s in srcs]
     w = D.w.f32(srcs, _label(op, "weight"))
-    D.bind(op.results[0], D.node("FusedMatMul", [_lhs(D, op), w], domain=MS, transA=0, transB=1)[0])
+    D.bind(
+        op.results[0],
+        D.node("FusedMatMul", [D.name(op.operands[0]), w], domain=MS, transA=0, transB=1)[0],
+    )
     return True
 
 
@@ -750,7 +746,7 @@ def _emit_matmul_nbits(D: DecoderSerializer, op: Op) -> bool:
             )
     b, s, z = D.w.nbits(srcs, fmt, _label(op, "weight"))
     n, k = sum(x.rows for x in srcs), srcs[0].cols
-    ins = [_lhs(D, op), b, s] + ([z] if z else [])
+    ins = [D.name(op.operands[0]), b, s] + ([z] if z else [])
     D.bind(
         op.results[0],
         D.node(
@@ -771,24 +767,6 @@ def _zero(s: WSrc) -> bool:
     assert s.op is not None
     q = tt(s.op.results[0]).dtype
     return isinstance(q, QuantType) and q.zero == "int"
-
-
-def _feeds_logits(D: DecoderSerializer, op: Op) -> bool:
-    """The lm_head: the last matmul on the way to the logits output through elementwise ops."""
-    v = op.results[0]
-    for _ in range(8):
-        if v is D.fn.outputs[0]:
-            return True
-        users = D.g.uses(v)
-        if len(users) != 1 or users[0].name not in (
-            "core.mul",
-            "core.div",
-            "core.tanh",
-            "core.add",
-        ):
-            return False
-        v = users[0].results[0]
-    return False
 
 
 def _emit_embedding(D: DecoderSerializer, op: Op) -> bool:
@@ -933,7 +911,7 @@ def build_decoder(
     accuracy_level: int = ACCURACY_LEVEL,
     quant: str | None = None,
     quant_block: int = 32,
-    last_logits: bool = False,
+    last_logits: bool = LAST_LOGITS,
     source_path: str | None = None,
 ) -> dict[str, Any]:
     """Lower a decoder module for onnxruntime and write its artifact (= `llmir build` with these
@@ -943,7 +921,8 @@ def build_decoder(
       model's whole table). accuracy_level: MatMulNBits' activation precision (4 = int8, the
       fastest measured on AVX2; 1 = fp32, exact against the reference). quant: `int4`/`int8`
       quantizes float weights (block `quant_block`; GGUF-quantized weights keep their format
-      regardless). last_logits: logits only for the last position ([batch, 1, vocab]).
+      regardless). last_logits: logits only for the last position ([batch, 1, vocab]: what
+      generation reads; lower-ort-logits), else for every position (perplexity, tensors).
     """
     if not is_decoder(module):
         raise InputError(

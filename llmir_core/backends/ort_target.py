@@ -75,15 +75,16 @@ class OrtTarget:
         return self._caps
 
     def lowering(self, options: Mapping[str, Any]) -> list[Any]:
-        """lower-ort-attention, -norms, -matmul, -embedding (decoders only; no-ops elsewhere)
-        and -module."""
+        """lower-ort-attention, -norms, -moe, -matmul, -embedding, -logits (decoders only;
+        no-ops elsewhere) and -module."""
         from llmir_core.passes.lower_ort_attention import LowerOrtAttention
         from llmir_core.passes.lower_ort_embedding import LowerOrtEmbedding
+        from llmir_core.passes.lower_ort_logits import LowerOrtLogits
         from llmir_core.passes.lower_ort_matmul import LowerOrtMatmul
         from llmir_core.passes.lower_ort_module import LowerOrtModule
         from llmir_core.passes.lower_ort_moe import LowerOrtMoe
         from llmir_core.passes.lower_ort_norms import LowerOrtNorms
-        from llmir_core.passes.ort_common import ACCURACY_LEVEL
+        from llmir_core.passes.ort_common import ACCURACY_LEVEL, LAST_LOGITS
 
         unknown = sorted(set(options) - set(_OPTIONS))
         if unknown:
@@ -94,12 +95,13 @@ class OrtTarget:
         quant = str(options.get("quant") or "")
         block = int(options.get("quant_block", 32))
         level = int(options.get("accuracy_level", ACCURACY_LEVEL))
+        last = bool(options.get("last_logits", LAST_LOGITS))
         module = LowerOrtModule(
             quant,
             block,
             level,
             int(options.get("max_len") or 0),
-            bool(options.get("last_logits", False)),
+            last,
             bool(options.get("generic", False)),
         )
         if options.get("generic"):
@@ -110,6 +112,7 @@ class OrtTarget:
             LowerOrtMoe(quant, block, level),
             LowerOrtMatmul(quant, block, level),
             LowerOrtEmbedding(quant, block),
+            LowerOrtLogits(last),
             module,
         ]
 

@@ -1056,6 +1056,8 @@ def _infer_qmatmul(ctx: InferCtx) -> list[Type]:
     w, _ = _infer_packed(ctx, 1)
     if x.rank == 0:
         raise OpVerifyError("x must have rank >= 1")
+    if not -1 <= ctx["accuracy_level"] <= 4:
+        raise OpVerifyError(f"accuracy_level must be -1..4, got {ctx['accuracy_level']}")
     _need_rank(w, 2, "the packed weight")
     n, k = (w.shape[0], w.shape[1]) if ctx["transpose_b"] else (w.shape[1], w.shape[0])
     _need_dim(k, x.shape[-1], f"contraction dims differ: x has {x.shape[-1]}, the weight {k}")
@@ -1090,7 +1092,16 @@ register(
             Operand("scales", optional=True, doc="nbits only"),
             Operand("zero_points", optional=True, doc="nbits with zero=int only"),
         ),
-        attrs=(Attr("transpose_b", "bool", True, doc="w is [N, K] (true) or [K, N] (false)"),),
+        attrs=(
+            Attr("transpose_b", "bool", True, doc="w is [N, K] (true) or [K, N] (false)"),
+            Attr(
+                "accuracy_level",
+                "int",
+                -1,
+                doc="the activation precision a runtime may use (ONNX MatMulNBits' 0-4, kept "
+                "from an imported node); -1: the build's choice",
+            ),
+        ),
         infer=_infer_qmatmul,
         reference=_ref_qmatmul,
         decompose=_dec_qmatmul,
@@ -1099,7 +1110,7 @@ register(
         interval=ranges.iv_matmul,
         cost=ranges.cost_matmul,
         verifies="x is a float tensor, w a 2-D block-quantized weight (with scales/zero points as its "
-        "format needs) whose K matches x's last dim.",
+        "format needs) whose K matches x's last dim; accuracy_level is -1..4.",
         example="%y = llm.quantized_matmul %x, %w, %s : (tensor<?batch x ?seq x 64 x f32>, "
         "tensor<128x64x!quant<nbits, bits=4, block=32, scale=f32, zero=none>>, tensor<128x2xf32>) "
         "-> tensor<?batch x ?seq x 128 x f32>",

@@ -24,6 +24,7 @@ from .lift_rms_norm import LiftRmsNorm
 from .lift_rotary import LiftRotary
 from .lower_ort_attention import LowerOrtAttention
 from .lower_ort_embedding import LowerOrtEmbedding
+from .lower_ort_logits import LowerOrtLogits
 from .lower_ort_matmul import LowerOrtMatmul
 from .lower_ort_module import LowerOrtModule
 from .lower_ort_moe import LowerOrtMoe
@@ -56,6 +57,7 @@ PASS_CLASSES: list[type] = [
     LowerOrtMoe,
     LowerOrtMatmul,
     LowerOrtEmbedding,
+    LowerOrtLogits,
     LowerOrtModule,
     LowerTriton,
 ]

@@ -19,7 +19,15 @@ from llmir_core.errors import CheckFailed
 from llmir_core.ir.core import Module
 
 from .base import PassContext
-from .ort_common import ACCURACY_LEVEL, TARGET, check_accuracy_level, declare_ort, parse_quant
+from .ort_common import (
+    ACCURACY_LEVEL,
+    LAST_LOGITS,
+    TARGET,
+    check_accuracy_level,
+    declare_ort,
+    is_decoder,
+    parse_quant,
+)
 
 
 def source_record(module: Module, source_path: str | None = None) -> dict[str, str]:
@@ -44,7 +52,7 @@ class LowerOrtModule:
     quant_block: int = 32
     accuracy_level: int = ACCURACY_LEVEL
     max_len: int = 0
-    last_logits: bool = False
+    last_logits: bool = LAST_LOGITS
     generic: bool = False  # keep the generic op-by-op build for a decoder (no KV buffers)
 
     def run(self, module: Module, ctx: PassContext) -> bool:
@@ -68,7 +76,7 @@ class LowerOrtModule:
             "quant_block": self.quant_block,
             "accuracy_level": self.accuracy_level,
             "max_len": self.max_len,
-            "last_logits": self.last_logits,
+            "last_logits": self.last_logits and not self.generic and is_decoder(module),
             "generic": self.generic,
         }
         before = dict(module.attrs)

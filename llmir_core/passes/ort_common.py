@@ -21,6 +21,7 @@ from llmir_core.quant.gguf_repack import LOSSLESS, REQUANT
 
 QUANT_MODES = ("int4", "int8")
 ACCURACY_LEVEL = 4  # MatMulNBits int8 activations: measured fastest on AVX2
+LAST_LOGITS = True  # decoders compute logits for the last position only (lower-ort-logits)
 TARGET = "onnxruntime"
 
 
@@ -394,6 +395,7 @@ __all__ = [
     "declare_ort",
     "tt",
     "ACCURACY_LEVEL",
+    "LAST_LOGITS",
     "QUANT_MODES",
     "kv_bytes_per_token",
     "TARGET",

@@ -332,6 +332,25 @@ def validate(
     seeds: int = 2,
 ) -> dict[str, Any]:
     """Decide whether `after` computes what `before` computes. Returns a verdict dict."""
+    note: dict[str, Any] = {}
+    if signature_mismatch(before, after) is not None:
+        from llmir_core.passes.lower_ort_logits import last_logits_interface
+
+        last = last_logits_interface(before, after)
+        if last is not None:  # after computes the logits of the last position only
+            before = last
+            note = {"interface": "logits compared at the last position (lower-ort-logits)"}
+    return {**_validate(before, after, instances, limit_s, differential, seeds), **note}
+
+
+def _validate(
+    before: Module,
+    after: Module,
+    instances: list[RuleInstance] | None = None,
+    limit_s: float = 10.0,
+    differential: bool = True,
+    seeds: int = 2,
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     why = signature_mismatch(before, after)
     if why is not None:

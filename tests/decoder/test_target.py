@@ -4,6 +4,7 @@ capability table names what the target cannot run."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -312,3 +313,13 @@ def test_assign_precision_builds_or_is_refused(lowered: Path) -> None:
     )
     assert r.returncode == 1 and "on device 'cuda' (target devices: cpu)" in r.stderr
     assert not (lowered / "apc.llmir").exists()
+
+
+def test_build_logits_option(lowered: Path) -> None:
+    """`llmir build --logits all` keeps every position's logits; a bad value is a usage error."""
+    assert _cli("build", "m.llmir", "-o", "ALL", "--logits", "all", cwd=lowered).returncode == 0
+    man = json.loads((lowered / "ALL" / "manifest.json").read_text())
+    assert man["decoder"]["logits"] == "all" and man["outputs"][0]["shape"][1] != 1
+    r = _cli("build", "m.llmir", "-o", "X", "--logits", "some", cwd=lowered)
+    assert r.returncode == 2 and "--logits must be 'last' or 'all'" in r.stderr
+    assert not (lowered / "X").exists()
