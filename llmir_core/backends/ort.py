@@ -266,56 +266,65 @@ def _session(model: str | bytes, threads: int | None = None) -> Any:
         ) from None
 
 
-_SPECIAL_IN = {
-    "bfloat16": TensorProto.BFLOAT16,
-    "float8_e4m3fn": TensorProto.FLOAT8E4M3FN,
-    "float8_e5m2": TensorProto.FLOAT8E5M2,
-}
-_SPECIAL_OUT = {
-    "tensor(bfloat16)": (DType.bf16, 2),
-    "tensor(float8e4m3fn)": (DType.f8e4m3, 1),
-    "tensor(float8e5m2)": (DType.f8e5m2, 1),
-    "tensor(int4)": (DType.i4, 0),
-    "tensor(uint4)": (DType.u4, 0),
-}
+# dtypes onnxruntime's numpy bridge cannot carry (ml_dtypes types): passed as raw bytes
+_EXOTIC = (
+    DType.bf16,
+    DType.f8e4m3,
+    DType.f8e5m2,
+    DType.f8e4m3fnuz,
+    DType.f8e5m2fnuz,
+    DType.f8e8m0,
+    DType.f4e2m1,
+    DType.i4,
+    DType.u4,
+    DType.i2,
+    DType.u2,
+)
+
+
+def _ort_type_name(dt: DType) -> str:
+    from llmir_core.backends.ort_lower import DTYPE_TO_ONNX
+
+    return f"tensor({TensorProto.DataType.Name(DTYPE_TO_ONNX[dt]).lower()})"
 
 
 def _ort_value(arr: np.ndarray) -> Any:
-    """numpy -> OrtValue, passing the types onnxruntime's numpy bridge lacks as raw bytes."""
+    """numpy -> OrtValue, passing the types onnxruntime's numpy bridge lacks as raw bytes
+    (sub-byte types packed as ONNX stores them)."""
+    import ctypes
+
     import onnxruntime as ort
 
+    from llmir_core.backends.ort_lower import DTYPE_TO_ONNX
+    from llmir_core.ir.types import dtype_from_numpy, pack_sub_byte
+
     arr = np.ascontiguousarray(arr)
-    code = _SPECIAL_IN.get(arr.dtype.name)
-    if code is not None:
-        raw = arr.view(np.uint16 if arr.dtype.itemsize == 2 else np.uint8)
-        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(raw, onnx_element_type=code)
-    if arr.dtype.name in ("int4", "uint4"):
-        raise BuildError(f"onnxruntime's Python API cannot take {arr.dtype.name} inputs")
-    return ort.OrtValue.ortvalue_from_numpy(arr)
+    if np.dtype(arr.dtype).isbuiltin == 1:
+        return ort.OrtValue.ortvalue_from_numpy(arr)
+    dt = dtype_from_numpy(arr.dtype)
+    raw = pack_sub_byte(arr, dt.bits) if dt.bits < 8 else arr.tobytes()
+    v = ort.OrtValue.ortvalue_from_shape_and_type(list(arr.shape), DTYPE_TO_ONNX[dt])
+    if raw:
+        ctypes.memmove(v.data_ptr(), raw, len(raw))
+    return v
 
 
 def _from_ort_value(v: Any) -> np.ndarray:
-    special = _SPECIAL_OUT.get(v.data_type())
+    special = {_ort_type_name(d): d for d in _EXOTIC}.get(v.data_type())
     if special is None:
         return np.asarray(v.numpy())
     import ctypes
 
-    dt, width = special
+    from llmir_core.ir.types import unpack_sub_byte
+
+    dt = special
     shape = tuple(v.shape())
     n = int(np.prod(shape)) if shape else 1
-    nbytes = n * width if width else (n + 1) // 2
-    raw = (
-        np.frombuffer(bytes((ctypes.c_char * nbytes).from_address(v.data_ptr())), np.uint8)
-        if nbytes
-        else np.zeros(0, np.uint8)
-    )
-    if width:
-        return raw.view(numpy_dtype(dt)).reshape(shape).copy()
-    lo, hi = raw & 0x0F, raw >> 4
-    codes = np.stack([lo, hi], axis=-1).reshape(-1)[:n].astype(np.int8)
-    if dt == DType.i4:
-        codes = np.where(codes > 7, codes - 16, codes).astype(np.int8)
-    return codes.astype(numpy_dtype(dt)).reshape(shape)
+    nbytes = (n * dt.bits + 7) // 8
+    raw = bytes((ctypes.c_char * nbytes).from_address(v.data_ptr())) if nbytes else b""
+    if dt.bits < 8:
+        return unpack_sub_byte(raw, dt, shape)
+    return np.frombuffer(raw, np.uint8).view(numpy_dtype(dt)).reshape(shape).copy()
 
 
 def run_session(sess: Any, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
