@@ -55,8 +55,13 @@ def _capabilities() -> Capabilities:
         "bool",
         "f8e4m3",
         "f8e5m2",
+        "f8e4m3fnuz",
+        "f8e5m2fnuz",
+        "f8e8m0",
         "i4",
         "u4",
+        "i2",
+        "u2",
     }
     return Capabilities(
         frozenset(ops), frozenset(dtypes), frozenset({"cpu"}), dict(_REASONS), folds_constants=True
