@@ -13,7 +13,14 @@ from llmir_core.errors import EXIT_CHECK_FAILED, CheckFailed, InputError
 from llmir_core.ir.parser import parse_file
 from llmir_core.verifier import verify
 
-from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
+from .._options import (
+    DebugOpt,
+    FormatOpt,
+    OutputFormat,
+    QuietOpt,
+    VerboseOpt,
+    WeightDTypeOpt,
+)
 from .._render import handle_errors, make_ctx
 
 HELP = f"""Build a .llmir module into an artifact folder for a runtime.
@@ -79,6 +86,7 @@ def build_cmd(
             help="Build a decoder with the generic op-by-op lowering (no KV-cache buffers).",
         ),
     ] = False,
+    dtype: WeightDTypeOpt = None,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -105,12 +113,17 @@ def build_cmd(
 
         given = {
             k: v
-            for k, v in (("quant", quant), ("max_len", max_len), ("accuracy_level", accuracy_level))
+            for k, v in (
+                ("quant", quant),
+                ("max_len", max_len),
+                ("accuracy_level", accuracy_level),
+                ("dtype", dtype),
+            )
             if v is not None
         }
         if given and (target != "onnxruntime" or generic or not is_decoder(module)):
             raise InputError(
-                "--quant, --max-len and --accuracy-level apply to decoder builds only",
+                "--quant, --max-len, --accuracy-level and --dtype apply to decoder builds only",
                 hint="import an LLM (HF folder or GGUF) to get a decoder module",
             )
         if quant:

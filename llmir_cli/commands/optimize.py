@@ -17,7 +17,7 @@ from llmir_core.ir.parser import parse_file
 from llmir_core.ir.printer import print_module
 from llmir_core.weights import rebase_weight_paths
 
-from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
+from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt, WeightDTypeOpt
 from .._render import handle_errors, make_ctx
 
 HELP = """Optimize a .llmir module with a pass pipeline; every pass is verified, and with
@@ -90,6 +90,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
         bool,
         typer.Option("--allow-unproved", help="Let passes use rules without a proof certificate."),
     ] = False,
+    dtype: WeightDTypeOpt = None,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -136,7 +137,9 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
         if target is not None:
             from llmir_core.backends import get_target
 
-            pipeline = pipeline + list(get_target(target).lowering({}))
+            pipeline = pipeline + list(
+                get_target(target).lowering({"dtype": dtype} if dtype else {})
+            )
         if output is not None:  # weights a pass writes (quantize-weights) go beside OUT
             pipeline = [
                 dataclasses.replace(

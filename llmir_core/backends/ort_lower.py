@@ -687,6 +687,11 @@ def _l_mod(L: Lowering, op: Op) -> list[str]:
     return L.node("Mod", _ins(L, op), fmod=fmod)
 
 
+@lowers("ort.cast")
+def _l_ort_cast(L: Lowering, op: Op) -> list[str]:
+    return L.node("Cast", _ins(L, op), to=onnx_dtype(op.attrs["to"]))
+
+
 @lowers("core.cast")
 def _l_cast(L: Lowering, op: Op) -> list[str]:
     to = op.attrs["to"]
