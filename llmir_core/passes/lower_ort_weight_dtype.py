@@ -43,6 +43,18 @@ def parse_weight_dtype(dtype: str | None) -> DType | None:
     return DType.f16 if dtype == "f16" else DType.bf16
 
 
+def _label(w: Value) -> str:
+    """The checkpoint name of a weight (names joined for a row-concatenation such as packed QKV)."""
+    op = w.owner
+    if op is None:
+        return w.name
+    if op.name == "core.concat":
+        return "+".join(_label(v) for v in op.operands)
+    if op.name == "core.cast" and op.operands:
+        return _label(op.operands[0])
+    return str(op.attrs.get("name", w.name))
+
+
 @dataclass(frozen=True)
 class LowerOrtWeightDtype:
     name: ClassVar[str] = "lower-ort-weight-dtype"
@@ -103,7 +115,7 @@ class LowerOrtWeightDtype:
         wide = b.op("ort.cast", stored, to=DType.f32)
         i = next(i for i, o in enumerate(fn.ops) if o is src) + 1 if src is not None else 0
         fn.ops[i:i] = new_ops
-        label = str(src.attrs.get("name", w.name)) if src is not None else w.name
+        label = _label(w)
         ctx.applied(
             "weight-dtype",
             wide,

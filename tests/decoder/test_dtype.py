@@ -158,3 +158,24 @@ def test_assign_precision_cuda_is_refused_at_optimize_time(
     assert r.returncode == 1
     assert "places its result on device 'cuda' (target devices: cpu)" in r.stderr
     assert not (tmp_path / "l.llmir").exists()
+
+
+def test_bf16_checkpoint_keeps_its_bytes(tiny_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from llmir_core.frontends.hf import import_hf
+
+    d = tmp_path / "bf16"
+    shutil.copytree(tiny_dir, d)
+    for f in d.glob("*.safetensors"):
+        save_file({k: v.to(torch.bfloat16) for k, v in load_file(str(f)).items()}, str(f))
+    module = import_hf(d)
+    text = print_module(_lowered(module, "bf16"))
+    assert "core.cast %model.layers.0.self_attn.o_proj.weight {to = bf16}" not in text
+    assert "ort.cast %model.layers.0.self_attn.o_proj.weight {to = f32}" in text
+    build(module, str(tmp_path / "art"), "onnxruntime", options={"dtype": "bf16"})
+    # stored as the checkpoint holds them: the artifact computes the imported module exactly
+    assert parity(module, open_artifact(str(tmp_path / "art")), PROMPT, steps=3) <= 1e-4
