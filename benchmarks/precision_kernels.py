@@ -271,8 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # noqa: BLE001 - the error is the measurement
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             results[name] = {"ok": False, "error": msg[:240]}
-    for _ in range(a.reps):
-        for name, (s, feeds) in sessions.items():
+    order = list(sessions)
+    for rep in range(a.reps):
+        # rotated each repetition: no case always runs first (after the previous one's cache state)
+        for name in order[rep % len(order) :] + order[: rep % len(order)]:
+            s, feeds = sessions[name]
             t0 = time.perf_counter()
             for _ in range(a.iters):
                 s.run(None, feeds)

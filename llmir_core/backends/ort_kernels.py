@@ -17,9 +17,9 @@ from __future__ import annotations
 MEASURED: dict[str, dict[str, str]] = {
     # MatMul / Gemm / FusedMatMul: onnxruntime casts f16 to f32 (no f16 GEMM on x86); no bf16
     "ort.fused_matmul": {"f16": "cast"},
-    # MatMulNBits has f16 activations (4 bits: 5x slower than f32 with accuracy_level 4 here)
+    # MatMulNBits has f16 activations (4 bits: 3-5x slower than f32 with accuracy_level 4 here)
     "ort.matmul_nbits": {"f16": "native"},
-    # GroupQueryAttention f16 runs, 15x slower than f32 at the SmolLM2 decode shape; no bf16
+    # GroupQueryAttention f16 runs, 15-48x slower than f32 at the SmolLM2 decode shape; no bf16
     "ort.group_query_attention": {"f16": "native"},
     "ort.simplified_layer_norm": {"f16": "native"},
     "ort.skip_simplified_layer_norm": {"f16": "native"},
