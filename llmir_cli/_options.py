@@ -70,6 +70,15 @@ LogitsOpt = Annotated[
         show_default=False,
     ),
 ]
+WeightDTypeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dtype",
+        help="Decoders: store matmul weights and the embedding table in f16 or bf16 (half the "
+        "f32 bytes; computed in f32 where the CPU has no 16-bit kernel).",
+        show_default=False,
+    ),
+]
 GenericOpt = Annotated[
     bool,
     typer.Option(

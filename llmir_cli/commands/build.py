@@ -26,6 +26,7 @@ from .._options import (
     QuantOpt,
     QuietOpt,
     VerboseOpt,
+    WeightDTypeOpt,
 )
 from .._render import handle_errors, make_ctx
 
@@ -75,6 +76,7 @@ def build_cmd(
     max_len: MaxLenOpt = None,
     accuracy_level: AccuracyLevelOpt = None,
     logits: LogitsOpt = None,
+    dtype: WeightDTypeOpt = None,
     generic: GenericOpt = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
@@ -108,6 +110,7 @@ def build_cmd(
             max_len=max_len,
             accuracy_level=accuracy_level,
             logits=logits,
+            dtype=dtype,
             generic=generic,
         )
         if opt_level is None and project is not None and "target" not in module.attrs:

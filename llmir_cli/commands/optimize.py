@@ -30,6 +30,7 @@ from .._options import (
     QuantOpt,
     QuietOpt,
     VerboseOpt,
+    WeightDTypeOpt,
 )
 from .._render import handle_errors, make_ctx
 
@@ -104,6 +105,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
     max_len: MaxLenOpt = None,
     accuracy_level: AccuracyLevelOpt = None,
     logits: LogitsOpt = None,
+    dtype: WeightDTypeOpt = None,
     generic: GenericOpt = False,
     allow_unproved: Annotated[
         bool,
@@ -148,6 +150,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                 ("--max-len", max_len is not None),
                 ("--accuracy-level", accuracy_level is not None),
                 ("--logits", logits is not None),
+                ("--dtype", dtype is not None),
                 ("--generic", generic),
             )
             if given
@@ -178,6 +181,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                 max_len=max_len,
                 accuracy_level=accuracy_level,
                 logits=logits,
+                dtype=dtype,
                 generic=generic,
             )
             if passes is None:  # what `llmir build` runs for this -O and these options

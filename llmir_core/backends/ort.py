@@ -24,7 +24,7 @@ from llmir_core.errors import InputError
 from llmir_core.fileio import replace_dir, sha256_file
 from llmir_core.ir.core import Module, Value
 from llmir_core.ir.dims import format_dim
-from llmir_core.ir.types import KVCacheType, TensorType
+from llmir_core.ir.types import DType, KVCacheType, TensorType
 
 from .ort_lower import MS, OPSET, BuildError, DataPlan, Lowering, onnx_dtype, value_info
 from .ort_runtime import OrtRunner
@@ -257,9 +257,30 @@ def build(
 def session_for_module(
     module: Module, threads: int | None = 1
 ) -> tuple[OrtRunner, list[str], list[str]]:
-    """Build in memory (weights inline; small models only) and open a session."""
+    """Build in memory (weights inline; small models only) and open a session. Ops in a 16-bit
+    float dtype the CPU provider has no kernel for compute in f32 between casts first
+    (lower-ort-precision, as in `llmir build`)."""
+    module = _with_cpu_kernels(module)
     model, _, inputs, outputs = to_onnx(module, inline_weights=True)
     return OrtRunner(model.SerializeToString(), threads), inputs, outputs
+
+
+def _with_cpu_kernels(module: Module) -> Module:
+
+    narrow = (DType.f16, DType.bf16)
+    if not any(
+        isinstance(v.type, TensorType) and v.type.dtype in narrow
+        for fn in module.functions
+        for op in fn.ops
+        for v in op.results
+    ):
+        return module
+    from llmir_core.passes.base import PassContext, clone_module
+    from llmir_core.passes.lower_ort_precision import LowerOrtPrecision
+
+    out = clone_module(module)
+    LowerOrtPrecision().run(out, PassContext())
+    return out
 
 
 __all__ = [

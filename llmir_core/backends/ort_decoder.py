@@ -43,7 +43,7 @@ from llmir_core.fileio import replace_dir, sha256_file
 from llmir_core.interp import Interpreter
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.dims import format_dim
-from llmir_core.ir.types import QuantType, TensorType
+from llmir_core.ir.types import DType, QuantType, TensorType, numpy_dtype
 from llmir_core.passes.ort_common import (
     ACCURACY_LEVEL,
     LAST_LOGITS,
@@ -207,6 +207,40 @@ class _Weights:
                 for chunk in self.rows_f32(s):
                     self.data.write(chunk)
         out = self._init(name, TensorProto.FLOAT, [rows, cols], off, nbytes)
+        self.names[key] = out
+        return out
+
+    # -- 16-bit storage (ort.cast operands) -----------------------------------------
+    def stored(self, v: Value, name: str, srcs: list[WSrc] | None) -> str:
+        """A constant in its own float dtype (f16/bf16) as an initializer in the data file: a
+        16-bit weight's file bytes as they are, or a cast of an f32 weight (or row-concatenation
+        of weights: srcs, the cast's operand) converted row chunk by row chunk."""
+        key = ("stored", id(v))
+        if key in self.names:
+            return str(self.names[key])
+        t = tt(v)
+        shape = [int(d) for d in (t.static_shape() or ())]
+        if len(shape) != len(t.shape):
+            raise BuildError(f"%{v.name}: a stored weight needs a static shape")
+        assert isinstance(t.dtype, DType)
+        npd = numpy_dtype(t.dtype)
+        nbytes = int(np.prod(shape)) * npd.itemsize
+        op = v.owner
+        assert op is not None
+        off = self.data.start(nbytes >= _LARGE)
+        if op.name == "core.weight" and not _weight_type(op).is_quantized:
+            self.data.copy(
+                resolve_path(op.attrs["file"], self.base_dir),
+                int(op.attrs.get("offset", 0)),
+                nbytes,
+            )
+        elif srcs is not None:
+            for s in srcs:
+                for chunk in self.rows_f32(s):
+                    self.data.write(np.ascontiguousarray(chunk.astype(npd)))
+        else:
+            self.data.write(np.ascontiguousarray(np.asarray(self.eval(v)).astype(npd)))
+        out = self._init(name, onnx_dtype(t.dtype), shape, off, nbytes)
         self.names[key] = out
         return out
 
@@ -429,6 +463,8 @@ class DecoderSerializer:
         if op is None:
             raise BuildError(f"value %{v.name} is used before it is defined")
         t = v.type
+        if op.name == "ort.cast" and id(op.operands[0]) in self.g.static:
+            return _stored_cast(self, op)  # a 16-bit constant widened when the session loads
         if (
             id(v) in self.g.static
             and op.name not in ("core.weight", "core.constant")
@@ -712,8 +748,16 @@ def _emit_norm(D: DecoderSerializer, op: Op) -> bool:
 
 
 def _emit_fused_matmul(D: DecoderSerializer, op: Op) -> bool:
-    srcs = D.weight(op.operands[1])
     trans_b = bool(op.attrs.get("transB", True))
+    wop = op.operands[1].owner
+    if wop is not None and wop.name == "ort.cast":  # a stored 16-bit weight (--dtype)
+        w = D.name(op.operands[1])
+        y = D.node(
+            "FusedMatMul", [D.name(op.operands[0]), w], domain=MS, transA=0, transB=int(trans_b)
+        )
+        D.bind(op.results[0], y[0])
+        return True
+    srcs = D.weight(op.operands[1])
     if not trans_b:
         srcs = [WSrc(s.value, "eval", None, s.cols, s.rows, transpose=True) for s in srcs]
     w = D.w.f32(srcs, _label(op, "weight"))
@@ -770,6 +814,11 @@ def _zero(s: WSrc) -> bool:
 
 
 def _emit_embedding(D: DecoderSerializer, op: Op) -> bool:
+    top = op.operands[0].owner
+    if top is not None and top.name == "ort.cast":  # a stored 16-bit table (--dtype)
+        table = D.name(op.operands[0])
+        D.bind(op.results[0], D.L.one("Gather", table, D.name(op.operands[1]), axis=0))
+        return True
     src = weight_src(D.g, op.operands[0])
     if src is None:
         return False
@@ -835,7 +884,34 @@ def _emit_quick_gelu(D: DecoderSerializer, op: Op) -> bool:
     return True
 
 
+def _stored_cast(D: DecoderSerializer, op: Op) -> str:
+    """ort.cast of a constant: the constant as an initializer in its own (16-bit) dtype and a
+    Cast node, which onnxruntime runs once when the session loads."""
+    v = op.results[0]
+    if id(v) in D.L.names:
+        return D.L.names[id(v)]
+    v16 = op.operands[0]
+    p = v16.owner
+    srcs = weight_srcs(D.g, p.operands[0]) if p is not None and p.name == "core.cast" else None
+    stored = D.w.stored(v16, _label(op, "weight"), srcs)
+    to = op.attrs["to"]
+    out = D.L.one("Cast", stored, to=onnx_dtype(to))
+    D.bind(v, out)
+    return out
+
+
+def _emit_ort_cast(D: DecoderSerializer, op: Op) -> bool:
+    if id(op.operands[0]) in D.g.static:
+        return False  # lowered on first use (_stored_cast)
+    D.bind(
+        op.results[0],
+        D.L.one("Cast", D.name(op.operands[0]), to=onnx_dtype(op.attrs["to"])),
+    )
+    return True
+
+
 _EMIT = {
+    "ort.cast": _emit_ort_cast,
     "ort.group_query_attention": _emit_gqa,
     "ort.simplified_layer_norm": _emit_norm,
     "ort.skip_simplified_layer_norm": _emit_norm,
@@ -1041,6 +1117,7 @@ def _manifest(
         ],
         "logits": "last" if D.last_logits else "all",
         "accuracy_level": D.accuracy_level,
+        "weight_dtype": str(module_options(module).get("dtype") or "f32"),
         "quant": {
             "f32_weights": (f"int{D.quant.bits}" if D.quant else "f32"),
             "block": D.quant.block if D.quant else None,

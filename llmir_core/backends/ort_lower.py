@@ -700,6 +700,11 @@ def _l_mod(L: Lowering, op: Op) -> list[str]:
 _OPSET25_TYPES = {DType.i2, DType.u2, DType.f8e8m0, DType.f4e2m1}
 
 
+@lowers("ort.cast")
+def _l_ort_cast(L: Lowering, op: Op) -> list[str]:
+    return L.node("Cast", _ins(L, op), to=onnx_dtype(op.attrs["to"]))
+
+
 @lowers("core.cast")
 def _l_cast(L: Lowering, op: Op) -> list[str]:
     to = op.attrs["to"]

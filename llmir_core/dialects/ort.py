@@ -690,4 +690,36 @@ register(
     )
 )
 
+
+def _infer_ort_cast(ctx: InferCtx) -> list[Type]:
+    x = float_tensor(ctx, 0, "x")
+    to = ctx["to"]
+    _need(isinstance(to, DType) and to.is_float, f"ort.cast: `to` must be a float dtype, got {to}")
+    return [like(x, dtype=to)]
+
+
+def _ref_ort_cast(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
+    from .core import _cast
+
+    return _cast(args[0], at["to"])
+
+
+register(
+    OpDef(
+        name="ort.cast",
+        summary="A Cast node onnxruntime executes between float dtypes. On a constant it runs "
+        "once, when the session loads: the constant is stored in its own (16-bit) dtype in the "
+        "artifact and widened in memory (what `--dtype f16|bf16` does with matmul weights).",
+        operands=(Operand("x"),),
+        attrs=(Attr("to", "dtype", doc="target float dtype"),),
+        infer=_infer_ort_cast,
+        reference=_ref_ort_cast,
+        decompose=lambda b, o, at: [b.op("core.cast", o[0], to=at["to"])],
+        verifies="x is a float tensor and `to` a float dtype.",
+        traits=frozenset({"elementwise"}),
+        example="%w = ort.cast %w16 {to = f32} : (tensor<64x64xf16>) -> tensor<64x64xf32>",
+    )
+)
+
+
 __all__ = ["fake_quant", "kv_int8_codes"]
