@@ -44,7 +44,7 @@ from .types import DTYPE_NAMES, DType, KVCacheType, QuantType, TensorType, Type,
 
 _STR = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'  # a JSON string on one line (unrolled: fast)
 _TOKEN = re.compile(
-    r"(?:\s+|//[^\n]*)*"  # whitespace and comments before the token
+    r"(?>(?:\s+|//[^\n]*)*)"  # whitespace and comments before the token (atomic: linear)
     rf"""(?:(?P<type>{TYPE_PATTERN})
     |(?P<quant>!quant(?:\.\w+|<[^<>]*>))
     |(?P<val>%[\w.$]+)
@@ -65,12 +65,12 @@ _NAMES = r"%[\w.$]+(?:, %[\w.$]+)*"
 _TYPES = rf"(?:{TYPE_PATTERN})(?:, (?:{TYPE_PATTERN}))*"
 # one op in the printer's spelling, on one line (the fast path; see the module docstring)
 _OP_LINE = re.compile(
-    r"(?:\s+|//[^\n]*)*"  # whitespace and comment lines before the op
+    r"(?>(?:\s+|//[^\n]*)*)"  # whitespace and comment lines before the op (atomic: linear)
     rf"(?P<line>(?:(?P<res>{_NAMES}) = )?(?P<op>[A-Za-z_]\w*\.[A-Za-z_][\w.]*)(?: (?P<args>{_NAMES}))?"
     rf"(?P<attrs> \{{[^{{}}\n]*\}})? : \((?P<ins>{_TYPES})?\) -> "  # nested dicts: token parser
     rf"(?P<outs>{TYPE_PATTERN}|\((?:{_TYPES})?\))(?: loc\((?P<loc>{_STR})\))?)[ \t]*\r?(?=\n|\Z)"
     # without a loc on the line, a `loc(...)` on a later line still belongs to this op
-    r"(?(loc)|(?!(?:\s+|//[^\n]*)*loc(?![\w.$])))"
+    r"(?(loc)|(?!(?>(?:\s+|//[^\n]*)*)loc(?![\w.$])))"
 )
 _TYPE_ITEM = re.compile(TYPE_PATTERN)
 _TYPES_CACHE: dict[str, list[Type]] = {}
