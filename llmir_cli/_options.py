@@ -29,7 +29,7 @@ OptLevelOpt = Annotated[
     int | None,
     typer.Option(
         "-O",
-        help="Optimization preset 0, 1, 2 or 3, run before a target's lowering "
+        help="Optimization preset 0, 1, 2 or 3; with a target, run before its lowering "
         "(default: [build] opt_level of ./llmir.toml, else 2).",
         show_default=False,
     ),

@@ -56,8 +56,8 @@ Examples:
 
   llmir optimize --list
 
---target NAME appends the target's lowering passes after -O (default 2, as for `llmir build`) or
---passes; -O0 --target runs only the lowering. `llmir build` of the result gives the artifact
+--target NAME appends the target's lowering passes after -O (default 2, as for `llmir build`;
+triton: 0) or --passes; -O0 --target runs only the lowering. `llmir build` of the result gives the artifact
 `llmir build` of the input gives with the same -O and the same build options (--quant,
 --quant-block, --max-len, --accuracy-level, --generic: they apply with --target only). The
 lowered module records the passes that ran (`llmir.pipeline`; the artifact's manifest copies it).
@@ -164,7 +164,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
             from llmir_core.registry.lockfile import project_here
 
             project = project_here()
-            level = project.opt_level if project else 2
+            level = project.opt_level if project else None  # else 2 (a target may say otherwise)
         module = parse_file(str(file))
         if passes is not None:
             pipeline = parse_pipeline(passes)

@@ -99,13 +99,15 @@ def pipeline(
     options: Mapping[str, Any] | None = None,
     opt_level: int | None = None,
 ) -> list[Any]:
-    """The passes that lower an unlowered module for `target`: the -O`opt_level` preset (default
-    DEFAULT_OPT_LEVEL) then the target's lowering. What `llmir build` runs, and what `llmir
-    optimize -O<level> --target` runs, so the two give the same lowered module."""
+    """The passes that lower an unlowered module for `target`: the -O`opt_level` preset (default:
+    the target's `opt_level` when it declares one, else DEFAULT_OPT_LEVEL) then the target's
+    lowering. What `llmir build` runs, and what `llmir optimize -O<level> --target` runs, so the
+    two give the same lowered module."""
     from llmir_core.passes.pipeline import preset
 
-    level = DEFAULT_OPT_LEVEL if opt_level is None else opt_level
-    return preset(level) + list(get_target(target).lowering(options or {}))
+    t = get_target(target)
+    level = opt_level if opt_level is not None else getattr(t, "opt_level", DEFAULT_OPT_LEVEL)
+    return preset(int(level)) + list(t.lowering(options or {}))
 
 
 def lower(

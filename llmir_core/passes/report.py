@@ -31,6 +31,7 @@ def format_report(res: PipelineResult) -> str:
     b, a = res.before, res.after
     lines = [
         "== optimization report ==",
+        f"pipeline:              {','.join(r.spec for r in res.runs) or '(no passes)'}",
         f"ops:                   {b.ops} -> {a.ops}",
         f"parameter bytes:       {_human(b.param_bytes)}B -> {_human(a.param_bytes)}B",
         f"FLOPs per token:       {_human(b.flops_per_token)} -> {_human(a.flops_per_token)}",

@@ -185,3 +185,39 @@ def test_project_opt_level_is_the_default(chdir_tmp: Path) -> None:
     assert re.search(
         r"llmir\.pipeline = \[\"lower-ort-attention\"", (chdir_tmp / "l.llmir").read_text()
     )
+
+
+def test_a_target_may_declare_its_preset() -> None:
+    """onnxruntime builds after -O2; triton's lowering takes no merged q/k/v projections, so it
+    declares -O0 (its own lowering fuses norms and linears). An explicit -O wins."""
+    from llmir_core.backends import pipeline
+    from llmir_core.passes import PRESETS
+
+    names = [p.name for p in pipeline("onnxruntime")]
+    assert names[: len(PRESETS["O2"])] == PRESETS["O2"] and names[-1] == "lower-ort-module"
+    assert [p.name for p in pipeline("onnxruntime", opt_level=0)][0] == "lower-ort-attention"
+    assert [p.name for p in pipeline("triton")] == [
+        "fuse-add-rms-norm",
+        "fuse-linear",
+        "lower-triton",
+    ]
+    assert [p.name for p in pipeline("triton", opt_level=1)][0] == "canonicalize"
+
+
+def test_a_lowered_module_records_every_pipeline_over_it(chdir_tmp: Path) -> None:
+    """A pipeline over an already lowered module appends its passes to `llmir.pipeline`."""
+    _import("llama", chdir_tmp)
+    assert (
+        _cli("optimize", "m.llmir", "-O0", "--target", "onnxruntime", "-o", "l.llmir").exit_code
+        == 0
+    )
+    assert _cli("optimize", "l.llmir", "--passes", "cse,dce", "-o", "l2.llmir").exit_code == 0
+    assert _cli("build", "l2.llmir", "-o", "A").exit_code == 0
+    assert json.loads((chdir_tmp / "A" / "manifest.json").read_text())["pipeline"] == [
+        "lower-ort-attention",
+        "lower-ort-norms",
+        "lower-ort-matmul",
+        "lower-ort-module",
+        "cse",
+        "dce",
+    ]

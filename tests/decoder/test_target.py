@@ -37,6 +37,7 @@ def lowered(tiny_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert r.returncode == 0, r.stderr
     assert "group-query-attention" in r.stdout and "packed QKV" in r.stdout
+    assert "pipeline:              canonicalize," in r.stdout  # the report names what ran
     from llmir_core.backends import pipeline
 
     # every pass validated: the -O2 preset and the lowering (what `llmir build` runs)
