@@ -16,7 +16,10 @@ gated MLPs into the router matmul plus:
 exact: the routed sum is linear in its weights). Everything else keeps `llm.moe` (its dense
 decomposition in the build) and the report says why: another activation (CPU MoE runs SwiGLU
 only), f32 experts with sigmoid scoring or a group limit (MoE has no router_weights), block
-sizes that do not divide hidden and inter, experts not read from stored tensors.
+sizes that do not divide hidden and inter, 8-bit experts when `accuracy_level` < 4 asks for
+f32 activations (8-bit QMoE always quantizes them to int8: measured), experts not read from
+stored tensors. Quantized experts that do not fit become one matmul per expert weight instead
+(exact, every expert on every token; lower-ort-matmul makes them MatMulNBits).
 
 Invariant: the replacement computes the same function; when no weight is requantized each new
 op's decomposition is exactly the core ops of `llm.moe`'s decomposition.
@@ -169,10 +172,70 @@ def plan_qmoe(
             mode = "asym" if f.asym else "sym"
         modes.append(mode)
     kinds = sorted({s.scheme or s.kind for srcs in weights for s in srcs})
-    detail = f"{'/'.join(kinds)} experts as int{bits} blocks of {block}, quantize {modes}"
     if bits == 8 and accuracy_level < 4:
-        detail += " (8-bit QMoE quantizes activations to int8 at every accuracy level)"
+        return (
+            f"8-bit QMoE quantizes activations to int8 at every accuracy level, and "
+            f"accuracy_level {accuracy_level} asks for f32 ones (4 allows QMoE)"
+        )
+    detail = f"{'/'.join(kinds)} experts as int{bits} blocks of {block}, quantize {modes}"
     return _Plan(bits, block, (modes[0], modes[1], modes[2]), detail)
+
+
+def _expert_weight(b: Any, s: WSrc, detached: bool) -> Value:
+    """Expert s's [rows, cols] f32 weight as ops of the function: a per-expert HF weight as it
+    is, or the stacked GGUF tensor's slice as its own core.weight (+ llm.dequantize / cast)."""
+    if not detached:  # a weight value of the function already
+        return s.value
+    assert s.op is not None
+    w = b.create("core.weight", [], dict(s.op.attrs), result_types=[tt(s.value)]).result
+    if s.kind == "gguf":
+        return b.op("llm.dequantize", w, dtype=DType.f32)
+    return w if s.kind == "f32" else b.op("core.cast", w, to=DType.f32)
+
+
+def per_expert(fn: Function, op: Op, srcs: list[list[WSrc]]) -> None:
+    """Replace `llm.moe` by its dense computation with one matmul per expert weight (by 2-D
+    stored weights, which lower-ort-matmul makes MatMulNBits): exact, every expert on every
+    token, the experts' weights kept in their blocks."""
+    from llmir_core.dialects.llm_moe import _act, dec_dense_weights
+
+    at = op.attrs
+    b, new_ops = scratch_builder(fn, op.origin)
+    x = op.operands[0]
+    logits = b.op("core.matmul", x, op.operands[1], transpose_b=True)
+    scores = dec_group_limit(
+        b,
+        dec_scores(b, logits, at.get("scoring", "softmax")),
+        int(at.get("n_group", 1)),
+        int(at.get("topk_group", 1)),
+    )
+    dense = dec_dense_weights(
+        b,
+        scores,
+        int(at["top_k"]),
+        bool(at.get("norm_topk", True)),
+        float(at.get("routed_scale", 1.0)),
+    )
+    act = str(at.get("activation", "silu"))
+    out: Value | None = None
+    in_fn = {id(o) for o in fn.ops}
+    for e, (sg, su, sd) in enumerate(zip(*srcs)):
+        wg, wu, wd = (_expert_weight(b, s, id(s.op) not in in_fn) for s in (sg, su, sd))
+        h = b.op(
+            "core.mul",
+            _act(b, b.op("core.matmul", x, wg, transpose_b=True), act),
+            b.op("core.matmul", x, wu, transpose_b=True),
+        )
+        share = b.op("core.slice", dense, starts=(e,), ends=(e + 1,), axes=(-1,))
+        y = b.op("core.mul", b.op("core.matmul", h, wd, transpose_b=True), share)
+        out = y if out is None else b.op("core.add", out, y)
+    assert out is not None
+    if len(op.operands) >= 8:
+        out = b.op("core.add", out, dec_shared(b, x, list(op.operands[5:]), act))
+    pos = next(i for i, o in enumerate(fn.ops) if o is op)
+    fn.ops[pos:pos] = new_ops
+    _swap(fn, op.results[0], out)
+    erase_dead(fn, [op])
 
 
 def _swap(fn: Function, old: Value, new: Value) -> None:
@@ -201,8 +264,16 @@ class LowerOrtMoe:
         changed = False
         for fn in module.functions:
             for op in [o for o in fn.ops if o.name == "llm.moe"]:
-                reason = self._lower(fn, Graph(fn), op, fmt, ev, ctx)
+                g = Graph(fn)
+                reason = self._lower(fn, g, op, fmt, ev, ctx)
                 if reason is None:
+                    changed = True
+                    continue
+                srcs = [expert_srcs(g, w) for w in op.operands[2:5]]
+                stored = [w for w in srcs if w is not None]
+                if len(stored) == 3 and any(s.kind not in _FLOAT_KINDS for w in stored for s in w):
+                    per_expert(fn, op, stored)
+                    ctx.rejected(self.name, op.results[0], reason + "; per-expert matmuls instead")
                     changed = True
                 else:
                     ctx.rejected(self.name, op.results[0], reason + "; kept llm.moe (dense)")

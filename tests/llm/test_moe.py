@@ -174,6 +174,36 @@ def test_deepseek_v2_parity(arch: str, tiny_model: Any, tmp_path: Path) -> None:
     _same(ort_greedy(module, tmp_path / "art", _prompt(), STEPS), want)
 
 
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"topk_method": "noaux_tc"}, r"field 'topk_method' is 'noaux_tc', which is not supported"),
+        ({"n_group": 3}, r"field 'topk_group' \(2\) and n_group \(3\) must satisfy"),
+        ({"topk_group": 1, "num_experts_per_tok": 3}, r"'num_experts_per_tok' \(3\) exceeds"),
+        ({"routed_scaling_factor": 0}, r"'routed_scaling_factor' must be a positive number"),
+        ({"attention_bias": True}, r"'attention_bias' is true, which is not supported"),
+        ({"qk_rope_head_dim": 7}, r"'qk_rope_head_dim' \(7\) must be even"),
+        ({"kv_lora_rank": None}, r"'kv_lora_rank' must be a positive integer, got None"),
+    ],
+)
+def test_deepseek_v2_config_errors(
+    change: dict[str, Any], message: str, tiny_model: Any, tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    from llmir_core.errors import InputError
+
+    folder, _ = tiny_model("deepseek-v2")
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg.update(change)
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match=message):
+        import_hf(bad, require_tokenizer=False)
+
+
 def test_deepseek_v2_qmoe_with_router_weights(tiny_model: Any, tmp_path: Path) -> None:
     """--quant int4: the group-limited experts become one QMoE that chooses by the group-limited
     scores and weights by the softmax scores (router_weights); the logits match the interpreter
