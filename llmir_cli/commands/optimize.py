@@ -123,6 +123,11 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
             )
         if passes is not None and level is not None:
             raise InputError("give either -O or --passes, not both")
+        if dtype and target is None:
+            raise InputError(
+                "--dtype is a lowering option: give it with --target",
+                hint="llmir optimize IN --target onnxruntime --dtype f16 -o OUT",
+            )
         if passes is None and level is None and target is None:
             from llmir_core.registry.lockfile import project_here
 

@@ -179,3 +179,10 @@ def test_bf16_checkpoint_keeps_its_bytes(tiny_dir: Path, tmp_path: Path) -> None
     build(module, str(tmp_path / "art"), "onnxruntime", options={"dtype": "bf16"})
     # stored as the checkpoint holds them: the artifact computes the imported module exactly
     assert parity(module, open_artifact(str(tmp_path / "art")), PROMPT, steps=3) <= 1e-4
+
+
+def test_optimize_dtype_needs_a_target(tiny_module: Any, tmp_path: Path) -> None:
+    (tmp_path / "m.llmir").write_text(print_module(tiny_module))
+    r = run_cli("optimize", "m.llmir", "--dtype", "f16", "-o", "o.llmir", cwd=tmp_path)
+    assert r.returncode == 2 and "--dtype is a lowering option" in r.stderr
+    assert not (tmp_path / "o.llmir").exists()
