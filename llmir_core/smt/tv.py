@@ -288,8 +288,11 @@ def validate(
     limit_s: float = 10.0,
     differential: bool = True,
     seeds: int = 2,
+    tol: float | None = None,
+    tol_why: str = "",
 ) -> dict[str, Any]:
-    """Decide whether `after` computes what `before` computes. Returns a verdict dict."""
+    """Decide whether `after` computes what `before` computes. Returns a verdict dict. tol: the
+    differential tolerance of a pass that rounds values on purpose (tol_why says why)."""
     t0 = time.perf_counter()
     why = signature_mismatch(before, after)
     if why is not None:
@@ -348,7 +351,7 @@ def validate(
         }
     from .differential import compare
 
-    d = compare(before, after, seeds=seeds)
+    d = compare(before, after, seeds=seeds, tol=tol, why=tol_why)
     d["seconds"] = time.perf_counter() - t0
     d["smt"] = res["verdict"] if res["verdict"] != "sat" else "could not show equivalence"
     if res["verdict"] == "inconclusive":
@@ -359,4 +362,17 @@ def validate(
 def validate_pass(
     before: Module, after: Module, instances: list[RuleInstance], pass_name: str
 ) -> dict[str, Any]:
-    return validate(before, after, instances)
+    """A pass whose class declares `validation_rtol` rounds values on purpose (16-bit weight
+    storage): its differential check uses that relative tolerance, scaled by depth."""
+    from llmir_core.passes import PASSES
+
+    rtol = getattr(PASSES.get(pass_name), "validation_rtol", None)
+    if rtol is None:
+        return validate(before, after, instances)
+    return validate(
+        before,
+        after,
+        instances,
+        tol=float(rtol) * (1.0 + before.op_count() / 200.0),
+        tol_why=f"{pass_name} rounds weights: its declared tolerance",
+    )
