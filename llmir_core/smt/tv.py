@@ -330,8 +330,11 @@ def validate(
     limit_s: float = 10.0,
     differential: bool = True,
     seeds: int = 2,
+    tol: float | None = None,
+    tol_why: str = "",
 ) -> dict[str, Any]:
-    """Decide whether `after` computes what `before` computes. Returns a verdict dict."""
+    """Decide whether `after` computes what `before` computes. Returns a verdict dict. tol: the
+    differential tolerance of a pass that rounds values on purpose (tol_why says why)."""
     note: dict[str, Any] = {}
     if signature_mismatch(before, after) is not None:
         from llmir_core.passes.lower_ort_logits import last_logits_interface
@@ -340,7 +343,8 @@ def validate(
         if last is not None:  # after computes the logits of the last position only
             before = last
             note = {"interface": "logits compared at the last position (lower-ort-logits)"}
-    return {**_validate(before, after, instances, limit_s, differential, seeds), **note}
+    verdict = _validate(before, after, instances, limit_s, differential, seeds, tol, tol_why)
+    return {**verdict, **note}
 
 
 def _validate(
@@ -350,6 +354,8 @@ def _validate(
     limit_s: float = 10.0,
     differential: bool = True,
     seeds: int = 2,
+    tol: float | None = None,
+    tol_why: str = "",
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
     why = signature_mismatch(before, after)
@@ -419,7 +425,7 @@ def _validate(
         }
     from .differential import compare
 
-    d = compare(before, after, seeds=seeds)
+    d = compare(before, after, seeds=seeds, tol=tol, why=tol_why)
     d["seconds"] = time.perf_counter() - t0
     d["smt"] = res["verdict"] if res["verdict"] != "sat" else "could not show equivalence"
     if res["verdict"] == "inconclusive":
@@ -430,4 +436,17 @@ def _validate(
 def validate_pass(
     before: Module, after: Module, instances: list[RuleInstance], pass_name: str
 ) -> dict[str, Any]:
-    return validate(before, after, instances)
+    """A pass whose class declares `validation_rtol` rounds values on purpose (16-bit weight
+    storage): its differential check uses that relative tolerance, scaled by depth."""
+    from llmir_core.passes import PASSES
+
+    rtol = getattr(PASSES.get(pass_name), "validation_rtol", None)
+    if rtol is None:
+        return validate(before, after, instances)
+    return validate(
+        before,
+        after,
+        instances,
+        tol=float(rtol) * (1.0 + before.op_count() / 200.0),
+        tol_why=f"{pass_name} rounds weights: its declared tolerance",
+    )

@@ -84,6 +84,7 @@ def test_optimize_then_build_is_identical(tiny_module: Any, tmp_path: Path) -> N
         "onnxruntime",
         "--dtype",
         "bf16",
+        "--verify-each",
         "--report",
         "-o",
         "l.llmir",
@@ -91,6 +92,8 @@ def test_optimize_then_build_is_identical(tiny_module: Any, tmp_path: Path) -> N
     )
     assert r.returncode == 0, r.stderr
     assert "weight-dtype" in r.stdout and "stored in bf16" in r.stdout
+    # every lowering pass validates; the rounding one differentially at its declared tolerance
+    assert "rounds weights: its declared tolerance" in r.stdout + r.stderr
     for args, out in ((("l.llmir",), "a"), (("m.llmir", "--dtype", "bf16"), "b")):
         r = run_cli("build", *args, "-o", out, "-q", cwd=tmp_path)
         assert r.returncode == 0, r.stderr
@@ -179,3 +182,10 @@ def test_bf16_checkpoint_keeps_its_bytes(tiny_dir: Path, tmp_path: Path) -> None
     build(module, str(tmp_path / "art"), "onnxruntime", options={"dtype": "bf16"})
     # stored as the checkpoint holds them: the artifact computes the imported module exactly
     assert parity(module, open_artifact(str(tmp_path / "art")), PROMPT, steps=3) <= 1e-4
+
+
+def test_optimize_dtype_needs_a_target(tiny_module: Any, tmp_path: Path) -> None:
+    (tmp_path / "m.llmir").write_text(print_module(tiny_module))
+    r = run_cli("optimize", "m.llmir", "--dtype", "f16", "-o", "o.llmir", cwd=tmp_path)
+    assert r.returncode == 2 and "--dtype is a lowering option" in r.stderr
+    assert not (tmp_path / "o.llmir").exists()
