@@ -22,3 +22,67 @@ FormatOpt = Annotated[
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Only print results and errors.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Print more detail on stderr.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show a Python traceback on errors.")]
+
+# -- lowering options: `llmir build` and `llmir optimize --target` take the same ones ------------
+
+OptLevelOpt = Annotated[
+    int | None,
+    typer.Option(
+        "-O",
+        help="Optimization preset 0, 1, 2 or 3, run before a target's lowering "
+        "(default: [build] opt_level of ./llmir.toml, else 2).",
+        show_default=False,
+    ),
+]
+QuantOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--quant",
+        help="Decoders: quantize float weights to int4 or int8 (MatMulNBits, blockwise).",
+        show_default=False,
+    ),
+]
+QuantBlockOpt = Annotated[
+    int, typer.Option("--quant-block", help="Decoders: block size for --quant.")
+]
+MaxLenOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-len",
+        help="Decoders: KV-cache positions to preallocate (default: the model's context).",
+        show_default=False,
+    ),
+]
+AccuracyLevelOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--accuracy-level",
+        help="Decoders: MatMulNBits activation precision 0-4 (4 = int8, fastest; 1 = fp32).",
+        show_default=False,
+    ),
+]
+LogitsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--logits",
+        help="Decoders: logits for the 'last' position only (what generation reads; the "
+        "default) or for 'all' positions (perplexity, `llmir run --tensors`).",
+        show_default=False,
+    ),
+]
+WeightDTypeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dtype",
+        help="Decoders: store matmul weights and the embedding table in f16 or bf16 (half the "
+        "f32 bytes; computed in f32 where the CPU has no 16-bit kernel).",
+        show_default=False,
+    ),
+]
+GenericOpt = Annotated[
+    bool,
+    typer.Option(
+        "--generic",
+        help="Build a decoder with the generic op-by-op lowering (no KV-cache buffers).",
+    ),
+]

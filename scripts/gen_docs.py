@@ -64,6 +64,12 @@ def op_section(op: OpDef) -> str:
         f"- **Semantics:** {semantics}; **decomposition into core ops:** "
         f"{'yes' if op.decompose is not None else 'no'}"
     )
+    smt = "yes" if op.smt is not None else f"none ({op.no_smt})"
+    lines.append(
+        f"- **SMT encoding:** {smt}; **interval rule:** "
+        f"{'declared' if op.interval is not None else 'fallback'}; **cost:** "
+        f"{'declared' if op.cost is not None else 'generic'}"
+    )
     if op.traits:
         lines.append(f"- **Traits:** {', '.join(sorted(op.traits))}")
     if op.effects:

@@ -83,6 +83,10 @@ def verify_against(ctx: Ctx, file: Path, original: Path, timeout: float) -> None
             ctx.result(f"  {line}")
         if res.get("input") and verdict == "not-equivalent":
             ctx.result(f"  input: {res['input']}")
+        if res.get("ops"):
+            ctx.result("  how each op was validated:")
+        for row in res.get("ops", []):
+            ctx.result(f"    {row['op']} x{row['count']}: {row['validated_by']}, {row['how']}")
     if verdict == "not-equivalent":
         raise typer.Exit(EXIT_CHECK_FAILED)
     if verdict != "equivalent":

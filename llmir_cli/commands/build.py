@@ -8,15 +8,35 @@ from typing import Annotated
 
 import typer
 
-from llmir_core.backends import TARGETS, build
-from llmir_core.errors import EXIT_CHECK_FAILED, CheckFailed, InputError
+from llmir_core.backends import TARGETS, build, build_options
+from llmir_core.errors import EXIT_CHECK_FAILED, CheckFailed
 from llmir_core.ir.parser import parse_file
 from llmir_core.verifier import verify
 
-from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
+from .._options import (
+    AccuracyLevelOpt,
+    DebugOpt,
+    FormatOpt,
+    GenericOpt,
+    LogitsOpt,
+    MaxLenOpt,
+    OptLevelOpt,
+    OutputFormat,
+    QuantBlockOpt,
+    QuantOpt,
+    QuietOpt,
+    VerboseOpt,
+    WeightDTypeOpt,
+)
 from .._render import handle_errors, make_ctx
 
 HELP = f"""Build a .llmir module into an artifact folder for a runtime.
+
+An unlowered module is optimized (-O, default 2) and lowered for the target first, exactly as
+`llmir optimize -O2 --target NAME` does: building its output gives a byte-identical artifact. A
+lowered module (the output of `llmir optimize --target`) is only serialized. The lowered module
+is written into the artifact (model.lowered.llmir) and the manifest names the passes that ran
+(`pipeline`).
 
 --target onnxruntime writes DIR/model.onnx (ONNX opset 23 plus com.microsoft ops), its weights as
 ONNX external data in DIR/model.onnx.data, and DIR/manifest.json (llmir version, target, the
@@ -31,6 +51,8 @@ Examples:
   llmir build model.llmir --target onnxruntime -o model-ort/
 
   llmir build model.llmir -o model-ort/ --format json | jq .files
+
+  llmir build model.llmir -o model-q4/ --quant int4 --max-len 4096
 """
 
 
@@ -48,37 +70,14 @@ def build_cmd(
             show_default=False,
         ),
     ] = None,
-    quant: Annotated[
-        str | None,
-        typer.Option(
-            "--quant",
-            help="Decoders: quantize float weights to int4 or int8 (MatMulNBits, blockwise).",
-        ),
-    ] = None,
-    quant_block: Annotated[
-        int, typer.Option("--quant-block", help="Decoders: block size for --quant.")
-    ] = 32,
-    max_len: Annotated[
-        int | None,
-        typer.Option(
-            "--max-len",
-            help="Decoders: KV-cache positions to preallocate (default: the model's context).",
-        ),
-    ] = None,
-    accuracy_level: Annotated[
-        int | None,
-        typer.Option(
-            "--accuracy-level",
-            help="Decoders: MatMulNBits activation precision 0-4 (4 = int8, fastest; 1 = fp32).",
-        ),
-    ] = None,
-    generic: Annotated[
-        bool,
-        typer.Option(
-            "--generic",
-            help="Build a decoder with the generic op-by-op lowering (no KV-cache buffers).",
-        ),
-    ] = False,
+    opt_level: OptLevelOpt = None,
+    quant: QuantOpt = None,
+    quant_block: QuantBlockOpt = 32,
+    max_len: MaxLenOpt = None,
+    accuracy_level: AccuracyLevelOpt = None,
+    logits: LogitsOpt = None,
+    dtype: WeightDTypeOpt = None,
+    generic: GenericOpt = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -86,10 +85,12 @@ def build_cmd(
 ) -> None:
     ctx = make_ctx(fmt, quiet, verbose, debug)
     with handle_errors(ctx):
-        if target is None:
+        project = None
+        if target is None or opt_level is None:
             from llmir_core.registry.lockfile import project_here
 
             project = project_here()
+        if target is None:
             target = project.target if project else "onnxruntime"
         module = parse_file(str(file))
         errors = [d for d in verify(module) if d.severity == "error"]
@@ -101,23 +102,27 @@ def build_cmd(
                 exit_code=EXIT_CHECK_FAILED,
             )
         t0 = time.perf_counter()
-        from llmir_core.passes.ort_common import is_decoder
-
-        given = {
-            k: v
-            for k, v in (("quant", quant), ("max_len", max_len), ("accuracy_level", accuracy_level))
-            if v is not None
-        }
-        if given and (target != "onnxruntime" or generic or not is_decoder(module)):
-            raise InputError(
-                "--quant, --max-len and --accuracy-level apply to decoder builds only",
-                hint="import an LLM (HF folder or GGUF) to get a decoder module",
-            )
-        if quant:
-            given["quant_block"] = quant_block
-        if generic:
-            given["generic"] = True
-        manifest = build(module, str(output), target, source_path=str(file), options=given or None)
+        options = build_options(
+            module,
+            target,
+            quant=quant,
+            quant_block=quant_block,
+            max_len=max_len,
+            accuracy_level=accuracy_level,
+            logits=logits,
+            dtype=dtype,
+            generic=generic,
+        )
+        if opt_level is None and project is not None and "target" not in module.attrs:
+            opt_level = project.opt_level  # a lowered module keeps the pipeline it was lowered by
+        manifest = build(
+            module,
+            str(output),
+            target,
+            source_path=str(file),
+            options=options or None,
+            opt_level=opt_level,
+        )
         dt = time.perf_counter() - t0
         if ctx.json:
             ctx.emit_json(
@@ -131,6 +136,8 @@ def build_cmd(
             )
             for name, info in manifest["files"].items():
                 ctx.detail(f"  {name}  {info['bytes']} bytes  sha256 {info['sha256']}")
+            if manifest.get("pipeline"):
+                ctx.detail("  pipeline: " + ",".join(manifest["pipeline"]))
 
 
 def register(app: typer.Typer) -> None:

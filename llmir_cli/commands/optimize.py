@@ -17,7 +17,21 @@ from llmir_core.ir.parser import parse_file
 from llmir_core.ir.printer import print_module
 from llmir_core.weights import rebase_weight_paths
 
-from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
+from .._options import (
+    AccuracyLevelOpt,
+    DebugOpt,
+    FormatOpt,
+    GenericOpt,
+    LogitsOpt,
+    MaxLenOpt,
+    OptLevelOpt,
+    OutputFormat,
+    QuantBlockOpt,
+    QuantOpt,
+    QuietOpt,
+    VerboseOpt,
+    WeightDTypeOpt,
+)
 from .._render import handle_errors, make_ctx
 
 HELP = """Optimize a .llmir module with a pass pipeline; every pass is verified, and with
@@ -36,12 +50,17 @@ Examples:
 
   llmir optimize model.llmir -O2 --print-after-all --dump-dir dumps/ -o out.llmir
 
-  llmir optimize model.llmir --target onnxruntime --verify-each --report -o lowered.llmir
+  llmir optimize model.llmir -O2 --target onnxruntime --verify-each --report -o lowered.llmir
+
+  llmir optimize model.llmir --target onnxruntime --quant int4 --max-len 4096 -o q4.llmir
 
   llmir optimize --list
 
---target NAME appends the target's lowering passes (after -O/--passes; alone, only the lowering
-runs); `llmir build` of the result gives the artifact `llmir build` of the input gives.
+--target NAME appends the target's lowering passes after -O (default 2, as for `llmir build`) or
+--passes; -O0 --target runs only the lowering. `llmir build` of the result gives the artifact
+`llmir build` of the input gives with the same -O and the same build options (--quant,
+--quant-block, --max-len, --accuracy-level, --generic: they apply with --target only). The
+lowered module records the passes that ran (`llmir.pipeline`; the artifact's manifest copies it).
 """
 
 
@@ -52,12 +71,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write the result here (default: stdout).")
     ] = None,
-    level: Annotated[
-        int | None,
-        typer.Option(
-            "-O", help="Preset: 0, 1, 2 or 3 (default: [build] opt_level of ./llmir.toml, else 2)."
-        ),
-    ] = None,
+    level: OptLevelOpt = None,
     passes: Annotated[
         str | None, typer.Option("--passes", help="Pipeline: a,b{opt=value},c")
     ] = None,
@@ -86,6 +100,13 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
     target: Annotated[
         str | None, typer.Option("--target", help="Append this target's lowering passes.")
     ] = None,
+    quant: QuantOpt = None,
+    quant_block: QuantBlockOpt = 32,
+    max_len: MaxLenOpt = None,
+    accuracy_level: AccuracyLevelOpt = None,
+    logits: LogitsOpt = None,
+    dtype: WeightDTypeOpt = None,
+    generic: GenericOpt = False,
     allow_unproved: Annotated[
         bool,
         typer.Option("--allow-unproved", help="Let passes use rules without a proof certificate."),
@@ -122,21 +143,51 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
             )
         if passes is not None and level is not None:
             raise InputError("give either -O or --passes, not both")
-        if passes is None and level is None and target is None:
+        lowering_flags = [
+            flag
+            for flag, given in (
+                ("--quant", quant is not None),
+                ("--max-len", max_len is not None),
+                ("--accuracy-level", accuracy_level is not None),
+                ("--logits", logits is not None),
+                ("--dtype", dtype is not None),
+                ("--generic", generic),
+            )
+            if given
+        ]
+        if lowering_flags and target is None:
+            raise InputError(
+                f"{', '.join(lowering_flags)}: lowering options need --target",
+                hint=f"llmir optimize {file} --target onnxruntime {' '.join(lowering_flags)} ...",
+            )
+        if passes is None and level is None:
             from llmir_core.registry.lockfile import project_here
 
             project = project_here()
             level = project.opt_level if project else 2
-        default = 0 if target is not None else 2  # --target alone: only the lowering
-        pipeline = (
-            parse_pipeline(passes)
-            if passes is not None
-            else preset(default if level is None else level)
-        )
+        module = parse_file(str(file))
+        if passes is not None:
+            pipeline = parse_pipeline(passes)
+        elif target is None:
+            pipeline = preset(level if level is not None else 2)
         if target is not None:
-            from llmir_core.backends import get_target
+            from llmir_core import backends
 
-            pipeline = pipeline + list(get_target(target).lowering({}))
+            options = backends.build_options(
+                module,
+                target,
+                quant=quant,
+                quant_block=quant_block,
+                max_len=max_len,
+                accuracy_level=accuracy_level,
+                logits=logits,
+                dtype=dtype,
+                generic=generic,
+            )
+            if passes is None:  # what `llmir build` runs for this -O and these options
+                pipeline = backends.pipeline(target, options, level)
+            else:
+                pipeline = pipeline + list(backends.get_target(target).lowering(options))
         if output is not None:  # weights a pass writes (quantize-weights) go beside OUT
             pipeline = [
                 dataclasses.replace(
@@ -155,7 +206,6 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                         f"--print-after: unknown pass {n!r}",
                         hint="valid passes: " + ", ".join(PASSES),
                     )
-        module = parse_file(str(file))
         validator = None
         if verify_each:
             from llmir_core.smt.tv import validate_pass

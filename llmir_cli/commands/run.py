@@ -75,7 +75,7 @@ def run_cmd(
         typer.Option(
             "--output-dir",
             "-o",
-            help="Folder for the outputs: NAME.npy, or NAME.pb (ONNX TensorProto) for types .npy cannot carry (bfloat16, float8, int4, uint4).",
+            help="Folder for the outputs: NAME.npy, or NAME.pb (ONNX TensorProto) for types .npy cannot carry (bfloat16, float8, float4, int4, uint4, int2, uint2).",
         ),
     ] = None,
     backend: Annotated[

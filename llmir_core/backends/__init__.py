@@ -1,8 +1,9 @@
 """Backends: an llmir module to an artifact a runtime loads, behind one contract (target.py).
 
 `TARGETS` maps each target's name to its lazily imported object (a missing runtime library
-matters only for that target). `build` = the target's lowering pipeline (when the module is not
-lowered yet) + its serializer; `open_artifact` reads the manifest's target and dispatches.
+matters only for that target). `build` = `pipeline` (the -O2 preset, then the target's
+lowering; when the module is not lowered yet) + the target's serializer; `open_artifact` reads
+the manifest's target and dispatches.
 """
 
 from __future__ import annotations
@@ -44,18 +45,82 @@ def get_target(name: str) -> Any:
     return getattr(module, attr)
 
 
+DEFAULT_OPT_LEVEL = 2  # the preset `llmir build` runs before lowering (`llmir optimize`'s default)
+# build options that change the onnxruntime decoder lowering (`llmir build` and `llmir optimize
+# --target` take the same flags)
+DECODER_OPTIONS = ("quant", "quant_block", "max_len", "accuracy_level")
+
+
+def build_options(
+    module: Module,
+    target: str,
+    *,
+    quant: str | None = None,
+    quant_block: int = 32,
+    max_len: int | None = None,
+    accuracy_level: int | None = None,
+    logits: str | None = None,
+    dtype: str | None = None,
+    generic: bool = False,
+) -> dict[str, Any]:
+    """The lowering options the build flags give (only those given), checked against the module:
+    --quant, --max-len, --accuracy-level, --logits and --dtype apply to onnxruntime decoder
+    lowerings only."""
+    from llmir_core.passes.ort_common import is_decoder
+
+    if logits not in (None, "last", "all"):
+        raise InputError(f"--logits must be 'last' or 'all', got {logits!r}")
+    given: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("quant", quant),
+            ("max_len", max_len),
+            ("accuracy_level", accuracy_level),
+            ("last_logits", None if logits is None else logits == "last"),
+            ("dtype", dtype),
+        )
+        if v is not None
+    }
+    if given and (target != "onnxruntime" or generic or not is_decoder(module)):
+        raise InputError(
+            "--quant, --max-len, --accuracy-level, --logits and --dtype apply to decoder builds "
+            "only",
+            hint="import an LLM (HF folder or GGUF) to get a decoder module",
+        )
+    if quant:
+        given["quant_block"] = quant_block
+    if generic:
+        given["generic"] = True
+    return given
+
+
+def pipeline(
+    target: str = "onnxruntime",
+    options: Mapping[str, Any] | None = None,
+    opt_level: int | None = None,
+) -> list[Any]:
+    """The passes that lower an unlowered module for `target`: the -O`opt_level` preset (default
+    DEFAULT_OPT_LEVEL) then the target's lowering. What `llmir build` runs, and what `llmir
+    optimize -O<level> --target` runs, so the two give the same lowered module."""
+    from llmir_core.passes.pipeline import preset
+
+    level = DEFAULT_OPT_LEVEL if opt_level is None else opt_level
+    return preset(level) + list(get_target(target).lowering(options or {}))
+
+
 def lower(
     module: Module,
     target: str = "onnxruntime",
     options: Mapping[str, Any] | None = None,
     *,
     source_path: str | None = None,
+    opt_level: int | None = None,
 ) -> Module:
     """The module lowered for `target` (a copy; through its printed text, so building it gives
     what building the saved `llmir optimize --target` output gives)."""
     from llmir_core.ir.parser import parse_module
 
-    text = lower_text(module, target, options, source_path=source_path)
+    text = lower_text(module, target, options, source_path=source_path, opt_level=opt_level)
     return parse_module(text, module.source or "<lowered>")
 
 
@@ -65,17 +130,19 @@ def lower_text(
     options: Mapping[str, Any] | None = None,
     *,
     source_path: str | None = None,
+    opt_level: int | None = None,
 ) -> str:
-    """The printed text of `module` lowered for `target` (what `lower` parses back)."""
+    """The printed text of `module` run through `pipeline(target, options, opt_level)` (what
+    `lower` parses back)."""
     from llmir_core.ir.printer import print_module
     from llmir_core.passes.base import clone_module
     from llmir_core.passes.lower_ort_module import source_record
     from llmir_core.passes.manager import run_pipeline
 
-    t = get_target(target)
+    passes = pipeline(target, options, opt_level)
     m = clone_module(module)
     m.attrs.setdefault("llmir.source", source_record(module, source_path))
-    res = run_pipeline(m, t.lowering(options or {}), span_name="lower")
+    res = run_pipeline(m, passes, span_name="lower")
     return print_module(res.module)
 
 
@@ -87,12 +154,17 @@ def build(
     *,
     source_path: str | None = None,
     options: Mapping[str, Any] | None = None,
+    opt_level: int | None = None,
 ) -> dict[str, Any]:
     """Lower (unless the module is lowered for `target` already) and serialize; the manifest.
 
-    The lowered module is parsed back from its printed text, which goes to the serializer as
-    `lowered_text` (the onnxruntime decoder writes it into the artifact, so the `llmir.line` tags
-    of its nodes name lines of a real file)."""
+    An unlowered module runs `pipeline(target, options, opt_level)`: the -O2 preset by default,
+    then the target's lowering, so `build` of a module and `build` of its `llmir optimize -O2
+    --target` output give byte-identical artifacts. A lowered module (its `target` attribute
+    set) is only serialized; options and opt_level were fixed when it was lowered. The lowered
+    module is parsed back from its printed text, which goes to the serializer as
+    `lowered_text` (written into the artifact, so the `llmir.line` tags of its nodes name lines
+    of a real file)."""
     from llmir_core.ir.parser import parse_module
     from llmir_core.ir.printer import print_module
 
@@ -104,11 +176,14 @@ def build(
             hint=f"build it with --target {lowered_for}, or lower the unlowered module",
         )
     if lowered_for is None:
-        lowered_text = lower_text(module, t.name, options, source_path=source_path)
-    elif options:
+        lowered_text = lower_text(
+            module, t.name, options, source_path=source_path, opt_level=opt_level
+        )
+    elif options or opt_level is not None:
+        fixed = sorted(options or ()) + (["-O"] if opt_level is not None else [])
         raise InputError(
             f"module @{module.name} is already lowered for {t.name}: build options "
-            f"({', '.join(sorted(options))}) were fixed when it was lowered",
+            f"({', '.join(fixed)}) were fixed when it was lowered",
             hint="pass them to `llmir optimize --target` instead",
         )
     else:  # printed again, so both ways give the same artifact (and lines in the same text)
@@ -146,6 +221,9 @@ def open_artifact(artifact_dir: str, **options: Any) -> Any:
 
 __all__ = [
     "build",
+    "build_options",
+    "pipeline",
+    "DEFAULT_OPT_LEVEL",
     "lower",
     "lower_text",
     "get_target",

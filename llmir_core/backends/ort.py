@@ -24,7 +24,7 @@ from llmir_core.errors import InputError
 from llmir_core.fileio import replace_dir, sha256_file
 from llmir_core.ir.core import Module, Value
 from llmir_core.ir.dims import format_dim
-from llmir_core.ir.types import KVCacheType, TensorType
+from llmir_core.ir.types import DType, KVCacheType, TensorType
 
 from .ort_lower import MS, OPSET, BuildError, DataPlan, Lowering, onnx_dtype, value_info
 from .ort_runtime import OrtRunner
@@ -32,6 +32,7 @@ from .ort_runtime import OrtRunner
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 MANIFEST = "manifest.json"
+LOWERED_FILE = "model.lowered.llmir"  # the lowered module the nodes' llmir.line tags point into
 
 
 # -- entry points --------------------------------------------------------------------------------------
@@ -190,9 +191,13 @@ def build(
     *,
     source_path: str | None = None,
     source: dict[str, str] | None = None,
+    lowered_text: str | None = None,
 ) -> dict[str, Any]:
     """Write an onnxruntime artifact for the module into out_dir (the generic op-by-op lowering);
-    return its manifest. `source` ({file, sha256}) names the module it was lowered from."""
+    return its manifest. `source` ({file, sha256}) names the module it was lowered from.
+    lowered_text: the text the module was parsed from (`llmir build` lowered it), written as
+    `model.lowered.llmir` (manifest `lowered`): the file the nodes' `llmir.line` tags point into,
+    as in the decoder build. The manifest's `pipeline` is the module's `llmir.pipeline`."""
     if target != "onnxruntime":
         raise InputError(
             f"unknown target '{target}'", hint="the onnxruntime backend builds --target onnxruntime"
@@ -214,6 +219,11 @@ def build(
             files.append(DATA_FILE)
         with open(os.path.join(tmp, MODEL_FILE), "wb") as fh:
             fh.write(model.SerializeToString(deterministic=True))
+        if lowered_text is not None:
+            with open(os.path.join(tmp, LOWERED_FILE), "w", encoding="utf-8", newline="") as fh:
+                fh.write(lowered_text)
+            files.append(LOWERED_FILE)
+        pipeline = module.attrs.get("llmir.pipeline")
         manifest: dict[str, Any] = {
             "format": ARTIFACT_FORMAT,
             "schema_version": 1,
@@ -223,6 +233,8 @@ def build(
             "opset": {d.domain or "ai.onnx": d.version for d in model.opset_import},
             "model": MODEL_FILE,
             "source": {"file": src_name, "sha256": src_sha},
+            "lowered": LOWERED_FILE if lowered_text is not None else None,
+            "pipeline": [str(p) for p in pipeline] if isinstance(pipeline, (list, tuple)) else None,
             "inputs": _signature(inputs, fn.args),
             "outputs": _signature(outputs, fn.outputs),
             "files": {
@@ -245,9 +257,30 @@ def build(
 def session_for_module(
     module: Module, threads: int | None = 1
 ) -> tuple[OrtRunner, list[str], list[str]]:
-    """Build in memory (weights inline; small models only) and open a session."""
+    """Build in memory (weights inline; small models only) and open a session. Ops in a 16-bit
+    float dtype the CPU provider has no kernel for compute in f32 between casts first
+    (lower-ort-precision, as in `llmir build`)."""
+    module = _with_cpu_kernels(module)
     model, _, inputs, outputs = to_onnx(module, inline_weights=True)
     return OrtRunner(model.SerializeToString(), threads), inputs, outputs
+
+
+def _with_cpu_kernels(module: Module) -> Module:
+
+    narrow = (DType.f16, DType.bf16)
+    if not any(
+        isinstance(v.type, TensorType) and v.type.dtype in narrow
+        for fn in module.functions
+        for op in fn.ops
+        for v in op.results
+    ):
+        return module
+    from llmir_core.passes.base import PassContext, clone_module
+    from llmir_core.passes.lower_ort_precision import LowerOrtPrecision
+
+    out = clone_module(module)
+    LowerOrtPrecision().run(out, PassContext())
+    return out
 
 
 __all__ = [

@@ -5,8 +5,9 @@ passes (llmir_core/passes/lower_ort_*.py) to its ONNX node(s), with no pattern m
 
 - `ort.group_query_attention` -> com.microsoft.GroupQueryAttention (plus `seqlens_k` and
   `total_sequence_length` computed from its positions operand, and com.microsoft.RotaryEmbedding
-  on q and k when the rotary table is too narrow for the op's own rotary). Its present outputs
-  keep the IR's names, so the runtime binds past and present to one buffer;
+  on q and k when the rotary table is too narrow for the op's own rotary; `kv_quant` ->
+  k/v_quant_type PER_CHANNEL/PER_TENSOR, kv_cache_bit_width 8, k_scale/v_scale inputs). Its
+  present outputs keep the IR's names, so the runtime binds past and present to one buffer;
 - `ort.matmul_nbits` -> MatMulNBits, its logical weight packed into blocks (GGUF and GPTQ/AWQ/
   compressed-tensors checkpoints repacked, nbits passed through, float weights quantized as the
   op's `quantize` says: the lowering pass made the choice, the manifest lists it);
@@ -42,9 +43,10 @@ from llmir_core.fileio import replace_dir, sha256_file
 from llmir_core.interp import Interpreter
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.dims import format_dim
-from llmir_core.ir.types import QuantType, TensorType
+from llmir_core.ir.types import DType, QuantType, TensorType, numpy_dtype
 from llmir_core.passes.ort_common import (
     ACCURACY_LEVEL,
+    LAST_LOGITS,
     Graph,
     NbitsFormat,
     WSrc,
@@ -205,6 +207,40 @@ class _Weights:
                 for chunk in self.rows_f32(s):
                     self.data.write(chunk)
         out = self._init(name, TensorProto.FLOAT, [rows, cols], off, nbytes)
+        self.names[key] = out
+        return out
+
+    # -- 16-bit storage (ort.cast operands) -----------------------------------------
+    def stored(self, v: Value, name: str, srcs: list[WSrc] | None) -> str:
+        """A constant in its own float dtype (f16/bf16) as an initializer in the data file: a
+        16-bit weight's file bytes as they are, or a cast of an f32 weight (or row-concatenation
+        of weights: srcs, the cast's operand) converted row chunk by row chunk."""
+        key = ("stored", id(v))
+        if key in self.names:
+            return str(self.names[key])
+        t = tt(v)
+        shape = [int(d) for d in (t.static_shape() or ())]
+        if len(shape) != len(t.shape):
+            raise BuildError(f"%{v.name}: a stored weight needs a static shape")
+        assert isinstance(t.dtype, DType)
+        npd = numpy_dtype(t.dtype)
+        nbytes = int(np.prod(shape)) * npd.itemsize
+        op = v.owner
+        assert op is not None
+        off = self.data.start(nbytes >= _LARGE)
+        if op.name == "core.weight" and not _weight_type(op).is_quantized:
+            self.data.copy(
+                resolve_path(op.attrs["file"], self.base_dir),
+                int(op.attrs.get("offset", 0)),
+                nbytes,
+            )
+        elif srcs is not None:
+            for s in srcs:
+                for chunk in self.rows_f32(s):
+                    self.data.write(np.ascontiguousarray(chunk.astype(npd)))
+        else:
+            self.data.write(np.ascontiguousarray(np.asarray(self.eval(v)).astype(npd)))
+        out = self._init(name, onnx_dtype(t.dtype), shape, off, nbytes)
         self.names[key] = out
         return out
 
@@ -407,7 +443,8 @@ class DecoderSerializer:
         self.quant = parse_quant(str(opts.get("quant", "f32")), int(opts.get("quant_block", 32)))
         self.accuracy_level = int(opts.get("accuracy_level", ACCURACY_LEVEL))
         self.max_len_opt: int | None = int(opts.get("max_len") or 0) or None
-        self.last_logits = bool(opts.get("last_logits", False))
+        # last-position logits are the IR's own (lower-ort-logits): the logits type says which
+        self.last_logits = tt(self.fn.outputs[0]).rank == 3 and tt(self.fn.outputs[0]).shape[1] == 1
         self.max_len: int | None = None
         self.generic_ops: dict[str, int] = {}
         self.gqa_ops = [op for op in self.fn.ops if op.name == "ort.group_query_attention"]
@@ -426,6 +463,8 @@ class DecoderSerializer:
         if op is None:
             raise BuildError(f"value %{v.name} is used before it is defined")
         t = v.type
+        if op.name == "ort.cast" and id(op.operands[0]) in self.g.static:
+            return _stored_cast(self, op)  # a 16-bit constant widened when the session loads
         if (
             id(v) in self.g.static
             and op.name not in ("core.weight", "core.constant")
@@ -446,7 +485,7 @@ class DecoderSerializer:
     def _generic(self, op: Op) -> None:
         for o in op.operands:
             self.name(o)
-        if op.name != "core.weight":
+        if op.name not in ("core.weight", "core.constant"):  # initializers, not nodes
             self.generic_ops[op.name] = self.generic_ops.get(op.name, 0) + 1
         self.L.lower_op(op)
 
@@ -517,8 +556,6 @@ class DecoderSerializer:
         outs = []
         for i, (n, v) in enumerate(zip(out_names, fn.outputs)):
             t = tt(v)
-            if i == 0 and self.last_logits:
-                t = TensorType((t.shape[0], 1, t.shape[2]), t.dtype)
             outs.append(_value_info(n, t, "present_len" if i else None))
         graph = helper.make_graph(
             self.L.nodes, self.module.name or "main", ins, outs, initializer=self.L.inits
@@ -669,6 +706,13 @@ def _emit_gqa(D: DecoderSerializer, op: Op) -> bool:
         attrs["do_rotary"] = 1
         attrs["rotary_interleaved"] = int(bool(at.get("rotary_interleaved", False)))
         ins += [cos, sin, D.name(positions)]
+    quant = str(at.get("kv_quant", "none"))
+    if quant != "none":  # int8 cache: k_scale and v_scale are inputs 12 and 13
+        rot = 2 if rotary else 0
+        k_scale, v_scale = ops_[n_in + 3 + rot], ops_[n_in + 4 + rot]
+        ins += [""] * (12 - len(ins)) + [D.name(k_scale), D.name(v_scale)]
+        attrs["k_quant_type"] = attrs["v_quant_type"] = quant.upper()
+        attrs["kv_cache_bit_width"] = 8
     names = _output_names(D.fn)
     outs = D.fn.outputs
     ik = next(i for i, v in enumerate(outs) if v is op.results[1])
@@ -703,20 +747,24 @@ def _emit_norm(D: DecoderSerializer, op: Op) -> bool:
     return True
 
 
-def _lhs(D: DecoderSerializer, op: Op) -> str:
-    xn = D.name(op.operands[0])
-    if D.last_logits and _feeds_logits(D, op):
-        xn = D.L.one("Gather", xn, D.L.const(np.array([-1], np.int64), "last_position"), axis=1)
-    return xn
-
-
 def _emit_fused_matmul(D: DecoderSerializer, op: Op) -> bool:
-    srcs = D.weight(op.operands[1])
     trans_b = bool(op.attrs.get("transB", True))
+    wop = op.operands[1].owner
+    if wop is not None and wop.name == "ort.cast":  # a stored 16-bit weight (--dtype)
+        w = D.name(op.operands[1])
+        y = D.node(
+            "FusedMatMul", [D.name(op.operands[0]), w], domain=MS, transA=0, transB=int(trans_b)
+        )
+        D.bind(op.results[0], y[0])
+        return True
+    srcs = D.weight(op.operands[1])
     if not trans_b:
         srcs = [WSrc(s.value, "eval", None, s.cols, s.rows, transpose=True) for s in srcs]
     w = D.w.f32(srcs, _label(op, "weight"))
-    D.bind(op.results[0], D.node("FusedMatMul", [_lhs(D, op), w], domain=MS, transA=0, transB=1)[0])
+    D.bind(
+        op.results[0],
+        D.node("FusedMatMul", [D.name(op.operands[0]), w], domain=MS, transA=0, transB=1)[0],
+    )
     return True
 
 
@@ -742,7 +790,7 @@ def _emit_matmul_nbits(D: DecoderSerializer, op: Op) -> bool:
             )
     b, s, z = D.w.nbits(srcs, fmt, _label(op, "weight"))
     n, k = sum(x.rows for x in srcs), srcs[0].cols
-    ins = [_lhs(D, op), b, s] + ([z] if z else [])
+    ins = [D.name(op.operands[0]), b, s] + ([z] if z else [])
     D.bind(
         op.results[0],
         D.node(
@@ -765,25 +813,12 @@ def _zero(s: WSrc) -> bool:
     return isinstance(q, QuantType) and q.zero == "int"
 
 
-def _feeds_logits(D: DecoderSerializer, op: Op) -> bool:
-    """The lm_head: the last matmul on the way to the logits output through elementwise ops."""
-    v = op.results[0]
-    for _ in range(8):
-        if v is D.fn.outputs[0]:
-            return True
-        users = D.g.uses(v)
-        if len(users) != 1 or users[0].name not in (
-            "core.mul",
-            "core.div",
-            "core.tanh",
-            "core.add",
-        ):
-            return False
-        v = users[0].results[0]
-    return False
-
-
 def _emit_embedding(D: DecoderSerializer, op: Op) -> bool:
+    top = op.operands[0].owner
+    if top is not None and top.name == "ort.cast":  # a stored 16-bit table (--dtype)
+        table = D.name(op.operands[0])
+        D.bind(op.results[0], D.L.one("Gather", table, D.name(op.operands[1]), axis=0))
+        return True
     src = weight_src(D.g, op.operands[0])
     if src is None:
         return False
@@ -833,6 +868,12 @@ def _emit_gather_block_quantized(D: DecoderSerializer, op: Op) -> bool:
     return True
 
 
+def _emit_moe(D: DecoderSerializer, op: Op) -> bool:
+    from .ort_moe import emit_moe
+
+    return emit_moe(D, op)
+
+
 def _emit_quick_gelu(D: DecoderSerializer, op: Op) -> bool:
     D.bind(
         op.results[0],
@@ -843,7 +884,34 @@ def _emit_quick_gelu(D: DecoderSerializer, op: Op) -> bool:
     return True
 
 
+def _stored_cast(D: DecoderSerializer, op: Op) -> str:
+    """ort.cast of a constant: the constant as an initializer in its own (16-bit) dtype and a
+    Cast node, which onnxruntime runs once when the session loads."""
+    v = op.results[0]
+    if id(v) in D.L.names:
+        return D.L.names[id(v)]
+    v16 = op.operands[0]
+    p = v16.owner
+    srcs = weight_srcs(D.g, p.operands[0]) if p is not None and p.name == "core.cast" else None
+    stored = D.w.stored(v16, _label(op, "weight"), srcs)
+    to = op.attrs["to"]
+    out = D.L.one("Cast", stored, to=onnx_dtype(to))
+    D.bind(v, out)
+    return out
+
+
+def _emit_ort_cast(D: DecoderSerializer, op: Op) -> bool:
+    if id(op.operands[0]) in D.g.static:
+        return False  # lowered on first use (_stored_cast)
+    D.bind(
+        op.results[0],
+        D.L.one("Cast", D.name(op.operands[0]), to=onnx_dtype(op.attrs["to"])),
+    )
+    return True
+
+
 _EMIT = {
+    "ort.cast": _emit_ort_cast,
     "ort.group_query_attention": _emit_gqa,
     "ort.simplified_layer_norm": _emit_norm,
     "ort.skip_simplified_layer_norm": _emit_norm,
@@ -851,6 +919,8 @@ _EMIT = {
     "ort.matmul_nbits": _emit_matmul_nbits,
     "ort.quick_gelu": _emit_quick_gelu,
     "llm.embedding": _emit_embedding,
+    "ort.moe": _emit_moe,
+    "ort.qmoe": _emit_moe,
     "ort.gather_block_quantized": _emit_gather_block_quantized,
 }
 
@@ -917,7 +987,7 @@ def build_decoder(
     accuracy_level: int = ACCURACY_LEVEL,
     quant: str | None = None,
     quant_block: int = 32,
-    last_logits: bool = False,
+    last_logits: bool = LAST_LOGITS,
     source_path: str | None = None,
 ) -> dict[str, Any]:
     """Lower a decoder module for onnxruntime and write its artifact (= `llmir build` with these
@@ -927,7 +997,8 @@ def build_decoder(
       model's whole table). accuracy_level: MatMulNBits' activation precision (4 = int8, the
       fastest measured on AVX2; 1 = fp32, exact against the reference). quant: `int4`/`int8`
       quantizes float weights (block `quant_block`; GGUF-quantized weights keep their format
-      regardless). last_logits: logits only for the last position ([batch, 1, vocab]).
+      regardless). last_logits: logits only for the last position ([batch, 1, vocab]: what
+      generation reads; lower-ort-logits), else for every position (perplexity, tensors).
     """
     if not is_decoder(module):
         raise InputError(
@@ -1046,6 +1117,7 @@ def _manifest(
         ],
         "logits": "last" if D.last_logits else "all",
         "accuracy_level": D.accuracy_level,
+        "weight_dtype": str(module_options(module).get("dtype") or "f32"),
         "quant": {
             "f32_weights": (f"int{D.quant.bits}" if D.quant else "f32"),
             "block": D.quant.block if D.quant else None,
@@ -1078,6 +1150,7 @@ def _manifest(
         "model": MODEL_FILE,
         "source": {"file": src.get("file") or None, "sha256": src.get("sha256")},
         "lowered": LOWERED_FILE if LOWERED_FILE in files else None,
+        "pipeline": _jsonable(module.attrs.get("llmir.pipeline")),
         "inputs": _signature(ins, list(fn.args), "past_len"),
         "outputs": _signature(outs, list(fn.outputs), "present_len", D.last_logits),
         "files": {

@@ -54,6 +54,15 @@ DTYPE_TO_ONNX: dict[DType, int] = {
     DType.f8e5m2: TensorProto.FLOAT8E5M2,
     DType.u4: TensorProto.UINT4,
     DType.i4: TensorProto.INT4,
+    DType.u16: TensorProto.UINT16,
+    DType.u32: TensorProto.UINT32,
+    DType.u64: TensorProto.UINT64,
+    DType.f8e4m3fnuz: TensorProto.FLOAT8E4M3FNUZ,
+    DType.f8e5m2fnuz: TensorProto.FLOAT8E5M2FNUZ,
+    DType.f8e8m0: TensorProto.FLOAT8E8M0,
+    DType.f4e2m1: TensorProto.FLOAT4E2M1,
+    DType.u2: TensorProto.UINT2,
+    DType.i2: TensorProto.INT2,
 }
 
 
@@ -549,13 +558,10 @@ def _dtype_of_array(arr: np.ndarray) -> DType:
 
 def _raw_bytes(arr: np.ndarray) -> bytes:
     dt = _dtype_of_array(arr)
-    if dt in (DType.i4, DType.u4):
-        flat = (
-            arr.reshape(-1).astype(np.int8 if dt == DType.i4 else np.uint8).astype(np.uint8) & 0x0F
-        )
-        if flat.size % 2:
-            flat = np.concatenate([flat, np.zeros(1, np.uint8)])
-        return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8).tobytes()
+    if dt.bits < 8:
+        from llmir_core.ir.types import pack_sub_byte
+
+        return pack_sub_byte(arr, dt.bits)
     return np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
@@ -642,11 +648,19 @@ _SIMPLE = {
 }
 
 
+# dtypes onnxruntime's CPU Max/Min have no kernel for: computed exactly in int32
+_WIDEN_MAX_MIN = {DType.i16, DType.u16}
+
+
 @lowers(*_SIMPLE)
 def _l_simple(L: Lowering, op: Op) -> list[str]:
     attrs: dict[str, Any] = {}
     if op.name == "core.gather_elements":
         attrs["axis"] = op.attrs.get("axis", 0)
+    dt = _t(op.results[0]).dtype
+    if op.name in ("core.max", "core.min") and dt in _WIDEN_MAX_MIN:
+        wide = [L.one("Cast", x, to=TensorProto.INT32) for x in _ins(L, op)]
+        return [L.one("Cast", L.one(_SIMPLE[op.name], *wide), to=onnx_dtype(dt))]
     return L.node(_SIMPLE[op.name], _ins(L, op), **attrs)
 
 
@@ -683,11 +697,21 @@ def _l_mod(L: Lowering, op: Op) -> list[str]:
     return L.node("Mod", _ins(L, op), fmod=fmod)
 
 
+_OPSET25_TYPES = {DType.i2, DType.u2, DType.f8e8m0, DType.f4e2m1}
+
+
+@lowers("ort.cast")
+def _l_ort_cast(L: Lowering, op: Op) -> list[str]:
+    return L.node("Cast", _ins(L, op), to=onnx_dtype(op.attrs["to"]))
+
+
 @lowers("core.cast")
 def _l_cast(L: Lowering, op: Op) -> list[str]:
     to = op.attrs["to"]
     # llmir's cast does not saturate float8 (out of range -> NaN / inf); ONNX's does by default
-    sat = 0 if to in (DType.f8e4m3, DType.f8e5m2) else None
+    sat = 0 if to in (DType.f8e4m3, DType.f8e5m2, DType.f8e4m3fnuz, DType.f8e5m2fnuz) else None
+    if {to, _t(op.operands[0]).dtype} & _OPSET25_TYPES:
+        L.opsets[""] = max(L.opsets[""], 25)  # Cast takes int2/uint2/float8e8m0 from opset 25
     return L.node("Cast", _ins(L, op), to=onnx_dtype(to), saturate=sat)
 
 
@@ -866,14 +890,26 @@ def _l_arg(L: Lowering, op: Op) -> list[str]:
 
 @lowers("core.top_k")
 def _l_topk(L: Lowering, op: Op) -> list[str]:
-    return L.node(
+    x = L.name_of(op.operands[0])
+    dt = _t(op.operands[0]).dtype
+    key = x
+    if dt in (DType.u16, DType.u32):  # no TopK kernel: int64 keys keep the order exactly
+        key = L.one("Cast", x, to=TensorProto.INT64)
+    elif dt == DType.u64:  # x - 2**63 (wrapping), read as int64, keeps the order
+        shifted = L.one("Sub", x, L.const(np.array(2**63, np.uint64)))
+        key = L.one("Cast", shifted, to=TensorProto.INT64)
+    axis = op.attrs.get("axis", -1)
+    out = L.node(
         "TopK",
-        [L.name_of(op.operands[0]), L.ints([op.attrs["k"]])],
+        [key, L.ints([op.attrs["k"]])],
         2,
-        axis=op.attrs.get("axis", -1),
+        axis=axis,
         largest=int(op.attrs.get("largest", True)),
         sorted=int(op.attrs.get("sorted", True)),
     )
+    if key is x:
+        return out
+    return [L.one("GatherElements", x, out[1], axis=axis), out[1]]
 
 
 @lowers("core.tile")
@@ -923,19 +959,28 @@ _REDUCE = {
 @lowers(*_REDUCE)
 def _l_reduce(L: Lowering, op: Op) -> list[str]:
     inputs = [L.name_of(op.operands[0])]
+    boolean = _t(op.operands[0]).dtype == DType.bool
+    if boolean:  # onnxruntime refuses bool ReduceMax/Min of an empty set; uint8 gives 0 / 255
+        inputs = [L.one("Cast", inputs[0], to=TensorProto.UINT8)]
     axes = list(op.attrs.get("axes") or ())
     if axes:
         inputs.append(L.ints(axes))
-    return L.node(_REDUCE[op.name], inputs, keepdims=int(op.attrs.get("keepdims", True)))
+    out = L.node(_REDUCE[op.name], inputs, keepdims=int(op.attrs.get("keepdims", True)))
+    return [L.one("Cast", out[0], to=TensorProto.BOOL)] if boolean else out
 
 
 @lowers(*(k + "_dyn" for k in _REDUCE))
 def _l_reduce_dyn(L: Lowering, op: Op) -> list[str]:
-    return L.node(
+    inputs = _ins(L, op)
+    boolean = _t(op.operands[0]).dtype == DType.bool
+    if boolean:  # as in _l_reduce
+        inputs[0] = L.one("Cast", inputs[0], to=TensorProto.UINT8)
+    out = L.node(
         _REDUCE[op.name.removesuffix("_dyn")],
-        _ins(L, op),
+        inputs,
         keepdims=int(op.attrs.get("keepdims", True)),
     )
+    return [L.one("Cast", out[0], to=TensorProto.BOOL)] if boolean else out
 
 
 @lowers("core.softmax", "core.log_softmax")

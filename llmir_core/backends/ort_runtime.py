@@ -52,52 +52,60 @@ def _session(model: str | bytes, threads: int | None = None) -> Any:
 
 
 # ONNX TensorProto element types (the numbers of onnx.TensorProto.DataType, spelled here so
-# this module needs no onnx) of the dtypes onnxruntime's numpy bridge lacks
-_SPECIAL_IN = {"bfloat16": 16, "float8_e4m3fn": 17, "float8_e5m2": 19}
-_SPECIAL_OUT = {
-    "tensor(bfloat16)": (DType.bf16, 2),
-    "tensor(float8e4m3fn)": (DType.f8e4m3, 1),
-    "tensor(float8e5m2)": (DType.f8e5m2, 1),
-    "tensor(int4)": (DType.i4, 0),
-    "tensor(uint4)": (DType.u4, 0),
+# this module needs no onnx) of the dtypes onnxruntime's numpy bridge cannot carry (ml_dtypes
+# types): they pass as raw bytes, sub-byte types packed as ONNX stores them
+_EXOTIC: dict[DType, tuple[int, str]] = {
+    DType.bf16: (16, "bfloat16"),
+    DType.f8e4m3: (17, "float8e4m3fn"),
+    DType.f8e4m3fnuz: (18, "float8e4m3fnuz"),
+    DType.f8e5m2: (19, "float8e5m2"),
+    DType.f8e5m2fnuz: (20, "float8e5m2fnuz"),
+    DType.u4: (21, "uint4"),
+    DType.i4: (22, "int4"),
+    DType.f4e2m1: (23, "float4e2m1"),
+    DType.f8e8m0: (24, "float8e8m0"),
+    DType.u2: (25, "uint2"),
+    DType.i2: (26, "int2"),
 }
+_BY_ORT_NAME = {f"tensor({name})": dt for dt, (_, name) in _EXOTIC.items()}
 
 
 def _ort_value(arr: np.ndarray) -> Any:
-    """numpy -> OrtValue, passing the types onnxruntime's numpy bridge lacks as raw bytes."""
+    """numpy -> OrtValue, passing the types onnxruntime's numpy bridge lacks as raw bytes
+    (sub-byte types packed as ONNX stores them)."""
+    import ctypes
+
+    from llmir_core.ir.types import dtype_from_numpy, pack_sub_byte
+
     ort = _ort()
     arr = np.ascontiguousarray(arr)
-    code = _SPECIAL_IN.get(arr.dtype.name)
-    if code is not None:
-        raw = arr.view(np.uint16 if arr.dtype.itemsize == 2 else np.uint8)
-        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(raw, onnx_element_type=code)
-    if arr.dtype.name in ("int4", "uint4"):
+    if np.dtype(arr.dtype).isbuiltin == 1:
+        return ort.OrtValue.ortvalue_from_numpy(arr)
+    dt = dtype_from_numpy(arr.dtype)
+    if dt not in _EXOTIC:
         raise BuildError(f"onnxruntime's Python API cannot take {arr.dtype.name} inputs")
-    return ort.OrtValue.ortvalue_from_numpy(arr)
+    raw = pack_sub_byte(arr, dt.bits) if dt.bits < 8 else arr.tobytes()
+    v = ort.OrtValue.ortvalue_from_shape_and_type(list(arr.shape), _EXOTIC[dt][0])
+    if raw:
+        ctypes.memmove(v.data_ptr(), raw, len(raw))
+    return v
 
 
 def _from_ort_value(v: Any) -> np.ndarray:
-    special = _SPECIAL_OUT.get(v.data_type())
-    if special is None:
+    dt = _BY_ORT_NAME.get(v.data_type())
+    if dt is None:
         return np.asarray(v.numpy())
     import ctypes
 
-    dt, width = special
+    from llmir_core.ir.types import unpack_sub_byte
+
     shape = tuple(v.shape())
     n = int(np.prod(shape)) if shape else 1
-    nbytes = n * width if width else (n + 1) // 2
-    raw = (
-        np.frombuffer(bytes((ctypes.c_char * nbytes).from_address(v.data_ptr())), np.uint8)
-        if nbytes
-        else np.zeros(0, np.uint8)
-    )
-    if width:
-        return raw.view(numpy_dtype(dt)).reshape(shape).copy()
-    lo, hi = raw & 0x0F, raw >> 4
-    codes = np.stack([lo, hi], axis=-1).reshape(-1)[:n].astype(np.int8)
-    if dt == DType.i4:
-        codes = np.where(codes > 7, codes - 16, codes).astype(np.int8)
-    return codes.astype(numpy_dtype(dt)).reshape(shape)
+    nbytes = (n * dt.bits + 7) // 8
+    raw = bytes((ctypes.c_char * nbytes).from_address(v.data_ptr())) if nbytes else b""
+    if dt.bits < 8:
+        return unpack_sub_byte(raw, dt, shape)
+    return np.frombuffer(raw, np.uint8).view(numpy_dtype(dt)).reshape(shape).copy()
 
 
 def run_session(sess: Any, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:

@@ -20,7 +20,15 @@ if TYPE_CHECKING:  # opening an artifact needs no IR (tests/decoder/test_open_im
     from .target import Capabilities
 
 NAME = "onnxruntime"
-_OPTIONS = ("quant", "quant_block", "accuracy_level", "max_len", "last_logits", "generic")
+_OPTIONS = (
+    "quant",
+    "quant_block",
+    "accuracy_level",
+    "max_len",
+    "last_logits",
+    "generic",
+    "dtype",
+)
 # ops with a definition the generic lowering cannot express in ONNX
 _REASONS = {
     "llm.kv_cache_update": "the !llm.kv_cache type has no onnxruntime form; decoders keep their cache as "
@@ -55,11 +63,25 @@ def _capabilities() -> Capabilities:
         "bool",
         "f8e4m3",
         "f8e5m2",
+        "f8e4m3fnuz",
+        "f8e5m2fnuz",
+        "f8e8m0",
         "i4",
         "u4",
+        "i2",
+        "u2",
     }
+    from .ort_kernels import MEASURED, PROBED
+
+    kernels = {**PROBED, **MEASURED}
     return Capabilities(
-        frozenset(ops), frozenset(dtypes), frozenset({"cpu"}), dict(_REASONS), folds_constants=True
+        frozenset(ops),
+        frozenset(dtypes),
+        frozenset({"cpu"}),
+        dict(_REASONS),
+        folds_constants=True,
+        kernels=kernels,
+        kernels_source="onnxruntime CPU provider, llmir_core/backends/ort_kernels.py",
     )
 
 
@@ -75,14 +97,18 @@ class OrtTarget:
         return self._caps
 
     def lowering(self, options: Mapping[str, Any]) -> list[Any]:
-        """lower-ort-attention, -norms, -matmul, -embedding (decoders only; no-ops elsewhere)
-        and -module."""
+        """lower-ort-precision, then lower-ort-attention, -norms, -moe, -matmul, -embedding,
+        -weight-dtype, -logits (decoders only; no-ops elsewhere) and -module."""
         from llmir_core.passes.lower_ort_attention import LowerOrtAttention
         from llmir_core.passes.lower_ort_embedding import LowerOrtEmbedding
+        from llmir_core.passes.lower_ort_logits import LowerOrtLogits
         from llmir_core.passes.lower_ort_matmul import LowerOrtMatmul
         from llmir_core.passes.lower_ort_module import LowerOrtModule
+        from llmir_core.passes.lower_ort_moe import LowerOrtMoe
         from llmir_core.passes.lower_ort_norms import LowerOrtNorms
-        from llmir_core.passes.ort_common import ACCURACY_LEVEL
+        from llmir_core.passes.lower_ort_precision import LowerOrtPrecision
+        from llmir_core.passes.lower_ort_weight_dtype import LowerOrtWeightDtype, parse_weight_dtype
+        from llmir_core.passes.ort_common import ACCURACY_LEVEL, LAST_LOGITS
 
         unknown = sorted(set(options) - set(_OPTIONS))
         if unknown:
@@ -93,21 +119,29 @@ class OrtTarget:
         quant = str(options.get("quant") or "")
         block = int(options.get("quant_block", 32))
         level = int(options.get("accuracy_level", ACCURACY_LEVEL))
+        last = bool(options.get("last_logits", LAST_LOGITS))
+        dtype = str(options.get("dtype") or "")
+        parse_weight_dtype(dtype)
         module = LowerOrtModule(
             quant,
             block,
             level,
             int(options.get("max_len") or 0),
-            bool(options.get("last_logits", False)),
+            last,
             bool(options.get("generic", False)),
+            dtype,
         )
         if options.get("generic"):
-            return [module]
+            return [LowerOrtPrecision(), module]
         return [
+            LowerOrtPrecision(),
             LowerOrtAttention(quant, block),
             LowerOrtNorms(),
+            LowerOrtMoe(quant, block, level),
             LowerOrtMatmul(quant, block, level),
             LowerOrtEmbedding(quant, block),
+            LowerOrtWeightDtype(dtype),
+            LowerOrtLogits(last),
             module,
         ]
 
@@ -132,6 +166,8 @@ class OrtTarget:
         decoder_only = [k for k in ("max_len", "last_logits") if opts.get(k)]
         if opts.get("quant", "f32") != "f32":
             decoder_only.append("quant")
+        if opts.get("dtype", "f32") not in ("", "f32"):
+            decoder_only.append("dtype")
         if decoder_only:
             raise InputError(
                 f"{', '.join(decoder_only)} apply to decoder builds only",
@@ -146,6 +182,7 @@ class OrtTarget:
             NAME,
             source_path=source_path,
             source=dict(src) if isinstance(src, dict) else None,
+            lowered_text=lowered_text,
         )
 
     def open(self, artifact_dir: str, **options: Any) -> Any:

@@ -31,6 +31,30 @@ class Capabilities:
     devices: frozenset[str]
     reasons: Mapping[str, str] = field(default_factory=dict)  # op name -> why it is not run
     folds_constants: bool = False  # ops computed from constants only are evaluated at build time
+    # op name -> {dtype: "native" | "cast"} for the narrow float dtypes (f16, bf16) the target
+    # has a kernel for ("cast": it computes in f32 through its own casts). None: no per-op table
+    # (every op runs in every dtype of `dtypes`). Wider floats (f32, f64) run everywhere.
+    kernels: Mapping[str, Mapping[str, str]] | None = None
+    kernels_source: str = ""  # where the per-op table comes from (named in refusals)
+
+    def kernel(self, op_name: str, dtype: DType) -> str | None:
+        """How the target computes op_name in dtype: native, cast (in f32 through its own
+        casts) or None (no kernel)."""
+        if self.kernels is None or not dtype.is_float or dtype in (DType.f32, DType.f64):
+            return "native"
+        return self.kernels.get(op_name, {}).get(str(dtype))
+
+    def kernel_problem(self, op: Op) -> str | None:
+        """Why the target has no kernel for op in the narrow float dtype it computes in."""
+        for v in [*op.operands, *op.results]:
+            t = v.type
+            if isinstance(t, TensorType) and isinstance(t.dtype, DType):
+                if self.kernel(op.name, t.dtype) is None:
+                    src = f" ({self.kernels_source})" if self.kernels_source else ""
+                    return (
+                        f"{op.name} computes in {t.dtype}, for which the target has no kernel{src}"
+                    )
+        return None
 
     def runs(self, op_name: str) -> bool:
         return op_name in self.ops or any(
@@ -54,8 +78,10 @@ class Capabilities:
                     )
         return None
 
-    def check(self, module: Module) -> list[Diagnostic]:
-        """One error per op the target cannot run, with its location."""
+    def check(self, module: Module, kernels: bool = False) -> list[Diagnostic]:
+        """One error per op the target cannot run, with its location. kernels: also each op
+        computing in a narrow float dtype the target has no kernel for (after lowering: the
+        lowering casts such ops to f32 where it can)."""
         from llmir_core.dialects.registry import get_op
 
         out = []
@@ -74,6 +100,8 @@ class Capabilities:
                     static.update(id(r) for r in op.results)
                     continue
                 why = self.op_problem(op)
+                if why is None and kernels:
+                    why = self.kernel_problem(op)
                 if why is not None:
                     out.append(Diagnostic("error", why, op.pos, op.origin))
         return out

@@ -15,7 +15,8 @@ import numpy as np
 from llmir_core.ir.dims import DYN, Dim, SymDim, dim_div_exact, eval_dim
 from llmir_core.ir.types import DType, TensorType, Type, numpy_dtype
 
-from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError
+from . import ranges
+from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError, encoding
 from .registry import register, register_dialect
 from .shapes import broadcast_shapes, dims_of, float_tensor, like, prod_dims, same_dtype, tensor_arg
 
@@ -57,27 +58,36 @@ def _gelu(approximate: str) -> Callable[[np.ndarray], np.ndarray]:
     return _in_f64(exact if approximate == "none" else tanh)
 
 
-_UNARY_FLOAT: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
-    "exp": ("e to the power x", np.exp),
-    "log": ("natural logarithm", np.log),
-    "sqrt": ("square root", np.sqrt),
-    "rsqrt": ("1 / sqrt(x)", lambda x: 1.0 / np.sqrt(x)),
-    "tanh": ("hyperbolic tangent", np.tanh),
-    "erf": ("the Gauss error function", _erf),
-    "sigmoid": ("1 / (1 + exp(-x))", lambda x: 1.0 / (1.0 + np.exp(-x))),
-    "silu": ("x * sigmoid(x) (also called swish)", lambda x: x / (1.0 + np.exp(-x))),
-    "sin": ("sine", np.sin),
-    "cos": ("cosine", np.cos),
-    "reciprocal": ("1 / x", lambda x: 1.0 / x),
-    "floor": ("round toward minus infinity", np.floor),
-    "ceil": ("round toward plus infinity", np.ceil),
-    "round": ("round half to even", np.round),
+# name: (summary, reference, interval rule)
+_UNARY_FLOAT: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray], ranges.IntervalRule]] = {
+    "exp": ("e to the power x", np.exp, ranges.iv_exp),
+    "log": ("natural logarithm", np.log, ranges.iv_monotone_positive(math.log, log=True)),
+    "sqrt": ("square root", np.sqrt, ranges.iv_monotone_positive(math.sqrt)),
+    "rsqrt": (
+        "1 / sqrt(x)",
+        lambda x: 1.0 / np.sqrt(x),
+        ranges.iv_monotone_positive(lambda x: 1 / math.sqrt(x)),
+    ),
+    "tanh": ("hyperbolic tangent", np.tanh, ranges.iv_fixed(-1.0, 1.0)),
+    "erf": ("the Gauss error function", _erf, ranges.iv_fixed(-1.0, 1.0)),
+    "sigmoid": ("1 / (1 + exp(-x))", lambda x: 1.0 / (1.0 + np.exp(-x)), ranges.iv_fixed(0.0, 1.0)),
+    "silu": (
+        "x * sigmoid(x) (also called swish)",
+        lambda x: x / (1.0 + np.exp(-x)),
+        ranges.iv_silu,
+    ),
+    "sin": ("sine", np.sin, ranges.iv_fixed(-1.0, 1.0)),
+    "cos": ("cosine", np.cos, ranges.iv_fixed(-1.0, 1.0)),
+    "reciprocal": ("1 / x", lambda x: 1.0 / x, ranges.iv_monotone_positive(lambda x: 1 / x)),
+    "floor": ("round toward minus infinity", np.floor, ranges.iv_floor),
+    "ceil": ("round toward plus infinity", np.ceil, ranges.iv_ceil),
+    "round": ("round half to even", np.round, ranges.iv_round),
 }
-_UNARY_ANY: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
-    "neg": ("-x", np.negative),
-    "abs": ("|x|", np.abs),
-    "relu": ("max(x, 0)", lambda x: np.maximum(x, np.zeros((), x.dtype))),
-    "sign": ("-1, 0 or 1 by the sign of x", np.sign),
+_UNARY_ANY: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray], ranges.IntervalRule]] = {
+    "neg": ("-x", np.negative, ranges.iv_neg),
+    "abs": ("|x|", np.abs, ranges.iv_abs),
+    "relu": ("max(x, 0)", lambda x: np.maximum(x, np.zeros((), x.dtype)), ranges.iv_relu),
+    "sign": ("-1, 0 or 1 by the sign of x", np.sign, ranges.iv_fixed(-1.0, 1.0)),
 }
 
 
@@ -92,7 +102,7 @@ def _infer_unary_any(ctx: InferCtx) -> list[Type]:
     return [t]
 
 
-for _name, (_doc, _fn) in _UNARY_FLOAT.items():
+for _name, (_doc, _fn, _iv) in _UNARY_FLOAT.items():
     register(
         OpDef(
             name=f"core.{_name}",
@@ -101,12 +111,14 @@ for _name, (_doc, _fn) in _UNARY_FLOAT.items():
             attrs=(),
             infer=_infer_unary_float,
             reference=(lambda f: lambda a, at: _in_f64(f)(a[0]))(_fn),
+            smt=encoding("core_smt", _name),
+            interval=_iv,
             verifies="x is a float tensor; the result has x's type.",
             traits=frozenset({"elementwise"}),
             example=f"%y = core.{_name} %x : (tensor<2x3xf32>) -> tensor<2x3xf32>",
         )
     )
-for _name, (_doc, _fn) in _UNARY_ANY.items():
+for _name, (_doc, _fn, _iv) in _UNARY_ANY.items():
     register(
         OpDef(
             name=f"core.{_name}",
@@ -115,6 +127,8 @@ for _name, (_doc, _fn) in _UNARY_ANY.items():
             attrs=(),
             infer=_infer_unary_any,
             reference=(lambda f: lambda a, at: f(a[0]))(_fn),
+            smt=encoding("core_smt", _name),
+            interval=_iv,
             verifies="x is a numeric tensor; the result has x's type.",
             traits=frozenset({"elementwise"}),
             example=f"%y = core.{_name} %x : (tensor<?x4xf32>) -> tensor<?x4xf32>",
@@ -129,6 +143,8 @@ register(
         attrs=(Attr("approximate", "str", "none", choices=("none", "tanh")),),
         infer=_infer_unary_float,
         reference=lambda a, at: _gelu(at["approximate"])(a[0]),
+        smt=encoding("core_smt", "gelu"),
+        interval=ranges.iv_silu,
         verifies="x is a float tensor and approximate is none or tanh.",
         traits=frozenset({"elementwise"}),
         example='%y = core.gelu %x {approximate = "tanh"} : (tensor<4xf32>) -> tensor<4xf32>',
@@ -143,6 +159,7 @@ register(
         attrs=(),
         infer=lambda ctx: [_bool_tensor(ctx, 0)],
         reference=lambda a, at: np.logical_not(a[0]),
+        smt=encoding("core_smt", "not"),
         verifies="x is a bool tensor.",
         traits=frozenset({"elementwise"}),
         example="%y = core.not %x : (tensor<3xbool>) -> tensor<3xbool>",
@@ -182,15 +199,19 @@ def _mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.fmod(a, b) if a.dtype.kind == "f" else np.remainder(a, b)
 
 
-_BINARY: dict[str, tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarray], bool]] = {
-    "add": ("a + b", np.add, True),
-    "sub": ("a - b", np.subtract, False),
-    "mul": ("a * b", np.multiply, True),
-    "div": ("a / b (integers truncate toward zero)", _int_div, False),
-    "pow": ("a to the power b", _pow, False),
-    "max": ("the larger of a and b (NaN propagates)", np.maximum, True),
-    "min": ("the smaller of a and b (NaN propagates)", np.minimum, True),
-    "mod": ("remainder: sign of b for integers, fmod (sign of a) for floats", _mod, False),
+# name: (summary, reference, commutative, interval rule)
+_BINARY: dict[
+    str,
+    tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarray], bool, ranges.IntervalRule | None],
+] = {
+    "add": ("a + b", np.add, True, ranges.iv_add),
+    "sub": ("a - b", np.subtract, False, ranges.iv_sub),
+    "mul": ("a * b", np.multiply, True, ranges.iv_mul),
+    "div": ("a / b (integers truncate toward zero)", _int_div, False, ranges.iv_div),
+    "pow": ("a to the power b", _pow, False, ranges.iv_pow),
+    "max": ("the larger of a and b (NaN propagates)", np.maximum, True, ranges.iv_max),
+    "min": ("the smaller of a and b (NaN propagates)", np.minimum, True, ranges.iv_min),
+    "mod": ("remainder: sign of b for integers, fmod (sign of a) for floats", _mod, False, None),
 }
 
 
@@ -217,7 +238,7 @@ def _same_dtype_binop(
     return run
 
 
-for _name, (_doc, _bfn, _comm) in _BINARY.items():
+for _name, (_doc, _bfn, _comm, _iv2) in _BINARY.items():
     register(
         OpDef(
             name=f"core.{_name}",
@@ -226,6 +247,8 @@ for _name, (_doc, _bfn, _comm) in _BINARY.items():
             attrs=(),
             infer=_infer_binary,
             reference=_same_dtype_binop(_bfn),
+            smt=encoding("core_smt", _name),
+            interval=_iv2,
             verifies="a and b have the same numeric dtype and broadcastable shapes.",
             traits=frozenset({"elementwise", "broadcast"} | ({"commutative"} if _comm else set())),
             example=f"%c = core.{_name} %a, %b : (tensor<?batch x 4 x f32>, tensor<4xf32>) -> tensor<?batch x 4 x f32>",
@@ -257,6 +280,7 @@ for _name, (_doc, _cfn) in _COMPARE.items():
             attrs=(),
             infer=_infer_compare,
             reference=(lambda f: lambda a, at: f(a[0], a[1]))(_cfn),
+            smt=encoding("core_smt", _name),
             verifies="a and b have the same dtype and broadcastable shapes; the result is bool.",
             traits=frozenset({"elementwise", "broadcast"}),
             example=f"%m = core.{_name} %a, %b : (tensor<4xi64>, tensor<4xi64>) -> tensor<4xbool>",
@@ -280,6 +304,7 @@ for _name, _lfn in _LOGICAL.items():
             attrs=(),
             infer=_infer_logical,
             reference=(lambda f: lambda a, at: f(a[0], a[1]))(_lfn),
+            smt=encoding("core_smt", _name),
             verifies="a and b are bool tensors with broadcastable shapes.",
             traits=frozenset({"elementwise", "broadcast", "commutative"}),
             example=f"%m = core.{_name} %a, %b : (tensor<4xbool>, tensor<4xbool>) -> tensor<4xbool>",
@@ -302,6 +327,8 @@ register(
         attrs=(),
         infer=_infer_where,
         reference=lambda a, at: np.where(a[0], a[1], a[2]).astype(a[1].dtype),
+        smt=encoding("core_smt", "where"),
+        interval=ranges.iv_where,
         verifies="cond is bool, a and b share a dtype, and all three shapes broadcast.",
         traits=frozenset({"elementwise", "broadcast"}),
         example="%y = core.where %c, %a, %b : (tensor<4xbool>, tensor<4xf32>, tensor<f32>) -> tensor<4xf32>",
@@ -327,6 +354,8 @@ register(
         attrs=(Attr("to", "dtype", doc="target dtype"),),
         infer=lambda ctx: [like(tensor_arg(ctx, 0), dtype=ctx["to"])],
         reference=lambda a, at: _cast(a[0], at["to"]),
+        smt=encoding("core_smt", "cast"),
+        interval=ranges.iv_first,
         verifies="x is a tensor and `to` is a dtype.",
         traits=frozenset({"elementwise"}),
         example="%y = core.cast %x {to = f16} : (tensor<2x2xf32>) -> tensor<2x2xf16>",
@@ -384,6 +413,9 @@ register(
         attrs=(Attr("transpose_a", "bool", False), Attr("transpose_b", "bool", False)),
         infer=_infer_matmul,
         reference=_ref_matmul,
+        smt=encoding("core_smt", "matmul"),
+        interval=ranges.iv_matmul,
+        cost=ranges.cost_matmul,
         verifies="a and b share a dtype, their contraction dims agree and their batch dims broadcast.",
         example="%y = core.matmul %x, %w {transpose_b = true} : (tensor<?batch x ?seq x 64 x f32>, "
         "tensor<128x64xf32>) -> tensor<?batch x ?seq x 128 x f32>",
@@ -406,6 +438,9 @@ register(
         attrs=(Attr("value", "dense", doc="the value, with its type"),),
         infer=_infer_constant,
         reference=lambda a, at: np.array(at["value"].array),
+        smt=encoding("core_smt", "constant"),
+        interval=ranges.iv_constant,
+        cost=ranges.cost_free,
         verifies="value is a dense literal whose type is the result type.",
         example="%c = core.constant {value = dense<[1.0, 2.0]> : tensor<2xf32>} : () -> tensor<2xf32>",
     )
@@ -435,6 +470,9 @@ register(
         ),
         infer=_infer_weight,
         reference=None,
+        no_smt="its values are a weight file's bytes: a leaf (translation validation keys it by "
+        "file, name and offset)",
+        cost=ranges.cost_free,
         verifies="the result type is static, nbytes matches it and the bytes lie inside the file.",
         example='%w = core.weight {file = "w.bin", name = "lm_head.weight", nbytes = 0, offset = 0} '
         ": () -> tensor<0x4xf32>",
@@ -506,6 +544,10 @@ register(
         ),
         infer=_infer_reshape,
         reference=_ref_reshape,
+        smt=encoding("core_smt", "reshape"),
+        interval=ranges.iv_first,
+        cost=ranges.cost_view,
+        traits=frozenset({"view"}),
         verifies="at most one -1, and the element counts agree where they are known.",
         example="%y = core.reshape %x {shape = [?batch, ?seq, 9, 64]} : (tensor<?batch x ?seq x 576 x f32>) "
         "-> tensor<?batch x ?seq x 9 x 64 x f32>",

@@ -17,8 +17,9 @@ import numpy as np
 from llmir_core.ir.dims import DYN
 from llmir_core.ir.types import Type
 
+from . import ranges
 from .core_shape import _shape_operand, is_float_array, numeric_tensor, reduced_shape
-from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError
+from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError, encoding
 from .registry import register
 from .shapes import float_tensor, like, norm_axes, norm_axis
 
@@ -101,6 +102,9 @@ for _kind, (_doc, _bool) in _REDUCE.items():
             ),
             infer=_infer_reduce(_bool),
             reference=_ref_reduce(_kind),
+            smt=encoding("core_smt", f"reduce_{_kind}"),
+            interval={"sum": ranges.iv_reduce_sum, "prod": None}.get(_kind, ranges.iv_first),
+            cost=ranges.cost_reduce(),
             verifies=f"x is {'numeric or bool' if _bool else 'numeric'} and axes are distinct and in range.",
             example=f"%y = core.reduce_{_kind} %x {{axes = [-1]}} : (tensor<?b x ?s x 576 x f32>) "
             "-> tensor<?b x ?s x 1 x f32>",
@@ -149,6 +153,10 @@ for _kind, (_doc, _bool) in _REDUCE.items():
             attrs=(Attr("keepdims", "bool", True),),
             infer=_infer_reduce_dyn(_bool),
             reference=_ref_reduce_dyn(_kind),
+            no_smt="its axes are an operand's values, so its result shape is not known from "
+            "types and attributes",
+            interval={"sum": None, "prod": None}.get(_kind, ranges.iv_first),
+            cost=ranges.cost_reduce(),
             verifies="axes is a 1-D i64 tensor of static length at most x's rank; at run time its entries "
             "are distinct and in range.",
             example=f"%y = core.reduce_{_kind}_dyn %x, %a : (tensor<2x3x4xf32>, tensor<1xi64>) "
@@ -189,6 +197,9 @@ for _name, _log in (("softmax", False), ("log_softmax", True)):
             attrs=(Attr("axis", "int", -1),),
             infer=_infer_softmax,
             reference=_ref_softmax(_log),
+            smt=encoding("core_smt", _name),
+            interval=ranges.iv_fixed(-ranges.INF if _log else 0.0, 0.0 if _log else 1.0),
+            cost=ranges.cost_reduce(3),
             verifies="x is a float tensor of rank >= 1 and axis is in range.",
             example=f"%p = core.{_name} %s {{axis = -1}} : (tensor<?b x 9 x ?q x ?k x f32>) "
             "-> tensor<?b x 9 x ?q x ?k x f32>",

@@ -31,8 +31,9 @@ from llmir_core.ir.dims import (
 )
 from llmir_core.ir.types import DType, TensorType, Type, numpy_dtype
 
+from . import ranges
 from .core import _ref_reshape
-from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError
+from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError, encoding
 from .registry import register
 from .shapes import (
     broadcast_shapes,
@@ -145,6 +146,9 @@ register(
         reference=lambda a, at: np.ascontiguousarray(
             np.transpose(a[0], _perm(at["perm"], a[0].ndim))
         ),
+        smt=encoding("core_smt", "transpose"),
+        interval=ranges.iv_first,
+        cost=ranges.cost_free,
         verifies="perm is a permutation of x's axes.",
         example="%y = core.transpose %x {perm = [0, 2, 1, 3]} : (tensor<?batch x ?seq x 9 x 64 x f32>) "
         "-> tensor<?batch x 9 x ?seq x 64 x f32>",
@@ -183,6 +187,8 @@ register(
         attrs=(Attr("axis", "int"),),
         infer=_infer_concat,
         reference=lambda a, at: np.concatenate(a, axis=at["axis"]),
+        smt=encoding("core_smt", "concat"),
+        interval=ranges.iv_union,
         verifies="there is at least one input, all inputs share dtype and rank, axis is in range and the "
         "other dims agree.",
         example="%y = core.concat %past, %new {axis = 2} : (tensor<?b x 3 x ?past x 64 x f16>, "
@@ -265,6 +271,8 @@ register(
         reference=_ref_split,
         variadic_results=True,
         results=("outputs",),
+        smt=encoding("core_smt", "split"),
+        interval=ranges.iv_first,
         verifies="axis is in range and the sizes sum to the split dim (or num_outputs parts fit it).",
         example="%q, %k, %v = core.split %qkv {axis = 2, sizes = [576, 192, 192]} : "
         "(tensor<?b x ?s x 960 x f32>) -> (tensor<?b x ?s x 576 x f32>, tensor<?b x ?s x 192 x f32>, "
@@ -362,6 +370,8 @@ register(
         ),
         infer=_infer_slice,
         reference=_ref_slice,
+        smt=encoding("core_smt", "slice"),
+        interval=ranges.iv_first,
         verifies="starts, ends, axes and steps have one length, axes are distinct and in range, steps nonzero.",
         example="%y = core.slice %x {starts = [-1], ends = [9223372036854775807], axes = [1]} : "
         "(tensor<?b x ?s x 64 x f32>) -> tensor<?b x 1 x 64 x f32>",
@@ -407,6 +417,8 @@ register(
         attrs=(),
         infer=_infer_slice_dyn,
         reference=_ref_slice_dyn,
+        no_smt="its result shape is an operand's values, not known from types and attributes",
+        interval=ranges.iv_first,
         verifies="starts, ends, axes and steps are 1-D integer tensors of one static length.",
         example="%y = core.slice_dyn %x, %s, %e : (tensor<?n x 64 x f32>, tensor<1xi64>, tensor<1xi64>) "
         "-> tensor<?x64xf32>",
@@ -435,6 +447,8 @@ register(
         attrs=(Attr("axis", "int", 0),),
         infer=_infer_gather,
         reference=lambda a, at: np.take(a[0], a[1], axis=at["axis"]),
+        smt=encoding("core_smt", "gather"),
+        interval=ranges.iv_first,
         verifies="indices are i64 or i32 and axis is in range for x.",
         example="%y = core.gather %table, %ids {axis = 0} : (tensor<49152x576xf32>, tensor<?b x ?s x i64>) "
         "-> tensor<?b x ?s x 576 x f32>",
@@ -489,6 +503,8 @@ register(
         attrs=(Attr("axis", "int", 0),),
         infer=_infer_gather_elements,
         reference=_ref_gather_elements,
+        smt=encoding("core_smt", "gather_elements"),
+        interval=ranges.iv_first,
         verifies="x and indices have one rank, indices are i64 or i32, and indices' other dims fit in x's.",
         example="%y = core.gather_elements %x, %i {axis = 1} : (tensor<4x8xf32>, tensor<4x2xi64>) -> tensor<4x2xf32>",
     )
@@ -539,6 +555,8 @@ register(
         attrs=(Attr("axis", "int", 0), Attr("reduction", "str", "none", choices=_REDUCTIONS)),
         infer=_infer_scatter_elements,
         reference=_ref_scatter_elements,
+        no_smt="a write at data-dependent positions: an element's value depends on which "
+        "update (if any) targets it, an existential over the updates",
         verifies="x, indices and updates share a rank, indices and updates a shape, x and updates a dtype.",
         example='%y = core.scatter_elements %x, %i, %u {axis = 1, reduction = "add"} : '
         "(tensor<4x8xf32>, tensor<4x2xi64>, tensor<4x2xf32>) -> tensor<4x8xf32>",
@@ -584,6 +602,8 @@ register(
         attrs=(Attr("reduction", "str", "none", choices=_REDUCTIONS),),
         infer=_infer_scatter_nd,
         reference=_ref_scatter_nd,
+        no_smt="a write at data-dependent positions: an element's value depends on which "
+        "update (if any) targets it, an existential over the updates",
         verifies="indices' last dim k is at most x's rank and updates has shape indices.shape[:-1] + x.shape[k:].",
         example="%y = core.scatter_nd %x, %i, %u : (tensor<8x4xf32>, tensor<2x1xi64>, tensor<2x4xf32>) "
         "-> tensor<8x4xf32>",
@@ -619,6 +639,8 @@ register(
         reference=lambda a, at: _broadcast_to(
             a[0], _eval_dims(at["shape"], at["__env__"], "expand shape")
         ),
+        smt=encoding("core_smt", "expand"),
+        interval=ranges.iv_first,
         verifies="shape holds sizes and broadcasts with x's shape.",
         example="%y = core.expand %m {shape = [?b, 1, ?s, ?s]} : (tensor<1 x 1 x ?s x ?s x bool>) "
         "-> tensor<?b x 1 x ?s x ?s x bool>",
@@ -643,6 +665,8 @@ register(
         attrs=(),
         infer=_infer_expand_dyn,
         reference=lambda a, at: _broadcast_to(a[0], _ints(a[1])),
+        no_smt="its result shape is an operand's values, not known from types and attributes",
+        interval=ranges.iv_first,
         verifies="shape is a 1-D i64 tensor of static length.",
         example="%y = core.expand_dyn %x, %s : (tensor<1x64xf32>, tensor<3xi64>) -> tensor<?x?x64xf32>",
     )
@@ -684,6 +708,8 @@ register(
         attrs=(Attr("axes", "ints", (), doc="axes of size 1; empty = all of them"),),
         infer=_infer_squeeze,
         reference=_ref_squeeze,
+        smt=encoding("core_smt", "squeeze"),
+        interval=ranges.iv_first,
         verifies="axes are distinct, in range and not of a static size other than 1.",
         example="%y = core.squeeze %x {axes = [1]} : (tensor<?b x 1 x 64 x f32>) -> tensor<?b x 64 x f32>",
     )
@@ -708,6 +734,8 @@ register(
         reference=lambda a, at: np.expand_dims(
             a[0], tuple(norm_axes(at["axes"], a[0].ndim + len(at["axes"])))
         ),
+        smt=encoding("core_smt", "unsqueeze"),
+        interval=ranges.iv_first,
         verifies="axes are distinct and in range for the result's rank.",
         example="%y = core.unsqueeze %x {axes = [1, 2]} : (tensor<?b x ?s x i64>) -> tensor<?b x 1 x 1 x ?s x i64>",
     )
@@ -732,6 +760,8 @@ register(
         attrs=(Attr("repeats", "ints", doc="one count per axis"),),
         infer=_infer_tile,
         reference=lambda a, at: np.tile(a[0], at["repeats"]),
+        smt=encoding("core_smt", "tile"),
+        interval=ranges.iv_first,
         verifies="repeats has one non-negative entry per axis of x.",
         example="%y = core.tile %x {repeats = [1, 3]} : (tensor<?n x 4 x f32>) -> tensor<?n x 12 x f32>",
     )
@@ -790,6 +820,8 @@ register(
         ),
         infer=_infer_pad,
         reference=_ref_pad,
+        smt=encoding("core_smt", "pad"),
+        interval=ranges.iv_pad,
         verifies="pads has 2 entries per axis and leaves no axis with a negative size.",
         example="%y = core.pad %x {pads = [0, 1, 0, 2]} : (tensor<?n x 4 x f32>) -> tensor<?n x 7 x f32>",
     )
@@ -824,6 +856,8 @@ register(
         attrs=(Attr("axis", "int", 1, doc="in -rank..rank"),),
         infer=_infer_flatten,
         reference=_ref_flatten,
+        smt=encoding("core_smt", "flatten"),
+        interval=ranges.iv_first,
         verifies="axis is in -rank..rank.",
         example="%y = core.flatten %x {axis = 1} : (tensor<?n x 3 x 4 x f32>) -> tensor<?n x 12 x f32>",
     )
@@ -847,6 +881,8 @@ register(
         attrs=(Attr("allowzero", "bool", False),),
         infer=lambda ctx: [like(tensor_arg(ctx, 0, "x"), [DYN] * _shape_operand(ctx, 1, "shape"))],
         reference=_ref_reshape_dyn,
+        no_smt="its result shape is an operand's values, not known from types and attributes",
+        interval=ranges.iv_first,
         verifies="shape is a 1-D i64 tensor of static length (the result's rank).",
         example="%y = core.reshape_dyn %x, %s : (tensor<?n x 576 x f32>, tensor<3xi64>) -> tensor<?x?x?xf32>",
     )
@@ -881,6 +917,7 @@ register(
         attrs=(Attr("value", "dense", None, doc="one element, its type gives the dtype"),),
         infer=_infer_constant_of_shape,
         reference=_ref_constant_of_shape,
+        smt=encoding("core_smt", "constant_of_shape"),
         verifies="shape is a 1-D i64 tensor of static length and value holds one element.",
         example="%y = core.constant_of_shape %s {value = dense<1> : tensor<1xi64>} : (tensor<2xi64>) "
         "-> tensor<?x?xi64>",
@@ -923,6 +960,7 @@ register(
         attrs=(),
         infer=_infer_range,
         reference=_ref_range,
+        no_smt="its length is computed from its operands' values",
         verifies="start, limit and delta are numeric scalars of one dtype.",
         example="%p = core.range %a, %b, %c : (tensor<i64>, tensor<i64>, tensor<i64>) -> tensor<?xi64>",
     )
@@ -963,6 +1001,7 @@ register(
         ),
         infer=_infer_shape,
         reference=_ref_shape,
+        smt=encoding("core_smt", "shape"),
         verifies="x is a tensor; the result length is fixed by start, end and x's rank.",
         example="%s = core.shape %x {start = 1} : (tensor<?b x ?s x 64 x f32>) -> tensor<2xi64>",
     )
@@ -976,6 +1015,7 @@ register(
         attrs=(),
         infer=lambda ctx: [TensorType((), DType.i64)] if tensor_arg(ctx, 0, "x") else [],
         reference=lambda a, at: np.array(math.prod(a[0].shape), dtype=np.int64),
+        smt=encoding("core_smt", "size"),
         verifies="x is a tensor.",
         example="%n = core.size %x : (tensor<?b x 64 x f32>) -> tensor<i64>",
     )
@@ -997,6 +1037,10 @@ register(
         attrs=(),
         infer=_infer_identity,
         reference=lambda a, at: a[0],
+        smt=encoding("core_smt", "identity"),
+        interval=ranges.iv_first,
+        cost=ranges.cost_view,
+        traits=frozenset({"view"}),
         verifies="the result has x's type.",
         example="%y = core.identity %x : (tensor<?n x 4 x f16>) -> tensor<?n x 4 x f16>",
     )
@@ -1034,6 +1078,8 @@ register(
         attrs=(Attr("upper", "bool", True),),
         infer=_infer_trilu,
         reference=_ref_trilu,
+        smt=encoding("core_smt", "trilu"),
+        interval=lambda op, ins, env, max_dim: ranges.union(ins[0], (0.0, 0.0)),
         verifies="x has rank >= 2 and k, when given, is an i64 scalar.",
         example="%y = core.trilu %x {upper = false} : (tensor<?s x ?s x f32>) -> tensor<?s x ?s x f32>",
     )
@@ -1077,6 +1123,8 @@ register(
         ),
         infer=_infer_cumsum,
         reference=_ref_cumsum,
+        smt=encoding("core_smt", "cumsum"),
+        interval=ranges.iv_cumsum,
         verifies="x is numeric with rank >= 1 and axis is in range.",
         example="%y = core.cumsum %m {axis = 1} : (tensor<?b x ?s x i64>) -> tensor<?b x ?s x i64>",
     )
@@ -1129,6 +1177,9 @@ for _name, _fn in (("argmax", np.argmax), ("argmin", np.argmin)):
             ),
             infer=_infer_arg,
             reference=_ref_arg(_fn),
+            smt=encoding("core_smt", _name),
+            interval=ranges.iv_index,
+            cost=ranges.cost_reduce(),
             verifies="x is numeric and axis is in range and not of size 0.",
             example=f"%i = core.{_name} %logits {{axis = -1, keepdims = false}} : "
             "(tensor<?b x 49152 x f32>) -> tensor<?b x i64>",
@@ -1182,6 +1233,9 @@ register(
         infer=_infer_top_k,
         reference=_ref_top_k,
         results=("values", "indices"),
+        smt=encoding("core_smt", "top_k"),
+        interval=ranges.iv_first,
+        cost=ranges.cost_reduce(),
         verifies="x is numeric, axis is in range and 0 <= k <= the axis size.",
         example="%v, %i = core.top_k %logits {k = 40} : (tensor<?b x 49152 x f32>) "
         "-> (tensor<?b x 40 x f32>, tensor<?b x 40 x i64>)",

@@ -24,7 +24,7 @@ from llmir_core.ir.dims import DYN, Dim, SymDim, dim_div_exact
 from llmir_core.ir.types import DType, KVCacheType, QuantType, TensorType, Type, numpy_dtype
 
 from . import ranges
-from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError
+from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError, encoding
 from .registry import register, register_dialect
 from .shapes import broadcast_shapes, float_tensor, fmt_shape, kv_arg, like, tensor_arg
 
@@ -124,6 +124,8 @@ register(
         infer=_infer_embedding,
         reference=_ref_embedding,
         decompose=lambda b, o, at: [b.op("core.gather", o[0], o[1], axis=0)],
+        smt=encoding("llm_smt", "embedding"),
+        interval=ranges.iv_first,
         verifies="table is a 2-D float tensor, ids an integer tensor; the result is [*ids.shape, hidden].",
         example="%h = llm.embedding %table, %ids : (tensor<128x64xf32>, tensor<?batch x ?seq x i64>) "
         "-> tensor<?batch x ?seq x 64 x f32>",
@@ -186,6 +188,9 @@ register(
         infer=_infer_norm,
         reference=_ref_rms_norm,
         decompose=_dec_rms_norm,
+        smt=encoding("llm_smt", "rms_norm"),
+        interval=ranges.iv_norm,
+        cost=ranges.cost_per_element(4),
         verifies="x is a float tensor, weight is 1-D with x's dtype and last dim, and eps >= 0.",
         example="%y = llm.rms_norm %x, %w {eps = 1e-05} : (tensor<?batch x ?seq x 64 x f32>, "
         "tensor<64xf32>) -> tensor<?batch x ?seq x 64 x f32>",
@@ -229,6 +234,9 @@ register(
         infer=_infer_norm,
         reference=_ref_layer_norm,
         decompose=_dec_layer_norm,
+        smt=encoding("llm_smt", "layer_norm"),
+        interval=ranges.iv_norm,
+        cost=ranges.cost_per_element(4),
         verifies="x is a float tensor, weight (and bias) are 1-D with x's dtype and last dim, eps >= 0.",
         example="%y = llm.layer_norm %x, %w, %b : (tensor<?batch x ?seq x 64 x f32>, tensor<64xf32>, "
         "tensor<64xf32>) -> tensor<?batch x ?seq x 64 x f32>",
@@ -354,6 +362,8 @@ register(
         infer=_infer_rotary,
         reference=_ref_rotary,
         decompose=_dec_rotary,
+        smt=encoding("llm_smt", "rotary_embedding"),
+        interval=ranges.iv_rotary,
         verifies="x is [batch, heads, seq, head_dim], the caches are [max_pos, rotary_dim/2] of x's "
         "dtype, positions is i64 [batch, seq], and rotary_dim is even and <= head_dim.",
         example="%y = llm.rotary_embedding %q, %cos, %sin, %pos : (tensor<?batch x 9 x ?seq x 64 x f32>, "
@@ -540,6 +550,9 @@ register(
         infer=_infer_sdpa,
         reference=_ref_sdpa,
         decompose=_dec_sdpa,
+        smt=encoding("llm_smt", "scaled_dot_product_attention"),
+        interval=ranges.iv_operand(2),  # a convex combination of the rows of v
+        cost=ranges.cost_attention,
         verifies="q, k, v are rank-4 tensors of one float dtype with matching batch, head_dim and kv "
         "lengths, Hq is a multiple of Hkv, the mask broadcasts to the scores, and "
         "scale/softcap/softmax_eps/sliding_window are >= 0.",
@@ -571,6 +584,8 @@ register(
         infer=_infer_silu_mul,
         reference=lambda a, at: (_silu64(_f64(a[0])) * _f64(a[1])).astype(a[0].dtype),
         decompose=lambda b, o, at: [b.op("core.mul", b.op("core.silu", o[0]), o[1])],
+        smt=encoding("llm_smt", "silu_mul"),
+        interval=ranges.iv_silu_mul,
         verifies="gate and up share a float dtype and broadcastable shapes.",
         traits=frozenset({"elementwise", "broadcast"}),
         example="%h = llm.silu_mul %g, %u : (tensor<?batch x ?seq x 256 x f32>, "
@@ -653,6 +668,9 @@ register(
         infer=_infer_gated_mlp,
         reference=_ref_gated_mlp,
         decompose=_dec_gated_mlp,
+        smt=encoding("llm_smt", "gated_mlp"),
+        interval=ranges.iv_gated_mlp,
+        cost=ranges.cost_gated_mlp,
         verifies="the weights are 2-D [out, in] of x's dtype and their in/out dims chain "
         "x -> gate/up -> down.",
         example="%y = llm.gated_mlp %x, %wg, %wu, %wd : (tensor<?batch x ?seq x 64 x f32>, "
@@ -762,6 +780,8 @@ register(
         infer=_infer_kv_update,
         reference=_ref_kv_update,
         effects=True,
+        no_smt="a KV cache is state (a kv_cache value, not a tensor): its reads and writes "
+        "are ordered effects",
         verifies="k and v are [B, kv_heads, S, head_dim] of the cache's dtype, start is an integer "
         "scalar, and layer is in range.",
         example="%c1 = llm.kv_cache_update %c0, %k, %v, %start {layer = 0} : "
@@ -801,6 +821,8 @@ register(
         infer=_infer_kv_read,
         reference=_ref_kv_read,
         results=("k", "v"),
+        no_smt="a KV cache is state (a kv_cache value, not a tensor): its reads and writes "
+        "are ordered effects",
         verifies="length is an integer scalar and layer is in range; the results are "
         "[?, kv_heads, ?, head_dim] of the cache's dtype.",
         example="%k, %v = llm.kv_cache_read %c, %n {layer = 1} : "
@@ -902,6 +924,8 @@ register(
         reference=_ref_quantize,
         results=("packed", "scales", "zero_points"),
         variadic_results=True,
+        no_smt="rounds to integer codes packed in blocks; rules over it carry proved error "
+        "bounds (quant-*-error-bound) instead of equalities",
         verifies="x is a float tensor whose last dim splits into whole blocks of a quantizable format.",
         example="%p = llm.quantize %w {format = !quant.q4_0} : (tensor<128x64xf32>) -> tensor<128x64x!quant.q4_0>",
     )
@@ -1018,6 +1042,8 @@ register(
         attrs=(Attr("dtype", "dtype", DType.f32, doc="the result's float dtype"),),
         infer=_infer_dequantize,
         reference=lambda a, at: _dequant(a).astype(numpy_dtype(at["dtype"])),
+        no_smt="decodes packed blocks of a quantization format (bit fields, per-block scales)",
+        interval=ranges.iv_first,
         verifies="packed has a block-quantized dtype, scales/zero points are present exactly when the "
         "format keeps them outside the blocks and have the per-block shape, and dtype is a float.",
         example="%w = llm.dequantize %p : (tensor<128x64x!quant.q4_0>) -> tensor<128x64xf32>",
@@ -1030,6 +1056,8 @@ def _infer_qmatmul(ctx: InferCtx) -> list[Type]:
     w, _ = _infer_packed(ctx, 1)
     if x.rank == 0:
         raise OpVerifyError("x must have rank >= 1")
+    if not -1 <= ctx["accuracy_level"] <= 4:
+        raise OpVerifyError(f"accuracy_level must be -1..4, got {ctx['accuracy_level']}")
     _need_rank(w, 2, "the packed weight")
     n, k = (w.shape[0], w.shape[1]) if ctx["transpose_b"] else (w.shape[1], w.shape[0])
     _need_dim(k, x.shape[-1], f"contraction dims differ: x has {x.shape[-1]}, the weight {k}")
@@ -1064,12 +1092,25 @@ register(
             Operand("scales", optional=True, doc="nbits only"),
             Operand("zero_points", optional=True, doc="nbits with zero=int only"),
         ),
-        attrs=(Attr("transpose_b", "bool", True, doc="w is [N, K] (true) or [K, N] (false)"),),
+        attrs=(
+            Attr("transpose_b", "bool", True, doc="w is [N, K] (true) or [K, N] (false)"),
+            Attr(
+                "accuracy_level",
+                "int",
+                -1,
+                doc="the activation precision a runtime may use (ONNX MatMulNBits' 0-4, kept "
+                "from an imported node); -1: the build's choice",
+            ),
+        ),
         infer=_infer_qmatmul,
         reference=_ref_qmatmul,
         decompose=_dec_qmatmul,
+        no_smt="its weight is packed blocks of a quantization format; translation validation "
+        "expands it through its decomposition",
+        interval=ranges.iv_matmul,
+        cost=ranges.cost_matmul,
         verifies="x is a float tensor, w a 2-D block-quantized weight (with scales/zero points as its "
-        "format needs) whose K matches x's last dim.",
+        "format needs) whose K matches x's last dim; accuracy_level is -1..4.",
         example="%y = llm.quantized_matmul %x, %w, %s : (tensor<?batch x ?seq x 64 x f32>, "
         "tensor<128x64x!quant<nbits, bits=4, block=32, scale=f32, zero=none>>, tensor<128x2xf32>) "
         "-> tensor<?batch x ?seq x 128 x f32>",
@@ -1109,19 +1150,6 @@ def _dec_add_rms_norm(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     return [_dec_rms_norm(b, [s, o[2]], at)[0], s]
 
 
-def _iv_add_rms_norm(op: Any, ins: list[ranges.Iv], env: dict[str, int], max_dim: int) -> ranges.Iv:
-    """One range for both results: the normed bound and the sum's."""
-    n = ranges.dim(op.operands[0].type, -1, env, max_dim)
-    normed = ranges.norm_bound(n, ins[2], float(op.attrs.get("offset", 0.0)))
-    return ranges.union(normed, (ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]))
-
-
-def _cost_add_rms_norm(op: Any, env: dict[str, int]) -> tuple[int, int]:
-    """An add, then square, mean, rsqrt and two multiplies per element; x, r and w read once."""
-    n = ranges.numel(op.operands[0].type, env)
-    return 5 * n, 4 * (2 * n + ranges.numel(op.operands[2].type, env))
-
-
 register(
     OpDef(
         name="llm.add_rms_norm",
@@ -1141,8 +1169,9 @@ register(
         infer=_infer_add_rms_norm,
         reference=_ref_add_rms_norm,
         decompose=_dec_add_rms_norm,
-        interval=_iv_add_rms_norm,
-        cost=_cost_add_rms_norm,
+        smt=encoding("llm_smt", "add_rms_norm"),
+        interval=ranges.iv_add_norm,
+        cost=ranges.cost_add_norm,
         results=("normed", "sum"),
         verifies="x and residual share one float dtype and shape, weight is 1-D over the last dim, "
         "and eps >= 0.",
@@ -1238,6 +1267,7 @@ register(
         infer=_infer_linear,
         reference=_ref_linear,
         decompose=_dec_linear,
+        smt=encoding("llm_smt", "linear"),
         interval=_iv_linear,
         cost=_cost_linear,
         verifies="x is a float tensor, w a 2-D matrix of x's dtype whose contraction dim matches x's "

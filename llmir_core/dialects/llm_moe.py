@@ -3,13 +3,16 @@
 The router scores every expert (`softmax` over the experts, or an independent `sigmoid` each),
 keeps the `top_k` best per token (ties: the lower expert index), optionally renormalises the kept
 scores to sum to 1 (`norm_topk`), scales them by `routed_scale`, and sums the chosen experts'
-gated MLPs weighted by them. Optional shared experts (one gated MLP of any width, run on every
+gated MLPs weighted by them. DeepSeek-V2's group-limited routing (`n_group` > 1): the experts
+form `n_group` consecutive groups, each scored by its best expert; only the experts of the
+`topk_group` best groups can be chosen (the others' scores count as 0). Optional shared experts (one gated MLP of any width, run on every
 token, DeepSeek / Qwen2-MoE) are added, each token's share multiplied by
 sigmoid(x @ shared_router^T) when `shared_router` is given (Qwen2-MoE's shared_expert_gate).
 
 The decomposition is dense (every expert runs on every token and the unchosen ones get weight 0):
 exact, and made only of ops the onnxruntime build already lowers; a backend with a sparse MoE
-kernel (onnxruntime's com.microsoft.MoE) should lower `llm.moe` directly instead.
+kernel lowers `llm.moe` directly instead (onnxruntime: passes/lower_ort_moe.py to
+`ort.moe`/`ort.qmoe`, whose decompositions reuse the pieces here).
 """
 
 from __future__ import annotations
@@ -83,7 +86,34 @@ def _infer_moe(ctx: InferCtx) -> list[Type]:
             raise OpVerifyError(f"shared_router must be [1, hidden], got {sr}")
     if ctx.attrs["routed_scale"] <= 0:
         raise OpVerifyError(f"routed_scale must be > 0, got {ctx.attrs['routed_scale']}")
+    _check_groups(ctx.attrs, experts, k)
     return [like(x)]
+
+
+def _check_groups(at: dict[str, Any], experts: Any, k: int) -> None:
+    g, tg = at["n_group"], at["topk_group"]
+    if g < 1 or not 1 <= tg <= g:
+        raise OpVerifyError(f"need n_group >= 1 and 1 <= topk_group <= n_group, got {g}, {tg}")
+    if g > 1 and isinstance(experts, int):
+        if experts % g:
+            raise OpVerifyError(f"n_group ({g}) must divide the {experts} experts")
+        if k > tg * (experts // g):
+            raise OpVerifyError(
+                f"top_k ({k}) exceeds the {tg * (experts // g)} experts of the topk_group "
+                f"({tg}) groups"
+            )
+
+
+def group_limit(scores: np.ndarray, n_group: int, topk_group: int) -> np.ndarray:
+    """scores with the experts outside the topk_group best groups (by their best expert) set
+    to 0 (ties: the lower group index)."""
+    if n_group <= 1:
+        return scores
+    grouped = scores.reshape(*scores.shape[:-1], n_group, -1)
+    best = np.argsort(-grouped.max(-1), axis=-1, kind="stable")[..., :topk_group]
+    keep = np.zeros(grouped.shape[:-1], bool)
+    np.put_along_axis(keep, best, True, -1)
+    return np.where(keep[..., None], grouped, 0.0).reshape(scores.shape)
 
 
 def routing(x: np.ndarray, router: np.ndarray, at: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -94,6 +124,7 @@ def routing(x: np.ndarray, router: np.ndarray, at: dict[str, Any]) -> tuple[np.n
         scores = e / e.sum(-1, keepdims=True)
     else:
         scores = 1.0 / (1.0 + np.exp(-logits))
+    scores = group_limit(scores, at.get("n_group", 1), at.get("topk_group", 1))
     k = at["top_k"]
     # descending, ties to the lower index (stable sort of the negated scores)
     idx = np.argsort(-scores, axis=-1, kind="stable")[..., :k]
@@ -127,61 +158,96 @@ def _ref_moe(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
     return out.astype(args[0].dtype)
 
 
-def _dec_moe(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
-    x, router, wg, wu, wd = o[:5]
-    r = x.type.rank
-    logits = b.op("core.matmul", x, router, transpose_b=True)  # [..., T, E]
-    scores = b.op(
-        "core.softmax" if at["scoring"] == "softmax" else "core.sigmoid",
-        logits,
-        **({"axis": -1} if at["scoring"] == "softmax" else {}),
-    )
+def dec_group_limit(b: Any, scores: Any, n_group: int, topk_group: int) -> Any:
+    """`group_limit` in core ops: scores [..., E] with the unchosen groups' experts at 0."""
+    if n_group <= 1:
+        return scores
+    r = scores.type.rank
+    keep_dims = (0,) * (r - 1)
+    experts = scores.type.shape[-1]
+    grouped = b.op("core.reshape", scores, shape=(*keep_dims, n_group, experts // n_group))
+    best = b.op("core.reduce_max", grouped, axes=(-1,), keepdims=False)  # [..., G]
     top = b.create(
-        "core.top_k", [scores], {"k": at["top_k"], "axis": -1, "largest": True, "sorted": True}
+        "core.top_k", [best], {"k": topk_group, "axis": -1, "largest": True, "sorted": True}
     )
+    zeros = b.op("core.mul", best, _const(b, 0.0, scores))
+    ones = b.op(
+        "core.add", b.op("core.mul", top.results[0], _const(b, 0.0, scores)), _const(b, 1.0, scores)
+    )  # [..., topk_group] of 1
+    mask = b.op("core.scatter_elements", zeros, top.results[1], ones, axis=-1)
+    kept = b.op("core.mul", grouped, b.op("core.unsqueeze", mask, axes=(r,)))
+    return b.op("core.reshape", kept, shape=(*keep_dims, experts))
+
+
+def dec_dense_weights(
+    b: Any, select: Any, k: int, norm: bool, scale: float, weights: Any | None = None
+) -> Any:
+    """[..., E] mixing weights, 0 for the experts not among the top k of `select`: the kept
+    values of `select` (or of `weights` at those experts), renormalised and scaled."""
+    top = b.create("core.top_k", [select], {"k": k, "axis": -1, "largest": True, "sorted": True})
     vals, idx = top.results
-    if at["norm_topk"]:
+    if weights is not None:
+        vals = b.op("core.gather_elements", weights, idx, axis=-1)
+    if norm:
         vals = b.op("core.div", vals, b.op("core.reduce_sum", vals, axes=(-1,), keepdims=True))
-    if at["routed_scale"] != 1.0:
-        vals = b.op("core.mul", vals, _const(b, at["routed_scale"], x))
-    zeros = b.op("core.mul", scores, _const(b, 0.0, x))
-    dense = b.op("core.scatter_elements", zeros, idx, vals, axis=-1)  # [..., T, E], 0 for unchosen
+    if scale != 1.0:
+        vals = b.op("core.mul", vals, _const(b, scale, select))
+    zeros = b.op("core.mul", select, _const(b, 0.0, select))
+    return b.op("core.scatter_elements", zeros, idx, vals, axis=-1)  # 0 for the unchosen
+
+
+def _act(b: Any, v: Any, act: str) -> Any:
+    if act == "silu":
+        return b.op("core.silu", v)
+    return b.op("core.gelu", v, approximate="none" if act == "gelu" else "tanh")
+
+
+def dec_experts(b: Any, x: Any, dense: Any, wg: Any, wu: Any, wd: Any, act: str) -> Any:
+    """sum over experts e of dense[..., e] * expert e's gated MLP of x, every expert on every
+    token (x [..., T, H], dense [..., T, E])."""
+    r = x.type.rank
     xe = b.op("core.unsqueeze", x, axes=(r - 2,))  # [..., 1, T, H]
-    gate = b.op("core.matmul", xe, wg, transpose_b=True)  # [..., E, T, I]
-    act = at["activation"]
-    gate = (
-        b.op("core.silu", gate)
-        if act == "silu"
-        else b.op("core.gelu", gate, approximate="none" if act == "gelu" else "tanh")
-    )
+    gate = _act(b, b.op("core.matmul", xe, wg, transpose_b=True), act)  # [..., E, T, I]
     h = b.op("core.mul", gate, b.op("core.matmul", xe, wu, transpose_b=True))
     y = b.op("core.matmul", h, wd, transpose_b=True)  # [..., E, T, H]
     perm = tuple(range(r - 2)) + (r - 1, r - 2)
     we = b.op(
         "core.unsqueeze", b.op("core.transpose", dense, perm=perm), axes=(r,)
     )  # [..., E, T, 1]
-    out = b.op("core.reduce_sum", b.op("core.mul", y, we), axes=(r - 2,), keepdims=False)
+    return b.op("core.reduce_sum", b.op("core.mul", y, we), axes=(r - 2,), keepdims=False)
+
+
+def dec_shared(b: Any, x: Any, shared: list[Any], act: str) -> Any:
+    """The shared expert's gated MLP of x, times sigmoid(x @ shared_router^T) when given."""
+    sg, su, sd = shared[:3]
+    h = b.op(
+        "core.mul",
+        _act(b, b.op("core.matmul", x, sg, transpose_b=True), act),
+        b.op("core.matmul", x, su, transpose_b=True),
+    )
+    out = b.op("core.matmul", h, sd, transpose_b=True)
+    if len(shared) == 4:
+        gate = b.op("core.sigmoid", b.op("core.matmul", x, shared[3], transpose_b=True))
+        out = b.op("core.mul", out, gate)
+    return out
+
+
+def dec_scores(b: Any, logits: Any, scoring: str) -> Any:
+    if scoring == "softmax":
+        return b.op("core.softmax", logits, axis=-1)
+    return b.op("core.sigmoid", logits)
+
+
+def _dec_moe(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
+    x, router, wg, wu, wd = o[:5]
+    logits = b.op("core.matmul", x, router, transpose_b=True)  # [..., T, E]
+    scores = dec_group_limit(
+        b, dec_scores(b, logits, at["scoring"]), at["n_group"], at["topk_group"]
+    )
+    dense = dec_dense_weights(b, scores, at["top_k"], at["norm_topk"], at["routed_scale"])
+    out = dec_experts(b, x, dense, wg, wu, wd, at["activation"])
     if len(o) >= 8:
-        sg, su, sd = o[5:8]
-        sgate = b.op("core.matmul", x, sg, transpose_b=True)
-        sgate = (
-            b.op("core.silu", sgate)
-            if act == "silu"
-            else b.op("core.gelu", sgate, approximate="none" if act == "gelu" else "tanh")
-        )
-        shared = b.op(
-            "core.matmul",
-            b.op("core.mul", sgate, b.op("core.matmul", x, su, transpose_b=True)),
-            sd,
-            transpose_b=True,
-        )
-        if len(o) == 9:
-            shared = b.op(
-                "core.mul",
-                shared,
-                b.op("core.sigmoid", b.op("core.matmul", x, o[8], transpose_b=True)),
-            )
-        out = b.op("core.add", out, shared)
+        out = b.op("core.add", out, dec_shared(b, x, list(o[5:]), at["activation"]))
     return [out]
 
 
@@ -199,7 +265,8 @@ register(
     OpDef(
         name="llm.moe",
         summary="Mixture of experts: route each token to its top_k experts by softmax or sigmoid "
-        "scores of x @ router^T (ties: the lower index), optionally renormalise the kept scores "
+        "scores of x @ router^T (ties: the lower index; with n_group > 1 only among the experts "
+        "of the topk_group groups whose best score is highest), optionally renormalise the kept scores "
         "(norm_topk), scale them by routed_scale, and sum the chosen experts' gated MLPs "
         "(act(x @ w_gate[e]^T) * (x @ w_up[e]^T)) @ w_down[e]^T weighted by them; plus an optional "
         "shared gated MLP, times sigmoid(x @ shared_router^T) when shared_router is given.",
@@ -234,17 +301,30 @@ register(
                 choices=_ACTIVATIONS,
                 doc="the experts' gate activation",
             ),
+            Attr("n_group", "int", 1, doc="expert groups for group-limited routing (1: none)"),
+            Attr("topk_group", "int", 1, doc="groups whose experts may be chosen (n_group > 1)"),
         ),
         infer=_infer_moe,
         reference=_ref_moe,
         decompose=_dec_moe,
+        no_smt="each token's experts are chosen by a top-k of router scores (a data-dependent "
+        "choice); translation validation expands it through its decomposition",
         verifies="x has rank >= 2; router is [E, hidden]; the expert weights are [E, out, in] of x's "
         "dtype chaining hidden -> inter -> hidden; 1 <= top_k <= E; the shared expert, when "
-        "present, chains hidden -> shared_inter -> hidden; routed_scale > 0.",
+        "present, chains hidden -> shared_inter -> hidden; routed_scale > 0; n_group divides E, "
+        "1 <= topk_group <= n_group and top_k fits in the topk_group groups.",
         example="%y = llm.moe %x, %router, %wg, %wu, %wd {top_k = 2} : (tensor<?batch x ?seq x 64 x f32>, "
         "tensor<8x64xf32>, tensor<8x128x64xf32>, tensor<8x128x64xf32>, tensor<8x64x128xf32>) "
         "-> tensor<?batch x ?seq x 64 x f32>",
     )
 )
 
-__all__ = ["routing"]
+__all__ = [
+    "routing",
+    "group_limit",
+    "dec_group_limit",
+    "dec_dense_weights",
+    "dec_experts",
+    "dec_shared",
+    "dec_scores",
+]

@@ -48,6 +48,7 @@ register(
         ),
         infer=_infer_opaque,
         reference=_no_reference,
+        no_smt="an ONNX node llmir does not model: its meaning is onnxruntime's",
         verifies="the result types are written out.",
         results=("outputs",),
         variadic_results=True,

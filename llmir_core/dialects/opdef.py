@@ -3,18 +3,25 @@
 An OpDef holds the op's name, its operand/result/attribute signature, a one-sentence statement of
 what its verifier checks, a shape/dtype rule over symbolic dims (`infer`), the numpy reference
 semantics (`reference`), and for composite ops a decomposition into simpler ops (`decompose`).
-The rest of the op's meaning is optional, each with a generic fallback where it is absent:
-`smt` (its element-level encoding for the SMT prover and translation validation; fallback: the
-encoder library of `llmir_core.smt.semantics`), `interval` (the range of its result from its
-operands' ranges; fallback: the rules of `llmir_core.smt.intervals`, else unbounded) and `cost`
-(FLOPs and bytes read per evaluation; fallback: one FLOP per result element, every operand read
-once). `meaning_of` says which an op has.
+The rest of the op's meaning lives on the declaration too (docs/optimize.md, "An op's meaning"):
+- `smt`: its element-level encoding for the SMT prover (a function over the shared helpers of
+  `llmir_core.smt.semantics.Encoder`), usually `encoding("core_smt", "matmul")`, a `Lazy`
+  reference into `dialects/*_smt.py`, so z3 loads only when an encoding is evaluated; or else
+  `no_smt`, the reason there is none (rules over it cannot be proved; translation validation
+  keeps it an uninterpreted function, expands it through its decomposition if it has one, and
+  falls back to differential testing);
+- `interval`: the range of its first result from its operands' ranges (helpers in `ranges`);
+  fallback [0, 1] for bool results, unbounded otherwise;
+- `cost`: FLOPs and bytes read per evaluation (helpers in `ranges`); fallback one FLOP per result
+  element, every operand read once.
+`llmir_core.smt.meaning.meaning_of` says which an op has.
 Every docstring-style `example` is parsed and verified by the test-suite, and `docs/spec.md`'s op
 reference is generated from these entries.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -112,6 +119,36 @@ DecomposeFn = Callable[["Builder", list["Value"], dict[str, Any]], list["Value"]
 
 
 @dataclass(frozen=True)
+class Lazy:
+    """A meaning function defined in another module, imported when first called: `smt` encodings
+    live in `dialects/*_smt.py`, which import z3 at the top, so a declaration can name its
+    encoding without loading z3."""
+
+    ref: str  # "package.module:function"
+
+    def resolve(self) -> Callable[..., Any]:
+        mod, _, fn = self.ref.partition(":")
+        return getattr(importlib.import_module(mod), fn)  # type: ignore[no-any-return]
+
+    def __call__(self, *args: Any) -> Any:
+        return self.resolve()(*args)
+
+
+def lazy(ref: str) -> Lazy:
+    """`lazy("llmir_core.dialects.core_smt:matmul")`: see `Lazy`."""
+    return Lazy(ref)
+
+
+_PY_NAMES = frozenset({"abs", "and", "max", "min", "not", "or", "pow", "round", "slice"})
+
+
+def encoding(module: str, name: str) -> Lazy:
+    """The encoding `name` of `llmir_core.dialects.<module>` (an op's short name; Python's own
+    names such as `abs` or `and` get a trailing `_`), loaded when first evaluated."""
+    return Lazy(f"llmir_core.dialects.{module}:{name}{'_' if name in _PY_NAMES else ''}")
+
+
+@dataclass(frozen=True)
 class OpDef:
     name: str
     summary: str
@@ -126,8 +163,9 @@ class OpDef:
     example: str = ""
     effects: bool = False  # has an effect beyond its results (never dead-code eliminated)
     traits: frozenset[str] = field(default_factory=frozenset)
-    smt: SmtFn | None = None  # element-level SMT encoding (None: the encoder library's, if any)
-    interval: IntervalFn | None = None  # result range rule (None: the generic rules)
+    smt: SmtFn | None = None  # element-level SMT encoding (usually `lazy(...)`)
+    no_smt: str = ""  # why the op has no `smt` (a test requires one of the two)
+    interval: IntervalFn | None = None  # first result's range (None: [0, 1] for bool, else any)
     cost: CostFn | None = None  # FLOPs and bytes read (None: one FLOP per result element)
 
     @property
@@ -150,6 +188,10 @@ class OpDef:
         errs = []
         if "." not in self.name:
             errs.append(f"op name {self.name!r} has no dialect prefix")
+        if self.smt is not None and self.no_smt:
+            errs.append("an op with an smt encoding needs no no_smt reason")
+        if self.smt is not None and not callable(self.smt):
+            errs.append("smt must be callable (an encoding or lazy('module:function'))")
         seen: set[str] = set()
         for a in self.attrs:
             check = ATTR_KIND_CHECKS.get(a.kind)

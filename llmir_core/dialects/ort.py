@@ -25,8 +25,9 @@ import numpy as np
 from llmir_core.ir.dims import dim_add
 from llmir_core.ir.types import DType, QuantType, TensorType, Type
 
+from . import ranges
 from .llm import _ref_rms_norm, _ref_rotary, _ref_sdpa
-from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError
+from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError, encoding
 from .registry import register, register_dialect
 from .shapes import float_tensor, fmt_shape, like, tensor_arg
 
@@ -49,11 +50,13 @@ def _gqa_parts(ctx_or_attrs: Any, n: int) -> dict[str, int]:
     """Operand indices by role: packed (qkv, past_k, past_v, positions[, cos, sin]) or
     unpacked (q, k, v, past_k, past_v, positions[, cos, sin])."""
     packed = bool(ctx_or_attrs["packed"])
+    quantized = ctx_or_attrs["kv_quant"] != "none"
     base = 1 if packed else 3
-    want = base + 3 + (2 if ctx_or_attrs["do_rotary"] else 0)
+    want = base + 3 + (2 if ctx_or_attrs["do_rotary"] else 0) + (2 if quantized else 0)
     if n != want:
         form = "qkv" if packed else "q, k, v"
         rot = ", cos_cache, sin_cache" if ctx_or_attrs["do_rotary"] else ""
+        rot += ", k_scale, v_scale" if quantized else ""
         raise OpVerifyError(
             f"expected {want} operands ({form}, past_key, past_value, positions{rot}), got {n}"
         )
@@ -67,6 +70,8 @@ def _gqa_parts(ctx_or_attrs: Any, n: int) -> dict[str, int]:
     }
     if ctx_or_attrs["do_rotary"]:
         idx["cos"], idx["sin"] = base + 3, base + 4
+    if quantized:
+        idx["k_scale"], idx["v_scale"] = want - 2, want - 1
     return idx
 
 
@@ -92,10 +97,21 @@ def _infer_gqa(ctx: InferCtx) -> list[Type]:
         f"past_key has {pk.shape[1]} heads but kv_num_heads is {hk}",
     )
     q = float_tensor(ctx, 0, "query")
+    quant = ctx["kv_quant"]
+    cache_dt = DType.i8 if quant != "none" else q.dtype
     _need(
-        pk.dtype == q.dtype and pv.dtype == q.dtype,
-        f"past_key/past_value must have the query's dtype {q.dtype}",
+        pk.dtype == cache_dt and pv.dtype == cache_dt,
+        f"past_key/past_value must be {cache_dt}"
+        + (f" (kv_quant = {quant})" if quant != "none" else " (the query's dtype)"),
     )
+    if quant != "none":
+        want_s = (1,) if quant == "per_tensor" else (1, hk, 1, d)
+        for role in ("k_scale", "v_scale"):
+            st = tensor_arg(ctx, idx[role], role)
+            _need(
+                st.dtype == DType.f32 and st.shape == want_s,
+                f"{role} must be f32 {fmt_shape(want_s)} for kv_quant = {quant}, got {st}",
+            )
     batch, seq = q.shape[0], q.shape[1]
     widths = {"q": h * d, "k": hk * d, "v": hk * d}
     if ctx["packed"]:
@@ -146,7 +162,7 @@ def _infer_gqa(ctx: InferCtx) -> list[Type]:
         )
     _need(ctx["local_window_size"] >= 0, "local_window_size must be >= 0")
     total = dim_add(pk.shape[2], seq)
-    present = TensorType((batch, hk, total, d), q.dtype)
+    present = TensorType((batch, hk, total, d), cache_dt)
     return [like(q, (batch, seq, h * d)), present, present]
 
 
@@ -169,6 +185,14 @@ def _gqa_inputs(args: list[np.ndarray], at: dict[str, Any]) -> tuple[np.ndarray,
     return q, k, v, args[idx["past_k"]], args[idx["past_v"]], args[idx["positions"]], idx  # type: ignore[return-value]
 
 
+def kv_int8_codes(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """onnxruntime's int8 KV cache store (CPU GroupQueryAttention, measured): x * (1/s) in f32,
+    rounded half to even, saturated to [-128, 127]."""
+    inv = np.float32(1.0) / scale.astype(np.float32)
+    r = np.rint(x.astype(np.float32) * inv)
+    return np.clip(r, -128, 127).astype(np.int8)
+
+
 def _ref_gqa(args: list[np.ndarray], at: dict[str, Any]) -> list[np.ndarray]:
     q, k, v, pk, pv, pos, idx = _gqa_inputs(args, at)
     h, hk = at["num_heads"], at["kv_num_heads"]
@@ -178,10 +202,17 @@ def _ref_gqa(args: list[np.ndarray], at: dict[str, Any]) -> list[np.ndarray]:
         rot = {"interleaved": bool(at["rotary_interleaved"]), "rotary_dim": at["rotary_dim"]}
         cos, sin = args[idx["cos"]], args[idx["sin"]]
         q4, k4 = _ref_rotary([q4, cos, sin, pos], rot), _ref_rotary([k4, cos, sin, pos], rot)
-    k_all = np.concatenate([pk, k4.astype(pk.dtype)], axis=2)
-    v_all = np.concatenate([pv, v4.astype(pv.dtype)], axis=2)
+    if at["kv_quant"] != "none":  # int8 codes of the new rows; attention reads f32(codes) * s
+        ks, vs = args[idx["k_scale"]], args[idx["v_scale"]]
+        k_all = np.concatenate([pk, kv_int8_codes(k4, ks)], axis=2)
+        v_all = np.concatenate([pv, kv_int8_codes(v4, vs)], axis=2)
+        k_att, v_att = k_all.astype(np.float32) * ks, v_all.astype(np.float32) * vs
+    else:
+        k_all = np.concatenate([pk, k4.astype(pk.dtype)], axis=2)
+        v_all = np.concatenate([pv, v4.astype(pv.dtype)], axis=2)
+        k_att, v_att = k_all, v_all
     o = _ref_sdpa(
-        [q4, k_all, v_all],
+        [q4, k_att, v_att],
         {
             "causal": True,
             "scale": at["scale"],
@@ -216,8 +247,22 @@ def _dec_gqa(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
         cs = [o[idx["cos"]], o[idx["sin"]], o[idx["positions"]]]
         q4 = b.create("llm.rotary_embedding", [q4, *cs], rot).result
         k4 = b.create("llm.rotary_embedding", [k4, *cs], rot).result
-    k_all = b.op("core.concat", o[idx["past_k"]], k4, axis=2)
-    v_all = b.op("core.concat", o[idx["past_v"]], v4, axis=2)
+    if at["kv_quant"] != "none":  # the terms kv-cache-int8{scales=calibrated} writes
+        from llmir_core.rewrite.quant_rules import kv_codes_static, kv_dequant
+        from llmir_core.rewrite.terms import Match, V, build
+
+        presents, reads = [], []
+        for new, past, sc in ((k4, "past_k", "k_scale"), (v4, "past_v", "v_scale")):
+            m = Match(values={"new": new, "s": o[idx[sc]]})
+            codes = build(kv_codes_static(V("new"), V("s")), m, b)
+            m.values["q"] = b.op("core.concat", o[idx[past]], codes, axis=2)
+            presents.append(m.values["q"])
+            reads.append(build(kv_dequant(V("q"), V("s")), m, b))
+        (k_all, v_all), (k_att, v_att) = presents, reads
+    else:
+        k_all = b.op("core.concat", o[idx["past_k"]], k4, axis=2)
+        v_all = b.op("core.concat", o[idx["past_v"]], v4, axis=2)
+        k_att, v_att = k_all, v_all
     attrs: dict[str, Any] = {"causal": True}
     for src, dst in (
         ("scale", "scale"),
@@ -226,7 +271,7 @@ def _dec_gqa(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     ):
         if at[src]:
             attrs[dst] = at[src]
-    out = b.create("llm.scaled_dot_product_attention", [q4, k_all, v_all], attrs).result
+    out = b.create("llm.scaled_dot_product_attention", [q4, k_att, v_att], attrs).result
     out = b.op("core.reshape", b.op("core.transpose", out, perm=(0, 2, 1, 3)), shape=(0, 0, h * d))
     return [out, k_all, v_all]
 
@@ -240,14 +285,16 @@ register(
         "present = concat(past, k/v, axis 2), and causal attention of the queries (aligned to "
         "the end of the keys) with num_heads / kv_num_heads grouping, scale (0 = 1/sqrt(D)), "
         "softcap and local_window_size (0 = unlimited). Returns (output [B, S, H*D], "
-        "present_key, present_value). Bound to one buffer, present writes only the new rows; "
+        "present_key, present_value). With kv_quant the caches are int8 codes with static f32 "
+        "scales and attention reads the dequantized codes. Bound to one buffer, present writes "
+        "only the new rows; "
         "seqlens_k and total_sequence_length are computed from positions.",
         operands=(
             Operand(
                 "inputs",
                 variadic=True,
                 doc="q, k, v (or qkv when packed), past_key, past_value, positions [B, S] i64, "
-                "then cos_cache, sin_cache when do_rotary",
+                "then cos_cache, sin_cache when do_rotary, then k_scale, v_scale when kv_quant",
             ),
         ),
         attrs=(
@@ -269,13 +316,25 @@ register(
             ),
             Attr("rotary_dim", "int", 0, doc="features rotated; 0 = all of head_dim"),
             Attr("packed", "bool", False, doc="the first operand is the packed q|k|v projection"),
+            Attr(
+                "kv_quant",
+                "str",
+                "none",
+                choices=("none", "per_channel", "per_tensor"),
+                doc="int8 cache with static scales k_scale/v_scale (last operands): "
+                "per_channel [1, Hkv, 1, D] or per_tensor [1]; new rows are stored as "
+                "i8(clamp(round_half_even(x * (1/s)), -128, 127)) and read as f32(codes) * s",
+            ),
         ),
         infer=_infer_gqa,
         reference=_ref_gqa,
         decompose=_dec_gqa,
         results=("output", "present_key", "present_value"),
+        no_smt="it writes its KV buffer in place at per-row positions (seqlens); translation "
+        "validation expands it through its decomposition",
         verifies="operands match the packed/do_rotary form, num_heads is a multiple of kv_num_heads, "
-        "q/k/v widths are heads * head_dim (head_dim from past_key), the caches share q's dtype, "
+        "q/k/v widths are heads * head_dim (head_dim from past_key), the caches share q's dtype "
+        "(int8 with f32 scales of the kv_quant layout when kv_quant is set), "
         "positions are i64 [batch, seq], and scale/softcap/local_window_size are >= 0.",
         example="%o, %pk, %pv = ort.group_query_attention %qkv, %past_k, %past_v, %pos, %cos, %sin "
         "{num_heads = 4, kv_num_heads = 2, do_rotary = true, packed = true} : "
@@ -320,6 +379,9 @@ register(
             if at["transB"]
             else b.op("core.matmul", o[0], o[1])
         ],
+        smt=encoding("target_smt", "ort_fused_matmul"),
+        interval=ranges.iv_matmul,
+        cost=ranges.cost_matmul,
         verifies="a is a float tensor of rank >= 2 and b a 2-D matrix of its dtype whose contraction dim matches.",
         example="%y = ort.fused_matmul %x, %w : (tensor<?batch x ?seq x 64 x f32>, tensor<128x64xf32>) "
         "-> tensor<?batch x ?seq x 128 x f32>",
@@ -421,6 +483,8 @@ register(
         infer=_infer_nbits,
         reference=_ref_nbits,
         decompose=_dec_nbits,
+        smt=encoding("target_smt", "ort_matmul_nbits"),
+        cost=ranges.cost_matmul,
         verifies="a is a float tensor, b a 2-D [N, K] weight with K a multiple of block_size (a float "
         "of a's dtype, or nbits-packed with matching bits/block and its scales), bits is 4 or 8, "
         "and accuracy_level is 0..4.",
@@ -546,6 +610,9 @@ register(
         infer=_infer_sln,
         reference=lambda a, at: _ref_rms_norm(a, _rms_attrs(at)),
         decompose=lambda b, o, at: [b.op("llm.rms_norm", o[0], o[1], **_rms_attrs(at))],
+        smt=encoding("target_smt", "ort_simplified_layer_norm"),
+        interval=ranges.iv_norm,
+        cost=ranges.cost_per_element(4),
         verifies="x is a float tensor, weight 1-D of its dtype over the last dim, epsilon >= 0.",
         example="%y = ort.simplified_layer_norm %x, %w {epsilon = 1e-05} : (tensor<?batch x ?seq x 64 x f32>, "
         "tensor<64xf32>) -> tensor<?batch x ?seq x 64 x f32>",
@@ -582,6 +649,9 @@ register(
         reference=_ref_skip_sln,
         decompose=_dec_skip_sln,
         results=("normed", "sum"),
+        smt=encoding("target_smt", "ort_skip_simplified_layer_norm"),
+        interval=ranges.iv_add_norm,
+        cost=ranges.cost_add_norm,
         verifies="x and skip share a float type, weight is 1-D of its dtype over the last dim, epsilon >= 0.",
         example="%y, %s = ort.skip_simplified_layer_norm %x, %r, %w {epsilon = 1e-05} : "
         "(tensor<?batch x ?seq x 64 x f32>, tensor<?batch x ?seq x 64 x f32>, tensor<64xf32>) -> "
@@ -614,9 +684,42 @@ register(
         infer=lambda ctx: [float_tensor(ctx, 0, "x")],
         reference=_ref_quick_gelu,
         decompose=_dec_quick_gelu,
+        smt=encoding("target_smt", "ort_quick_gelu"),
         verifies="x is a float tensor.",
         example="%y = ort.quick_gelu %x : (tensor<?batch x ?seq x 256 x f32>) -> tensor<?batch x ?seq x 256 x f32>",
     )
 )
 
-__all__ = ["fake_quant"]
+
+def _infer_ort_cast(ctx: InferCtx) -> list[Type]:
+    x = float_tensor(ctx, 0, "x")
+    to = ctx["to"]
+    _need(isinstance(to, DType) and to.is_float, f"ort.cast: `to` must be a float dtype, got {to}")
+    return [like(x, dtype=to)]
+
+
+def _ref_ort_cast(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
+    from .core import _cast
+
+    return _cast(args[0], at["to"])
+
+
+register(
+    OpDef(
+        name="ort.cast",
+        summary="A Cast node onnxruntime executes between float dtypes. On a constant it runs "
+        "once, when the session loads: the constant is stored in its own (16-bit) dtype in the "
+        "artifact and widened in memory (what `--dtype f16|bf16` does with matmul weights).",
+        operands=(Operand("x"),),
+        attrs=(Attr("to", "dtype", doc="target float dtype"),),
+        infer=_infer_ort_cast,
+        reference=_ref_ort_cast,
+        decompose=lambda b, o, at: [b.op("core.cast", o[0], to=at["to"])],
+        verifies="x is a float tensor and `to` a float dtype.",
+        traits=frozenset({"elementwise"}),
+        example="%w = ort.cast %w16 {to = f32} : (tensor<64x64xf16>) -> tensor<64x64xf32>",
+    )
+)
+
+
+__all__ = ["fake_quant", "kv_int8_codes"]

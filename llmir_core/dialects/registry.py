@@ -48,4 +48,4 @@ def _load() -> None:
     if _loaded:
         return
     _loaded = True
-    from . import core, core_reduce, core_shape, llm, llm_moe, onnx_ext, ort, triton  # noqa: F401  (registration on import)
+    from . import core, core_reduce, core_shape, llm, llm_moe, onnx_ext, ort, ort_moe, triton  # noqa: F401  (registration on import)

@@ -17,8 +17,8 @@ import numpy as np
 from llmir_core.ir.dims import dim_add
 from llmir_core.ir.types import DType, TensorType, Type
 
-from . import llm
-from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError
+from . import llm, ranges
+from .opdef import Attr, InferCtx, OpDef, Operand, OpVerifyError, encoding
 from .registry import register, register_dialect
 from .shapes import float_tensor, like, tensor_arg
 
@@ -93,6 +93,8 @@ register(
         attrs=(Attr("block_h", "int", 1024, doc="hidden columns per program"), _WARPS),
         infer=_checked(llm._infer_embedding, "block_h"),
         reference=llm._ref_embedding,
+        smt=encoding("target_smt", "triton_embedding"),
+        interval=ranges.iv_first,
         verifies="as llm.embedding; block_h is a power of two.",
         example="%h = triton.embedding %table, %ids {block_h = 64} : (tensor<128x64xf32>, "
         "tensor<?batch x ?seq x i64>) -> tensor<?batch x ?seq x 64 x f32>",
@@ -112,6 +114,9 @@ register(
         ),
         infer=_checked(llm._infer_norm, "block"),
         reference=llm._ref_rms_norm,
+        smt=encoding("target_smt", "triton_rms_norm"),
+        interval=ranges.iv_norm,
+        cost=ranges.cost_per_element(4),
         verifies="as llm.rms_norm; block is a power of two.",
         example="%y = triton.rms_norm %x, %w {block = 64, eps = 1e-05} : (tensor<?batch x ?seq x 64 x f32>, "
         "tensor<64xf32>) -> tensor<?batch x ?seq x 64 x f32>",
@@ -133,6 +138,9 @@ register(
         infer=_checked(llm._infer_add_rms_norm, "block"),
         reference=llm._ref_add_rms_norm,
         results=("normed", "sum"),
+        smt=encoding("target_smt", "triton_add_rms_norm"),
+        interval=ranges.iv_add_norm,
+        cost=ranges.cost_add_norm,
         verifies="as llm.add_rms_norm; block is a power of two.",
         example="%y, %s = triton.add_rms_norm %x, %r, %w {block = 64, eps = 1e-05} : "
         "(tensor<?batch x ?seq x 64 x f32>, tensor<?batch x ?seq x 64 x f32>, tensor<64xf32>) -> "
@@ -153,6 +161,8 @@ register(
         ),
         infer=_checked(llm._infer_rotary),
         reference=llm._ref_rotary,
+        smt=encoding("target_smt", "triton_rotary"),
+        interval=ranges.iv_rotary,
         verifies="as llm.rotary_embedding.",
         example="%y = triton.rotary %q, %cos, %sin, %pos : (tensor<?batch x 4 x ?seq x 16 x f32>, "
         "tensor<256x8xf32>, tensor<256x8xf32>, tensor<?batch x ?seq x i64>) -> "
@@ -171,6 +181,9 @@ register(
             _infer_matmul, "block_m", "block_n", "block_k", "gemv_block_n", "gemv_block_k"
         ),
         reference=_ref_linear_t,
+        smt=encoding("target_smt", "triton_matmul"),
+        interval=llm._iv_linear,
+        cost=llm._cost_linear,
         verifies="as llm.linear with transpose_b; block sizes are powers of two.",
         example="%y = triton.matmul %x, %w : (tensor<?batch x ?seq x 64 x f32>, tensor<96x64xf32>) -> "
         "tensor<?batch x ?seq x 96 x f32>",
@@ -215,6 +228,8 @@ register(
             _infer_gated, "block_m", "block_n", "block_k", "gemv_block_n", "gemv_block_k"
         ),
         reference=_ref_gated,
+        smt=encoding("target_smt", "triton_gated_matmul"),
+        cost=ranges.cost_gated_matmul,
         verifies="w_gate and w_up are [inter, hidden] of x's dtype; block sizes are powers of two.",
         example="%h = triton.gated_matmul %x, %wg, %wu : (tensor<?batch x ?seq x 64 x f32>, "
         "tensor<96x64xf32>, tensor<96x64xf32>) -> tensor<?batch x ?seq x 96 x f32>",
@@ -247,6 +262,8 @@ register(
         ),
         infer=_checked(_infer_qmm, "block_m", "block_n", "block_k", "gemv_block_n", "gemv_block_k"),
         reference=lambda a, at: llm._ref_qmatmul(a, {"transpose_b": True}),
+        no_smt="its weight is packed blocks of a quantization format (GGUF q8_0/q4_0, nbits)",
+        cost=ranges.cost_matmul,
         verifies="as llm.quantized_matmul with transpose_b; block sizes are powers of two.",
         example="%y = triton.q_matmul %x, %w : (tensor<?batch x ?seq x 64 x f32>, "
         "tensor<128x64x!quant.q4_0>) -> tensor<?batch x ?seq x 128 x f32>",
@@ -300,6 +317,8 @@ register(
         ),
         infer=_checked(_infer_kv_append),
         reference=_ref_kv_append,
+        smt=encoding("target_smt", "triton_kv_append"),
+        interval=ranges.iv_union,
         verifies="past and new are rank-4 of one dtype agreeing in batch, kv_heads and head_dim.",
         example="%k = triton.kv_append %past, %new : (tensor<?batch x 2 x ?past x 16 x f32>, "
         "tensor<?batch x 2 x ?seq x 16 x f32>) -> tensor<?batch x 2 x ?past+?seq x 16 x f32>",
@@ -336,6 +355,9 @@ register(
             "block_n",
         ),
         reference=lambda a, at: llm._ref_sdpa(a, {**at, "softmax_eps": 0.0}),
+        smt=encoding("target_smt", "triton_attention"),
+        interval=ranges.iv_operand(2),
+        cost=ranges.cost_attention,
         verifies="as llm.scaled_dot_product_attention (no mask, no softmax_eps); block sizes are powers of two.",
         example="%o = triton.attention %q, %k, %v {causal = true, split_k = 4} : "
         "(tensor<?batch x 4 x ?seq x 16 x f32>, tensor<?batch x 2 x ?past+?seq x 16 x f32>, "
@@ -361,6 +383,9 @@ register(
         attrs=(Attr("block_v", "int", 1024, doc="vocab entries per step"),),
         infer=_infer_argmax,
         reference=lambda a, at: np.argmax(a[0], axis=-1).astype(np.int64),
+        smt=encoding("target_smt", "triton_argmax"),
+        interval=ranges.iv_index,
+        cost=ranges.cost_reduce(),
         verifies="logits is a float tensor of rank >= 1; block_v is a power of two.",
         example="%t = triton.argmax %logits : (tensor<?batch x 128 x f32>) -> tensor<?batch x i64>",
     )

@@ -29,7 +29,9 @@ from llmir_core.ir.core import Module, Value
 from llmir_core.ir.types import DType, TensorType
 
 from . import hf_quant
-from .hf_moe import MOE_ARCHS, MOE_DEFAULTS, moe_layers, moe_weights
+from .hf_deepseek import configure_mla
+from .hf_defaults import DEFAULTS
+from .hf_moe import MOE_ARCHS, moe_layers, moe_weights
 from .llm_graph import DecoderConfig, RopeSpec, build_decoder
 from .rope import ROPE_TYPES, RopeParams, rope_spec_from
 from .safetensors_index import SafetensorsIndex, TensorEntry, open_index
@@ -38,78 +40,6 @@ from .validate_tokenizer import check_tokenizer_json
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", *MOE_ARCHS)
 
-# transformers' per-class defaults for fields a saved config.json may leave out
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 2048,
-        "tie_word_embeddings": False,
-        "hidden_act": "silu",
-        "rope_theta": 10000.0,
-    },
-    "mistral": {
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 4096 * 32,
-        "tie_word_embeddings": False,
-        "hidden_act": "silu",
-        "rope_theta": 10000.0,
-        "sliding_window": 4096,
-    },
-    "qwen2": {
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 32768,
-        "tie_word_embeddings": False,
-        "hidden_act": "silu",
-        "rope_theta": 10000.0,
-        "sliding_window": 4096,
-        "use_sliding_window": False,
-        "max_window_layers": 28,
-    },
-    "qwen3": {
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 32768,
-        "tie_word_embeddings": False,
-        "hidden_act": "silu",
-        "rope_theta": 10000.0,
-        "sliding_window": 4096,
-        "use_sliding_window": False,
-        "max_window_layers": 28,
-    },
-    "phi3": {
-        "rms_norm_eps": 1e-5,
-        "max_position_embeddings": 4096,
-        "tie_word_embeddings": False,
-        "hidden_act": "silu",
-        "rope_theta": 10000.0,
-        "sliding_window": None,
-    },
-    "gemma2": {
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 8192,
-        "tie_word_embeddings": True,
-        "hidden_activation": "gelu_pytorch_tanh",
-        "rope_theta": 10000.0,
-        "sliding_window": 4096,
-        "query_pre_attn_scalar": 256,
-        "final_logit_softcapping": 30.0,
-        "attn_logit_softcapping": 50.0,
-    },
-    "gemma3_text": {
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 131072,
-        "tie_word_embeddings": True,
-        "hidden_activation": "gelu_pytorch_tanh",
-        "rope_theta": 1000000.0,
-        "rope_local_base_freq": 10000.0,
-        "sliding_window": 4096,
-        "sliding_window_pattern": 6,
-        "query_pre_attn_scalar": 256,
-        "final_logit_softcapping": None,
-        "attn_logit_softcapping": None,
-        "head_dim": 256,
-    },
-}
-_DEFAULTS.update(MOE_DEFAULTS)
 _ACTIVATIONS = {
     "silu": "silu",
     "swish": "silu",
@@ -143,7 +73,7 @@ class _Cfg:
         """The field's value; the class default only when absent (null means none: sliding_window)."""
         if key in self.data:
             return self.data[key]
-        return _DEFAULTS[self.arch].get(key, default)
+        return DEFAULTS[self.arch].get(key, default)
 
     def num(self, key: str) -> float:
         v = self.get(key)
@@ -376,6 +306,8 @@ def decoder_config(cfg: _Cfg) -> DecoderConfig:
         dc.qk_norm = True
     if arch in MOE_ARCHS:
         dc.moe = moe_layers(cfg, layers, dc.intermediate)
+    if arch == "deepseek_v2":
+        configure_mla(cfg, dc)
     if arch == "gemma3_text":
         dc.qk_norm = True
         dc.qkv_bias = dc.o_bias = bool(cfg.get("attention_bias", False))

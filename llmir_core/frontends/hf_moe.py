@@ -1,4 +1,5 @@
-"""Mixture-of-experts architectures in Hugging Face folders: Mixtral, Qwen2-MoE, Qwen3-MoE.
+"""Mixture-of-experts architectures in Hugging Face folders: Mixtral, Qwen2-MoE, Qwen3-MoE and
+DeepSeek-V2 (its attention and routing in `hf_deepseek`).
 
 Each is its dense base architecture (mistral, qwen2, qwen3) with some MLPs replaced by `llm.moe`:
 
@@ -7,7 +8,9 @@ Each is its dense base architecture (mistral, qwen2, qwen3) with some MLPs repla
 - `qwen2_moe`: layers `l` with `(l + 1) % decoder_sparse_step == 0` not in `mlp_only_layers`;
   `mlp.gate` routes by softmax to `mlp.experts.E.{gate,up,down}_proj` (renormalised if
   `norm_topk_prob`), plus `mlp.shared_expert` times sigmoid(`mlp.shared_expert_gate`);
-- `qwen3_moe`: as qwen2_moe without the shared expert, with qwen3's attention.
+- `qwen3_moe`: as qwen2_moe without the shared expert, with qwen3's attention;
+- `deepseek_v2`: layers from `first_k_dense_replace` on; `mlp.gate` routes by softmax (greedy or
+  group-limited), weights times `routed_scaling_factor`, plus `mlp.shared_experts`.
 
 Per-expert tensors are referenced where they are (one `core.weight` each) and stacked into the
 `[experts, out, in]` operands by `core.concat` of `core.unsqueeze`d views.
@@ -15,7 +18,7 @@ Per-expert tensors are referenced where they are (one `core.weight` each) and st
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from llmir_core.builder import Builder
 from llmir_core.ir.core import Value
@@ -27,52 +30,11 @@ if TYPE_CHECKING:
     from .hf import _Cfg
 
 # model_type -> the dense architecture whose attention and defaults it shares
-MOE_ARCHS = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}
-
-MOE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "mixtral": {
-        "rms_norm_eps": 1e-5,
-        "max_position_embeddings": 4096 * 32,
-        "tie_word_embeddings": False,
-        "hidden_act": "silu",
-        "rope_theta": 1e6,
-        "sliding_window": None,
-        "num_local_experts": 8,
-        "num_experts_per_tok": 2,
-    },
-    "qwen2_moe": {
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 32768,
-        "tie_word_embeddings": False,
-        "hidden_act": "silu",
-        "rope_theta": 10000.0,
-        "sliding_window": 4096,
-        "use_sliding_window": False,
-        "max_window_layers": 28,
-        "num_experts": 60,
-        "num_experts_per_tok": 4,
-        "decoder_sparse_step": 1,
-        "moe_intermediate_size": 1408,
-        "shared_expert_intermediate_size": 5632,
-        "norm_topk_prob": False,
-        "mlp_only_layers": [],
-    },
-    "qwen3_moe": {
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 32768,
-        "tie_word_embeddings": False,
-        "hidden_act": "silu",
-        "rope_theta": 10000.0,
-        "sliding_window": 4096,
-        "use_sliding_window": False,
-        "max_window_layers": 28,
-        "num_experts": 128,
-        "num_experts_per_tok": 8,
-        "decoder_sparse_step": 1,
-        "moe_intermediate_size": 768,
-        "norm_topk_prob": False,
-        "mlp_only_layers": [],
-    },
+MOE_ARCHS = {
+    "mixtral": "mistral",
+    "qwen2_moe": "qwen2",
+    "qwen3_moe": "qwen3",
+    "deepseek_v2": "llama",  # its own attention (MLA, hf_deepseek)
 }
 
 _EXPERT = {
@@ -105,6 +67,8 @@ def moe_layers(cfg: _Cfg, layers: int, intermediate: int) -> list[MoeSpec | None
     experts = (
         _int(cfg, "num_local_experts", "num_experts")
         if arch == "mixtral"
+        else _int(cfg, "n_routed_experts", "num_experts")
+        if arch == "deepseek_v2"
         else _int(cfg, "num_experts", "num_local_experts")
     )
     top_k = _int(cfg, "num_experts_per_tok")
@@ -116,6 +80,10 @@ def moe_layers(cfg: _Cfg, layers: int, intermediate: int) -> list[MoeSpec | None
     if arch == "mixtral":
         spec = MoeSpec(experts, top_k, intermediate, norm_topk=True)
         return [spec] * layers
+    if arch == "deepseek_v2":
+        from .hf_deepseek import deepseek_moe_layers
+
+        return deepseek_moe_layers(cfg, layers, experts, top_k)
     inter = _int(cfg, "moe_intermediate_size")
     shared = _int(cfg, "shared_expert_intermediate_size") if arch == "qwen2_moe" else 0
     spec = MoeSpec(
@@ -151,7 +119,8 @@ def moe_weights(base: type) -> type:
             elif part == "shared_router":
                 rel = "mlp.shared_expert_gate"
             else:
-                rel = "mlp.shared_expert." + part.removeprefix("shared_") + "_proj"
+                shared = "mlp.shared_experts." if arch == "deepseek_v2" else "mlp.shared_expert."
+                rel = shared + part.removeprefix("shared_") + "_proj"
             return f"model.layers.{layer}.{rel}.weight"
 
         def _moe_shape(self, key: str, layer: int) -> tuple[int, ...]:
@@ -167,6 +136,13 @@ def moe_weights(base: type) -> type:
                 "moe.shared_down": (h, spec.shared_inter),
                 "moe.shared_router": (1, h),
             }[key]
+
+        def _expected(self, key: str) -> tuple[int, ...]:
+            if self.dc.mla is not None and key.startswith("self_attn."):
+                from .hf_deepseek import mla_shapes
+
+                return mla_shapes(self.dc)[key]
+            return tuple(super()._expected(key))
 
         def has(self, key: str, layer: int | None = None) -> bool:
             if key.startswith("moe.") and layer is not None:
@@ -225,4 +201,4 @@ def moe_weights(base: type) -> type:
     return MoEWeights
 
 
-__all__ = ["MOE_ARCHS", "MOE_DEFAULTS", "moe_layers", "moe_weights"]
+__all__ = ["MOE_ARCHS", "moe_layers", "moe_weights"]

@@ -55,6 +55,8 @@ class MoeSpec:
     routed_scale: float = 1.0
     shared_inter: int = 0  # the shared expert's intermediate size; 0 = none
     shared_gate: bool = False  # the shared expert's output times sigmoid(x @ shared_router^T)
+    n_group: int = 1  # group-limited routing (DeepSeek): expert groups, 1 = none
+    topk_group: int = 1  # groups whose experts may be chosen
 
 
 @dataclass
@@ -87,6 +89,7 @@ class DecoderConfig:
     moe: list[MoeSpec | None] = field(
         default_factory=list
     )  # per layer; None (or empty) = dense MLP
+    mla: Any = None  # DeepSeek multi-head latent attention (hf_deepseek.MlaSpec); None = MHA/GQA
 
 
 class WeightSource(Protocol):
@@ -211,6 +214,10 @@ class _Graph:
         self, x: Value, layer: int, positions: Value, past_k: Value, past_v: Value
     ) -> tuple[Value, Value, Value]:
         cfg, b = self.cfg, self.b
+        if cfg.mla is not None:
+            from .hf_deepseek import mla_attention
+
+            return mla_attention(self, x, layer, positions, past_k, past_v)
         bias = cfg.qkv_bias
         q = self.linear(x, "self_attn.q_proj", layer, bias)
         k = self.linear(x, "self_attn.k_proj", layer, bias)
@@ -286,6 +293,8 @@ class _Graph:
             "routed_scale": float(spec.routed_scale),
             "activation": self.cfg.activation,
         }
+        if spec.n_group > 1:
+            attrs.update(n_group=spec.n_group, topk_group=spec.topk_group)
         return self.b.create("llm.moe", [x, *ws], attrs, names=[f"layers.{layer}.moe"]).result
 
     def softcap(self, x: Value, cap: float) -> Value:
@@ -301,12 +310,23 @@ def build_decoder(cfg: DecoderConfig, src: WeightSource, name: str = "model") ->
     ids = b.arg("input_ids", TensorType((BATCH, SEQ), DType.i64))
     positions = b.arg("positions", TensorType((BATCH, SEQ), DType.i64))
     past = []
+    # MLA caches its latent (key) and rotated shared key part (value), one head each
+    kv_heads, k_dim, v_dim = (
+        (1, cfg.mla.kv_lora_rank, cfg.mla.rope_dim)
+        if cfg.mla is not None
+        else (cfg.kv_heads, cfg.head_dim, cfg.head_dim)
+    )
     for layer in range(cfg.layers):
-        kv_t = TensorType((BATCH, cfg.kv_heads, PAST, cfg.head_dim), DType.f32)
         past.append(
             (
-                b.arg(f"past_key_values.{layer}.key", kv_t),
-                b.arg(f"past_key_values.{layer}.value", kv_t),
+                b.arg(
+                    f"past_key_values.{layer}.key",
+                    TensorType((BATCH, kv_heads, PAST, k_dim), DType.f32),
+                ),
+                b.arg(
+                    f"past_key_values.{layer}.value",
+                    TensorType((BATCH, kv_heads, PAST, v_dim), DType.f32),
+                ),
             )
         )
 

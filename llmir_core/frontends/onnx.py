@@ -61,6 +61,15 @@ ONNX_TO_DTYPE: dict[int, DType] = {
     19: DType.f8e5m2,
     21: DType.u4,
     22: DType.i4,
+    4: DType.u16,
+    12: DType.u32,
+    13: DType.u64,
+    18: DType.f8e4m3fnuz,
+    20: DType.f8e5m2fnuz,
+    23: DType.f4e2m1,
+    24: DType.f8e8m0,
+    25: DType.u2,
+    26: DType.i2,
 }
 DTYPE_TO_ONNX: dict[DType, int] = {v: k for k, v in ONNX_TO_DTYPE.items()}
 

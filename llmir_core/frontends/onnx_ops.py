@@ -272,16 +272,70 @@ def _where(n: Node) -> list[Value | None]:
     return [n.emit("core.where", n.inp(0), n.inp(1), n.inp(2))]
 
 
-_F8_MAX = {DType.f8e4m3: 448.0, DType.f8e5m2: 57344.0}
+# largest finite value of each float8 type; ONNX's saturating casts clamp to it
+_F8_MAX = {
+    DType.f8e4m3: 448.0,
+    DType.f8e5m2: 57344.0,
+    DType.f8e4m3fnuz: 240.0,
+    DType.f8e5m2fnuz: 57344.0,
+}
 
 
 def _cast_to(n: Node, x: Value, to: DType) -> Value:
-    # ONNX saturates float -> float8 casts by default (out-of-range and inf clamp to the largest
-    # finite value); llmir's core.cast does not, so clamp first
+    """ONNX Cast semantics over llmir's core.cast (which rounds to nearest even and, like numpy's
+    ml_dtypes casts, does not saturate): float -> float8 saturates by default (saturate=1: out of
+    range and +-inf clamp to the largest finite value); float -> float8e8m0 rounds as
+    `round_mode` says."""
+    if _dtype(x).is_float and to == DType.f8e8m0:
+        return _cast_to_e8m0(n, x)
     if to in _F8_MAX and _dtype(x).is_float and n.attr("saturate", 1):
         m = _F8_MAX[to]
         x = n.emit("core.max", n.emit("core.min", x, n.scalar(m, x)), n.scalar(-m, x))
     return n.emit("core.cast", x, to=to)
+
+
+def _cast_to_e8m0(n: Node, x: Value) -> Value:
+    """float -> float8e8m0 (2**(c - 127) for codes c 0..254, 255 NaN) as ONNX defines it on
+    x's float32 bits: c is the exponent field (the sign is dropped; subnormals and zero have 0),
+    incremented when round_mode is 'up' and the fraction is not zero, or when it is 'nearest'
+    and the fraction is at least half (a subnormal: more than half); NaN and inf give NaN; the
+    increment past 254 is NaN unless saturate. Computed exactly in float64."""
+    mode = n.attr("round_mode", "up")
+    if mode not in ("up", "down", "nearest"):
+        raise NotMapped(f"Cast round_mode '{mode}'")
+    w = n.emit("core.abs", n.cast(n.cast(x, DType.f32), DType.f64))
+    two = n.scalar(2.0, w)
+
+    def f64(b: Value) -> Value:
+        return n.cast(b, DType.f64)
+
+    special = n.emit("core.not", n.emit("core.less_equal", w, n.scalar(3.4028234663852886e38, w)))
+    normal = n.emit("core.greater_equal", w, n.scalar(2.0**-126, w))
+    safe = n.emit("core.where", normal, w, n.scalar(1.0, w))
+    e = n.emit("core.floor", n.emit("core.div", n.emit("core.log", safe), n.scalar(math.log(2), w)))
+    # correct the floating log2 so that 2**e <= w < 2**(e+1) exactly
+    e = n.emit("core.sub", e, f64(n.emit("core.greater", n.emit("core.pow", two, e), safe)))
+    e1 = n.emit("core.add", e, n.scalar(1.0, w))
+    e = n.emit("core.add", e, f64(n.emit("core.less_equal", n.emit("core.pow", two, e1), safe)))
+    code = n.emit("core.where", normal, n.emit("core.add", e, n.scalar(127.0, w)), n.scalar(0.0, w))
+    base = n.emit("core.pow", two, e)
+    if mode == "up":
+        frac = n.emit("core.not_equal", w, n.emit("core.where", normal, base, n.scalar(0.0, w)))
+        inc = f64(frac)
+    elif mode == "nearest":
+        half = n.emit("core.greater_equal", w, n.emit("core.mul", base, n.scalar(1.5, w)))
+        sub = n.emit("core.greater", w, n.scalar(2.0**-127, w))
+        pick = n.emit("core.and", normal, half)  # core.or/and: onnxruntime has no bool Where
+        inc = f64(n.emit("core.or", pick, n.emit("core.and", n.emit("core.not", normal), sub)))
+    else:
+        inc = n.scalar(0.0, w)
+    if n.attr("saturate", 1):
+        inc = n.emit("core.mul", inc, f64(n.emit("core.not_equal", code, n.scalar(254.0, w))))
+    code = n.emit("core.add", code, inc)
+    bad = n.emit("core.or", special, n.emit("core.equal", code, n.scalar(255.0, w)))
+    value = n.emit("core.pow", two, n.emit("core.sub", code, n.scalar(127.0, w)))
+    y = n.emit("core.where", bad, n.scalar(math.nan, w), value)
+    return n.emit("core.cast", n.cast(y, DType.f32), to=DType.f8e8m0)  # exact: powers of two
 
 
 @handles("Cast")
@@ -450,15 +504,21 @@ def _mish(n: Node) -> list[Value | None]:
     return [n.emit("core.mul", x, n.emit("core.tanh", _softplus_v(n, x)))]
 
 
+def _swish_of(n: Node, x: Value, alpha: float) -> Value:
+    if alpha == 1.0:
+        return n.emit("core.silu", x)
+    return n.emit("core.mul", x, n.emit("core.sigmoid", n.emit("core.mul", x, n.scalar(alpha, x))))
+
+
 @handles("Swish")
 def _swish(n: Node) -> list[Value | None]:
-    x = n.inp(0)
-    alpha = float(n.attr("alpha", 1.0))
-    if alpha == 1.0:
-        return [n.emit("core.silu", x)]
-    return [
-        n.emit("core.mul", x, n.emit("core.sigmoid", n.emit("core.mul", x, n.scalar(alpha, x))))
-    ]
+    return [_swish_of(n, n.inp(0), float(n.attr("alpha", 1.0)))]
+
+
+@handles("SwiGLU")
+def _swiglu(n: Node) -> list[Value | None]:
+    """Y = Swish_alpha(A) * B (A and B of one shape)."""
+    return [n.emit("core.mul", _swish_of(n, n.inp(0), float(n.attr("alpha", 1.0))), n.inp(1))]
 
 
 @handles("QuickGelu", domain=MS)
@@ -1419,7 +1479,314 @@ def _matmul_nbits(n: Node) -> list[Value | None]:
     ops = [n.inp(0), w, _as_shape(n, 2, (nn, nb))]
     if n.has(3):
         ops.append(_as_shape(n, 3, (nn, (nb * bits + 7) // 8)))
-    y = n.emit("llm.quantized_matmul", *ops, transpose_b=True)
+    # the node's activation precision is kept (absent: the build chooses)
+    level = n.attr("accuracy_level")
+    keep = {} if level is None else {"accuracy_level": int(level)}
+    y = n.emit("llm.quantized_matmul", *ops, transpose_b=True, **keep)
     if n.has(5):
         y = n.emit("core.add", y, n.inp(5))
     return [y]
+
+
+# -- QDQ quantization (DequantizeLinear / QuantizeLinear and the integer matmuls) ----------------
+
+
+def _q_range(dt: DType) -> tuple[float, float] | None:
+    """(min, max) of a fixed-point quantized type; None for float8/float4 (cast semantics)."""
+    if not dt.is_int:
+        return None
+    import ml_dtypes
+
+    info = ml_dtypes.iinfo(numpy_dtype(dt))  # type: ignore[no-untyped-call]
+    return float(info.min), float(info.max)
+
+
+def _q_param(n: Node, p: Value, x: Value, axis: int, block: int, dt: DType) -> Value:
+    """A scale or zero point, as `dt`, shaped to broadcast against x: a scalar (per tensor), a
+    1-D per-`axis` vector, or a blocked tensor (x's rank, `axis` divided into blocks of `block`
+    elements), whose entries are repeated `block` times along `axis` and cut to x's length."""
+    p = n.cast(p, dt)
+    r, xr = _rank(p), _rank(x)
+    if r == 0 or (r == 1 and block <= 0 and _static_len(p) == 1 and xr != 1):
+        return n.emit("core.reshape", p, shape=()) if r else p
+    axis = axis % xr
+    if block > 0:
+        xt = x.type
+        assert isinstance(xt, TensorType)
+        d = xt.shape[axis]
+        if not isinstance(d, int):
+            raise NotMapped("blocked quantization needs a static size along the block axis")
+        idx = n.array(np.arange(d) // block, DType.i64)
+        return n.emit("core.gather", p, idx, axis=axis)
+    if r != 1:
+        raise NotMapped(f"a quantization parameter of rank {r} without block_size")
+    shape = [1] * xr
+    shape[axis] = -1
+    return n.emit("core.reshape", p, shape=tuple(shape))
+
+
+def _static_len(v: Value) -> int | None:
+    t = v.type
+    if isinstance(t, TensorType) and t.rank == 1 and isinstance(t.shape[0], int):
+        return t.shape[0]
+    return None
+
+
+def _dequantize(n: Node, x: Value, scale: Value, zp: Value | None, out: DType) -> Value:
+    axis, block = int(n.attr("axis", 1)), int(n.attr("block_size", 0))
+    xf = n.cast(x, DType.f32)
+    if zp is not None and _dtype(zp).is_int:
+        xf = n.emit("core.sub", xf, _q_param(n, zp, x, axis, block, DType.f32))
+    y = n.emit("core.mul", xf, _q_param(n, scale, x, axis, block, DType.f32))
+    return n.cast(y, out)
+
+
+def _quantize(n: Node, x: Value, scale: Value, zp: Value | None, to: DType) -> Value:
+    axis, block = int(n.attr("axis", 1)), int(n.attr("block_size", 0))
+    xf = n.cast(x, DType.f32)
+    y = n.emit("core.div", xf, _q_param(n, scale, x, axis, block, DType.f32))
+    rng = _q_range(to)
+    if rng is None:  # float8 / float4: a (saturating, by default) cast
+        return _cast_to(n, y, to)
+    y = n.emit("core.round", y)  # half to even, as the spec says
+    if zp is not None:
+        y = n.emit("core.add", y, _q_param(n, zp, x, axis, block, DType.f32))
+    y = n.emit("core.max", n.emit("core.min", y, n.scalar(rng[1], y)), n.scalar(rng[0], y))
+    return n.emit("core.cast", y, to=to)
+
+
+@handles("DequantizeLinear")
+def _dequantize_linear(n: Node) -> list[Value | None]:
+    """y = (x - zero_point) * scale, per tensor, per axis or per block; the result has the
+    scale's dtype (or `output_dtype`)."""
+    out = _dtype(n.inp(1))
+    if n.attr("output_dtype", 0):
+        out = n.imp.dtype_of_onnx(n.attr("output_dtype"))
+    zp = n.inp(2) if n.has(2) else None
+    return [_dequantize(n, n.inp(0), n.inp(1), zp, out)]
+
+
+@handles("QuantizeLinear")
+def _quantize_linear(n: Node) -> list[Value | None]:
+    """y = saturate(round_half_even(x / scale) + zero_point) for fixed-point outputs, or a cast
+    of x / scale (saturating unless saturate=0) for float8/float4 ones; the output has the zero
+    point's dtype (or `output_dtype`, else uint8)."""
+    if n.has(2):
+        to = _dtype(n.inp(2))
+    elif n.attr("output_dtype", 0):
+        to = n.imp.dtype_of_onnx(n.attr("output_dtype"))
+    else:
+        to = DType.u8
+    zp = n.inp(2) if n.has(2) and to.is_int else None
+    return [_quantize(n, n.inp(0), n.inp(1), zp, to)]
+
+
+@handles("DynamicQuantizeLinear")
+def _dynamic_quantize_linear(n: Node) -> list[Value | None]:
+    """uint8 quantization with a scale and zero point computed from x's range (widened to
+    include 0): scale = (max - min) / 255, zero_point = saturate(round(-min / scale))."""
+    x = n.cast(n.inp(0), DType.f32)
+    axes = tuple(range(_rank(x)))
+    zero = n.scalar(0.0, x)
+    lo = n.emit("core.min", n.emit("core.reduce_min", x, axes=axes, keepdims=False), zero)
+    hi = n.emit("core.max", n.emit("core.reduce_max", x, axes=axes, keepdims=False), zero)
+    scale = n.emit("core.div", n.emit("core.sub", hi, lo), n.scalar(255.0, x))
+    zpf = n.emit("core.round", n.emit("core.sub", zero, n.emit("core.div", lo, scale)))
+    zpf = n.emit("core.max", n.emit("core.min", zpf, n.scalar(255.0, x)), zero)
+    zp = n.emit("core.cast", zpf, to=DType.u8)
+    y = n.emit("core.round", n.emit("core.div", x, scale))
+    y = n.emit("core.add", y, zpf)
+    y = n.emit("core.max", n.emit("core.min", y, n.scalar(255.0, x)), zero)
+    return [n.emit("core.cast", y, to=DType.u8), scale, zp]
+
+
+def _int_operand(n: Node, i: int, zp_index: int, row_axis: bool) -> Value:
+    """Input i as int32 minus its zero point (a scalar, or per row of A / per column of B)."""
+    v = n.cast(n.inp(i), DType.i32)
+    if not n.has(zp_index):
+        return v
+    zp = n.cast(n.inp(zp_index), DType.i32)
+    if _rank(zp) == 1 and row_axis and _static_len(zp) != 1:
+        zp = n.emit("core.unsqueeze", zp, axes=(-1,))
+    return n.emit("core.sub", v, zp)
+
+
+@handles("MatMulInteger")
+def _matmul_integer(n: Node) -> list[Value | None]:
+    """(A - a_zero_point) @ (B - b_zero_point), exactly, in int32."""
+    a = _int_operand(n, 0, 2, row_axis=True)
+    b = _int_operand(n, 1, 3, row_axis=False)
+    return [n.emit("core.matmul", a, b)]
+
+
+@handles("QLinearMatMul")
+def _qlinear_matmul(n: Node) -> list[Value | None]:
+    """quantize(dequantize(a) @ dequantize(b), y_scale, y_zero_point), in float32."""
+    a = n.emit(
+        "core.mul",
+        n.emit("core.sub", n.cast(n.inp(0), DType.f32), _row_param(n, n.inp(2))),
+        _row_param(n, n.inp(1)),
+    )
+    b = n.emit(
+        "core.mul",
+        n.emit("core.sub", n.cast(n.inp(3), DType.f32), n.cast(n.inp(5), DType.f32)),
+        n.cast(n.inp(4), DType.f32),
+    )
+    y = n.emit("core.matmul", a, b)
+    to = _dtype(n.inp(7))
+    q = n.emit("core.round", n.emit("core.div", y, n.cast(n.inp(6), DType.f32)))
+    q = n.emit("core.add", q, n.cast(n.inp(7), DType.f32))
+    rng = _q_range(to)
+    assert rng is not None
+    q = n.emit("core.max", n.emit("core.min", q, n.scalar(rng[1], q)), n.scalar(rng[0], q))
+    return [n.emit("core.cast", q, to=to)]
+
+
+def _row_param(n: Node, p: Value) -> Value:
+    p = n.cast(p, DType.f32)
+    if _rank(p) == 1 and _static_len(p) != 1:
+        p = n.emit("core.unsqueeze", p, axes=(-1,))
+    return p
+
+
+# -- GatherND, TensorScatter, Einsum (decomposed; static shapes) -------------------------------
+
+
+def _static_shape_of(n: Node, v: Value, what: str) -> tuple[int, ...]:
+    t = v.type
+    assert isinstance(t, TensorType)
+    shape = t.static_shape()
+    if shape is None:
+        raise NotMapped(f"{n.op_type} needs a static shape for its {what}")
+    return tuple(shape)
+
+
+@handles("GatherND")
+def _gather_nd(n: Node) -> list[Value | None]:
+    """Index tuples into data's dims b..b+K-1 (b = batch_dims) become linear indices into data
+    reshaped to [batch * those dims, rest...], gathered along axis 0."""
+    data, idx = n.inp(0), n.cast(n.inp(1), DType.i64)
+    b = int(n.attr("batch_dims", 0))
+    ds = _static_shape_of(n, data, "data")
+    ishape = _static_shape_of(n, idx, "indices")
+    k = ishape[-1]
+    if not 1 <= k <= len(ds) - b:
+        raise NotMapped(f"GatherND index tuples of length {k} for data of rank {len(ds)}")
+    lead = ishape[:-1]
+    lin: Value | None = None
+    stride = 1
+    for j in reversed(range(k)):
+        d = ds[b + j]
+        ij = n.emit("core.gather", idx, n.array(j, DType.i64), axis=-1)
+        neg = n.emit("core.less", ij, n.scalar(0, ij))
+        ij = n.emit("core.where", neg, n.emit("core.add", ij, n.scalar(d, ij)), ij)
+        term = n.emit("core.mul", ij, n.scalar(stride, ij)) if stride != 1 else ij
+        lin = term if lin is None else n.emit("core.add", lin, term)
+        stride *= d
+    assert lin is not None
+    if b:
+        nb = int(np.prod(ds[:b]))
+        base = np.arange(nb, dtype=np.int64).reshape(ds[:b] + (1,) * (len(lead) - b)) * stride
+        lin = n.emit("core.add", lin, n.array(base, DType.i64))
+    rows = int(np.prod(ds[: b + k]))
+    flat = n.emit("core.reshape", data, shape=(rows, *ds[b + k :]))
+    return [n.emit("core.gather", flat, lin, axis=0)]
+
+
+@handles("TensorScatter")
+def _tensor_scatter(n: Node) -> list[Value | None]:
+    """present = past with `update` written along `axis` from write_indices[batch] (0 when
+    absent; modulo the cache length when mode is 'circular'), as a ScatterElements."""
+    past, upd = n.inp(0), n.inp(1)
+    ps = _static_shape_of(n, past, "past cache")
+    us = _static_shape_of(n, upd, "update")
+    axis = int(n.attr("axis", -2)) % len(ps)
+    mode = n.attr("mode", "linear")
+    if mode not in ("linear", "circular"):
+        raise NotMapped(f"TensorScatter mode '{mode}'")
+    shape = [1] * len(us)
+    shape[axis] = us[axis]
+    pos = n.array(np.arange(us[axis], dtype=np.int64).reshape(shape), DType.i64)
+    if n.has(2):
+        w = n.cast(n.inp(2), DType.i64)
+        wshape = [1] * len(us)
+        wshape[0] = -1
+        pos = n.emit("core.add", pos, n.emit("core.reshape", w, shape=tuple(wshape)))
+    if mode == "circular":
+        pos = n.emit("core.mod", pos, n.scalar(ps[axis], pos))
+    pos = n.emit("core.expand", pos, shape=us)
+    return [n.emit("core.scatter_elements", past, pos, upd, axis=axis, reduction="none")]
+
+
+def _einsum_terms(eq: str, ranks: list[int]) -> tuple[list[str], str]:
+    """Input and output subscripts with '...' replaced by letters not in the equation."""
+    eq = eq.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ranks):
+        raise NotMapped(f"Einsum equation '{eq}' has {len(terms)} terms for {len(ranks)} inputs")
+    spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
+    n_ell = max([r - len(t.replace("...", "")) for t, r in zip(terms, ranks) if "..." in t] or [0])
+    ell = "".join(spare[:n_ell])
+    out_terms = []
+    for t, r in zip(terms, ranks):
+        if "..." in t:
+            t = t.replace("...", ell[n_ell - (r - len(t.replace("...", ""))) :])
+        if len(t) != r:
+            raise NotMapped(f"Einsum term '{t}' for an input of rank {r}")
+        out_terms.append(t)
+    if arrow:
+        out = rhs.replace("...", ell)
+    else:
+        letters = "".join(out_terms)
+        out = ell + "".join(
+            sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ell)
+        )
+    return out_terms, out
+
+
+@handles("Einsum")
+def _einsum(n: Node) -> list[Value | None]:
+    """Each operand's repeated subscripts become a diagonal (multiply by an identity mask and
+    sum), then every operand is transposed and unsqueezed onto one order of all subscripts,
+    the operands are multiplied (broadcasting) and the subscripts not in the output summed."""
+    xs = [n.inp(i) for i in range(len(n.inputs)) if n.has(i)]
+    shapes = [_static_shape_of(n, x, "inputs") for x in xs]
+    terms, out = _einsum_terms(str(n.attr("equation", "")), [len(s) for s in shapes])
+    sizes: dict[str, int] = {}
+    for t, s in zip(terms, shapes):
+        for c, d in zip(t, s):
+            if d != 1 or c not in sizes:
+                sizes[c] = d if sizes.get(c, 1) == 1 else sizes[c]
+    order = list(dict.fromkeys(out + "".join(terms)))
+    acc: Value | None = None
+    for x, t, s in zip(xs, terms, shapes):
+        while len(set(t)) < len(t):  # a repeated subscript: take the diagonal
+            c = next(c for c in t if t.count(c) > 1)
+            i, j = t.index(c), t.index(c, t.index(c) + 1)
+            eye_shape = [1] * len(t)
+            eye_shape[i], eye_shape[j] = s[i], s[j]
+            eye = np.eye(s[i], s[j]).reshape(eye_shape)
+            x = n.emit("core.mul", x, n.array(eye, _dtype(x)))
+            x = n.emit("core.reduce_sum", x, axes=(j,), keepdims=False)
+            t = t[:j] + t[j + 1 :]
+            s = s[:j] + s[j + 1 :]
+        present = [c for c in order if c in t]
+        perm = tuple(t.index(c) for c in present)
+        if perm != tuple(range(len(t))):
+            x = n.emit("core.transpose", x, perm=perm)
+        missing = tuple(k for k, c in enumerate(order) if c not in t)
+        if missing:
+            x = n.emit("core.unsqueeze", x, axes=missing)
+        acc = x if acc is None else n.emit("core.mul", acc, x)
+    assert acc is not None
+    summed = tuple(k for k, c in enumerate(order) if c not in out)
+    if summed:
+        acc = n.emit("core.reduce_sum", acc, axes=summed, keepdims=False)
+    left = [c for c in order if c in out]
+    perm = tuple(left.index(c) for c in out)
+    if perm != tuple(range(len(out))):
+        acc = n.emit("core.transpose", acc, perm=perm)
+    if not out and not summed:
+        acc = n.emit("core.reshape", acc, shape=())
+    return [acc]

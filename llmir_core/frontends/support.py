@@ -32,6 +32,9 @@ ARCH_NOTES: dict[str, str] = {
     "qwen2_moe": "`llm.moe` on sparse layers (`decoder_sparse_step`, `mlp_only_layers`), `norm_topk_prob`, "
     "shared expert gated by sigmoid(`shared_expert_gate`)",
     "qwen3_moe": "`llm.moe` with qwen3 attention; `norm_topk_prob`",
+    "deepseek_v2": "multi-head latent attention (q/kv LoRA, interleaved rope on `qk_rope_head_dim`, the "
+    "normed latent and rope key cached); `llm.moe` from `first_k_dense_replace` on, greedy or "
+    "group-limited (`n_group`, `topk_group`) top-k times `routed_scaling_factor`, shared experts",
     "qwen2moe": "GGUF qwen2_moe: stacked `ffn_*_exps`, shared expert `ffn_*_shexp`, weights not renormalised",
     "qwen3moe": "GGUF qwen3_moe: stacked `ffn_*_exps`, weights renormalised (as llama.cpp)",
 }

@@ -19,13 +19,22 @@ class DType(str, Enum):
     bf16 = "bf16"
     f8e4m3 = "f8e4m3"
     f8e5m2 = "f8e5m2"
+    f8e4m3fnuz = "f8e4m3fnuz"
+    f8e5m2fnuz = "f8e5m2fnuz"
+    f8e8m0 = "f8e8m0"
+    f4e2m1 = "f4e2m1"
     i64 = "i64"
     i32 = "i32"
     i16 = "i16"
     i8 = "i8"
     u8 = "u8"
+    u16 = "u16"
+    u32 = "u32"
+    u64 = "u64"
     i4 = "i4"
     u4 = "u4"
+    i2 = "i2"
+    u2 = "u2"
     bool = "bool"
 
     def __str__(self) -> str:
@@ -48,8 +57,32 @@ class DType(str, Enum):
         return numpy_dtype(self)
 
 
-_FLOATS = {DType.f64, DType.f32, DType.f16, DType.bf16, DType.f8e4m3, DType.f8e5m2}
-_INTS = {DType.i64, DType.i32, DType.i16, DType.i8, DType.u8, DType.i4, DType.u4}
+_FLOATS = {
+    DType.f64,
+    DType.f32,
+    DType.f16,
+    DType.bf16,
+    DType.f8e4m3,
+    DType.f8e5m2,
+    DType.f8e4m3fnuz,
+    DType.f8e5m2fnuz,
+    DType.f8e8m0,
+    DType.f4e2m1,
+}
+_INTS = {
+    DType.i64,
+    DType.i32,
+    DType.i16,
+    DType.i8,
+    DType.u8,
+    DType.u16,
+    DType.u32,
+    DType.u64,
+    DType.i4,
+    DType.u4,
+    DType.i2,
+    DType.u2,
+}
 _BITS = {
     DType.f64: 64,
     DType.f32: 32,
@@ -57,13 +90,22 @@ _BITS = {
     DType.bf16: 16,
     DType.f8e4m3: 8,
     DType.f8e5m2: 8,
+    DType.f8e4m3fnuz: 8,
+    DType.f8e5m2fnuz: 8,
+    DType.f8e8m0: 8,
+    DType.f4e2m1: 4,
     DType.i64: 64,
     DType.i32: 32,
     DType.i16: 16,
     DType.i8: 8,
     DType.u8: 8,
+    DType.u16: 16,
+    DType.u32: 32,
+    DType.u64: 64,
     DType.i4: 4,
     DType.u4: 4,
+    DType.i2: 2,
+    DType.u2: 2,
     DType.bool: 8,
 }
 DTYPE_NAMES = {d.value: d for d in DType}
@@ -79,11 +121,14 @@ def numpy_dtype(d: DType) -> np.dtype[Any]:
         DType.i16: np.int16,
         DType.i8: np.int8,
         DType.u8: np.uint8,
+        DType.u16: np.uint16,
+        DType.u32: np.uint32,
+        DType.u64: np.uint64,
         DType.bool: np.bool_,
     }
     if d in simple:
         return np.dtype(simple[d])
-    import ml_dtypes  # numpy has no bf16/f8/int4: ml_dtypes (an onnx dependency) provides them
+    import ml_dtypes  # numpy has no bf16/f8/f4/int4/int2: ml_dtypes (an onnx dependency) has them
 
     exotic = {
         DType.bf16: ml_dtypes.bfloat16,
@@ -91,9 +136,39 @@ def numpy_dtype(d: DType) -> np.dtype[Any]:
         DType.f8e5m2: ml_dtypes.float8_e5m2,
         DType.i4: ml_dtypes.int4,
         DType.u4: ml_dtypes.uint4,
+        DType.f8e4m3fnuz: ml_dtypes.float8_e4m3fnuz,
+        DType.f8e5m2fnuz: ml_dtypes.float8_e5m2fnuz,
+        DType.f8e8m0: ml_dtypes.float8_e8m0fnu,
+        DType.f4e2m1: ml_dtypes.float4_e2m1fn,
+        DType.i2: ml_dtypes.int2,
+        DType.u2: ml_dtypes.uint2,
     }
     out: np.dtype[Any] = np.dtype(exotic[d])
     return out
+
+
+def pack_sub_byte(arr: np.ndarray, bits: int) -> bytes:
+    """Elements of a 2- or 4-bit dtype (ml_dtypes keeps one per byte, the code in the low bits)
+    packed as ONNX and onnxruntime store them: element i in bits (i*bits) % 8 of byte i*bits // 8."""
+    per = 8 // bits
+    codes = np.ascontiguousarray(arr).reshape(-1).view(np.uint8) & ((1 << bits) - 1)
+    if codes.size % per:
+        codes = np.concatenate([codes, np.zeros(per - codes.size % per, np.uint8)])
+    out = np.zeros(codes.size // per, np.uint8)
+    for k in range(per):
+        out |= (codes[k::per] << (k * bits)).astype(np.uint8)
+    return out.tobytes()
+
+
+def unpack_sub_byte(raw: bytes | np.ndarray, d: DType, shape: tuple[int, ...]) -> np.ndarray:
+    """The inverse of pack_sub_byte: packed bytes to an array of dtype `d` and `shape`."""
+    bits = d.bits
+    per = 8 // bits
+    n = int(np.prod(shape)) if shape else 1
+    b = np.frombuffer(raw, np.uint8) if isinstance(raw, bytes) else np.asarray(raw, np.uint8)
+    codes = np.stack([(b >> (k * bits)) & ((1 << bits) - 1) for k in range(per)], axis=-1)
+    flat = codes.reshape(-1)[:n].astype(np.uint8)
+    return flat.view(numpy_dtype(d)).reshape(shape).copy()
 
 
 def dtype_from_numpy(dt: np.dtype[Any]) -> DType:
@@ -272,4 +347,6 @@ __all__ = [
     "dtype_from_numpy",
     "GGUF_QUANTS",
     "DTYPE_NAMES",
+    "pack_sub_byte",
+    "unpack_sub_byte",
 ]

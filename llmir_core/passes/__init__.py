@@ -24,9 +24,13 @@ from .lift_rms_norm import LiftRmsNorm
 from .lift_rotary import LiftRotary
 from .lower_ort_attention import LowerOrtAttention
 from .lower_ort_embedding import LowerOrtEmbedding
+from .lower_ort_logits import LowerOrtLogits
 from .lower_ort_matmul import LowerOrtMatmul
 from .lower_ort_module import LowerOrtModule
+from .lower_ort_moe import LowerOrtMoe
 from .lower_ort_norms import LowerOrtNorms
+from .lower_ort_precision import LowerOrtPrecision
+from .lower_ort_weight_dtype import LowerOrtWeightDtype
 from .lower_triton import LowerTriton
 from .merge_qkv import MergeQkv
 from .quantize_weights import QuantizeWeights
@@ -50,10 +54,14 @@ PASS_CLASSES: list[type] = [
     QuantizeWeights,
     KvCacheInt8,
     AssignPrecision,
+    LowerOrtPrecision,
     LowerOrtAttention,
     LowerOrtNorms,
+    LowerOrtMoe,
     LowerOrtMatmul,
     LowerOrtEmbedding,
+    LowerOrtWeightDtype,
+    LowerOrtLogits,
     LowerOrtModule,
     LowerTriton,
 ]

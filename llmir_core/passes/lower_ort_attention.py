@@ -20,9 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
+
+from llmir_core.ir.attrs import DenseAttr
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType
+from llmir_core.rewrite.quant_rules import kv_codes_static, kv_dequant
 from llmir_core.rewrite.rule import RuleInstance, value_loc
+from llmir_core.rewrite.terms import Match, V, match
 
 from .base import PassContext, erase_dead, replace_uses, scratch_builder
 from .ort_common import (
@@ -58,6 +63,111 @@ class _Attn:
     kv_heads: int
     head_dim: int
     rope: Op | None = None
+    kv_quant: str = "none"
+    k_scale: Value | None = None
+    v_scale: Value | None = None
+
+
+@dataclass
+class _Kv:
+    """One cache entry of an attention: past input, the new block, the present output, the op
+    that reads the new block, the ops replaced, and the static int8 scale (kv_quant) if any."""
+
+    past: Value
+    new: Value
+    present: Value
+    user: Op
+    claims: list[Op]
+    quant: str = "none"
+    scale: Value | None = None
+
+
+def _is_inverse(inv: Value, scale: Value) -> bool:
+    """inv is a constant holding f32(1) / scale (scale a constant), element for element."""
+    a, b = inv.owner, scale.owner
+    if a is None or b is None or a.name != "core.constant" or b.name != "core.constant":
+        return False
+    x, s = a.attrs.get("value"), b.attrs.get("value")
+    if not isinstance(x, DenseAttr) or not isinstance(s, DenseAttr):
+        return False
+    want = np.float32(1.0) / s.array.astype(np.float32)
+    return (
+        x.array.dtype == np.float32
+        and x.array.shape == want.shape
+        and bool(np.array_equal(x.array, want))
+    )
+
+
+def _cache_entry(g: Graph, fn: Function, sdpa: Op, val: Value, pasts: set[int]) -> _Kv | str:
+    """The cache entry attention operand `val` reads: concat(past, new, axis 2) returned once as
+    a present, or its int8 form f32(concat(past_i8, codes(new, s))) * s with a static scale s
+    (kv-cache-int8{scales=calibrated}). A str: why it is not one."""
+    not_found = "KV concat (axis 2) of a past input, returned once, not found"
+    if any(u is not sdpa for u in g.uses(val)):
+        return not_found
+    claims: list[Op] = []
+    quant, scale = "none", None
+    present = val
+    m = None
+    if g.producer(val, "core.concat") is None:
+        m = match(kv_dequant(V("q"), V("s")), val)
+        if m is None:
+            return not_found
+        present, scale = m.values["q"], m.values["s"]
+        if any(u is not m.ops[1] for u in g.uses(present)):
+            return "the int8 cache entry is read other than through its dequantization"
+        claims += m.ops
+    c = g.producer(present, "core.concat")
+    if (
+        c is None
+        or len(c.operands) != 2
+        or c.attrs.get("axis") != 2
+        or id(c.operands[0]) not in pasts
+        or id(present) not in g.outputs
+        or list(fn.outputs).count(present) != 1
+    ):
+        return not_found
+    claims.append(c)
+    past, new = c.operands
+    user = c
+    if m is not None:
+        assert scale is not None
+        m0 = Match(dict(m.values), dict(m.consts), dict(m.attrs), list(m.ops))
+        m = match(kv_codes_static(V("new"), V("s")), new, m)
+        if m is None:  # 1/s constant-folded: the constant must be f32(1) / s exactly
+            m = match(kv_codes_static(V("new"), V("s"), V("inv")), new, m0)
+            if m is not None and not _is_inverse(m.values["inv"], scale):
+                m = None
+        inner = m.ops[2:] if m is not None else []
+        ids = {id(o) for o in inner}
+        if m is None or any(
+            id(u) not in ids for o in inner[1:] for r in o.results for u in g.uses(r)
+        ):
+            return "int8 codes of the new block (kv-cache-int8{scales=calibrated}) not found"
+        if len(g.uses(new)) != 1:
+            return "the int8 codes' source is used more than once"
+        new = m.values["new"]
+        user = next(o for o in inner if any(x is new for x in o.operands))
+        st = tt(scale)
+        if id(scale) not in g.static or st.dtype != DType.f32:
+            return "the int8 cache scale is not a constant f32 tensor"
+        pt = tt(past)
+        if st.shape == (1,):
+            quant = "per_tensor"
+        elif st.shape == (1, pt.shape[1], 1, pt.shape[3]):
+            quant = "per_channel"
+        else:
+            return (
+                f"int8 cache scale of shape {list(st.shape)} is neither per tensor nor per channel"
+            )
+        claims += inner
+        claims += [
+            x.owner
+            for o in inner
+            for x in o.operands
+            if x.owner is not None and x.owner.name == "core.constant" and x is not scale
+        ]
+    return _Kv(past, new, present, user, claims, quant, scale)
 
 
 def _heads(
@@ -141,25 +251,20 @@ class LowerOrtAttention:
         heads, kv_heads, d = int(qt.shape[1]), int(kt.shape[1]), int(qt.shape[3])  # type: ignore[arg-type]
         claims: list[Op] = [op]
         pasts = {id(a) for a in cache_args(fn)}
-        parts = []
+        parts: list[_Kv] = []
         for val in (k_all, v_all):
-            c = g.producer(val, "core.concat")
-            if (
-                c is None
-                or len(c.operands) != 2
-                or c.attrs.get("axis") != 2
-                or id(c.operands[0]) not in pasts
-                or id(val) not in g.outputs
-                or any(u is not op for u in g.uses(val))
-                or list(fn.outputs).count(val) != 1
-            ):
-                self._reject(
-                    ctx, op, "KV concat (axis 2) of a past input, returned once, not found"
-                )
+            kv = _cache_entry(g, fn, op, val, pasts)
+            if isinstance(kv, str):
+                self._reject(ctx, op, kv)
                 return None
-            claims.append(c)
-            parts.append((c.operands[0], c.operands[1]))
-        (past_k, k_new), (past_v, v_new) = parts
+            parts.append(kv)
+        pk_, pv_ = parts
+        if pk_.quant != pv_.quant:
+            self._reject(ctx, op, "the K and V caches are quantized differently")
+            return None
+        claims += pk_.claims + pv_.claims
+        past_k, k_new, past_v, v_new = pk_.past, pk_.new, pv_.past, pv_.new
+        k_user, v_user = pk_.user, pv_.user
         rope_q = g.producer(q, "llm.rotary_embedding")
         rope_k = g.producer(k_new, "llm.rotary_embedding")
         if (rope_q is None) != (rope_k is None):
@@ -173,17 +278,17 @@ class LowerOrtAttention:
                 not same
                 or id(rope_q.operands[1]) not in g.static
                 or not g.only_use(q, op)
-                or not all(u is claims[1] for u in g.uses(k_new))
+                or not all(u is k_user for u in g.uses(k_new))
             ):
                 self._reject(ctx, op, "rotary tables of q and k differ or are not constant")
                 return None
             claims += [rope_q, rope_k]
             q_src, k_src, q_user, k_user = rope_q.operands[0], rope_k.operands[0], rope_q, rope_k
         else:
-            q_src, k_src, q_user, k_user = q, k_new, op, claims[1]
+            q_src, k_src, q_user = q, k_new, op
         qh = _heads(g, q_src, q_user, heads, d, claims)
         kh = _heads(g, k_src, k_user, kv_heads, d, claims)
-        vh = _heads(g, v_new, claims[2], kv_heads, d, claims)
+        vh = _heads(g, v_new, v_user, kv_heads, d, claims)
         if qh is None or kh is None or vh is None:
             self._reject(ctx, op, "q/k/v head split (reshape + transpose 0,2,1,3) not found")
             return None
@@ -217,12 +322,15 @@ class LowerOrtAttention:
             out_3d,
             past_k,
             past_v,
-            k_all,
-            v_all,
+            pk_.present,
+            pv_.present,
             heads,
             kv_heads,
             d,
             rope_q,
+            pk_.quant,
+            pk_.scale,
+            pv_.scale,
         )
 
     def _projection(
@@ -415,6 +523,10 @@ class LowerOrtAttention:
                 attrs["rotary_dim"] = int(a.rope.attrs["rotary_dim"])
         if pack is not None:
             attrs["packed"] = True
+        if a.kv_quant != "none":
+            assert a.k_scale is not None and a.v_scale is not None
+            ins += [a.k_scale, a.v_scale]
+            attrs["kv_quant"] = a.kv_quant
         gqa = b.create("ort.group_query_attention", ins, attrs)
         out = gqa.results[0]
         if not a.out_is_3d:
@@ -433,7 +545,9 @@ class LowerOrtAttention:
             old.name = name + ".dead"
             new.name = name
         erase_dead(fn, a.claims)
-        detail = ("packed QKV, " if pack is not None else "") + (
-            "rotary in the op" if a.rope is not None else "no rotary"
+        detail = (
+            ("packed QKV, " if pack is not None else "")
+            + ("rotary in the op" if a.rope is not None else "no rotary")
+            + (f", int8 KV cache ({a.kv_quant} scales)" if a.kv_quant != "none" else "")
         )
         ctx.applied("group-query-attention", gqa.results[0], f"{layer}: {detail}")

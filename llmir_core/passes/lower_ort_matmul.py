@@ -15,6 +15,11 @@ weights, the packed QKV) becomes:
   max error;
 - `ort.fused_matmul` otherwise.
 
+MatMulNBits' `accuracy_level` (the activation precision onnxruntime may use) is the pass option
+(default ACCURACY_LEVEL = 4, int8 activations: measured fastest on AVX2 and AVX-512 VNNI, see
+docs/perf.md), except that an `llm.quantized_matmul` carrying its own level (an imported ONNX
+MatMulNBits) keeps it.
+
 `core.silu` of f32 becomes `ort.quick_gelu` (alpha 1). Invariant: every exact op's
 decomposition is the op it replaced; requantizing ops are validated differentially.
 """
@@ -82,11 +87,13 @@ class LowerOrtMatmul:
         changed = False
         ev = static_evaluator(module)
         for fn in module.functions:
-            changed |= self._expand(fn)
+            levels: dict[int, int] = {}  # core.matmul op id -> its quantized_matmul's level
+            changed |= self._expand(fn, levels)
             g = Graph(fn)
             for op in list(fn.ops):
                 if op.name == "core.matmul":
-                    changed |= self._matmul(fn, g, op, ctx, fmt, base, ev)
+                    level = levels.get(id(op), self.accuracy_level)
+                    changed |= self._matmul(fn, g, op, ctx, fmt, base, ev, level)
                 elif op.name == "core.silu" and tt(op.operands[0]).dtype == DType.f32:
                     b, new_ops = scratch_builder(fn, op.origin)
                     y = b.op("ort.quick_gelu", op.operands[0], alpha=1.0)
@@ -102,7 +109,7 @@ class LowerOrtMatmul:
         _swap(fn, op, results)
         erase_dead(fn, [op])
 
-    def _expand(self, fn: Function) -> bool:
+    def _expand(self, fn: Function, levels: dict[int, int]) -> bool:
         g = Graph(fn)
         changed = False
         for op in list(fn.ops):
@@ -115,6 +122,9 @@ class LowerOrtMatmul:
             assert od is not None and od.decompose is not None
             b, new_ops = scratch_builder(fn, op.origin)
             outs = od.decompose(b, list(op.operands), od.with_defaults(op.attrs))
+            level = int(op.attrs.get("accuracy_level", -1))
+            if op.name == "llm.quantized_matmul" and level >= 0:  # kept from an imported node
+                levels.update({id(o): level for o in new_ops if o.name == "core.matmul"})
             self._splice(fn, op, new_ops, outs)
             changed = True
         return changed
@@ -128,6 +138,7 @@ class LowerOrtMatmul:
         fmt: NbitsFormat | None,
         base: str,
         ev: Evaluate,
+        level: int,
     ) -> bool:
         x, w = op.operands
         if op.attrs.get("transpose_a") or tt(x).dtype != DType.f32 or tt(x).rank < 2:
@@ -148,7 +159,7 @@ class LowerOrtMatmul:
                 w,
                 bits=nb.bits,
                 block_size=nb.block,
-                accuracy_level=self.accuracy_level,
+                accuracy_level=level,
                 quantize=mode,
             )
             ctx.applied("matmul-nbits", y, "; ".join(self._describe(s, nb, base, ev) for s in srcs))

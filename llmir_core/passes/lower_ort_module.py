@@ -1,6 +1,6 @@
 """lower-ort-module: the last onnxruntime lowering step. It checks that every op left is one the
-target runs (its capability table; the first op it cannot run fails the pass with its location
-and reason) and records on the module what the serializer needs: `target = "onnxruntime"`,
+target runs (its capability table, including a kernel for the 16-bit float dtype each op computes
+in; the first op it cannot run fails the pass with its location and reason) and records on the module what the serializer needs: `target = "onnxruntime"`,
 `ort.options` (max_len, last_logits, quant, accuracy_level: the build options) and `llmir.source`
 (file name and sha256 of the module as it was before lowering, which the artifact's manifest
 names). A module with `target` set is lowered: `llmir build` serializes it as is.
@@ -19,7 +19,15 @@ from llmir_core.errors import CheckFailed
 from llmir_core.ir.core import Module
 
 from .base import PassContext
-from .ort_common import ACCURACY_LEVEL, TARGET, check_accuracy_level, declare_ort, parse_quant
+from .ort_common import (
+    ACCURACY_LEVEL,
+    LAST_LOGITS,
+    TARGET,
+    check_accuracy_level,
+    declare_ort,
+    is_decoder,
+    parse_quant,
+)
 
 
 def source_record(module: Module, source_path: str | None = None) -> dict[str, str]:
@@ -44,8 +52,9 @@ class LowerOrtModule:
     quant_block: int = 32
     accuracy_level: int = ACCURACY_LEVEL
     max_len: int = 0
-    last_logits: bool = False
+    last_logits: bool = LAST_LOGITS
     generic: bool = False  # keep the generic op-by-op build for a decoder (no KV buffers)
+    dtype: str = ""  # weight storage dtype of a decoder (f16 | bf16; "" = f32)
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         parse_quant(self.quant, self.quant_block)
@@ -56,7 +65,10 @@ class LowerOrtModule:
             raise InputError(f"--max-len must be >= 1, got {self.max_len}")
         from llmir_core.backends import get_target
 
-        problems = get_target(TARGET).capabilities.check(module)
+        from .lower_ort_weight_dtype import parse_weight_dtype
+
+        parse_weight_dtype(self.dtype)
+        problems = get_target(TARGET).capabilities.check(module, kernels=True)
         if problems:
             raise CheckFailed(
                 f"{len(problems)} op(s) cannot run on {TARGET}: {problems[0].message}",
@@ -68,9 +80,11 @@ class LowerOrtModule:
             "quant_block": self.quant_block,
             "accuracy_level": self.accuracy_level,
             "max_len": self.max_len,
-            "last_logits": self.last_logits,
+            "last_logits": self.last_logits and not self.generic and is_decoder(module),
             "generic": self.generic,
         }
+        if self.dtype not in ("", "f32"):
+            opts["dtype"] = self.dtype
         before = dict(module.attrs)
         if "llmir.source" not in module.attrs:
             module.attrs["llmir.source"] = source_record(module)

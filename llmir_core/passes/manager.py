@@ -2,7 +2,10 @@
 time, and optionally translation-validate each pass.
 
 `run_pipeline` returns a `PipelineResult` holding the module, one `PassRun` per pass (time,
-op counts, validation verdict), the rewrites and rejections, and before/after metrics.
+op counts, validation verdict), the rewrites and rejections, and before/after metrics. A
+pipeline that leaves the module lowered for a target records its passes on it
+(`llmir.pipeline`, see `record_pipeline`); functions keep their output names
+(`keep_output_names`).
 """
 
 from __future__ import annotations
@@ -133,6 +136,29 @@ def run_pipeline(
         return res
 
 
+def _output_names(fn: Any) -> list[str]:
+    return [str(n) for n in fn.attrs.get("output_names") or [v.name for v in fn.outputs]]
+
+
+def keep_output_names(module: Module, before: list[list[str]]) -> None:
+    """A function's outputs keep the names they had before the pipeline (what an artifact calls
+    them): a pass that returns another value (canonicalize folding an identity) changes the
+    returned value's name, so the old names are pinned in the function's `output_names`."""
+    for fn, names in zip(module.functions, before):
+        if _output_names(fn) != names and len(names) == len(fn.outputs):
+            fn.attrs["output_names"] = tuple(names)
+
+
+def record_pipeline(module: Module, prior: Any, specs: list[str]) -> None:
+    """A module a pipeline leaves lowered for a target (its `target` attribute set) records the
+    passes that ran as `llmir.pipeline` (their `--passes` specs; the artifact's manifest copies
+    it): appended to the record it had when it was lowered already, replacing it otherwise."""
+    if module.attrs.get("target") is None or not specs:
+        return
+    before = [str(s) for s in prior] if isinstance(prior, (list, tuple)) else []
+    module.attrs["llmir.pipeline"] = before + specs
+
+
 def _run_pipeline(
     module: Module,
     passes: list[Any],
@@ -145,6 +171,8 @@ def _run_pipeline(
     dims: dict[str, int] | None,
 ) -> PipelineResult:
     _check(module, None)
+    prior = module.attrs.get("llmir.pipeline") if module.attrs.get("target") is not None else None
+    interface = [_output_names(fn) for fn in module.functions]
     ctx = PassContext(allow_unproved=allow_unproved)
     before = measure(module, dims)
     runs: list[PassRun] = []
@@ -197,6 +225,9 @@ def _run_pipeline(
         runs.append(run)
         if failed is not None:
             break
+    if failed is None:
+        keep_output_names(module, interface)
+        record_pipeline(module, prior, specs)
     return PipelineResult(module, runs, ctx, before, measure(module, dims), tv_seconds, failed)
 
 

@@ -1,6 +1,7 @@
 """Static cost estimates for the optimize report: op counts, parameter bytes, FLOPs and memory
 traffic per token.
 
+An op's cost is on its declaration (`OpDef.cost`, rules in `llmir_core.dialects.ranges`).
 Per token means: every named symbolic dim is bound to 1 (batch 1, one new token) unless the
 caller binds it (`dims={"past": 512}`); anonymous `?` dims count as 1. Memory traffic is the
 bytes each op reads and writes (its operands and results), so a fusion that removes
@@ -16,10 +17,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmir_core.dialects import ranges
 from llmir_core.dialects.registry import get_op
 from llmir_core.ir.core import Module, Op, Value
-from llmir_core.ir.dims import SymDim, eval_dim
-from llmir_core.ir.types import DType, KVCacheType, QuantType, TensorType
+from llmir_core.ir.dims import SymDim
+from llmir_core.ir.types import TensorType
 
 
 @dataclass
@@ -40,30 +42,7 @@ class Metrics:
         }
 
 
-def _numel(t: Any, env: dict[str, int]) -> int:
-    if isinstance(t, KVCacheType):
-        ml = eval_dim(t.max_len, env) or 1
-        return 2 * t.layers * t.kv_heads * ml * t.head_dim
-    if not isinstance(t, TensorType):
-        return 0
-    n = 1
-    for d in t.shape:
-        v = eval_dim(d, env) if isinstance(d, (int, SymDim)) else None
-        n *= max(v if v is not None else 1, 0)
-    return n
-
-
-def _elem_bits(t: Any) -> float:
-    dt = t.dtype
-    if isinstance(dt, QuantType):
-        return dt.block_bytes * 8 / (dt.super_block or dt.block)
-    if isinstance(dt, DType):
-        return dt.bits
-    return 32
-
-
-def nbytes(t: Any, env: dict[str, int]) -> int:
-    return int(_numel(t, env) * _elem_bits(t) / 8)
+nbytes = ranges.nbytes
 
 
 def _env(module: Module, dims: dict[str, int] | None) -> dict[str, int]:
@@ -81,62 +60,25 @@ def _env(module: Module, dims: dict[str, int] | None) -> dict[str, int]:
 
 
 def op_cost(op: Op, env: dict[str, int]) -> tuple[int, int]:
-    """(FLOPs, bytes read) of one evaluation: the op declaration's `cost`, else the generic
-    estimate (`generic_flops`, every operand read once; views read nothing)."""
+    """(FLOPs, bytes read) of one evaluation: the op declaration's `cost`, else the generic rule
+    (one FLOP per result element, every operand read once)."""
     od = get_op(op.name)
     if od is not None and od.cost is not None:
         return od.cost(op, env)
-    read = 0 if op.name in VIEWS else sum(nbytes(v.type, env) for v in op.operands)
-    return generic_flops(op, env), read
+    return generic_cost(op, env)
 
 
-VIEWS = ("core.reshape", "core.identity")  # no data movement of their own
+generic_cost = ranges.cost_per_element(1)
 
 
 def op_flops(op: Op, env: dict[str, int]) -> int:
     return op_cost(op, env)[0]
 
 
-def generic_flops(op: Op, env: dict[str, int]) -> int:
-    """The FLOP estimate of ops without a declared `cost`: the known kernels by name, else one
-    FLOP per result element."""
-    out = sum(_numel(r.type, env) for r in op.results)
-    ins = [_numel(v.type, env) for v in op.operands]
-    name = op.name
-    if name in ("core.matmul", "llm.quantized_matmul"):
-        a = op.operands[0].type
-        k = 1
-        if isinstance(a, TensorType) and a.rank:
-            d = a.shape[-2] if op.attrs.get("transpose_a") and a.rank >= 2 else a.shape[-1]
-            k = eval_dim(d, env) or 1 if isinstance(d, (int, SymDim)) else 1
-        return 2 * out * k
-    if name == "llm.gated_mlp":
-        x, wg = op.operands[0].type, op.operands[1].type
-        tokens = _numel(x, env) // max(_last(x, env), 1)
-        return 2 * 3 * tokens * _numel(wg, env)
-    if name == "llm.scaled_dot_product_attention":
-        q, kt = op.operands[0].type, op.operands[1].type
-        skv = _dim(kt, -2, env)
-        return 4 * _numel(q, env) * skv
-    if name in ("llm.rms_norm", "llm.layer_norm"):
-        return 4 * out
-    if name.startswith("core.reduce") or name in ("core.softmax", "core.log_softmax"):
-        return max(ins[0] if ins else 0, out) * (3 if "softmax" in name else 1)
-    if name in ("core.constant", "core.weight", "core.reshape", "core.transpose", "core.identity"):
-        return 0
-    return out
-
-
-def _last(t: Any, env: dict[str, int]) -> int:
-    return _dim(t, -1, env)
-
-
-def _dim(t: Any, i: int, env: dict[str, int]) -> int:
-    if not isinstance(t, TensorType) or not t.rank:
-        return 1
-    d = t.shape[i]
-    v = eval_dim(d, env) if isinstance(d, (int, SymDim)) else None
-    return v or 1
+def is_view(op: Op) -> bool:
+    """A view (`view` trait: reshape, identity) moves no data of its own."""
+    od = get_op(op.name)
+    return od is not None and "view" in od.traits
 
 
 def _is_param_arg(v: Value) -> bool:
@@ -162,7 +104,7 @@ def measure(module: Module, dims: dict[str, int] | None = None) -> Metrics:
                 continue
             flops, read = op_cost(op, env)
             m.flops_per_token += flops
-            if op.name in VIEWS:
+            if is_view(op):
                 continue
             m.bytes_per_token += read + sum(nbytes(r.type, env) for r in op.results)
     m.ops = sum(counts.values())

@@ -21,6 +21,7 @@ from llmir_core.quant.gguf_repack import LOSSLESS, REQUANT
 
 QUANT_MODES = ("int4", "int8")
 ACCURACY_LEVEL = 4  # MatMulNBits int8 activations: measured fastest on AVX2
+LAST_LOGITS = True  # decoders compute logits for the last position only (lower-ort-logits)
 TARGET = "onnxruntime"
 
 
@@ -33,8 +34,9 @@ def cache_args(fn: Function) -> list[Value]:
 
 def is_decoder(module: Module) -> bool:
     """True when main has the decoder signature: input_ids, positions, then per layer
-    past_key_values.{l}.key/.value [batch, kv_heads, past, head_dim] (f32; or i8 codes each
-    followed by its `_scale` [batch, kv_heads, past, 1] f32, kv-cache-int8's interface) ->
+    past_key_values.{l}.key/.value [batch, kv_heads, past, head_dim] (f32; or i8 codes, each
+    followed by its `_scale` [batch, kv_heads, past, 1] f32 with kv-cache-int8{interface=true},
+    alone with kv-cache-int8{scales=calibrated}) ->
     logits + one present per past."""
     if not module.functions:
         return False
@@ -62,10 +64,9 @@ def is_decoder(module: Module) -> bool:
                 return False
             want.append(a)
             i += 1
-            if t.dtype == DType.i8:
-                if i >= len(fn.args) or fn.args[i].name != a.name + "_scale":
-                    return False
-                i += 1
+            if t.dtype == DType.i8:  # per-position scales follow; static ones are constants
+                if i < len(fn.args) and fn.args[i].name == a.name + "_scale":
+                    i += 1
             elif t.dtype != DType.f32:
                 return False
         layer += 1
@@ -394,6 +395,7 @@ __all__ = [
     "declare_ort",
     "tt",
     "ACCURACY_LEVEL",
+    "LAST_LOGITS",
     "QUANT_MODES",
     "kv_bytes_per_token",
     "TARGET",

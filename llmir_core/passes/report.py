@@ -52,6 +52,9 @@ def format_report(res: PipelineResult) -> str:
         for run in validated:
             v = run.validation or {}
             lines.append(f"  [{run.name}] {v.get('verdict')} by {v.get('method')}")
+            for row in v.get("ops", []):  # the ops not shown equal to the input's terms
+                if row["validated_by"] == "differential":
+                    lines.append(f"    differential: {row['op']} x{row['count']}: {row['how']}")
     lines.append(f"candidates rejected ({len(res.ctx.rejections)}):")
     for rj in res.ctx.rejections:
         lines.append(f"  [{rj.pass_name}] {rj.rule} at {rj.location}: {rj.reason}")

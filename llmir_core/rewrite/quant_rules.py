@@ -112,6 +112,19 @@ def kv_dequant(codes: Any, scale: Any) -> T:
     return t("core.mul", t("core.cast", codes, to=DType.f32), scale)
 
 
+KV_CODE_MIN, KV_CODE_MAX = -128, 127
+
+
+def kv_codes_static(x: Any, scale: Any, inverse: Any = None) -> T:
+    """int8 codes of x against a static (calibrated) scale, as onnxruntime's GroupQueryAttention
+    stores them (checked by experiment on its CPU kernel): x * (1/s) in f32, rounded half to
+    even, saturated to [-128, 127]. `inverse`: the pattern of 1/s once constant-folded."""
+    inv = t("core.div", K(1.0), scale) if inverse is None else inverse
+    r = t("core.round", t("core.mul", x, inv))
+    clipped = t("core.max", t("core.min", r, K(float(KV_CODE_MAX))), K(float(KV_CODE_MIN)))
+    return t("core.cast", clipped, to=DType.i8)
+
+
 _S = kv_scale(V("new"))
 rule(
     Rule(

@@ -30,6 +30,41 @@ class TextCodec(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
+class TextStream:
+    """Incremental detokenization with stop strings, the way generate() streams and the server sends: an incomplete UTF-8
+    sequence is held back, and so is a tail that could still become a stop string."""
+
+    def __init__(self, decode: Callable[[list[int]], str], stop: Sequence[str]) -> None:
+        self.decode = decode
+        self.stop = [s for s in stop if s]
+        self.hold = max((len(s) - 1 for s in self.stop), default=0)
+        self.ids: list[int] = []
+        self.emitted = ""
+        self.stopped = False
+
+    def push(self, tok: int) -> str:
+        """Add a token; return the text that became safe to show (sets `stopped` on a stop string)."""
+        self.ids.append(tok)
+        text = self.decode(self.ids)
+        stable = text[:-1] if text.endswith("\ufffd") else text
+        hit = next((s for s in self.stop if s in stable), None)
+        if hit is not None:
+            self.stopped = True
+            return self._advance(stable[: stable.index(hit)])
+        return self._advance(stable[: len(stable) - self.hold] if self.hold else stable)
+
+    def finish(self) -> str:
+        """The rest of the text once generation ends without a stop string."""
+        return "" if self.stopped else self._advance(self.decode(self.ids))
+
+    def _advance(self, safe: str) -> str:
+        if len(safe) > len(self.emitted) and safe.startswith(self.emitted):
+            piece = safe[len(self.emitted) :]
+            self.emitted = safe
+            return piece
+        return ""
+
+
 @dataclass
 class GenerationResult:
     prompt_ids: list[int]
@@ -120,7 +155,7 @@ def _generate(
     res.prefill_s = time.perf_counter() - t0
     with tracing.span("decode") as decode:
         history = list(prompt_ids)
-        emitted = ""
+        stream = TextStream(codec.decode, stop)
         for step in range(max_new_tokens):
             tok_start = time.perf_counter()
             tok = sampler.pick(logits[0, -1], history)
@@ -131,24 +166,12 @@ def _generate(
                 break
             res.ids.append(tok)
             history.append(tok)
-            text = codec.decode(res.ids)
-            # hold back an incomplete UTF-8 sequence (shown as U+FFFD) until it completes
-            stable = text[:-1] if text.endswith("\ufffd") else text
-            hit = next((s for s in stop if s and s in stable), None)
-            if hit is not None:
-                stable = stable[: stable.index(hit)]
-                if on_text and len(stable) > len(emitted):
-                    on_text(stable[len(emitted) :])
-                emitted = stable
+            piece = stream.push(tok)
+            if on_text and piece:
+                on_text(piece)
+            if stream.stopped:
                 res.stop_reason = "stop_string"
                 break
-            if on_text and len(stable) > len(emitted) and stable.startswith(emitted):
-                # keep back a tail that could still become a stop string
-                hold = max((len(s) - 1 for s in stop), default=0)
-                safe = stable[: len(stable) - hold] if hold else stable
-                if len(safe) > len(emitted):
-                    on_text(safe[len(emitted) :])
-                    emitted = safe
             if step == max_new_tokens - 1:
                 break
             if decoder.max_context is not None and decoder.length + 1 > decoder.max_context:
@@ -165,10 +188,8 @@ def _generate(
                 "llmir.kv_cache.bytes": kv_cache_bytes(decoder),
             }
         )
-    final = codec.decode(res.ids)
-    if res.stop_reason == "stop_string":
-        final = emitted
-    if on_text and len(final) > len(emitted) and final.startswith(emitted):
-        on_text(final[len(emitted) :])
-    res.text = final
+    piece = stream.finish()
+    if on_text and piece:
+        on_text(piece)
+    res.text = stream.emitted if stream.stopped else codec.decode(res.ids)
     return res

@@ -6,7 +6,7 @@
 With `kv_cache: shared_buffer` (every layer built as GroupQueryAttention) each cache entry is one
 buffer [batch, kv_heads, capacity, head_dim], bound with I/O binding as both the past input and
 the present output of the session, so onnxruntime writes the new rows in place and nothing is
-copied between steps. The capacity is what `reserve(n)` asked for before `reset` (the generation
+copied between steps (int8 buffers for an int8 cache: kv-cache-int8{scales=calibrated}). The capacity is what `reserve(n)` asked for before `reset` (the generation
 loop and the bench know prompt + new tokens), else 256; a longer sequence doubles it (one copy
 of the rows so far, log2(n) times at most), up to `max_context`. (GroupQueryAttention touches the
 whole buffer at prefill, so a buffer sized for the full context would cost its memory and time
@@ -98,6 +98,11 @@ def session_options(threads: int | None = None, spin: bool | None = None) -> Any
     return so
 
 
+def _cache_dtype(spec: dict[str, Any]) -> type:
+    """The numpy dtype of a cache entry: int8 codes (kv-cache-int8) or f32."""
+    return np.int8 if spec.get("dtype") == "i8" else np.float32
+
+
 class OrtDecoder:
     """Prefill and decode through an onnxruntime session; the KV cache stays in bound buffers."""
 
@@ -178,10 +183,7 @@ class OrtDecoder:
         else:
             self._values = [
                 ort.OrtValue.ortvalue_from_numpy(
-                    np.zeros(
-                        (batch, c["kv_heads"], 0, c["head_dim"]),
-                        np.int8 if c.get("dtype") == "i8" else np.float32,
-                    )
+                    np.zeros((batch, c["kv_heads"], 0, c["head_dim"]), _cache_dtype(c))
                 )
                 for c in self.caches
             ]
@@ -192,7 +194,7 @@ class OrtDecoder:
         ort = _ort()
         old = self.buffers
         self.buffers = [
-            np.zeros((batch, c["kv_heads"], capacity, c["head_dim"]), np.float32)
+            np.zeros((batch, c["kv_heads"], capacity, c["head_dim"]), _cache_dtype(c))
             for c in self.caches
         ]
         if keep:

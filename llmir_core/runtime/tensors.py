@@ -185,7 +185,8 @@ _PB_HINT = (
 
 def needs_pb(arr: np.ndarray) -> bool:
     """True when a .npy file cannot carry this array's element type (numpy.save writes bfloat16,
-    float8 and int4/uint4 from ml_dtypes as untyped bytes or a descr numpy cannot load)."""
+    float8, float4 and int4/uint4/int2/uint2 from ml_dtypes as untyped bytes or a descr numpy
+    cannot load)."""
     return np.dtype(arr.dtype).isbuiltin != 1  # 2: a user-defined (ml_dtypes) type
 
 
@@ -241,7 +242,7 @@ def summarize(outputs: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
     for name, arr in outputs.items():
         a = np.asarray(arr)
         row: dict[str, Any] = {"name": name, "shape": list(a.shape), "dtype": str(a.dtype)}
-        if a.size and (a.dtype.kind in "biuf" or a.dtype.name in ("bfloat16", "int4", "uint4")):
+        if a.size and (a.dtype.kind in "biuf" or needs_pb(a)):  # ml_dtypes types too
             f = a.astype(np.float64)
             row.update(
                 min=float(np.nanmin(f)) if not np.isnan(f).all() else float("nan"),

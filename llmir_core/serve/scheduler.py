@@ -21,13 +21,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from llmir_core.runtime.batch_decoder import BatchDecoder
+from llmir_core.runtime.generate import TextStream
 from llmir_core.runtime.sampling import Sampler
 
 from .metrics import Metrics
@@ -39,41 +40,6 @@ class QueueFull(Exception):
 
 class ShuttingDown(Exception):
     """The server is draining and takes no new requests."""
-
-
-class TextStream:
-    """Incremental detokenization with stop strings, as `llmir run` streams: an incomplete UTF-8
-    sequence is held back, and so is a tail that could still become a stop string."""
-
-    def __init__(self, decode: Callable[[list[int]], str], stop: Sequence[str]) -> None:
-        self.decode = decode
-        self.stop = [s for s in stop if s]
-        self.hold = max((len(s) - 1 for s in self.stop), default=0)
-        self.ids: list[int] = []
-        self.emitted = ""
-        self.stopped = False
-
-    def push(self, tok: int) -> str:
-        """Add a token; return the text that became safe to show (sets `stopped` on a stop string)."""
-        self.ids.append(tok)
-        text = self.decode(self.ids)
-        stable = text[:-1] if text.endswith("\ufffd") else text
-        hit = next((s for s in self.stop if s in stable), None)
-        if hit is not None:
-            self.stopped = True
-            return self._advance(stable[: stable.index(hit)])
-        return self._advance(stable[: len(stable) - self.hold] if self.hold else stable)
-
-    def finish(self) -> str:
-        """The rest of the text once generation ends without a stop string."""
-        return "" if self.stopped else self._advance(self.decode(self.ids))
-
-    def _advance(self, safe: str) -> str:
-        if len(safe) > len(self.emitted) and safe.startswith(self.emitted):
-            piece = safe[len(self.emitted) :]
-            self.emitted = safe
-            return piece
-        return ""
 
 
 @dataclass

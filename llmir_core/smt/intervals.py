@@ -1,8 +1,9 @@
 """Interval analysis and `verify_invariant` expressions.
 
-`analyze(module, input_range)` propagates a value range [lo, hi] through every op (sound
-over-approximations: a matmul is bounded by K * max|a| * max|b|, an RMSNorm by sqrt(n) * max|w|,
-attention by the range of V, sigmoid/tanh/softmax by their images) and reports, for every
+`analyze(module, input_range)` propagates a value range [lo, hi] through every op by the rule on
+its declaration (`OpDef.interval`, sound over-approximations in `llmir_core.dialects.ranges`: a
+matmul is bounded by K * max|a| * max|b|, an RMSNorm by sqrt(n) * max|w|, attention by the range
+of V, sigmoid/tanh/softmax by their images; no rule: unbounded) and reports, for every
 f16 value, whether overflow (|x| > 65504) is excluded. Quantized values are covered by the proved
 error-bound rules (codes always fit: `quant-int8-sym-error-bound`, `quant-int4-sym-error-bound`).
 
@@ -19,8 +20,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from llmir_core.dialects import ranges
 from llmir_core.errors import InputError
 from llmir_core.ir.core import Module, Op
@@ -31,162 +30,7 @@ F16_MAX = 65504.0
 Iv = tuple[float, float]
 
 
-_mul, _absmax, _union, _dim = ranges.mul, ranges.absmax, ranges.union, ranges.dim
-
-
-def _constant(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
-    arr = np.asarray(op.attrs["value"].array, dtype=np.float64)
-    return (float(arr.min()), float(arr.max())) if arr.size else (0.0, 0.0)
-
-
-def _div(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
-    b = ins[1]
-    return (-INF, INF) if b[0] <= 0 <= b[1] else _mul(ins[0], (1 / b[1], 1 / b[0]))
-
-
-def _pow(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
-    a = ins[0]
-    if ins[1] != (2.0, 2.0):
-        return (-INF, INF)
-    m = _absmax(a)
-    return (0.0 if a[0] <= 0 <= a[1] else min(a[0] ** 2, a[1] ** 2), m * m)
-
-
-def _exp(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
-    a = ins[0]
-    return (math.exp(min(a[0], 700)), math.exp(min(a[1], 700)) if a[1] < 700 else INF)
-
-
-def _monotone_positive(f: Any, log: bool = False) -> Any:
-    """sqrt, rsqrt, log, reciprocal: monotone on (0, inf); unbounded when 0 may be reached."""
-
-    def rule(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
-        a = ins[0]
-        if a[0] <= 0:
-            return (-INF, INF) if log else (0.0, INF)
-        lo, hi = f(a[0]), f(a[1])
-        return (min(lo, hi), max(lo, hi))
-
-    return rule
-
-
-def _matmul(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
-    k = _dim(op.operands[0].type, -2 if op.attrs.get("transpose_a") else -1, env, max_dim)
-    m = k * _absmax(ins[0]) * _absmax(ins[1])
-    return (-m, m)
-
-
-def _gated_mlp(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
-    k = _dim(op.operands[0].type, -1, env, max_dim)
-    f = _dim(op.operands[1].type, 0, env, max_dim)
-    g = k * _absmax(ins[0]) * _absmax(ins[1])
-    u = k * _absmax(ins[0]) * _absmax(ins[2])
-    m = f * max(g, 0.28) * u * _absmax(ins[3])
-    return (-m, m)
-
-
-def _reduce_sum(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
-    a = ins[0]
-    cnt = 1
-    t = op.operands[0].type
-    axes = op.attrs.get("axes", ()) or tuple(range(t.rank if isinstance(t, TensorType) else 0))
-    for ax in axes:
-        cnt *= _dim(t, ax, env, max_dim)
-    return (a[0] * cnt if a[0] < 0 else a[0], a[1] * cnt if a[1] > 0 else a[1])
-
-
-def _norm(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
-    lo, hi = ranges.norm_bound(
-        _dim(op.operands[0].type, -1, env, max_dim), ins[1], float(op.attrs.get("offset", 0.0))
-    )
-    if op.name == "llm.layer_norm" and len(ins) > 2:
-        return (lo + ins[2][0], hi + ins[2][1])
-    return (lo, hi)
-
-
-def _rotary(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
-    m = math.sqrt(2) * _absmax(ins[0]) * max(_absmax(ins[1]), _absmax(ins[2]), 1.0)
-    return (-m, m)
-
-
-def _fixed(lo: float, hi: float) -> Any:
-    return lambda op, ins, env, max_dim: (lo, hi)
-
-
-def _first(op: Op, ins: list[Iv], env: dict[str, int], max_dim: int) -> Iv:
-    return ins[0]
-
-
-def _select(i: int) -> Any:
-    return lambda op, ins, env, max_dim: ins[i]
-
-
-def _extreme(f: Any) -> Any:
-    return lambda op, ins, env, max_dim: (f(ins[0][0], ins[1][0]), f(ins[0][1], ins[1][1]))
-
-
-# The generic interval rules, by op: what an op gets when its declaration has no `interval`.
-INTERVAL_RULES: dict[str, Any] = {
-    "core.constant": _constant,
-    "core.add": lambda op, ins, env, md: (ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]),
-    "core.sub": lambda op, ins, env, md: (ins[0][0] - ins[1][1], ins[0][1] - ins[1][0]),
-    "core.mul": lambda op, ins, env, md: _mul(ins[0], ins[1]),
-    "core.div": _div,
-    "core.pow": _pow,
-    "core.neg": lambda op, ins, env, md: (-ins[0][1], -ins[0][0]),
-    "core.abs": lambda op, ins, env, md: (
-        0.0 if ins[0][0] <= 0 <= ins[0][1] else min(abs(ins[0][0]), abs(ins[0][1])),
-        _absmax(ins[0]),
-    ),
-    "core.relu": lambda op, ins, env, md: (max(ins[0][0], 0.0), max(ins[0][1], 0.0)),
-    "core.sigmoid": _fixed(0.0, 1.0),
-    "core.softmax": _fixed(0.0, 1.0),
-    **{n: _fixed(-1.0, 1.0) for n in ("core.tanh", "core.erf", "core.sin", "core.cos")},
-    "core.exp": _exp,
-    "core.silu": lambda op, ins, env, md: (-0.28, max(ins[0][1], 0.0)),
-    "core.gelu": lambda op, ins, env, md: (-0.28, max(ins[0][1], 0.0)),
-    "llm.silu_mul": lambda op, ins, env, md: _mul((-0.28, max(ins[0][1], 0.0)), ins[1]),
-    "core.sqrt": _monotone_positive(math.sqrt),
-    "core.rsqrt": _monotone_positive(lambda x: 1 / math.sqrt(x)),
-    "core.log": _monotone_positive(math.log, log=True),
-    "core.reciprocal": _monotone_positive(lambda x: 1 / x),
-    "core.matmul": _matmul,
-    "llm.quantized_matmul": _matmul,
-    "llm.gated_mlp": _gated_mlp,
-    "core.reduce_sum": _reduce_sum,
-    # ops whose result elements are elements (or means, maxima) of their first operand
-    **{
-        n: _first
-        for n in (
-            "core.reduce_mean",
-            "core.reduce_max",
-            "core.reduce_min",
-            "core.cast",
-            "core.reshape",
-            "core.transpose",
-            "core.identity",
-            "core.expand",
-            "core.slice",
-            "core.gather",
-            "core.split",
-            "core.squeeze",
-            "core.unsqueeze",
-            "core.flatten",
-            "core.tile",
-            "llm.embedding",
-            "llm.dequantize",
-        )
-    },
-    "core.pad": lambda op, ins, env, md: _union(ins[0], (0.0, 0.0)),
-    "core.concat": lambda op, ins, env, md: _union(*ins),
-    "core.where": lambda op, ins, env, md: _union(ins[1], ins[2]),
-    "core.max": _extreme(max),
-    "core.min": _extreme(min),
-    "llm.rms_norm": _norm,
-    "llm.layer_norm": _norm,
-    "llm.scaled_dot_product_attention": _select(2),  # a convex combination of the rows of v
-    "llm.rotary_embedding": _rotary,
-}
+_mul, _absmax = ranges.mul, ranges.absmax
 
 
 def _bool_result(op: Op) -> bool:
@@ -195,14 +39,12 @@ def _bool_result(op: Op) -> bool:
 
 def interval_rule(name: str) -> tuple[str, Any]:
     """(where the rule comes from, the rule) for op `name`: `explicit` (its declaration's
-    `interval`), `generic` (INTERVAL_RULES), or the fallbacks `bool results` / `unbounded`."""
+    `interval`) or `fallback` ([0, 1] for bool results, unbounded otherwise)."""
     from llmir_core.dialects.registry import get_op
 
     od = get_op(name)
     if od is not None and od.interval is not None:
         return "explicit", od.interval
-    if name in INTERVAL_RULES:
-        return "generic", INTERVAL_RULES[name]
     return "fallback", lambda op, ins, env, md: (0.0, 1.0) if _bool_result(op) else (-INF, INF)
 
 
@@ -403,7 +245,7 @@ def _softmax_normalized_job(limit_s: float) -> dict[str, Any]:
     n = z3.Int("n")
     xf = z3.Function("x", z3.IntSort(), z3.RealSort())
     x = STensor((n,), lambda i: xf(i[0]))
-    sm = enc.op_core_softmax([x], {"axis": -1})
+    sm = enc.softmax(x, -1)
     total = enc.sum(n, lambda k: sm.f((k,)))
     mx = enc.max_fn(n, z3.Lambda([z3.Int("k1")], xf(z3.Int("k1"))))
     k = z3.Int("k1")

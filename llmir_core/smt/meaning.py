@@ -1,16 +1,15 @@
 """Where each part of an op's meaning comes from: its declaration (`OpDef.smt`, `.interval`,
 `.cost`) or a generic fallback.
 
-- smt: `explicit`; `encoder` (the element-level encoder library, `semantics.Encoder` and
-  `rewrite.smt_ext.ExtEncoder`); `decomposition` (translation validation expands the op through
-  its proved decomposition; rules over it are proved only where the encoder covers it); else
-  `uninterpreted` (an uninterpreted function in translation validation: rewrites of it are
-  validated by differential testing).
-- interval: `explicit`; `generic` (`intervals.INTERVAL_RULES`); else `fallback` ([0, 1] for bool
-  results, unbounded otherwise).
-- cost: `explicit`; else `generic` (`metrics.generic_flops`, every operand read once).
+- smt: `explicit` (an element-level encoding), `none` (the declaration says why there is none:
+  `OpDef.no_smt`), else `missing` (a test forbids it);
+- interval: `explicit`, else `fallback` ([0, 1] for bool results, unbounded otherwise);
+- cost: `explicit`, else `generic` (one FLOP per result element, every operand read once).
 
-Imports z3 (through the encoder): call it from checks and tests, not at start-up.
+`tv_treatment` says how translation validation sees the op: expanded through its decomposition
+(fused and target ops), else an uninterpreted function of its operand terms.
+
+Imports no solver: the encodings named by `lazy(...)` load only when evaluated.
 """
 
 from __future__ import annotations
@@ -19,25 +18,29 @@ from llmir_core.dialects.opdef import OpDef
 
 
 def smt_source(od: OpDef) -> str:
-    from .semantics import has_encoding
-
     if od.smt is not None:
         return "explicit"
-    if has_encoding(od.name):
-        return "encoder"
-    if od.decompose is not None:
-        return "decomposition"
-    return "uninterpreted"
+    return "none" if od.no_smt else "missing"
 
 
 def interval_source(od: OpDef) -> str:
-    from .intervals import interval_rule
-
-    return interval_rule(od.name)[0]
+    return "explicit" if od.interval is not None else "fallback"
 
 
 def cost_source(od: OpDef) -> str:
     return "explicit" if od.cost is not None else "generic"
+
+
+def expands_in_tv(od: OpDef) -> bool:
+    """Translation validation expands fused `llm.*` and target `ort.*` ops through their
+    decompositions (their definitions), so they meet the ops they replaced."""
+    return od.decompose is not None and od.dialect in ("llm", "ort")
+
+
+def tv_treatment(od: OpDef) -> str:
+    if expands_in_tv(od):
+        return "expanded through its decomposition"
+    return "uninterpreted function of its operands"
 
 
 def meaning_of(od: OpDef) -> dict[str, str]:

@@ -1,5 +1,7 @@
-"""Element-level SMT semantics of ops over the reals (the only place besides `solver.py` and
-`prove.py` that touches z3; all three are imported only inside the solver subprocess).
+"""The element-level SMT encoder over the reals: symbolic tensors and the shared helpers op
+encodings are written with. Each op's own encoding lives on its declaration (`OpDef.smt`, in
+`llmir_core/dialects/*_smt.py`); `Encoder.op` dispatches to it. This module, those and `prove.py`
+import z3 and are imported only inside the solver subprocess (or by tests).
 
 A symbolic tensor (`STensor`) is a shape (z3 Ints or Python ints) and a function from an index
 tuple to a z3 Real (or Bool). Reductions are `Sum(n, λk. body)` with `Sum` an uninterpreted
@@ -30,13 +32,11 @@ class STensor:
         return len(self.shape)
 
 
-def has_encoding(name: str) -> bool:
-    """Whether the encoder library (the fallback for ops without a declared `smt`) covers op
-    `name`: the elementwise tables or an `op_<dialect>_<name>` method (here or in
-    `llmir_core.rewrite.smt_ext`, which extends the Encoder)."""
-    from llmir_core.rewrite.smt_ext import ExtEncoder
+@dataclass
+class MaskTensor(STensor):
+    """An additive mask whose elements are -inf where `cond(idx)` holds and 0 elsewhere."""
 
-    return name in BINARY or name in UNARY or hasattr(ExtEncoder, f"op_{name.replace('.', '_')}")
+    cond: Callable[[Idx], Any] = lambda i: z3.BoolVal(False)
 
 
 class EncodeError(Exception):
@@ -65,6 +65,7 @@ class Encoder:
         self._seen_lemma: set[int] = set()
         self._k = 0
         self._depth = 0
+        self.neg_inf = z3.Real("NEG_INF")  # stands for -inf: x + -inf = -inf for finite x
 
     # -- helpers -------------------------------------------------------------------------
     def uf(self, name: str, arity: int = 1) -> Any:
@@ -151,54 +152,50 @@ class Encoder:
         shape, maps = self.broadcast(*ts)
         return STensor(shape, lambda idx: fn(*(t.f(m(idx)) for t, m in zip(ts, maps))))
 
-    # -- ops -----------------------------------------------------------------------------
+    # -- dispatch: every op's encoding is on its declaration ---------------------------------
     def op(
         self, name: str, args: Sequence[STensor], attrs: dict[str, Any], leaf_dtype: str = "f32"
     ) -> list[STensor]:
         from llmir_core.dialects.registry import get_op
 
         od = get_op(name)
-        if od is not None and od.smt is not None:  # the op declares its own encoding
-            out = od.smt(self, args, od.with_defaults(attrs))
-            return out if isinstance(out, list) else [out]
-        short = name.split(".", 1)[1]
-        if name in BINARY:
-            return [self.elementwise(BINARY[name](self), *args)]
-        if name in UNARY:
-            return [self.elementwise(UNARY[name](self), args[0])]
-        handler = getattr(self, f"op_{name.replace('.', '_')}", None)
-        if handler is None:
-            raise EncodeError(f"no element-level semantics for {name}")
-        out = handler(args, attrs)
-        del short
+        if od is None or od.smt is None:
+            why = f" ({od.no_smt})" if od is not None and od.no_smt else ""
+            raise EncodeError(f"no element-level semantics for {name}{why}")
+        out = od.smt(self, args, od.with_defaults(attrs))
         return out if isinstance(out, list) else [out]
 
-    def op_core_cast(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
-        x = args[0]
-        if str(attrs.get("to")) == str(attrs.get("__from__", attrs.get("to"))):
-            return x
-        g = self.uf(f"cast_{attrs['to']}")
+    # -- shared helpers for op encodings ---------------------------------------------------
+    def apply_uf(self, name: str, x: STensor) -> STensor:
+        """x mapped elementwise through the uninterpreted function `name` (an opaque kernel)."""
+        g = self.uf(name)
         return STensor(x.shape, lambda i: g(x.f(i)))
 
-    def op_core_identity(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
-        return args[0]
+    def ite(self, c: Any, a: Any, b: Any) -> Any:
+        return z3.If(c, a, b)
 
-    def op_core_gelu(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
-        g = self.uf(f"gelu_{attrs.get('approximate', 'none')}")
-        x = args[0]
-        return STensor(x.shape, lambda i: g(x.f(i)))
+    def as_int(self, v: Any) -> Any:
+        """An index value as a z3 Int (index tensors are encoded as Ints or Reals)."""
+        if isinstance(v, int):
+            return z3.IntVal(v)
+        return v if z3.is_int(v) else z3.ToInt(v)
 
-    def op_core_pow(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
-        a, b = args
-        if b.rank == 0:
-            e = z3.simplify(b.f(()))
-            if z3.is_rational_value(e) and e.as_fraction() == 2:
-                return STensor(a.shape, lambda i: a.f(i) * a.f(i))
-        return self.elementwise(self.uf("pow", 2), a, b)
+    def as_real(self, v: Any) -> Any:
+        if isinstance(v, (int, float)):
+            return z3.RealVal(v)
+        if z3.is_bool(v):
+            return z3.If(v, z3.RealVal(1), z3.RealVal(0))
+        return z3.ToReal(v) if z3.is_int(v) else v
 
-    def op_core_transpose(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
-        x = args[0]
-        perm = [p % x.rank for p in attrs["perm"]]
+    def as_bool(self, v: Any) -> Any:
+        return v if z3.is_bool(v) else v != 0
+
+    def const(self, v: Any) -> STensor:
+        c = self.as_real(v)
+        return STensor((), lambda i: c)
+
+    def transpose(self, x: STensor, perm: Sequence[int]) -> STensor:
+        perm = [p % x.rank for p in perm]
         shape = tuple(x.shape[p] for p in perm)
 
         def f(idx: Idx) -> Any:
@@ -209,18 +206,16 @@ class Encoder:
 
         return STensor(shape, f)
 
-    def op_core_matmul(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
-        a, b = args
+    def swap_last(self, x: STensor) -> STensor:
+        return self.transpose(x, tuple(range(x.rank - 2)) + (x.rank - 1, x.rank - 2))
+
+    def matmul(
+        self, a: STensor, b: STensor, transpose_a: bool = False, transpose_b: bool = False
+    ) -> STensor:
         if a.rank < 2 or b.rank < 2:
             raise EncodeError("matmul of vectors is not encoded")
-        if attrs.get("transpose_a"):
-            a = self.op_core_transpose(
-                [a], {"perm": tuple(range(a.rank - 2)) + (a.rank - 1, a.rank - 2)}
-            )
-        if attrs.get("transpose_b"):
-            b = self.op_core_transpose(
-                [b], {"perm": tuple(range(b.rank - 2)) + (b.rank - 1, b.rank - 2)}
-            )
+        a = self.swap_last(a) if transpose_a else a
+        b = self.swap_last(b) if transpose_b else b
         ab = STensor(a.shape[:-2], lambda i: 0)
         bb = STensor(b.shape[:-2], lambda i: 0)
         batch, (ma, mb) = self.broadcast(ab, bb)
@@ -235,24 +230,27 @@ class Encoder:
 
         return STensor(shape, f)
 
-    def _reduce(self, x: STensor, attrs: dict[str, Any], kind: str) -> STensor:
-        axes = sorted({a % x.rank for a in attrs.get("axes", ())} or set(range(x.rank)))
-        keep = attrs.get("keepdims", True)
+    def reduce(
+        self, x: STensor, axes: Sequence[int], keepdims: bool, kind: str, init: Any = None
+    ) -> STensor:
+        """Reduce over `axes` (all when empty): kind sum, mean, max, min, or any name (an
+        uninterpreted reduction `<kind>R(n, λk. body)`, e.g. prod)."""
+        axs = sorted({a % x.rank for a in axes} or set(range(x.rank)))
         shape = tuple(
-            (1 if i in axes else d) for i, d in enumerate(x.shape) if keep or i not in axes
+            (1 if i in axs else d) for i, d in enumerate(x.shape) if keepdims or i not in axs
         )
 
         def f(idx: Idx) -> Any:
             full: list[Any] = []
             it = iter(idx)
             for i in range(x.rank):
-                if i in axes:
-                    if keep:
+                if i in axs:
+                    if keepdims:
                         next(it)
                     full.append(None)
                 else:
                     full.append(next(it))
-            return self._nested(x, full, axes, kind)
+            return self._nested(x, full, axs, kind)
 
         return STensor(shape, f)
 
@@ -270,32 +268,37 @@ class Encoder:
         if kind in ("sum", "mean"):
             s = self.sum(n, body)
             return s / self.real_dim(n) if kind == "mean" else s
-        fn = self.max_fn if kind == "max" else self.min_fn
+        return self.reduction(kind, n, body)
+
+    def reduction(self, kind: str, n: Any, body: Callable[[Any], Any], sort: Any = None) -> Any:
+        """An uninterpreted reduction `kind` of the n values body(k) (max, min, prod, argmax...)."""
+        if kind == "max":
+            fn = self.max_fn
+        elif kind == "min":
+            fn = self.min_fn
+        else:
+            key = f"{kind}R"
+            if key not in self.funcs:
+                self.funcs[key] = z3.Function(
+                    key, self.I, z3.ArraySort(self.I, self.R), sort if sort is not None else self.R
+                )
+            fn = self.funcs[key]
         k, e = self.bound(body)
+        if z3.is_bool(e):
+            e = z3.If(e, z3.RealVal(1), z3.RealVal(0))
+        elif z3.is_int(e):
+            e = z3.ToReal(e)
         return fn(n if not isinstance(n, int) else z3.IntVal(n), z3.Lambda([k], e))
 
-    def op_core_reduce_sum(self, a: Sequence[STensor], at: dict[str, Any]) -> STensor:
-        return self._reduce(a[0], at, "sum")
+    def softmax(self, x: STensor, axis: int) -> STensor:
+        ax = axis % x.rank
+        mx = self.reduce(x, (ax,), True, "max")
+        e = STensor(x.shape, lambda i: self.exp(x.f(i) - mx.f(zero_at(i, ax))))
+        s = self.reduce(e, (ax,), True, "sum")
+        return STensor(x.shape, lambda i: e.f(i) / s.f(zero_at(i, ax)))
 
-    def op_core_reduce_mean(self, a: Sequence[STensor], at: dict[str, Any]) -> STensor:
-        return self._reduce(a[0], at, "mean")
-
-    def op_core_reduce_max(self, a: Sequence[STensor], at: dict[str, Any]) -> STensor:
-        return self._reduce(a[0], at, "max")
-
-    def op_core_reduce_min(self, a: Sequence[STensor], at: dict[str, Any]) -> STensor:
-        return self._reduce(a[0], at, "min")
-
-    def op_core_softmax(self, a: Sequence[STensor], at: dict[str, Any]) -> STensor:
-        x = a[0]
-        ax = at.get("axis", -1) % x.rank
-        mx = self._reduce(x, {"axes": (ax,), "keepdims": True}, "max")
-        e = STensor(x.shape, lambda i: self.exp(x.f(i) - mx.f(_zero_at(i, ax))))
-        s = self._reduce(e, {"axes": (ax,), "keepdims": True}, "sum")
-        return STensor(x.shape, lambda i: e.f(i) / s.f(_zero_at(i, ax)))
-
-    def op_core_concat(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
-        ax = attrs["axis"] % args[0].rank
+    def concat(self, args: Sequence[STensor], axis: int) -> STensor:
+        ax = axis % args[0].rank
         total: Any = 0
         offs = []
         for t in args:
@@ -304,61 +307,48 @@ class Encoder:
         shape = tuple(total if i == ax else d for i, d in enumerate(args[0].shape))
 
         def f(idx: Idx) -> Any:
-            out = args[-1].f(_shift(idx, ax, -offs[-1]))
+            out = args[-1].f(shift(idx, ax, -offs[-1]))
             for t, o in zip(reversed(args[:-1]), reversed(offs[:-1])):
-                out = z3.If(idx[ax] < o + t.shape[ax], t.f(_shift(idx, ax, -o)), out)
+                out = z3.If(idx[ax] < o + t.shape[ax], t.f(shift(idx, ax, -o)), out)
             return out
 
         return STensor(shape, f)
 
-    def op_core_split(self, args: Sequence[STensor], attrs: dict[str, Any]) -> list[STensor]:
-        x = args[0]
-        ax = attrs["axis"] % x.rank
-        outs, off = [], 0
-        for s in attrs["sizes"]:
-            shape = tuple(s if i == ax else d for i, d in enumerate(x.shape))
-            outs.append(STensor(shape, (lambda o: lambda idx: x.f(_shift(idx, ax, o)))(off)))
-            off = off + s
-        return outs
-
-    # -- llm ops: their definitions ------------------------------------------------------
-    def op_llm_rms_norm(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
-        x, w = args[0], args[1]
-        eps = attrs.get("eps", 1e-6)
-        eps = eps if not isinstance(eps, float) else z3.RealVal(eps)
-        off = attrs.get("offset", 0.0)
-        ms = self._reduce(
-            STensor(x.shape, lambda i: x.f(i) * x.f(i)), {"axes": (-1,), "keepdims": True}, "mean"
-        )
+    def rms_norm(self, x: STensor, w: STensor, eps: Any, offset: Any) -> STensor:
+        eps = z3.RealVal(eps) if isinstance(eps, float) else eps
+        sq = STensor(x.shape, lambda i: x.f(i) * x.f(i))
+        ms = self.reduce(sq, (-1,), True, "mean")
         last = x.rank - 1
 
         def f(i: Idx) -> Any:
-            t = ms.f(_zero_at(i, last)) + eps
-            return x.f(i) * self.rsqrt(t) * (w.f((i[-1],)) + off)
+            t = ms.f(zero_at(i, last)) + eps
+            return x.f(i) * self.rsqrt(t) * (w.f((i[-1],)) + offset)
 
         return STensor(x.shape, f)
 
-    def op_llm_silu_mul(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
-        return self.elementwise(lambda g, u: UNARY["core.silu"](self)(g) * u, args[0], args[1])
+    def sigmoid(self, x: Any) -> Any:
+        return self.uf("sigmoid")(x)
 
-    def op_llm_gated_mlp(self, args: Sequence[STensor], attrs: dict[str, Any]) -> STensor:
-        x, wg, wu, wd = args
-        act = attrs.get("activation", "silu")
-        g = self.op_core_matmul([x, wg], {"transpose_b": True})
-        u = self.op_core_matmul([x, wu], {"transpose_b": True})
-        if act == "silu":
-            h = self.op_llm_silu_mul([g, u], {})
-        else:
-            ga = self.op_core_gelu([g], {"approximate": "tanh" if act == "gelu_tanh" else "none"})
-            h = self.elementwise(lambda p, q: p * q, ga, u)
-        return self.op_core_matmul([h, wd], {"transpose_b": True})
+    def silu(self, x: Any) -> Any:
+        return x * self.sigmoid(x)
+
+    def gelu(self, x: STensor, approximate: str) -> STensor:
+        return self.apply_uf(f"gelu_{approximate}", x)
+
+    def activation(self, kind: str, y: STensor) -> STensor:
+        """none, relu, silu, gelu (erf), gelu_tanh: the activations of fused projections."""
+        if kind == "none":
+            return y
+        if kind in ("gelu", "gelu_tanh"):
+            return self.gelu(y, "none" if kind == "gelu" else "tanh")
+        return self.op(f"core.{kind}", [y], {})[0]
 
 
-def _zero_at(idx: Idx, ax: int) -> Idx:
+def zero_at(idx: Idx, ax: int) -> Idx:
     return tuple(0 if i == ax else v for i, v in enumerate(idx))
 
 
-def _shift(idx: Idx, ax: int, by: Any) -> Idx:
+def shift(idx: Idx, ax: int, by: Any) -> Idx:
     return tuple(v + by if i == ax else v for i, v in enumerate(idx))
 
 
@@ -374,37 +364,6 @@ def _is_square(e: Any) -> bool:
     return False
 
 
-def _sigmoid(enc: Encoder) -> Callable[[Any], Any]:
-    return lambda x: enc.uf("sigmoid")(x)
-
-
-def _uninterpreted(name: str) -> Callable[[Encoder], Callable[[Any], Any]]:
-    return lambda e: lambda x: e.uf(name)(x)
-
-
-BINARY: dict[str, Callable[[Encoder], Callable[[Any, Any], Any]]] = {
-    "core.add": lambda e: lambda a, b: a + b,
-    "core.sub": lambda e: lambda a, b: a - b,
-    "core.mul": lambda e: lambda a, b: a * b,
-    "core.div": lambda e: lambda a, b: a / b,
-    "core.max": lambda e: lambda a, b: z3.If(a >= b, a, b),
-    "core.min": lambda e: lambda a, b: z3.If(a <= b, a, b),
-    "core.equal": lambda e: lambda a, b: a == b,
-    "core.less": lambda e: lambda a, b: a < b,
-    "core.greater": lambda e: lambda a, b: a > b,
-}
-UNARY: dict[str, Callable[[Encoder], Callable[[Any], Any]]] = {
-    "core.neg": lambda e: lambda x: -x,
-    "core.abs": lambda e: lambda x: z3.If(x >= 0, x, -x),
-    "core.relu": lambda e: lambda x: z3.If(x > 0, x, 0),
-    "core.exp": lambda e: e.exp,
-    "core.sqrt": lambda e: e.sqrt,
-    "core.rsqrt": lambda e: e.rsqrt,
-    "core.reciprocal": lambda e: lambda x: 1 / x,
-    "core.sigmoid": _sigmoid,
-    "core.silu": lambda e: lambda x: x * _sigmoid(e)(x),
-    **{
-        f"core.{n}": _uninterpreted(n)
-        for n in ("log", "tanh", "erf", "sin", "cos", "floor", "ceil", "round", "sign")
-    },
-}
+# kept for the encoders written before the helpers were public
+_zero_at = zero_at
+_shift = shift

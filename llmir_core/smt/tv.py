@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ from llmir_core.rewrite.library import RULES
 from llmir_core.rewrite.rule import RuleInstance
 from llmir_core.rewrite.terms import Match, build
 
+from .meaning import expands_in_tv
 from .solver import run_job
 
 
@@ -68,12 +70,7 @@ class Terms:
     def op(self, op: Op) -> list[int]:
         od = get_op(op.name)
         kids = tuple(self.of_value[id(v)] for v in op.operands)
-        if (
-            self.expand
-            and od is not None
-            and od.decompose is not None
-            and op.name.startswith(("llm.", "ort."))
-        ):
+        if self.expand and od is not None and expands_in_tv(od):
             outs = self._expand(op, od)
             if outs is not None:
                 for r, t in zip(op.results, outs):
@@ -189,6 +186,14 @@ def congruence_closure(
     children's representatives); complete for ground equalities, near-linear. z3 is asked only
     when this says no.
     """
+    find = closure(nodes, eqs)
+    return all(find(a) == find(b) for a, b in goals)
+
+
+def closure(
+    nodes: list[tuple[str, tuple[int, ...]]], eqs: list[tuple[int, int]]
+) -> Callable[[int], int]:
+    """The congruence closure of `eqs` over the term DAG `nodes`: term -> its class."""
     parent = list(range(len(nodes)))
     uses: list[list[int]] = [[] for _ in nodes]
     table: dict[tuple[str, tuple[int, ...]], int] = {}
@@ -223,7 +228,44 @@ def congruence_closure(
                 pending.append((p, q))
         uses[ra].extend(uses[rb])
         uses[rb] = []
-    return all(find(a) == find(b) for a, b in goals)
+    return find
+
+
+def per_op(
+    tt: Terms, before: Function, after: Function, find: Callable[[int], int], by_smt: bool
+) -> list[dict[str, Any]]:
+    """How the ops of `after` were validated, counted by op name and way: `smt` when the whole
+    module was decided on terms (`by_smt`), or when the op's result terms are equal (congruent,
+    given the rule instances) to terms of the original; `differential` otherwise, with the
+    reason: an operand already differs, the op's declared `no_smt`, or that its result has no
+    equal term in the original (where the modules diverge)."""
+    from .meaning import tv_treatment
+
+    original = {find(tt.of_value[id(v)]) for v in before.values() if id(v) in tt.of_value}
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for op in after.ops:
+        od = get_op(op.name)
+
+        def same(vs: Any) -> bool:
+            return all(
+                (t := tt.of_value.get(id(v))) is not None and find(t) in original for v in vs
+            )
+
+        if by_smt or same(op.results):
+            way, how = "smt", tv_treatment(od) if od is not None else "unknown op"
+        else:
+            way = "differential"
+            if not same(op.operands):
+                how = "an operand already differs from the original's"
+            elif od is not None and od.no_smt:
+                how = od.no_smt
+            else:
+                how = "its operands match the original's, its result has no equal term there"
+        row = rows.setdefault(
+            (op.name, way, how), {"op": op.name, "count": 0, "validated_by": way, "how": how}
+        )
+        row["count"] += 1
+    return sorted(rows.values(), key=lambda r: (r["validated_by"] != "differential", r["op"]))
 
 
 def _fold_eq(
@@ -290,9 +332,33 @@ def validate(
     seeds: int = 2,
 ) -> dict[str, Any]:
     """Decide whether `after` computes what `before` computes. Returns a verdict dict."""
+    note: dict[str, Any] = {}
+    if signature_mismatch(before, after) is not None:
+        from llmir_core.passes.lower_ort_logits import last_logits_interface
+
+        last = last_logits_interface(before, after)
+        if last is not None:  # after computes the logits of the last position only
+            before = last
+            note = {"interface": "logits compared at the last position (lower-ort-logits)"}
+    return {**_validate(before, after, instances, limit_s, differential, seeds), **note}
+
+
+def _validate(
+    before: Module,
+    after: Module,
+    instances: list[RuleInstance] | None = None,
+    limit_s: float = 10.0,
+    differential: bool = True,
+    seeds: int = 2,
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     why = signature_mismatch(before, after)
     if why is not None:
+        from . import kv_int8  # an int8 KV cache in place of f32 (kv-cache-int8 calibrated)
+
+        scales = kv_int8.int8_interface(before, after) if differential else None
+        if scales is not None:
+            return {**kv_int8.compare(before, after, scales), "seconds": time.perf_counter() - t0}
         return {
             "verdict": "not-equivalent",
             "method": "signature",
@@ -314,19 +380,22 @@ def validate(
             "method": "smt (hash-consed terms identical)",
             "seconds": time.perf_counter() - t0,
             **info,
+            "ops": per_op(tt, fb, fa, closure(tt.nodes, []), True),
         }
     eqs = []
     for inst in instances or []:
         e = _instance_eq(tt, inst, nb, na, fb, fa)
         if e is not None:
             eqs.append(e)
-    if congruence_closure(tt.nodes, eqs, goals):
+    find = closure(tt.nodes, eqs)
+    if all(find(a) == find(b) for a, b in goals):
         return {
             "verdict": "equivalent",
             "method": "EUF (congruence closure over hash-consed terms + "
             f"{len(eqs)} rule instances)",
             "seconds": time.perf_counter() - t0,
             **info,
+            "ops": per_op(tt, fb, fa, find, True),
         }
     res = run_job(_euf_job, tt.nodes, eqs, goals, limit_s, limit_s=limit_s)
     info["smt"] = res["verdict"]
@@ -336,7 +405,9 @@ def validate(
             "method": "smt (EUF over hash-consed terms + rule instances)",
             "seconds": time.perf_counter() - t0,
             **info,
+            "ops": per_op(tt, fb, fa, find, True),
         }
+    info["ops"] = per_op(tt, fb, fa, find, False)
     if not differential:
         v = "inconclusive"
         return {

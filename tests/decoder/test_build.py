@@ -108,9 +108,9 @@ def test_artifact_files_and_manifest(tiny_artifact: Path) -> None:
     assert d["max_len"] == 256 and d["eos_token_ids"] == [2] and d["bos_token_id"] == 1
     assert d["tokenizer"] == {"format": "hf", "file": "tokenizer.json"}
     assert "<|im_start|>" in (tiny_artifact / d["chat_template"]).read_text()
-    assert (
-        set(d["generic_ops"]) <= {"core.mul"} and d["packed_qkv_layers"] == 2
-    )  # the SwiGLU product
+    # the SwiGLU product; the last-position gathers (lower-ort-logits) and their index
+    assert set(d["generic_ops"]) <= {"core.mul", "core.gather"}
+    assert d["packed_qkv_layers"] == 2 and d["logits"] == "last"
     assert man["target"] == "onnxruntime" and man["source"]["sha256"]
     assert [i["name"] for i in man["inputs"]][:3] == [
         "input_ids",
@@ -258,13 +258,20 @@ def test_int4_quantization_of_f32_weights(
     ).stat().st_size
 
 
-def test_last_logits_only(tiny_module: Any, tiny_artifact: Path, tmp_path: Path) -> None:
-    build_decoder(tiny_module, str(tmp_path / "last"), last_logits=True)
-    full, last = open_artifact(str(tiny_artifact)), open_artifact(str(tmp_path / "last"))
+def test_last_logits_by_default_all_on_request(
+    tiny_module: Any, tiny_artifact: Path, tmp_path: Path
+) -> None:
+    """The default build computes the last position's logits (lower-ort-logits); last_logits=False
+    (`--logits all`) keeps every position, and both agree on the last."""
+    build_decoder(tiny_module, str(tmp_path / "all"), last_logits=False)
+    last, full = open_artifact(str(tiny_artifact)), open_artifact(str(tmp_path / "all"))
+    assert full.decoder["logits"] == "all" and last.decoder["logits"] == "last"
     full.reset(1)
     last.reset(1)
     a, b = full.forward(PROMPT), last.forward(PROMPT)
-    assert b.shape == (1, 1, 128) and rel(b[:, -1], a[:, -1]) <= 1e-6
+    assert a.shape == (1, PROMPT.shape[1], 128) and b.shape == (1, 1, 128)
+    assert rel(b[:, -1], a[:, -1]) <= 1e-6
+    assert parity(tiny_module, open_artifact(str(tmp_path / "all")), PROMPT, steps=2) <= 1e-4
 
 
 def test_unmatched_attention_falls_back_to_concat_cache(tiny_module: Any, tmp_path: Path) -> None:
@@ -342,5 +349,6 @@ def test_optimized_modules_keep_the_fused_build(pipeline: str, tmp_path: Path) -
     man = build_decoder(module, str(tmp_path / "a"), accuracy_level=1)
     d = man["decoder"]
     assert d["fused_attention_layers"] == d["packed_qkv_layers"] == 2
-    assert set(d["generic_ops"]) <= {"core.add", "core.mul"}  # the QKV bias and the SwiGLU product
+    # the QKV bias, the SwiGLU product and the last-position gathers
+    assert set(d["generic_ops"]) <= {"core.add", "core.mul", "core.gather"}
     assert parity(module, open_artifact(str(tmp_path / "a")), PROMPT, steps=3) <= 1e-4

@@ -4,6 +4,8 @@ capability table names what the target cannot run."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,10 @@ def lowered(tiny_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert r.returncode == 0, r.stderr
     assert "group-query-attention" in r.stdout and "packed QKV" in r.stdout
-    assert r.stdout.count("equivalent (") == 5  # every lowering pass validated
+    from llmir_core.backends import pipeline
+
+    # every pass validated: the -O2 preset and the lowering (what `llmir build` runs)
+    assert r.stdout.count("equivalent (") == len(pipeline()) > 4
     return d
 
 
@@ -66,17 +71,54 @@ def test_build_of_lowered_is_byte_identical(lowered: Path) -> None:
         ("kv_num_heads = 2", "kv_num_heads = 1"),
         ("epsilon = 1e-05", "epsilon = 0.001"),
         ("do_rotary = true", "do_rotary = false"),
+        # the fixture's attention uses the default scale (0: 1/sqrt(head_dim)); set it to 0.5
+        ("{do_rotary = true, kv_num_heads", "{do_rotary = true, scale = 0.5, kv_num_heads"),
     ],
 )
 def test_edited_lowered_op_is_caught(lowered: Path, edit: tuple[str, str]) -> None:
-    """Edit one attribute of the first lowered op that has it: not equivalent, exit 1, op named."""
+    """Edit one attribute of the first lowered op that has it: not equivalent, exit 1, the op
+    named with its location in the edited file."""
     text = (lowered / "l.llmir").read_text()
     assert edit[0] in text
-    (lowered / "bad.llmir").write_text(text.replace(edit[0], edit[1], 1))
+    bad = text.replace(edit[0], edit[1], 1)
+    (lowered / "bad.llmir").write_text(bad)
     r = _cli("verify", "bad.llmir", "--against", "m.llmir", cwd=lowered)
     assert r.returncode == 1, r.stdout + r.stderr
-    out = r.stdout + r.stderr
-    assert "ort." in out and "bad.llmir:" in out
+    line = bad[: bad.index(edit[1])].count("\n") + 1
+    out = r.stdout + r.stderr  # not equivalent (stdout), or ill-typed (a diagnostic on stderr)
+    assert re.search(
+        rf"optimized: ort\.\w+ at bad\.llmir:{line}:\d+|bad\.llmir:{line}:\d+: error: ort\.\w+", out
+    ), out
+
+
+def test_swapped_weight_offset_is_caught(lowered: Path) -> None:
+    """Two weights of one shape with their file offsets swapped (layer 0's and layer 1's
+    gate_proj): the lowered module reads the wrong bytes; verify --against names the weight."""
+    text = (lowered / "l.llmir").read_text()
+    found = [
+        re.search(
+            rf'name = "model\.layers\.{i}\.mlp\.gate_proj\.weight", nbytes = \d+, offset = (\d+)',
+            text,
+        )
+        for i in (0, 1)
+    ]
+    assert found[0] and found[1]
+    a, b = found[0], found[1]
+    bad = (
+        text[: a.start(1)]
+        + b.group(1)
+        + text[a.end(1) : b.start(1)]
+        + a.group(1)
+        + text[b.end(1) :]
+    )
+    (lowered / "bad_offset.llmir").write_text(bad)
+    r = _cli("verify", "bad_offset.llmir", "--against", "m.llmir", cwd=lowered)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "not-equivalent" in r.stdout
+    line = text[: a.start(1)].count("\n") + 1
+    assert re.search(rf"optimized: core\.weight at bad_offset\.llmir:{line}:\d+", r.stdout), (
+        r.stdout
+    )
 
 
 def test_verify_target_lists_unsupported_ops(tmp_path: Path) -> None:
@@ -271,3 +313,13 @@ def test_assign_precision_builds_or_is_refused(lowered: Path) -> None:
     )
     assert r.returncode == 1 and "on device 'cuda' (target devices: cpu)" in r.stderr
     assert not (lowered / "apc.llmir").exists()
+
+
+def test_build_logits_option(lowered: Path) -> None:
+    """`llmir build --logits all` keeps every position's logits; a bad value is a usage error."""
+    assert _cli("build", "m.llmir", "-o", "ALL", "--logits", "all", cwd=lowered).returncode == 0
+    man = json.loads((lowered / "ALL" / "manifest.json").read_text())
+    assert man["decoder"]["logits"] == "all" and man["outputs"][0]["shape"][1] != 1
+    r = _cli("build", "m.llmir", "-o", "X", "--logits", "some", cwd=lowered)
+    assert r.returncode == 2 and "--logits must be 'last' or 'all'" in r.stderr
+    assert not (lowered / "X").exists()

@@ -13,6 +13,7 @@ import json
 import string
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +38,7 @@ class LlamaShape:
     rope_theta: float = 10000.0
     tie: bool = False
     eps: float = 1e-5
+    rope_scaling: tuple[tuple[str, Any], ...] = ()  # config.json rope_scaling items (llama)
 
 
 TINY = LlamaShape()
@@ -50,6 +52,15 @@ ARCH_SHAPES = {
     "phi3-narrow": LlamaShape(arch="phi3", heads=4, kv_heads=4),  # rotary table too narrow for GQA
     "gemma2": LlamaShape(arch="gemma2", tie=True),  # sandwich norms, softcaps, gelu-tanh
     "llama-wide": LlamaShape(hidden=128, heads=2, kv_heads=1, layers=1),  # head_dim 64
+    "llama3-rope": LlamaShape(  # llama 3 rope scaling (frequency-dependent rescaling)
+        rope_scaling=(
+            ("rope_type", "llama3"),
+            ("factor", 8.0),
+            ("low_freq_factor", 1.0),
+            ("high_freq_factor", 4.0),
+            ("original_max_position_embeddings", 32),
+        )
+    ),
 }
 SMOLLM2_135M = LlamaShape(
     vocab=49152,
@@ -160,7 +171,7 @@ def make_llama_folder(
         "max_position_embeddings": s.context,
         "rms_norm_eps": s.eps,
         "rope_theta": s.rope_theta,
-        "rope_scaling": None,
+        "rope_scaling": dict(s.rope_scaling) or None,
         "tie_word_embeddings": s.tie,
         "hidden_act": "silu",
         "bos_token_id": 1,

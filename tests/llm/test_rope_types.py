@@ -35,12 +35,12 @@ def _same(
 
 
 def ort_greedy(
-    module: Any, art: Path, prompt: np.ndarray, steps: int
+    module: Any, art: Path, prompt: np.ndarray, steps: int, **build_opts: Any
 ) -> tuple[list[np.ndarray], np.ndarray]:
     from llmir_core.backends.ort_decoder import build_decoder
     from llmir_core.runtime.ort_decoder import open_artifact
 
-    build_decoder(module, str(art))
+    build_decoder(module, str(art), **build_opts)
     dec = open_artifact(str(art))
     dec.reset(prompt.shape[0])
     logits = dec.forward(prompt)
@@ -50,7 +50,7 @@ def ort_greedy(
         toks.append(nxt)
         logits = dec.forward(nxt)
         out.append(logits)
-    return out, np.concatenate(toks, axis=1)
+    return out, np.concatenate(toks, axis=1) if toks else np.zeros((len(prompt), 0), np.int64)
 
 
 def test_longrope_switches_factors_per_position(tiny_model: Any) -> None:

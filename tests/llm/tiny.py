@@ -158,6 +158,66 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
             "head_dim": 32,
         },
     ),
+    # expert widths that are multiples of 32: GGUF q4_0/q8_0 experts (ffn_down_exps' rows too)
+    "qwen3-moe-q": (
+        "qwen3_moe",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "norm_topk_prob": True,
+            "head_dim": 32,
+        },
+    ),
+    # 256-wide experts: GGUF K-quant experts (blocks of 256 along every row)
+    "qwen3-moe-k": (
+        "qwen3_moe",
+        {
+            "hidden_size": 256,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 256,
+            "norm_topk_prob": True,
+            "head_dim": 64,
+        },
+    ),
+    # multi-head latent attention (no q LoRA, as DeepSeek-V2-Lite), greedy routing, 2 shared experts
+    "deepseek-v2-lite": (
+        "deepseek_v2",
+        {
+            "num_key_value_heads": 4,
+            "q_lora_rank": None,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 16,
+            "n_routed_experts": 6,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "n_shared_experts": 2,
+            "first_k_dense_replace": 1,
+        },
+    ),
+    # q LoRA, group-limited routing with a routed scaling factor
+    "deepseek-v2": (
+        "deepseek_v2",
+        {
+            "num_key_value_heads": 4,
+            "q_lora_rank": 24,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 24,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "n_shared_experts": 1,
+            "topk_method": "group_limited_greedy",
+            "n_group": 4,
+            "topk_group": 2,
+            "routed_scaling_factor": 2.5,
+        },
+    ),
 }
 # architectures whose rope changes with the position (longrope): compared against transformers'
 # own cached decoding, not one forward over the whole sequence

@@ -63,3 +63,22 @@ def test_reimported_build_matches_onnxruntime(
             np.testing.assert_allclose(
                 got[name], w, rtol=1e-4, atol=1e-4, err_msg=f"{name} at {(b, s, past)}"
             )
+
+
+def test_reimported_matmul_nbits_keep_accuracy_level(tiny: tuple, tmp_path: Path) -> None:
+    """An imported MatMulNBits keeps its accuracy_level through a rebuild whose default differs."""
+    from llmir_core.backends import build
+
+    module, _ = tiny
+    build_decoder(module, str(tmp_path / "a"), quant="int4", accuracy_level=1)
+    again, _ = import_onnx(str(tmp_path / "a" / "model.onnx"))
+    qm = [op for op in again.main.ops if op.name == "llm.quantized_matmul"]
+    assert qm and {op.attrs.get("accuracy_level") for op in qm} == {1}
+    build(again, str(tmp_path / "b"), "onnxruntime")  # the build's default level is 4
+    proto = onnx.load(str(tmp_path / "b" / "model.onnx"), load_external_data=False)
+    levels = [
+        next(a.i for a in n.attribute if a.name == "accuracy_level")
+        for n in proto.graph.node
+        if n.op_type == "MatMulNBits"
+    ]
+    assert len(levels) == len(qm) and set(levels) == {1}

@@ -85,6 +85,9 @@ def test_verify_against_detects_difference_and_signature(tmp_path: Path) -> None
     assert r.returncode == 1, r.stderr
     assert "not-equivalent" in r.stdout and "first differing value: %y" in r.stdout
     assert f"{b}:6:" in r.stdout and f"{a}:6:" in r.stdout
+    # how each op was validated: the edited add differentially, the rest by equal terms
+    assert "core.add x1: differential, its operands match the original's" in r.stdout
+    assert "core.sigmoid x1: smt, uninterpreted function of its operands" in r.stdout
     c.write_text(SMALL.replace(T, "tensor<?b x 5 x f32>"))
     r = run_cli("verify", str(c), "--against", str(a))
     assert r.returncode == 2 and "different signatures" in r.stderr and "argument #0" in r.stderr
