@@ -58,6 +58,7 @@ def _run(tree: Path, art: str, threads: int) -> dict[str, Any]:
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(tree)},
+        cwd=tree,  # `python -c` puts the working folder first on sys.path
         timeout=600,
     )
     if r.returncode:
@@ -81,8 +82,10 @@ def main() -> None:
     ggufs = dict(x.split("=", 1) for x in a.gguf)
     trees = {"this": REPO} | ({"other": Path(a.tree).resolve()} if a.tree else {})
     runs: dict[str, list[dict[str, Any]]] = {}
+    arts = [os.path.abspath(x) for x in a.artifacts]
+    ggufs = {os.path.abspath(k): v for k, v in ggufs.items()}
     for r in range(a.runs):
-        for art in a.artifacts:
+        for art in arts:
             for label, tree in trees.items():
                 key = f"{art} [{label}]" if a.tree else art
                 print(f"run {r + 1}/{a.runs}: {key}", file=sys.stderr, flush=True)
