@@ -961,7 +961,7 @@ def _copy_tokenizer(module: Module, tmp: str) -> dict[str, Any] | None:
     elif spec.get("format") == "gguf":
         from llmir_core.runtime.tokenizer import load_tokenizer
 
-        load_tokenizer(module, base).backend.save(dst, pretty=True)
+        load_tokenizer(module, base).backend.save(dst, pretty=False)  # compact: 35% smaller
     else:
         raise InputError(
             f"module @{module.name}: llm.tokenizer format '{spec.get('format')}' is not known (hf, gguf)"

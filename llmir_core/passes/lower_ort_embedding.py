@@ -114,9 +114,9 @@ class LowerOrtEmbedding:
                 mode = str(u.attrs.get("quantize", "none"))
                 return nb, mode, f"{src.label}: the tied lm_head's int{nb.bits} blocks, stored once"
         if src.kind == "gguf":
-            nb = nbits_format(src, None)
-            if nb is not None and not nb.asym and quantize_mode(src, nb) == "none":
-                return nb, "none", f"{src.label}: {src.scheme} blocks repacked losslessly"
+            own = nbits_format(src, None)
+            if own is not None and not own.asym and quantize_mode(src, own) == "none":
+                return own, "none", f"{src.label}: {src.scheme} blocks repacked losslessly"
             return None
         if src.kind in ("f32", "cast") and fmt is not None and not fmt.asym:
             if src.cols % fmt.block:

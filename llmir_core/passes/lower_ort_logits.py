@@ -94,7 +94,9 @@ def with_last_logits(module: Module) -> Module:
 
 def last_logits_interface(before: Module, after: Module) -> Module | None:
     """`with_last_logits(before)` when `after` is `before` with last-position logits (the same
-    signature but the logits' sequence dim 1), else None."""
+    signature but the logits' sequence dim 1; an int8 KV cache in place of the f32 one may also
+    differ, which validation compares on its own terms), else None."""
+    from llmir_core.smt import kv_int8
     from llmir_core.smt.tv import signature_mismatch
 
     if not before.functions or not after.functions or not is_decoder(before):
@@ -106,7 +108,9 @@ def last_logits_interface(before: Module, after: Module) -> Module | None:
     if t.rank != 3 or t.shape[1] != 1 or tt(a[0]).shape[1] == 1:
         return None
     last = with_last_logits(before)
-    return last if signature_mismatch(last, after) is None else None
+    if signature_mismatch(last, after) is None or kv_int8.int8_interface(last, after) is not None:
+        return last
+    return None
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,14 @@ def _where(op: Op | None) -> str:
     return " ".join(parts)
 
 
+def _counterparts(op_b: Op, op_a: Op) -> bool:
+    """Whether two ops whose results share a name compute the same thing in the two modules:
+    passes keep a value's name when they rewrite what computes it, but a fresh name in the
+    optimized module can repeat an unrelated one of the original. Ops that both record where in
+    the model they come from (`loc`) must come from the same place."""
+    return not (op_b.origin and op_a.origin) or op_b.origin == op_a.origin
+
+
 def _trace(module: Module, inputs: dict[str, Any]) -> tuple[list[Any], dict[str, tuple[Op, Any]]]:
     it = Interpreter(module)
     it.trace = []
@@ -141,7 +149,7 @@ def compare(
         first = None
         for op in after.main.ops:
             for r in op.results:
-                if r.name in tb and r.name in ta:
+                if r.name in tb and r.name in ta and _counterparts(tb[r.name][0], op):
                     if not _close(ta[r.name][1], tb[r.name][1], tol):
                         first = (r.name, tb[r.name][0], op)
                         break

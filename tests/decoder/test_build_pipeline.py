@@ -92,12 +92,11 @@ def test_build_is_optimize_o2_target_then_serialize(case: str, chdir_tmp: Path) 
     )
     assert r.exit_code == 0, r.output
     passes = json.loads(r.stdout)["passes"]
-    assert [p["pass"] for p in passes][-4:] == [
-        "lower-ort-attention",
-        "lower-ort-norms",
-        "lower-ort-matmul",
-        "lower-ort-module",
-    ]
+    from llmir_core.backends import get_target
+
+    lowering = [p.name for p in get_target("onnxruntime").lowering({})]
+    assert "lower-ort-attention" in lowering and lowering[-1] == "lower-ort-module"
+    assert [p["pass"] for p in passes][-len(lowering) :] == lowering  # -O2, then the target's
     for p in passes:  # every step validated
         assert p["validation"]["verdict"] == "equivalent", p
     text = (chdir_tmp / "l.llmir").read_text()
@@ -113,8 +112,8 @@ def test_build_is_optimize_o2_target_then_serialize(case: str, chdir_tmp: Path) 
     manifest = json.loads((chdir_tmp / "A" / "manifest.json").read_text())
     assert manifest["pipeline"] == [p["spec"] for p in passes]
     assert manifest["lowered"] == "model.lowered.llmir"
-    assert json.loads((chdir_tmp / "C" / "manifest.json").read_text())["pipeline"][0] == (
-        "lower-ort-attention"
+    assert (
+        json.loads((chdir_tmp / "C" / "manifest.json").read_text())["pipeline"][0] == (lowering[0])
     )
     # -O2 first changes no token: the artifact generates what the lowering-only build generates
     a, c = open_artifact(str(chdir_tmp / "A")), open_artifact(str(chdir_tmp / "C"))
@@ -174,28 +173,25 @@ def test_project_opt_level_is_the_default(chdir_tmp: Path) -> None:
     )
     assert _cli("build", "m.llmir", "-o", "A").exit_code == 0
     pipeline = json.loads((chdir_tmp / "A" / "manifest.json").read_text())["pipeline"]
-    assert pipeline == [
-        "lower-ort-attention",
-        "lower-ort-norms",
-        "lower-ort-matmul",
-        "lower-ort-module",
-    ]
+    from llmir_core.backends import get_target
+
+    lowering = [p.name for p in get_target("onnxruntime").lowering({})]
+    assert pipeline == lowering  # no -O passes: the target's lowering only
     r = _cli("optimize", "m.llmir", "--target", "onnxruntime", "-o", "l.llmir")
     assert r.exit_code == 0, r.output
-    assert re.search(
-        r"llmir\.pipeline = \[\"lower-ort-attention\"", (chdir_tmp / "l.llmir").read_text()
-    )
+    assert re.search(rf"llmir\.pipeline = \[\"{lowering[0]}\"", (chdir_tmp / "l.llmir").read_text())
 
 
 def test_a_target_may_declare_its_preset() -> None:
     """onnxruntime builds after -O2; triton's lowering takes no merged q/k/v projections, so it
     declares -O0 (its own lowering fuses norms and linears). An explicit -O wins."""
-    from llmir_core.backends import pipeline
+    from llmir_core.backends import get_target, pipeline
     from llmir_core.passes import PRESETS
 
     names = [p.name for p in pipeline("onnxruntime")]
     assert names[: len(PRESETS["O2"])] == PRESETS["O2"] and names[-1] == "lower-ort-module"
-    assert [p.name for p in pipeline("onnxruntime", opt_level=0)][0] == "lower-ort-attention"
+    first = get_target("onnxruntime").lowering({})[0].name
+    assert [p.name for p in pipeline("onnxruntime", opt_level=0)][0] == first
     assert [p.name for p in pipeline("triton")] == [
         "fuse-add-rms-norm",
         "fuse-linear",
@@ -213,11 +209,8 @@ def test_a_lowered_module_records_every_pipeline_over_it(chdir_tmp: Path) -> Non
     )
     assert _cli("optimize", "l.llmir", "--passes", "cse,dce", "-o", "l2.llmir").exit_code == 0
     assert _cli("build", "l2.llmir", "-o", "A").exit_code == 0
-    assert json.loads((chdir_tmp / "A" / "manifest.json").read_text())["pipeline"] == [
-        "lower-ort-attention",
-        "lower-ort-norms",
-        "lower-ort-matmul",
-        "lower-ort-module",
-        "cse",
-        "dce",
-    ]
+    from llmir_core.backends import get_target
+
+    lowering = [p.name for p in get_target("onnxruntime").lowering({})]
+    pipeline = json.loads((chdir_tmp / "A" / "manifest.json").read_text())["pipeline"]
+    assert pipeline == [*lowering, "cse", "dce"]
