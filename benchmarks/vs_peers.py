@@ -20,8 +20,12 @@ comparison the full `bench --vs` JSON (every run, the hardware fingerprint), and
 the ratios: decode and prefill against the best peer, load against llama.cpp, peak RSS against
 the best peer.
 
-    python benchmarks/vs_peers.py --models smollm2 --precisions f32,int4 --runs 1 --prompt-len 32 --gen-len 32
     python benchmarks/vs_peers.py                  # the full table: 5 runs, prompt 128, generate 128
+    python benchmarks/vs_peers.py --quick          # SmolLM2 shape only, 3 runs, prompt 128, generate 32
+    python benchmarks/vs_peers.py --quick --models qwen2.5-0.5b --precisions int8
+
+`--quick` is for checking a change on a busy machine (minutes, not an hour); it writes to the
+--work folder (vs_peers_quick.json) unless --out is given, so the committed full table stays.
 """
 
 from __future__ import annotations
@@ -79,7 +83,9 @@ def llmir(*args: str) -> subprocess.CompletedProcess[str]:
     return r
 
 
-def prepare(work: Path, name: str, precisions: list[str], log: Any) -> dict[str, Any]:
+def prepare(
+    work: Path, name: str, precisions: list[str], log: Any, rebuild: bool = False
+) -> dict[str, Any]:
     """The HF folder, llmir's artifacts and the peers' forms; returns {precision: [peer specs]}."""
     from tests.decoder.tiny import make_llama_folder
 
@@ -89,13 +95,13 @@ def prepare(work: Path, name: str, precisions: list[str], log: Any) -> dict[str,
         log(f"{name}: writing the random-weight model folder")
         make_llama_folder(hf, shape, seed=0)
     mod = work / name / "model.llmir"
-    if not mod.is_file():
+    if rebuild or not mod.is_file():
         log(f"{name}: llmir import")
         llmir("import", str(hf), "-o", str(mod), "-q")
     plan: dict[str, Any] = {"skipped": []}
     for p in precisions:
         art = work / name / f"llmir-{p}"
-        if not (art / "manifest.json").is_file():
+        if rebuild or not (art / "manifest.json").is_file():
             log(f"{name}: llmir build {p}")
             llmir("build", str(mod), "-o", str(art), "-q", *(["--quant", p] if p != "f32" else []))
         peers: list[str] = []
@@ -185,19 +191,47 @@ def ratios(vs: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="models: " + ", ".join(shapes()) + "; precisions: " + ", ".join(PRECISIONS) + ". "
+        "Peers: transformers and onnxruntime-genai (f32, int4) when installed, llama.cpp "
+        "(F32, Q8_0, Q4_0 GGUF) when llama-cpp-python is installed.",
+    )
     ap.add_argument(
         "--work", default="/tmp/llmir-vs-peers", help="folder for the models and the builds"
     )
-    ap.add_argument("--models", default="smollm2,qwen2.5-0.5b")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short check: --models smollm2, --runs 3, --gen-len 32 unless given; results to "
+        "WORK/vs_peers_quick.json unless --out is given",
+    )
+    ap.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="import and build llmir's artifacts again (they are cached in --work; the peers' "
+        "forms of the weights are kept)",
+    )
+    ap.add_argument("--models", default=None, help="default: smollm2,qwen2.5-0.5b")
     ap.add_argument("--precisions", default=",".join(PRECISIONS))
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=None, help="interleaved runs per tool (default 5)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--gen-len", type=int, default=128)
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "cpu_vs_peers.json"))
+    ap.add_argument("--gen-len", type=int, default=None, help="greedy tokens (default 128)")
+    ap.add_argument(
+        "--out", default=None, help="default: benchmarks/results/cpu_vs_peers.json (full table)"
+    )
     a = ap.parse_args()
+    quick = a.quick
+    a.models = a.models or ("smollm2" if quick else "smollm2,qwen2.5-0.5b")
+    a.runs = a.runs or (3 if quick else 5)
+    a.gen_len = a.gen_len or (32 if quick else 128)
     work = Path(a.work)
+    a.out = a.out or str(
+        work / "vs_peers_quick.json"
+        if quick
+        else REPO / "benchmarks" / "results" / "cpu_vs_peers.json"
+    )
     work.mkdir(parents=True, exist_ok=True)
 
     def log(msg: str) -> None:
@@ -215,7 +249,7 @@ def main() -> None:
     skipped: set[str] = set()
     t0 = time.time()
     for m in models:
-        plan = prepare(work, m, precisions, log)
+        plan = prepare(work, m, precisions, log, a.rebuild)
         skipped.update(plan["skipped"])
         for p in precisions:
             entry = plan[p]
