@@ -12,6 +12,10 @@ interleaved run by run, busy runs marked):
 | int8 | HF -> int8 | llama.cpp Q8_0 GGUF |
 | int4 | HF -> int4 | onnxruntime-genai int4, llama.cpp Q4_0 GGUF |
 
+Each quantized llmir artifact also reports its error against llmir's f32 artifact
+(`error_vs_f32`: max |logit difference| and argmax agreement along the f32 greedy path, and how
+many leading greedy tokens are equal when it decodes on its own).
+
 A peer whose package is missing (`pip install 'llmir[bench]'`) is left out and named in the
 output. The GGUF files come from tests/llm/gguf_convert.py (llama.cpp's converter's tensor names
 and Q/K permutation; a placeholder vocabulary, as the prompts are token ids). Everything is
@@ -276,6 +280,18 @@ def main() -> None:
             vs = json.loads(llmir(*args).stdout)
             results.setdefault(m, {})[p] = {"ratios": ratios(vs), "bench_vs": vs}
             print_summary(m, p, vs)
+            if p != "f32":
+                f32 = work / m / "llmir-f32"
+                if not (f32 / "manifest.json").is_file():
+                    llmir("build", str(work / m / "model.llmir"), "-o", str(f32), "-q")
+                err = error_vs_f32(str(f32), entry["artifact"], a.prompt_len, a.gen_len, a.threads)
+                results[m][p]["error_vs_f32"] = err
+                print(
+                    f"  error vs llmir f32: max |logit diff| {err['max_abs_logit_diff']:.3g} "
+                    f"(logits up to {err['max_abs_logit']:.3g}), argmax agrees on "
+                    f"{err['argmax_agreement']:.1%} of {err['steps']} steps on the f32 greedy path, "
+                    f"greedy tokens equal for the first {err['greedy_prefix']}"
+                )
     doc = {
         "benchmark": "vs_peers",
         "config": {k: v for k, v in vars(a).items() if k != "out"},
@@ -291,6 +307,46 @@ def main() -> None:
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     tmp.replace(out)
     log(f"wrote {out}")
+
+
+def error_vs_f32(
+    f32_dir: str, q_dir: str, prompt_len: int, gen: int, threads: int
+) -> dict[str, Any]:
+    """A quantized artifact's logits against the f32 one's, on the same seeded prompt: both are fed
+    the f32 greedy tokens (max |logit difference|, how often the argmax agrees), then each decodes
+    greedily on its own (how many leading tokens are equal)."""
+    import numpy as np
+
+    from llmir_core.runtime.ort_decoder import open_artifact
+
+    ref, q = open_artifact(f32_dir, threads), open_artifact(q_dir, threads)
+    ids = np.random.default_rng(0).integers(3, ref.vocab, (1, prompt_len), dtype=np.int64)
+    worst, peak, agree = 0.0, 0.0, 0
+    for dec in (ref, q):
+        dec.reserve(prompt_len + gen)
+        dec.reset(1)
+    x = ids
+    ref_tokens: list[int] = []
+    for _ in range(gen):
+        a, b = ref.forward(x)[0, -1], q.forward(x)[0, -1]
+        worst = max(worst, float(np.abs(a - b).max()))
+        peak = max(peak, float(np.abs(a).max()))
+        agree += int(a.argmax() == b.argmax())
+        ref_tokens.append(int(a.argmax()))
+        x = np.asarray([[ref_tokens[-1]]], np.int64)
+    q.reset(1)
+    x, toks = ids, []
+    for _ in range(gen):
+        toks.append(int(q.forward(x)[0, -1].argmax()))
+        x = np.asarray([[toks[-1]]], np.int64)
+    prefix = next((i for i, (r, t) in enumerate(zip(ref_tokens, toks)) if r != t), gen)
+    return {
+        "steps": gen,
+        "max_abs_logit_diff": worst,
+        "max_abs_logit": peak,
+        "argmax_agreement": agree / gen,
+        "greedy_prefix": prefix,
+    }
 
 
 def print_summary(model: str, precision: str, vs: dict[str, Any]) -> None:
