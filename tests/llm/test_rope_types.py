@@ -40,7 +40,7 @@ def ort_greedy(
     from llmir_core.backends.ort_decoder import build_decoder
     from llmir_core.runtime.ort_decoder import open_artifact
 
-    build_decoder(module, str(art))
+    build_decoder(module, str(art), last_logits=False)  # every prompt position is compared
     dec = open_artifact(str(art))
     dec.reset(prompt.shape[0])
     logits = dec.forward(prompt)
