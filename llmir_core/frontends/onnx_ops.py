@@ -1421,8 +1421,10 @@ def _matmul_nbits(n: Node) -> list[Value | None]:
         ops.append(_as_shape(n, 3, (nn, (nb * bits + 7) // 8)))
     # the node's activation precision is kept (absent: the build chooses)
     level = n.attr("accuracy_level")
-    keep = {} if level is None else {"accuracy_level": int(level)}
-    y = n.emit("llm.quantized_matmul", *ops, transpose_b=True, **keep)
+    if level is None:
+        y = n.emit("llm.quantized_matmul", *ops, transpose_b=True)
+    else:
+        y = n.emit("llm.quantized_matmul", *ops, transpose_b=True, accuracy_level=int(level))
     if n.has(5):
         y = n.emit("core.add", y, n.inp(5))
     return [y]
