@@ -162,8 +162,20 @@ def write_gguf(hf: Path, out: Path, qtype: str) -> None:
     from tests.llm.gguf_convert import write_gguf as convert
 
     state = load_file(str(hf / "model.safetensors"))
+    vocab = json.loads((hf / "config.json").read_text())["vocab_size"]
+    # the prompts are token ids: a placeholder vocabulary, with one merge (llama.cpp refuses a
+    # BPE vocabulary without merges)
+    tok = {
+        "model": "gpt2",
+        "pre": "gpt-2",
+        "tokens": [f"t{i}" for i in range(vocab)],
+        "token_type": [1] * vocab,
+        "merges": ["t 0"],
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
     tmp = out.with_suffix(".tmp")
-    convert(hf, state, tmp, qtype)
+    convert(hf, state, tmp, qtype, tokenizer=tok)
     tmp.replace(out)
 
 
