@@ -12,6 +12,10 @@ interleaved run by run, busy runs marked):
 | int8 | HF -> int8 | llama.cpp Q8_0 GGUF |
 | int4 | HF -> int4 | onnxruntime-genai int4, llama.cpp Q4_0 GGUF |
 
+Each quantized llmir artifact also reports its error against llmir's f32 artifact
+(`error_vs_f32`: max |logit difference| and argmax agreement along the f32 greedy path, and how
+many leading greedy tokens are equal when it decodes on its own).
+
 A peer whose package is missing (`pip install 'llmir[bench]'`) is left out and named in the
 output. The GGUF files come from tests/llm/gguf_convert.py (llama.cpp's converter's tensor names
 and Q/K permutation; a placeholder vocabulary, as the prompts are token ids). Everything is
@@ -20,8 +24,12 @@ comparison the full `bench --vs` JSON (every run, the hardware fingerprint), and
 the ratios: decode and prefill against the best peer, load against llama.cpp, peak RSS against
 the best peer.
 
-    python benchmarks/vs_peers.py --models smollm2 --precisions f32,int4 --runs 1 --prompt-len 32 --gen-len 32
     python benchmarks/vs_peers.py                  # the full table: 5 runs, prompt 128, generate 128
+    python benchmarks/vs_peers.py --quick          # SmolLM2 shape only, 3 runs, prompt 128, generate 32
+    python benchmarks/vs_peers.py --quick --models qwen2.5-0.5b --precisions int8
+
+`--quick` is for checking a change on a busy machine (minutes, not an hour); it writes to the
+--work folder (vs_peers_quick.json) unless --out is given, so the committed full table stays.
 """
 
 from __future__ import annotations
@@ -79,7 +87,9 @@ def llmir(*args: str) -> subprocess.CompletedProcess[str]:
     return r
 
 
-def prepare(work: Path, name: str, precisions: list[str], log: Any) -> dict[str, Any]:
+def prepare(
+    work: Path, name: str, precisions: list[str], log: Any, rebuild: bool = False
+) -> dict[str, Any]:
     """The HF folder, llmir's artifacts and the peers' forms; returns {precision: [peer specs]}."""
     from tests.decoder.tiny import make_llama_folder
 
@@ -89,13 +99,13 @@ def prepare(work: Path, name: str, precisions: list[str], log: Any) -> dict[str,
         log(f"{name}: writing the random-weight model folder")
         make_llama_folder(hf, shape, seed=0)
     mod = work / name / "model.llmir"
-    if not mod.is_file():
+    if rebuild or not mod.is_file():
         log(f"{name}: llmir import")
         llmir("import", str(hf), "-o", str(mod), "-q")
     plan: dict[str, Any] = {"skipped": []}
     for p in precisions:
         art = work / name / f"llmir-{p}"
-        if not (art / "manifest.json").is_file():
+        if rebuild or not (art / "manifest.json").is_file():
             log(f"{name}: llmir build {p}")
             llmir("build", str(mod), "-o", str(art), "-q", *(["--quant", p] if p != "f32" else []))
         peers: list[str] = []
@@ -152,8 +162,20 @@ def write_gguf(hf: Path, out: Path, qtype: str) -> None:
     from tests.llm.gguf_convert import write_gguf as convert
 
     state = load_file(str(hf / "model.safetensors"))
+    vocab = json.loads((hf / "config.json").read_text())["vocab_size"]
+    # the prompts are token ids: a placeholder vocabulary, with one merge (llama.cpp refuses a
+    # BPE vocabulary without merges)
+    tok = {
+        "model": "gpt2",
+        "pre": "gpt-2",
+        "tokens": [f"t{i}" for i in range(vocab)],
+        "token_type": [1] * vocab,
+        "merges": ["t 0"],
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
     tmp = out.with_suffix(".tmp")
-    convert(hf, state, tmp, qtype)
+    convert(hf, state, tmp, qtype, tokenizer=tok)
     tmp.replace(out)
 
 
@@ -185,19 +207,47 @@ def ratios(vs: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="models: " + ", ".join(shapes()) + "; precisions: " + ", ".join(PRECISIONS) + ". "
+        "Peers: transformers and onnxruntime-genai (f32, int4) when installed, llama.cpp "
+        "(F32, Q8_0, Q4_0 GGUF) when llama-cpp-python is installed.",
+    )
     ap.add_argument(
         "--work", default="/tmp/llmir-vs-peers", help="folder for the models and the builds"
     )
-    ap.add_argument("--models", default="smollm2,qwen2.5-0.5b")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short check: --models smollm2, --runs 3, --gen-len 32 unless given; results to "
+        "WORK/vs_peers_quick.json unless --out is given",
+    )
+    ap.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="import and build llmir's artifacts again (they are cached in --work; the peers' "
+        "forms of the weights are kept)",
+    )
+    ap.add_argument("--models", default=None, help="default: smollm2,qwen2.5-0.5b")
     ap.add_argument("--precisions", default=",".join(PRECISIONS))
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=None, help="interleaved runs per tool (default 5)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--gen-len", type=int, default=128)
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "cpu_vs_peers.json"))
+    ap.add_argument("--gen-len", type=int, default=None, help="greedy tokens (default 128)")
+    ap.add_argument(
+        "--out", default=None, help="default: benchmarks/results/cpu_vs_peers.json (full table)"
+    )
     a = ap.parse_args()
+    quick = a.quick
+    a.models = a.models or ("smollm2" if quick else "smollm2,qwen2.5-0.5b")
+    a.runs = a.runs or (3 if quick else 5)
+    a.gen_len = a.gen_len or (32 if quick else 128)
     work = Path(a.work)
+    a.out = a.out or str(
+        work / "vs_peers_quick.json"
+        if quick
+        else REPO / "benchmarks" / "results" / "cpu_vs_peers.json"
+    )
     work.mkdir(parents=True, exist_ok=True)
 
     def log(msg: str) -> None:
@@ -215,7 +265,7 @@ def main() -> None:
     skipped: set[str] = set()
     t0 = time.time()
     for m in models:
-        plan = prepare(work, m, precisions, log)
+        plan = prepare(work, m, precisions, log, a.rebuild)
         skipped.update(plan["skipped"])
         for p in precisions:
             entry = plan[p]
@@ -242,6 +292,18 @@ def main() -> None:
             vs = json.loads(llmir(*args).stdout)
             results.setdefault(m, {})[p] = {"ratios": ratios(vs), "bench_vs": vs}
             print_summary(m, p, vs)
+            if p != "f32":
+                f32 = work / m / "llmir-f32"
+                if not (f32 / "manifest.json").is_file():
+                    llmir("build", str(work / m / "model.llmir"), "-o", str(f32), "-q")
+                err = error_vs_f32(str(f32), entry["artifact"], a.prompt_len, a.gen_len, a.threads)
+                results[m][p]["error_vs_f32"] = err
+                print(
+                    f"  error vs llmir f32: max |logit diff| {err['max_abs_logit_diff']:.3g} "
+                    f"(logits up to {err['max_abs_logit']:.3g}), argmax agrees on "
+                    f"{err['argmax_agreement']:.1%} of {err['steps']} steps on the f32 greedy path, "
+                    f"greedy tokens equal for the first {err['greedy_prefix']}"
+                )
     doc = {
         "benchmark": "vs_peers",
         "config": {k: v for k, v in vars(a).items() if k != "out"},
@@ -257,6 +319,46 @@ def main() -> None:
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     tmp.replace(out)
     log(f"wrote {out}")
+
+
+def error_vs_f32(
+    f32_dir: str, q_dir: str, prompt_len: int, gen: int, threads: int
+) -> dict[str, Any]:
+    """A quantized artifact's logits against the f32 one's, on the same seeded prompt: both are fed
+    the f32 greedy tokens (max |logit difference|, how often the argmax agrees), then each decodes
+    greedily on its own (how many leading tokens are equal)."""
+    import numpy as np
+
+    from llmir_core.runtime.ort_decoder import open_artifact
+
+    ref, q = open_artifact(f32_dir, threads), open_artifact(q_dir, threads)
+    ids = np.random.default_rng(0).integers(3, ref.vocab, (1, prompt_len), dtype=np.int64)
+    worst, peak, agree = 0.0, 0.0, 0
+    for dec in (ref, q):
+        dec.reserve(prompt_len + gen)
+        dec.reset(1)
+    x = ids
+    ref_tokens: list[int] = []
+    for _ in range(gen):
+        a, b = ref.forward(x)[0, -1], q.forward(x)[0, -1]
+        worst = max(worst, float(np.abs(a - b).max()))
+        peak = max(peak, float(np.abs(a).max()))
+        agree += int(a.argmax() == b.argmax())
+        ref_tokens.append(int(a.argmax()))
+        x = np.asarray([[ref_tokens[-1]]], np.int64)
+    q.reset(1)
+    x, toks = ids, []
+    for _ in range(gen):
+        toks.append(int(q.forward(x)[0, -1].argmax()))
+        x = np.asarray([[toks[-1]]], np.int64)
+    prefix = next((i for i, (r, t) in enumerate(zip(ref_tokens, toks)) if r != t), gen)
+    return {
+        "steps": gen,
+        "max_abs_logit_diff": worst,
+        "max_abs_logit": peak,
+        "argmax_agreement": agree / gen,
+        "greedy_prefix": prefix,
+    }
 
 
 def print_summary(model: str, precision: str, vs: dict[str, Any]) -> None:

@@ -1056,8 +1056,9 @@ def _infer_qmatmul(ctx: InferCtx) -> list[Type]:
     w, _ = _infer_packed(ctx, 1)
     if x.rank == 0:
         raise OpVerifyError("x must have rank >= 1")
-    if not -1 <= ctx["accuracy_level"] <= 4:
-        raise OpVerifyError(f"accuracy_level must be -1..4, got {ctx['accuracy_level']}")
+    level = ctx.attrs.get("accuracy_level", -1)  # (triton.q_matmul shares this rule)
+    if not -1 <= level <= 4:
+        raise OpVerifyError(f"accuracy_level must be -1..4, got {level}")
     _need_rank(w, 2, "the packed weight")
     n, k = (w.shape[0], w.shape[1]) if ctx["transpose_b"] else (w.shape[1], w.shape[0])
     _need_dim(k, x.shape[-1], f"contraction dims differ: x has {x.shape[-1]}, the weight {k}")

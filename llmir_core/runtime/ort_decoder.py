@@ -83,8 +83,23 @@ def resolve_threads(threads: int | None) -> int:
     return n
 
 
+def auto_spin(threads: int, sample_s: float = 0.05) -> bool:
+    """Whether the intra-op pool's threads should spin between kernels: only when the cores are
+    otherwise idle. Measured (SmolLM2-135M shape int4, 2 threads, other processes keeping both
+    cores busy): spinning decoded 3.1x slower (4.3 vs 13.3 tok/s) and prefilled 1.3x slower, as
+    a spinning thread takes the core the thread it waits for needs; on an idle machine spinning
+    saves the wake-up of every parallel section (hundreds per decode step)."""
+    if threads == 1:
+        return False  # no pool threads
+    try:
+        return busy_cores(sample_s) < 0.25
+    except (OSError, ValueError, IndexError):  # no /proc/stat: onnxruntime's default (spin)
+        return True
+
+
 def session_options(threads: int | None = None, spin: bool | None = None) -> Any:
-    """threads: intra-op threads (None = resolve_threads's default, 0 = onnxruntime's own)."""
+    """threads: intra-op threads (None = resolve_threads's default, 0 = onnxruntime's own).
+    spin: let pool threads spin between kernels (None = `auto_spin`: only on an idle machine)."""
     ort = _ort()
     so = ort.SessionOptions()
     so.log_severity_level = 4  # errors reach llmir as exceptions; no coloured log lines
@@ -93,8 +108,9 @@ def session_options(threads: int | None = None, spin: bool | None = None) -> Any
         so.intra_op_num_threads = n
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    if spin is not None:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if spin is None:
+        spin = auto_spin(n or os.cpu_count() or 1)
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     return so
 
 
@@ -332,5 +348,6 @@ __all__ = [
     "auto_threads",
     "busy_cores",
     "resolve_threads",
+    "auto_spin",
     "DEFAULT_THREADS",
 ]

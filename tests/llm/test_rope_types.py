@@ -40,7 +40,8 @@ def ort_greedy(
     from llmir_core.backends.ort_decoder import build_decoder
     from llmir_core.runtime.ort_decoder import open_artifact
 
-    build_decoder(module, str(art), **build_opts)
+    # every prompt position is compared
+    build_decoder(module, str(art), **{"last_logits": False, **build_opts})
     dec = open_artifact(str(art))
     dec.reset(prompt.shape[0])
     logits = dec.forward(prompt)

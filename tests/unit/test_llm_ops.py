@@ -835,3 +835,13 @@ def test_example_decoder_is_generated_by_its_script() -> None:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.build() == (root / "examples" / "decoder.llmir").read_text(encoding="utf-8")
+
+
+def test_quantized_matmul_accuracy_level_range() -> None:
+    """accuracy_level (kept from an imported MatMulNBits) is -1..4; anything else is an error."""
+    line = all_ops()["llm.quantized_matmul"].example
+    ok = line.replace("%s : (", "%s {accuracy_level = 4} : (", 1)
+    assert ok != line and verify(parse_module(example_module(ok))) == []
+    bad = line.replace("%s : (", "%s {accuracy_level = 7} : (", 1)
+    diags = verify(parse_module(example_module(bad)))
+    assert diags and "accuracy_level must be -1..4, got 7" in diags[0].message

@@ -1,0 +1,26 @@
+"""Session options of the decoder runtime: thread spinning follows how busy the CPUs are."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmir_core.runtime import ort_decoder
+
+
+@pytest.mark.parametrize(("busy", "spin"), [(0.0, "1"), (0.1, "1"), (1.2, "0")])
+def test_spinning_only_on_an_idle_machine(
+    monkeypatch: pytest.MonkeyPatch, busy: float, spin: str
+) -> None:
+    monkeypatch.setattr(ort_decoder, "busy_cores", lambda s: busy)
+    so = ort_decoder.session_options(2)
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == spin
+
+
+def test_one_thread_never_spins_and_explicit_choice_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ort_decoder, "busy_cores", lambda s: 0.0)
+    assert not ort_decoder.auto_spin(1)
+    so = ort_decoder.session_options(2, spin=False)
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    monkeypatch.setattr(ort_decoder, "busy_cores", lambda s: 2.0)
+    so = ort_decoder.session_options(2, spin=True)
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "1"
