@@ -98,9 +98,6 @@ def _is_lowered(module: Module) -> bool:
 class TritonTarget:
     name = NAME
     capabilities = CAPABILITIES
-    # the preset `llmir build` runs before lowering: lower-triton does not take -O2's merged
-    # q/k/v projections (core.split); its own lowering fuses norms and linears
-    opt_level = 0
 
     def lowering(self, options: Mapping[str, str]) -> list[Any]:
         from llmir_core.passes import PASSES
