@@ -112,19 +112,52 @@ def test_o2_build_matches_o0_and_the_reference(
 def test_optimize_o2_then_build_equals_build(
     tiny_module: Any, tmp_path: Path, no_aot: None
 ) -> None:
-    from llmir_core.ir.parser import parse_module
+    """As on the command line: m.llmir built, and m.llmir lowered (`optimize -O2 --target
+    triton -o l.llmir`, which records target and source) then l.llmir built: same bytes."""
+    from llmir_core.ir.parser import parse_file
+    from llmir_core.ir.printer import print_module
 
-    src = str(tmp_path / "m.llmir")
+    src = tmp_path / "m.llmir"
+    src.write_text(print_module(tiny_module))
     lowered = tmp_path / "l.llmir"
-    lowered.write_text(lower_text(tiny_module, "triton", opt_level=2, source_path=src))
-    build(tiny_module, str(tmp_path / "a"), "triton", source_path=src)
-    build(
-        parse_module(lowered.read_text(), str(lowered)),
-        str(tmp_path / "b"),
-        "triton",
-        source_path=src,
-    )
+    lowered.write_text(lower_text(parse_file(str(src)), "triton", opt_level=2))
+    module = parse_file(str(lowered))
+    assert module.attrs["target"] == "triton" and module.attrs["llmir.source"]["file"] == "m.llmir"
+    build(parse_file(str(src)), str(tmp_path / "a"), "triton", source_path=str(src))
+    build(module, str(tmp_path / "b"), "triton", source_path=str(lowered))
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert names == sorted(p.name for p in (tmp_path / "b").iterdir())
     for n in names:
         assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes(), n
+    manifest = (tmp_path / "a" / "manifest.json").read_text()
+    assert '"file": "m.llmir"' in manifest and "merge-qkv" in manifest
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "phi3", "qwen2", "qwen3"])
+def test_o2_architectures_match_the_reference(arch: str, tmp_path: Path, no_aot: None) -> None:
+    """gemma2 (norm offset, soft-caps, gelu_tanh), phi3 (its imported fused qkv), qwen2 (q/k/v
+    biases in the merged projection), qwen3 (q/k norms on the split views): a prefill and a decode
+    step of the -O2 build against the reference interpreter of the unlowered module."""
+    from llmir_core.frontends.hf import import_hf
+
+    from ..decoder.tiny import ARCH_SHAPES
+
+    module = import_hf(make_llama_folder(tmp_path / "m", ARCH_SHAPES[arch]))
+    build(module, str(tmp_path / "art"), "triton")
+    assert "core.split" in (tmp_path / "art" / "model.llmir").read_text()
+    prompt = PROMPT + [3]
+    feeds: dict[str, Any] = {
+        "input_ids": np.asarray([prompt]),
+        "positions": np.arange(len(prompt))[None],
+    }
+    for a in module.main.args[2:]:
+        feeds[a.name] = np.zeros((1, a.type.shape[1], 0, a.type.shape[3]), np.float32)
+    want = run(module, feeds)[0]
+    dec = TARGET.open(str(tmp_path / "art"))
+    dec.reset(1)
+    np.testing.assert_allclose(
+        dec.forward(np.asarray([prompt[:-1]])), want[:, :-1], rtol=1e-4, atol=1e-4
+    )
+    np.testing.assert_allclose(
+        dec.forward(np.asarray([prompt[-1:]])), want[:, -1:], rtol=1e-4, atol=1e-4
+    )

@@ -221,7 +221,11 @@ def write_artifact(
     fn = module.main
     out_dir = os.path.abspath(out_dir)
     check_artifact_dir(out_dir)
-    src_sha, src_name = source_digest(module, source_path)
+    rec = module.attrs.get("llmir.source")
+    if isinstance(rec, dict) and rec.get("sha256"):  # the file the module was lowered from
+        src_sha, src_name = str(rec["sha256"]), (str(rec.get("file") or "") or None)
+    else:
+        src_sha, src_name = source_digest(module, source_path)
     # values computed once here: weights, rotary tables (numpy reference semantics)
     interp = Interpreter(module, check_types=False)
     static_ops, step_ops = split_static(fn)
@@ -325,6 +329,7 @@ def write_artifact(
             "weights": WEIGHTS_FILE,
             "weight_index": index,
             "source": {"file": src_name, "sha256": src_sha},
+            "pipeline": _jsonable(module.attrs.get("llmir.pipeline")),
             "dtype": str(dt),
             "archs": [f"sm_{a}" for a in archs],
             "kernels": kernels,
