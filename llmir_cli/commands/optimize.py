@@ -56,8 +56,8 @@ Examples:
 
   llmir optimize --list
 
---target NAME appends the target's lowering passes after -O (default 2, as for `llmir build`;
-triton: 0) or --passes; -O0 --target runs only the lowering. `llmir build` of the result gives the artifact
+--target NAME appends the target's lowering passes after -O (default 2, as for `llmir build`)
+or --passes; -O0 --target runs only the lowering. `llmir build` of the result gives the artifact
 `llmir build` of the input gives with the same -O and the same build options (--quant,
 --quant-block, --max-len, --accuracy-level, --generic: they apply with --target only). The
 lowered module records the passes that ran (`llmir.pipeline`; the artifact's manifest copies it).

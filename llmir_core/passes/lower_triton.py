@@ -8,8 +8,12 @@ llm.gated_mlp -> triton.gated_matmul (gate and up with the activation fused) + t
 (down); llm.quantized_matmul of GGUF q8_0/q4_0 or symmetric 4/8-bit nbits weights (transpose_b) ->
 triton.q_matmul; a KV-cache entry core.concat(past argument, new, axis=2) ->
 triton.kv_append{cache_dtype}; llm.scaled_dot_product_attention without mask or softmax_eps ->
-triton.attention. Block sizes and warps are chosen from the static dims. Ops it cannot lower
-stay as they are (the triton target's capability check names them).
+triton.attention. Block sizes and warps are chosen from the static dims. -O2's merged q/k/v
+projection (merge-qkv: one matmul by the concatenated weight, then core.split) thus becomes one
+triton.matmul; the core.split stays (the runner cuts views of the result, as for the other
+layout glue). Ops it cannot lower stay as they are (the triton target's capability check names
+them). A module with triton ops gets `target = "triton"` (so `llmir build` only serializes it) and
+`llmir.source` (the file it was lowered from) when it has none.
 Invariant: every function's outputs keep their types, and their values up to the kernels'
 rounding (kv_cache=int8: the new KV rows up to the kv-cache-int8 quantization, as declared by
 triton.kv_append).
@@ -82,6 +86,14 @@ class LowerTriton:
             dialects = list(module.attrs.get("llmir.dialects", ["core"]))
             if "triton" not in dialects:
                 module.attrs["llmir.dialects"] = (*dialects, "triton")
+        if any(op.name.startswith("triton.") for fn in module.functions for op in fn.ops):
+            # lowered: `llmir build` only serializes it (and names the file it was lowered from)
+            from .lower_ort_module import source_record
+
+            before = dict(module.attrs)
+            module.attrs.setdefault("llmir.source", source_record(module))
+            module.attrs["target"] = "triton"
+            changed |= module.attrs != before
         return changed
 
     def _lower(self, fn: Function, ctx: PassContext) -> bool:

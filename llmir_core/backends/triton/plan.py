@@ -22,6 +22,7 @@ GLUE_OPS = frozenset(
         "core.tanh",
         "core.concat",
         "core.slice",
+        "core.split",
         "core.unsqueeze",
         "core.squeeze",
         "llm.silu_mul",

@@ -398,6 +398,13 @@ class TritonDecoder:
             ]
         if n == "triton.attention":
             return [self._attention(op, a, pos, kv_len)]
+        if n == "core.split":  # -O2's merged q/k/v projection: one matmul, then views of it
+            x, axis = a[0], at.get("axis", 0)
+            sizes = list(at.get("sizes") or ())
+            if not sizes:  # num_outputs parts of ceil(dim / num_outputs), the last one smaller
+                parts = at.get("num_outputs") or len(op.results)
+                sizes = -(-x.shape[axis] // parts)  # type: ignore[assignment]
+            return list(self.torch.split(x, sizes, dim=axis))
         return [self._glue(n, at, a)]
 
     def _attention(self, op: Any, a: list[Any], pos: Any, kv_len: int) -> Any:

@@ -98,9 +98,6 @@ def _is_lowered(module: Module) -> bool:
 class TritonTarget:
     name = NAME
     capabilities = CAPABILITIES
-    # the preset `llmir build` runs before lowering: lower-triton does not take -O2's merged
-    # q/k/v projections (core.split); its own lowering fuses norms and linears
-    opt_level = 0
 
     def lowering(self, options: Mapping[str, str]) -> list[Any]:
         from llmir_core.passes import PASSES
@@ -224,7 +221,11 @@ def write_artifact(
     fn = module.main
     out_dir = os.path.abspath(out_dir)
     check_artifact_dir(out_dir)
-    src_sha, src_name = source_digest(module, source_path)
+    rec = module.attrs.get("llmir.source")
+    if isinstance(rec, dict) and rec.get("sha256"):  # the file the module was lowered from
+        src_sha, src_name = str(rec["sha256"]), (str(rec.get("file") or "") or None)
+    else:
+        src_sha, src_name = source_digest(module, source_path)
     # values computed once here: weights, rotary tables (numpy reference semantics)
     interp = Interpreter(module, check_types=False)
     static_ops, step_ops = split_static(fn)
@@ -328,6 +329,7 @@ def write_artifact(
             "weights": WEIGHTS_FILE,
             "weight_index": index,
             "source": {"file": src_name, "sha256": src_sha},
+            "pipeline": _jsonable(module.attrs.get("llmir.pipeline")),
             "dtype": str(dt),
             "archs": [f"sm_{a}" for a in archs],
             "kernels": kernels,
