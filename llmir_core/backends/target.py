@@ -39,8 +39,9 @@ class Capabilities:
 
     def kernel(self, op_name: str, dtype: DType) -> str | None:
         """How the target computes op_name in dtype: native, cast (in f32 through its own
-        casts) or None (no kernel)."""
-        if self.kernels is None or not dtype.is_float or dtype in (DType.f32, DType.f64):
+        casts) or None (no kernel). The table covers the 16-bit floats (f16, bf16); other dtypes
+        (f32, f64, integers, the 8-bit and 4-bit floats casts carry) are not its business."""
+        if self.kernels is None or dtype not in (DType.f16, DType.bf16):
             return "native"
         return self.kernels.get(op_name, {}).get(str(dtype))
 

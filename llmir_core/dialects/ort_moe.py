@@ -182,6 +182,7 @@ register(
         verifies="input is a float [tokens, hidden] or [batch, seq, hidden] tensor, router_probs "
         "[..., experts] of its type, the expert weights [experts, out, in] of its dtype chaining "
         "hidden -> inter -> hidden, and 1 <= k <= experts.",
+        no_smt="routes each token to its top-k experts (a data-dependent choice of weights)",
         example="%y = ort.moe %x, %logits, %wg, %wu, %wd {k = 2} : (tensor<?batch x ?seq x 64 x f32>, "
         "tensor<?batch x ?seq x 8 x f32>, tensor<8x128x64xf32>, tensor<8x128x64xf32>, "
         "tensor<8x64x128xf32>) -> tensor<?batch x ?seq x 64 x f32>",
@@ -219,6 +220,7 @@ register(
         verifies="as ort.moe; router_weights has router_probs' type; bits is 4 or 8; block_size a "
         "power of two >= 16 dividing hidden and inter; accuracy_level 0..4; quantize has three "
         "none/sym/asym entries.",
+        no_smt="routes each token to its top-k experts over packed quantized blocks",
         example="%y = ort.qmoe %x, %logits, %wg, %wu, %wd {k = 2, bits = 4, block_size = 32} : "
         "(tensor<?batch x ?seq x 64 x f32>, tensor<?batch x ?seq x 8 x f32>, tensor<8x128x64xf32>, "
         "tensor<8x128x64xf32>, tensor<8x64x128xf32>) -> tensor<?batch x ?seq x 64 x f32>",

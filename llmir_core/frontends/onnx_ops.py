@@ -1790,3 +1790,42 @@ def _einsum(n: Node) -> list[Value | None]:
     if not out and not summed:
         acc = n.emit("core.reshape", acc, shape=())
     return [acc]
+
+
+@handles("GatherBlockQuantized", domain=MS)
+def _gather_block_quantized(n: Node) -> list[Value | None]:
+    """Rows of a block-quantized table (onnxruntime-genai's and llmir's int4/int8 embeddings):
+    the packed bytes kept as an nbits weight (the same layout as MatMulNBits' B, whether stored
+    [N, K*bits/8] or [N, blocks, block*bits/8]), decoded with llm.dequantize, then looked up."""
+    bits, block = int(n.attr("bits", 4)), int(n.attr("block_size", 128))
+    if int(n.attr("gather_axis", 0)) != 0:
+        raise NotMapped("only gather_axis=0 (rows of the table) is supported")
+    dt = n.t(0)
+    shape = dt.static_shape()
+    if shape is None or dt.dtype != DType.u8 or len(shape) not in (2, 3):
+        raise NotMapped("data must be a static uint8 [N, K*bits/8] or [N, blocks, bytes] tensor")
+    if int(n.attr("quantize_axis", len(shape) - 1)) != len(shape) - 1:
+        raise NotMapped("only blocks along the last axis are supported")
+    rows = shape[0]
+    row_bytes = 1
+    for d in shape[1:]:
+        row_bytes *= d
+    cols = row_bytes * 8 // bits
+    if cols % block:
+        raise NotMapped(f"row width {cols} is not a multiple of block_size={block}")
+    st = n.t(2)
+    if not isinstance(st.dtype, DType) or not st.dtype.is_float:
+        raise NotMapped("scales must be a float tensor")
+    if n.has(3) and n.t(3).dtype != DType.u8:
+        raise NotMapped("zero points must be packed uint8")
+    nb = cols // block
+    q = QuantType("nbits", bits, block, st.dtype, "int" if n.has(3) else "none")
+    w = n.imp.requantized_weight(n.input_names[0], TensorType((rows, cols), q))
+    ops = [w, _as_shape(n, 2, (rows, nb))]
+    if n.has(3):
+        ops.append(_as_shape(n, 3, (rows, (nb * bits + 7) // 8)))
+    table = n.emit("llm.dequantize", *ops, dtype=st.dtype)
+    y = n.emit("llm.embedding", table, n.inp(1))
+    if len(shape) == 3:  # the rows come out as [..., blocks, block]
+        y = n.emit("core.reshape", y, shape=(0,) * n.t(1).rank + (nb, block))
+    return [y]

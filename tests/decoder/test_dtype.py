@@ -187,5 +187,5 @@ def test_bf16_checkpoint_keeps_its_bytes(tiny_dir: Path, tmp_path: Path) -> None
 def test_optimize_dtype_needs_a_target(tiny_module: Any, tmp_path: Path) -> None:
     (tmp_path / "m.llmir").write_text(print_module(tiny_module))
     r = run_cli("optimize", "m.llmir", "--dtype", "f16", "-o", "o.llmir", cwd=tmp_path)
-    assert r.returncode == 2 and "--dtype is a lowering option" in r.stderr
+    assert r.returncode == 2 and "--dtype: lowering options need --target" in r.stderr
     assert not (tmp_path / "o.llmir").exists()
