@@ -75,6 +75,15 @@ def replace_uses(fn: Function, old: Value, new: Value) -> None:
     fn.outputs = [new if v is old else v for v in fn.outputs]
 
 
+def take_over(fn: Function, old: Value, new: Value) -> None:
+    """`new` replaces `old` everywhere and takes its name (the replaced value is renamed
+    `NAME.dead` until dead-code removal drops it), so a rewrite keeps the names a user reads."""
+    name = old.name
+    replace_uses(fn, old, new)
+    old.name = name + ".dead"
+    new.name = name
+
+
 def replace_many(fn: Function, mapping: dict[int, Value]) -> None:
     if not mapping:
         return

@@ -29,7 +29,7 @@ from llmir_core.rewrite.quant_rules import kv_codes_static, kv_dequant
 from llmir_core.rewrite.rule import RuleInstance, value_loc
 from llmir_core.rewrite.terms import Match, V, match
 
-from .base import PassContext, erase_dead, replace_uses, scratch_builder
+from .base import PassContext, erase_dead, scratch_builder, take_over
 from .ort_common import (
     Evaluate,
     Graph,
@@ -540,10 +540,7 @@ class LowerOrtAttention:
             (a.present_k, gqa.results[1]),
             (a.present_v, gqa.results[2]),
         ):
-            name = old.name
-            replace_uses(fn, old, new)
-            old.name = name + ".dead"
-            new.name = name
+            take_over(fn, old, new)
         erase_dead(fn, a.claims)
         detail = (
             ("packed QKV, " if pack is not None else "")

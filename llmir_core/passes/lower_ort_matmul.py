@@ -36,7 +36,7 @@ from llmir_core.dialects.registry import get_op
 from llmir_core.ir.core import Function, Module, Op
 from llmir_core.ir.types import DType
 
-from .base import PassContext, erase_dead, replace_uses, scratch_builder
+from .base import PassContext, erase_dead, scratch_builder, take_over
 from .ort_common import (
     ACCURACY_LEVEL,
     Evaluate,
@@ -58,14 +58,6 @@ from .ort_common import (
 )
 
 _EXPAND = ("llm.gated_mlp", "llm.linear", "llm.silu_mul", "llm.quantized_matmul")
-
-
-def _swap(fn: Function, op: Op, new_results: list) -> None:  # type: ignore[type-arg]
-    for old, new in zip(op.results, new_results):
-        name = old.name
-        replace_uses(fn, old, new)
-        old.name = name + ".dead"
-        new.name = name
 
 
 @dataclass(frozen=True)
@@ -106,7 +98,8 @@ class LowerOrtMatmul:
     def _splice(self, fn: Function, op: Op, new_ops: list[Op], results: list) -> None:  # type: ignore[type-arg]
         i = next(i for i, o in enumerate(fn.ops) if o is op)
         fn.ops[i:i] = new_ops
-        _swap(fn, op, results)
+        for old, new in zip(op.results, results):
+            take_over(fn, old, new)
         erase_dead(fn, [op])
 
     def _expand(self, fn: Function, levels: dict[int, int]) -> bool:

@@ -34,7 +34,7 @@ from llmir_core.dialects.llm_moe import dec_group_limit, dec_scores, dec_shared
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType, QuantType, TensorType
 
-from .base import PassContext, erase_dead, replace_uses, scratch_builder
+from .base import PassContext, erase_dead, scratch_builder, take_over
 from .ort_common import (
     ACCURACY_LEVEL,
     Evaluate,
@@ -234,15 +234,8 @@ def per_expert(fn: Function, op: Op, srcs: list[list[WSrc]]) -> None:
         out = b.op("core.add", out, dec_shared(b, x, list(op.operands[5:]), act))
     pos = next(i for i, o in enumerate(fn.ops) if o is op)
     fn.ops[pos:pos] = new_ops
-    _swap(fn, op.results[0], out)
+    take_over(fn, op.results[0], out)
     erase_dead(fn, [op])
-
-
-def _swap(fn: Function, old: Value, new: Value) -> None:
-    name = old.name
-    replace_uses(fn, old, new)
-    old.name = name + ".dead"
-    new.name = name
 
 
 @dataclass(frozen=True)
@@ -351,7 +344,7 @@ class LowerOrtMoe:
             y = b.op("core.add", y, dec_shared(b, x, list(op.operands[5:]), "silu"))
         pos = next(i for i, o in enumerate(fn.ops) if o is op)
         fn.ops[pos:pos] = new_ops
-        _swap(fn, op.results[0], y)
+        take_over(fn, op.results[0], y)
         erase_dead(fn, [op])
         return None
 

@@ -15,19 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from llmir_core.ir.core import Function, Module, Op, Value
+from llmir_core.ir.core import Function, Module, Op
 from llmir_core.ir.types import DType
 
-from .base import PassContext, erase_dead, replace_uses, scratch_builder
+from .base import PassContext, erase_dead, scratch_builder, take_over
 from .ort_common import Graph, declare_ort, is_decoder, tt
-
-
-def _swap(fn: Function, pairs: list[tuple[Value, Value]]) -> None:
-    for old, new in pairs:
-        name = old.name
-        replace_uses(fn, old, new)
-        old.name = name + ".dead"
-        new.name = name
 
 
 @dataclass(frozen=True)
@@ -86,7 +78,8 @@ class LowerOrtNorms:
                 pairs = [(op.results[0], new.results[0])]
                 rule = "simplified-layer-norm"
         fn.ops[pos:pos] = new_ops
-        _swap(fn, pairs)
+        for old_v, new_v in pairs:
+            take_over(fn, old_v, new_v)
         erase_dead(fn, dead)
         ctx.applied(rule, new.results[0])
         return True

@@ -23,7 +23,7 @@ from llmir_core.dialects.registry import get_op
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType, TensorType
 
-from .base import PassContext, erase_dead, replace_uses, scratch_builder
+from .base import PassContext, erase_dead, scratch_builder, take_over
 from .ort_common import TARGET
 
 NARROW = (DType.f16, DType.bf16)
@@ -113,10 +113,7 @@ class LowerOrtPrecision:
         i = next(i for i, o in enumerate(fn.ops) if o is op)
         fn.ops[i:i] = new_ops
         for old, new in zip(op.results, outs):
-            name = old.name
-            replace_uses(fn, old, new)
-            old.name = name + ".dead"
-            new.name = name
+            take_over(fn, old, new)
         erase_dead(fn, [op])
         why = (
             "no kernel (the model would not load)"
