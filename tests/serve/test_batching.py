@@ -45,8 +45,12 @@ def alone(art: Path, ids: list[int], n: int) -> list[int]:
 
 
 def run_all(
-    sched: Scheduler, prompts: list[list[int]], n: int, stagger_s: float = 0.0
+    sched: Scheduler,
+    prompts: list[list[int]],
+    n: int,
+    start: bool = False,
 ) -> list[Completion]:
+    """Submit every prompt (then start the scheduler when `start`) and wait for all of them."""
     done: dict[int, Completion] = {}
     ev = threading.Event()
 
@@ -59,7 +63,8 @@ def run_all(
     for i, p in enumerate(prompts):
         done_i = functools.partial(finished, i)
         sched.submit(GenRequest(p, n, Sampler(SamplingConfig()), lambda s: None, done_i))
-        time.sleep(stagger_s)
+    if start:
+        sched.start()
     assert ev.wait(60), "the scheduler hung"
     return [done[i] for i in range(len(prompts))]
 
@@ -68,8 +73,9 @@ def test_batched_greedy_equals_alone(tiny_artifact: Path) -> None:
     want = [alone(tiny_artifact, p, 10) for p in PROMPTS]
     dec = OrtBatchDecoder(str(tiny_artifact), 3, threads=1)
     sched = Scheduler(dec, lambda ids: "", chunk=4)  # chunked prefill, 5 requests on 3 slots
-    sched.start()
-    got = run_all(sched, PROMPTS, 10, stagger_s=0.002)
+    # all five wait before the loop starts, so the schedule does not depend on thread timing:
+    # three are admitted at once and the second decodes beside the first from its second step
+    got = run_all(sched, PROMPTS, 10, start=True)
     sched.close()
     assert sched.join(10)
     assert [r.token_ids for r in got] == want
