@@ -88,6 +88,9 @@ TEMPLATE_FILE = "chat_template.jinja"
 LOWERED_FILE = "model.lowered.llmir"  # the lowered module the nodes' llmir.line tags point into
 _LARGE = 1 << 20  # tensors of at least this many bytes are aligned to 64 KiB
 _FOLD_MAX = 1 << 16  # elements: static values up to this size are folded into constants
+_COMPUTE_FOLD = (
+    1 << 8
+)  # elements: below a computed rotary table, values up to this (inv_freq) are folded
 _CHUNK = 32 << 20  # bytes of f32 rows processed at once when a weight is transformed
 
 
@@ -599,12 +602,17 @@ class DecoderSerializer:
         return seqlens, total
 
     def rope_tables(self, cos_v: Value, sin_v: Value) -> tuple[str, str]:
+        """The rotary tables as GroupQueryAttention / RotaryEmbedding inputs, cut to --max-len
+        rows. A table the module computes from constants (positions x inv_freq -> cos/sin, as
+        the importers emit it) is emitted as those nodes, which onnxruntime folds once when the
+        session loads: the artifact stores inv_freq, not [context, rotary_dim/2] floats twice (for
+        Qwen2.5's 32768 positions, 8 MB). A table stored as a constant stays an initializer."""
         key = id(cos_v)
         if key in self._rope_tables:
             return self._rope_tables[key]
-        cos = self.w.eval(cos_v).astype(np.float32)
-        sin = self.w.eval(sin_v).astype(np.float32)
-        rows = cos.shape[0]
+        rows = tt(cos_v).shape[0]
+        if not isinstance(rows, int):
+            raise BuildError(f"%{cos_v.name}: the rotary table has no static length")
         if self.max_len_opt is not None and self.max_len_opt > rows:
             raise InputError(
                 f"--max-len {self.max_len_opt} exceeds the {rows} positions the model's "
@@ -613,9 +621,36 @@ class DecoderSerializer:
             )
         n = self.max_len_opt or rows
         self.max_len = n if self.max_len is None else min(self.max_len, n)
-        out = (self.w.small(cos[:n], "cos_cache"), self.w.small(sin[:n], "sin_cache"))
+        out = (self._rope_table(cos_v, n, "cos_cache"), self._rope_table(sin_v, n, "sin_cache"))
         self._rope_tables[key] = out
         return out
+
+    def _rope_table(self, v: Value, n: int, label: str) -> str:
+        rows = tt(v).shape[0]
+        op = v.owner
+        if op is None or op.name in ("core.weight", "core.constant"):
+            arr = self.w.eval(v).astype(np.float32)
+            return self.w.small(arr[:n], label)  # a stored table stays stored
+        name = self._computed(v)
+        if n < rows:
+            L = self.L
+            name = L.one("Slice", name, L.ints([0]), L.ints([n]), L.ints([0]))
+        return name
+
+    def _computed(self, v: Value) -> str:
+        """v, a static value, as the nodes computing it from its constants; intermediate values
+        up to _COMPUTE_FOLD elements are folded (inv_freq), larger ones computed."""
+        L = self.L
+        if id(v) in L.names or id(v) in L.weights:
+            return self.name(v)
+        op = v.owner
+        assert op is not None
+        if op.name in ("core.weight", "core.constant") or _numel(v) <= _COMPUTE_FOLD:
+            return self.name(v)
+        for o in op.operands:
+            self._computed(o)
+        self._generic(op)
+        return L.name_of(v)
 
     def weight(self, v: Value) -> list[WSrc]:
         srcs = weight_srcs(self.g, v)
@@ -640,6 +675,12 @@ def _output_names(fn: Function) -> list[str]:
     return ["logits"] + [
         "present." + a.name.removeprefix("past_key_values.") for a in cache_args(fn)
     ]
+
+
+def _numel(v: Value) -> int:
+    """Elements of v's static shape (dynamic: counted as large)."""
+    shape = tt(v).static_shape()
+    return int(np.prod(shape)) if shape is not None else 1 << 62
 
 
 def _label(op: Op, default: str) -> str:
