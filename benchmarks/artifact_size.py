@@ -50,6 +50,7 @@ def llmir(*args: str) -> None:
         [sys.executable, "-m", "llmir_cli.app", *args],
         capture_output=True,
         text=True,
+        cwd=str(TREE),  # `python -m` puts the working folder first on sys.path
         env={**os.environ, "PYTHONPATH": str(TREE)},
     )
     if r.returncode:
@@ -185,6 +186,7 @@ def main() -> None:
     a = ap.parse_args()
     global TREE
     TREE = a.tree.resolve()
+    a.work = a.work.resolve()
     rows = []
     for name in a.models.split(","):
         for q in a.types.split(","):

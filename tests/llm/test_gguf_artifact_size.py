@@ -1,6 +1,7 @@
 """An artifact built from a GGUF file holds the file's tensor bytes and next to nothing else: the
 blocks are repacked losslessly (q4_0/q8_0 -> MatMulNBits / GatherBlockQuantized, a tied table
-stored once), and the rotary cos/sin tables are computed in the graph from inv_freq (onnxruntime
+stored once), F16 tensors stay f16 (widened when the session loads; `--dtype f32` widens them in
+the file), and the rotary cos/sin tables are computed in the graph from inv_freq (onnxruntime
 folds them when the session loads) instead of being stored as [context, rotary_dim/2] floats.
 The greedy tokens are those of the module's reference interpreter."""
 
@@ -54,7 +55,7 @@ def _gguf(folder: Path, out: Path, qtype: str) -> tuple[Any, int]:
     return import_gguf(out), tensors
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "F16"])
 def test_artifact_holds_the_gguf_tensor_bytes(folder: Path, tmp_path: Path, qtype: str) -> None:
     module, tensor_bytes = _gguf(folder, tmp_path / "m.gguf", qtype)
     build_decoder(module, str(tmp_path / "art"))
@@ -83,3 +84,13 @@ def test_max_len_cuts_the_computed_table(folder: Path, tmp_path: Path) -> None:
     ref.reset(1)
     a, b = ref.forward(prompt), dec.forward(prompt)
     np.testing.assert_allclose(b[0, -1], a[0, -1], rtol=1e-3, atol=1e-3)
+
+
+def test_dtype_f32_widens_an_f16_gguf(folder: Path, tmp_path: Path) -> None:
+    from llmir_core.backends import build
+
+    module, tensor_bytes = _gguf(folder, tmp_path / "m.gguf", "F16")
+    build(module, str(tmp_path / "art"), "onnxruntime", options={"dtype": "f32"})
+    model = onnx.load(str(tmp_path / "art" / "model.onnx"), load_external_data=False)
+    assert _initializer_bytes(model) > 1.8 * tensor_bytes
+    assert "ort.cast" not in (tmp_path / "art" / "model.lowered.llmir").read_text()
