@@ -86,7 +86,7 @@ DECODER_SCHEMA = 1
 TOKENIZER_FILE = "tokenizer.json"
 TEMPLATE_FILE = "chat_template.jinja"
 LOWERED_FILE = "model.lowered.llmir"  # the lowered module the nodes' llmir.line tags point into
-_LARGE = 1 << 20  # tensors of at least this many bytes are aligned to 64 KiB
+_LARGE = 1 << 20  # tensors of at least this many bytes are aligned to 4 KiB (ort_lower)
 _FOLD_MAX = 1 << 16  # elements: static values up to this size are folded into constants
 _COMPUTE_FOLD = (
     1 << 8
@@ -332,7 +332,7 @@ class _Weights:
             scheme = w.qtype.scheme
             raw = np.asarray(w.data).reshape(s.rows, -1)
             step = max(1, _CHUNK // max(1, s.cols * 4))
-            if scheme in LOSSLESS:
+            if LOSSLESS.get(scheme) == (fmt.bits, fmt.block):
                 self.log.lossless[scheme] = self.log.lossless.get(scheme, 0) + 1
                 for r in range(0, s.rows, step):
                     codes, sc, _, _ = repack_gguf(raw[r : r + step], scheme, s.cols)

@@ -17,7 +17,7 @@ from onnx.external_data_helper import uses_external_data
 
 from llmir_core.backends.ort_decoder import build_decoder
 from llmir_core.runtime.ort_decoder import open_artifact
-from tests.decoder.helpers import greedy, ref_decoder
+from tests.decoder.helpers import greedy, parity, ref_decoder
 from tests.decoder.tiny import LlamaShape, make_llama_folder
 
 # a long context (the table the artifact used to store: 2048 x 8 floats, twice: 128 KiB) and a
@@ -94,3 +94,29 @@ def test_dtype_f32_widens_an_f16_gguf(folder: Path, tmp_path: Path) -> None:
     model = onnx.load(str(tmp_path / "art" / "model.onnx"), load_external_data=False)
     assert _initializer_bytes(model) > 1.8 * tensor_bytes
     assert "ort.cast" not in (tmp_path / "art" / "model.lowered.llmir").read_text()
+
+
+def test_quant_int4_narrows_a_q8_0_lm_head(folder: Path, tmp_path: Path) -> None:
+    """--quant int4 on a q4_0 file: the q8_0 tied embedding / lm_head (llama.cpp's choice) is
+    requantized to int4 blocks, stored once for the lookup and the head, and logged; the q4_0
+    tensors pass through losslessly."""
+    module, tensor_bytes = _gguf(folder, tmp_path / "m.gguf", "Q4_0")
+    man = build_decoder(module, str(tmp_path / "art"), quant="int4", accuracy_level=1)
+    q = man["decoder"]["quant"]
+    assert [(r["weight"], r["from"], r["to"]) for r in q["gguf_requantized"]] == [
+        ("token_embd.weight", "q8_0", "int4")
+    ]
+    assert q["embedding"][0]["shared_with_lm_head"] and q["embedding"][0]["bits"] == 4
+    text = (tmp_path / "art" / "model.lowered.llmir").read_text()
+    assert "bits = 8" not in text and 'quantize = "sym"' in text
+    model = onnx.load(str(tmp_path / "art" / "model.onnx"), load_external_data=False)
+    assert _initializer_bytes(model) < tensor_bytes
+    # the lowered module (with the int4 rounding of the table in it) is what the artifact runs
+    from llmir_core.backends import get_target
+    from llmir_core.passes.base import clone_module
+    from llmir_core.passes.manager import run_pipeline
+
+    opts = {"quant": "int4", "accuracy_level": 1}
+    lowered = run_pipeline(clone_module(module), get_target("onnxruntime").lowering(opts)).module
+    prompt = np.array([[1, 5, 9, 2, 7, 3]])
+    assert parity(lowered, open_artifact(str(tmp_path / "art")), prompt, steps=3) <= 1e-3
