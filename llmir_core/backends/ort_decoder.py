@@ -450,6 +450,7 @@ class DecoderSerializer:
         self.last_logits = tt(self.fn.outputs[0]).rank == 3 and tt(self.fn.outputs[0]).shape[1] == 1
         self.max_len: int | None = None
         self.generic_ops: dict[str, int] = {}
+        self.load_ops: dict[str, int] = {}  # ops computing the rotary tables (folded at load)
         self.gqa_ops = [op for op in self.fn.ops if op.name == "ort.group_query_attention"]
         self._seqlens: dict[int, tuple[str, str]] = {}
         self._rope_tables: dict[int, tuple[str, str]] = {}
@@ -649,7 +650,10 @@ class DecoderSerializer:
             return self.name(v)
         for o in op.operands:
             self._computed(o)
-        self._generic(op)
+        for o in op.operands:
+            self.name(o)
+        self.load_ops[op.name] = self.load_ops.get(op.name, 0) + 1
+        L.lower_op(op)
         return L.name_of(v)
 
     def weight(self, v: Value) -> list[WSrc]:
@@ -675,6 +679,20 @@ def _output_names(fn: Function) -> list[str]:
     return ["logits"] + [
         "present." + a.name.removeprefix("past_key_values.") for a in cache_args(fn)
     ]
+
+
+def _weight_dtype(D: DecoderSerializer, module: Module) -> str:
+    """--dtype, or without it the width the weights are stored in: the 16-bit dtype the
+    source's stored weights keep (`ort.cast` of a constant), else f32."""
+    opt = module_options(module).get("dtype")
+    if opt:
+        return str(opt)
+    dts = {
+        str(tt(op.operands[0]).dtype)
+        for op in D.fn.ops
+        if op.name == "ort.cast" and id(op.operands[0]) in D.g.static
+    }
+    return dts.pop() if len(dts) == 1 else ("mixed" if dts else "f32")
 
 
 def _numel(v: Value) -> int:
@@ -1158,7 +1176,7 @@ def _manifest(
         ],
         "logits": "last" if D.last_logits else "all",
         "accuracy_level": D.accuracy_level,
-        "weight_dtype": str(module_options(module).get("dtype") or "f32"),
+        "weight_dtype": _weight_dtype(D, module),
         "quant": {
             "f32_weights": (f"int{D.quant.bits}" if D.quant else "f32"),
             "block": D.quant.block if D.quant else None,
@@ -1172,6 +1190,7 @@ def _manifest(
         "fused_attention_layers": len(D.gqa_ops),
         "packed_qkv_layers": sum(1 for op in D.gqa_ops if op.attrs.get("packed")),
         "generic_ops": dict(sorted(D.generic_ops.items())),
+        "rope_table_ops": dict(sorted(D.load_ops.items())),  # constant: folded at session load
         "not_fused": _jsonable(module.attrs.get("ort.not_fused") or {}),
         "eos_token_ids": [int(e) for e in eos],
         "bos_token_id": module.attrs.get("llm.bos_token_id"),

@@ -58,7 +58,9 @@ def _gguf(folder: Path, out: Path, qtype: str) -> tuple[Any, int]:
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "F16"])
 def test_artifact_holds_the_gguf_tensor_bytes(folder: Path, tmp_path: Path, qtype: str) -> None:
     module, tensor_bytes = _gguf(folder, tmp_path / "m.gguf", qtype)
-    build_decoder(module, str(tmp_path / "art"))
+    man = build_decoder(module, str(tmp_path / "art"))
+    assert man["decoder"]["weight_dtype"] == ("f16" if qtype == "F16" else "f32")
+    assert set(man["decoder"]["rope_table_ops"]) >= {"core.cos", "core.sin"}
     model = onnx.load(str(tmp_path / "art" / "model.onnx"), load_external_data=False)
     extra = _initializer_bytes(model) - tensor_bytes
     assert 0 <= extra <= CONSTANTS_MAX, f"{extra} bytes beyond the GGUF tensors"
