@@ -628,6 +628,7 @@ class DecoderSerializer:
 
     def _rope_table(self, v: Value, n: int, label: str) -> str:
         rows = tt(v).shape[0]
+        assert isinstance(rows, int)  # checked by rope_tables
         op = v.owner
         if op is None or op.name in ("core.weight", "core.constant"):
             arr = self.w.eval(v).astype(np.float32)
