@@ -122,3 +122,31 @@ def test_quant_int4_narrows_a_q8_0_lm_head(folder: Path, tmp_path: Path) -> None
     lowered = run_pipeline(clone_module(module), get_target("onnxruntime").lowering(opts)).module
     prompt = np.array([[1, 5, 9, 2, 7, 3]])
     assert parity(lowered, open_artifact(str(tmp_path / "art")), prompt, steps=3) <= 1e-3
+
+
+def test_merge_of_unknown_token_is_an_input_error(folder: Path, tmp_path: Path) -> None:
+    """A GGUF whose BPE merges name a token its vocabulary lacks: one clear error (exit 2)."""
+    from safetensors.numpy import load_file
+
+    from tests.conftest import run_cli
+
+    from .gguf_convert import write_gguf
+
+    tok = {
+        "model": "gpt2",
+        "pre": "gpt-2",
+        "tokens": [f"t{i}" for i in range(SHAPE.vocab)],
+        "token_type": [1] * SHAPE.vocab,
+        "merges": ["t 0"],
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    write_gguf(
+        folder, load_file(str(folder / "model.safetensors")), tmp_path / "m.gguf", "Q8_0", tok
+    )
+    r = run_cli("import", "m.gguf", "-o", "m.llmir", "-q", cwd=tmp_path)
+    if r.returncode == 0:
+        r = run_cli("build", "m.llmir", "-o", "art", "-q", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "tokenizer.ggml.merges[0] 't 0' names token 't', which is not in" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "art").exists()
