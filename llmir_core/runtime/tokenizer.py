@@ -17,6 +17,7 @@ Control tokens become special added tokens, user-defined ones plain added tokens
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,7 +135,7 @@ def _added_tokens(
     return out
 
 
-def _check_merges(where: str, vocab: dict[str, int], merges: list[tuple[str, ...]]) -> None:
+def _check_merges(where: str, vocab: dict[str, int], merges: Sequence[tuple[str, ...]]) -> None:
     """Each merge is two tokens of the vocabulary (the BPE model refuses anything else)."""
     for i, m in enumerate(merges):
         bad = next((p for p in m if p not in vocab), None)
