@@ -75,7 +75,8 @@ WeightDTypeOpt = Annotated[
     typer.Option(
         "--dtype",
         help="Decoders: store matmul weights and the embedding table in f16 or bf16 (half the "
-        "f32 bytes; computed in f32 where the CPU has no 16-bit kernel).",
+        "f32 bytes; computed in f32 where the CPU has no 16-bit kernel), or f32 (default: "
+        "each weight in the width its source stores, e.g. an F16 GGUF's f16).",
         show_default=False,
     ),
 ]

@@ -86,8 +86,11 @@ DECODER_SCHEMA = 1
 TOKENIZER_FILE = "tokenizer.json"
 TEMPLATE_FILE = "chat_template.jinja"
 LOWERED_FILE = "model.lowered.llmir"  # the lowered module the nodes' llmir.line tags point into
-_LARGE = 1 << 20  # tensors of at least this many bytes are aligned to 64 KiB
+_LARGE = 1 << 20  # tensors of at least this many bytes are aligned to 4 KiB (ort_lower)
 _FOLD_MAX = 1 << 16  # elements: static values up to this size are folded into constants
+_COMPUTE_FOLD = (
+    1 << 8
+)  # elements: below a computed rotary table, values up to this (inv_freq) are folded
 _CHUNK = 32 << 20  # bytes of f32 rows processed at once when a weight is transformed
 
 
@@ -329,7 +332,7 @@ class _Weights:
             scheme = w.qtype.scheme
             raw = np.asarray(w.data).reshape(s.rows, -1)
             step = max(1, _CHUNK // max(1, s.cols * 4))
-            if scheme in LOSSLESS:
+            if LOSSLESS.get(scheme) == (fmt.bits, fmt.block):
                 self.log.lossless[scheme] = self.log.lossless.get(scheme, 0) + 1
                 for r in range(0, s.rows, step):
                     codes, sc, _, _ = repack_gguf(raw[r : r + step], scheme, s.cols)
@@ -447,6 +450,7 @@ class DecoderSerializer:
         self.last_logits = tt(self.fn.outputs[0]).rank == 3 and tt(self.fn.outputs[0]).shape[1] == 1
         self.max_len: int | None = None
         self.generic_ops: dict[str, int] = {}
+        self.load_ops: dict[str, int] = {}  # ops computing the rotary tables (folded at load)
         self.gqa_ops = [op for op in self.fn.ops if op.name == "ort.group_query_attention"]
         self._seqlens: dict[int, tuple[str, str]] = {}
         self._rope_tables: dict[int, tuple[str, str]] = {}
@@ -599,12 +603,17 @@ class DecoderSerializer:
         return seqlens, total
 
     def rope_tables(self, cos_v: Value, sin_v: Value) -> tuple[str, str]:
+        """The rotary tables as GroupQueryAttention / RotaryEmbedding inputs, cut to --max-len
+        rows. A table the module computes from constants (positions x inv_freq -> cos/sin, as
+        the importers emit it) is emitted as those nodes, which onnxruntime folds once when the
+        session loads: the artifact stores inv_freq, not [context, rotary_dim/2] floats twice (for
+        Qwen2.5's 32768 positions, 8 MB). A table stored as a constant stays an initializer."""
         key = id(cos_v)
         if key in self._rope_tables:
             return self._rope_tables[key]
-        cos = self.w.eval(cos_v).astype(np.float32)
-        sin = self.w.eval(sin_v).astype(np.float32)
-        rows = cos.shape[0]
+        rows = tt(cos_v).shape[0]
+        if not isinstance(rows, int):
+            raise BuildError(f"%{cos_v.name}: the rotary table has no static length")
         if self.max_len_opt is not None and self.max_len_opt > rows:
             raise InputError(
                 f"--max-len {self.max_len_opt} exceeds the {rows} positions the model's "
@@ -613,9 +622,40 @@ class DecoderSerializer:
             )
         n = self.max_len_opt or rows
         self.max_len = n if self.max_len is None else min(self.max_len, n)
-        out = (self.w.small(cos[:n], "cos_cache"), self.w.small(sin[:n], "sin_cache"))
+        out = (self._rope_table(cos_v, n, "cos_cache"), self._rope_table(sin_v, n, "sin_cache"))
         self._rope_tables[key] = out
         return out
+
+    def _rope_table(self, v: Value, n: int, label: str) -> str:
+        rows = tt(v).shape[0]
+        assert isinstance(rows, int)  # checked by rope_tables
+        op = v.owner
+        if op is None or op.name in ("core.weight", "core.constant"):
+            arr = self.w.eval(v).astype(np.float32)
+            return self.w.small(arr[:n], label)  # a stored table stays stored
+        name = self._computed(v)
+        if n < rows:
+            L = self.L
+            name = L.one("Slice", name, L.ints([0]), L.ints([n]), L.ints([0]))
+        return name
+
+    def _computed(self, v: Value) -> str:
+        """v, a static value, as the nodes computing it from its constants; intermediate values
+        up to _COMPUTE_FOLD elements are folded (inv_freq), larger ones computed."""
+        L = self.L
+        if id(v) in L.names or id(v) in L.weights:
+            return self.name(v)
+        op = v.owner
+        assert op is not None
+        if op.name in ("core.weight", "core.constant") or _numel(v) <= _COMPUTE_FOLD:
+            return self.name(v)
+        for o in op.operands:
+            self._computed(o)
+        for o in op.operands:
+            self.name(o)
+        self.load_ops[op.name] = self.load_ops.get(op.name, 0) + 1
+        L.lower_op(op)
+        return L.name_of(v)
 
     def weight(self, v: Value) -> list[WSrc]:
         srcs = weight_srcs(self.g, v)
@@ -640,6 +680,26 @@ def _output_names(fn: Function) -> list[str]:
     return ["logits"] + [
         "present." + a.name.removeprefix("past_key_values.") for a in cache_args(fn)
     ]
+
+
+def _weight_dtype(D: DecoderSerializer, module: Module) -> str:
+    """--dtype, or without it the width the weights are stored in: the 16-bit dtype the
+    source's stored weights keep (`ort.cast` of a constant), else f32."""
+    opt = module_options(module).get("dtype")
+    if opt:
+        return str(opt)
+    dts = {
+        str(tt(op.operands[0]).dtype)
+        for op in D.fn.ops
+        if op.name == "ort.cast" and id(op.operands[0]) in D.g.static
+    }
+    return dts.pop() if len(dts) == 1 else ("mixed" if dts else "f32")
+
+
+def _numel(v: Value) -> int:
+    """Elements of v's static shape (dynamic: counted as large)."""
+    shape = tt(v).static_shape()
+    return int(np.prod(shape)) if shape is not None else 1 << 62
 
 
 def _label(op: Op, default: str) -> str:
@@ -1117,7 +1177,7 @@ def _manifest(
         ],
         "logits": "last" if D.last_logits else "all",
         "accuracy_level": D.accuracy_level,
-        "weight_dtype": str(module_options(module).get("dtype") or "f32"),
+        "weight_dtype": _weight_dtype(D, module),
         "quant": {
             "f32_weights": (f"int{D.quant.bits}" if D.quant else "f32"),
             "block": D.quant.block if D.quant else None,
@@ -1131,6 +1191,7 @@ def _manifest(
         "fused_attention_layers": len(D.gqa_ops),
         "packed_qkv_layers": sum(1 for op in D.gqa_ops if op.attrs.get("packed")),
         "generic_ops": dict(sorted(D.generic_ops.items())),
+        "rope_table_ops": dict(sorted(D.load_ops.items())),  # constant: folded at session load
         "not_fused": _jsonable(module.attrs.get("ort.not_fused") or {}),
         "eos_token_ids": [int(e) for e in eos],
         "bos_token_id": module.attrs.get("llm.bos_token_id"),

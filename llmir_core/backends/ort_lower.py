@@ -36,7 +36,9 @@ OPSET = 23
 MS = "com.microsoft"
 DATA_FILE = "model.onnx.data"
 EXTERNAL_MIN = 1024  # constants of at least this many bytes go to the data file
-_ALIGN_SMALL, _ALIGN_LARGE, _LARGE = 64, 65536, 1 << 20
+# tensors of 1 MB or more start on a 4 KiB boundary (onnxruntime memory-maps external data at
+# page-aligned offsets, as its own writer aligns them), others on 64 bytes
+_ALIGN_SMALL, _ALIGN_LARGE, _LARGE = 64, 4096, 1 << 20
 _BLOCK = 16 << 20
 
 DTYPE_TO_ONNX: dict[DType, int] = {

@@ -132,9 +132,18 @@ def embedding_error(s: WSrc, nb: NbitsFormat, base: str) -> float:
 
     assert s.op is not None
     w = np.asarray(load_weight(s.op.attrs, tt(s.op.results[0]), base).data)
+    scheme = s.scheme if s.kind == "gguf" else None
+    if scheme is not None:  # GGUF blocks (a q8_0 table requantized by --quant int4)
+        from llmir_core.quant import gguf_blocks
+
+        w = w.reshape(s.rows, -1)
     err = 0.0
     step = max(1, (8 << 20) // max(1, s.cols * 4))
     for r in range(0, s.rows, step):
-        x = np.asarray(w[r : r + step], np.float32)
+        if scheme is not None:
+            n = min(step, s.rows - r)
+            x = gguf_blocks.dequantize(w[r : r + step], scheme, (n, s.cols))
+        else:
+            x = np.asarray(w[r : r + step], np.float32)
         err = max(err, float(np.abs(fake_quant(x, nb.bits, nb.block, "sym") - x).max()))
     return err

@@ -177,7 +177,7 @@ class LowerOrtMatmul:
             return f"{s.label}: {s.scheme} repacked losslessly to {tag}"
         if s.kind == "gguf":
             return (
-                f"{s.label}: {s.scheme} requantized to {tag} with zero points, "
+                f"{s.label}: {s.scheme} requantized to {tag}{' with zero points' * nb.asym}, "
                 f"max abs error {_requant_error(s, nb, base):.3g}"
             )
         return f"{s.label}: f32 quantized to {tag} ({'asym' if nb.asym else 'sym'})"

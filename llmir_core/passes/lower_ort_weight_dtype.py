@@ -1,6 +1,12 @@
 """lower-ort-weight-dtype: a decoder's f32 matmul weights and embedding table stored in 16 bits
 (`llmir build --dtype f16|bf16`), computed in the dtype the capability table allows.
 
+Without --dtype, weights keep the width their source stores: a weight that is the f32 widening
+of a stored 16-bit tensor (a GGUF F16/BF16 tensor, a bf16 checkpoint's `core.cast(core.weight)`)
+becomes `ort.cast(core.weight)` and the artifact holds its 16-bit bytes (an F16 GGUF builds to
+an artifact of the GGUF's size, not twice it); f32 weights stay f32. `--dtype f32` stores every
+weight in f32 (no widening when the session loads).
+
 Each static f32 weight W read by an `ort.fused_matmul` (operand 1) or an `llm.embedding` (the
 table) becomes `ort.cast(core.cast(W, d), f32)`: the artifact stores the d value (half the f32
 bytes) and onnxruntime widens it to f32 once, when the session loads. A weight that already is
@@ -56,20 +62,37 @@ def _label(w: Value) -> str:
     return str(op.attrs.get("name", w.name))
 
 
+def _stored_16(w: Value) -> DType | None:
+    """The 16-bit dtype w is the f32 widening of (`core.cast(core.weight f16|bf16)`, or a
+    row-concatenation of such widenings of one dtype, e.g. packed QKV), or None."""
+    src = w.owner
+    if src is not None and src.name == "core.concat" and src.attrs.get("axis") == 0:
+        parts = {_stored_16(o) for o in src.operands}
+        return parts.pop() if len(parts) == 1 else None
+    if src is None or src.name != "core.cast" or not src.operands:
+        return None
+    inner = src.operands[0]
+    dt = tt(inner).dtype
+    if dt not in (DType.f16, DType.bf16) or inner.owner is None:
+        return None
+    return dt if inner.owner.name == "core.weight" else None
+
+
 @dataclass(frozen=True)
 class LowerOrtWeightDtype:
     name: ClassVar[str] = "lower-ort-weight-dtype"
     summary: ClassVar[str] = (
         "decoder matmul weights and embedding table stored in f16/bf16, widened at load"
     )
-    dtype: str = ""  # f16 | bf16 ("" keeps f32 weights)
+    dtype: str = ""  # f16 | bf16 | f32 ("": each weight in the width its source stores)
     # --verify-each compares outputs differentially at this relative tolerance (bf16 rounds each
     # weight by up to 2^-9 of its magnitude; f16 by 2^-12), scaled by depth
     validation_rtol: ClassVar[float] = 2e-2
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         d = parse_weight_dtype(self.dtype)
-        if d is None or not is_decoder(module):
+        keep = self.dtype == ""  # the default: 16-bit stored weights stay 16-bit
+        if (d is None and not keep) or not is_decoder(module):
             return False
         from .static_eval import static_value
 
@@ -91,8 +114,11 @@ class LowerOrtWeightDtype:
                     or (w.owner is not None and w.owner.name == "ort.cast")
                 ):
                     continue
+                wd = d if d is not None else _stored_16(w)
+                if wd is None:
+                    continue
                 if id(w) not in done:
-                    done[id(w)] = self._store(fn, w, d, ctx, module, static_value)
+                    done[id(w)] = self._store(fn, w, wd, ctx, module, static_value)
                 op.operands[slot] = done[id(w)]
                 changed = True
         if changed:

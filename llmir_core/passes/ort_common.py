@@ -326,7 +326,9 @@ def nbits_format(
 ) -> NbitsFormat | None:
     """The MatMulNBits format this weight takes, or None (kept f32). Packed checkpoint weights
     (which need `ev` to read their zero points and g_idx) keep their bits and group size when
-    they repack losslessly, else are requantized with zero points (4 or 8 bits)."""
+    they repack losslessly, else are requantized with zero points (4 or 8 bits). A GGUF tensor
+    keeps its own format unless `quant` (`--quant`) is narrower: a q8_0 tensor (llama.cpp's
+    tied embedding / lm_head in q4_0 files) built with --quant int4 is requantized to it."""
     if src.kind == "packed":
         if ev is None:
             raise ValueError("nbits_format of a packed weight needs an evaluator")
@@ -334,11 +336,14 @@ def nbits_format(
     if src.kind == "gguf":
         scheme = src.scheme
         assert scheme is not None
-        if scheme in LOSSLESS:
-            bits, block = LOSSLESS[scheme]
-            return NbitsFormat(bits, block, False)
-        bits, block = REQUANT[scheme]
-        return NbitsFormat(bits, block, True)
+        own = (
+            NbitsFormat(*LOSSLESS[scheme], False)
+            if scheme in LOSSLESS
+            else NbitsFormat(*REQUANT[scheme], True)
+        )
+        if quant is not None and quant.bits < own.bits and src.cols % quant.block == 0:
+            return quant
+        return own
     if src.kind == "nbits":
         assert src.op is not None
         q = tt(src.op.results[0]).dtype
@@ -357,7 +362,11 @@ def packed_lossless(src: WSrc, fmt: NbitsFormat, ev: Evaluate) -> bool:
 
 def quantize_mode(src: WSrc, fmt: NbitsFormat, ev: Evaluate | None = None) -> str:
     """ort.matmul_nbits' `quantize`: none when the packing is lossless, else sym/asym."""
-    if src.kind == "nbits" or (src.kind == "gguf" and src.scheme in LOSSLESS):
+    if src.kind == "nbits" or (
+        src.kind == "gguf"
+        and src.scheme in LOSSLESS
+        and LOSSLESS[src.scheme] == (fmt.bits, fmt.block)
+    ):
         return "none"
     if src.kind == "packed":
         if ev is None:

@@ -17,6 +17,7 @@ Control tokens become special added tokens, user-defined ones plain added tokens
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,6 +135,19 @@ def _added_tokens(
     return out
 
 
+def _check_merges(where: str, vocab: dict[str, int], merges: Sequence[tuple[str, ...]]) -> None:
+    """Each merge is two tokens of the vocabulary (the BPE model refuses anything else)."""
+    for i, m in enumerate(merges):
+        bad = next((p for p in m if p not in vocab), None)
+        if len(m) != 2 or bad is not None:
+            what = f"names token '{bad}', which is not in" if bad else "is not two tokens of"
+            raise InputError(
+                f"{where}: tokenizer.ggml.merges[{i}] '{' '.join(m)}' {what} tokenizer.ggml.tokens",
+                hint="the file's tokenizer is inconsistent: convert it again, or import with "
+                "--no-tokenizer",
+            )
+
+
 def from_gguf_metadata(meta: dict[str, Any]) -> Any:
     """Build a `tokenizers.Tokenizer` from GGUF `tokenizer.ggml.*` fields (see read_tokenizer)."""
     tk = _tokenizers()
@@ -158,6 +172,7 @@ def from_gguf_metadata(meta: dict[str, Any]) -> Any:
                 hint=f"supported: {', '.join(SUPPORTED_PRE)}; or import with --no-tokenizer",
             )
         vocab = {t: i for i, t in enumerate(tokens)}
+        _check_merges(where, vocab, merges)
         t = tk.Tokenizer(tk.models.BPE(vocab, merges, ignore_merges=pre.ignore_merges))
         t.pre_tokenizer = build_pre_tokenizer(tk, pre)
         if pre.nfc:
@@ -172,6 +187,7 @@ def from_gguf_metadata(meta: dict[str, Any]) -> Any:
             if merges_raw
             else _spm_merges(tokens, scores, types)
         )
+        _check_merges(where, vocab, merges)
         unk = meta.get("unknown_token_id")
         bpe = tk.models.BPE(
             vocab,

@@ -82,3 +82,24 @@ def test_reimported_matmul_nbits_keep_accuracy_level(tiny: tuple, tmp_path: Path
         if n.op_type == "MatMulNBits"
     ]
     assert len(levels) == len(qm) and set(levels) == {1}
+
+
+def test_cli_reimport_keeps_accuracy_level_4(tiny: tuple, tmp_path: Path) -> None:
+    """`llmir import model.onnx` + `llmir build` (through the .llmir text): MatMulNBits nodes
+    with accuracy_level 4 keep it, even when the build's own option says 1."""
+    from tests.conftest import run_cli
+
+    module, _ = tiny
+    build_decoder(module, str(tmp_path / "a"), quant="int4", accuracy_level=4)
+    r = run_cli("import", str(tmp_path / "a" / "model.onnx"), "-o", "m.llmir", "-q", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "accuracy_level = 4" in (tmp_path / "m.llmir").read_text()
+    r = run_cli("build", "m.llmir", "-o", "b", "--accuracy-level", "1", "-q", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    proto = onnx.load(str(tmp_path / "b" / "model.onnx"), load_external_data=False)
+    levels = [
+        next(a.i for a in n.attribute if a.name == "accuracy_level")
+        for n in proto.graph.node
+        if n.op_type == "MatMulNBits"
+    ]
+    assert levels and set(levels) == {4}
