@@ -107,7 +107,6 @@ def _key() -> str:
     return h.hexdigest()[:16]
 
 
-@lru_cache(maxsize=1)
 def library_path() -> str:
     """The compiled library (built on first use; cached by source, flags and onnxruntime)."""
     why = unavailable_reason()
@@ -115,9 +114,15 @@ def library_path() -> str:
         raise CustomOpError(
             f"the artifact needs llmir's onnxruntime custom ops ({LIBRARY}), unavailable here: "
             f"{why}",
-            hint="rebuild the artifact here (`llmir build ... --dtype f16`) to get the f32 path",
+            hint="rebuild the artifact on this machine (`llmir build`): without the custom ops "
+            "the build takes the f32 path",
         )
-    out = _cache_dir() / f"lib{LIBRARY}-{_key()}.so"
+    return _built(str(_cache_dir() / f"lib{LIBRARY}-{_key()}.so"))
+
+
+@lru_cache(maxsize=4)
+def _built(path: str) -> str:
+    out = Path(path)
     if out.is_file():
         return str(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -126,9 +131,12 @@ def library_path() -> str:
     fd, tmp = tempfile.mkstemp(prefix=f".lib{LIBRARY}-", suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        proc = subprocess.run(
-            [cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=120
-        )
+        try:
+            proc = subprocess.run(
+                [cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise CustomOpError(f"compiling {SOURCE.name} with {cc} failed: {exc}") from None
         if proc.returncode != 0:
             first = (proc.stderr.strip().splitlines() or ["(no output)"])[0]
             raise CustomOpError(f"compiling {SOURCE.name} with {cc} failed: {first}")

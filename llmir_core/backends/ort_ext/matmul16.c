@@ -111,7 +111,7 @@ enum { W_F16 = 0, W_BF16 = 1 };
 #define GEMV_CHUNK 64 /* weight rows per parallel task (GEMV) */
 #define NR 16 /* weight rows per panel (GEMM) */
 #define MR 6 /* X rows per micro-kernel (GEMM) */
-#define KC 256 /* columns per packed block (GEMM) */
+#define KC 384 /* most columns per packed block (GEMM): a 24 KiB f32 panel, in L1 */
 #define GEMM_PANELS 2 /* panels per parallel task (GEMM) */
 
 static inline __m256 load8(const uint16_t *p, int wt) {
@@ -192,7 +192,40 @@ static void gemv_task(void *p, size_t i) {
 }
 
 /* panel[k][c] = f32(W[n0 + c, k0 + k]) for c < nr (zero beyond), k < kc */
+static inline void transpose8_store(__m256 r[8], float *dst, int stride) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    _mm256_storeu_ps(dst + 0 * stride, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_storeu_ps(dst + 1 * stride, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(dst + 2 * stride, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(dst + 3 * stride, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(dst + 4 * stride, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(dst + 5 * stride, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(dst + 6 * stride, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(dst + 7 * stride, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
 static void pack_panel(const Job *j, int64_t n0, int nr, int64_t k0, int kc, float *panel) {
+    if (nr == NR) { /* full panel: 8x8 blocks widened and transposed in registers */
+        int k = 0;
+        for (; k + 8 <= kc; k += 8)
+            for (int c0 = 0; c0 < NR; c0 += 8) {
+                __m256 r[8];
+                for (int c = 0; c < 8; c++)
+                    r[c] = load8(j->w + (n0 + c0 + c) * j->K + k0 + k, j->wt);
+                transpose8_store(r, panel + k * NR + c0, NR);
+            }
+        for (; k < kc; k++)
+            for (int c = 0; c < NR; c++)
+                panel[k * NR + c] = load1(j->w + (n0 + c) * j->K + k0 + k, j->wt);
+        return;
+    }
     for (int c = 0; c < NR; c++) {
         if (c >= nr) {
             for (int k = 0; k < kc; k++) panel[k * NR + c] = 0.0f;
@@ -235,13 +268,20 @@ static void micro(const Job *j, const float *panel, int64_t m0, int mr, int64_t 
     __m256 acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
     for (int r = 0; r < mr; r++) {
         float *y = j->y + (m0 + r) * j->N + n0;
+        __m256 a0 = acc[r][0], a1 = acc[r][1];
+        if (nr == NR) {
+            if (k0 != 0) {
+                a0 = _mm256_add_ps(a0, _mm256_loadu_ps(y));
+                a1 = _mm256_add_ps(a1, _mm256_loadu_ps(y + 8));
+            }
+            _mm256_storeu_ps(y, a0);
+            _mm256_storeu_ps(y + 8, a1);
+            continue;
+        }
         float t[NR];
-        _mm256_storeu_ps(t, acc[r][0]);
-        _mm256_storeu_ps(t + 8, acc[r][1]);
-        if (k0 == 0)
-            for (int c = 0; c < nr; c++) y[c] = t[c];
-        else
-            for (int c = 0; c < nr; c++) y[c] += t[c];
+        _mm256_storeu_ps(t, a0);
+        _mm256_storeu_ps(t + 8, a1);
+        for (int c = 0; c < nr; c++) y[c] = k0 == 0 ? t[c] : y[c] + t[c];
     }
 }
 
@@ -252,8 +292,10 @@ static void gemm_task(void *p, size_t i) {
         int64_t n0 = ((int64_t)i * GEMM_PANELS + q) * NR;
         if (n0 >= j->N) return;
         int nr = j->N - n0 < NR ? (int)(j->N - n0) : NR;
-        for (int64_t k0 = 0; k0 < j->K; k0 += KC) {
-            int kc = j->K - k0 < KC ? (int)(j->K - k0) : KC;
+        /* K in equal blocks of at most KC columns (a multiple of 8 but the last) */
+        int64_t blocks = (j->K + KC - 1) / KC, step = ((j->K + blocks - 1) / blocks + 7) & ~7;
+        for (int64_t k0 = 0; k0 < j->K; k0 += step) {
+            int kc = j->K - k0 < step ? (int)(j->K - k0) : (int)step;
             pack_panel(j, n0, nr, k0, kc, panel);
             for (int64_t m0 = 0; m0 < j->M; m0 += MR) {
                 int mr = j->M - m0 < MR ? (int)(j->M - m0) : MR;
