@@ -814,6 +814,11 @@ def _zero(s: WSrc) -> bool:
 
 
 def _emit_embedding(D: DecoderSerializer, op: Op) -> bool:
+    table = op.operands[0]
+    if id(table) in D.g.static and tt(table).dtype in (DType.f16, DType.bf16):  # --dtype
+        stored = _stored16(D, table, _label(op, "weight"))
+        D.bind(op.results[0], D.L.one("Gather", stored, D.name(op.operands[1]), axis=0))
+        return True
     top = op.operands[0].owner
     if top is not None and top.name == "ort.cast":  # a stored 16-bit table (--dtype)
         table = D.name(op.operands[0])

@@ -12,10 +12,11 @@ shared by several ops (a tied embedding and lm_head) is stored once. Then, per u
   a C compiler, onnxruntime >= 1.17); `kernel = "custom"` uses it whatever this machine has (a
   build for another machine: the runtime refuses the artifact where the library cannot be
   built), `kernel = "f32"` never does;
-- otherwise (and for the embedding table) `ort.cast(W_d, f32)`: onnxruntime widens the weight
-  to f32 once, when the session loads, and the matmul computes in f32 (its CPU provider has no
-  f16/bf16 GEMM on x86: `ort.fused_matmul` f16 is `cast`, bf16 absent in
-  llmir_core/backends/ort_kernels.py).
+- otherwise `ort.cast(W_d, f32)`: onnxruntime widens the weight to f32 once, when the session
+  loads, and the matmul computes in f32 (its CPU provider has no f16/bf16 GEMM on x86:
+  `ort.fused_matmul` f16 is `cast`, bf16 absent in llmir_core/backends/ort_kernels.py);
+- `llm.embedding(W, ids)` becomes `ort.cast(llm.embedding(W_d, ids), f32)`: rows gathered from
+  the 16-bit table and widened (exact), so no f32 copy of the table is held.
 
 MatMulNBits weights (`--quant`, GGUF blocks) are not touched. The report gives each weight's max
 rounding error and which path it took (and why the custom op was not used).
@@ -112,8 +113,11 @@ class LowerOrtWeightDtype:
                 if op.name == "ort.fused_matmul" and custom is None and op.attrs.get("transB"):
                     self._matmul16(fn, op, w16, ctx)
                     continue
+                if op.name == "llm.embedding":
+                    self._embedding(fn, op, w16, ctx)
+                    continue
                 if id(w) not in wide:
-                    wide[id(w)] = self._widen(fn, w16, ctx, custom, op.name)
+                    wide[id(w)] = self._widen(fn, w16, ctx, custom)
                 op.operands[slot] = wide[id(w)]
         if changed:
             declare_ort(module)
@@ -161,21 +165,32 @@ class LowerOrtWeightDtype:
         i = next(i for i, o in enumerate(fn.ops) if o is src) + 1 if src is not None else 0
         fn.ops[i:i] = new_ops
 
-    def _widen(
-        self, fn: Function, w16: Value, ctx: PassContext, why: str | None, user: str
-    ) -> Value:
+    def _widen(self, fn: Function, w16: Value, ctx: PassContext, why: str | None) -> Value:
         src = w16.owner
         b, new_ops = scratch_builder(fn, src.origin if src is not None else None)
         wide = b.op("ort.cast", w16, to=DType.f32)
         self._insert_after(fn, src, new_ops)
         reason = (
-            "the embedding gathers rows of the widened table"
-            if user == "llm.embedding"
-            else (why or "the matmul is not a transB projection")
-            + "; onnxruntime's CPU provider has no 16-bit GEMM here, so the matmul computes in f32"
-        )
+            why or "the matmul is not a transB projection"
+        ) + "; onnxruntime's CPU provider has no 16-bit GEMM here, so the matmul computes in f32"
         ctx.applied("weight-dtype", wide, f"{_label(w16)}: widened to f32 at load ({reason})")
         return wide
+
+    def _embedding(self, fn: Function, op: Op, w16: Value, ctx: PassContext) -> None:
+        """Rows gathered from the 16-bit table, then widened: no f32 copy of the table."""
+        b, new_ops = scratch_builder(fn, op.origin)
+        rows = b.op("llm.embedding", w16, *op.operands[1:], **dict(op.attrs))
+        y = b.op("ort.cast", rows, to=DType.f32)
+        i = next(i for i, o in enumerate(fn.ops) if o is op)
+        fn.ops[i:i] = new_ops
+        take_over(fn, op.results[0], y)
+        erase_dead(fn, [op])
+        ctx.applied(
+            "weight-dtype",
+            y,
+            f"{_label(w16)}: rows gathered from the {tt(w16).dtype} table, widened to f32 "
+            "(exact: no f32 copy of the table)",
+        )
 
     def _matmul16(self, fn: Function, op: Op, w16: Value, ctx: PassContext) -> None:
         b, new_ops = scratch_builder(fn, op.origin)
