@@ -174,3 +174,23 @@ def test_bad_kernel_option_is_a_usage_error(tiny_module: Any) -> None:
     lowering[i] = LowerOrtWeightDtype("f16", kernel="avx512")
     with pytest.raises(InputError, match="unknown kernel 'avx512'"):
         run_pipeline(clone_module(tiny_module), lowering)
+
+
+def test_verify_proves_the_rewrite(
+    tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `verify --against` the same --dtype lowering on the f32 path: ort.matmul16 expands through
+    # its decomposition to the terms of fused_matmul(x, ort.cast(w, f32)); no kernel needed
+    from llmir_core.passes.lower_ort_weight_dtype import LowerOrtWeightDtype
+    from tests.conftest import run_cli
+
+    for kernel in ("custom", "f32"):
+        lowering = get_target("onnxruntime").lowering({"dtype": "f16"})
+        i = next(i for i, p in enumerate(lowering) if p.name == "lower-ort-weight-dtype")
+        lowering[i] = LowerOrtWeightDtype("f16", kernel=kernel)
+        module = run_pipeline(clone_module(tiny_module), lowering).module
+        (tmp_path / f"{kernel}.llmir").write_text(print_module(module))
+    r = run_cli("verify", "custom.llmir", "--against", "f32.llmir", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "equivalent to f32.llmir (by smt" in r.stdout
+    assert "ort.matmul16 x" in r.stdout and "expanded through its decomposition" in r.stdout
