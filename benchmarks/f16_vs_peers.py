@@ -16,6 +16,11 @@ ratios are taken within a round and the medians over rounds are printed:
 
     python benchmarks/f16_vs_peers.py                     # 3 rounds, prompt 128, generate 32
     python benchmarks/f16_vs_peers.py --rounds 5 --gen-len 128 --f32-path
+    python benchmarks/f16_vs_peers.py --step-blocks 40   # one process, turns every 8 steps
+
+`--step-blocks N` loads every build and llama.cpp in one process and lets them take turns every
+8 decode steps (and a prefill every 4 turns): on a busy shared machine, where the load drifts
+over seconds, that compares them under the same load better than whole runs do.
 
 Results go to --out (default: WORK/f16_vs_peers.json). The machine's load is recorded
 (/proc/loadavg before and after): on a shared machine only the ratios mean much.
@@ -106,6 +111,12 @@ def main() -> None:
     ap.add_argument("--gen-len", type=int, default=32)
     ap.add_argument("--f32-path", action="store_true", help="also the f16 build without the op")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--step-blocks",
+        type=int,
+        default=0,
+        help="instead: every tool in this process, taking turns every 8 decode steps, N times",
+    )
     a = ap.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -116,6 +127,17 @@ def main() -> None:
     arts, gguf = prepare(work, a.f32_path, log)
     peer = f"llama.cpp:{gguf}"
     load_before = loadavg()
+    if a.step_blocks:
+        res = step_interleaved(arts, gguf, a.threads, a.prompt_len, a.step_blocks, log)
+        doc = {
+            "benchmark": "f16_vs_peers (step-interleaved, one process)",
+            "config": {k: v for k, v in vars(a).items() if k != "out"},
+            "loadavg": {"before": load_before, "after": loadavg()},
+            "kernels": {n: kernel_of(p) for n, p in arts.items()},
+            "results": res,
+        }
+        print(json.dumps(doc, indent=1))
+        return
     rounds: list[dict[str, Any]] = []
     t0 = time.time()
     for r in range(a.rounds):
@@ -217,6 +239,83 @@ def main() -> None:
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     tmp.replace(out)
     log(f"wrote {out}")
+
+
+def step_interleaved(
+    arts: dict[str, Path], gguf: Path, threads: int, prompt_len: int, blocks: int, log: Any
+) -> dict[str, Any]:
+    """All tools loaded in this one process, taking turns block by block (a prefill of
+    prompt_len, then 8 decode steps each, `blocks` times): on a shared machine the load drifts
+    over seconds, so fine-grained turns compare the tools under the same load. Returns the
+    median prefill ms and decode ms per token of each tool and their ratios."""
+    import llama_cpp
+    import numpy as np
+
+    from llmir_core.runtime.ort_decoder import open_artifact
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, 49152, size=prompt_len).tolist()
+    tools: dict[str, Any] = {n: open_artifact(str(a), threads=threads) for n, a in arts.items()}
+    llm = llama_cpp.Llama(
+        model_path=str(gguf),
+        n_ctx=prompt_len + 8 * blocks + 16,
+        n_batch=prompt_len,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
+    pre: dict[str, list[float]] = {n: [] for n in [*tools, "llama.cpp"]}
+    dec: dict[str, list[float]] = {n: [] for n in pre}
+    tok: dict[str, int] = {}
+    for name, d in tools.items():  # prefill each once; decode continues from there
+        d.reset(1)
+        tok[name] = int(d.forward(np.asarray([ids]))[0, -1].argmax())
+    llm.reset()
+    llm.eval(ids)
+    tok["llama.cpp"] = 5
+    for b in range(blocks):
+        for name in pre:
+            t0 = time.perf_counter()
+            for _ in range(8):
+                if name == "llama.cpp":
+                    llm.eval([tok[name]])
+                else:
+                    lg = tools[name].forward(np.asarray([[tok[name]]]))
+                    tok[name] = int(lg[0, -1].argmax())
+            dec[name].append((time.perf_counter() - t0) / 8 * 1e3)
+        if b % 4 == 0:  # a fresh prefill now and then (the caches keep growing otherwise)
+            for name in pre:
+                t0 = time.perf_counter()
+                if name == "llama.cpp":
+                    llm.reset()
+                    llm.eval(ids)
+                else:
+                    tools[name].reset(1)
+                    tools[name].forward(np.asarray([ids]))
+                pre[name].append((time.perf_counter() - t0) * 1e3)
+    out: dict[str, Any] = {}
+    for name in pre:
+        pm, dm = statistics.median(pre[name]), statistics.median(dec[name])
+        out[name] = {"prefill_ms": pm, "decode_ms_per_token": dm}
+    for name in tools:
+        o = out[name]
+        o["decode_vs_llama_cpp_f16"] = (
+            out["llama.cpp"]["decode_ms_per_token"] / o["decode_ms_per_token"]
+        )
+        o["decode_vs_llmir_f32"] = out["f32"]["decode_ms_per_token"] / o["decode_ms_per_token"]
+        o["prefill_vs_llama_cpp_f16"] = out["llama.cpp"]["prefill_ms"] / o["prefill_ms"]
+        o["prefill_vs_llmir_f32"] = out["f32"]["prefill_ms"] / o["prefill_ms"]
+        log(
+            f"{name}: decode {o['decode_ms_per_token']:.2f} ms/token "
+            f"({o['decode_vs_llama_cpp_f16']:.2f}x llama.cpp f16, "
+            f"{o['decode_vs_llmir_f32']:.2f}x llmir f32), prefill {o['prefill_ms']:.0f} ms "
+            f"({o['prefill_vs_llama_cpp_f16']:.2f}x llama.cpp, {o['prefill_vs_llmir_f32']:.2f}x f32)"
+        )
+    lc = out["llama.cpp"]
+    log(
+        f"llama.cpp f16: decode {lc['decode_ms_per_token']:.2f} ms/token, prefill {lc['prefill_ms']:.0f} ms"
+    )
+    return out
 
 
 def _busy(vs: dict[str, Any]) -> bool:

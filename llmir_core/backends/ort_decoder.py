@@ -814,9 +814,9 @@ def _zero(s: WSrc) -> bool:
 
 
 def _emit_embedding(D: DecoderSerializer, op: Op) -> bool:
-    table = op.operands[0]
-    if id(table) in D.g.static and tt(table).dtype in (DType.f16, DType.bf16):  # --dtype
-        stored = _stored16(D, table, _label(op, "weight"))
+    t16 = op.operands[0]
+    if id(t16) in D.g.static and tt(t16).dtype in (DType.f16, DType.bf16):  # --dtype
+        stored = _stored16(D, t16, _label(op, "weight"))
         D.bind(op.results[0], D.L.one("Gather", stored, D.name(op.operands[1]), axis=0))
         return True
     top = op.operands[0].owner
