@@ -98,9 +98,12 @@ def test_kernel_takes_batched_rows_and_thread_counts() -> None:
 
 
 @needs_kernel
-def test_library_is_compiled_once_into_the_cache() -> None:
+def test_library_is_compiled_once_into_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.delenv("LLMIR_EXT_CACHE")  # the default place: under LLMIR_HOME
     path = Path(library_path())
-    assert path.is_file() and path.parent.name == "ort_ext"
+    assert path.is_file() and path.parent == Path(os.environ["LLMIR_HOME"]) / "ort_ext"
     assert library_path() == str(path)
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temp left
 

@@ -2,7 +2,8 @@
 
 The C source (matmul16.c, next to this file) is compiled on first use with the system C
 compiler (`$CC`, else `cc`) for AVX2 + FMA + F16C, and cached under
-`$LLMIR_HOME/ort_ext/` (default `$XDG_CACHE_HOME/llmir`), keyed by the source, the flags and the
+`$LLMIR_HOME/ort_ext/` (LLMIR_HOME defaults to `$XDG_CACHE_HOME/llmir`; `$LLMIR_EXT_CACHE`
+overrides the folder), keyed by the source, the flags and the
 onnxruntime version; the shared object is written to a temp file and renamed into place, so
 concurrent first uses never see a partial library.
 
@@ -36,6 +37,7 @@ FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC")
 CPU_FLAGS = ("avx2", "fma", "f16c")
 MIN_ORT = (1, 17)  # the custom-op struct and OrtApi version the library asks for
 DISABLE_ENV = "LLMIR_NO_CUSTOM_OPS"  # set to 1: the capability is absent (the f32 path)
+CACHE_ENV = "LLMIR_EXT_CACHE"  # where compiled libraries go (default $LLMIR_HOME/ort_ext)
 
 
 class CustomOpError(InputError):
@@ -95,6 +97,11 @@ def capability() -> bool:
 
 
 def _cache_dir() -> Path:
+    """$LLMIR_EXT_CACHE (the tests share one across their per-test LLMIR_HOMEs), else
+    $LLMIR_HOME/ort_ext."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
     from llmir_core.artifact_check import _llmir_home
 
     return Path(_llmir_home()) / "ort_ext"
