@@ -1,5 +1,7 @@
-"""16-bit builds on onnxruntime (`--dtype f16|bf16`): weights stored in 16 bits and widened at
-load (visible as `ort.cast` in the lowered file), logits close to the f32 build, and the same
+"""16-bit builds on onnxruntime (`--dtype f16|bf16`): weights stored in 16 bits (read as stored
+by `ort.matmul16` where llmir's custom op builds, else widened at load by `ort.cast`: both
+visible in the lowered file; tests/decoder/test_matmul16.py tests the op), logits close to the
+f32 build, and the same
 artifact from `optimize --target --dtype` + `build` as from `build --dtype`; assign-precision's
 output builds on the CPU or is refused at optimize time with the capability table's reason."""
 
