@@ -134,9 +134,14 @@ class LowerOrtWeightDtype:
             return "the f32 path was asked for (kernel=f32)"
         if self.kernel == "custom":  # for another machine: the runtime checks when it loads
             return None
-        from llmir_core.backends.ort_ext import unavailable_reason
+        from llmir_core.backends.ort_ext import CustomOpError, library_path, unavailable_reason
 
         why = unavailable_reason()
+        if why is None:
+            try:  # the capability is a library that builds here (compiled once, cached)
+                library_path()
+            except CustomOpError as exc:
+                why = exc.message
         return None if why is None else f"llmir's custom op is unavailable here: {why}"
 
     def _store(

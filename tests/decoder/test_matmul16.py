@@ -197,3 +197,16 @@ def test_verify_proves_the_rewrite(
     assert r.returncode == 0, r.stderr
     assert "equivalent to f32.llmir (by smt" in r.stdout
     assert "ort.matmul16 x" in r.stdout and "expanded through its decomposition" in r.stdout
+
+
+def test_a_compiler_that_fails_means_the_f32_path(
+    tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the capability is a library that builds here: `auto` falls back when compiling fails
+    monkeypatch.setenv("CC", "false")
+    monkeypatch.setenv("LLMIR_EXT_CACHE", str(tmp_path / "cache"))
+    text = _lowered(tiny_module, "f16")
+    assert "ort.matmul16" not in text and "ort.fused_matmul" in text
+    with pytest.raises(CustomOpError):
+        library_path()
+    assert not list((tmp_path / "cache").glob("*"))  # no partial library left behind
