@@ -12,11 +12,19 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session")
+def _ext_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache of compiled custom-op libraries for the session (llmir_core/backends/ort_ext):
+    compiled once, not once per test's LLMIR_HOME."""
+    return tmp_path_factory.mktemp("ort_ext")
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, _ext_cache: Path
 ) -> None:
     monkeypatch.setenv("LLMIR_HOME", str(tmp_path_factory.mktemp("llmir_home")))
+    monkeypatch.setenv("LLMIR_EXT_CACHE", str(_ext_cache))
     monkeypatch.setenv("NO_COLOR", "1")
 
 

@@ -874,6 +874,11 @@ def _zero(s: WSrc) -> bool:
 
 
 def _emit_embedding(D: DecoderSerializer, op: Op) -> bool:
+    t16 = op.operands[0]
+    if id(t16) in D.g.static and tt(t16).dtype in (DType.f16, DType.bf16):  # --dtype
+        stored = _stored16(D, t16, _label(op, "weight"))
+        D.bind(op.results[0], D.L.one("Gather", stored, D.name(op.operands[1]), axis=0))
+        return True
     top = op.operands[0].owner
     if top is not None and top.name == "ort.cast":  # a stored 16-bit table (--dtype)
         table = D.name(op.operands[0])
@@ -950,14 +955,31 @@ def _stored_cast(D: DecoderSerializer, op: Op) -> str:
     v = op.results[0]
     if id(v) in D.L.names:
         return D.L.names[id(v)]
-    v16 = op.operands[0]
-    p = v16.owner
-    srcs = weight_srcs(D.g, p.operands[0]) if p is not None and p.name == "core.cast" else None
-    stored = D.w.stored(v16, _label(op, "weight"), srcs)
+    stored = _stored16(D, op.operands[0], _label(op, "weight"))
     to = op.attrs["to"]
     out = D.L.one("Cast", stored, to=onnx_dtype(to))
     D.bind(v, out)
     return out
+
+
+def _stored16(D: DecoderSerializer, v16: Value, label: str) -> str:
+    """The initializer of a static 16-bit weight: its file bytes, or `core.cast` of an f32
+    weight (or row-concatenation of weights) converted row chunk by row chunk."""
+    p = v16.owner
+    srcs = weight_srcs(D.g, p.operands[0]) if p is not None and p.name == "core.cast" else None
+    return D.w.stored(v16, label, srcs)
+
+
+def _emit_matmul16(D: DecoderSerializer, op: Op) -> bool:
+    """ort.matmul16 -> llmir's custom op (ai.llmir MatMulF16/MatMulBf16) on the stored 16-bit
+    weight; the manifest's `custom_ops` names the library the runtime registers."""
+    from .ort_ext import DOMAIN, OP_NAMES
+
+    w16 = op.operands[1]
+    w = _stored16(D, w16, _label(op, "weight"))
+    op_type = OP_NAMES[str(tt(w16).dtype)]
+    D.bind(op.results[0], D.L.one(op_type, D.name(op.operands[0]), w, domain=DOMAIN))
+    return True
 
 
 def _emit_ort_cast(D: DecoderSerializer, op: Op) -> bool:
@@ -977,6 +999,7 @@ _EMIT = {
     "ort.skip_simplified_layer_norm": _emit_norm,
     "ort.fused_matmul": _emit_fused_matmul,
     "ort.matmul_nbits": _emit_matmul_nbits,
+    "ort.matmul16": _emit_matmul16,
     "ort.quick_gelu": _emit_quick_gelu,
     "llm.embedding": _emit_embedding,
     "ort.moe": _emit_moe,
@@ -1208,6 +1231,7 @@ def _manifest(
         "target": "onnxruntime",
         "builder": "decoder",
         "opset": {d.domain or "ai.onnx": d.version for d in model.opset_import},
+        "custom_ops": _custom_ops(model),
         "model": MODEL_FILE,
         "source": {"file": src.get("file") or None, "sha256": src.get("sha256")},
         "lowered": LOWERED_FILE if LOWERED_FILE in files else None,
@@ -1223,6 +1247,13 @@ def _manifest(
         },
         "decoder": decoder,
     }
+
+
+def _custom_ops(model: onnx.ModelProto) -> list[str]:
+    """The llmir custom-op libraries the model needs (the runtime registers them)."""
+    from .ort_ext import DOMAIN, LIBRARY
+
+    return [LIBRARY] if any(d.domain == DOMAIN for d in model.opset_import) else []
 
 
 __all__ = [

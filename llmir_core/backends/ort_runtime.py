@@ -36,10 +36,14 @@ def _ort() -> Any:
     return ort
 
 
-def _session(model: str | bytes, threads: int | None = None) -> Any:
+def _session(model: str | bytes, threads: int | None = None, custom_ops: Any = ()) -> Any:
     ort = _ort()
     so = ort.SessionOptions()
     so.log_severity_level = 4  # errors reach llmir as exceptions; no coloured log lines
+    if custom_ops:  # the llmir custom-op libraries the manifest names
+        from .ort_ext import register
+
+        register(so, custom_ops)
     if threads:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
@@ -117,8 +121,10 @@ def run_session(sess: Any, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]
 class OrtRunner:
     """An onnxruntime session over an artifact folder or an in-memory model."""
 
-    def __init__(self, model: str | bytes, threads: int | None = None) -> None:
-        self.sess = _session(model, threads)
+    def __init__(
+        self, model: str | bytes, threads: int | None = None, custom_ops: Any = ()
+    ) -> None:
+        self.sess = _session(model, threads, custom_ops)
         self.input_names = [i.name for i in self.sess.get_inputs()]
         self.output_names = [o.name for o in self.sess.get_outputs()]
 
@@ -157,7 +163,11 @@ def runner_for_artifact(
     (`llmir_core.backends.open_artifact`), so the files are not checked twice."""
     if manifest is None:
         manifest = load_manifest(art_dir)
-    return OrtRunner(os.path.join(art_dir, manifest.get("model", MODEL_FILE)), threads)
+    return OrtRunner(
+        os.path.join(art_dir, manifest.get("model", MODEL_FILE)),
+        threads,
+        manifest.get("custom_ops") or (),
+    )
 
 
 __all__ = [

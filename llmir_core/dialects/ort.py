@@ -388,6 +388,50 @@ register(
     )
 )
 
+
+def _infer_matmul16(ctx: InferCtx) -> list[Type]:
+    a, w = float_tensor(ctx, 0, "a"), tensor_arg(ctx, 1, "b")
+    _need(a.rank >= 2 and a.dtype == DType.f32, f"a must be an f32 tensor of rank >= 2, got {a}")
+    _need(
+        w.rank == 2 and w.dtype in (DType.f16, DType.bf16),
+        f"b must be a 2-D [N, K] f16 or bf16 weight, got {w}",
+    )
+    n, k = w.shape
+    _need(
+        k == a.shape[-1] or not (isinstance(k, int) and isinstance(a.shape[-1], int)),
+        f"contraction dims differ: a has {a.shape[-1]}, b {k}",
+    )
+    return [like(a, (*a.shape[:-1], n))]
+
+
+def _ref_matmul16(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
+    a, w = args
+    return (a.astype(_F64) @ w.astype(_F64).T).astype(np.float32)
+
+
+register(
+    OpDef(
+        name="ort.matmul16",
+        summary="llmir's onnxruntime custom op (ai.llmir MatMulF16 / MatMulBf16, "
+        "llmir_core/backends/ort_ext): a @ b^T for an f32 a and a 16-bit weight b [N, K] read "
+        "as stored and widened to f32 in registers (f32 accumulation).",
+        operands=(Operand("a", doc="[..., K] f32"), Operand("b", doc="[N, K] f16 or bf16")),
+        attrs=(),
+        infer=_infer_matmul16,
+        reference=_ref_matmul16,
+        decompose=lambda b, o, at: [
+            b.op("core.matmul", o[0], b.op("core.cast", o[1], to=DType.f32), transpose_b=True)
+        ],
+        smt=encoding("target_smt", "ort_matmul16"),
+        interval=ranges.iv_matmul,
+        cost=ranges.cost_matmul,
+        verifies="a is an f32 tensor of rank >= 2 and b a 2-D f16/bf16 [N, K] weight whose K "
+        "matches a's last dim.",
+        example="%y = ort.matmul16 %x, %w : (tensor<?batch x ?seq x 64 x f32>, "
+        "tensor<128x64xf16>) -> tensor<?batch x ?seq x 128 x f32>",
+    )
+)
+
 _QUANTIZE = ("none", "sym", "asym")
 
 

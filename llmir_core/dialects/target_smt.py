@@ -38,6 +38,12 @@ def ort_fused_matmul(enc: Encoder, args: Args, attrs: At) -> STensor:
     return enc.matmul(args[0], args[1], transpose_b=bool(attrs["transB"]))
 
 
+def ort_matmul16(enc: Encoder, args: Args, attrs: At) -> STensor:
+    """a @ f32(b)^T: the widening encoded as ort.cast to f32 is (so the rewrite of
+    ort.fused_matmul(a, ort.cast(b, f32)) meets it as an equal term)."""
+    return enc.matmul(args[0], core_smt.cast(enc, [args[1]], {"to": "f32"}), transpose_b=True)
+
+
 def ort_quick_gelu(enc: Encoder, args: Args, attrs: At) -> STensor:
     """x * sigmoid(alpha * x); alpha 1 is SiLU (the same term as core.silu)."""
     alpha = attrs["alpha"]

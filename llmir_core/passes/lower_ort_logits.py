@@ -63,6 +63,7 @@ ROWWISE: dict[str, tuple[int, ...]] = {
     "core.matmul": (0,),
     "ort.fused_matmul": (0,),
     "ort.matmul_nbits": (0,),
+    "ort.matmul16": (0,),
     "llm.linear": (0,),
     "llm.quantized_matmul": (0,),
     "llm.gated_mlp": (0,),

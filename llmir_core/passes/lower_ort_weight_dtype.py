@@ -2,24 +2,35 @@
 (`llmir build --dtype f16|bf16`), computed in the dtype the capability table allows.
 
 Without --dtype, weights keep the width their source stores: a weight that is the f32 widening
-of a stored 16-bit tensor (a GGUF F16/BF16 tensor, a bf16 checkpoint's `core.cast(core.weight)`)
-becomes `ort.cast(core.weight)` and the artifact holds its 16-bit bytes (an F16 GGUF builds to
-an artifact of the GGUF's size, not twice it); f32 weights stay f32. `--dtype f32` stores every
-weight in f32 (no widening when the session loads).
+of a stored 16-bit tensor (a GGUF F16/BF16 tensor, a bf16 checkpoint's `core.cast(core.weight)`,
+a row-concatenation of such as packed QKV) is handled as under `--dtype` of that width, so the
+artifact holds its 16-bit bytes (an F16 GGUF builds to an artifact of the GGUF's size, not twice
+it); f32 weights stay f32. `--dtype f32` stores every weight in f32 (no widening at load).
 
 Each static f32 weight W read by an `ort.fused_matmul` (operand 1) or an `llm.embedding` (the
-table) becomes `ort.cast(core.cast(W, d), f32)`: the artifact stores the d value (half the f32
-bytes) and onnxruntime widens it to f32 once, when the session loads. A weight that already is
-the f32 widening of a stored d tensor (a bf16 checkpoint's `core.cast(core.weight bf16)`) keeps
-its bytes: `ort.cast(core.weight)`. A weight shared by several ops (a tied embedding and lm_head)
-is stored once. The compute dtype comes from the onnxruntime capability table: its CPU provider
-has no f16/bf16 GEMM on x86 (`ort.fused_matmul` f16 is `cast`, bf16 absent in
-llmir_core/backends/ort_kernels.py), so the matmuls compute in f32. MatMulNBits weights
-(`--quant`, GGUF blocks) are not touched. The report gives each weight's max rounding error.
+table) is stored in d (half the f32 bytes): `core.cast(W, d)`, or the d tensor itself when W
+already is the f32 widening of one (a bf16 checkpoint's `core.cast(core.weight bf16)`). A weight
+shared by several ops (a tied embedding and lm_head) is stored once. Then, per use:
+
+- `ort.fused_matmul(x, W)` with transB becomes `ort.matmul16(x, W_d)`: llmir's onnxruntime custom
+  op (llmir_core/backends/ort_ext) reads the 16-bit weight as stored and widens it in registers,
+  when this machine can build and run it (`kernel = "auto"`: Linux x86-64 with AVX2, FMA and F16C,
+  a C compiler, onnxruntime >= 1.17); `kernel = "custom"` uses it whatever this machine has (a
+  build for another machine: the runtime refuses the artifact where the library cannot be
+  built), `kernel = "f32"` never does;
+- otherwise `ort.cast(W_d, f32)`: onnxruntime widens the weight to f32 once, when the session
+  loads, and the matmul computes in f32 (its CPU provider has no f16/bf16 GEMM on x86:
+  `ort.fused_matmul` f16 is `cast`, bf16 absent in llmir_core/backends/ort_kernels.py);
+- `llm.embedding(W, ids)` becomes `ort.cast(llm.embedding(W_d, ids), f32)`: rows gathered from
+  the 16-bit table and widened (exact), so no f32 copy of the table is held.
+
+MatMulNBits weights (`--quant`, GGUF blocks) are not touched. The report gives each weight's max
+rounding error and which path it took (and why the custom op was not used).
 
 Invariant: only static weights change, each by the d rounding of its values (exact for a weight
-stored in d already): validation is differential at the pass's declared tolerance
-(`validation_rtol`), and the report gives each weight's max rounding error.
+stored in d already); `ort.matmul16` computes what `ort.fused_matmul` of the widened weight does
+(f32 accumulation). Validation is differential at the pass's declared tolerance
+(`validation_rtol`).
 """
 
 from __future__ import annotations
@@ -30,13 +41,14 @@ from typing import ClassVar
 import numpy as np
 
 from llmir_core.errors import InputError
-from llmir_core.ir.core import Function, Module, Value
+from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType, TensorType, numpy_dtype
 
-from .base import PassContext, scratch_builder
+from .base import PassContext, erase_dead, scratch_builder, take_over
 from .ort_common import Graph, declare_ort, is_decoder, tt
 
 WEIGHT_DTYPES = ("f16", "bf16")
+KERNELS = ("auto", "custom", "f32")
 
 
 def parse_weight_dtype(dtype: str | None) -> DType | None:
@@ -85,6 +97,7 @@ class LowerOrtWeightDtype:
         "decoder matmul weights and embedding table stored in f16/bf16, widened at load"
     )
     dtype: str = ""  # f16 | bf16 | f32 ("": each weight in the width its source stores)
+    kernel: str = "auto"  # auto | custom | f32: the matmul path for 16-bit weights (see above)
     # --verify-each compares outputs differentially at this relative tolerance (bf16 rounds each
     # weight by up to 2^-9 of its magnitude; f16 by 2^-12), scaled by depth
     validation_rtol: ClassVar[float] = 2e-2
@@ -96,10 +109,18 @@ class LowerOrtWeightDtype:
             return False
         from .static_eval import static_value
 
+        why: list[str | None] = []  # the custom op's unavailability, decided at the first use
+
+        def custom() -> str | None:
+            if not why:
+                why.append(self._custom())
+            return why[0]
+
         changed = False
         for fn in module.functions:
             g = Graph(fn)
-            done: dict[int, Value] = {}
+            stored: dict[int, Value] = {}  # weight -> its d value
+            wide: dict[int, Value] = {}  # weight -> ort.cast(d value, f32)
             for op in list(fn.ops):
                 slot = {"ort.fused_matmul": 1, "llm.embedding": 0}.get(op.name)
                 if slot is None or slot >= len(op.operands):
@@ -117,42 +138,110 @@ class LowerOrtWeightDtype:
                 wd = d if d is not None else _stored_16(w)
                 if wd is None:
                     continue
-                if id(w) not in done:
-                    done[id(w)] = self._store(fn, w, wd, ctx, module, static_value)
-                op.operands[slot] = done[id(w)]
+                if id(w) not in stored:
+                    stored[id(w)] = self._store(fn, w, wd, ctx, module, static_value)
+                w16 = stored[id(w)]
                 changed = True
+                if op.name == "ort.fused_matmul" and op.attrs.get("transB") and custom() is None:
+                    self._matmul16(fn, op, w16, ctx)
+                    continue
+                if op.name == "llm.embedding":
+                    self._embedding(fn, op, w16, ctx)
+                    continue
+                if id(w) not in wide:
+                    wide[id(w)] = self._widen(fn, w16, ctx, custom())
+                op.operands[slot] = wide[id(w)]
         if changed:
             declare_ort(module)
         return changed
 
+    def _custom(self) -> str | None:
+        """None when ort.matmul16 is used, else why not."""
+        if self.kernel not in KERNELS:
+            raise InputError(
+                f"unknown kernel '{self.kernel}' for lower-ort-weight-dtype",
+                hint=f"use one of: {', '.join(KERNELS)}",
+            )
+        if self.kernel == "f32":
+            return "the f32 path was asked for (kernel=f32)"
+        if self.kernel == "custom":  # for another machine: the runtime checks when it loads
+            return None
+        from llmir_core.backends.ort_ext import CustomOpError, library_path, unavailable_reason
+
+        why = unavailable_reason()
+        if why is None:
+            try:  # the capability is a library that builds here (compiled once, cached)
+                library_path()
+            except CustomOpError as exc:
+                why = exc.message
+        return None if why is None else f"llmir's custom op is unavailable here: {why}"
+
     def _store(
         self, fn: Function, w: Value, d: DType, ctx: PassContext, module: Module, sv
     ) -> Value:  # type: ignore[no-untyped-def]
+        """W in d: its own d tensor when it is a widened one, else core.cast(W, d)."""
         src = w.owner
-        b, new_ops = scratch_builder(fn, src.origin if src is not None else None)
-        stored = None
         if src is not None and src.name == "core.cast" and tt(src.operands[0]).dtype == d:
-            stored = src.operands[0]  # already stored in d: keep its bytes
-            err = 0.0
-        if stored is None:
-            stored = b.op("core.cast", w, to=d)
-            arr = sv(module, w)
-            err = (
-                float(np.abs(arr.astype(numpy_dtype(d)).astype(np.float32) - arr).max())
-                if arr is not None and arr.size
-                else float("nan")
-            )
-        wide = b.op("ort.cast", stored, to=DType.f32)
+            ctx.applied("weight-dtype", w, f"{_label(w)}: stored in {d} already (exact)")
+            return src.operands[0]  # already stored in d: keep its bytes
+        b, new_ops = scratch_builder(fn, src.origin if src is not None else None)
+        stored = b.op("core.cast", w, to=d)
+        arr = sv(module, w)
+        err = (
+            float(np.abs(arr.astype(numpy_dtype(d)).astype(np.float32) - arr).max())
+            if arr is not None and arr.size
+            else float("nan")
+        )
+        self._insert_after(fn, src, new_ops)
+        ctx.applied(
+            "weight-dtype", stored, f"{_label(w)}: stored in {d} (max abs rounding error {err:.3g})"
+        )
+        return stored
+
+    def _insert_after(self, fn: Function, src: Op | None, new_ops: list[Op]) -> None:
         i = next(i for i, o in enumerate(fn.ops) if o is src) + 1 if src is not None else 0
         fn.ops[i:i] = new_ops
-        label = _label(w)
-        ctx.applied(
-            "weight-dtype",
-            wide,
-            f"{label}: stored in {d}, widened to f32 at load (max abs rounding error {err:.3g}); "
-            "onnxruntime's CPU provider has no 16-bit GEMM here, so the matmul computes in f32",
-        )
+
+    def _widen(self, fn: Function, w16: Value, ctx: PassContext, why: str | None) -> Value:
+        src = w16.owner
+        b, new_ops = scratch_builder(fn, src.origin if src is not None else None)
+        wide = b.op("ort.cast", w16, to=DType.f32)
+        self._insert_after(fn, src, new_ops)
+        reason = (
+            why or "the matmul is not a transB projection"
+        ) + "; onnxruntime's CPU provider has no 16-bit GEMM here, so the matmul computes in f32"
+        ctx.applied("weight-dtype", wide, f"{_label(w16)}: widened to f32 at load ({reason})")
         return wide
 
+    def _embedding(self, fn: Function, op: Op, w16: Value, ctx: PassContext) -> None:
+        """Rows gathered from the 16-bit table, then widened: no f32 copy of the table."""
+        b, new_ops = scratch_builder(fn, op.origin)
+        rows = b.op("llm.embedding", w16, *op.operands[1:], **dict(op.attrs))
+        y = b.op("ort.cast", rows, to=DType.f32)
+        i = next(i for i, o in enumerate(fn.ops) if o is op)
+        fn.ops[i:i] = new_ops
+        take_over(fn, op.results[0], y)
+        erase_dead(fn, [op])
+        ctx.applied(
+            "weight-dtype",
+            y,
+            f"{_label(w16)}: rows gathered from the {tt(w16).dtype} table, widened to f32 "
+            "(exact: no f32 copy of the table)",
+        )
 
-__all__ = ["LowerOrtWeightDtype", "WEIGHT_DTYPES", "parse_weight_dtype"]
+    def _matmul16(self, fn: Function, op: Op, w16: Value, ctx: PassContext) -> None:
+        b, new_ops = scratch_builder(fn, op.origin)
+        y = b.op("ort.matmul16", op.operands[0], w16)
+        i = next(i for i, o in enumerate(fn.ops) if o is op)
+        fn.ops[i:i] = new_ops
+        take_over(fn, op.results[0], y)
+        erase_dead(fn, [op])
+        ctx.applied(
+            "weight-dtype",
+            y,
+            f"{_label(w16)}: read as stored by llmir's custom op (ai.llmir, AVX2/F16C), "
+            "widened in registers, f32 accumulation",
+        )
+
+
+__all__ = ["KERNELS", "LowerOrtWeightDtype", "WEIGHT_DTYPES", "parse_weight_dtype"]

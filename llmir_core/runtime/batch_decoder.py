@@ -91,10 +91,9 @@ class OrtBatchDecoder:
 
         self._ort = onnxruntime
         path = os.path.join(art_dir, manifest.get("model", "model.onnx"))
+        so = session_options(self.threads, custom_ops=manifest.get("custom_ops") or ())
         try:
-            self.sess = self._ort.InferenceSession(
-                path, session_options(self.threads), providers=["CPUExecutionProvider"]
-            )
+            self.sess = self._ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types
             raise InputError(
                 f"{path}: onnxruntime cannot load the model: {str(exc).strip().splitlines()[0]}"

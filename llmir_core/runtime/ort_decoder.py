@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -97,11 +98,18 @@ def auto_spin(threads: int, sample_s: float = 0.05) -> bool:
         return True
 
 
-def session_options(threads: int | None = None, spin: bool | None = None) -> Any:
+def session_options(
+    threads: int | None = None, spin: bool | None = None, custom_ops: Sequence[str] = ()
+) -> Any:
     """threads: intra-op threads (None = resolve_threads's default, 0 = onnxruntime's own).
-    spin: let pool threads spin between kernels (None = `auto_spin`: only on an idle machine)."""
+    spin: let pool threads spin between kernels (None = `auto_spin`: only on an idle machine).
+    custom_ops: the llmir custom-op libraries the model needs (its manifest's `custom_ops`)."""
     ort = _ort()
     so = ort.SessionOptions()
+    if custom_ops:
+        from llmir_core.backends.ort_ext import register
+
+        register(so, custom_ops)
     so.log_severity_level = 4  # errors reach llmir as exceptions; no coloured log lines
     n = resolve_threads(threads)
     if n:
@@ -155,10 +163,9 @@ class OrtDecoder:
         self.threads = resolve_threads(threads)
         ort = _ort()
         path = os.path.join(art_dir, manifest.get("model", "model.onnx"))
+        so = session_options(self.threads, spin, manifest.get("custom_ops") or ())
         try:
-            self.sess = ort.InferenceSession(
-                path, session_options(self.threads, spin), providers=["CPUExecutionProvider"]
-            )
+            self.sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types
             raise InputError(
                 f"{path}: onnxruntime cannot load the model: {str(exc).strip().splitlines()[0]}"

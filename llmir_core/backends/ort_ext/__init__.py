@@ -1,0 +1,177 @@
+"""llmir's onnxruntime custom-op library: f32 x 16-bit weight matmuls (`ort.matmul16`).
+
+The C source (matmul16.c, next to this file) is compiled on first use with the system C
+compiler (`$CC`, else `cc`) for AVX2 + FMA + F16C, and cached under
+`$LLMIR_HOME/ort_ext/` (LLMIR_HOME defaults to `$XDG_CACHE_HOME/llmir`; `$LLMIR_EXT_CACHE`
+overrides the folder), keyed by the source, the flags and the
+onnxruntime version; the shared object is written to a temp file and renamed into place, so
+concurrent first uses never see a partial library.
+
+`capability()` says whether this machine can use it (the lowering asks, and records the answer
+as the op it emits: `ort.matmul16` or the f32 path); `library_path()` returns the compiled
+library (compiling it when needed) for `SessionOptions.register_custom_ops_library`. Nothing
+here imports onnxruntime: its version comes from the package metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from llmir_core.errors import InputError
+
+LIBRARY = "matmul16"  # the name a manifest records (`custom_ops`)
+DOMAIN = "ai.llmir"
+OP_NAMES = {"f16": "MatMulF16", "bf16": "MatMulBf16"}
+SOURCE = Path(__file__).with_name("matmul16.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC")
+CPU_FLAGS = ("avx2", "fma", "f16c")
+MIN_ORT = (1, 17)  # the custom-op struct and OrtApi version the library asks for
+DISABLE_ENV = "LLMIR_NO_CUSTOM_OPS"  # set to 1: the capability is absent (the f32 path)
+CACHE_ENV = "LLMIR_EXT_CACHE"  # where compiled libraries go (default $LLMIR_HOME/ort_ext)
+
+
+class CustomOpError(InputError):
+    """The custom-op library an artifact needs cannot be built or loaded here (exit 2)."""
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC") or "cc"
+    return shutil.which(cc)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _ort_version() -> str | None:
+    try:
+        return metadata.version("onnxruntime")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split(".")[:2]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits or 0))
+    return tuple(out)
+
+
+def unavailable_reason() -> str | None:
+    """Why the library cannot be used on this machine, or None when it can."""
+    if os.environ.get(DISABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        return f"{DISABLE_ENV} is set"
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"needs Linux on x86-64 (this is {platform.system()} {platform.machine()})"
+    missing = [f for f in CPU_FLAGS if f not in _cpu_flags()]
+    if missing:
+        return f"the CPU lacks {', '.join(missing)}"
+    ver = _ort_version()
+    if ver is None or _version_tuple(ver) < MIN_ORT:
+        return f"needs onnxruntime >= {'.'.join(map(str, MIN_ORT))} (found {ver})"
+    if _compiler() is None:
+        return f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH"
+    return None
+
+
+def capability() -> bool:
+    return unavailable_reason() is None
+
+
+def _cache_dir() -> Path:
+    """$LLMIR_EXT_CACHE (the tests share one across their per-test LLMIR_HOMEs), else
+    $LLMIR_HOME/ort_ext."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    from llmir_core.artifact_check import _llmir_home
+
+    return Path(_llmir_home()) / "ort_ext"
+
+
+def _key() -> str:
+    h = hashlib.sha256(SOURCE.read_bytes())
+    h.update(" ".join(FLAGS).encode())
+    h.update((_ort_version() or "").encode())
+    return h.hexdigest()[:16]
+
+
+def library_path() -> str:
+    """The compiled library (built on first use; cached by source, flags and onnxruntime)."""
+    why = unavailable_reason()
+    if why is not None:
+        raise CustomOpError(
+            f"the artifact needs llmir's onnxruntime custom ops ({LIBRARY}), unavailable here: "
+            f"{why}",
+            hint="rebuild the artifact on this machine (`llmir build`): without the custom ops "
+            "the build takes the f32 path",
+        )
+    return _built(str(_cache_dir() / f"lib{LIBRARY}-{_key()}.so"))
+
+
+@lru_cache(maxsize=4)
+def _built(path: str) -> str:
+    out = Path(path)
+    if out.is_file():
+        return str(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cc = _compiler()
+    assert cc is not None
+    fd, tmp = tempfile.mkstemp(prefix=f".lib{LIBRARY}-", suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        try:
+            proc = subprocess.run(
+                [cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise CustomOpError(f"compiling {SOURCE.name} with {cc} failed: {exc}") from None
+        if proc.returncode != 0:
+            first = (proc.stderr.strip().splitlines() or ["(no output)"])[0]
+            raise CustomOpError(f"compiling {SOURCE.name} with {cc} failed: {first}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return str(out)
+
+
+def register(so: Any, names: Sequence[str]) -> None:
+    """Register the custom-op libraries a manifest's `custom_ops` names on SessionOptions so."""
+    for name in names:
+        if name != LIBRARY:
+            raise CustomOpError(
+                f"the artifact needs an unknown custom-op library '{name}'",
+                hint="it was built by a newer llmir: rebuild it with this one",
+            )
+        so.register_custom_ops_library(library_path())
+
+
+__all__ = [
+    "DOMAIN",
+    "LIBRARY",
+    "OP_NAMES",
+    "CustomOpError",
+    "capability",
+    "library_path",
+    "register",
+    "unavailable_reason",
+]

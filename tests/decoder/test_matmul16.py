@@ -1,0 +1,212 @@
+"""llmir's onnxruntime custom op (`ort.matmul16`, llmir_core/backends/ort_ext): the compiled
+kernel against the op's numpy reference for f16 and bf16 weights over decode- and prefill-shaped
+M and odd K/N; a `--dtype f16` build that uses it computes what the f32-path build computes;
+without the capability the lowering keeps the f32 path and an artifact that needs the library is
+refused with one clear line. Tests that run the kernel are skipped where it cannot be built
+(no C compiler, no AVX2/FMA/F16C, not Linux x86-64)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from llmir_core.backends import build, get_target
+from llmir_core.backends.ort_ext import (
+    DISABLE_ENV,
+    DOMAIN,
+    OP_NAMES,
+    CustomOpError,
+    library_path,
+    register,
+    unavailable_reason,
+)
+from llmir_core.dialects.registry import get_op
+from llmir_core.errors import InputError
+from llmir_core.ir.printer import print_module
+from llmir_core.ir.types import DType, numpy_dtype
+from llmir_core.passes.base import clone_module
+from llmir_core.passes.manager import run_pipeline
+from llmir_core.runtime.ort_decoder import open_artifact
+
+from .helpers import greedy, rel
+
+WHY = unavailable_reason()
+needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"llmir's custom op cannot run: {WHY}")
+PROMPT = np.array([[1, 5, 9, 2, 7, 3]])
+
+
+def _session(dt: str, n: int, k: int, threads: int = 2) -> Any:
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    wt = TensorProto.FLOAT16 if dt == "f16" else TensorProto.BFLOAT16
+    node = helper.make_node(OP_NAMES[dt], ["x", "w"], ["y"], domain=DOMAIN)
+    g = helper.make_graph(
+        [node],
+        "m16",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("w", wt, [n, k]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)]
+    )
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    register(so, ["matmul16"])
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _run(sess: Any, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    from llmir_core.backends.ort_runtime import run_session
+
+    return run_session(sess, {"x": x, "w": w})[0]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+@pytest.mark.parametrize("n,k", [(37, 29), (64, 96), (131, 1000)])
+def test_kernel_matches_reference(dt: str, n: int, k: int) -> None:
+    rng = np.random.default_rng(n * k)
+    sess = _session(dt, n, k)
+    w = rng.standard_normal((n, k)).astype(numpy_dtype(DType(dt)))
+    ref = get_op("ort.matmul16").reference  # type: ignore[union-attr]
+    for m in (1, 3, 17, 64):  # decode (GEMV) and prefill (packed GEMM) paths, ragged tiles
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        got, want = _run(sess, x, w), ref([x, w], {})
+        assert got.shape == (m, n) and got.dtype == np.float32
+        # f32 accumulation of k products against the f64 reference
+        assert np.abs(got - want).max() <= 1e-5 * np.sqrt(k) * np.abs(want).max()
+
+
+@needs_kernel
+def test_kernel_takes_batched_rows_and_thread_counts() -> None:
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((70, 48)).astype(np.float16)
+    x = rng.standard_normal((2, 9, 48)).astype(np.float32)  # [batch, seq, K]: M = 18
+    one, two = _run(_session("f16", 70, 48, 1), x, w), _run(_session("f16", 70, 48, 2), x, w)
+    assert one.shape == (2, 9, 70)
+    # each output is computed by one thread in a fixed order: the same bits at any thread count
+    assert np.array_equal(one, two)
+    assert rel(one, x.astype(np.float64) @ w.astype(np.float64).T) <= 1e-5
+
+
+@needs_kernel
+def test_library_is_compiled_once_into_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.delenv("LLMIR_EXT_CACHE")  # the default place: under LLMIR_HOME
+    path = Path(library_path())
+    assert path.is_file() and path.parent == Path(os.environ["LLMIR_HOME"]) / "ort_ext"
+    assert library_path() == str(path)
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temp left
+
+
+def test_unknown_library_is_refused() -> None:
+    import onnxruntime as ort
+
+    with pytest.raises(CustomOpError, match="unknown custom-op library 'other'"):
+        register(ort.SessionOptions(), ["other"])
+
+
+def _lowered(module: Any, dtype: str) -> str:
+    lowering = get_target("onnxruntime").lowering({"dtype": dtype})
+    return print_module(run_pipeline(clone_module(module), lowering).module)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+def test_build_uses_the_op_and_matches_the_f32_path(
+    dt: str, tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = _lowered(tiny_module, dt)
+    assert "ort.matmul16" in text and "ort.fused_matmul" not in text
+    build(tiny_module, str(tmp_path / "custom"), "onnxruntime", options={"dtype": dt})
+    monkeypatch.setenv(DISABLE_ENV, "1")  # the same build without the custom op
+    build(tiny_module, str(tmp_path / "f32path"), "onnxruntime", options={"dtype": dt})
+    monkeypatch.delenv(DISABLE_ENV)
+    man = json.loads((tmp_path / "custom" / "manifest.json").read_text())
+    assert man["custom_ops"] == ["matmul16"] and man["opset"][DOMAIN] == 1
+    a, b = open_artifact(str(tmp_path / "custom")), open_artifact(str(tmp_path / "f32path"))
+    a.reset(1)
+    b.reset(1)
+    # the same rounded weights, only the summation order differs
+    assert rel(a.forward(PROMPT), b.forward(PROMPT)) <= 1e-5
+    assert greedy(a, [1, 5, 9], 32) == greedy(b, [1, 5, 9], 32)
+
+
+def test_without_the_capability_the_f32_path_is_kept(
+    tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(DISABLE_ENV, "1")
+    text = _lowered(tiny_module, "f16")
+    assert "ort.matmul16" not in text
+    assert "ort.cast" in text and "ort.fused_matmul" in text
+    build(tiny_module, str(tmp_path / "art"), "onnxruntime", options={"dtype": "f16"})
+    man = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    assert man["custom_ops"] == [] and DOMAIN not in man["opset"]
+
+
+def test_artifact_needing_the_library_is_refused_where_it_cannot_load(
+    tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lowering = get_target("onnxruntime").lowering({"dtype": "f16"})
+    i = next(i for i, p in enumerate(lowering) if p.name == "lower-ort-weight-dtype")
+    lowering[i] = type(lowering[i])("f16", kernel="custom")  # built for a machine that has it
+    module = run_pipeline(clone_module(tiny_module), lowering).module
+    from llmir_core.backends.ort_decoder import serialize_decoder
+
+    serialize_decoder(module, str(tmp_path / "art"))
+    monkeypatch.setenv(DISABLE_ENV, "1")
+    with pytest.raises(InputError, match="needs llmir's onnxruntime custom ops") as e:
+        open_artifact(str(tmp_path / "art"))
+    assert f"{DISABLE_ENV} is set" in str(e.value)
+
+
+def test_bad_kernel_option_is_a_usage_error(tiny_module: Any) -> None:
+    from llmir_core.passes.lower_ort_weight_dtype import LowerOrtWeightDtype
+
+    lowering = get_target("onnxruntime").lowering({"dtype": "f16"})
+    i = next(i for i, p in enumerate(lowering) if p.name == "lower-ort-weight-dtype")
+    lowering[i] = LowerOrtWeightDtype("f16", kernel="avx512")
+    with pytest.raises(InputError, match="unknown kernel 'avx512'"):
+        run_pipeline(clone_module(tiny_module), lowering)
+
+
+def test_verify_proves_the_rewrite(
+    tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `verify --against` the same --dtype lowering on the f32 path: ort.matmul16 expands through
+    # its decomposition to the terms of fused_matmul(x, ort.cast(w, f32)); no kernel needed
+    from llmir_core.passes.lower_ort_weight_dtype import LowerOrtWeightDtype
+    from tests.conftest import run_cli
+
+    for kernel in ("custom", "f32"):
+        lowering = get_target("onnxruntime").lowering({"dtype": "f16"})
+        i = next(i for i, p in enumerate(lowering) if p.name == "lower-ort-weight-dtype")
+        lowering[i] = LowerOrtWeightDtype("f16", kernel=kernel)
+        module = run_pipeline(clone_module(tiny_module), lowering).module
+        (tmp_path / f"{kernel}.llmir").write_text(print_module(module))
+    r = run_cli("verify", "custom.llmir", "--against", "f32.llmir", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "equivalent to f32.llmir (by smt" in r.stdout
+    assert "ort.matmul16 x" in r.stdout and "expanded through its decomposition" in r.stdout
+
+
+def test_a_compiler_that_fails_means_the_f32_path(
+    tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the capability is a library that builds here: `auto` falls back when compiling fails
+    monkeypatch.setenv("CC", "false")
+    monkeypatch.setenv("LLMIR_EXT_CACHE", str(tmp_path / "cache"))
+    text = _lowered(tiny_module, "f16")
+    assert "ort.matmul16" not in text and "ort.fused_matmul" in text
+    with pytest.raises(CustomOpError):
+        library_path()
+    assert not list((tmp_path / "cache").glob("*"))  # no partial library left behind
