@@ -684,14 +684,19 @@ def _output_names(fn: Function) -> list[str]:
 
 def _weight_dtype(D: DecoderSerializer, module: Module) -> str:
     """--dtype, or without it the width the weights are stored in: the 16-bit dtype the
-    source's stored weights keep (`ort.cast` of a constant), else f32."""
+    source's stored weights keep (`ort.cast` of a constant, or a weight `ort.matmul16` or an
+    embedding reads as stored), else f32."""
     opt = module_options(module).get("dtype")
     if opt:
         return str(opt)
+    slot = {"ort.cast": 0, "ort.matmul16": 1, "llm.embedding": 0}
     dts = {
-        str(tt(op.operands[0]).dtype)
+        str(tt(op.operands[slot[op.name]]).dtype)
         for op in D.fn.ops
-        if op.name == "ort.cast" and id(op.operands[0]) in D.g.static
+        if op.name in slot
+        and len(op.operands) > slot[op.name]
+        and id(op.operands[slot[op.name]]) in D.g.static
+        and tt(op.operands[slot[op.name]]).dtype in (DType.f16, DType.bf16)
     }
     return dts.pop() if len(dts) == 1 else ("mixed" if dts else "f32")
 
