@@ -1118,6 +1118,8 @@ def _manifest(
         "logits": "last" if D.last_logits else "all",
         "accuracy_level": D.accuracy_level,
         "weight_dtype": str(module_options(module).get("dtype") or "f32"),
+        # how the session treats the weights (lower-ort-module's `prepack`; the runtime follows)
+        "prepack": str(module_options(module).get("prepack") or "session"),
         "quant": {
             "f32_weights": (f"int{D.quant.bits}" if D.quant else "f32"),
             "block": D.quant.block if D.quant else None,
