@@ -63,7 +63,7 @@ Examples:
   llmir build model.llmir -o model-mmap/ --prepack none   # f32: fastest load, slower decode
 
 A decoder artifact's report names how its session treats the weights (`prepack`: repacked by
-onnxruntime when the artifact opens, or memory-mapped as stored); see docs/perf.md "Load time".
+onnxruntime when the artifact opens, or memory-mapped as stored); see docs/load.md.
 """
 
 

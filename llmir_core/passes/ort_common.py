@@ -26,7 +26,7 @@ TARGET = "onnxruntime"
 # When onnxruntime repacks matmul weights into its kernels' layout (`ort.options.prepack`):
 # "session" = when the session opens (a heap copy of the weights; fastest decode and prefill),
 # "none" = never: f32 weights stay in the memory-mapped data file (load without touching them,
-# peak RSS ~ the file; decode and prefill slower). Measured in docs/perf.md ("Load time").
+# peak RSS ~ the file; decode and prefill slower). Measured in docs/load.md.
 PREPACK_MODES = ("session", "none")
 PREPACK = "session"
 
