@@ -1037,6 +1037,11 @@ def serialize_decoder(
             model, ins, outs = D.run()
         finally:
             D.data.fh.close()
+        layout = None
+        if module_options(module).get("prepack", "session") == "session":
+            from .ort_load_layout import alias_and_order
+
+            layout = alias_and_order(model)  # peak RSS while onnxruntime prepacks
         with open(os.path.join(tmp, MODEL_FILE), "wb") as fh:
             fh.write(model.SerializeToString(deterministic=True))
         files = [MODEL_FILE, DATA_FILE]
@@ -1063,6 +1068,8 @@ def serialize_decoder(
             tok,
             TEMPLATE_FILE if TEMPLATE_FILE in files else None,
         )
+        if layout and layout["aliases"]:
+            manifest["decoder"]["load_layout"] = layout
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as fh:
             fh.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         replace_dir(tmp, out_dir, guard=check_artifact_dir)

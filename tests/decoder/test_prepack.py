@@ -106,3 +106,42 @@ def test_cli_reports_the_mode_and_refuses_bad_combinations(
     assert "Traceback" not in r.stderr and not (tmp_path / "c").exists()
     r = run_cli("optimize", str(mod), "--prepack", "none")
     assert r.returncode == 2 and "--prepack: lowering options need --target" in r.stderr
+
+
+@pytest.mark.parametrize("quant", ["", "int4"])
+def test_a_tied_table_is_read_through_its_own_name(
+    quant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prepack=session: the embedding's Gather reads the tied table through an alias over the
+    same bytes, and the lm_head (which prepacks it) is listed first (ort_load_layout); the
+    logits are those of the same build without that layout."""
+    import onnx
+
+    from llmir_core.backends import ort_load_layout
+    from llmir_core.frontends.hf import import_hf
+
+    from .tiny import LlamaShape, make_llama_folder
+
+    module = import_hf(
+        make_llama_folder(tmp_path / "tied", LlamaShape(tie=True), tokenizer=False),
+        require_tokenizer=False,
+    )
+    opts = {"quant": quant} if quant else None
+    art = tmp_path / "art"
+    layout = build(module, str(art), "onnxruntime", options=opts)["decoder"]["load_layout"]
+    model = onnx.load(str(art / "model.onnx"), load_external_data=False)
+    inits = {t.name: t for t in model.graph.initializer}
+    assert layout["aliases"]
+    for alias, weight in layout["aliases"].items():
+        place = [(e.key, e.value) for e in inits[alias].external_data]
+        assert place == [(e.key, e.value) for e in inits[weight].external_data]
+        readers = {n.op_type for n in model.graph.node if alias in n.input}
+        assert readers and not set(ort_load_layout.PREPACKED_INPUTS) & readers
+    assert [n.name for n in model.graph.node[: len(layout["first"])]] == layout["first"]
+    assert model.graph.node[0].op_type in ("FusedMatMul", "MatMulNBits")
+
+    monkeypatch.setattr(ort_load_layout, "alias_and_order", lambda m: {"aliases": {}, "first": []})
+    plain = tmp_path / "plain"
+    assert "load_layout" not in build(module, str(plain), "onnxruntime", options=opts)["decoder"]
+    a, b = _logits(art), _logits(plain)
+    assert np.abs(a - b).max() <= 1e-5 * max(1.0, float(np.abs(a).max()))
