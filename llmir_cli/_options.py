@@ -80,6 +80,17 @@ WeightDTypeOpt = Annotated[
         show_default=False,
     ),
 ]
+PrepackOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--prepack",
+        help="Decoders: 'session' (default) lets onnxruntime repack the matmul weights when the "
+        "artifact opens (fastest decode and prefill; load time and a heap copy grow with the "
+        "weights); 'none' keeps f32 weights memory-mapped as stored (fastest load, lowest "
+        "peak RSS, slower matmuls; not for int4/int8).",
+        show_default=False,
+    ),
+]
 GenericOpt = Annotated[
     bool,
     typer.Option(

@@ -22,6 +22,7 @@ from .._options import (
     MaxLenOpt,
     OptLevelOpt,
     OutputFormat,
+    PrepackOpt,
     QuantBlockOpt,
     QuantOpt,
     QuietOpt,
@@ -29,6 +30,11 @@ from .._options import (
     WeightDTypeOpt,
 )
 from .._render import handle_errors, make_ctx
+
+PREPACK_NOTE = {
+    "session": "onnxruntime repacks the matmul weights when the artifact opens",
+    "none": "weights stay memory-mapped as stored; faster load, slower matmuls",
+}
 
 HELP = f"""Build a .llmir module into an artifact folder for a runtime.
 
@@ -53,6 +59,11 @@ Examples:
   llmir build model.llmir -o model-ort/ --format json | jq .files
 
   llmir build model.llmir -o model-q4/ --quant int4 --max-len 4096
+
+  llmir build model.llmir -o model-mmap/ --prepack none   # f32: fastest load, slower decode
+
+A decoder artifact's report names how its session treats the weights (`prepack`: repacked by
+onnxruntime when the artifact opens, or memory-mapped as stored); see docs/load.md.
 """
 
 
@@ -77,6 +88,7 @@ def build_cmd(
     accuracy_level: AccuracyLevelOpt = None,
     logits: LogitsOpt = None,
     dtype: WeightDTypeOpt = None,
+    prepack: PrepackOpt = None,
     generic: GenericOpt = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
@@ -112,6 +124,7 @@ def build_cmd(
             logits=logits,
             dtype=dtype,
             generic=generic,
+            prepack=prepack,
         )
         if opt_level is None and project is not None and "target" not in module.attrs:
             opt_level = project.opt_level  # a lowered module keeps the pipeline it was lowered by
@@ -134,6 +147,9 @@ def build_cmd(
                 f"{output}: {target} artifact, {len(manifest['files'])} files, "
                 f"{size / 1e6:.1f} MB ({dt:.2f} s)"
             )
+            dec = manifest.get("decoder")
+            if isinstance(dec, dict) and dec.get("prepack"):
+                ctx.result(f"  prepack: {dec['prepack']} ({PREPACK_NOTE[dec['prepack']]})")
             for name, info in manifest["files"].items():
                 ctx.detail(f"  {name}  {info['bytes']} bytes  sha256 {info['sha256']}")
             if manifest.get("pipeline"):

@@ -26,6 +26,7 @@ from .._options import (
     MaxLenOpt,
     OptLevelOpt,
     OutputFormat,
+    PrepackOpt,
     QuantBlockOpt,
     QuantOpt,
     QuietOpt,
@@ -59,7 +60,8 @@ Examples:
 --target NAME appends the target's lowering passes after -O (default 2, as for `llmir build`)
 or --passes; -O0 --target runs only the lowering. `llmir build` of the result gives the artifact
 `llmir build` of the input gives with the same -O and the same build options (--quant,
---quant-block, --max-len, --accuracy-level, --generic: they apply with --target only). The
+--quant-block, --max-len, --accuracy-level, --logits, --dtype, --prepack, --generic: they apply
+with --target only). The
 lowered module records the passes that ran (`llmir.pipeline`; the artifact's manifest copies it).
 """
 
@@ -106,6 +108,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
     accuracy_level: AccuracyLevelOpt = None,
     logits: LogitsOpt = None,
     dtype: WeightDTypeOpt = None,
+    prepack: PrepackOpt = None,
     generic: GenericOpt = False,
     allow_unproved: Annotated[
         bool,
@@ -151,6 +154,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                 ("--accuracy-level", accuracy_level is not None),
                 ("--logits", logits is not None),
                 ("--dtype", dtype is not None),
+                ("--prepack", prepack is not None),
                 ("--generic", generic),
             )
             if given
@@ -183,6 +187,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                 logits=logits,
                 dtype=dtype,
                 generic=generic,
+                prepack=prepack,
             )
             if passes is None:  # what `llmir build` runs for this -O and these options
                 pipeline = backends.pipeline(target, options, level)

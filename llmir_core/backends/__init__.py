@@ -62,10 +62,11 @@ def build_options(
     logits: str | None = None,
     dtype: str | None = None,
     generic: bool = False,
+    prepack: str | None = None,
 ) -> dict[str, Any]:
     """The lowering options the build flags give (only those given), checked against the module:
-    --quant, --max-len, --accuracy-level, --logits and --dtype apply to onnxruntime decoder
-    lowerings only."""
+    --quant, --max-len, --accuracy-level, --logits, --dtype and --prepack apply to onnxruntime
+    decoder lowerings only."""
     from llmir_core.passes.ort_common import is_decoder
 
     if logits not in (None, "last", "all"):
@@ -78,13 +79,14 @@ def build_options(
             ("accuracy_level", accuracy_level),
             ("last_logits", None if logits is None else logits == "last"),
             ("dtype", dtype),
+            ("prepack", prepack),
         )
         if v is not None
     }
     if given and (target != "onnxruntime" or generic or not is_decoder(module)):
         raise InputError(
-            "--quant, --max-len, --accuracy-level, --logits and --dtype apply to decoder builds "
-            "only",
+            "--quant, --max-len, --accuracy-level, --logits, --dtype and --prepack apply to "
+            "decoder builds only",
             hint="import an LLM (HF folder or GGUF) to get a decoder module",
         )
     if quant:

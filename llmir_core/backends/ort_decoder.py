@@ -1125,6 +1125,11 @@ def serialize_decoder(
             model, ins, outs = D.run()
         finally:
             D.data.fh.close()
+        layout = None
+        if module_options(module).get("prepack", "session") == "session":
+            from .ort_load_layout import alias_and_order
+
+            layout = alias_and_order(model)  # peak RSS while onnxruntime prepacks
         with open(os.path.join(tmp, MODEL_FILE), "wb") as fh:
             fh.write(model.SerializeToString(deterministic=True))
         files = [MODEL_FILE, DATA_FILE]
@@ -1151,6 +1156,8 @@ def serialize_decoder(
             tok,
             TEMPLATE_FILE if TEMPLATE_FILE in files else None,
         )
+        if layout and layout["aliases"]:
+            manifest["decoder"]["load_layout"] = layout
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as fh:
             fh.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         replace_dir(tmp, out_dir, guard=check_artifact_dir)
@@ -1206,6 +1213,8 @@ def _manifest(
         "logits": "last" if D.last_logits else "all",
         "accuracy_level": D.accuracy_level,
         "weight_dtype": _weight_dtype(D, module),
+        # how the session treats the weights (lower-ort-module's `prepack`; the runtime follows)
+        "prepack": str(module_options(module).get("prepack") or "session"),
         "quant": {
             "f32_weights": (f"int{D.quant.bits}" if D.quant else "f32"),
             "block": D.quant.block if D.quant else None,

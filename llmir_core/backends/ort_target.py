@@ -28,6 +28,7 @@ _OPTIONS = (
     "last_logits",
     "generic",
     "dtype",
+    "prepack",
 )
 # ops with a definition the generic lowering cannot express in ONNX
 _REASONS = {
@@ -108,7 +109,7 @@ class OrtTarget:
         from llmir_core.passes.lower_ort_norms import LowerOrtNorms
         from llmir_core.passes.lower_ort_precision import LowerOrtPrecision
         from llmir_core.passes.lower_ort_weight_dtype import LowerOrtWeightDtype, parse_weight_dtype
-        from llmir_core.passes.ort_common import ACCURACY_LEVEL, LAST_LOGITS
+        from llmir_core.passes.ort_common import ACCURACY_LEVEL, LAST_LOGITS, PREPACK
 
         unknown = sorted(set(options) - set(_OPTIONS))
         if unknown:
@@ -130,6 +131,7 @@ class OrtTarget:
             last,
             bool(options.get("generic", False)),
             dtype,
+            str(options.get("prepack") or PREPACK),
         )
         if options.get("generic"):
             return [LowerOrtPrecision(), module]
@@ -168,6 +170,8 @@ class OrtTarget:
             decoder_only.append("quant")
         if opts.get("dtype", "f32") not in ("", "f32"):
             decoder_only.append("dtype")
+        if opts.get("prepack", "session") != "session":
+            decoder_only.append("prepack")
         if decoder_only:
             raise InputError(
                 f"{', '.join(decoder_only)} apply to decoder builds only",

@@ -1,9 +1,17 @@
 """lower-ort-module: the last onnxruntime lowering step. It checks that every op left is one the
 target runs (its capability table, including a kernel for the 16-bit float dtype each op computes
 in; the first op it cannot run fails the pass with its location and reason) and records on the module what the serializer needs: `target = "onnxruntime"`,
-`ort.options` (max_len, last_logits, quant, accuracy_level: the build options) and `llmir.source`
+`ort.options` (max_len, last_logits, quant, accuracy_level, prepack: the build options) and `llmir.source`
 (file name and sha256 of the module as it was before lowering, which the artifact's manifest
 names). A module with `target` set is lowered: `llmir build` serializes it as is.
+
+`prepack` is the session's weight handling, decided here so the lowered module shows it:
+"session" (onnxruntime repacks matmul weights when the session opens) or "none" (f32 weights
+stay memory-mapped as stored: fastest load, slower matmuls). "none" is refused when the module
+has MatMulNBits ops (onnxruntime runs them unpacked ~40x slower, measured). With "session" the
+serializer lays model.onnx out for prepacking (`backends/ort_load_layout.py`: a tied table's
+non-matmul readers get their own name over the same bytes, its matmul node comes first): the
+same nodes and bytes, a lower peak RSS.
 
 Invariant: computes what it got (it changes no op); idempotent.
 """
@@ -22,8 +30,10 @@ from .base import PassContext
 from .ort_common import (
     ACCURACY_LEVEL,
     LAST_LOGITS,
+    PREPACK,
     TARGET,
     check_accuracy_level,
+    check_prepack,
     declare_ort,
     is_decoder,
     parse_quant,
@@ -55,6 +65,7 @@ class LowerOrtModule:
     last_logits: bool = LAST_LOGITS
     generic: bool = False  # keep the generic op-by-op build for a decoder (no KV buffers)
     dtype: str = ""  # weight storage dtype of a decoder (f16 | bf16; "" = f32)
+    prepack: str = PREPACK  # session | none (see the module docstring)
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         parse_quant(self.quant, self.quant_block)
@@ -68,6 +79,22 @@ class LowerOrtModule:
         from .lower_ort_weight_dtype import parse_weight_dtype
 
         parse_weight_dtype(self.dtype)
+        check_prepack(self.prepack)
+        if self.prepack == "none":
+            nbits = [op for f in module.functions for op in f.ops if op.name == "ort.matmul_nbits"]
+            if nbits:
+                from llmir_core.errors import Diagnostic, InputError
+
+                msg = (
+                    f"--prepack none: {len(nbits)} ort.matmul_nbits op(s) (int4/int8 weights) "
+                    "need onnxruntime's prepacked layout (unpacked they run ~40x slower)"
+                )
+                pos = nbits[0].pos
+                raise InputError(
+                    f"{pos}: error: {msg}" if pos else msg,
+                    diagnostics=[Diagnostic("error", msg, pos)],
+                    hint="use --prepack session (the default) for quantized builds",
+                )
         problems = get_target(TARGET).capabilities.check(module, kernels=True)
         if problems:
             raise CheckFailed(
@@ -82,6 +109,7 @@ class LowerOrtModule:
             "max_len": self.max_len,
             "last_logits": self.last_logits and not self.generic and is_decoder(module),
             "generic": self.generic,
+            "prepack": self.prepack,
         }
         if self.dtype not in ("", "f32"):
             opts["dtype"] = self.dtype

@@ -23,6 +23,12 @@ QUANT_MODES = ("int4", "int8")
 ACCURACY_LEVEL = 4  # MatMulNBits int8 activations: measured fastest on AVX2
 LAST_LOGITS = True  # decoders compute logits for the last position only (lower-ort-logits)
 TARGET = "onnxruntime"
+# When onnxruntime repacks matmul weights into its kernels' layout (`ort.options.prepack`):
+# "session" = when the session opens (a heap copy of the weights; fastest decode and prefill),
+# "none" = never: f32 weights stay in the memory-mapped data file (load without touching them,
+# peak RSS ~ the file; decode and prefill slower). Measured in docs/load.md.
+PREPACK_MODES = ("session", "none")
+PREPACK = "session"
 
 
 # -- what is a decoder ---------------------------------------------------------------------------
@@ -376,6 +382,15 @@ def quantize_mode(src: WSrc, fmt: NbitsFormat, ev: Evaluate | None = None) -> st
     return "asym" if fmt.asym else "sym"
 
 
+def check_prepack(mode: str) -> None:
+    if mode not in PREPACK_MODES:
+        raise InputError(
+            f"--prepack must be one of {', '.join(PREPACK_MODES)}, got {mode!r}",
+            hint="session: weights repacked when the session opens (fastest decode); none: "
+            "f32 weights memory-mapped as stored (fastest load, slower decode)",
+        )
+
+
 def module_options(module: Module) -> dict[str, Any]:
     """The lowering options recorded on a lowered module (`ort.options`)."""
     opts = module.attrs.get("ort.options")
@@ -410,4 +425,7 @@ __all__ = [
     "TARGET",
     "module_options",
     "check_accuracy_level",
+    "check_prepack",
+    "PREPACK",
+    "PREPACK_MODES",
 ]

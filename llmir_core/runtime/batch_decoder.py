@@ -91,7 +91,11 @@ class OrtBatchDecoder:
 
         self._ort = onnxruntime
         path = os.path.join(art_dir, manifest.get("model", "model.onnx"))
-        so = session_options(self.threads, custom_ops=manifest.get("custom_ops") or ())
+        so = session_options(
+            self.threads,
+            custom_ops=manifest.get("custom_ops") or (),
+            prepack=str(dec.get("prepack", "session")),
+        )
         try:
             self.sess = self._ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types

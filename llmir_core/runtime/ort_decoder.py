@@ -99,11 +99,16 @@ def auto_spin(threads: int, sample_s: float = 0.05) -> bool:
 
 
 def session_options(
-    threads: int | None = None, spin: bool | None = None, custom_ops: Sequence[str] = ()
+    threads: int | None = None,
+    spin: bool | None = None,
+    custom_ops: Sequence[str] = (),
+    prepack: str = "session",
 ) -> Any:
     """threads: intra-op threads (None = resolve_threads's default, 0 = onnxruntime's own).
     spin: let pool threads spin between kernels (None = `auto_spin`: only on an idle machine).
-    custom_ops: the llmir custom-op libraries the model needs (its manifest's `custom_ops`)."""
+    custom_ops: the llmir custom-op libraries the model needs (its manifest's `custom_ops`).
+    prepack: the artifact's `decoder.prepack` (lower-ort-module): "none" turns onnxruntime's
+    weight prepacking off, so the weights stay memory-mapped as stored."""
     ort = _ort()
     so = ort.SessionOptions()
     if custom_ops:
@@ -119,6 +124,8 @@ def session_options(
     if spin is None:
         spin = auto_spin(n or os.cpu_count() or 1)
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if prepack == "none":
+        so.add_session_config_entry("session.disable_prepacking", "1")
     return so
 
 
@@ -160,10 +167,17 @@ class OrtDecoder:
         )
         if self.shared and self.max_context is None:
             raise InputError(f"{art_dir}: the manifest gives no max_len for the shared KV buffers")
+        prepack = dec.get("prepack", "session")  # artifacts built before the field: "session"
+        if prepack not in ("session", "none"):
+            raise InputError(
+                f"{art_dir}: manifest field 'decoder.prepack' must be 'session' or 'none', "
+                f"got {prepack!r}",
+                hint="rebuild the artifact with `llmir build`",
+            )
         self.threads = resolve_threads(threads)
         ort = _ort()
         path = os.path.join(art_dir, manifest.get("model", "model.onnx"))
-        so = session_options(self.threads, spin, manifest.get("custom_ops") or ())
+        so = session_options(self.threads, spin, manifest.get("custom_ops") or (), prepack)
         try:
             self.sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types

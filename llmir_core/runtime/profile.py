@@ -330,7 +330,11 @@ def profile_artifact(
             hint="rebuild the artifact with this llmir version (`llmir build`)",
         )
     with tempfile.TemporaryDirectory(prefix="llmir-profile-") as tmp:
-        so = session_options(dec.threads, custom_ops=dec.manifest.get("custom_ops") or ())
+        so = session_options(
+            dec.threads,
+            custom_ops=dec.manifest.get("custom_ops") or (),
+            prepack=str(dec.manifest.get("decoder", {}).get("prepack", "session")),
+        )
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(tmp, "ort")
         # the same decoder (I/O binding, shared KV buffers), on a session that profiles
