@@ -850,7 +850,7 @@ def _emit_matmul_nbits(D: DecoderSerializer, op: Op) -> bool:
 
 def _emit_dynamic_quantize_matmul(D: DecoderSerializer, op: Op) -> bool:
     srcs = D.weight(op.operands[1])
-    b, s, z = D.w.qgemm(srcs, str(op.attrs.get("weights", "u8")), _label(op, "weight"))
+    b, s, z = D.w.qgemm(srcs, str(op.attrs.get("weights", "s8pair")), _label(op, "weight"))
     ins = [D.name(op.operands[0]), b, s] + ([z] if z else [])
     D.bind(op.results[0], D.node("DynamicQuantizeMatMul", ins, domain=MS)[0])
     return True

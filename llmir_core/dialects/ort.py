@@ -494,7 +494,7 @@ register(
 )
 
 
-_QGEMM_RANGE = {"u8": 127, "s7": 63}  # weights: largest code magnitude
+_QGEMM_WEIGHTS = ("s8pair", "u8")
 
 
 def _infer_dqmm(ctx: InferCtx) -> list[Type]:
@@ -513,10 +513,10 @@ def _infer_dqmm(ctx: InferCtx) -> list[Type]:
 
 def qgemm_weight(w: np.ndarray, weights: str) -> tuple[np.ndarray, np.ndarray]:
     """The int8 codes [N, K] and per-row f32 scales `ort.dynamic_quantize_matmul` stores for the
-    float weight w [N, K] (codes within +-127, or +-63 for "s7")."""
+    float weight w [N, K] (llmir_core/quant/qgemm.py)."""
     from llmir_core.quant import qgemm
 
-    return qgemm.quantize_rows(w, _QGEMM_RANGE[weights])
+    return qgemm.quantize_rows(w, pairs=weights == "s8pair")
 
 
 def _ref_dqmm(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
@@ -531,14 +531,14 @@ register(
     OpDef(
         name="ort.dynamic_quantize_matmul",
         summary="com.microsoft.DynamicQuantizeMatMul: a @ b^T with b rounded to int8 per output "
-        "channel (symmetric: one f32 scale per row, max|row| / L) and a quantized to uint8 at run "
+        "channel (symmetric: one f32 scale per row) and a quantized to uint8 at run "
         "time per tensor (ONNX DynamicQuantizeLinear: scale (max(a, 0) - min(a, 0)) / 255, "
         "round half to even), the integer products summed exactly and scaled back (MLAS "
         "QGEMM). b is the logical [N, K] f32 weight; the serializer quantizes it. `weights` "
-        'is how the codes are stored: "u8" (L = 127, stored as code + 128 with zero point '
-        "128: MLAS's u8u8 kernel, exact on every x86 CPU) or \"s7\" (L = 63, int8: MLAS's "
-        "faster u8s8 kernel, whose AVX2 form (vpmaddubsw) saturates 16-bit pair sums that "
-        "7-bit codes cannot reach).",
+        'is how the codes are stored: "s8pair" (int8, the scale chosen so each adjacent pair '
+        "of codes has |q[2i]| + |q[2i+1]| <= 128: MLAS's u8s8 kernels, whose AVX2 form adds "
+        'u8 x s8 products pairwise in saturating 16-bit lanes, stay exact) or "u8" (L = '
+        "max|row|, codes + 128 with zero point 128: MLAS's slower u8u8 kernel).",
         operands=(
             Operand("a", doc="[..., K] f32"),
             Operand("b", doc="[N, K] f32 weight"),
@@ -547,9 +547,10 @@ register(
             Attr(
                 "weights",
                 "str",
-                "u8",
-                choices=tuple(_QGEMM_RANGE),
-                doc="u8 (codes +-127 stored with zero point 128) or s7 (codes +-63, int8)",
+                "s8pair",
+                choices=_QGEMM_WEIGHTS,
+                doc="s8pair (int8 codes, adjacent pairs' magnitudes summing to <= 128) or u8 "
+                "(codes within +-127 of max|row|, stored + 128 with zero point 128)",
             ),
         ),
         infer=_infer_dqmm,

@@ -13,13 +13,12 @@ weights, the packed QKV) becomes:
   of consecutive columns and zero points that fit; otherwise (act-order g_idx, 2 bits, other
   group sizes) they are requantized with zero points and the report gives the reason and the
   max error;
-- `ort.dynamic_quantize_matmul` instead when `quant` is int8, `int8_matmul` is `qgemm-u8` (the
-  default) or `qgemm-s7` and W is an f32 (or f16/bf16) weight with no other use: int8 weights
-  per output channel and activations quantized per tensor at run time (MLAS QGEMM). Measured on
-  an AVX2 Zen 3 (2 threads, SmolLM2-135M shape): prefill of 128 tokens 1.6x (u8) / 2.1x (s7)
-  faster than MatMulNBits 8-bit at accuracy level 4, a decode step about as fast. A weight tied
-  to the embedding stays `ort.matmul_nbits` (the lookup shares its blocks); `int8_matmul = nbits`
-  keeps every int8 weight in blocks;
+- `ort.dynamic_quantize_matmul` instead when `quant` is int8, `int8_matmul` is `qgemm-s8pair`
+  (the default) or `qgemm-u8` and W is an f32 (or f16/bf16) weight with no other use: int8
+  weights per output channel and activations quantized per tensor at run time (MLAS QGEMM; the
+  op's `weights` attribute says how the codes are stored, llmir_core/quant/qgemm.py). A weight
+  tied to the embedding stays `ort.matmul_nbits` (the lookup shares its blocks);
+  `int8_matmul = nbits` keeps every int8 weight in blocks. See docs/perf.md for the measurements;
 - `ort.fused_matmul` otherwise.
 
 MatMulNBits' `accuracy_level` (the activation precision onnxruntime may use) is the pass option
@@ -66,7 +65,7 @@ from .ort_common import (
 )
 
 _EXPAND = ("llm.gated_mlp", "llm.linear", "llm.silu_mul", "llm.quantized_matmul")
-INT8_MATMUL = ("qgemm-u8", "qgemm-s7", "nbits")  # the first is the default
+INT8_MATMUL = ("qgemm-s8pair", "qgemm-u8", "nbits")  # the first is the default
 _FLOAT_SRC = ("f32", "cast", "eval")
 
 
@@ -162,7 +161,7 @@ class LowerOrtMatmul:
             and all(s.kind in _FLOAT_SRC for s in srcs)
             and g.only_use(w, op)
         ):
-            kind = self.int8_matmul.split("-")[1]
+            kind = self.int8_matmul.split("-", 1)[1]
             y = b.op("ort.dynamic_quantize_matmul", x, w, weights=kind)
             ctx.applied(
                 "dynamic-quantize-matmul",

@@ -26,7 +26,7 @@ def _ops(module: Any, name: str) -> list[Any]:
     return [op for op in module.main.ops if op.name == name]
 
 
-@pytest.mark.parametrize("weights", ["u8", "s7"])
+@pytest.mark.parametrize("weights", ["s8pair", "u8"])
 def test_artifact_matches_the_lowered_reference(
     weights: str, tiny_module: Any, tmp_path: Path
 ) -> None:
@@ -68,14 +68,28 @@ def test_unknown_int8_matmul_is_an_input_error(tiny_module: Any) -> None:
 
 def test_activation_quantization_rule() -> None:
     """DynamicQuantizeLinear: the range always holds 0, halves round to even, a zero tensor
-    gets scale 1; weight codes stay within +-L with one scale per row."""
+    gets scale 1."""
     q, s, z = qgemm.quantize_activations(np.array([[-1.0, 0.0, 3.0]], np.float32))
     assert s == pytest.approx(4 / 255) and z == 64 and q.tolist() == [[0, 64, 255]]
     q, s, z = qgemm.quantize_activations(np.zeros((2, 3), np.float32))
     assert (s, z) == (1.0, 0) and not q.any()
-    w = np.array([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0]], np.float32)
-    codes, scales = qgemm.quantize_rows(w, 63)  # in f32, 0.5 / (1/63) is 31.499998
-    assert codes.tolist() == [[31, -63, 16], [0, 0, 0]] and scales.tolist() == [
-        np.float32(1 / 63),
-        1.0,
-    ]
+
+
+def test_pair_bounded_codes() -> None:
+    """s8pair: every adjacent pair of codes sums to at most 128 in magnitude (an odd K's last
+    code pairs with nothing), so a saturating 16-bit pair sum of u8 x s8 products (255 * 128)
+    cannot overflow; max|w| scaling alone would allow 2 * 127."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 97)).astype(np.float32)
+    w[:, :2] = [[5.0, -5.0]]  # one pair of large weights per row
+    codes, scales = qgemm.quantize_rows(w, pairs=True)
+    mags = np.abs(codes[:, :96].astype(np.int32)).reshape(64, 48, 2).sum(-1)
+    assert mags.max() <= 128 and np.abs(codes).max() <= 127
+    assert np.allclose(scales, 10.0 / 127)
+    plain, ps = qgemm.quantize_rows(w)
+    assert np.abs(plain[:, :2].astype(np.int32)).sum(-1).max() == 254
+    assert np.allclose(ps, 5.0 / 127)
+    err = np.abs(qgemm.dequantize_rows(codes, scales) - w).max()
+    assert err <= scales.max() / 2 + 1e-6
+    zero, zs = qgemm.quantize_rows(np.zeros((1, 4), np.float32), pairs=True)
+    assert not zero.any() and zs.tolist() == [1.0]
