@@ -38,7 +38,8 @@ QuantOpt = Annotated[
     str | None,
     typer.Option(
         "--quant",
-        help="Decoders: quantize float weights to int4 or int8 (MatMulNBits, blockwise).",
+        help="Decoders: quantize float weights to int4 (MatMulNBits, blockwise) or int8 "
+        "(DynamicQuantizeMatMul, per output channel; a tied lm_head MatMulNBits).",
         show_default=False,
     ),
 ]

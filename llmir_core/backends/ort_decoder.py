@@ -424,6 +424,47 @@ class _Weights:
         )
         yield codes, sc32, zpk
 
+    # -- DynamicQuantizeMatMul ------------------------------------------------------
+    def qgemm(self, srcs: list[WSrc], weights: str, name: str) -> tuple[str, str, str | None]:
+        """(B [K, N], b_scale [N], b_zero_point [N] or None) initializers of the
+        row-concatenation of srcs, quantized per row (`ort.dynamic_quantize_matmul`)."""
+        from llmir_core.dialects.ort import qgemm_weight
+
+        key = ("qgemm", tuple((id(s.value), s.transpose) for s in srcs), weights)
+        if key in self.names:
+            return self.names[key]  # type: ignore[no-any-return]
+        rows, cols = sum(s.rows for s in srcs), srcs[0].cols
+        codes = np.empty((cols, rows), np.uint8 if weights == "u8" else np.int8)
+        scales = np.empty(rows, np.float32)
+        r = 0
+        for s in srcs:
+            for chunk in self.rows_f32(s):
+                q, sc = qgemm_weight(chunk, weights)
+                n = q.shape[0]
+                codes[:, r : r + n] = (
+                    (q.T.astype(np.int16) + 128).astype(np.uint8) if weights == "u8" else q.T
+                )
+                scales[r : r + n] = sc
+                r += n
+        off = self.data.start(codes.nbytes >= _LARGE)
+        self.data.write(codes)
+        dt = TensorProto.UINT8 if weights == "u8" else TensorProto.INT8
+        b = self._init(name + ".qweight", dt, [cols, rows], off, codes.nbytes)
+        off = self.data.start(scales.nbytes >= _LARGE)
+        self.data.write(scales)
+        s_name = self._init(name + ".scales", TensorProto.FLOAT, [rows], off, scales.nbytes)
+        z_name = None
+        if weights == "u8":
+            zp = np.full(rows, 128, np.uint8)
+            off = self.data.start(zp.nbytes >= _LARGE)
+            self.data.write(zp)
+            z_name = self._init(name + ".zero_points", TensorProto.UINT8, [rows], off, zp.nbytes)
+        self.log.quantized[f"qgemm {weights}"] = self.log.quantized.get(
+            f"qgemm {weights}", 0
+        ) + len(srcs)
+        self.names[key] = (b, s_name, z_name)
+        return b, s_name, z_name
+
     def small(self, arr: np.ndarray, name: str) -> str:
         """A small computed constant (norm scales, rotary tables)."""
         return self.L.const(np.ascontiguousarray(arr), name)
@@ -872,6 +913,14 @@ def _emit_matmul_nbits(D: DecoderSerializer, op: Op) -> bool:
     return True
 
 
+def _emit_dynamic_quantize_matmul(D: DecoderSerializer, op: Op) -> bool:
+    srcs = D.weight(op.operands[1])
+    b, s, z = D.w.qgemm(srcs, str(op.attrs.get("weights", "s8pair")), _label(op, "weight"))
+    ins = [D.name(op.operands[0]), b, s] + ([z] if z else [])
+    D.bind(op.results[0], D.node("DynamicQuantizeMatMul", ins, domain=MS)[0])
+    return True
+
+
 def _zero(s: WSrc) -> bool:
     assert s.op is not None
     q = tt(s.op.results[0]).dtype
@@ -1005,6 +1054,7 @@ _EMIT = {
     "ort.fused_matmul": _emit_fused_matmul,
     "ort.matmul_nbits": _emit_matmul_nbits,
     "ort.matmul16": _emit_matmul16,
+    "ort.dynamic_quantize_matmul": _emit_dynamic_quantize_matmul,
     "ort.quick_gelu": _emit_quick_gelu,
     "llm.embedding": _emit_embedding,
     "ort.moe": _emit_moe,

@@ -24,6 +24,7 @@ _OPTIONS = (
     "quant",
     "quant_block",
     "accuracy_level",
+    "int8_matmul",
     "max_len",
     "last_logits",
     "generic",
@@ -103,7 +104,7 @@ class OrtTarget:
         from llmir_core.passes.lower_ort_attention import LowerOrtAttention
         from llmir_core.passes.lower_ort_embedding import LowerOrtEmbedding
         from llmir_core.passes.lower_ort_logits import LowerOrtLogits
-        from llmir_core.passes.lower_ort_matmul import LowerOrtMatmul
+        from llmir_core.passes.lower_ort_matmul import INT8_MATMUL, LowerOrtMatmul
         from llmir_core.passes.lower_ort_module import LowerOrtModule
         from llmir_core.passes.lower_ort_moe import LowerOrtMoe
         from llmir_core.passes.lower_ort_norms import LowerOrtNorms
@@ -140,7 +141,7 @@ class OrtTarget:
             LowerOrtAttention(quant, block),
             LowerOrtNorms(),
             LowerOrtMoe(quant, block, level),
-            LowerOrtMatmul(quant, block, level),
+            LowerOrtMatmul(quant, block, level, str(options.get("int8_matmul") or INT8_MATMUL[0])),
             LowerOrtEmbedding(quant, block),
             LowerOrtWeightDtype(dtype),
             LowerOrtLogits(last),

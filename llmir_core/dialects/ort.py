@@ -538,6 +538,78 @@ register(
 )
 
 
+_QGEMM_WEIGHTS = ("s8pair", "u8")
+
+
+def _infer_dqmm(ctx: InferCtx) -> list[Type]:
+    a = float_tensor(ctx, 0, "a")
+    w = tensor_arg(ctx, 1, "b")
+    _need(a.dtype == DType.f32, f"a must be f32, got {a.dtype}")
+    _need(a.rank >= 2, f"a must have rank >= 2, got {a}")
+    _need(w.rank == 2 and w.dtype == DType.f32, f"b must be a 2-D [N, K] f32 weight, got {w}")
+    n, k = w.shape
+    _need(
+        k == a.shape[-1] or not (isinstance(k, int) and isinstance(a.shape[-1], int)),
+        f"contraction dims differ: a has {a.shape[-1]}, b {k}",
+    )
+    return [like(a, (*a.shape[:-1], n))]
+
+
+def qgemm_weight(w: np.ndarray, weights: str) -> tuple[np.ndarray, np.ndarray]:
+    """The int8 codes [N, K] and per-row f32 scales `ort.dynamic_quantize_matmul` stores for the
+    float weight w [N, K] (llmir_core/quant/qgemm.py)."""
+    from llmir_core.quant import qgemm
+
+    return qgemm.quantize_rows(w, pairs=weights == "s8pair")
+
+
+def _ref_dqmm(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
+    from llmir_core.quant import qgemm
+
+    a, w = args
+    codes, scales = qgemm_weight(np.asarray(w, np.float32), at["weights"])
+    return qgemm.matmul(a, codes, scales).astype(a.dtype)
+
+
+register(
+    OpDef(
+        name="ort.dynamic_quantize_matmul",
+        summary="com.microsoft.DynamicQuantizeMatMul: a @ b^T with b rounded to int8 per output "
+        "channel (symmetric: one f32 scale per row) and a quantized to uint8 at run "
+        "time per tensor (ONNX DynamicQuantizeLinear: scale (max(a, 0) - min(a, 0)) / 255, "
+        "round half to even), the integer products summed exactly and scaled back (MLAS "
+        "QGEMM). b is the logical [N, K] f32 weight; the serializer quantizes it. `weights` "
+        'is how the codes are stored: "s8pair" (int8, the scale chosen so each adjacent pair '
+        "of codes has |q[2i]| + |q[2i+1]| <= 128: MLAS's u8s8 kernels, whose AVX2 form adds "
+        'u8 x s8 products pairwise in saturating 16-bit lanes, stay exact) or "u8" (L = '
+        "max|row|, codes + 128 with zero point 128: MLAS's slower u8u8 kernel).",
+        operands=(
+            Operand("a", doc="[..., K] f32"),
+            Operand("b", doc="[N, K] f32 weight"),
+        ),
+        attrs=(
+            Attr(
+                "weights",
+                "str",
+                "s8pair",
+                choices=_QGEMM_WEIGHTS,
+                doc="s8pair (int8 codes, adjacent pairs' magnitudes summing to <= 128) or u8 "
+                "(codes within +-127 of max|row|, stored + 128 with zero point 128)",
+            ),
+        ),
+        infer=_infer_dqmm,
+        reference=_ref_dqmm,
+        no_smt="it rounds its weight and its activations (a per-tensor range computed at run "
+        "time): translation validation compares it differentially",
+        cost=ranges.cost_matmul,
+        verifies="a is an f32 tensor of rank >= 2 and b a 2-D f32 [N, K] weight whose K matches a's "
+        "last dim.",
+        example='%y = ort.dynamic_quantize_matmul %x, %w {weights = "u8"} : '
+        "(tensor<?batch x ?seq x 64 x f32>, tensor<128x64xf32>) -> tensor<?batch x ?seq x 128 x f32>",
+    )
+)
+
+
 # -- quantized embedding lookup -------------------------------------------------------------------
 
 

@@ -1585,7 +1585,28 @@ def _quantize_linear(n: Node) -> list[Value | None]:
 def _dynamic_quantize_linear(n: Node) -> list[Value | None]:
     """uint8 quantization with a scale and zero point computed from x's range (widened to
     include 0): scale = (max - min) / 255, zero_point = saturate(round(-min / scale))."""
-    x = n.cast(n.inp(0), DType.f32)
+    return _dql(n, n.cast(n.inp(0), DType.f32))  # type: ignore[return-value]
+
+
+@handles("DynamicQuantizeMatMul", domain=MS)
+def _dynamic_quantize_matmul(n: Node) -> list[Value | None]:
+    """DynamicQuantizeLinear of A, then (qa - za) @ (B - b_zero_point) in int32, times
+    a_scale * b_scale (per tensor or per column), plus bias: exactly what onnxruntime computes
+    (llmir's int8 artifacts store their projections this way)."""
+    qa, sa, za = _dql(n, n.cast(n.inp(0), DType.f32))
+    a = n.emit("core.sub", n.cast(qa, DType.i32), n.cast(za, DType.i32))
+    b = n.cast(n.inp(1), DType.i32)
+    if n.has(3):
+        b = n.emit("core.sub", b, n.cast(n.inp(3), DType.i32))
+    acc = n.cast(n.emit("core.matmul", a, b), DType.f32)
+    y = n.emit("core.mul", acc, n.emit("core.mul", sa, n.cast(n.inp(2), DType.f32)))
+    if n.has(4):
+        y = n.emit("core.add", y, n.inp(4))
+    return [y]
+
+
+def _dql(n: Node, x: Value) -> list[Value]:
+    """(uint8 codes, scale, zero point) of DynamicQuantizeLinear over f32 x."""
     axes = tuple(range(_rank(x)))
     zero = n.scalar(0.0, x)
     lo = n.emit("core.min", n.emit("core.reduce_min", x, axes=axes, keepdims=False), zero)

@@ -13,6 +13,12 @@ weights, the packed QKV) becomes:
   of consecutive columns and zero points that fit; otherwise (act-order g_idx, 2 bits, other
   group sizes) they are requantized with zero points and the report gives the reason and the
   max error;
+- `ort.dynamic_quantize_matmul` instead when `quant` is int8, `int8_matmul` is `qgemm-s8pair`
+  (the default) or `qgemm-u8` and W is an f32 (or f16/bf16) weight with no other use: int8
+  weights per output channel and activations quantized per tensor at run time (MLAS QGEMM; the
+  op's `weights` attribute says how the codes are stored, llmir_core/quant/qgemm.py). A weight
+  tied to the embedding stays `ort.matmul_nbits` (the lookup shares its blocks);
+  `int8_matmul = nbits` keeps every int8 weight in blocks. See docs/perf.md for the measurements;
 - `ort.fused_matmul` otherwise.
 
 MatMulNBits' `accuracy_level` (the activation precision onnxruntime may use) is the pass option
@@ -33,6 +39,7 @@ from typing import ClassVar
 import numpy as np
 
 from llmir_core.dialects.registry import get_op
+from llmir_core.errors import InputError
 from llmir_core.ir.core import Function, Module, Op
 from llmir_core.ir.types import DType
 
@@ -58,6 +65,8 @@ from .ort_common import (
 )
 
 _EXPAND = ("llm.gated_mlp", "llm.linear", "llm.silu_mul", "llm.quantized_matmul")
+INT8_MATMUL = ("qgemm-s8pair", "qgemm-u8", "nbits")  # the first is the default
+_FLOAT_SRC = ("f32", "cast", "eval")
 
 
 @dataclass(frozen=True)
@@ -69,12 +78,14 @@ class LowerOrtMatmul:
     quant: str = ""
     quant_block: int = 32
     accuracy_level: int = ACCURACY_LEVEL
+    int8_matmul: str = INT8_MATMUL[0]
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         if not is_decoder(module):  # other modules keep the generic op-by-op build
             return False
         fmt = parse_quant(self.quant, self.quant_block)
         check_accuracy_level(self.accuracy_level)
+        check_int8_matmul(self.int8_matmul)
         base = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
         changed = False
         ev = static_evaluator(module)
@@ -141,6 +152,28 @@ class LowerOrtMatmul:
             return False
         trans_b = bool(op.attrs.get("transpose_b"))
         b, new_ops = scratch_builder(fn, op.origin)
+        if (
+            fmt is not None
+            and fmt.bits == 8
+            and not fmt.asym
+            and self.int8_matmul != "nbits"
+            and trans_b
+            and all(s.kind in _FLOAT_SRC for s in srcs)
+            and g.only_use(w, op)
+        ):
+            kind = self.int8_matmul.split("-", 1)[1]
+            y = b.op("ort.dynamic_quantize_matmul", x, w, weights=kind)
+            ctx.applied(
+                "dynamic-quantize-matmul",
+                y,
+                "; ".join(
+                    f"{s.label}: f32 quantized to int8 per output channel ({kind}), "
+                    "activations to uint8 per tensor at run time"
+                    for s in srcs
+                ),
+            )
+            self._splice(fn, op, new_ops, [y])
+            return True
         fmts = {nbits_format(s, fmt, ev) for s in srcs} if trans_b else {None}
         nb = fmts.pop() if len(fmts) == 1 else None
         if nb is not None and srcs[0].cols % nb.block == 0:
@@ -223,3 +256,10 @@ def _packed_requant_error(s: WSrc, nb: NbitsFormat, base: str, ev: Evaluate) -> 
     )
     back = fake_quant(x, nb.bits, nb.block, "asym" if nb.asym else "sym")
     return float(np.abs(back - x).max())
+
+
+def check_int8_matmul(kind: str) -> None:
+    if kind not in INT8_MATMUL:
+        raise InputError(
+            f"unknown int8_matmul '{kind}'", hint=f"use one of: {', '.join(INT8_MATMUL)}"
+        )

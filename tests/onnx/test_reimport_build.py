@@ -1,5 +1,5 @@
 """`llmir import` of the model.onnx llmir builds for a decoder (com.microsoft GroupQueryAttention
-with packed QKV and rotary, SkipSimplifiedLayerNormalization, MatMulNBits when quantized): the
+with packed QKV and rotary, SkipSimplifiedLayerNormalization, MatMulNBits for int4, DynamicQuantizeMatMul for int8): the
 re-imported module gives onnxruntime's outputs on the original for prompt, decode and continued
 prefill."""
 
@@ -38,7 +38,7 @@ def _feeds(model: onnx.ModelProto, b: int, s: int, past: int) -> dict[str, np.nd
     return feeds
 
 
-@pytest.mark.parametrize("quant", [None, "int4"], ids=["f32", "int4"])
+@pytest.mark.parametrize("quant", [None, "int4", "int8"], ids=["f32", "int4", "int8"])
 def test_reimported_build_matches_onnxruntime(
     tiny: tuple, tmp_path: Path, quant: str | None
 ) -> None:
@@ -48,7 +48,8 @@ def test_reimported_build_matches_onnxruntime(
     proto = onnx.load(path, load_external_data=False)
     ops = {n.op_type for n in proto.graph.node}
     assert {"GroupQueryAttention", "SkipSimplifiedLayerNormalization"} <= ops
-    assert ("MatMulNBits" in ops) == (quant is not None)
+    assert ("MatMulNBits" in ops) == (quant == "int4")
+    assert ("DynamicQuantizeMatMul" in ops) == (quant == "int8")
     assert all(
         n.input[1] == "" for n in proto.graph.node if n.op_type == "GroupQueryAttention"
     )  # packed
