@@ -28,10 +28,17 @@ CONSTANTS_MAX = 2048  # bytes beyond the GGUF tensors: shape vectors, inv_freq, 
 
 
 def _initializer_bytes(model: onnx.ModelProto) -> int:
+    """Bytes the initializers hold; an alias (a second name over the same span of the data file,
+    docs/load.md) counts once."""
     total = 0
+    spans: set[tuple[str, str, str]] = set()
     for t in model.graph.initializer:
         if uses_external_data(t):
-            total += int({e.key: e.value for e in t.external_data}["length"])
+            e = {e.key: e.value for e in t.external_data}
+            span = (e["location"], e.get("offset", "0"), e["length"])
+            if span not in spans:
+                spans.add(span)
+                total += int(e["length"])
         else:
             total += len(t.raw_data) if t.raw_data else t.ByteSize()
     return total
