@@ -153,11 +153,17 @@ class OrtDecoder:
         if self.shared and self.max_context is None:
             raise InputError(f"{art_dir}: the manifest gives no max_len for the shared KV buffers")
         self.threads = resolve_threads(threads)
+        # decided here (not inside session_options) so that benches can report it: whether the
+        # pool threads spin is the one setting that changes a 2-thread decode step by more
+        # than the graph does (docs/perf.md, "int4 decode against onnxruntime-genai")
+        self.spin: bool = (
+            spin if spin is not None else auto_spin(self.threads or os.cpu_count() or 1)
+        )
         ort = _ort()
         path = os.path.join(art_dir, manifest.get("model", "model.onnx"))
         try:
             self.sess = ort.InferenceSession(
-                path, session_options(self.threads, spin), providers=["CPUExecutionProvider"]
+                path, session_options(self.threads, self.spin), providers=["CPUExecutionProvider"]
             )
         except Exception as exc:  # onnxruntime raises its own exception types
             raise InputError(
