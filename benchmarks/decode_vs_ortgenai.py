@@ -651,6 +651,7 @@ def diagnose(work: Path, a: argparse.Namespace) -> None:
                     "wall_s": wall,
                     "cpu_s": cpu,
                     "dropped_blocks": dropped,
+                    "load_average": os.getloadavg()[0],
                 },
                 indent=2,
             )
