@@ -16,6 +16,20 @@ tokens, generate 128, greedy, --threads intra-op threads:
   out of the medians (all runs are kept in --json);
 - medians, min-max, and ratios llmir / genai at the same precision are printed.
 
+`--diagnose` looks for where an int4 (or fp32) decode difference against genai comes from, on
+the two builds as they are (`--variants llmir-int4,genai-int4`):
+
+- the graphs onnxruntime actually runs: each model is optimized by onnxruntime (level all, as a
+  session does) and compared by kernel kind, MatMulNBits attribute sets (bits, block_size,
+  accuracy_level, zero points given or not, N x K), the attention op's attributes and inputs,
+  the logits' shape, and the rotary caches;
+- the step in one process, interleaved in blocks of --block decode steps: llmir's decoder, genai's
+  model.onnx driven by the same loop as llmir (I/O binding, shared KV buffers, a bound logits
+  buffer: the graph alone), and genai's own Generator (graph + genai's loop). Both the wall time
+  and the process CPU time per step are reported: at 1 thread without spinning the CPU time is
+  the work done, which a busy machine inflates much less than the wall time. Blocks in which
+  other processes used more than --busy-limit cores are left out of the wall-time medians.
+
 `--choices` instead compares llmir's own options in one process, interleaved in blocks of decode
 steps (ratios survive a noisy machine better than absolute numbers): intra-op threads 1 vs 2,
 MatMulNBits accuracy level 0 (fp32 activations) vs 4 (int8 activations), thread spinning on/off.
@@ -233,6 +247,16 @@ def main() -> None:
     ap.add_argument("--json", help="write every run and the summary here")
     ap.add_argument("--choices", action="store_true", help="compare llmir's own build/run options")
     ap.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="llmir vs genai: the optimized graphs compared, and decode steps interleaved in one process",
+    )
+    ap.add_argument("--block", type=int, default=8, help="with --diagnose: steps per timed block")
+    ap.add_argument("--blocks", type=int, default=12, help="with --diagnose: blocks per runner")
+    ap.add_argument(
+        "--spin", type=int, default=0, help="with --diagnose: 1 = pool threads spin (as genai's do)"
+    )
+    ap.add_argument(
         "--only", default="", help="with --choices: run the comparisons whose title has this"
     )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -240,6 +264,9 @@ def main() -> None:
     work = Path(a.work)
     if a.choices:
         choices(work, a)
+        return
+    if a.diagnose:
+        diagnose(work, a)
         return
     if a.worker:
         print(
@@ -375,6 +402,260 @@ def choices(work: Path, a: argparse.Namespace) -> None:
             + f"  [load {os.getloadavg()[0]:.1f}]"
         )
         del decs
+
+
+# -- --diagnose: the same graph? the same step? ------------------------------------------------------
+
+
+def optimized_graph(path: Path) -> Any:
+    """The model onnxruntime runs (graph optimization level all), loaded without its weights."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as tmp:
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.intra_op_num_threads = 1
+        so.optimized_model_filepath = str(Path(tmp) / "opt.onnx")
+        so.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", "opt.data"
+        )
+        so.add_session_config_entry(
+            "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
+        )
+        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        return onnx.load(str(Path(tmp) / "opt.onnx"), load_external_data=False)
+
+
+def graph_summary(model: Any) -> dict[str, Any]:
+    """Kernel counts and the attributes that pick the kernels' code paths."""
+    from collections import Counter
+
+    import onnx
+
+    g = model.graph
+    shapes = {i.name: [int(d) for d in i.dims] for i in g.initializer}
+    kinds = Counter(f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in g.node)
+    matmuls: Counter[str] = Counter()
+    attention: Counter[str] = Counter()
+    for n in g.node:
+        at = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        if n.op_type == "MatMulNBits":
+            zp = len(n.input) > 3 and bool(n.input[3])
+            matmuls[
+                f"bits={at.get('bits', 4)} block={at['block_size']} acc={at.get('accuracy_level', 0)} "
+                f"zero_points={'yes' if zp else 'no'} NxK={at['N']}x{at['K']}"
+            ] += 1
+        elif n.op_type in ("GroupQueryAttention", "Attention", "MultiHeadAttention"):
+            given = [i for i, x in enumerate(n.input) if x]
+            keep = {k: v for k, v in at.items() if k not in ("scale",)}
+            attention[f"{n.op_type} {sorted(keep.items())} inputs={given}"] += 1
+    rotary = {i.name: shapes[i.name] for i in g.initializer if "cos" in i.name or "sin" in i.name}
+    logits = [
+        [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim]
+        for o in g.output
+        if o.name == "logits"
+    ]
+    kv = [i.name for i in g.input if "past" in i.name]
+    return {
+        "nodes": len(g.node),
+        "kinds": dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "matmul_nbits": dict(sorted(matmuls.items())),
+        "attention": dict(attention),
+        "rotary_caches": rotary,
+        "logits_shape": logits[0] if logits else None,
+        "kv_inputs": len(kv),
+    }
+
+
+class _StepRunner:
+    """One decode loop, timed in blocks: start() prefills, step() decodes one token."""
+
+    def start(self, prompt: np.ndarray, capacity: int) -> None: ...
+
+    def step(self) -> None: ...
+
+
+class _LlmirSteps(_StepRunner):
+    def __init__(self, path: Path, threads: int, spin: bool) -> None:
+        from llmir_core.runtime.ort_decoder import open_artifact
+
+        self.dec = open_artifact(str(path), threads, spin=spin)
+
+    def start(self, prompt: np.ndarray, capacity: int) -> None:
+        self.dec.reserve(capacity)
+        self.dec.reset(1)
+        self.tok = int(self.dec.forward(prompt[None].astype(np.int64))[0, -1].argmax())
+
+    def step(self) -> None:
+        logits = self.dec.forward(np.array([[self.tok]], np.int64))
+        self.tok = int(logits[0, -1].argmax())
+
+
+class _GenaiGraphSteps(_StepRunner):
+    """genai's model.onnx through llmir's kind of loop: shared KV buffers bound in and out,
+    one-token input and logits buffers bound once, the attention mask a view of a ones row."""
+
+    def __init__(self, path: Path, threads: int, spin: bool) -> None:
+        import onnxruntime as ort
+
+        from llmir_core.runtime.ort_decoder import session_options
+
+        self.ort = ort
+        self.sess = ort.InferenceSession(
+            str(path / "model.onnx"),
+            session_options(threads, spin),
+            providers=["CPUExecutionProvider"],
+        )
+        self.past = [i for i in self.sess.get_inputs() if i.name.startswith("past_key_values")]
+        cfg = json.loads((path / "genai_config.json").read_text())["model"]
+        self.vocab = int(cfg["vocab_size"])
+        self.head_dim = int(cfg["decoder"]["head_size"])
+
+    def start(self, prompt: np.ndarray, capacity: int) -> None:
+        ort = self.ort
+        io = self.io = self.sess.io_binding()
+        self.buffers = []
+        for i in self.past:
+            buf = np.zeros((1, int(i.shape[1]), capacity, self.head_dim), np.float32)
+            v = ort.OrtValue.ortvalue_from_numpy(buf)
+            io.bind_ortvalue_input(i.name, v)
+            io.bind_ortvalue_output(i.name.replace("past_key_values", "present"), v)
+            self.buffers.append(buf)
+        self.mask = np.ones((1, capacity), np.int64)
+        n = len(prompt)
+        io.bind_cpu_input("input_ids", prompt[None].astype(np.int64))
+        io.bind_cpu_input("attention_mask", self.mask[:, :n])
+        first = np.empty((1, n, self.vocab), np.float32)
+        io.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(first))
+        self.sess.run_with_iobinding(io)
+        self.tok, self.n = int(first[0, -1].argmax()), n
+        self.ids = np.zeros((1, 1), np.int64)
+        self.logits = np.empty((1, 1, self.vocab), np.float32)
+        io.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(self.ids))
+        io.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self.logits))
+
+    def step(self) -> None:
+        self.ids[0, 0] = self.tok
+        self.n += 1
+        self.io.bind_cpu_input("attention_mask", self.mask[:, : self.n])
+        self.sess.run_with_iobinding(self.io)
+        self.tok = int(self.logits[0, -1].argmax())
+
+
+class _GenaiSteps(_StepRunner):
+    def __init__(self, path: Path, threads: int, spin: bool) -> None:
+        import onnxruntime_genai as og
+
+        self.og = og
+        cfg = og.Config(str(path))
+        cfg.clear_providers()
+        so: dict[str, Any] = {
+            "intra_op_num_threads": threads,
+            "inter_op_num_threads": 1,
+            # genai passes unknown string keys to onnxruntime as session config entries
+            "session.intra_op.allow_spinning": "1" if spin else "0",
+        }
+        cfg.overlay(json.dumps({"model": {"decoder": {"session_options": so}}}))
+        self.model = og.Model(cfg)
+
+    def start(self, prompt: np.ndarray, capacity: int) -> None:
+        p = self.og.GeneratorParams(self.model)
+        p.set_search_options(max_length=capacity, min_length=capacity, do_sample=False)
+        self.gen = self.og.Generator(self.model, p)
+        self.gen.append_tokens(prompt.astype(np.int32))
+        self.gen.generate_next_token()
+
+    def step(self) -> None:
+        self.gen.generate_next_token()
+
+
+def diagnose(work: Path, a: argparse.Namespace) -> None:
+    """Same graph? Same step time? (See the module docstring.)"""
+    variants = [v for v in a.variants.split(",") if v]
+    mine = next((v for v in variants if v.startswith("llmir")), "llmir-int4")
+    peer = next((v for v in variants if v.startswith("genai")), "genai-int4")
+    prepare(work, a.threads, [mine, peer], lambda m: print(m, file=sys.stderr))
+    graphs = {
+        mine: graph_summary(optimized_graph(work / mine / "model.onnx")),
+        peer: graph_summary(optimized_graph(work / peer / "model.onnx")),
+    }
+    print(f"graphs onnxruntime runs (optimized, level all): {mine} vs {peer}")
+    for key in ("nodes", "logits_shape", "kv_inputs", "rotary_caches"):
+        print(f"  {key:14s} {graphs[mine][key]!s:40s} {graphs[peer][key]!s}")
+    for key in ("kinds", "matmul_nbits", "attention"):
+        names = sorted(set(graphs[mine][key]) | set(graphs[peer][key]))
+        for n in names:
+            x, y = graphs[mine][key].get(n, 0), graphs[peer][key].get(n, 0)
+            print(f"  {x:4d} {y:4d}{'  ' if x == y else ' *'} {n}")
+    spin = bool(a.spin)
+    runners: dict[str, _StepRunner] = {
+        mine: _LlmirSteps(work / mine, a.threads, spin),
+        f"{peer} graph, llmir's loop": _GenaiGraphSteps(work / peer, a.threads, spin),
+    }
+    try:
+        runners[f"{peer} (its Generator)"] = _GenaiSteps(work / peer, a.threads, spin)
+    except ImportError:
+        print("onnxruntime-genai is not installed: its Generator is left out", file=sys.stderr)
+    prompt = np.random.default_rng(0).integers(3, 49152, a.prompt_len)
+    per_start = 4  # blocks decoded per prefill (the cache length stays near the prompt's)
+    capacity = a.prompt_len + per_start * a.block + 2
+    wall: dict[str, list[float]] = {k: [] for k in runners}
+    cpu: dict[str, list[float]] = {k: [] for k in runners}
+    hz = os.sysconf("SC_CLK_TCK")
+    dropped = 0
+    for b in range(a.blocks):
+        if b % per_start == 0:
+            for r in runners.values():
+                r.start(prompt, capacity)
+        names = list(runners)
+        names = names[b % len(names) :] + names[: b % len(names)]
+        got: dict[str, tuple[float, float]] = {}
+        busy0, _ = _cpu_busy_jiffies()
+        own0 = sum(os.times()[:2])
+        w0 = time.perf_counter()
+        for k in names:
+            c, t = time.process_time(), time.perf_counter()
+            for _ in range(a.block):
+                runners[k].step()
+            got[k] = ((time.perf_counter() - t) / a.block, (time.process_time() - c) / a.block)
+        others = ((_cpu_busy_jiffies()[0] - busy0) / hz - (sum(os.times()[:2]) - own0)) / (
+            time.perf_counter() - w0
+        )
+        for k, (w, c) in got.items():
+            cpu[k].append(c)
+            if others <= a.busy_limit:
+                wall[k].append(w)
+        dropped += others > a.busy_limit
+    print(
+        f"\ndecode steps, {a.threads} thread(s), spin {'on' if spin else 'off'}, prompt {a.prompt_len}, "
+        f"{a.blocks} blocks of {a.block} steps interleaved ({dropped} busy blocks left out of the "
+        f"wall times), load average {os.getloadavg()[0]:.1f}"
+    )
+    base_c = statistics.median(cpu[mine])
+    for k in runners:
+        wm = statistics.median(wall[k]) * 1e3 if wall[k] else float("nan")
+        cm = statistics.median(cpu[k]) * 1e3
+        print(
+            f"  {k:34s} wall {wm:7.2f} ms/step   cpu {cm:7.2f} ms/step   "
+            f"llmir cpu / this cpu {base_c * 1e3 / cm:.3f}"
+        )
+    if a.json:
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "config": vars(a),
+                    "graphs": graphs,
+                    "wall_s": wall,
+                    "cpu_s": cpu,
+                    "dropped_blocks": dropped,
+                    "load_average": os.getloadavg()[0],
+                },
+                indent=2,
+            )
+        )
 
 
 def summarize(runs: list[dict[str, Any]], variants: list[str]) -> dict[str, Any]:

@@ -43,6 +43,7 @@ class BenchResult:
     batch: int
     threads: int | None
     runs: list[RunStats] = field(default_factory=list)
+    spin: bool | None = None  # the decoder's pool threads spin between kernels
     peak_rss_mb: float = 0.0
     fingerprint: dict[str, Any] = field(default_factory=dict)
 
@@ -80,6 +81,7 @@ class BenchResult:
                 "gen_len": self.gen_len,
                 "batch": self.batch,
                 "threads": self.threads,
+                "spin": self.spin,
                 "runs": len(self.runs),
             },
             "results": self.summary(),
@@ -169,7 +171,7 @@ def run_bench(
 ) -> BenchResult:
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, vocab, size=(batch, prompt_len), dtype=np.int64)
-    res = BenchResult(prompt_len, gen_len, batch, threads)
+    res = BenchResult(prompt_len, gen_len, batch, threads, spin=getattr(decoder, "spin", None))
     for i in range(warmup + runs):
         decoder.reset(batch)
         with tracing.span(

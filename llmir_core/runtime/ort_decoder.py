@@ -175,9 +175,15 @@ class OrtDecoder:
                 hint="rebuild the artifact with `llmir build`",
             )
         self.threads = resolve_threads(threads)
+        # decided here (not inside session_options) so that benches can report it: whether the
+        # pool threads spin is the one setting that changes a 2-thread decode step by more
+        # than the graph does (docs/perf.md, "int4 decode against onnxruntime-genai")
+        self.spin: bool = (
+            spin if spin is not None else auto_spin(self.threads or os.cpu_count() or 1)
+        )
         ort = _ort()
         path = os.path.join(art_dir, manifest.get("model", "model.onnx"))
-        so = session_options(self.threads, spin, manifest.get("custom_ops") or (), prepack)
+        so = session_options(self.threads, self.spin, manifest.get("custom_ops") or (), prepack)
         try:
             self.sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types

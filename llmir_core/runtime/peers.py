@@ -277,6 +277,9 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
         "tokens": toks,
         "others_cores": others / wall if wall > 0 else 0.0,
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        # llmir's pool threads spin only on an idle machine (ort_decoder.auto_spin); the peers'
+        # do by default (onnxruntime spins, llama.cpp polls): a run without it is not like for like
+        "spin": getattr(getattr(runner, "dec", None), "spin", None),
     }
 
 
@@ -547,6 +550,13 @@ def format_table(res: VsResult) -> str:
     lines.append(
         "ratios are peer / llmir: above 1x the peer takes longer (ms, MB, s) or decodes faster (tok/s)"
     )
+    mine = [r for r in res.runs if r.get("tool") == "llmir"]
+    still = sum(1 for r in mine if r.get("spin") is False)
+    if still and c["threads"] != 1:
+        lines.append(
+            f"llmir's threads did not spin in {still} of {len(mine)} runs (other processes were "
+            "busy when it loaded); the peers' threads spin: those decode times are not like for like"
+        )
     return "\n".join(lines) + "\n"
 
 

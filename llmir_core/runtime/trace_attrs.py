@@ -55,6 +55,7 @@ def loaded(decoder: Any) -> dict[str, Any]:
     manifest = getattr(decoder, "manifest", None) or {}
     attrs = manifest_attrs(manifest, getattr(decoder, "art_dir", None))
     attrs["llmir.threads"] = getattr(decoder, "threads", None)
+    attrs["llmir.spin"] = getattr(decoder, "spin", None)
     tracing.set_common(
         {
             k: attrs[k]
@@ -64,6 +65,7 @@ def loaded(decoder: Any) -> dict[str, Any]:
                 "llmir.target",
                 "llmir.quantization",
                 "llmir.threads",
+                "llmir.spin",
             )
         }
     )

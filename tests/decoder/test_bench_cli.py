@@ -32,7 +32,14 @@ def test_bench_json_schema(tiny_artifact: Path) -> None:
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["schema_version"] == 1 and data["kind"] == "bench" and data["bench_schema"] == 1
-    assert data["config"] == {"prompt_len": 8, "gen_len": 4, "batch": 1, "threads": 1, "runs": 2}
+    assert data["config"] == {
+        "prompt_len": 8,
+        "gen_len": 4,
+        "batch": 1,
+        "threads": 1,
+        "spin": False,  # one thread: no pool threads to spin
+        "runs": 2,
+    }
     res = data["results"]
     for key in ("prefill_ms", "prefill_tokens_per_s", "ttft_ms", "decode_tokens_per_s"):
         assert set(res[key]) == {"mean", "stddev"} and res[key]["mean"] > 0

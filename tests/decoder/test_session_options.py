@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from llmir_core.runtime import ort_decoder
@@ -24,3 +26,18 @@ def test_one_thread_never_spins_and_explicit_choice_wins(monkeypatch: pytest.Mon
     monkeypatch.setattr(ort_decoder, "busy_cores", lambda s: 2.0)
     so = ort_decoder.session_options(2, spin=True)
     assert so.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+
+
+@pytest.mark.parametrize(("busy", "spin"), [(0.0, True), (1.5, False)])
+def test_the_decoder_says_whether_its_threads_spin(
+    monkeypatch: pytest.MonkeyPatch, tiny_artifact: Path, busy: float, spin: bool
+) -> None:
+    from llmir_core.runtime.bench import run_bench
+
+    monkeypatch.setattr(ort_decoder, "busy_cores", lambda s: busy)
+    dec = ort_decoder.open_artifact(str(tiny_artifact), threads=2)
+    assert dec.spin is spin
+    assert ort_decoder.open_artifact(str(tiny_artifact), threads=2, spin=not spin).spin is not spin
+    assert ort_decoder.open_artifact(str(tiny_artifact), threads=1).spin is False
+    res = run_bench(dec, dec.vocab, prompt_len=2, gen_len=2, runs=1, warmup=0, threads=2)
+    assert res.to_json()["config"]["spin"] is spin

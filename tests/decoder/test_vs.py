@@ -45,6 +45,8 @@ def test_vs_transformers_on_the_same_weights(tiny_artifact: Path, tiny_dir: Path
     assert len(peer["first_tokens"]) == 16 and peer["agrees"] and peer["first_difference"] is None
     assert {x["tool"] for x in d["runs"]} == {"llmir", "transformers:llama"}
     assert all(len(x["tokens"]) == 17 for x in d["runs"])
+    # whether llmir's pool threads spun is in each of its runs (1 thread: never)
+    assert [x["spin"] for x in d["runs"] if x["tool"] == "llmir"] == [False]
     fp = d["fingerprint"]
     assert fp["peer_versions"]["transformers"] and fp["cpu"] and fp["weights"] == "f32"
 
@@ -79,6 +81,32 @@ def test_vs_table(tiny_artifact: Path) -> None:
         and "[1 of 1 runs busy]" in text
     )
     assert "1.5x" in text  # decode tok/s ratio to llmir
+    assert "did not spin" not in text  # 1 thread: no pool threads to spin
+
+
+def test_vs_table_says_when_llmir_did_not_spin(tiny_artifact: Path) -> None:
+    res = peers.VsResult(
+        {"prompt_len": 4, "gen_len": 3, "runs": 2, "threads": 2, "agree": 3},
+        [peers.Peer("llmir", str(tiny_artifact)), peers.Peer("llama.cpp", "/m/smol.gguf")],
+    )
+    run = {
+        "prefill_ms": 2.0,
+        "ttft_ms": 2.5,
+        "decode_tok_s": 100.0,
+        "peak_rss_mb": 80.0,
+        "load_s": 0.5,
+        "import_s": 0.2,
+        "busy": False,
+        "tokens": [5, 6, 7],
+    }
+    res.runs = [
+        {**run, "tool": "llmir", "spin": False},
+        {**run, "tool": "llmir", "spin": True},
+        {**run, "tool": "llama.cpp:smol.gguf", "spin": None},
+    ]
+    assert "llmir's threads did not spin in 1 of 2 runs" in peers.format_table(res)
+    res.runs[0]["spin"] = True
+    assert "did not spin" not in peers.format_table(res)
 
 
 @pytest.mark.parametrize(
