@@ -281,7 +281,8 @@ def check_decoder_context(art_dir: str, manifest: dict[str, Any]) -> None:
 
 
 def _rotary_rows(model_path: str) -> int | None:
-    """Rows of the cos_cache initializer of a built decoder (None when there is none, or the
+    """Rows of a built decoder's cos_cache: a stored table's initializer dims, or the declared
+    shape (value_info) of a table the graph computes at load (None when there is none, or the
     file is not readable: onnxruntime names the problem when it opens it). Read straight from
     the protobuf wire format, so opening an artifact never imports onnx."""
     try:
@@ -294,6 +295,14 @@ def _rotary_rows(model_path: str) -> int | None:
             if bytes(_pb_field(tensor, 8) or b"") == b"cos_cache":  # TensorProto.name
                 dims = _pb_ints(tensor, 1)  # TensorProto.dims
                 return dims[0] if dims else None
+        for info in _pb_fields(graph, 13):  # GraphProto.value_info
+            if bytes(_pb_field(info, 1) or b"") != b"cos_cache":  # ValueInfoProto.name
+                continue
+            tensor_type = _pb_field(_pb_field(info, 2) or memoryview(b""), 1)  # .type.tensor_type
+            shape = _pb_field(tensor_type, 2) if tensor_type is not None else None
+            first = _pb_field(shape, 1) if shape is not None else None  # TensorShapeProto.dim
+            rows = _pb_ints(first, 1) if first is not None else []  # Dimension.dim_value
+            return rows[0] if rows else None
     except (OSError, ValueError):
         return None
     return None

@@ -495,6 +495,9 @@ class DecoderSerializer:
         self.gqa_ops = [op for op in self.fn.ops if op.name == "ort.group_query_attention"]
         self._seqlens: dict[int, tuple[str, str]] = {}
         self._rope_tables: dict[int, tuple[str, str]] = {}
+        # computed rotary tables: their named output -> [rows, columns], declared as value_info
+        # so that the artifact check reads the positions they cover without running the graph
+        self.rope_shapes: dict[str, list[int]] = {}
 
     # -- helpers -------------------------------------------------------------------------
     def name(self, v: Value) -> str:
@@ -603,7 +606,15 @@ class DecoderSerializer:
             t = tt(v)
             outs.append(_value_info(n, t, "present_len" if i else None))
         graph = helper.make_graph(
-            self.L.nodes, self.module.name or "main", ins, outs, initializer=self.L.inits
+            self.L.nodes,
+            self.module.name or "main",
+            ins,
+            outs,
+            initializer=self.L.inits,
+            value_info=[
+                helper.make_tensor_value_info(n, TensorProto.FLOAT, shape)
+                for n, shape in self.rope_shapes.items()
+            ],
         )
         opsets = [helper.make_opsetid(d, v) for d, v in sorted(self.L.opsets.items())]
         model = helper.make_model(
@@ -674,11 +685,14 @@ class DecoderSerializer:
         if op is None or op.name in ("core.weight", "core.constant"):
             arr = self.w.eval(v).astype(np.float32)
             return self.w.small(arr[:n], label)  # a stored table stays stored
+        L = self.L
         name = self._computed(v)
         if n < rows:
-            L = self.L
             name = L.one("Slice", name, L.ints([0]), L.ints([n]), L.ints([0]))
-        return name
+        named = L.fresh(label)  # cos_cache / sin_cache, as a stored table would be called
+        L.node("Identity", [name], out_names=[named])
+        self.rope_shapes[named] = [n, *[int(d) for d in tt(v).shape[1:]]]
+        return named
 
     def _computed(self, v: Value) -> str:
         """v, a static value, as the nodes computing it from its constants; intermediate values
