@@ -691,7 +691,8 @@ class DecoderSerializer:
             name = L.one("Slice", name, L.ints([0]), L.ints([n]), L.ints([0]))
         named = L.fresh(label)  # cos_cache / sin_cache, as a stored table would be called
         L.node("Identity", [name], out_names=[named])
-        self.rope_shapes[named] = [n, *[int(d) for d in tt(v).shape[1:]]]
+        static = tt(v).static_shape()  # the table is a constant: its shape is static
+        self.rope_shapes[named] = [n, *(list(static[1:]) if static is not None else [])]
         return named
 
     def _computed(self, v: Value) -> str:
