@@ -63,7 +63,7 @@ class OrtBatchDecoder:
         threads: int | None = None,
         max_context: int | None = None,
     ) -> None:
-        from .ort_decoder import load_decoder_manifest, resolve_threads, session_options
+        from .ort_decoder import artifact_session_options, load_decoder_manifest, resolve_threads
 
         if slots < 1:
             raise InputError(f"--max-batch must be >= 1, got {slots}")
@@ -91,11 +91,7 @@ class OrtBatchDecoder:
 
         self._ort = onnxruntime
         path = os.path.join(art_dir, manifest.get("model", "model.onnx"))
-        so = session_options(
-            self.threads,
-            custom_ops=manifest.get("custom_ops") or (),
-            prepack=str(dec.get("prepack", "session")),
-        )
+        so = artifact_session_options(manifest, self.threads)
         try:
             self.sess = self._ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types

@@ -129,6 +129,19 @@ def session_options(
     return so
 
 
+def artifact_session_options(
+    manifest: dict[str, Any], threads: int | None = None, spin: bool | None = None
+) -> Any:
+    """session_options for a built decoder: the custom-op libraries and the prepack mode its
+    manifest records (`custom_ops`, `decoder.prepack`)."""
+    return session_options(
+        threads,
+        spin,
+        manifest.get("custom_ops") or (),
+        str(manifest.get("decoder", {}).get("prepack", "session")),
+    )
+
+
 def _cache_dtype(spec: dict[str, Any]) -> type:
     """The numpy dtype of a cache entry: int8 codes (kv-cache-int8) or f32."""
     return np.int8 if spec.get("dtype") == "i8" else np.float32
@@ -183,7 +196,7 @@ class OrtDecoder:
         )
         ort = _ort()
         path = os.path.join(art_dir, manifest.get("model", "model.onnx"))
-        so = session_options(self.threads, self.spin, manifest.get("custom_ops") or (), prepack)
+        so = artifact_session_options(manifest, self.threads, self.spin)
         try:
             self.sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types

@@ -310,7 +310,7 @@ def profile_artifact(
     from llmir_core.backends.nodeinfo import node_sources
 
     from .bench import hardware_fingerprint
-    from .ort_decoder import open_artifact, session_options
+    from .ort_decoder import artifact_session_options, open_artifact
 
     for flag, v in (("--prompt-len", prompt_len), ("--profile-steps", decode_steps)):
         if v < 1:
@@ -330,11 +330,7 @@ def profile_artifact(
             hint="rebuild the artifact with this llmir version (`llmir build`)",
         )
     with tempfile.TemporaryDirectory(prefix="llmir-profile-") as tmp:
-        so = session_options(
-            dec.threads,
-            custom_ops=dec.manifest.get("custom_ops") or (),
-            prepack=str(dec.manifest.get("decoder", {}).get("prepack", "session")),
-        )
+        so = artifact_session_options(dec.manifest, dec.threads)
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(tmp, "ort")
         # the same decoder (I/O binding, shared KV buffers), on a session that profiles
