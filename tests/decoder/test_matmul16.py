@@ -132,7 +132,7 @@ def test_build_uses_the_op_and_matches_the_f32_path(
     build(tiny_module, str(tmp_path / "f32path"), "onnxruntime", options={"dtype": dt})
     monkeypatch.delenv(DISABLE_ENV)
     man = json.loads((tmp_path / "custom" / "manifest.json").read_text())
-    assert man["custom_ops"] == ["matmul16"] and man["opset"][DOMAIN] == 1
+    assert man["custom_ops"] == ["llmir_ops"] and man["opset"][DOMAIN] == 1
     a, b = open_artifact(str(tmp_path / "custom")), open_artifact(str(tmp_path / "f32path"))
     a.reset(1)
     b.reset(1)

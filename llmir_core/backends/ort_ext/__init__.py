@@ -1,7 +1,9 @@
-"""llmir's onnxruntime custom-op library: f32 x 16-bit weight matmuls (`ort.matmul16`).
+"""llmir's onnxruntime custom-op library (domain `ai.llmir`): matmul kernels that read weights
+in their stored format (`ort.matmul16`: f32 x 16-bit weights).
 
-The C source (matmul16.c, next to this file) is compiled on first use with the system C
-compiler (`$CC`, else `cc`) for AVX2 + FMA + F16C, and cached under
+The C sources next to this file (register.c holds the entry point, each other *.c one op family,
+ort_abi.h the onnxruntime ABI, f32_gemm.h shared kernels) are compiled into one shared library on
+first use with the system C compiler (`$CC`, else `cc`) for AVX2 + FMA + F16C, and cached under
 `$LLMIR_HOME/ort_ext/` (LLMIR_HOME defaults to `$XDG_CACHE_HOME/llmir`; `$LLMIR_EXT_CACHE`
 overrides the folder), keyed by the source, the flags and the
 onnxruntime version; the shared object is written to a temp file and renamed into place, so
@@ -29,10 +31,13 @@ from typing import Any
 
 from llmir_core.errors import InputError
 
-LIBRARY = "matmul16"  # the name a manifest records (`custom_ops`)
+LIBRARY = "llmir_ops"  # the name a manifest records (`custom_ops`)
+ALIASES = ("matmul16",)  # names older manifests recorded for the same library
 DOMAIN = "ai.llmir"
 OP_NAMES = {"f16": "MatMulF16", "bf16": "MatMulBf16"}
-SOURCE = Path(__file__).with_name("matmul16.c")
+HERE = Path(__file__).parent
+SOURCES = tuple(sorted(HERE.glob("*.c")))  # compiled together: register.c and one file per op family
+HEADERS = tuple(sorted(HERE.glob("*.h")))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC")
 CPU_FLAGS = ("avx2", "fma", "f16c")
 MIN_ORT = (1, 17)  # the custom-op struct and OrtApi version the library asks for
@@ -108,7 +113,9 @@ def _cache_dir() -> Path:
 
 
 def _key() -> str:
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256()
+    for src in (*SOURCES, *HEADERS):
+        h.update(src.name.encode() + b"\0" + src.read_bytes())
     h.update(" ".join(FLAGS).encode())
     h.update((_ort_version() or "").encode())
     return h.hexdigest()[:16]
@@ -140,13 +147,16 @@ def _built(path: str) -> str:
     try:
         try:
             proc = subprocess.run(
-                [cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300
+                [cc, *FLAGS, "-o", tmp, *map(str, SOURCES)],
+                capture_output=True,
+                text=True,
+                timeout=300,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise CustomOpError(f"compiling {SOURCE.name} with {cc} failed: {exc}") from None
+            raise CustomOpError(f"compiling {LIBRARY} with {cc} failed: {exc}") from None
         if proc.returncode != 0:
             first = (proc.stderr.strip().splitlines() or ["(no output)"])[0]
-            raise CustomOpError(f"compiling {SOURCE.name} with {cc} failed: {first}")
+            raise CustomOpError(f"compiling {LIBRARY} with {cc} failed: {first}")
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
@@ -156,16 +166,20 @@ def _built(path: str) -> str:
 
 def register(so: Any, names: Sequence[str]) -> None:
     """Register the custom-op libraries a manifest's `custom_ops` names on SessionOptions so."""
+    done = False
     for name in names:
-        if name != LIBRARY:
+        if name != LIBRARY and name not in ALIASES:
             raise CustomOpError(
                 f"the artifact needs an unknown custom-op library '{name}'",
                 hint="it was built by a newer llmir: rebuild it with this one",
             )
-        so.register_custom_ops_library(library_path())
+        if not done:
+            so.register_custom_ops_library(library_path())
+            done = True
 
 
 __all__ = [
+    "ALIASES",
     "DOMAIN",
     "LIBRARY",
     "OP_NAMES",

@@ -1,0 +1,27 @@
+/* The entry point of llmir's onnxruntime custom-op library (domain `ai.llmir`):
+ * SessionOptions.register_custom_ops_library calls RegisterCustomOps, which checks the CPU and
+ * adds every op source's kernels (one `llmir_add_*` function per source file) to one domain.
+ */
+#include <stdlib.h>
+
+#include "ort_abi.h"
+
+OrtStatus *llmir_add_matmul16(const OrtApi *api, OrtCustomOpDomain *domain);
+
+static const AddOpsFn ADDERS[] = {
+    llmir_add_matmul16,
+};
+
+OrtStatus *RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
+    const OrtApi *api = base->GetApi(LLMIR_ORT_API);
+    if (!api) abort(); /* onnxruntime < 1.17: llmir checks the version before loading this */
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
+        !__builtin_cpu_supports("f16c"))
+        return llmir_error(api, ORT_FAIL, "llmir ai.llmir ops need a CPU with AVX2, FMA and F16C");
+    OrtCustomOpDomain *domain = NULL;
+    OrtStatus *st = API(api, I_CreateCustomOpDomain, CreateCustomOpDomainFn)("ai.llmir", &domain);
+    if (st) return st;
+    for (size_t i = 0; i < sizeof(ADDERS) / sizeof(ADDERS[0]); i++)
+        if ((st = ADDERS[i](api, domain))) return st;
+    return API(api, I_AddCustomOpDomain, AddCustomOpDomainFn)(options, domain);
+}
