@@ -36,7 +36,8 @@ ALIASES = ("matmul16",)  # names older manifests recorded for the same library
 DOMAIN = "ai.llmir"
 OP_NAMES = {"f16": "MatMulF16", "bf16": "MatMulBf16"}
 HERE = Path(__file__).parent
-SOURCES = tuple(sorted(HERE.glob("*.c")))  # compiled together: register.c and one file per op family
+# compiled together: register.c and one file per op family
+SOURCES = tuple(sorted(HERE.glob("*.c")))
 HEADERS = tuple(sorted(HERE.glob("*.h")))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC")
 CPU_FLAGS = ("avx2", "fma", "f16c")
