@@ -183,7 +183,7 @@ def test_thread_default_follows_free_cores(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(rt.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     for busy, want in ((0.0, 2), (0.2, 2), (0.6, 1), (1.6, 1), (3.0, 1)):
-        monkeypatch.setattr(rt, "busy_cores", lambda s, b=busy: b)
+        monkeypatch.setattr(rt, "busy_now", lambda b=busy: b)
         assert rt.auto_threads() == want
     assert rt.resolve_threads(3) == 3
     with pytest.raises(InputError, match="--threads must be >= 0"):
