@@ -5,7 +5,7 @@ accuracy_level 4: int8 activations), one op shape at a time, on the same random 
 Each form's model holds COPIES nodes of one shape, each with its own weights (together larger
 than the last-level cache, so every decode step reads its weights from memory), all fed the same
 X. The forms run interleaved round by round in one process; the time per node is the median
-over rounds of (one run / copies), CPU time of the process with --threads 1 (the default: a
+over rounds of (one run / copies) -- the minimum, the least disturbed round --, CPU time of the process with --threads 1 (the default: a
 busy machine inflates wall time unevenly), wall time otherwise. GB/s = weight bytes (codes + f32 scales) / time per node.
 `err` is max |Y - X @ W^T| / max |X @ W^T| against the f32 weights the blocks were made from
 (the quantization error plus the op's own: int8 activations in both).
@@ -116,7 +116,7 @@ def bench_shape(
                 t = clock()
                 s.run(None, {"x": x})
                 times[f].append((clock() - t) / copies)
-        med = {f: statistics.median(v) for f, v in times.items()}
+        med = {f: min(v) for f, v in times.items()}  # the least disturbed round
         row = {"K": k, "N": n, "M": m, "bits": bits, "copies": copies}
         for f in FORMS:
             row[f"{f}_us"] = med[f] * 1e6

@@ -32,6 +32,9 @@
 #define QB 32 /* elements per block: the only block size these ops take */
 #define GEMV_ROWS 4 /* X rows up to which the quantized-activation GEMV runs */
 #define GEMM_PANELS 2 /* panels of NR rows per parallel task (GEMM) */
+#ifndef NB_KC
+#define NB_KC KC /* most columns per dequantized panel */
+#endif
 
 typedef OrtStatus *(*GetElementTypeFn)(const OrtShapeInfo *, int *);
 enum { I_GetTensorElementType_ = 60 }; /* OrtApi index of GetTensorElementType */
@@ -220,14 +223,25 @@ ALWAYS void gemv_q4(const NbJob *j, int64_t n0, int64_t m, const int R, const in
         __m256 dxv = _mm256_permutevar8x32_ps(
             _mm256_castps128_ps256(_mm_castpd_ps(_mm_load_sd((const double *)(dx + b)))), idx);
         _mm_prefetch((const char *)(w0 + b * 16 + PF), _MM_HINT_T0);
+        if ((b & 7) == 0) { /* the scales: one line per 8 pairs of blocks (f32) */
+            const char *sp = (const char *)j->scales + (s0 + b) * (f16 ? 2 : 4) + PF / 4;
+            _mm_prefetch(sp, _MM_HINT_T0);
+            if (R >= 2) _mm_prefetch(sp + nb * (f16 ? 2 : 4), _MM_HINT_T0);
+            if (R == 4) {
+                _mm_prefetch(sp + 2 * nb * (f16 ? 2 : 4), _MM_HINT_T0);
+                _mm_prefetch(sp + 3 * nb * (f16 ? 2 : 4), _MM_HINT_T0);
+            }
+        }
         a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_pair(w0 + b * 16, xl, xh, z)),
                              _mm256_mul_ps(scale_pair_t(j->scales, s0 + b, f16), dxv), a0);
-        if (R == 4) {
+        if (R >= 2) {
             _mm_prefetch((const char *)(w1 + b * 16 + PF), _MM_HINT_T0);
-            _mm_prefetch((const char *)(w2 + b * 16 + PF), _MM_HINT_T0);
-            _mm_prefetch((const char *)(w3 + b * 16 + PF), _MM_HINT_T0);
             a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_pair(w1 + b * 16, xl, xh, z)),
                                  _mm256_mul_ps(scale_pair_t(j->scales, s0 + nb + b, f16), dxv), a1);
+        }
+        if (R == 4) {
+            _mm_prefetch((const char *)(w2 + b * 16 + PF), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w3 + b * 16 + PF), _MM_HINT_T0);
             a2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_pair(w2 + b * 16, xl, xh, z)),
                                  _mm256_mul_ps(scale_pair_t(j->scales, s0 + 2 * nb + b, f16), dxv), a2);
             a3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_pair(w3 + b * 16, xl, xh, z)),
@@ -254,6 +268,15 @@ ALWAYS void gemv_q8(const NbJob *j, int64_t n0, int64_t m, const int R, const in
         __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * QB));
         __m256 d = _mm256_broadcast_ss(dx + b);
         _mm_prefetch((const char *)(w0 + b * 32 + PF), _MM_HINT_T0);
+        if ((b & 15) == 0) { /* the scales: one line per 16 blocks (f32) */
+            const char *sp = (const char *)j->scales + (s0 + b) * (f16 ? 2 : 4) + PF / 8;
+            _mm_prefetch(sp, _MM_HINT_T0);
+            if (R == 4) {
+                _mm_prefetch(sp + nb * (f16 ? 2 : 4), _MM_HINT_T0);
+                _mm_prefetch(sp + 2 * nb * (f16 ? 2 : 4), _MM_HINT_T0);
+                _mm_prefetch(sp + 3 * nb * (f16 ? 2 : 4), _MM_HINT_T0);
+            }
+        }
         a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_block(w0 + b * 32, x)),
                              _mm256_mul_ps(scale_bcast_t(j->scales, s0 + b, f16), d), a0);
         if (R == 4) {
@@ -273,26 +296,23 @@ ALWAYS void gemv_q8(const NbJob *j, int64_t n0, int64_t m, const int R, const in
     for (int r = 0; r < R; r++) y[r] = llmir_hsum(acc[r]) + zero_correction(j, n0 + r, m);
 }
 
-static void gemv_q4_f32(const NbJob *j, int64_t n0, int64_t n1, int64_t m) {
-    int64_t n = n0;
-    for (; n + 4 <= n1; n += 4) gemv_q4(j, n, m, 4, 0);
-    for (; n < n1; n++) gemv_q4(j, n, m, 1, 0);
-}
-static void gemv_q4_f16(const NbJob *j, int64_t n0, int64_t n1, int64_t m) {
-    int64_t n = n0;
-    for (; n + 4 <= n1; n += 4) gemv_q4(j, n, m, 4, 1);
-    for (; n < n1; n++) gemv_q4(j, n, m, 1, 1);
-}
-static void gemv_q8_f32(const NbJob *j, int64_t n0, int64_t n1, int64_t m) {
-    int64_t n = n0;
-    for (; n + 4 <= n1; n += 4) gemv_q8(j, n, m, 4, 0);
-    for (; n < n1; n++) gemv_q8(j, n, m, 1, 0);
-}
-static void gemv_q8_f16(const NbJob *j, int64_t n0, int64_t n1, int64_t m) {
-    int64_t n = n0;
-    for (; n + 4 <= n1; n += 4) gemv_q8(j, n, m, 4, 1);
-    for (; n < n1; n++) gemv_q8(j, n, m, 1, 1);
-}
+/* rows per pass: 4 share the activation loads while their bytes are close together; longer rows
+ * run one at a time (4 far-apart weight and scale streams per pass measured slower) */
+#ifndef ROW_BYTES_4
+#define ROW_BYTES_4 512
+#endif
+
+#define GEMV_RANGE(NAME, KERNEL, F16)                                        \
+    static void NAME(const NbJob *j, int64_t n0, int64_t n1, int64_t m) {    \
+        int64_t n = n0;                                                      \
+        if (j->nb * QB * j->bits / 8 <= ROW_BYTES_4)                         \
+            for (; n + 4 <= n1; n += 4) KERNEL(j, n, m, 4, F16);             \
+        for (; n < n1; n++) KERNEL(j, n, m, 1, F16);                         \
+    }
+GEMV_RANGE(gemv_q4_f32, gemv_q4, 0)
+GEMV_RANGE(gemv_q4_f16, gemv_q4, 1)
+GEMV_RANGE(gemv_q8_f32, gemv_q8, 0)
+GEMV_RANGE(gemv_q8_f16, gemv_q8, 1)
 
 static void gemv_task(void *p, size_t i) {
     const NbJob *j = (const NbJob *)p;
@@ -338,13 +358,13 @@ static void pack_panel(const NbJob *j, int64_t n0, int nr, int64_t k0, int kc, f
 
 static void gemm_task(void *p, size_t i) {
     const NbJob *j = (const NbJob *)p;
-    float panel[KC * NR] __attribute__((aligned(32)));
+    float panel[NB_KC * NR] __attribute__((aligned(32)));
     for (int q = 0; q < GEMM_PANELS; q++) {
         int64_t n0 = ((int64_t)i * GEMM_PANELS + q) * NR;
         if (n0 >= j->N) return;
         int nr = j->N - n0 < NR ? (int)(j->N - n0) : NR;
         /* K in equal blocks of at most KC columns, whole quantization blocks */
-        int64_t blocks = (j->K + KC - 1) / KC, step = ((j->K + blocks - 1) / blocks + QB - 1) / QB * QB;
+        int64_t blocks = (j->K + NB_KC - 1) / NB_KC, step = ((j->K + blocks - 1) / blocks + QB - 1) / QB * QB;
         for (int64_t k0 = 0; k0 < j->K; k0 += step) {
             int kc = j->K - k0 < step ? (int)(j->K - k0) : (int)step;
             pack_panel(j, n0, nr, k0, kc, panel);
