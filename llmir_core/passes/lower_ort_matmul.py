@@ -23,8 +23,8 @@ weights, the packed QKV) becomes:
 
 Each `ort.matmul_nbits` records the kernel that runs it (`nbits_kernel`): `kernel = "llmir"` is
 llmir's own block-quantized matmul from its onnxruntime custom-op library (ai.llmir
-MatMulNBitsQ4/Q8: the stored blocks read in place, no prepacked copy; int8 activations at decode
-as accuracy_level 4, f32 at prefill), taken for block_size 32 at accuracy_level 4 when
+MatMulNBitsQ4/Q8: the stored blocks read in place, no prepacked copy; int8 activations as
+accuracy_level 4, see the op's doc), taken for block_size 32 at accuracy_level 4 when
 `nbits_kernel` is `llmir`, or `auto` (the default) and the library builds and runs here (checked
 once, at the first such op); otherwise the attribute is absent: onnxruntime's MatMulNBits (MLAS).
 

@@ -16,9 +16,13 @@
  *   x directly; 8-bit codes with the sign trick), scaled by scale_w * scale_x and summed in f32.
  *   The zero point enters as -zero * sum(x codes of the block). Four weight rows per pass share
  *   the activation loads; rows are split over onnxruntime's intra-op pool in small chunks.
- * - larger M (prefill): for each panel of 16 weight rows and block of at most KC columns the
- *   weights are dequantized once into an f32 [KC][16] panel and multiplied into 6-row blocks of X
- *   with llmir_micro_6x16 (f32_gemm.h): f32 activations, f32 accumulation.
+ * - larger M (prefill), 4-bit blocks without zero points: X is quantized the same way, each
+ *   panel of 16 weight rows is unpacked once into 4-code groups, and tiles of 4 X rows take
+ *   int8 dot products per block (vpmaddubsw, int16 sums over a block) with one f32 FMA per block
+ *   and 8 weight rows (q4_tile): ~1.6x the f32 panel path on AVX2 (measured);
+ * - larger M, 8-bit blocks or zero points: for each panel of 16 weight rows and block of at most
+ *   KC columns the weights are dequantized once into an f32 [KC][16] panel and multiplied into
+ *   6-row blocks of X with llmir_micro_6x16 (f32_gemm.h): f32 activations and accumulation.
  *
  * Built with the other sources of this folder into one library (llmir_core/backends/ort_ext).
  */
@@ -46,13 +50,14 @@ typedef struct NbJob {
     const uint8_t *zp;  /* NULL or packed zero points */
     float *y;           /* [M, N] */
     int64_t M, N, K, nb, zrow; /* zrow: zero-point bytes per row */
-    int bits, f16, chunk;
+    int bits, f16, chunk, gemm; /* gemm: X quantized for the Q4 int8 GEMM (natural order) */
     /* GEMV: per X row m: xq [m*K..] (int8, Q4 blocks permuted, see quantize_rows), dx [m*nb..]
      * (scale of each x block), xs [m*nb..] (dx * sum of the block's codes), zx [m*nb*4..]
      * (Q4: per pair of blocks, 8 lanes of 8 * partial sums of codes) */
     int8_t *xq;
     float *dx, *xs;
     int32_t *zx;
+    int *failed; /* set when a task cannot allocate its panel */
 } NbJob;
 
 /* -- activation quantization (GEMV) ------------------------------------------------------- */
@@ -99,8 +104,9 @@ static void quantize_rows(NbJob *j) {
             float d = quant32(x + b * QB, q, &sum);
             j->dx[m * nb + b] = d;
             j->xs[m * nb + b] = d * (float)sum;
-            if (j->bits == 8) {
+            if (j->bits == 8 || j->gemm) {
                 memcpy(xq + b * QB, q, QB);
+                if (j->gemm) j->zx[m * nb + b] = 8 * sum; /* the midpoint's share (Q4 GEMM) */
                 continue;
             }
             int8_t *dst;
@@ -110,7 +116,7 @@ static void quantize_rows(NbJob *j) {
             else dst = xq + b * QB, stride = 16;                             /* last, odd count */
             for (int i = 0; i < 16; i++) dst[i] = q[2 * i], dst[stride + i] = q[2 * i + 1];
         }
-        if (j->bits == 4) {
+        if (j->bits == 4 && !j->gemm) {
             const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
             for (int64_t p = 0; p + 1 < nb; p += 2) {
                 __m256i lo = _mm256_loadu_si256((const __m256i *)(xq + p * QB));
@@ -377,6 +383,122 @@ static void gemm_task(void *p, size_t i) {
     }
 }
 
+/* -- Q4 prefill: int8 GEMM ---------------------------------------------------------------- *
+ * X quantized per 32-block as for the GEMV (natural order; zx = 8 * the block's code sum). For
+ * each panel of 16 weight rows the codes are unpacked once into [block][k/4][16 rows][4 codes]
+ * (an 8x8 transpose of 4-byte groups) with the panel's scales [block][16]; a tile of 4 X rows
+ * then takes, per block, 8 steps of vpmaddubsw (unsigned codes x signed x: |sum| <= 8 * 2 * 15 *
+ * 127 fits int16), one vpmaddwd, minus the midpoint's share, and one f32 FMA by
+ * scale_w * scale_x per 8 weight rows. */
+
+#define Q4_MR 4 /* X rows per tile */
+
+static void q4_pack_panel(const NbJob *j, int64_t n0, int nr, uint8_t *pw, float *ps) {
+    const int64_t nb = j->nb;
+    const __m128i m4 = _mm_set1_epi8(15);
+    for (int64_t b = 0; b < nb; b++) {
+        for (int h = 0; h < 2; h++) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++) {
+                int c = h * 8 + i;
+                if (c >= nr) {
+                    r[i] = _mm256_setzero_ps();
+                    continue;
+                }
+                __m128i v = _mm_loadu_si128((const __m128i *)(j->w + ((n0 + c) * nb + b) * 16));
+                __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+                __m256i e = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+                r[i] = _mm256_castsi256_ps(e);
+            }
+            llmir_transpose8_store(r, (float *)(pw + b * 512 + h * 32), 16);
+        }
+        for (int c = 0; c < NR; c++) ps[b * NR + c] = c < nr ? scale_at(j, (n0 + c) * nb + b) : 0.0f;
+    }
+}
+
+static void q4_tile(const NbJob *j, const uint8_t *pw, const float *ps, int64_t m0, int mr,
+                    int64_t n0, int nr) {
+    const int64_t nb = j->nb, K = j->K;
+    const int8_t *x0 = j->xq + m0 * K, *x1 = x0 + (mr > 1 ? K : 0);
+    const int8_t *x2 = x0 + (mr > 2 ? 2 * K : 0), *x3 = x0 + (mr > 3 ? 3 * K : 0);
+    const int64_t r1 = mr > 1 ? 1 : 0, r2 = mr > 2 ? 2 : 0, r3 = mr > 3 ? 3 : 0;
+    const float *dx = j->dx + m0 * nb;
+    const int32_t *zs = j->zx + m0 * nb;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 f00 = _mm256_setzero_ps(), f01 = f00, f10 = f00, f11 = f00;
+    __m256 f20 = f00, f21 = f00, f30 = f00, f31 = f00;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = pw + b * 512;
+        __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00;
+        __m256i c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+#pragma GCC unroll 2 /* fully unrolled, gcc sums the products as a tree through the stack */
+        for (int q = 0; q < 8; q++) {
+            __m256i w0 = _mm256_load_si256((const __m256i *)(wb + q * 64));
+            __m256i w1 = _mm256_load_si256((const __m256i *)(wb + q * 64 + 32));
+            int32_t v;
+            __m256i xb;
+#define STEP(X, C0, C1)                                                    \
+    memcpy(&v, X + b * QB + q * 4, 4);                                     \
+    xb = _mm256_set1_epi32(v);                                             \
+    C0 = _mm256_add_epi16(C0, _mm256_maddubs_epi16(w0, xb));               \
+    C1 = _mm256_add_epi16(C1, _mm256_maddubs_epi16(w1, xb));
+            STEP(x0, c00, c01)
+            STEP(x1, c10, c11)
+            STEP(x2, c20, c21)
+            STEP(x3, c30, c31)
+#undef STEP
+        }
+        __m256 s0 = _mm256_load_ps(ps + b * NR), s1 = _mm256_load_ps(ps + b * NR + 8);
+#define FIN(R, C0, C1, F0, F1)                                                                 \
+    {                                                                                          \
+        __m256i z = _mm256_set1_epi32(zs[R * nb + b]);                                         \
+        __m256 d = _mm256_set1_ps(dx[R * nb + b]);                                             \
+        __m256i i0 = _mm256_sub_epi32(_mm256_madd_epi16(C0, ones), z);                         \
+        __m256i i1 = _mm256_sub_epi32(_mm256_madd_epi16(C1, ones), z);                         \
+        F0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(s0, d), F0);                \
+        F1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(s1, d), F1);                \
+    }
+        FIN(0, c00, c01, f00, f01)
+        FIN(r1, c10, c11, f10, f11)
+        FIN(r2, c20, c21, f20, f21)
+        FIN(r3, c30, c31, f30, f31)
+#undef FIN
+    }
+    __m256 acc[Q4_MR][2] = {{f00, f01}, {f10, f11}, {f20, f21}, {f30, f31}};
+    for (int r = 0; r < mr; r++) {
+        float *y = j->y + (m0 + r) * j->N + n0;
+        if (nr == NR) {
+            _mm256_storeu_ps(y, acc[r][0]);
+            _mm256_storeu_ps(y + 8, acc[r][1]);
+            continue;
+        }
+        float t[NR];
+        _mm256_storeu_ps(t, acc[r][0]);
+        _mm256_storeu_ps(t + 8, acc[r][1]);
+        for (int c = 0; c < nr; c++) y[c] = t[c];
+    }
+}
+
+static void q4_gemm_task(void *p, size_t i) {
+    const NbJob *j = (const NbJob *)p;
+    const int64_t nb = j->nb;
+    uint8_t *pw = (uint8_t *)aligned_alloc(32, (size_t)nb * (512 + NR * 4));
+    if (!pw) {
+        __atomic_store_n(j->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    float *ps = (float *)(pw + nb * 512);
+    for (int q = 0; q < GEMM_PANELS; q++) {
+        int64_t n0 = ((int64_t)i * GEMM_PANELS + q) * NR;
+        if (n0 >= j->N) break;
+        int nr = j->N - n0 < NR ? (int)(j->N - n0) : NR;
+        q4_pack_panel(j, n0, nr, pw, ps);
+        for (int64_t m0 = 0; m0 < j->M; m0 += Q4_MR)
+            q4_tile(j, pw, ps, m0, j->M - m0 < Q4_MR ? (int)(j->M - m0) : Q4_MR, n0, nr);
+    }
+    free(pw);
+}
+
 /* -- the custom ops ------------------------------------------------------------------------- */
 
 typedef struct NbKernel {
@@ -453,10 +575,14 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
         return NULL;
     }
     NbJob j = {(const float *)x, (const uint8_t *)w, s, (const uint8_t *)z, (float *)y,
-               M, N, K, nb, zrow, bits, stype == T_FLOAT16, 0, NULL, NULL, NULL, NULL};
+               M, N, K, nb, zrow, bits, stype == T_FLOAT16, 0, 0, NULL, NULL, NULL, NULL, NULL};
     ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
-    if (M > GEMV_ROWS)
-        return pfor(ctx, gemm_task, (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS)), 0, &j);
+    const size_t panels = (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS));
+    if (M > GEMV_ROWS && (bits == 8 || z)) /* f32 panels (Q8, zero points) */
+        return pfor(ctx, gemm_task, panels, 0, &j);
+    j.gemm = M > GEMV_ROWS;
+    int failed = 0;
+    j.failed = &failed;
     /* one buffer: xq (M*K + 64 bytes), dx, xs (M*nb floats each), zx (M*nb*4 int32) */
     size_t xq_bytes = (size_t)(M * K + 64 + 31) & ~(size_t)31;
     char *buf = (char *)aligned_alloc(32, xq_bytes + (((size_t)(M * nb) * 24 + 63) & ~(size_t)31));
@@ -466,6 +592,13 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
     j.xs = j.dx + M * nb;
     j.zx = (int32_t *)(j.xs + M * nb);
     quantize_rows(&j);
+    if (j.gemm) {
+        st = pfor(ctx, q4_gemm_task, panels, 0, &j);
+        free(buf);
+        if (!st && __atomic_load_n(&failed, __ATOMIC_RELAXED))
+            return llmir_error(api, ORT_FAIL, "ai.llmir MatMulNBits: out of memory");
+        return st;
+    }
     /* chunks of whole row groups: about 8 per thread of a 2-4 thread pool, at least 16 rows */
     int64_t chunk = ((N + 31) / 32 + 3) & ~(int64_t)3;
     j.chunk = (int)(chunk < 16 ? 16 : chunk);
