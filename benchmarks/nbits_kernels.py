@@ -4,11 +4,12 @@ accuracy_level 4: int8 activations), one op shape at a time, on the same random 
 
 Each form's model holds COPIES nodes of one shape, each with its own weights (together larger
 than the last-level cache, so every decode step reads its weights from memory), all fed the same
-X. The forms run interleaved round by round in one process; the time per node is the median
-over rounds of (one run / copies) -- the minimum, the least disturbed round --, CPU time of the process with --threads 1 (the default: a
-busy machine inflates wall time unevenly), wall time otherwise. GB/s = weight bytes (codes + f32 scales) / time per node.
-`err` is max |Y - X @ W^T| / max |X @ W^T| against the f32 weights the blocks were made from
-(the quantization error plus the op's own: int8 activations in both).
+X. The forms run interleaved round by round in one process; the time per node is the minimum
+over rounds (the least disturbed one) of one run / copies: CPU time of the process with
+--threads 1 (the default: a busy machine inflates wall time unevenly), wall time otherwise.
+Decode rows (M <= 4) report GB/s = weight bytes (codes + f32 scales) / time, prefill rows
+GFLOP/s = 2 M N K / time. `err` is max |Y - X @ W^T| / max |X @ W^T| against the f32 weights the
+blocks were made from (the quantization error plus the op's own: int8 activations in both).
 
     python benchmarks/nbits_kernels.py                       # SmolLM2 + Qwen2.5 shapes, int4
     python benchmarks/nbits_kernels.py --bits 8 --m 1 --threads 2 --format json
@@ -120,6 +121,7 @@ def bench_shape(
         for f in FORMS:
             row[f"{f}_us"] = med[f] * 1e6
             row[f"{f}_gbs"] = wbytes / med[f] / 1e9
+            row[f"{f}_gflops"] = 2 * m * n * k / med[f] / 1e9
             row[f"{f}_err"] = err[f]
         row["speedup"] = med["mlas"] / med["llmir"]
         rows.append(row)
@@ -146,15 +148,22 @@ def main() -> None:
                 r["model"] = model
                 rows.append(r)
                 if a.format == "text":
+                    # decode rows: weight bytes per second; prefill rows: GFLOP/s
+                    unit, key = ("GB/s", "gbs") if r["M"] <= 4 else ("GFLOP/s", "gflops")
                     print(
                         f"{model:8} K={k:5} N={n:6} M={r['M']:3} int{a.bits}: "
-                        f"mlas {r['mlas_us']:8.1f} us {r['mlas_gbs']:5.1f} GB/s err {r['mlas_err']:.1e} | "
-                        f"llmir {r['llmir_us']:8.1f} us {r['llmir_gbs']:5.1f} GB/s err {r['llmir_err']:.1e} | "
+                        f"mlas {r['mlas_us']:9.1f} us {r['mlas_' + key]:5.1f} {unit} "
+                        f"err {r['mlas_err']:.1e} | llmir {r['llmir_us']:9.1f} us "
+                        f"{r['llmir_' + key]:5.1f} {unit} err {r['llmir_err']:.1e} | "
                         f"x{r['speedup']:.2f}",
                         flush=True,
                     )
     if a.format == "json":
-        print(json.dumps({"threads": a.threads, "rows": rows}, indent=1))
+        import os
+
+        doc = {"threads": a.threads, "clock": "cpu" if a.threads == 1 and not a.wall else "wall"}
+        doc["loadavg"] = os.getloadavg()[0]
+        print(json.dumps({**doc, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
