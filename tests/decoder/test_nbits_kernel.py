@@ -114,6 +114,21 @@ def test_kernel_takes_batched_rows() -> None:
     assert rel(y, want) <= 1e-6
 
 
+@needs_kernel
+def test_kernel_refuses_mismatched_inputs() -> None:
+    rng = np.random.default_rng(4)
+    codes, sc, _ = nbits.quantize(
+        rng.standard_normal((8, 64)).astype(F32), 4, 32, True, np.dtype(F32)
+    )
+    sess = _session(4, 8, 64, False, False)
+    feeds = {"b": codes.reshape(8, 2, 16), "s": sc.reshape(-1)}
+    with pytest.raises(
+        Exception, match=r"X \[\.\.\., K\] and B \[N, K/32, 32\*bits/8\] do not match"
+    ):
+        sess.run(None, {"x": np.zeros((1, 48), F32), **feeds})
+    assert sess.run(None, {"x": np.zeros((1, 64), F32), **feeds})[0].shape == (1, 8)
+
+
 def _lowered(module: Any, **options: Any) -> str:
     lowering = get_target("onnxruntime").lowering(options)
     return print_module(run_pipeline(clone_module(module), lowering).module)

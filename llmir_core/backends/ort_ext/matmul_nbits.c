@@ -504,6 +504,9 @@ static void q4_gemm_task(void *p, size_t i) {
 typedef struct NbKernel {
     const OrtApi *api;
     int bits;
+    /* B, scales and zero points are initializers: checked at the first call, then kept */
+    int checked, f16;
+    int64_t N, nb;
 } NbKernel;
 
 typedef struct OpNb {
@@ -514,7 +517,7 @@ typedef struct OpNb {
 static void *nb_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info) {
     (void)info;
     NbKernel *k = (NbKernel *)malloc(sizeof(NbKernel));
-    if (k) k->api = api, k->bits = ((const OpNb *)op)->bits;
+    if (k) memset(k, 0, sizeof(*k)), k->api = api, k->bits = ((const OpNb *)op)->bits;
     return k;
 }
 
@@ -535,30 +538,46 @@ static int64_t numel(const int64_t *d, int rank) {
     return n;
 }
 
+/* B [N, K/32, 32*bits/8], scales (f32 or f16, N*K/32) and zero points: the same at every call */
+static OrtStatus *check_weights(NbKernel *kn, const OrtValue *wv, const OrtValue *sv,
+                                const OrtValue *zv) {
+    const OrtApi *api = kn->api;
+    int64_t wd[8], sd[8], zd[8];
+    int wr = llmir_shape_of(api, wv, wd), sr = llmir_shape_of(api, sv, sd);
+    int zr = zv ? llmir_shape_of(api, zv, zd) : 0, stype = elem_type(api, sv);
+    if (wr != 3 || wd[2] != QB * kn->bits / 8)
+        return llmir_error(api, ORT_INVALID_ARGUMENT,
+                           "ai.llmir MatMulNBits: B must be [N, K/32, 32*bits/8] uint8");
+    int64_t zrow = kn->bits == 8 ? wd[1] : (wd[1] + 1) / 2;
+    if (sr < 1 || zr < 0 || numel(sd, sr) != wd[0] * wd[1] ||
+        (stype != T_FLOAT && stype != T_FLOAT16) || (zv && numel(zd, zr) != wd[0] * zrow))
+        return llmir_error(api, ORT_INVALID_ARGUMENT,
+                           "ai.llmir MatMulNBits: scales (f32 or f16, N*K/32) or zero points do not "
+                           "match B");
+    kn->N = wd[0], kn->nb = wd[1], kn->f16 = stype == T_FLOAT16;
+    __atomic_store_n(&kn->checked, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
 static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
-    const NbKernel *kn = (const NbKernel *)kp;
+    NbKernel *kn = (NbKernel *)kp;
     const OrtApi *api = kn->api;
     const OrtValue *xv = NULL, *wv = NULL, *sv = NULL, *zv = NULL;
     OrtValue *yv = NULL;
-    int64_t xd[8], wd[8], sd[8], zd[8], yd[8];
+    int64_t xd[8], yd[8];
     OrtStatus *st;
     GetInputFn get = API(api, I_KernelContext_GetInput, GetInputFn);
     if ((st = get(ctx, 0, &xv)) || (st = get(ctx, 1, &wv)) || (st = get(ctx, 2, &sv))) return st;
     if (get(ctx, 3, &zv)) zv = NULL; /* absent optional input: NULL */
+    if (!__atomic_load_n(&kn->checked, __ATOMIC_ACQUIRE) && (st = check_weights(kn, wv, sv, zv)))
+        return st;
     const int bits = kn->bits;
-    int xr = llmir_shape_of(api, xv, xd), wr = llmir_shape_of(api, wv, wd);
-    int sr = llmir_shape_of(api, sv, sd), zr = zv ? llmir_shape_of(api, zv, zd) : 0;
-    int stype = elem_type(api, sv);
-    if (xr < 1 || wr != 3 || sr < 1 || zr < 0 || wd[2] != QB * bits / 8 || xd[xr - 1] != wd[1] * QB)
+    int xr = llmir_shape_of(api, xv, xd);
+    if (xr < 1 || xd[xr - 1] != kn->nb * QB)
         return llmir_error(api, ORT_INVALID_ARGUMENT,
                            "ai.llmir MatMulNBits: X [..., K] and B [N, K/32, 32*bits/8] do not match");
-    int64_t M = 1, N = wd[0], K = xd[xr - 1], nb = wd[1];
+    int64_t M = 1, N = kn->N, K = xd[xr - 1], nb = kn->nb;
     int64_t zrow = bits == 8 ? nb : (nb + 1) / 2;
-    if (numel(sd, sr) != N * nb || (stype != T_FLOAT && stype != T_FLOAT16) ||
-        (zv && numel(zd, zr) != N * zrow))
-        return llmir_error(api, ORT_INVALID_ARGUMENT,
-                           "ai.llmir MatMulNBits: scales (f32 or f16, N*K/32) or zero points do not "
-                           "match B");
     for (int i = 0; i < xr - 1; i++) M *= xd[i], yd[i] = xd[i];
     yd[xr - 1] = N;
     if ((st = API(api, I_KernelContext_GetOutput, GetOutputFn)(ctx, 0, yd, (size_t)xr, &yv)))
@@ -575,7 +594,7 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
         return NULL;
     }
     NbJob j = {(const float *)x, (const uint8_t *)w, s, (const uint8_t *)z, (float *)y,
-               M, N, K, nb, zrow, bits, stype == T_FLOAT16, 0, 0, NULL, NULL, NULL, NULL, NULL};
+               M, N, K, nb, zrow, bits, kn->f16, 0, 0, NULL, NULL, NULL, NULL, NULL};
     ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
     const size_t panels = (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS));
     if (M > GEMV_ROWS && (bits == 8 || z)) /* f32 panels (Q8, zero points) */
