@@ -262,6 +262,48 @@ ALWAYS void gemv_q4(const NbJob *j, int64_t n0, int64_t m, const int R, const in
                zero_correction(j, n0 + r, m);
 }
 
+/* Q4, one weight row: two accumulators over alternate pairs of blocks (the FMA chain) */
+ALWAYS void gemv_q4_one(const NbJob *j, int64_t n, int64_t m, const int f16) {
+    const int64_t nb = j->nb;
+    const int8_t *xq = j->xq + m * j->K;
+    const float *dx = j->dx + m * nb;
+    const int32_t *zx = j->zx + m * nb * 4;
+    const __m256i idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    const uint8_t *w = j->w + n * nb * 16;
+    const int64_t s0 = n * nb, ss = f16 ? 2 : 4;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    int64_t b = 0;
+    for (; b + 3 < nb; b += 4) {
+        _mm_prefetch((const char *)(w + b * 16 + PF), _MM_HINT_T0);
+        if ((b & 15) == 0) _mm_prefetch((const char *)j->scales + (s0 + b) * ss + PF / 4, _MM_HINT_T0);
+        __m256 d0 = _mm256_permutevar8x32_ps(
+            _mm256_castps128_ps256(_mm_castpd_ps(_mm_load_sd((const double *)(dx + b)))), idx);
+        __m256 d1 = _mm256_permutevar8x32_ps(
+            _mm256_castps128_ps256(_mm_castpd_ps(_mm_load_sd((const double *)(dx + b + 2)))), idx);
+        __m256i i0 = q4_pair(w + b * 16, _mm256_loadu_si256((const __m256i *)(xq + b * QB)),
+                             _mm256_loadu_si256((const __m256i *)(xq + b * QB + 32)),
+                             _mm256_loadu_si256((const __m256i *)(zx + b * 4)));
+        __m256i i1 = q4_pair(w + b * 16 + 32, _mm256_loadu_si256((const __m256i *)(xq + b * QB + 64)),
+                             _mm256_loadu_si256((const __m256i *)(xq + b * QB + 96)),
+                             _mm256_loadu_si256((const __m256i *)(zx + b * 4 + 8)));
+        a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0),
+                             _mm256_mul_ps(scale_pair_t(j->scales, s0 + b, f16), d0), a0);
+        a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1),
+                             _mm256_mul_ps(scale_pair_t(j->scales, s0 + b + 2, f16), d1), a1);
+    }
+    for (; b + 1 < nb; b += 2) {
+        __m256 d0 = _mm256_permutevar8x32_ps(
+            _mm256_castps128_ps256(_mm_castpd_ps(_mm_load_sd((const double *)(dx + b)))), idx);
+        __m256i i0 = q4_pair(w + b * 16, _mm256_loadu_si256((const __m256i *)(xq + b * QB)),
+                             _mm256_loadu_si256((const __m256i *)(xq + b * QB + 32)),
+                             _mm256_loadu_si256((const __m256i *)(zx + b * 4)));
+        a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0),
+                             _mm256_mul_ps(scale_pair_t(j->scales, s0 + b, f16), d0), a0);
+    }
+    j->y[m * j->N + n] = llmir_hsum(_mm256_add_ps(a0, a1)) +
+                         (b < nb ? q4_last(j, w, n, b, m) : 0.0f) + zero_correction(j, n, m);
+}
+
 /* Q8: y[m, n0..n0+R) for R = 4 (or 1) */
 ALWAYS void gemv_q8(const NbJob *j, int64_t n0, int64_t m, const int R, const int f16) {
     const int64_t nb = j->nb, rb = nb * 32;
@@ -302,23 +344,51 @@ ALWAYS void gemv_q8(const NbJob *j, int64_t n0, int64_t m, const int R, const in
     for (int r = 0; r < R; r++) y[r] = llmir_hsum(acc[r]) + zero_correction(j, n0 + r, m);
 }
 
+/* Q8, one weight row: two accumulators over alternate blocks (the FMA chain) */
+ALWAYS void gemv_q8_one(const NbJob *j, int64_t n, int64_t m, const int f16) {
+    const int64_t nb = j->nb;
+    const int8_t *xq = j->xq + m * j->K;
+    const float *dx = j->dx + m * nb;
+    const uint8_t *w = j->w + n * nb * 32;
+    const int64_t s0 = n * nb, ss = f16 ? 2 : 4;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        _mm_prefetch((const char *)(w + b * 32 + PF), _MM_HINT_T0);
+        if ((b & 15) == 0) _mm_prefetch((const char *)j->scales + (s0 + b) * ss + PF / 8, _MM_HINT_T0);
+        __m256i i0 = q8_block(w + b * 32, _mm256_loadu_si256((const __m256i *)(xq + b * QB)));
+        __m256i i1 = q8_block(w + b * 32 + 32, _mm256_loadu_si256((const __m256i *)(xq + b * QB + 32)));
+        a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0),
+                             _mm256_mul_ps(scale_bcast_t(j->scales, s0 + b, f16), _mm256_broadcast_ss(dx + b)), a0);
+        a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1),
+                             _mm256_mul_ps(scale_bcast_t(j->scales, s0 + b + 1, f16),
+                                           _mm256_broadcast_ss(dx + b + 1)), a1);
+    }
+    if (b < nb) {
+        __m256i i0 = q8_block(w + b * 32, _mm256_loadu_si256((const __m256i *)(xq + b * QB)));
+        a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0),
+                             _mm256_mul_ps(scale_bcast_t(j->scales, s0 + b, f16), _mm256_broadcast_ss(dx + b)), a0);
+    }
+    j->y[m * j->N + n] = llmir_hsum(_mm256_add_ps(a0, a1)) + zero_correction(j, n, m);
+}
+
 /* rows per pass: 4 share the activation loads while their bytes are close together; longer rows
  * run one at a time (4 far-apart weight and scale streams per pass measured slower) */
 #ifndef ROW_BYTES_4
 #define ROW_BYTES_4 512
 #endif
 
-#define GEMV_RANGE(NAME, KERNEL, F16)                                        \
+#define GEMV_RANGE(NAME, KERNEL, ONE, F16)                                   \
     static void NAME(const NbJob *j, int64_t n0, int64_t n1, int64_t m) {    \
         int64_t n = n0;                                                      \
         if (j->nb * QB * j->bits / 8 <= ROW_BYTES_4)                         \
             for (; n + 4 <= n1; n += 4) KERNEL(j, n, m, 4, F16);             \
-        for (; n < n1; n++) KERNEL(j, n, m, 1, F16);                         \
+        for (; n < n1; n++) ONE;                                             \
     }
-GEMV_RANGE(gemv_q4_f32, gemv_q4, 0)
-GEMV_RANGE(gemv_q4_f16, gemv_q4, 1)
-GEMV_RANGE(gemv_q8_f32, gemv_q8, 0)
-GEMV_RANGE(gemv_q8_f16, gemv_q8, 1)
+GEMV_RANGE(gemv_q4_f32, gemv_q4, gemv_q4_one(j, n, m, 0), 0)
+GEMV_RANGE(gemv_q4_f16, gemv_q4, gemv_q4_one(j, n, m, 1), 1)
+GEMV_RANGE(gemv_q8_f32, gemv_q8, gemv_q8_one(j, n, m, 0), 0)
+GEMV_RANGE(gemv_q8_f16, gemv_q8, gemv_q8_one(j, n, m, 1), 1)
 
 static void gemv_task(void *p, size_t i) {
     const NbJob *j = (const NbJob *)p;
