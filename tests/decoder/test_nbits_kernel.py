@@ -76,7 +76,9 @@ def _int8_rows(x: np.ndarray) -> np.ndarray:
 @needs_kernel
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("f16,zp", [(False, False), (True, False), (False, True)])
-@pytest.mark.parametrize("n,k", [(37, 32), (64, 96), (130, 576)])
+@pytest.mark.parametrize(
+    "n,k", [(37, 32), (64, 96), (130, 576), (19, 1056)]
+)  # 1056: one row a pass
 def test_kernel_matches_numpy(bits: int, f16: bool, zp: bool, n: int, k: int) -> None:
     rng = np.random.default_rng(n * k + bits)
     w = rng.standard_normal((n, k)).astype(F32)
