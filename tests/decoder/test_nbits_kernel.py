@@ -207,6 +207,19 @@ def test_a_tied_table_needs_no_alias(tmp_path: Path) -> None:
     assert gather and any(n.input[1] == gather[0].input[0] for n in head)
 
 
+@needs_kernel
+def test_reimported_llmir_kernel_build(tiny_module: Any, tmp_path: Path) -> None:
+    """`llmir import` of a model.onnx with ai.llmir MatMulNBitsQ4 nodes: the same blocks as
+    llm.quantized_matmul (accuracy_level 4), whose rebuild takes llmir's kernel again."""
+    from llmir_core.frontends.onnx import import_onnx
+
+    build(tiny_module, str(tmp_path / "a"), "onnxruntime", options={"quant": "int4"})
+    again, _ = import_onnx(str(tmp_path / "a" / "model.onnx"))
+    qm = [op for op in again.main.ops if op.name == "llm.quantized_matmul"]
+    assert qm and {op.attrs.get("accuracy_level") for op in qm} == {4}
+    assert _lowered(again).count('kernel = "llmir"') == len(qm)
+
+
 def test_without_the_capability_matmulnbits_is_kept(
     tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
