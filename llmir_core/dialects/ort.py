@@ -515,7 +515,7 @@ register(
         "(onnxruntime's MatMulNBits) or \"llmir\" (ai.llmir MatMulNBitsQ4/Q8 from llmir's "
         "custom-op library, block_size 32: the same stored blocks read in place; the rows of "
         "a are quantized to int8 per 32-block (accuracy_level 4's numerics), except that "
-        "with more than 4 rows 8-bit blocks and blocks with zero points take f32 rows).",
+        "with more than 4 rows 8-bit blocks take f32 rows).",
         operands=(
             Operand("a", doc="[..., K] f32"),
             Operand("b", doc="[N, K] float or nbits-packed"),

@@ -1,7 +1,6 @@
 """llmir's block-quantized matmul (`ort.matmul_nbits {kernel = "llmir"}`: ai.llmir MatMulNBitsQ4 /
 MatMulNBitsQ8 in llmir_core/backends/ort_ext/matmul_nbits.c): the compiled kernel against numpy
-(int8 activations per 32-block, exactly emulated; f32 for the prefill of 8-bit or zero-point
-blocks) for 4 and 8 bits, f32 and f16 scales, with and without zero points, odd block counts; `--quant int4/int8`
+(int8 activations per 32-block, exactly emulated; f32 for the prefill of 8-bit blocks) for 4 and 8 bits, f32 and f16 scales, with and without zero points, odd block counts; `--quant int4/int8`
 builds that use it compute what onnxruntime's MatMulNBits builds compute; GGUF q4_0 / q8_0
 blocks run on it as stored (f16 scales, no Cast); the choice shows in the lowered module, and
 without the capability the lowering keeps MatMulNBits. Tests that run the kernel are skipped
@@ -75,7 +74,7 @@ def _int8_rows(x: np.ndarray) -> np.ndarray:
 
 @needs_kernel
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("f16,zp", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("f16,zp", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize(
     "n,k", [(37, 32), (64, 96), (130, 576), (19, 1056)]
 )  # 1056: one row a pass
@@ -93,8 +92,8 @@ def test_kernel_matches_numpy(bits: int, f16: bool, zp: bool, n: int, k: int) ->
         got = sess.run(None, {"x": x, **feeds})[0]
         assert got.shape == (m, n) and got.dtype == F32
         exact = x.astype(np.float64) @ deq.T
-        # int8 activations but for the prefill of 8-bit or zero-point blocks (f32 panels)
-        int8 = m <= 4 or (bits == 4 and not zp)
+        # int8 activations but for the prefill of 8-bit blocks (f32 panels)
+        int8 = m <= 4 or bits == 4
         want = _int8_rows(x) @ deq.T if int8 else exact
         # only the f32 summation order differs from the kernel's own numerics
         assert np.abs(got - want).max() <= 1e-5 * np.sqrt(k) * np.abs(want).max()
@@ -154,7 +153,7 @@ def test_build_matches_matmulnbits(quant: str, tiny_module: Any, tmp_path: Path)
     a, b = open_artifact(str(tmp_path / "llmir")), open_artifact(str(tmp_path / "mlas"))
     a.reset(1)
     b.reset(1)
-    # the same blocks and int8 activations (llmir's int8 prefill: 4-bit blocks only)
+    # the same blocks and int8 activations (llmir's prefill: int8 for 4-bit blocks, f32 for 8-bit)
     assert rel(a.forward(PROMPT), b.forward(PROMPT)) <= 5e-2
     assert rel(a.forward(PROMPT[:, :1]), b.forward(PROMPT[:, :1])) <= 5e-2
     assert greedy(a, [1, 5, 9], 16) == greedy(b, [1, 5, 9], 16)

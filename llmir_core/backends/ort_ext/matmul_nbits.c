@@ -16,11 +16,12 @@
  *   x directly; 8-bit codes with the sign trick), scaled by scale_w * scale_x and summed in f32.
  *   The zero point enters as -zero * sum(x codes of the block). Four weight rows per pass share
  *   the activation loads; rows are split over onnxruntime's intra-op pool in small chunks.
- * - larger M (prefill), 4-bit blocks without zero points: X is quantized the same way, each
+ * - larger M (prefill), 4-bit blocks: X is quantized the same way, each
  *   panel of 16 weight rows is unpacked once into 4-code groups, and tiles of 4 X rows take
- *   int8 dot products per block (vpmaddubsw, int16 sums over a block) with one f32 FMA per block
- *   and 8 weight rows (q4_tile): ~1.6x the f32 panel path on AVX2 (measured);
- * - larger M, 8-bit blocks or zero points: for each panel of 16 weight rows and block of at most
+ *   int8 dot products per block (vpmaddubsw, int16 sums over a block, minus zero point x the
+ *   block's x code sum) with one f32 FMA per block and 8 weight rows (q4_tile): ~1.6x the f32
+ *   panel path on AVX2 (measured);
+ * - larger M, 8-bit blocks (vpmaddubsw's int16 sums would saturate): for each panel of 16 weight rows and block of at most
  *   KC columns the weights are dequantized once into an f32 [KC][16] panel and multiplied into
  *   6-row blocks of X with llmir_micro_6x16 (f32_gemm.h): f32 activations and accumulation.
  *
@@ -106,7 +107,7 @@ static void quantize_rows(NbJob *j) {
             j->xs[m * nb + b] = d * (float)sum;
             if (j->bits == 8 || j->gemm) {
                 memcpy(xq + b * QB, q, QB);
-                if (j->gemm) j->zx[m * nb + b] = 8 * sum; /* the midpoint's share (Q4 GEMM) */
+                if (j->gemm) j->zx[m * nb + b] = sum; /* times the zero point (Q4 GEMM) */
                 continue;
             }
             int8_t *dst;
@@ -147,9 +148,30 @@ static inline int zero_at(const NbJob *j, int64_t n, int64_t b) {
 static float zero_correction(const NbJob *j, int64_t n, int64_t m) {
     if (!j->zp) return 0.0f;
     const int mid = 1 << (j->bits - 1);
-    float c = 0.0f;
-    for (int64_t b = 0; b < j->nb; b++)
-        c -= (float)(zero_at(j, n, b) - mid) * scale_at(j, n * j->nb + b) * j->xs[m * j->nb + b];
+    const uint8_t *z = j->zp + n * j->zrow;
+    const float *xs = j->xs + m * j->nb;
+    const __m128i m4 = _mm_set1_epi8(15);
+    const __m256i midv = _mm256_set1_epi32(mid);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 8 <= j->nb; b += 8) { /* 8 blocks: their zero points, scales and x sums */
+        __m128i zb;
+        if (j->bits == 4) {
+            uint32_t u;
+            memcpy(&u, z + b / 2, 4);
+            __m128i v = _mm_cvtsi32_si128((int)u);
+            zb = _mm_unpacklo_epi8(_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+        } else {
+            zb = _mm_loadl_epi64((const __m128i *)(z + b));
+        }
+        __m256 zf = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(zb), midv));
+        __m256 sw = j->f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)j->scales + n * j->nb + b)))
+                           : _mm256_loadu_ps((const float *)j->scales + n * j->nb + b);
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(zf, sw), _mm256_loadu_ps(xs + b), acc);
+    }
+    float c = -llmir_hsum(acc);
+    for (; b < j->nb; b++)
+        c -= (float)(zero_at(j, n, b) - mid) * scale_at(j, n * j->nb + b) * xs[b];
     return c;
 }
 
@@ -463,7 +485,7 @@ static void gemm_task(void *p, size_t i) {
 
 #define Q4_MR 4 /* X rows per tile */
 
-static void q4_pack_panel(const NbJob *j, int64_t n0, int nr, uint8_t *pw, float *ps) {
+static void q4_pack_panel(const NbJob *j, int64_t n0, int nr, uint8_t *pw, float *ps, int32_t *pz) {
     const int64_t nb = j->nb;
     const __m128i m4 = _mm_set1_epi8(15);
     for (int64_t b = 0; b < nb; b++) {
@@ -483,11 +505,13 @@ static void q4_pack_panel(const NbJob *j, int64_t n0, int nr, uint8_t *pw, float
             llmir_transpose8_store(r, (float *)(pw + b * 512 + h * 32), 16);
         }
         for (int c = 0; c < NR; c++) ps[b * NR + c] = c < nr ? scale_at(j, (n0 + c) * nb + b) : 0.0f;
+        if (j->zp)
+            for (int c = 0; c < NR; c++) pz[b * NR + c] = c < nr ? zero_at(j, n0 + c, b) : 8;
     }
 }
 
-static void q4_tile(const NbJob *j, const uint8_t *pw, const float *ps, int64_t m0, int mr,
-                    int64_t n0, int nr) {
+ALWAYS void q4_tile(const NbJob *j, const uint8_t *pw, const float *ps, const int32_t *pz,
+                    int64_t m0, int mr, int64_t n0, int nr, const int has_z) {
     const int64_t nb = j->nb, K = j->K;
     const int8_t *x0 = j->xq + m0 * K, *x1 = x0 + (mr > 1 ? K : 0);
     const int8_t *x2 = x0 + (mr > 2 ? 2 * K : 0), *x3 = x0 + (mr > 3 ? 3 * K : 0);
@@ -519,12 +543,21 @@ static void q4_tile(const NbJob *j, const uint8_t *pw, const float *ps, int64_t 
 #undef STEP
         }
         __m256 s0 = _mm256_load_ps(ps + b * NR), s1 = _mm256_load_ps(ps + b * NR + 8);
+        __m256i zp0 = _mm256_set1_epi32(8), zp1 = zp0; /* the rows' zero points */
+        if (has_z) {
+            zp0 = _mm256_load_si256((const __m256i *)(pz + b * NR));
+            zp1 = _mm256_load_si256((const __m256i *)(pz + b * NR + 8));
+        }
 #define FIN(R, C0, C1, F0, F1)                                                                 \
     {                                                                                          \
-        __m256i z = _mm256_set1_epi32(zs[R * nb + b]);                                         \
+        __m256i xs = _mm256_set1_epi32(zs[R * nb + b]), z0, z1;                               \
+        if (has_z)                                                                             \
+            z0 = _mm256_mullo_epi32(zp0, xs), z1 = _mm256_mullo_epi32(zp1, xs);                \
+        else                                                                                   \
+            z0 = z1 = _mm256_slli_epi32(xs, 3);                                                \
         __m256 d = _mm256_set1_ps(dx[R * nb + b]);                                             \
-        __m256i i0 = _mm256_sub_epi32(_mm256_madd_epi16(C0, ones), z);                         \
-        __m256i i1 = _mm256_sub_epi32(_mm256_madd_epi16(C1, ones), z);                         \
+        __m256i i0 = _mm256_sub_epi32(_mm256_madd_epi16(C0, ones), z0);                        \
+        __m256i i1 = _mm256_sub_epi32(_mm256_madd_epi16(C1, ones), z1);                        \
         F0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(s0, d), F0);                \
         F1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(s1, d), F1);                \
     }
@@ -552,19 +585,23 @@ static void q4_tile(const NbJob *j, const uint8_t *pw, const float *ps, int64_t 
 static void q4_gemm_task(void *p, size_t i) {
     const NbJob *j = (const NbJob *)p;
     const int64_t nb = j->nb;
-    uint8_t *pw = (uint8_t *)aligned_alloc(32, (size_t)nb * (512 + NR * 4));
+    uint8_t *pw = (uint8_t *)aligned_alloc(32, (size_t)nb * (512 + NR * 8));
     if (!pw) {
         __atomic_store_n(j->failed, 1, __ATOMIC_RELAXED);
         return;
     }
     float *ps = (float *)(pw + nb * 512);
+    int32_t *pz = (int32_t *)(ps + nb * NR);
     for (int q = 0; q < GEMM_PANELS; q++) {
         int64_t n0 = ((int64_t)i * GEMM_PANELS + q) * NR;
         if (n0 >= j->N) break;
         int nr = j->N - n0 < NR ? (int)(j->N - n0) : NR;
-        q4_pack_panel(j, n0, nr, pw, ps);
-        for (int64_t m0 = 0; m0 < j->M; m0 += Q4_MR)
-            q4_tile(j, pw, ps, m0, j->M - m0 < Q4_MR ? (int)(j->M - m0) : Q4_MR, n0, nr);
+        q4_pack_panel(j, n0, nr, pw, ps, pz);
+        for (int64_t m0 = 0; m0 < j->M; m0 += Q4_MR) {
+            int mr = j->M - m0 < Q4_MR ? (int)(j->M - m0) : Q4_MR;
+            if (j->zp) q4_tile(j, pw, ps, pz, m0, mr, n0, nr, 1);
+            else q4_tile(j, pw, ps, pz, m0, mr, n0, nr, 0);
+        }
     }
     free(pw);
 }
@@ -667,7 +704,7 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
                M, N, K, nb, zrow, bits, kn->f16, 0, 0, NULL, NULL, NULL, NULL, NULL};
     ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
     const size_t panels = (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS));
-    if (M > GEMV_ROWS && (bits == 8 || z)) /* f32 panels (Q8, zero points) */
+    if (M > GEMV_ROWS && bits == 8) /* f32 panels */
         return pfor(ctx, gemm_task, panels, 0, &j);
     j.gemm = M > GEMV_ROWS;
     int failed = 0;
