@@ -36,15 +36,18 @@ FORMS = ("mlas", "llmir")
 TARGET_BYTES = 40 << 20  # weights per model: past the last-level cache
 
 
-def _model(form: str, bits: int, k: int, n: int, weights: list[tuple[Any, Any]]) -> bytes:
+def _model(form: str, bits: int, k: int, n: int, weights: list[tuple[Any, ...]]) -> bytes:
     from onnx import TensorProto, helper, numpy_helper
 
     from llmir_core.backends.ort_ext import DOMAIN
 
     nodes, inits, outs = [], [], []
-    for i, (codes, scales) in enumerate(weights):
+    for i, (codes, scales, *zp) in enumerate(weights):
         inits += [numpy_helper.from_array(codes, f"b{i}"), numpy_helper.from_array(scales, f"s{i}")]
         ins = ["x", f"b{i}", f"s{i}"]
+        if zp:
+            inits.append(numpy_helper.from_array(zp[0], f"z{i}"))
+            ins.append(f"z{i}")
         if form == "mlas":
             node = helper.make_node(
                 "MatMulNBits",
@@ -83,7 +86,14 @@ def _session(model: bytes, threads: int) -> Any:
 
 
 def bench_shape(
-    k: int, n: int, bits: int, ms: list[int], threads: int, rounds: int, wall: bool
+    k: int,
+    n: int,
+    bits: int,
+    ms: list[int],
+    threads: int,
+    rounds: int,
+    wall: bool,
+    zero: bool = False,
 ) -> list[dict]:  # type: ignore[type-arg]
     from llmir_core.quant import nbits
 
@@ -92,10 +102,12 @@ def bench_shape(
     wbytes = n * k * bits // 8 + n * nb * 4
     copies = max(1, min(64, -(-TARGET_BYTES // wbytes)))
     w0 = rng.standard_normal((n, k)).astype(np.float32) * 0.05
-    codes, sc, _ = nbits.quantize(w0, bits, 32, True, np.dtype(np.float32))
-    first = (codes.reshape(n, nb, -1), sc.reshape(-1).astype(np.float32))
+    codes, sc, zp = nbits.quantize(w0, bits, 32, not zero, np.dtype(np.float32))
+    first: tuple[Any, ...] = (codes.reshape(n, nb, -1), sc.reshape(-1).astype(np.float32))
+    if zero:
+        first = (*first, zp.reshape(-1))
     weights = [first] + [
-        (rng.integers(0, 256, (n, nb, 32 * bits // 8), dtype=np.uint8), first[1])
+        (rng.integers(0, 256, (n, nb, 32 * bits // 8), dtype=np.uint8), *first[1:])
         for _ in range(copies - 1)
     ]
     sess = {f: _session(_model(f, bits, k, n, weights), threads) for f in FORMS}
@@ -138,13 +150,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--wall", action="store_true", help="wall time (always with --threads > 1)")
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--zero", action="store_true", help="blocks with zero points (asymmetric)")
     ap.add_argument("--format", choices=("text", "json"), default="text")
     a = ap.parse_args()
     ms = [int(v) for v in a.m.split(",")]
     rows = []
     for model in a.models.split(","):
         for k, n in SHAPES[model]:
-            for r in bench_shape(k, n, a.bits, ms, a.threads, a.rounds, a.wall):
+            for r in bench_shape(k, n, a.bits, ms, a.threads, a.rounds, a.wall, a.zero):
                 r["model"] = model
                 rows.append(r)
                 if a.format == "text":
