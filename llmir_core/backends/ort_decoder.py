@@ -298,7 +298,8 @@ class _Weights:
             s16 = self._init(
                 name + ".scales_f16", TensorProto.FLOAT16, [rows, nb], off, half.nbytes
             )
-            s_name = self.L.one("Cast", s16, to=TensorProto.FLOAT)
+            s_name = s16  # f32 for MatMulNBits: f32_scales (a Cast, made on first use)
+            self.names[("f16_scales", s16)] = True
         else:
             off = self.data.start(sc_all.nbytes >= _LARGE)
             self.data.write(sc_all)
@@ -313,6 +314,15 @@ class _Weights:
             )
         self.names[key] = (b, s_name, z_name)
         return b, s_name, z_name
+
+    def f32_scales(self, s: str) -> str:
+        """The f32 scales MatMulNBits / GatherBlockQuantized take: `s` itself, or for f16 scales
+        (`nbits`) a Cast, which onnxruntime folds once when the session is made."""
+        key = ("f32_scales", s)
+        if key not in self.names:
+            f16 = ("f16_scales", s) in self.names
+            self.names[key] = self.L.one("Cast", s, to=TensorProto.FLOAT) if f16 else s
+        return str(self.names[key])
 
     def _nbits_chunks(
         self, s: WSrc, fmt: NbitsFormat
@@ -911,7 +921,13 @@ def _emit_matmul_nbits(D: DecoderSerializer, op: Op) -> bool:
             )
     b, s, z = D.w.nbits(srcs, fmt, _label(op, "weight"))
     n, k = sum(x.rows for x in srcs), srcs[0].cols
-    ins = [D.name(op.operands[0]), b, s] + ([z] if z else [])
+    if at.get("kernel") == "llmir":  # llmir's kernel: the same blocks, f16 or f32 scales as stored
+        from .ort_ext import DOMAIN, NBITS_OP_NAMES
+
+        ins = [D.name(op.operands[0]), b, s] + ([z] if z else [])
+        D.bind(op.results[0], D.L.one(NBITS_OP_NAMES[fmt.bits], *ins, domain=DOMAIN))
+        return True
+    ins = [D.name(op.operands[0]), b, D.w.f32_scales(s)] + ([z] if z else [])
     D.bind(
         op.results[0],
         D.node(
@@ -972,7 +988,7 @@ def _emit_gather_block_quantized(D: DecoderSerializer, op: Op) -> bool:
     fmt = NbitsFormat(int(at["bits"]), int(at["block_size"]), False)
     b, s, _ = D.w.nbits([src], fmt, _label(op, "weight"))
     nb = src.cols // fmt.block
-    s3 = D.L.one("Reshape", s, D.L.ints([src.rows, nb, 1]))
+    s3 = D.L.one("Reshape", D.w.f32_scales(s), D.L.ints([src.rows, nb, 1]))
     rows = D.L.one(
         "GatherBlockQuantized",
         b,

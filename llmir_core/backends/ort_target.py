@@ -25,6 +25,7 @@ _OPTIONS = (
     "quant_block",
     "accuracy_level",
     "int8_matmul",
+    "nbits_kernel",
     "max_len",
     "last_logits",
     "generic",
@@ -104,7 +105,7 @@ class OrtTarget:
         from llmir_core.passes.lower_ort_attention import LowerOrtAttention
         from llmir_core.passes.lower_ort_embedding import LowerOrtEmbedding
         from llmir_core.passes.lower_ort_logits import LowerOrtLogits
-        from llmir_core.passes.lower_ort_matmul import INT8_MATMUL, LowerOrtMatmul
+        from llmir_core.passes.lower_ort_matmul import INT8_MATMUL, NBITS_KERNEL, LowerOrtMatmul
         from llmir_core.passes.lower_ort_module import LowerOrtModule
         from llmir_core.passes.lower_ort_moe import LowerOrtMoe
         from llmir_core.passes.lower_ort_norms import LowerOrtNorms
@@ -141,7 +142,13 @@ class OrtTarget:
             LowerOrtAttention(quant, block),
             LowerOrtNorms(),
             LowerOrtMoe(quant, block, level),
-            LowerOrtMatmul(quant, block, level, str(options.get("int8_matmul") or INT8_MATMUL[0])),
+            LowerOrtMatmul(
+                quant,
+                block,
+                level,
+                str(options.get("int8_matmul") or INT8_MATMUL[0]),
+                str(options.get("nbits_kernel") or NBITS_KERNEL[0]),
+            ),
             LowerOrtEmbedding(quant, block),
             LowerOrtWeightDtype(dtype),
             LowerOrtLogits(last),

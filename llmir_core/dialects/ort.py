@@ -433,6 +433,7 @@ register(
 )
 
 _QUANTIZE = ("none", "sym", "asym")
+NBITS_KERNELS = ("mlas", "llmir")  # ort.matmul_nbits' `kernel`: which implementation runs it
 
 
 def _infer_nbits(ctx: InferCtx) -> list[Type]:
@@ -456,6 +457,11 @@ def _infer_nbits(ctx: InferCtx) -> list[Type]:
     )
     if isinstance(k, int):
         _need(k % block == 0, f"K = {k} is not a multiple of block_size {block}")
+    if ctx["kernel"] == "llmir":
+        _need(
+            block == 32 and a.dtype == DType.f32,
+            f'kernel "llmir" takes f32 a and block_size 32, got {a.dtype} and {block}',
+        )
     if isinstance(w.dtype, QuantType):
         _need(
             w.dtype.scheme == "nbits" and w.dtype.bits == bits and w.dtype.block == block,
@@ -505,7 +511,11 @@ register(
         '"none" means the packing is lossless, "sym"/"asym" that the weight is rounded '
         "to symmetric blocks / blocks with zero points) or an nbits-packed weight with its "
         "scales (and zero points). accuracy_level is the runtime's activation precision "
-        "(4 = int8, 1 = f32).",
+        '(4 = int8, 1 = f32). kernel selects the implementation, not the meaning: "mlas" '
+        "(onnxruntime's MatMulNBits) or \"llmir\" (ai.llmir MatMulNBitsQ4/Q8 from llmir's "
+        "custom-op library, block_size 32: the same stored blocks read in place; the rows of "
+        "a are quantized to int8 per 32-block (accuracy_level 4's numerics), except that "
+        "with more than 4 rows 8-bit blocks take f32 rows).",
         operands=(
             Operand("a", doc="[..., K] f32"),
             Operand("b", doc="[N, K] float or nbits-packed"),
@@ -523,6 +533,13 @@ register(
                 choices=_QUANTIZE,
                 doc="none (lossless repack), sym or asym (rounded to blocks)",
             ),
+            Attr(
+                "kernel",
+                "str",
+                "mlas",
+                choices=NBITS_KERNELS,
+                doc="mlas (onnxruntime MatMulNBits) or llmir (llmir's custom op, block_size 32)",
+            ),
         ),
         infer=_infer_nbits,
         reference=_ref_nbits,
@@ -531,7 +548,7 @@ register(
         cost=ranges.cost_matmul,
         verifies="a is a float tensor, b a 2-D [N, K] weight with K a multiple of block_size (a float "
         "of a's dtype, or nbits-packed with matching bits/block and its scales), bits is 4 or 8, "
-        "and accuracy_level is 0..4.",
+        'accuracy_level is 0..4, and kernel "llmir" has an f32 a and block_size 32.',
         example="%y = ort.matmul_nbits %x, %w {bits = 4, block_size = 32} : (tensor<?batch x ?seq x 64 x f32>, "
         "tensor<128x64xf32>) -> tensor<?batch x ?seq x 128 x f32>",
     )

@@ -1488,6 +1488,27 @@ def _matmul_nbits(n: Node) -> list[Value | None]:
     return [y]
 
 
+@handles("MatMulNBitsQ4", "MatMulNBitsQ8", domain="ai.llmir")
+def _llmir_matmul_nbits(n: Node) -> list[Value | None]:
+    """llmir's own block-quantized matmul (in a model.onnx llmir built): MatMulNBits' inputs
+    (B [N, K/32, 32*bits/8], scales f32 or f16, optional zero points), block 32, int8
+    activations (accuracy_level 4)."""
+    bits = 4 if n.op_type.endswith("Q4") else 8
+    bt, st = n.t(1), n.t(2)
+    shape = bt.static_shape()
+    if shape is None or len(shape) != 3 or shape[2] != 4 * bits:
+        raise NotMapped(f"B must be a static [N, K/32, {4 * bits}] tensor")
+    if not isinstance(st.dtype, DType) or not st.dtype.is_float:
+        raise NotMapped("scales must be a float tensor")
+    nn, nb = int(shape[0]), int(shape[1])
+    q = QuantType("nbits", bits, 32, st.dtype, "int" if n.has(3) else "none")
+    w = n.imp.requantized_weight(n.input_names[1], TensorType((nn, nb * 32), q))
+    ops = [n.inp(0), w, _as_shape(n, 2, (nn, nb))]
+    if n.has(3):
+        ops.append(_as_shape(n, 3, (nn, (nb * bits + 7) // 8)))
+    return [n.emit("llm.quantized_matmul", *ops, transpose_b=True, accuracy_level=4)]
+
+
 # -- QDQ quantization (DequantizeLinear / QuantizeLinear and the integer matmuls) ----------------
 
 

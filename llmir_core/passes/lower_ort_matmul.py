@@ -21,6 +21,13 @@ weights, the packed QKV) becomes:
   `int8_matmul = nbits` keeps every int8 weight in blocks. See docs/perf.md for the measurements;
 - `ort.fused_matmul` otherwise.
 
+Each `ort.matmul_nbits` records the kernel that runs it (`nbits_kernel`): `kernel = "llmir"` is
+llmir's own block-quantized matmul from its onnxruntime custom-op library (ai.llmir
+MatMulNBitsQ4/Q8: the stored blocks read in place, no prepacked copy; int8 activations as
+accuracy_level 4, see the op's doc), taken for block_size 32 at accuracy_level 4 when
+`nbits_kernel` is `llmir`, or `auto` (the default) and the library builds and runs here (checked
+once, at the first such op); otherwise the attribute is absent: onnxruntime's MatMulNBits (MLAS).
+
 MatMulNBits' `accuracy_level` (the activation precision onnxruntime may use) is the pass option
 (default ACCURACY_LEVEL = 4, int8 activations: measured fastest on AVX2 and AVX-512 VNNI, see
 docs/perf.md), except that an `llm.quantized_matmul` carrying its own level (an imported ONNX
@@ -66,6 +73,7 @@ from .ort_common import (
 
 _EXPAND = ("llm.gated_mlp", "llm.linear", "llm.silu_mul", "llm.quantized_matmul")
 INT8_MATMUL = ("qgemm-s8pair", "qgemm-u8", "nbits")  # the first is the default
+NBITS_KERNEL = ("auto", "llmir", "mlas")  # the first is the default
 _FLOAT_SRC = ("f32", "cast", "eval")
 
 
@@ -79,6 +87,7 @@ class LowerOrtMatmul:
     quant_block: int = 32
     accuracy_level: int = ACCURACY_LEVEL
     int8_matmul: str = INT8_MATMUL[0]
+    nbits_kernel: str = NBITS_KERNEL[0]
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         if not is_decoder(module):  # other modules keep the generic op-by-op build
@@ -86,6 +95,8 @@ class LowerOrtMatmul:
         fmt = parse_quant(self.quant, self.quant_block)
         check_accuracy_level(self.accuracy_level)
         check_int8_matmul(self.int8_matmul)
+        check_nbits_kernel(self.nbits_kernel)
+        self._llmir.clear()
         base = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
         changed = False
         ev = static_evaluator(module)
@@ -105,6 +116,27 @@ class LowerOrtMatmul:
         if changed:
             declare_ort(module)
         return changed
+
+    # the capability, decided at the first op that could use it (nothing compiled otherwise)
+    _llmir: ClassVar[list[bool]] = []
+
+    def _kernel(self, bits: int, block: int, level: int) -> str | None:
+        """`llmir` when ort.matmul_nbits runs on llmir's kernel, else None (MatMulNBits)."""
+        if self.nbits_kernel == "mlas" or block != 32 or bits not in (4, 8) or level != 4:
+            return None
+        if self.nbits_kernel == "llmir":  # for another machine: the runtime checks at load
+            return "llmir"
+        if not self._llmir:
+            from llmir_core.backends.ort_ext import CustomOpError, library_path, unavailable_reason
+
+            ok = unavailable_reason() is None
+            if ok:
+                try:  # the capability is a library that builds here (compiled once, cached)
+                    library_path()
+                except CustomOpError:
+                    ok = False
+            self._llmir.append(ok)
+        return "llmir" if self._llmir[0] else None
 
     def _splice(self, fn: Function, op: Op, new_ops: list[Op], results: list) -> None:  # type: ignore[type-arg]
         i = next(i for i, o in enumerate(fn.ops) if o is op)
@@ -179,6 +211,7 @@ class LowerOrtMatmul:
         if nb is not None and srcs[0].cols % nb.block == 0:
             modes = {quantize_mode(s, nb, ev) for s in srcs}
             mode = "none" if modes == {"none"} else ("asym" if nb.asym else "sym")
+            kernel = self._kernel(nb.bits, nb.block, level)
             y = b.op(
                 "ort.matmul_nbits",
                 x,
@@ -187,8 +220,10 @@ class LowerOrtMatmul:
                 block_size=nb.block,
                 accuracy_level=level,
                 quantize=mode,
+                **({"kernel": kernel} if kernel else {}),
             )
-            ctx.applied("matmul-nbits", y, "; ".join(self._describe(s, nb, base, ev) for s in srcs))
+            how = "; ".join(self._describe(s, nb, base, ev) for s in srcs)
+            ctx.applied("matmul-nbits", y, how + ("; llmir's kernel" if kernel else ""))
         else:
             y = b.op("ort.fused_matmul", x, w, transB=trans_b)
         self._splice(fn, op, new_ops, [y])
@@ -256,6 +291,13 @@ def _packed_requant_error(s: WSrc, nb: NbitsFormat, base: str, ev: Evaluate) -> 
     )
     back = fake_quant(x, nb.bits, nb.block, "asym" if nb.asym else "sym")
     return float(np.abs(back - x).max())
+
+
+def check_nbits_kernel(kind: str) -> None:
+    if kind not in NBITS_KERNEL:
+        raise InputError(
+            f"unknown nbits_kernel '{kind}'", hint=f"use one of: {', '.join(NBITS_KERNEL)}"
+        )
 
 
 def check_int8_matmul(kind: str) -> None:

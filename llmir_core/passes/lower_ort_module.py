@@ -8,7 +8,8 @@ names). A module with `target` set is lowered: `llmir build` serializes it as is
 `prepack` is the session's weight handling, decided here so the lowered module shows it:
 "session" (onnxruntime repacks matmul weights when the session opens) or "none" (f32 weights
 stay memory-mapped as stored: fastest load, slower matmuls). "none" is refused when the module
-has MatMulNBits ops (onnxruntime runs them unpacked ~40x slower, measured). With "session" the
+has MatMulNBits ops (onnxruntime runs them unpacked ~40x slower, measured; `kernel = "llmir"`
+ones read their blocks as stored and are fine). With "session" the
 serializer lays model.onnx out for prepacking (`backends/ort_load_layout.py`: a tied table's
 non-matmul readers get their own name over the same bytes, its matmul node comes first): the
 same nodes and bytes, a lower peak RSS.
@@ -81,7 +82,12 @@ class LowerOrtModule:
         parse_weight_dtype(self.dtype)
         check_prepack(self.prepack)
         if self.prepack == "none":
-            nbits = [op for f in module.functions for op in f.ops if op.name == "ort.matmul_nbits"]
+            nbits = [
+                op
+                for f in module.functions
+                for op in f.ops
+                if op.name == "ort.matmul_nbits" and op.attrs.get("kernel") != "llmir"
+            ]
             if nbits:
                 from llmir_core.errors import Diagnostic, InputError
 

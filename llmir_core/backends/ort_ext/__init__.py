@@ -1,5 +1,6 @@
 """llmir's onnxruntime custom-op library (domain `ai.llmir`): matmul kernels that read weights
-in their stored format (`ort.matmul16`: f32 x 16-bit weights).
+in their stored format (`ort.matmul16`: f32 x 16-bit weights; `ort.matmul_nbits` with
+`kernel = "llmir"`: f32 x 4/8-bit blocks, matmul_nbits.c).
 
 The C sources next to this file (register.c holds the entry point, each other *.c one op family,
 ort_abi.h the onnxruntime ABI, f32_gemm.h shared kernels) are compiled into one shared library on
@@ -35,6 +36,7 @@ LIBRARY = "llmir_ops"  # the name a manifest records (`custom_ops`)
 ALIASES = ("matmul16",)  # names older manifests recorded for the same library
 DOMAIN = "ai.llmir"
 OP_NAMES = {"f16": "MatMulF16", "bf16": "MatMulBf16"}
+NBITS_OP_NAMES = {4: "MatMulNBitsQ4", 8: "MatMulNBitsQ8"}  # ort.matmul_nbits {kernel = "llmir"}
 HERE = Path(__file__).parent
 # compiled together: register.c and one file per op family
 SOURCES = tuple(sorted(HERE.glob("*.c")))
@@ -183,6 +185,7 @@ __all__ = [
     "ALIASES",
     "DOMAIN",
     "LIBRARY",
+    "NBITS_OP_NAMES",
     "OP_NAMES",
     "CustomOpError",
     "capability",
