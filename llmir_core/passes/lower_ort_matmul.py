@@ -19,6 +19,9 @@ weights, the packed QKV) becomes:
   op's `weights` attribute says how the codes are stored, llmir_core/quant/qgemm.py). A weight
   tied to the embedding stays `ort.matmul_nbits` (the lookup shares its blocks);
   `int8_matmul = nbits` keeps every int8 weight in blocks. See docs/perf.md for the measurements;
+- `ort.matmul_s8` instead of that when `int8_matmul` is `llmir` and llmir's custom-op library
+  builds here (checked on first use; else `qgemm-s8pair`, and the report says why): llmir's own
+  kernel (ai.llmir MatMulS8) reads int8 weights in place, no prepacking at load;
 - `ort.fused_matmul` otherwise.
 
 MatMulNBits' `accuracy_level` (the activation precision onnxruntime may use) is the pass option
@@ -33,7 +36,9 @@ decomposition is the op it replaced; requantizing ops are validated differential
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import ClassVar
 
 import numpy as np
@@ -65,7 +70,7 @@ from .ort_common import (
 )
 
 _EXPAND = ("llm.gated_mlp", "llm.linear", "llm.silu_mul", "llm.quantized_matmul")
-INT8_MATMUL = ("qgemm-s8pair", "qgemm-u8", "nbits")  # the first is the default
+INT8_MATMUL = ("qgemm-s8pair", "qgemm-u8", "nbits", "llmir")  # the first is the default
 _FLOAT_SRC = ("f32", "cast", "eval")
 
 
@@ -89,6 +94,7 @@ class LowerOrtMatmul:
         base = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
         changed = False
         ev = static_evaluator(module)
+        s8_why = cache(_s8_unavailable)  # asked on first use, once per run
         for fn in module.functions:
             levels: dict[int, int] = {}  # core.matmul op id -> its quantized_matmul's level
             changed |= self._expand(fn, levels)
@@ -96,7 +102,7 @@ class LowerOrtMatmul:
             for op in list(fn.ops):
                 if op.name == "core.matmul":
                     level = levels.get(id(op), self.accuracy_level)
-                    changed |= self._matmul(fn, g, op, ctx, fmt, base, ev, level)
+                    changed |= self._matmul(fn, g, op, ctx, fmt, base, ev, level, s8_why)
                 elif op.name == "core.silu" and tt(op.operands[0]).dtype == DType.f32:
                     b, new_ops = scratch_builder(fn, op.origin)
                     y = b.op("ort.quick_gelu", op.operands[0], alpha=1.0)
@@ -143,6 +149,7 @@ class LowerOrtMatmul:
         base: str,
         ev: Evaluate,
         level: int,
+        s8_why: Callable[[], str | None],
     ) -> bool:
         x, w = op.operands
         if op.attrs.get("transpose_a") or tt(x).dtype != DType.f32 or tt(x).rank < 2:
@@ -161,7 +168,19 @@ class LowerOrtMatmul:
             and all(s.kind in _FLOAT_SRC for s in srcs)
             and g.only_use(w, op)
         ):
-            kind = self.int8_matmul.split("-", 1)[1]
+            labels = ", ".join(s.label for s in srcs)
+            if self.int8_matmul == "llmir" and s8_why() is None:
+                y = b.op("ort.matmul_s8", x, w)
+                ctx.applied(
+                    "matmul-s8",
+                    y,
+                    f"{labels}: f32 quantized to int8 per output channel, read in place by "
+                    "llmir's kernel (activations to int8 per 32 columns in decode steps)",
+                )
+                self._splice(fn, op, new_ops, [y])
+                return True
+            kind = "s8pair" if self.int8_matmul == "llmir" else self.int8_matmul.split("-", 1)[1]
+            why = s8_why() if self.int8_matmul == "llmir" else None
             y = b.op("ort.dynamic_quantize_matmul", x, w, weights=kind)
             ctx.applied(
                 "dynamic-quantize-matmul",
@@ -170,7 +189,8 @@ class LowerOrtMatmul:
                     f"{s.label}: f32 quantized to int8 per output channel ({kind}), "
                     "activations to uint8 per tensor at run time"
                     for s in srcs
-                ),
+                )
+                + (f" (int8_matmul=llmir: {why})" if why else ""),
             )
             self._splice(fn, op, new_ops, [y])
             return True
@@ -256,6 +276,20 @@ def _packed_requant_error(s: WSrc, nb: NbitsFormat, base: str, ev: Evaluate) -> 
     )
     back = fake_quant(x, nb.bits, nb.block, "asym" if nb.asym else "sym")
     return float(np.abs(back - x).max())
+
+
+def _s8_unavailable() -> str | None:
+    """None when llmir's custom-op library (ai.llmir MatMulS8) builds and runs here, else why
+    not."""
+    from llmir_core.backends.ort_ext import CustomOpError, library_path, unavailable_reason
+
+    why = unavailable_reason()
+    if why is None:
+        try:
+            library_path()
+        except CustomOpError as exc:
+            why = exc.message
+    return None if why is None else f"llmir's custom ops are unavailable here: {why}"
 
 
 def check_int8_matmul(kind: str) -> None:

@@ -1,0 +1,277 @@
+/* llmir's onnxruntime custom op: f32 activations times int8 weights, one f32 scale per row.
+ *
+ * Domain `ai.llmir`, op `MatMulS8`: inputs X f32 [..., K], W int8 [N, K] (row-major, read in
+ * place: no prepacking, no copy), S f32 [N]; output Y f32 [..., N] = X @ (W * S[:, None])^T.
+ * llmir quantizes W at build time, symmetric per output row (S = max|w[n, :]| / 127, codes in
+ * [-127, 127]: llmir_core/quant/s8.py).
+ *
+ * - M (rows of X) <= GEMV_ROWS (decode): each X row is rounded once per call to int8 in blocks
+ *   of 32 columns (scale d = max|x_block| / 127, round half to even, like llama.cpp's q8_0), then
+ *   every weight row is read once and dotted in int8: |x| as u8 times sign(x) * w as s8
+ *   (vpsignb) with vpmaddubsw (pairs of products <= 2 * 127 * 127 < 32767: no saturation), then
+ *   vpmaddwd into int32, converted once per block and scaled by d with an FMA. Four weight rows
+ *   per pass (four independent accumulators), software prefetch ahead of each row; rows are
+ *   split over onnxruntime's intra-op pool in chunks of GEMV_CHUNK rows. Y[m, n] =
+ *   S[n] * sum_b d[m, b] * sum_{k in b} q[m, k] * W[n, k].
+ * - larger M (prefill): for each panel of 16 weight rows and block of KC columns, the block is
+ *   dequantized once (int8 * scale) into an f32 [KC][16] panel and multiplied into 6-row blocks
+ *   of X with llmir_micro_6x16 (f32_gemm.h): X is used as it is (no activation rounding).
+ * A last block of fewer than 32 columns is zero-padded (weights copied to a small buffer).
+ */
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "f32_gemm.h"
+#include "ort_abi.h"
+
+#define S8_GEMV_ROWS 4 /* X rows up to which the int8 GEMV path runs */
+#define S8_GEMV_CHUNK 16 /* weight rows per parallel task (GEMV) */
+#define S8_GEMM_PANELS 2 /* 16-row panels per parallel task (GEMM) */
+#define S8_QB 32 /* activation block (columns per scale) */
+#ifndef S8_PREFETCH
+#define S8_PREFETCH 1024
+#endif /* bytes ahead of each weight row to prefetch */
+
+typedef struct S8Job {
+    const float *x;
+    const int8_t *w;
+    const float *s;
+    float *y;
+    int64_t M, N, K;
+    /* GEMV: X rounded to int8 per 32-block: xa = |q| (u8), xs = q (for the sign), d = scales */
+    const uint8_t *xa;
+    const int8_t *xs;
+    const float *d;
+    int64_t kb; /* 32-blocks per row (K rounded up) */
+} S8Job;
+
+/* -- activation rounding (GEMV) ------------------------------------------------------------- */
+
+static void quantize_row(const float *x, int64_t K, int64_t kb, uint8_t *xa, int8_t *xs, float *d) {
+    for (int64_t b = 0; b < kb; b++) {
+        int64_t k0 = b * S8_QB, n = K - k0 < S8_QB ? K - k0 : S8_QB;
+        float t[S8_QB] __attribute__((aligned(32)));
+        memset(t, 0, sizeof t);
+        memcpy(t, x + k0, (size_t)n * sizeof(float));
+        const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 v0 = _mm256_load_ps(t), v1 = _mm256_load_ps(t + 8);
+        __m256 v2 = _mm256_load_ps(t + 16), v3 = _mm256_load_ps(t + 24);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absmask), _mm256_and_ps(v1, absmask)),
+                                 _mm256_max_ps(_mm256_and_ps(v2, absmask), _mm256_and_ps(v3, absmask)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        float db = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        d[b] = db;
+        __m256 iv = _mm256_set1_ps(id);
+        /* cvtps2dq rounds half to even (default MXCSR); |x * id| <= 127 */
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, iv));
+        __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, iv));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, iv));
+        __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, iv));
+        __m256i p01 = _mm256_packs_epi32(i0, i1), p23 = _mm256_packs_epi32(i2, i3);
+        __m256i q = _mm256_packs_epi16(p01, p23);
+        /* the packs interleave 128-bit lanes: restore column order */
+        q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(xs + k0), q);
+        _mm256_storeu_si256((__m256i *)(xa + k0), _mm256_sign_epi8(q, q));
+    }
+}
+
+/* -- GEMV ------------------------------------------------------------------------------------ */
+
+static inline __m256 block_dot(__m256i w, __m256i xa, __m256i xs, __m256i ones, __m256 d,
+                               __m256 acc) {
+    __m256i p = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(w, xs));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), d, acc);
+}
+
+/* weight rows are stored interleaved by 4 (see the top): a pass over 4 rows reads one stream */
+static inline const int8_t *w_at(const S8Job *j, int64_t r, int64_t k) {
+    return j->w + ((r >> 2) * j->kb + (k >> 5)) * (4 * S8_QB) + (r & 3) * S8_QB + (k & 31);
+}
+
+static void gemv_rows(const S8Job *j, int64_t g0, int64_t g1) {
+    const int64_t kb = j->kb;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t g = g0; g < g1; g++) {
+        const int8_t *wg = j->w + g * kb * 4 * S8_QB;
+        for (int64_t m = 0; m < j->M; m++) {
+            const uint8_t *xa = j->xa + m * kb * S8_QB;
+            const int8_t *xs = j->xs + m * kb * S8_QB;
+            const float *d = j->d + m * kb;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t b = 0; b < kb; b++) {
+                const int8_t *w = wg + b * 4 * S8_QB;
+                if (m == 0) {
+                    _mm_prefetch((const char *)(w + S8_PREFETCH), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(w + S8_PREFETCH + 64), _MM_HINT_T0);
+                }
+                __m256i va = _mm256_loadu_si256((const __m256i *)(xa + b * S8_QB));
+                __m256i vs = _mm256_loadu_si256((const __m256i *)(xs + b * S8_QB));
+                __m256 dv = _mm256_broadcast_ss(d + b);
+                a0 = block_dot(_mm256_loadu_si256((const __m256i *)w), va, vs, ones, dv, a0);
+                a1 = block_dot(_mm256_loadu_si256((const __m256i *)(w + 32)), va, vs, ones, dv, a1);
+                a2 = block_dot(_mm256_loadu_si256((const __m256i *)(w + 64)), va, vs, ones, dv, a2);
+                a3 = block_dot(_mm256_loadu_si256((const __m256i *)(w + 96)), va, vs, ones, dv, a3);
+            }
+            float r[4] = {llmir_hsum(a0), llmir_hsum(a1), llmir_hsum(a2), llmir_hsum(a3)};
+            for (int c = 0; c < 4 && g * 4 + c < j->N; c++)
+                j->y[m * j->N + g * 4 + c] = r[c] * j->s[g * 4 + c];
+        }
+    }
+}
+
+static void gemv_task(void *p, size_t i) {
+    const S8Job *j = (const S8Job *)p;
+    int64_t g0 = (int64_t)i * (S8_GEMV_CHUNK / 4), g1 = g0 + S8_GEMV_CHUNK / 4;
+    int64_t groups = (j->N + 3) / 4;
+    gemv_rows(j, g0, g1 < groups ? g1 : groups);
+}
+
+/* -- GEMM (prefill) -------------------------------------------------------------------------- */
+
+static inline __m256 widen8(const int8_t *p, float s) {
+    __m128i v = _mm_loadl_epi64((const __m128i *)p);
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), _mm256_set1_ps(s));
+}
+
+static void pack_panel(const S8Job *j, int64_t n0, int nr, int64_t k0, int kc, float *panel) {
+    if (nr == NR) { /* full panel: 8x8 blocks dequantized and transposed in registers */
+        int k = 0;
+        for (; k + 8 <= kc; k += 8)
+            for (int c0 = 0; c0 < NR; c0 += 8) {
+                __m256 r[8];
+                for (int c = 0; c < 8; c++)
+                    r[c] = widen8(w_at(j, n0 + c0 + c, k0 + k), j->s[n0 + c0 + c]);
+                llmir_transpose8_store(r, panel + k * NR + c0, NR);
+            }
+        for (; k < kc; k++)
+            for (int c = 0; c < NR; c++)
+                panel[k * NR + c] = (float)*w_at(j, n0 + c, k0 + k) * j->s[n0 + c];
+        return;
+    }
+    for (int c = 0; c < NR; c++) {
+        if (c >= nr) {
+            for (int k = 0; k < kc; k++) panel[k * NR + c] = 0.0f;
+            continue;
+        }
+        float s = j->s[n0 + c];
+        for (int k = 0; k < kc; k++) panel[k * NR + c] = (float)*w_at(j, n0 + c, k0 + k) * s;
+    }
+}
+
+static void gemm_task(void *p, size_t i) {
+    const S8Job *j = (const S8Job *)p;
+    float panel[KC * NR] __attribute__((aligned(32)));
+    for (int q = 0; q < S8_GEMM_PANELS; q++) {
+        int64_t n0 = ((int64_t)i * S8_GEMM_PANELS + q) * NR;
+        if (n0 >= j->N) return;
+        int nr = j->N - n0 < NR ? (int)(j->N - n0) : NR;
+        /* K in equal blocks of at most KC columns (a multiple of 8 but the last) */
+        int64_t blocks = (j->K + KC - 1) / KC, step = ((j->K + blocks - 1) / blocks + 7) & ~7;
+        for (int64_t k0 = 0; k0 < j->K; k0 += step) {
+            int kc = j->K - k0 < step ? (int)(j->K - k0) : (int)step;
+            pack_panel(j, n0, nr, k0, kc, panel);
+            for (int64_t m0 = 0; m0 < j->M; m0 += MR) {
+                int mr = j->M - m0 < MR ? (int)(j->M - m0) : MR;
+                llmir_micro_6x16(j->x + m0 * j->K + k0, j->K, j->y + m0 * j->N + n0, j->N, panel,
+                                 mr, nr, kc, k0 != 0);
+            }
+        }
+    }
+}
+
+/* -- the custom op ---------------------------------------------------------------------------- */
+
+typedef struct S8Kernel {
+    const OrtApi *api;
+} S8Kernel;
+
+static void *s8_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info) {
+    (void)op, (void)info;
+    S8Kernel *k = (S8Kernel *)malloc(sizeof(S8Kernel));
+    if (k) k->api = api;
+    return k;
+}
+
+static void s8_destroy(void *k) { free(k); }
+
+static OrtStatus *s8_compute(void *kern, OrtKernelContext *ctx) {
+    const OrtApi *api = ((const S8Kernel *)kern)->api;
+    const OrtValue *xv = NULL, *wv = NULL, *sv = NULL;
+    OrtValue *yv = NULL;
+    int64_t xd[8], wd[8], sd[8], yd[8];
+    OrtStatus *st;
+    GetInputFn get = API(api, I_KernelContext_GetInput, GetInputFn);
+    if ((st = get(ctx, 0, &xv)) || (st = get(ctx, 1, &wv)) || (st = get(ctx, 2, &sv))) return st;
+    int xr = llmir_shape_of(api, xv, xd), wr = llmir_shape_of(api, wv, wd);
+    int sr = llmir_shape_of(api, sv, sd);
+    if (xr < 1 || sr != 1 || wr != 4)
+        return llmir_error(api, ORT_INVALID_ARGUMENT,
+                           "ai.llmir MatMulS8: X [..., K], W [N/4, K/32, 4, 32] and S [N] expected");
+    int64_t M = 1, N = sd[0], K = xd[xr - 1], kb = (K + S8_QB - 1) / S8_QB;
+    if (wd[0] != (N + 3) / 4 || wd[1] != kb || wd[2] != 4 || wd[3] != S8_QB)
+        return llmir_error(api, ORT_INVALID_ARGUMENT,
+                           "ai.llmir MatMulS8: W is not [ceil(N/4), ceil(K/32), 4, 32] for X [..., K] "
+                           "and S [N]");
+    for (int i = 0; i < xr - 1; i++) M *= xd[i], yd[i] = xd[i];
+    yd[xr - 1] = N;
+    if ((st = API(api, I_KernelContext_GetOutput, GetOutputFn)(ctx, 0, yd, (size_t)xr, &yv)))
+        return st;
+    void *x = NULL, *w = NULL, *s = NULL, *y = NULL;
+    GetTensorMutableDataFn data = API(api, I_GetTensorMutableData, GetTensorMutableDataFn);
+    if ((st = data((OrtValue *)xv, &x)) || (st = data((OrtValue *)wv, &w)) ||
+        (st = data((OrtValue *)sv, &s)) || (st = data(yv, &y)))
+        return st;
+    if (M == 0 || N == 0) return NULL;
+    if (K == 0) {
+        memset(y, 0, (size_t)(M * N) * sizeof(float));
+        return NULL;
+    }
+    S8Job j = {(const float *)x, (const int8_t *)w, (const float *)s, (float *)y, M, N, K,
+               NULL, NULL, NULL, kb};
+    ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
+    if (M > S8_GEMV_ROWS)
+        return pfor(ctx, gemm_task, (size_t)((N + NR * S8_GEMM_PANELS - 1) / (NR * S8_GEMM_PANELS)),
+                    0, &j);
+    int64_t kp = kb * S8_QB;
+    /* one buffer: |q| and q for every row, then the block scales */
+    uint8_t *buf = (uint8_t *)aligned_alloc(32, (size_t)(((2 * kp + 4 * kb) * M + 63) & ~31));
+    if (!buf) return llmir_error(api, ORT_FAIL, "ai.llmir MatMulS8: out of memory");
+    uint8_t *xa = buf;
+    int8_t *xs = (int8_t *)(buf + kp * M);
+    float *d = (float *)(buf + 2 * kp * M);
+    for (int64_t m = 0; m < M; m++)
+        quantize_row(j.x + m * K, K, kb, xa + m * kp, xs + m * kp, d + m * kb);
+    j.xa = xa, j.xs = xs, j.d = d;
+    st = pfor(ctx, gemv_task, (size_t)((N + S8_GEMV_CHUNK - 1) / S8_GEMV_CHUNK), 0, &j);
+    free(buf);
+    return st;
+}
+
+static const char *s8_name(const OrtCustomOp *op) { (void)op; return "MatMulS8"; }
+static const char *s8_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
+static int s8_input_type(const OrtCustomOp *op, size_t i) {
+    (void)op;
+    return i == 1 ? T_INT8 : T_FLOAT;
+}
+static size_t s8_three(const OrtCustomOp *op) { (void)op; return 3; }
+static size_t s8_one(const OrtCustomOp *op) { (void)op; return 1; }
+static int s8_output_type(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return T_FLOAT; }
+static int s8_required(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
+static int s8_mem_default(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
+static int s8_arity1(const OrtCustomOp *op) { (void)op; return 1; }
+static int s8_homogeneous(const OrtCustomOp *op) { (void)op; return 1; }
+
+static OrtCustomOp op_s8 = {LLMIR_ORT_API, s8_create, s8_name, s8_provider, s8_input_type,
+                            s8_three, s8_output_type, s8_one, NULL, s8_destroy, s8_required,
+                            s8_required, s8_mem_default, s8_arity1, s8_homogeneous, s8_arity1,
+                            s8_homogeneous, NULL, s8_compute, NULL, NULL, NULL};
+
+/* adds MatMulS8 to the ai.llmir domain (register.c) */
+OrtStatus *llmir_add_matmul_s8(const OrtApi *api, OrtCustomOpDomain *domain) {
+    return API(api, I_CustomOpDomain_Add, CustomOpDomainAddFn)(domain, &op_s8);
+}
