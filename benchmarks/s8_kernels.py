@@ -52,30 +52,23 @@ def _model(form: str, n: int, k: int, w: np.ndarray, copies: int) -> bytes:
     from llmir_core.quant import nbits, qgemm, s8
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])
-    inits: list[Any] = []
-    nodes, outs = [], []
     if form == "s8":
         q, sc = s8.quantize_rows(w)
-        inits = [numpy_helper.from_array(q, "w"), numpy_helper.from_array(sc, "s")]
     elif form == "dq":
         q, sc = qgemm.quantize_rows(w, pairs=True)
-        inits = [
-            numpy_helper.from_array(np.ascontiguousarray(q.T), "w"),
-            numpy_helper.from_array(sc, "s"),
-        ]
     else:
         codes, scales, _ = nbits.quantize(w, 8, 32, True, np.dtype(np.float32))
-        inits = [
-            numpy_helper.from_array(codes.reshape(n, k // 32, 32), "w"),
-            numpy_helper.from_array(scales.reshape(-1), "s"),
-        ]
-    for c in range(copies):  # distinct initializers: each copy is read from memory
-        if c:
-            inits += [
-                numpy_helper.from_array(numpy_helper.to_array(t), f"{t.name}{c}") for t in inits[:2]
-            ]
-        wn, sn = ("w", "s") if c == 0 else (f"w{c}", f"s{c}")
-        y = f"y{c}"
+        q, sc = codes.reshape(n, k // 32, 32), scales.reshape(-1)
+    inits: list[Any] = []
+    nodes, outs = [], []
+    for c in range(copies):  # distinct weights (rows rotated by c): each copy is read from memory
+        qc, sc_c = np.roll(q, -c, axis=0), np.roll(sc, -c)
+        if form == "s8":
+            qc = s8.interleave(qc)
+        elif form == "dq":
+            qc = np.ascontiguousarray(qc.T)
+        wn, sn, y = f"w{c}", f"s{c}", f"y{c}"
+        inits += [numpy_helper.from_array(qc, wn), numpy_helper.from_array(sc_c, sn)]
         if form == "s8":
             nodes.append(helper.make_node("MatMulS8", ["x", wn, sn], [y], domain=DOMAIN))
         elif form == "dq":

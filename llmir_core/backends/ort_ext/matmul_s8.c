@@ -1,22 +1,27 @@
 /* llmir's onnxruntime custom op: f32 activations times int8 weights, one f32 scale per row.
  *
- * Domain `ai.llmir`, op `MatMulS8`: inputs X f32 [..., K], W int8 [N, K] (row-major, read in
- * place: no prepacking, no copy), S f32 [N]; output Y f32 [..., N] = X @ (W * S[:, None])^T.
- * llmir quantizes W at build time, symmetric per output row (S = max|w[n, :]| / 127, codes in
- * [-127, 127]: llmir_core/quant/s8.py).
+ * Domain `ai.llmir`, op `MatMulS8`: inputs X f32 [..., K], W int8 [ceil(N/4), ceil(K/32), 4, 32],
+ * S f32 [N]; output Y f32 [..., N] = X @ (codes * S[:, None])^T. llmir quantizes the weight at
+ * build time, symmetric per output row (S = max|w[n, :]| / 127, codes in [-127, 127]) and stores
+ * the codes with rows in groups of 4 interleaved by blocks of 32 columns, zero-padded
+ * (llmir_core/quant/s8.py): one pass over 4 rows reads one contiguous stream. W is read in
+ * place (no prepacking, no copy: the session maps it from the data file).
  *
- * - M (rows of X) <= GEMV_ROWS (decode): each X row is rounded once per call to int8 in blocks
- *   of 32 columns (scale d = max|x_block| / 127, round half to even, like llama.cpp's q8_0), then
- *   every weight row is read once and dotted in int8: |x| as u8 times sign(x) * w as s8
- *   (vpsignb) with vpmaddubsw (pairs of products <= 2 * 127 * 127 < 32767: no saturation), then
- *   vpmaddwd into int32, converted once per block and scaled by d with an FMA. Four weight rows
- *   per pass (four independent accumulators), software prefetch ahead of each row; rows are
- *   split over onnxruntime's intra-op pool in chunks of GEMV_CHUNK rows. Y[m, n] =
- *   S[n] * sum_b d[m, b] * sum_{k in b} q[m, k] * W[n, k].
+ * - M (rows of X) <= S8_GEMV_ROWS (decode): each X row is rounded once per call to int8 in
+ *   blocks of 32 columns (d = max|x_block| / 127, round half to even, like llama.cpp's q8_0),
+ *   then every weight row is read once and dotted in int8: |q| as u8 times sign(q) * w as s8
+ *   (vpsignb) with vpmaddubsw (a pair of products <= 2 * 127 * 127 < 32767: no saturation),
+ *   vpmaddwd into int32, converted once per block and scaled by d with an FMA; four weight rows
+ *   per pass (four accumulators), software prefetch ahead of the stream; groups of rows are
+ *   split over onnxruntime's intra-op pool in tasks of S8_GEMV_CHUNK rows (claimed one by one,
+ *   so the threads finish together). Y[m, n] = S[n] * sum_b d[m, b] * sum_{k in b} q[m, k] *
+ *   codes[n, k].
  * - larger M (prefill): for each panel of 16 weight rows and block of KC columns, the block is
- *   dequantized once (int8 * scale) into an f32 [KC][16] panel and multiplied into 6-row blocks
- *   of X with llmir_micro_6x16 (f32_gemm.h): X is used as it is (no activation rounding).
- * A last block of fewer than 32 columns is zero-padded (weights copied to a small buffer).
+ *   dequantized once (codes * S) into an f32 [KC][16] panel and multiplied into 6-row blocks of
+ *   X with llmir_micro_6x16 (f32_gemm.h); X is used as it is (no activation rounding). Int8
+ *   GEMMs tried instead (vpmaddubsw on 7-bit unsigned X codes with zero points) were no faster
+ *   with per-32-column X scales and only ~1.1x faster end to end with one scale per row (which
+ *   rounds rows with outliers coarsely): docs/perf.md.
  */
 #include <immintrin.h>
 #include <stdlib.h>
@@ -29,9 +34,8 @@
 #define S8_GEMV_CHUNK 16 /* weight rows per parallel task (GEMV) */
 #define S8_GEMM_PANELS 2 /* 16-row panels per parallel task (GEMM) */
 #define S8_QB 32 /* activation block (columns per scale) */
-#ifndef S8_PREFETCH
-#define S8_PREFETCH 1024
-#endif /* bytes ahead of each weight row to prefetch */
+#define S8_PREFETCH 1024 /* bytes ahead of the weight stream to prefetch (GEMV) */
+#define S8_STACK 16384 /* activation buffers up to this size live on the stack (GEMV) */
 
 typedef struct S8Job {
     const float *x;
@@ -239,7 +243,9 @@ static OrtStatus *s8_compute(void *kern, OrtKernelContext *ctx) {
                     0, &j);
     int64_t kp = kb * S8_QB;
     /* one buffer: |q| and q for every row, then the block scales */
-    uint8_t *buf = (uint8_t *)aligned_alloc(32, (size_t)(((2 * kp + 4 * kb) * M + 63) & ~31));
+    size_t bytes = (size_t)(((2 * kp + 4 * kb) * M + 63) & ~31);
+    uint8_t local[S8_STACK] __attribute__((aligned(32)));
+    uint8_t *buf = bytes <= S8_STACK ? local : (uint8_t *)aligned_alloc(32, bytes);
     if (!buf) return llmir_error(api, ORT_FAIL, "ai.llmir MatMulS8: out of memory");
     uint8_t *xa = buf;
     int8_t *xs = (int8_t *)(buf + kp * M);
@@ -248,7 +254,7 @@ static OrtStatus *s8_compute(void *kern, OrtKernelContext *ctx) {
         quantize_row(j.x + m * K, K, kb, xa + m * kp, xs + m * kp, d + m * kb);
     j.xa = xa, j.xs = xs, j.d = d;
     st = pfor(ctx, gemv_task, (size_t)((N + S8_GEMV_CHUNK - 1) / S8_GEMV_CHUNK), 0, &j);
-    free(buf);
+    if (buf != local) free(buf);
     return st;
 }
 
