@@ -13,6 +13,11 @@ time (session creation) per form.
 
     python benchmarks/s8_kernels.py --rounds 5
     python benchmarks/s8_kernels.py --shapes 576x576,49152x576 --m 1 --format json
+
+--accuracy F32_ARTIFACT ARTIFACT... instead compares built decoders with an f32 one over a
+128-token random prompt and 128 greedy tokens: the max |logit difference| (prefill's last
+position and every teacher-forced decode step), the teacher-forced greedy agreement, and the
+length of the identical prefix when each runs free.
 """
 
 from __future__ import annotations
@@ -163,6 +168,55 @@ def run(
     return rows
 
 
+def accuracy(ref_dir: str, dirs: list[str], n: int, threads: int) -> list[dict[str, Any]]:
+    from llmir_core.runtime.ort_decoder import open_artifact
+
+    ref = open_artifact(ref_dir, threads=threads)
+    prompt = np.random.default_rng(0).integers(3, min(ref.vocab, 1000), (1, 128))
+    ref.reserve(128 + n)
+    ref.reset(1)
+    lr = [ref.forward(prompt)[0, -1]]
+    toks: list[int] = []
+    for _ in range(n):
+        toks.append(int(lr[-1].argmax()))
+        lr.append(ref.forward(np.asarray([[toks[-1]]]))[0, -1])
+    rows = []
+    for d in dirs:
+        dec = open_artifact(d, threads=threads)
+        dec.reserve(128 + n)
+        dec.reset(1)
+        la = [dec.forward(prompt)[0, -1]]
+        for t in toks:  # teacher-forced: the f32 model's tokens
+            la.append(dec.forward(np.asarray([[t]]))[0, -1])
+        diff = max(float(np.abs(a - b).max()) for a, b in zip(la, lr))
+        mean = float(np.mean([np.abs(a - b).mean() for a, b in zip(la, lr)]))
+        forced = sum(int(a.argmax()) == t for a, t in zip(la[:-1], toks))
+        dec.reset(1)
+        lf = dec.forward(prompt)[0, -1]
+        free = []
+        for _ in range(n):
+            free.append(int(lf.argmax()))
+            lf = dec.forward(np.asarray([[free[-1]]]))[0, -1]
+        same = next((i for i, (a, b) in enumerate(zip(toks, free)) if a != b), n)
+        row = {
+            "artifact": d,
+            "max_logit_diff": diff,
+            "mean_logit_diff": mean,
+            "logit_range": float(max(np.ptp(x) for x in lr)),
+            "teacher_forced_agree": forced,
+            "free_running_identical_prefix": same,
+            "tokens": n,
+        }
+        rows.append(row)
+        print(
+            f"{d}: max |logit diff| {diff:.3g}, mean {mean:.3g} (f32 logits span "
+            f"{row['logit_range']:.3g}), "
+            f"greedy agreement {forced}/{n} teacher-forced, identical prefix {same}/{n}",
+            file=sys.stderr,
+        )
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -173,7 +227,16 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5, help="runs per round at M=1")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--format", choices=("text", "json"), default="text")
+    ap.add_argument("--accuracy", nargs="+", metavar="ARTIFACT", help="F32_ARTIFACT ARTIFACT...")
+    ap.add_argument("--tokens", type=int, default=128, help="greedy tokens (--accuracy)")
     a = ap.parse_args()
+    if a.accuracy:
+        if len(a.accuracy) < 2:
+            print("error: --accuracy needs an f32 artifact and at least one other", file=sys.stderr)
+            return 2
+        acc = accuracy(a.accuracy[0], a.accuracy[1:], a.tokens, a.threads)
+        print(json.dumps(acc, indent=1) if a.format == "json" else "")
+        return 0
     try:
         shapes = [s.strip() for s in a.shapes.split(",") if s.strip()]
         ms = [int(v) for v in a.m.split(",")]

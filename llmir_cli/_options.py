@@ -92,6 +92,16 @@ PrepackOpt = Annotated[
         show_default=False,
     ),
 ]
+Int8MatmulOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--int8-matmul",
+        help="Decoders with --quant int8: the int8 matmul kernel, 'qgemm-s8pair' (default: "
+        "onnxruntime's DynamicQuantizeMatMul, prepacked at load), 'llmir' (llmir's own kernel "
+        "reading the int8 weights in place, where it builds), 'qgemm-u8' or 'nbits'.",
+        show_default=False,
+    ),
+]
 GenericOpt = Annotated[
     bool,
     typer.Option(

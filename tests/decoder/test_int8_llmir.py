@@ -116,3 +116,51 @@ def test_without_the_library_the_lowering_keeps_qgemm(
     assert dq and {op.attrs["weights"] for op in dq} == {"s8pair"}
     text = print_module(low)
     assert "ort.dynamic_quantize_matmul" in text
+
+
+@needs_kernel
+def test_reimported_artifact_reads_matmul_s8(tiny_module: Any, tmp_path: Path) -> None:
+    """`llmir import` of an artifact with MatMulS8 nodes: the imported module computes the
+    prefill form (dequantized weights), so it meets onnxruntime closely on a prompt of more than
+    4 rows and within the int8 activation rounding on a decode step."""
+    import onnx
+    import onnxruntime as ort
+
+    from llmir_core.frontends.onnx import import_onnx
+    from llmir_core.runtime.tensors import run_module
+
+    low = lower(tiny_module, options={"quant": "int8", "int8_matmul": "llmir"})
+    build(low, str(tmp_path / "a"))
+    path = str(tmp_path / "a" / "model.onnx")
+    proto = onnx.load(path, load_external_data=False)
+    assert "MatMulS8" in {n.op_type for n in proto.graph.node}
+    again, _ = import_onnx(path)
+    so = ort.SessionOptions()
+    register(so, ["llmir_ops"])
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    for s, tol in [(6, 1e-4), (1, 0.05)]:
+        feeds = {
+            "input_ids": rng.integers(0, 100, (1, s)).astype(np.int64),
+            "positions": np.arange(s)[None].astype(np.int64),
+        }
+        for i in proto.graph.input:
+            if i.name.startswith("past_key_values."):
+                d = [x.dim_value for x in i.type.tensor_type.shape.dim]
+                feeds[i.name] = np.zeros((1, d[1], 0, d[3]), np.float32)
+        want = sess.run(["logits"], feeds)[0]
+        got = run_module(again, feeds)["logits"]
+        assert np.abs(got - want).max() <= tol * max(1.0, float(np.abs(want).max())), s
+
+
+def test_int8_matmul_flag_errors(tiny_module: Any, tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    (tmp_path / "m.llmir").write_text(print_module(tiny_module))
+    r = run_cli("build", "m.llmir", "--int8-matmul", "llmir", "-o", "x", cwd=tmp_path)
+    assert r.returncode == 2 and "--int8-matmul applies to --quant int8" in r.stderr
+    r = run_cli(
+        "build", "m.llmir", "--quant", "int8", "--int8-matmul", "fast", "-o", "x", cwd=tmp_path
+    )
+    assert r.returncode == 2 and "unknown int8_matmul 'fast'" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "x").exists()
