@@ -1609,9 +1609,9 @@ def _dynamic_quantize_matmul(n: Node) -> list[Value | None]:
 def _matmul_s8(n: Node) -> list[Value | None]:
     """llmir's own int8 matmul (llmir_core/backends/ort_ext/matmul_s8.c): X @ (codes * S)^T with
     the codes W [ceil(N/4), ceil(K/32), 4, 32] (rows interleaved by 4, zero-padded) unpacked and
-    dequantized exactly. The kernel also rounds X to int8 per 32 columns when the node has at
-    most 4 rows (decode steps); that rounding (below 1/254 of each block's largest |x|) is not
-    reproduced: the import computes the prefill form."""
+    dequantized exactly. The kernel also rounds X per 32 columns at run time (int8 with at most
+    4 rows, 7-bit codes with a zero point with more: llmir_core/quant/s8.py); that rounding is
+    not reproduced: the imported module multiplies X as it is."""
     wt, st, xt = n.t(1), n.t(2), n.t(0)
     k, shape = xt.shape[-1] if xt.rank else None, wt.shape
     if wt.dtype != DType.i8 or wt.rank != 4 or st.rank != 1 or not isinstance(k, int):
