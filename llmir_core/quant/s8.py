@@ -81,8 +81,8 @@ def quantize_activations_u7(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     live = span > 0
     inv = np.where(live, _F32(127) / np.where(live, span, _F32(1)), _F32(0)).astype(_F32)
     z = np.where(live, np.clip(np.rint(-lo * inv), 0, 127), 0).astype(np.int64)
-    q = np.clip(np.rint(blocks * inv[..., None]) + z[..., None], 0, 127)
-    q = np.where(live[..., None], q, 0).astype(np.uint8).reshape(m, -1)[:, :k]
+    qf = np.clip(np.rint(blocks * inv[..., None]) + z[..., None], 0, 127)
+    q = np.where(live[..., None], qf, 0).astype(np.uint8).reshape(m, -1)[:, :k]
     return q, np.where(live, span / _F32(127), _F32(0)).astype(_F32), z
 
 
