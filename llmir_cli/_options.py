@@ -96,9 +96,10 @@ Int8MatmulOpt = Annotated[
     str | None,
     typer.Option(
         "--int8-matmul",
-        help="Decoders with --quant int8: the int8 matmul kernel, 'qgemm-s8pair' (default: "
-        "onnxruntime's DynamicQuantizeMatMul, prepacked at load), 'llmir' (llmir's own kernel "
-        "reading the int8 weights in place, where it builds), 'qgemm-u8' or 'nbits'.",
+        help="Decoders with --quant int8: the int8 matmul kernel, 'llmir' (default: llmir's own "
+        "kernel reading the int8 weights in place, where its library builds; else "
+        "'qgemm-s8pair'), 'qgemm-s8pair' (onnxruntime's DynamicQuantizeMatMul, prepacked at "
+        "load), 'qgemm-u8' or 'nbits' (MatMulNBits blocks).",
         show_default=False,
     ),
 ]

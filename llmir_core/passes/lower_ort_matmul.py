@@ -13,15 +13,17 @@ weights, the packed QKV) becomes:
   of consecutive columns and zero points that fit; otherwise (act-order g_idx, 2 bits, other
   group sizes) they are requantized with zero points and the report gives the reason and the
   max error;
-- `ort.dynamic_quantize_matmul` instead when `quant` is int8, `int8_matmul` is `qgemm-s8pair`
-  (the default) or `qgemm-u8` and W is an f32 (or f16/bf16) weight with no other use: int8
-  weights per output channel and activations quantized per tensor at run time (MLAS QGEMM; the
-  op's `weights` attribute says how the codes are stored, llmir_core/quant/qgemm.py). A weight
-  tied to the embedding stays `ort.matmul_nbits` (the lookup shares its blocks);
-  `int8_matmul = nbits` keeps every int8 weight in blocks. See docs/perf.md for the measurements;
-- `ort.matmul_s8` instead of that when `int8_matmul` is `llmir` and llmir's custom-op library
-  builds here (checked on first use; else `qgemm-s8pair`, and the report says why): llmir's own
-  kernel (ai.llmir MatMulS8) reads int8 weights in place, no prepacking at load;
+- `ort.matmul_s8` instead when `quant` is int8, `int8_matmul` is `llmir` (the default) and W is
+  an f32 (or f16/bf16) weight with no other use, where llmir's custom-op library builds here
+  (checked on first use): llmir's own kernel (ai.llmir MatMulS8) reads int8 weights per output
+  channel in place (no prepacking at load) and rounds activations per 32 columns at run time.
+  Where the library cannot build, `qgemm-s8pair` instead, and the report says why;
+- `ort.dynamic_quantize_matmul` when `int8_matmul` is `qgemm-s8pair` or `qgemm-u8` (or the
+  library is missing): int8 weights per output channel and activations quantized per tensor at
+  run time (MLAS QGEMM; the op's `weights` attribute says how the codes are stored,
+  llmir_core/quant/qgemm.py). A weight tied to the embedding stays `ort.matmul_nbits` (the
+  lookup shares its blocks); `int8_matmul = nbits` keeps every int8 weight in blocks. See
+  docs/perf.md for the measurements;
 - `ort.fused_matmul` otherwise.
 
 MatMulNBits' `accuracy_level` (the activation precision onnxruntime may use) is the pass option
@@ -70,7 +72,7 @@ from .ort_common import (
 )
 
 _EXPAND = ("llm.gated_mlp", "llm.linear", "llm.silu_mul", "llm.quantized_matmul")
-INT8_MATMUL = ("qgemm-s8pair", "qgemm-u8", "nbits", "llmir")  # the first is the default
+INT8_MATMUL = ("llmir", "qgemm-s8pair", "qgemm-u8", "nbits")  # the first is the default
 _FLOAT_SRC = ("f32", "cast", "eval")
 
 
@@ -175,7 +177,7 @@ class LowerOrtMatmul:
                     "matmul-s8",
                     y,
                     f"{labels}: f32 quantized to int8 per output channel, read in place by "
-                    "llmir's kernel (activations to int8 per 32 columns in decode steps)",
+                    "llmir's kernel (activations rounded per 32 columns at run time)",
                 )
                 self._splice(fn, op, new_ops, [y])
                 return True

@@ -96,7 +96,8 @@ def test_layout_roundtrip_and_activation_rule() -> None:
 
 @needs_kernel
 def test_int8_build_with_llmir_kernel(tiny_module: Any, tmp_path: Path) -> None:
-    low = lower(tiny_module, options={"quant": "int8", "int8_matmul": "llmir"})
+    """`int8_matmul = llmir` is the default where the library builds."""
+    low = lower(tiny_module, options={"quant": "int8"})
     text = print_module(low)
     assert "ort.matmul_s8" in text and "ort.dynamic_quantize_matmul" not in text
     assert _ops(low, "ort.matmul_s8")
@@ -104,7 +105,7 @@ def test_int8_build_with_llmir_kernel(tiny_module: Any, tmp_path: Path) -> None:
     dec = open_artifact(str(tmp_path / "s8"))
     assert parity(low, dec, PROMPT, steps=4) <= 1e-4  # the artifact computes the lowered module
     assert parity(tiny_module, dec, PROMPT, steps=4) <= 0.1  # int8 against f32
-    qg = lower(tiny_module, options={"quant": "int8"})
+    qg = lower(tiny_module, options={"quant": "int8", "int8_matmul": "qgemm-s8pair"})
     build(qg, str(tmp_path / "qgemm"))
     ref = open_artifact(str(tmp_path / "qgemm"))
     assert greedy(dec, PROMPT[0].tolist(), 6) == greedy(ref, PROMPT[0].tolist(), 6)
@@ -114,7 +115,7 @@ def test_without_the_library_the_lowering_keeps_qgemm(
     tiny_module: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(DISABLE_ENV, "1")
-    low = lower(tiny_module, options={"quant": "int8", "int8_matmul": "llmir"})
+    low = lower(tiny_module, options={"quant": "int8"})
     assert not _ops(low, "ort.matmul_s8")
     dq = _ops(low, "ort.dynamic_quantize_matmul")
     assert dq and {op.attrs["weights"] for op in dq} == {"s8pair"}
@@ -168,3 +169,19 @@ def test_int8_matmul_flag_errors(tiny_module: Any, tmp_path: Path) -> None:
     )
     assert r.returncode == 2 and "unknown int8_matmul 'fast'" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "x").exists()
+
+
+@needs_kernel
+def test_tied_head_stays_nbits(tmp_path: Path) -> None:
+    from llmir_core.frontends.hf import import_hf
+
+    from .tiny import LlamaShape, make_llama_folder
+
+    module = import_hf(
+        make_llama_folder(tmp_path / "m", LlamaShape(tie=True), tokenizer=False),
+        require_tokenizer=False,
+    )
+    low = lower(module, options={"quant": "int8"})
+    (head,) = _ops(low, "ort.matmul_nbits")
+    assert head.origin == "hf:lm_head" and head.attrs["bits"] == 8
+    assert _ops(low, "ort.gather_block_quantized") and _ops(low, "ort.matmul_s8")
