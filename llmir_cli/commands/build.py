@@ -18,6 +18,7 @@ from .._options import (
     DebugOpt,
     FormatOpt,
     GenericOpt,
+    Int8MatmulOpt,
     LogitsOpt,
     MaxLenOpt,
     OptLevelOpt,
@@ -89,6 +90,7 @@ def build_cmd(
     logits: LogitsOpt = None,
     dtype: WeightDTypeOpt = None,
     prepack: PrepackOpt = None,
+    int8_matmul: Int8MatmulOpt = None,
     generic: GenericOpt = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
@@ -125,6 +127,7 @@ def build_cmd(
             dtype=dtype,
             generic=generic,
             prepack=prepack,
+            int8_matmul=int8_matmul,
         )
         if opt_level is None and project is not None and "target" not in module.attrs:
             opt_level = project.opt_level  # a lowered module keeps the pipeline it was lowered by

@@ -22,6 +22,7 @@ from .._options import (
     DebugOpt,
     FormatOpt,
     GenericOpt,
+    Int8MatmulOpt,
     LogitsOpt,
     MaxLenOpt,
     OptLevelOpt,
@@ -109,6 +110,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
     logits: LogitsOpt = None,
     dtype: WeightDTypeOpt = None,
     prepack: PrepackOpt = None,
+    int8_matmul: Int8MatmulOpt = None,
     generic: GenericOpt = False,
     allow_unproved: Annotated[
         bool,
@@ -155,6 +157,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                 ("--logits", logits is not None),
                 ("--dtype", dtype is not None),
                 ("--prepack", prepack is not None),
+                ("--int8-matmul", int8_matmul is not None),
                 ("--generic", generic),
             )
             if given
@@ -188,6 +191,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                 dtype=dtype,
                 generic=generic,
                 prepack=prepack,
+                int8_matmul=int8_matmul,
             )
             if passes is None:  # what `llmir build` runs for this -O and these options
                 pipeline = backends.pipeline(target, options, level)

@@ -63,10 +63,11 @@ def build_options(
     dtype: str | None = None,
     generic: bool = False,
     prepack: str | None = None,
+    int8_matmul: str | None = None,
 ) -> dict[str, Any]:
     """The lowering options the build flags give (only those given), checked against the module:
-    --quant, --max-len, --accuracy-level, --logits, --dtype and --prepack apply to onnxruntime
-    decoder lowerings only."""
+    --quant, --max-len, --accuracy-level, --logits, --dtype, --prepack and --int8-matmul apply to
+    onnxruntime decoder lowerings only."""
     from llmir_core.passes.ort_common import is_decoder
 
     if logits not in (None, "last", "all"):
@@ -80,15 +81,25 @@ def build_options(
             ("last_logits", None if logits is None else logits == "last"),
             ("dtype", dtype),
             ("prepack", prepack),
+            ("int8_matmul", int8_matmul),
         )
         if v is not None
     }
     if given and (target != "onnxruntime" or generic or not is_decoder(module)):
         raise InputError(
-            "--quant, --max-len, --accuracy-level, --logits, --dtype and --prepack apply to "
-            "decoder builds only",
+            "--quant, --max-len, --accuracy-level, --logits, --dtype, --prepack and "
+            "--int8-matmul apply to decoder builds only",
             hint="import an LLM (HF folder or GGUF) to get a decoder module",
         )
+    if int8_matmul is not None:
+        from llmir_core.passes.lower_ort_matmul import check_int8_matmul
+
+        check_int8_matmul(int8_matmul)
+        if quant != "int8":
+            raise InputError(
+                "--int8-matmul applies to --quant int8 builds only",
+                hint="add --quant int8, or drop --int8-matmul",
+            )
     if quant:
         given["quant_block"] = quant_block
     if generic:

@@ -475,6 +475,35 @@ class _Weights:
         self.names[key] = (b, s_name, z_name)
         return b, s_name, z_name
 
+    def s8(self, srcs: list[WSrc], name: str) -> tuple[str, str]:
+        """(W [ceil(N/4), ceil(K/32), 4, 32] int8, S [N] f32) initializers of the
+        row-concatenation of srcs for `ort.matmul_s8` (llmir_core/quant/s8.py)."""
+        from llmir_core.quant import s8
+
+        key = ("s8", tuple((id(s.value), s.transpose) for s in srcs))
+        if key in self.names:
+            return self.names[key]  # type: ignore[no-any-return]
+        rows, cols = sum(s.rows for s in srcs), srcs[0].cols
+        codes = np.empty((rows, cols), np.int8)
+        scales = np.empty(rows, np.float32)
+        r = 0
+        for s in srcs:
+            for chunk in self.rows_f32(s):
+                q, sc = s8.quantize_rows(chunk)
+                codes[r : r + q.shape[0]], scales[r : r + q.shape[0]] = q, sc
+                r += q.shape[0]
+        packed = s8.interleave(codes)
+        del codes
+        off = self.data.start(packed.nbytes >= _LARGE)
+        self.data.write(packed)
+        w_name = self._init(name + ".s8", TensorProto.INT8, list(packed.shape), off, packed.nbytes)
+        off = self.data.start(scales.nbytes >= _LARGE)
+        self.data.write(scales)
+        s_name = self._init(name + ".scales", TensorProto.FLOAT, [rows], off, scales.nbytes)
+        self.log.quantized["s8"] = self.log.quantized.get("s8", 0) + len(srcs)
+        self.names[key] = (w_name, s_name)
+        return w_name, s_name
+
     def small(self, arr: np.ndarray, name: str) -> str:
         """A small computed constant (norm scales, rotary tables)."""
         return self.L.const(np.ascontiguousarray(arr), name)
@@ -958,6 +987,15 @@ def _zero(s: WSrc) -> bool:
     return isinstance(q, QuantType) and q.zero == "int"
 
 
+def _emit_matmul_s8(D: DecoderSerializer, op: Op) -> bool:
+    """ort.matmul_s8 -> llmir's custom op ai.llmir MatMulS8 (int8 weights read in place)."""
+    from .ort_ext import DOMAIN
+
+    w, s = D.w.s8(D.weight(op.operands[1]), _label(op, "weight"))
+    D.bind(op.results[0], D.node("MatMulS8", [D.name(op.operands[0]), w, s], domain=DOMAIN)[0])
+    return True
+
+
 def _emit_embedding(D: DecoderSerializer, op: Op) -> bool:
     t16 = op.operands[0]
     if id(t16) in D.g.static and tt(t16).dtype in (DType.f16, DType.bf16):  # --dtype
@@ -1086,6 +1124,7 @@ _EMIT = {
     "ort.matmul_nbits": _emit_matmul_nbits,
     "ort.matmul16": _emit_matmul16,
     "ort.dynamic_quantize_matmul": _emit_dynamic_quantize_matmul,
+    "ort.matmul_s8": _emit_matmul_s8,
     "ort.quick_gelu": _emit_quick_gelu,
     "llm.embedding": _emit_embedding,
     "ort.moe": _emit_moe,

@@ -627,6 +627,43 @@ register(
 )
 
 
+def _ref_matmul_s8(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
+    from llmir_core.quant import s8
+
+    a, w = args
+    codes, scales = s8.quantize_rows(np.asarray(w, np.float32))
+    return s8.matmul(a, codes, scales).astype(a.dtype)
+
+
+register(
+    OpDef(
+        name="ort.matmul_s8",
+        summary="llmir's onnxruntime custom op (ai.llmir MatMulS8, llmir_core/backends/ort_ext): "
+        "a @ b^T with b rounded to int8 per output channel (symmetric, scale max|row| / 127) and "
+        "read in place, rows interleaved by 4 (no prepacking). a is rounded per block of 32 "
+        "columns at run time: with at most 4 rows (decode) to int8 (scale max|block| / 127, as "
+        "llama.cpp's q8_0), with more (prefill) to 7-bit unsigned codes with a zero point over "
+        "the block's range; the integer products are summed exactly per block and scaled back "
+        "(llmir_core/quant/s8.py). b is the logical [N, K] f32 weight; the serializer quantizes "
+        "it.",
+        operands=(
+            Operand("a", doc="[..., K] f32"),
+            Operand("b", doc="[N, K] f32 weight"),
+        ),
+        attrs=(),
+        infer=_infer_dqmm,
+        reference=_ref_matmul_s8,
+        no_smt="it rounds its weight and its activations (ranges computed at run time): "
+        "translation validation compares it differentially",
+        cost=ranges.cost_matmul,
+        verifies="a is an f32 tensor of rank >= 2 and b a 2-D f32 [N, K] weight whose K matches a's "
+        "last dim.",
+        example="%y = ort.matmul_s8 %x, %w : "
+        "(tensor<?batch x ?seq x 64 x f32>, tensor<128x64xf32>) -> tensor<?batch x ?seq x 128 x f32>",
+    )
+)
+
+
 # -- quantized embedding lookup -------------------------------------------------------------------
 
 

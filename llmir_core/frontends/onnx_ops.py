@@ -1626,6 +1626,30 @@ def _dynamic_quantize_matmul(n: Node) -> list[Value | None]:
     return [y]
 
 
+@handles("MatMulS8", domain="ai.llmir")
+def _matmul_s8(n: Node) -> list[Value | None]:
+    """llmir's own int8 matmul (llmir_core/backends/ort_ext/matmul_s8.c): X @ (codes * S)^T with
+    the codes W [ceil(N/4), ceil(K/32), 4, 32] (rows interleaved by 4, zero-padded) unpacked and
+    dequantized exactly. The kernel also rounds X per 32 columns at run time (int8 with at most
+    4 rows, 7-bit codes with a zero point with more: llmir_core/quant/s8.py); that rounding is
+    not reproduced: the imported module multiplies X as it is."""
+    wt, st, xt = n.t(1), n.t(2), n.t(0)
+    k, shape = xt.shape[-1] if xt.rank else None, wt.shape
+    if wt.dtype != DType.i8 or wt.rank != 4 or st.rank != 1 or not isinstance(k, int):
+        raise NotMapped("expects X [..., K] with a static K, W int8 [N/4, K/32, 4, 32], S [N]")
+    nn = st.shape[0]
+    if not isinstance(nn, int) or tuple(shape) != (-(-nn // 4), -(-k // 32), 4, 32):
+        raise NotMapped(f"W {list(shape)} is not [ceil(N/4), ceil(K/32), 4, 32] for N={nn}, K={k}")
+    g, kb = -(-nn // 4), -(-k // 32)
+    w = n.emit("core.transpose", n.inp(1), perm=(0, 2, 1, 3))
+    w = n.emit("core.reshape", w, shape=(g * 4, kb * 32))
+    if (g * 4, kb * 32) != (nn, k):
+        w = n.emit("core.slice", w, starts=(0, 0), ends=(nn, k), axes=(0, 1))
+    scales = n.emit("core.unsqueeze", n.cast(n.inp(2), DType.f32), axes=(-1,))
+    w = n.emit("core.mul", n.cast(w, DType.f32), scales)
+    return [n.emit("core.matmul", n.cast(n.inp(0), DType.f32), w, transpose_b=True)]
+
+
 def _dql(n: Node, x: Value) -> list[Value]:
     """(uint8 codes, scale, zero point) of DynamicQuantizeLinear over f32 x."""
     axes = tuple(range(_rank(x)))

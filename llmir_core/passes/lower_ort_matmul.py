@@ -13,12 +13,17 @@ weights, the packed QKV) becomes:
   of consecutive columns and zero points that fit; otherwise (act-order g_idx, 2 bits, other
   group sizes) they are requantized with zero points and the report gives the reason and the
   max error;
-- `ort.dynamic_quantize_matmul` instead when `quant` is int8, `int8_matmul` is `qgemm-s8pair`
-  (the default) or `qgemm-u8` and W is an f32 (or f16/bf16) weight with no other use: int8
-  weights per output channel and activations quantized per tensor at run time (MLAS QGEMM; the
-  op's `weights` attribute says how the codes are stored, llmir_core/quant/qgemm.py). A weight
-  tied to the embedding stays `ort.matmul_nbits` (the lookup shares its blocks);
-  `int8_matmul = nbits` keeps every int8 weight in blocks. See docs/perf.md for the measurements;
+- `ort.matmul_s8` instead when `quant` is int8, `int8_matmul` is `llmir` (the default) and W is
+  an f32 (or f16/bf16) weight with no other use, where llmir's custom-op library builds here
+  (checked on first use): llmir's own kernel (ai.llmir MatMulS8) reads int8 weights per output
+  channel in place (no prepacking at load) and rounds activations per 32 columns at run time.
+  Where the library cannot build, `qgemm-s8pair` instead, and the report says why;
+- `ort.dynamic_quantize_matmul` when `int8_matmul` is `qgemm-s8pair` or `qgemm-u8` (or the
+  library is missing): int8 weights per output channel and activations quantized per tensor at
+  run time (MLAS QGEMM; the op's `weights` attribute says how the codes are stored,
+  llmir_core/quant/qgemm.py). A weight tied to the embedding stays `ort.matmul_nbits` (the
+  lookup shares its blocks); `int8_matmul = nbits` keeps every int8 weight in blocks. See
+  docs/perf.md for the measurements;
 - `ort.fused_matmul` otherwise.
 
 Each `ort.matmul_nbits` records the kernel that runs it (`nbits_kernel`): `kernel = "llmir"` is
@@ -40,7 +45,9 @@ decomposition is the op it replaced; requantizing ops are validated differential
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import ClassVar
 
 import numpy as np
@@ -72,7 +79,7 @@ from .ort_common import (
 )
 
 _EXPAND = ("llm.gated_mlp", "llm.linear", "llm.silu_mul", "llm.quantized_matmul")
-INT8_MATMUL = ("qgemm-s8pair", "qgemm-u8", "nbits")  # the first is the default
+INT8_MATMUL = ("llmir", "qgemm-s8pair", "qgemm-u8", "nbits")  # the first is the default
 NBITS_KERNEL = ("auto", "llmir", "mlas")  # the first is the default
 _FLOAT_SRC = ("f32", "cast", "eval")
 
@@ -100,6 +107,7 @@ class LowerOrtMatmul:
         base = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
         changed = False
         ev = static_evaluator(module)
+        s8_why = cache(_s8_unavailable)  # asked on first use, once per run
         for fn in module.functions:
             levels: dict[int, int] = {}  # core.matmul op id -> its quantized_matmul's level
             changed |= self._expand(fn, levels)
@@ -107,7 +115,7 @@ class LowerOrtMatmul:
             for op in list(fn.ops):
                 if op.name == "core.matmul":
                     level = levels.get(id(op), self.accuracy_level)
-                    changed |= self._matmul(fn, g, op, ctx, fmt, base, ev, level)
+                    changed |= self._matmul(fn, g, op, ctx, fmt, base, ev, level, s8_why)
                 elif op.name == "core.silu" and tt(op.operands[0]).dtype == DType.f32:
                     b, new_ops = scratch_builder(fn, op.origin)
                     y = b.op("ort.quick_gelu", op.operands[0], alpha=1.0)
@@ -175,6 +183,7 @@ class LowerOrtMatmul:
         base: str,
         ev: Evaluate,
         level: int,
+        s8_why: Callable[[], str | None],
     ) -> bool:
         x, w = op.operands
         if op.attrs.get("transpose_a") or tt(x).dtype != DType.f32 or tt(x).rank < 2:
@@ -193,7 +202,19 @@ class LowerOrtMatmul:
             and all(s.kind in _FLOAT_SRC for s in srcs)
             and g.only_use(w, op)
         ):
-            kind = self.int8_matmul.split("-", 1)[1]
+            labels = ", ".join(s.label for s in srcs)
+            if self.int8_matmul == "llmir" and s8_why() is None:
+                y = b.op("ort.matmul_s8", x, w)
+                ctx.applied(
+                    "matmul-s8",
+                    y,
+                    f"{labels}: f32 quantized to int8 per output channel, read in place by "
+                    "llmir's kernel (activations rounded per 32 columns at run time)",
+                )
+                self._splice(fn, op, new_ops, [y])
+                return True
+            kind = "s8pair" if self.int8_matmul == "llmir" else self.int8_matmul.split("-", 1)[1]
+            why = s8_why() if self.int8_matmul == "llmir" else None
             y = b.op("ort.dynamic_quantize_matmul", x, w, weights=kind)
             ctx.applied(
                 "dynamic-quantize-matmul",
@@ -202,7 +223,8 @@ class LowerOrtMatmul:
                     f"{s.label}: f32 quantized to int8 per output channel ({kind}), "
                     "activations to uint8 per tensor at run time"
                     for s in srcs
-                ),
+                )
+                + (f" (int8_matmul=llmir: {why})" if why else ""),
             )
             self._splice(fn, op, new_ops, [y])
             return True
@@ -298,6 +320,20 @@ def check_nbits_kernel(kind: str) -> None:
         raise InputError(
             f"unknown nbits_kernel '{kind}'", hint=f"use one of: {', '.join(NBITS_KERNEL)}"
         )
+
+
+def _s8_unavailable() -> str | None:
+    """None when llmir's custom-op library (ai.llmir MatMulS8) builds and runs here, else why
+    not."""
+    from llmir_core.backends.ort_ext import CustomOpError, library_path, unavailable_reason
+
+    why = unavailable_reason()
+    if why is None:
+        try:
+            library_path()
+        except CustomOpError as exc:
+            why = exc.message
+    return None if why is None else f"llmir's custom ops are unavailable here: {why}"
 
 
 def check_int8_matmul(kind: str) -> None:

@@ -48,7 +48,7 @@ def test_tied_head_keeps_shared_blocks(tmp_path: Path) -> None:
         make_llama_folder(tmp_path / "m", LlamaShape(tie=True), tokenizer=False),
         require_tokenizer=False,
     )
-    low = lower(module, options={"quant": "int8"})
+    low = lower(module, options={"quant": "int8", "int8_matmul": "qgemm-s8pair"})
     (head,) = _ops(low, "ort.matmul_nbits")
     assert head.origin == "hf:lm_head" and head.attrs["bits"] == 8
     assert _ops(low, "ort.gather_block_quantized") and _ops(low, "ort.dynamic_quantize_matmul")

@@ -40,9 +40,10 @@ def _feeds(model: onnx.ModelProto, b: int, s: int, past: int) -> dict[str, np.nd
 
 @pytest.mark.parametrize("quant", [None, "int4", "int8"], ids=["f32", "int4", "int8"])
 def test_reimported_build_matches_onnxruntime(
-    tiny: tuple, tmp_path: Path, quant: str | None
+    tiny: tuple, tmp_path: Path, quant: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     module, _ = tiny
+    monkeypatch.setenv("LLMIR_NO_CUSTOM_OPS", "1")  # int8: QGEMM (MatMulS8: test_int8_llmir.py)
     build_decoder(module, str(tmp_path / "art"), quant=quant, accuracy_level=1)
     path = str(tmp_path / "art" / "model.onnx")
     proto = onnx.load(path, load_external_data=False)
