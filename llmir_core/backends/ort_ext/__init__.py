@@ -34,7 +34,7 @@ from llmir_core.errors import InputError
 LIBRARY = "llmir_ops"  # the name a manifest records (`custom_ops`)
 ALIASES = ("matmul16",)  # names older manifests recorded for the same library
 DOMAIN = "ai.llmir"
-OP_NAMES = {"f16": "MatMulF16", "bf16": "MatMulBf16"}
+OP_NAMES = {"f16": "MatMulF16", "bf16": "MatMulBf16", "f32": "MatMulF32"}
 HERE = Path(__file__).parent
 # compiled together: register.c and one file per op family
 SOURCES = tuple(sorted(HERE.glob("*.c")))
