@@ -11,8 +11,9 @@ Shapes are the projections of SmolLM2-135M (K=576: N=576/960/1536/49152; K=1536:
 Qwen2.5-0.5B (K=896: N=896/1152/4864/151936; K=4864: N=896). A decode-shaped (M = 1) model holds
 as many copies of the node (distinct weights, one shared x) as it takes to read more than
 --gemv-mb MB per run, so the weights stream from memory as in a real decode step, not from the
-last-level cache. Prefill is M = 128. Forms are timed interleaved round by round (best wall
-time, --threads intra-op threads); GB/s is weight bytes read per second; ratios are against
+last-level cache. Prefill is M = 128. Forms are timed interleaved round by round (best of
+--rounds; wall time with --threads > 1, the thread's CPU time with --threads 1, which a busy
+machine disturbs least); GB/s is weight bytes read per second; ratios are against
 ort-f32 (time of ort-f32 / time of the form: > 1 is faster) and, for prefill, GFLOP/s.
 
     python benchmarks/matmul16_kernels.py --model smollm2 --rounds 5
@@ -22,7 +23,6 @@ ort-f32 (time of ort-f32 / time of the form: > 1 is faster) and, for prefill, GF
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -105,11 +105,14 @@ def bench_shape(args: argparse.Namespace, k: int, n: int, m: int) -> dict[str, A
     ref = outs[forms[0]]
     err = {f: float(np.abs(outs[f] - ref).max() / (np.abs(ref).max() + 1e-30)) for f in forms}
     times: dict[str, list[float]] = {f: [] for f in forms}
+    # one thread: the thread's CPU time (waits for memory count, time other processes hold the
+    # core does not); several: wall time
+    clock = time.thread_time if args.threads == 1 else time.perf_counter
     for _ in range(args.rounds):
         for f in forms:
-            t = time.perf_counter()
+            t = clock()
             sess[f].run(None, {"x": x})
-            times[f].append((time.perf_counter() - t) / copies)
+            times[f].append((clock() - t) / copies)
     med = {f: min(v) for f, v in times.items()}  # best of rounds: least disturbed by other load
     base = med.get("ort-f32", med[forms[0]])
     rows = []
