@@ -6,8 +6,8 @@
  * GEMM on x86, so without this a 16-bit weight is widened to f32 when the session loads and every
  * decode step reads twice the bytes.
  *
- * - M (rows of X) <= GEMV_ROWS: a GEMV over groups of 4 weight rows, each read once per call
- *   straight from its 16-bit storage (decode: bound by memory bandwidth);
+ * - M (rows of X) <= GEMV_ROWS: a GEMV streaming each weight row once per call straight from its
+ *   stored format, applied to up to 4 rows of X per pass (decode: bound by memory bandwidth);
  * - larger M (prefill): for each panel of 16 weight rows and block of KC columns, the block is
  *   widened once into an f32 [KC][16] panel and multiplied into 6-row blocks of X with a 6x16
  *   outer-product kernel (12 accumulators), so the conversion is paid once per M rows.
@@ -28,7 +28,7 @@
 /* -- kernels ------------------------------------------------------------------------------ */
 
 enum { W_F16 = 0, W_BF16 = 1, W_F32 = 2 };
-#define GEMV_ROWS 4 /* X rows up to which the GEMV path runs */
+#define GEMV_ROWS 8 /* X rows up to which the GEMV path runs (measured: below the GEMM to M=8) */
 #define GEMV_TASKS 32 /* parallel tasks per GEMV call at most (claimed dynamically by threads) */
 #define GEMV_MIN_ROWS 8 /* weight rows per GEMV task at least */
 #define GEMM_PANELS 2 /* panels per parallel task (GEMM) */
@@ -70,7 +70,8 @@ typedef struct Job {
 } Job;
 
 /* sum_k w[k] x[k]: one weight row streamed front to back, 64 columns per step into 8
- * independent accumulators, each cache line prefetched PF_AHEAD bytes early. One sequential
+ * independent accumulators, each cache line of a 16-bit row prefetched PF_AHEAD bytes early
+ * (for f32 rows the software prefetch measured slower than the hardware's alone). One sequential
  * stream per thread is what the hardware prefetcher serves best: reading 2-4 rows side by side
  * measured 30-40% slower on Zen 3; 8 accumulators and the prefetch bring the f16 row read from
  * ~80% to ~90% of a plain read's bandwidth there (benchmarks/matmul16_kernels.py). */
@@ -81,8 +82,9 @@ static inline __attribute__((always_inline)) float dot_row(const void *w, const 
     for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 64 <= K; k += 64) {
-        for (int64_t b = 0; b < 64 * wsize(wt); b += 64)
-            _mm_prefetch((const char *)wat(w, k, wt) + PF_AHEAD + b, _MM_HINT_T0);
+        if (wt != W_F32) /* f32 rows: the hardware prefetcher alone measured faster */
+            for (int64_t b = 0; b < 128; b += 64)
+                _mm_prefetch((const char *)wat(w, k, wt) + PF_AHEAD + b, _MM_HINT_T0);
         for (int i = 0; i < 8; i++)
             a[i] = _mm256_fmadd_ps(load8(wat(w, k + 8 * i, wt), wt), _mm256_loadu_ps(x + k + 8 * i),
                                    a[i]);
@@ -96,14 +98,56 @@ static inline __attribute__((always_inline)) float dot_row(const void *w, const 
     return s;
 }
 
-/* y[m, n0:n1] for every m < M (M small): each weight row is read from memory once, the later
- * rows of X reuse it from L1 */
+/* y[r * ldy] = sum_k w[k] x[r * ldx + k] for r < MRV (2..4 rows of X): the weight row is widened
+ * once per 8 columns and multiplied into every row (2 accumulators per row) */
+static inline __attribute__((always_inline)) void dot_rows(const void *w, const float *x,
+                                                           int64_t ldx, float *y, int64_t ldy,
+                                                           int64_t K, int wt, int MRV) {
+    __m256 a[4][2];
+    for (int r = 0; r < MRV; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        if (wt != W_F32) _mm_prefetch((const char *)wat(w, k, wt) + PF_AHEAD, _MM_HINT_T0);
+        __m256 w0 = load8(wat(w, k, wt), wt), w1 = load8(wat(w, k + 8, wt), wt);
+        for (int r = 0; r < MRV; r++) {
+            a[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * ldx + k), a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * ldx + k + 8), a[r][1]);
+        }
+    }
+    for (; k + 8 <= K; k += 8) {
+        __m256 w0 = load8(wat(w, k, wt), wt);
+        for (int r = 0; r < MRV; r++)
+            a[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * ldx + k), a[r][0]);
+    }
+    for (int r = 0; r < MRV; r++) {
+        float s = llmir_hsum(_mm256_add_ps(a[r][0], a[r][1]));
+        for (int64_t t = k; t < K; t++) s += load1(wat(w, t, wt), wt) * x[r * ldx + t];
+        y[r * ldy] = s;
+    }
+}
+
+/* y[m, n0:n1] for every m < M (M <= GEMV_ROWS): each weight row is read from memory once; one
+ * row of X streams it at full width (dot_row), more rows take it 4 at a time (dot_rows; rows
+ * after the first 4 reuse it from L1) */
 static inline __attribute__((always_inline)) void gemv_rows(const Job *j, int64_t n0, int64_t n1,
                                                             int wt) {
-    const int64_t K = j->K;
+    const int64_t K = j->K, N = j->N, M = j->M;
     for (int64_t n = n0; n < n1; n++) {
         const void *w = wat(j->w, n * K, wt);
-        for (int64_t m = 0; m < j->M; m++) j->y[m * j->N + n] = dot_row(w, j->x + m * K, K, wt);
+        if (M == 1) {
+            j->y[n] = dot_row(w, j->x, K, wt);
+            continue;
+        }
+        for (int64_t m = 0; m < M; m += 4) {
+            const float *x = j->x + m * K;
+            float *y = j->y + m * N + n;
+            switch (M - m < 4 ? M - m : 4) {
+                case 1: *y = dot_row(w, x, K, wt); break;
+                case 2: dot_rows(w, x, K, y, N, K, wt, 2); break;
+                case 3: dot_rows(w, x, K, y, N, K, wt, 3); break;
+                default: dot_rows(w, x, K, y, N, K, wt, 4); break;
+            }
+        }
     }
 }
 
