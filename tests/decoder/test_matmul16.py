@@ -1,6 +1,6 @@
 """llmir's onnxruntime custom ops (`ort.matmul16`, `ort.matmul_f32`, llmir_core/backends/ort_ext):
 the compiled kernels against the ops' numpy reference for f16, bf16 and f32 weights over every
-decode-shaped M (GEMV, 1..4), the GEMM cutoff and prefill M, odd K/N; a `--dtype f16` build that
+decode-shaped M (GEMV, 1..8), the GEMM cutoff and prefill M, odd K/N; a `--dtype f16` build that
 uses it computes what the f32-path build computes, and so does an f32 build on MatMulF32
 (`f32_kernel`, chosen by --prepack none); without the capability the lowering keeps the f32 path
 and an artifact that needs the library is refused with one clear line. Tests that run the kernel
@@ -78,9 +78,10 @@ def test_kernel_matches_reference(dt: str, n: int, k: int) -> None:
     sess = _session(dt, n, k)
     w = rng.standard_normal((n, k)).astype(numpy_dtype(DType(dt)))
     ref = get_op("ort.matmul_f32" if dt == "f32" else "ort.matmul16").reference  # type: ignore[union-attr]
-    # decode (GEMV: M <= 4, every M), the GEMM from M = 5 (one ragged 6-row tile up to 7),
-    # prefill-sized M; K with and without a 64-column step, an 8-column rest and a scalar tail
-    for m in (1, 2, 3, 4, 5, 6, 7, 17, 64, 128):
+    # decode (GEMV: M <= 8, every M: 1 row, then 4-row passes with a ragged last one), the GEMM
+    # from M = 9 (ragged 6-row tiles), prefill-sized M; K with and without a 64-column step, an
+    # 8-column rest and a scalar tail
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 64, 128):
         x = rng.standard_normal((m, k)).astype(np.float32)
         got, want = _run(sess, x, w), ref([x, w], {})
         assert got.shape == (m, n) and got.dtype == np.float32
