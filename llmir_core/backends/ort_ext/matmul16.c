@@ -194,19 +194,40 @@ static inline __attribute__((always_inline)) void pack_panel(const Job *j, int64
     }
 }
 
+/* prefetch into L2 the lines [t0, t1) of the weight block the next pack_panel reads: rows n0.. of
+ * W (up to NR), columns k0..k0+kc, lpr lines a row */
+static inline __attribute__((always_inline)) void prefetch_block(const Job *j, int64_t n0, int64_t k0,
+                                                                 int64_t lpr, int64_t t0,
+                                                                 int64_t t1, int wt) {
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t c = t / lpr, l = t % lpr;
+        if (n0 + c >= j->N) return;
+        _mm_prefetch((const char *)wat(j->w, (n0 + c) * j->K + k0, wt) + l * 64, _MM_HINT_T1);
+    }
+}
+
 static inline __attribute__((always_inline)) void gemm_panels(const Job *j, size_t i, int wt) {
     float panel[KC * NR] __attribute__((aligned(32)));
+    /* K in equal blocks of at most KC columns (a multiple of 8 but the last) */
+    int64_t blocks = (j->K + KC - 1) / KC, step = ((j->K + blocks - 1) / blocks + 7) & ~7;
+    int64_t mblocks = (j->M + MR - 1) / MR;
     for (int q = 0; q < GEMM_PANELS; q++) {
         int64_t n0 = ((int64_t)i * GEMM_PANELS + q) * NR;
         if (n0 >= j->N) return;
         int nr = j->N - n0 < NR ? (int)(j->N - n0) : NR;
-        /* K in equal blocks of at most KC columns (a multiple of 8 but the last) */
-        int64_t blocks = (j->K + KC - 1) / KC, step = ((j->K + blocks - 1) / blocks + 7) & ~7;
         for (int64_t k0 = 0; k0 < j->K; k0 += step) {
             int kc = j->K - k0 < step ? (int)(j->K - k0) : (int)step;
             pack_panel(j, n0, nr, k0, kc, panel, wt);
-            for (int64_t m0 = 0; m0 < j->M; m0 += MR) {
+            /* the block the next pack reads (the next K block, else the next panel's first),
+             * fetched from memory while this one is multiplied: packing then reads L2 */
+            int64_t pn = n0, pk = k0 + step;
+            if (pk >= j->K) pn = n0 + NR, pk = 0;
+            int64_t pkc = j->K - pk < step ? j->K - pk : step;
+            int64_t lpr = (pkc * wsize(wt) + 63) / 64, lines = NR * lpr;
+            int64_t per = (lines + mblocks - 1) / mblocks, t = 0;
+            for (int64_t m0 = 0; m0 < j->M; m0 += MR, t += per) {
                 int mr = j->M - m0 < MR ? (int)(j->M - m0) : MR;
+                if (t < lines) prefetch_block(j, pn, pk, lpr, t, t + per < lines ? t + per : lines, wt);
                 llmir_micro_6x16(j->x + m0 * j->K + k0, j->K, j->y + m0 * j->N + n0, j->N, panel,
                                  mr, nr, kc, k0 != 0);
             }
