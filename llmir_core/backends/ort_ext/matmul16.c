@@ -202,7 +202,7 @@ static inline __attribute__((always_inline)) void prefetch_block(const Job *j, i
     for (int64_t t = t0; t < t1; t++) {
         int64_t c = t / lpr, l = t % lpr;
         if (n0 + c >= j->N) return;
-        _mm_prefetch((const char *)wat(j->w, (n0 + c) * j->K + k0, wt) + l * 64, _MM_HINT_T1);
+        _mm_prefetch((const char *)wat(j->w, (n0 + c) * j->K + k0, wt) + l * 64, _MM_HINT_T0);
     }
 }
 
