@@ -88,7 +88,8 @@ PrepackOpt = Annotated[
         help="Decoders: 'session' (default) lets onnxruntime repack the matmul weights when the "
         "artifact opens (fastest decode and prefill; load time and a heap copy grow with the "
         "weights); 'none' keeps f32 weights memory-mapped as stored (fastest load, lowest "
-        "peak RSS, slower matmuls; not for int4/int8).",
+        "peak RSS; f32 matmuls by llmir's in-place kernel where it builds, else slower; not "
+        "for int4/int8).",
         show_default=False,
     ),
 ]

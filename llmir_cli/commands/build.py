@@ -34,7 +34,8 @@ from .._render import handle_errors, make_ctx
 
 PREPACK_NOTE = {
     "session": "onnxruntime repacks the matmul weights when the artifact opens",
-    "none": "weights stay memory-mapped as stored; faster load, slower matmuls",
+    "none": "weights stay memory-mapped as stored; faster load (f32 matmuls: llmir's "
+    "MatMulF32 where it builds, else onnxruntime's unpacked, slower)",
 }
 
 HELP = f"""Build a .llmir module into an artifact folder for a runtime.

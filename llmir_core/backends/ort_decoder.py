@@ -1105,6 +1105,15 @@ def _emit_matmul16(D: DecoderSerializer, op: Op) -> bool:
     return True
 
 
+def _emit_matmul_f32(D: DecoderSerializer, op: Op) -> bool:
+    """ort.matmul_f32 -> ai.llmir MatMulF32 on the f32 weight as stored (no prepacked copy)."""
+    from .ort_ext import DOMAIN, OP_NAMES
+
+    w = D.w.f32(D.weight(op.operands[1]), _label(op, "weight"))
+    D.bind(op.results[0], D.L.one(OP_NAMES["f32"], D.name(op.operands[0]), w, domain=DOMAIN))
+    return True
+
+
 def _emit_ort_cast(D: DecoderSerializer, op: Op) -> bool:
     if id(op.operands[0]) in D.g.static:
         return False  # lowered on first use (_stored_cast)
@@ -1123,6 +1132,7 @@ _EMIT = {
     "ort.fused_matmul": _emit_fused_matmul,
     "ort.matmul_nbits": _emit_matmul_nbits,
     "ort.matmul16": _emit_matmul16,
+    "ort.matmul_f32": _emit_matmul_f32,
     "ort.dynamic_quantize_matmul": _emit_dynamic_quantize_matmul,
     "ort.matmul_s8": _emit_matmul_s8,
     "ort.quick_gelu": _emit_quick_gelu,

@@ -31,6 +31,7 @@ _OPTIONS = (
     "generic",
     "dtype",
     "prepack",
+    "f32_matmul",
 )
 # ops with a definition the generic lowering cannot express in ONNX
 _REASONS = {
@@ -110,7 +111,11 @@ class OrtTarget:
         from llmir_core.passes.lower_ort_moe import LowerOrtMoe
         from llmir_core.passes.lower_ort_norms import LowerOrtNorms
         from llmir_core.passes.lower_ort_precision import LowerOrtPrecision
-        from llmir_core.passes.lower_ort_weight_dtype import LowerOrtWeightDtype, parse_weight_dtype
+        from llmir_core.passes.lower_ort_weight_dtype import (
+            F32_KERNEL,
+            LowerOrtWeightDtype,
+            parse_weight_dtype,
+        )
         from llmir_core.passes.ort_common import ACCURACY_LEVEL, LAST_LOGITS, PREPACK
 
         unknown = sorted(set(options) - set(_OPTIONS))
@@ -150,7 +155,15 @@ class OrtTarget:
                 str(options.get("nbits_kernel") or NBITS_KERNEL[0]),
             ),
             LowerOrtEmbedding(quant, block),
-            LowerOrtWeightDtype(dtype),
+            # f32 weights: llmir's MatMulF32 reads them in place; with --prepack none (weights
+            # as stored) it is what runs where the custom ops build
+            LowerOrtWeightDtype(
+                dtype,
+                f32_kernel=str(
+                    options.get("f32_matmul")
+                    or ("auto" if options.get("prepack") == "none" else F32_KERNEL)
+                ),
+            ),
             LowerOrtLogits(last),
             module,
         ]

@@ -432,6 +432,40 @@ register(
     )
 )
 
+
+def _infer_matmul_f32(ctx: InferCtx) -> list[Type]:
+    a, w = float_tensor(ctx, 0, "a"), tensor_arg(ctx, 1, "b")
+    _need(a.rank >= 2 and a.dtype == DType.f32, f"a must be an f32 tensor of rank >= 2, got {a}")
+    _need(w.rank == 2 and w.dtype == DType.f32, f"b must be a 2-D [N, K] f32 weight, got {w}")
+    n, k = w.shape
+    _need(
+        k == a.shape[-1] or not (isinstance(k, int) and isinstance(a.shape[-1], int)),
+        f"contraction dims differ: a has {a.shape[-1]}, b {k}",
+    )
+    return [like(a, (*a.shape[:-1], n))]
+
+
+register(
+    OpDef(
+        name="ort.matmul_f32",
+        summary="llmir's onnxruntime custom op (ai.llmir MatMulF32, llmir_core/backends/ort_ext): "
+        "a @ b^T for an f32 a and an f32 weight b [N, K] read in place (no prepacked copy: "
+        "the session loads without repacking it).",
+        operands=(Operand("a", doc="[..., K] f32"), Operand("b", doc="[N, K] f32")),
+        attrs=(),
+        infer=_infer_matmul_f32,
+        reference=_ref_matmul16,
+        decompose=lambda b, o, at: [b.op("core.matmul", o[0], o[1], transpose_b=True)],
+        smt=encoding("target_smt", "ort_matmul_f32"),
+        interval=ranges.iv_matmul,
+        cost=ranges.cost_matmul,
+        verifies="a is an f32 tensor of rank >= 2 and b a 2-D f32 [N, K] weight whose K matches "
+        "a's last dim.",
+        example="%y = ort.matmul_f32 %x, %w : (tensor<?batch x ?seq x 64 x f32>, "
+        "tensor<128x64xf32>) -> tensor<?batch x ?seq x 128 x f32>",
+    )
+)
+
 _QUANTIZE = ("none", "sym", "asym")
 NBITS_KERNELS = ("mlas", "llmir")  # ort.matmul_nbits' `kernel`: which implementation runs it
 

@@ -44,6 +44,10 @@ def ort_matmul16(enc: Encoder, args: Args, attrs: At) -> STensor:
     return enc.matmul(args[0], core_smt.cast(enc, [args[1]], {"to": "f32"}), transpose_b=True)
 
 
+def ort_matmul_f32(enc: Encoder, args: Args, attrs: At) -> STensor:
+    return enc.matmul(args[0], args[1], transpose_b=True)
+
+
 def ort_quick_gelu(enc: Encoder, args: Args, attrs: At) -> STensor:
     """x * sigmoid(alpha * x); alpha 1 is SiLU (the same term as core.silu)."""
     alpha = attrs["alpha"]

@@ -64,6 +64,7 @@ ROWWISE: dict[str, tuple[int, ...]] = {
     "ort.fused_matmul": (0,),
     "ort.matmul_nbits": (0,),
     "ort.matmul16": (0,),
+    "ort.matmul_f32": (0,),
     "llm.linear": (0,),
     "llm.quantized_matmul": (0,),
     "llm.gated_mlp": (0,),

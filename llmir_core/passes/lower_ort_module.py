@@ -7,9 +7,10 @@ names). A module with `target` set is lowered: `llmir build` serializes it as is
 
 `prepack` is the session's weight handling, decided here so the lowered module shows it:
 "session" (onnxruntime repacks matmul weights when the session opens) or "none" (f32 weights
-stay memory-mapped as stored: fastest load, slower matmuls). "none" is refused when the module
-has MatMulNBits ops (onnxruntime runs them unpacked ~40x slower, measured; `kernel = "llmir"`
-ones read their blocks as stored and are fine). With "session" the
+stay memory-mapped as stored: fastest load; lower-ort-weight-dtype then gives the f32 matmuls to
+llmir's in-place `ort.matmul_f32` where it builds, else they run unpacked, slower). "none" is
+refused when the module has MatMulNBits ops (onnxruntime runs them unpacked ~40x slower,
+measured; `kernel = "llmir"` ones read their blocks as stored and are fine). With "session" the
 serializer lays model.onnx out for prepacking (`backends/ort_load_layout.py`: a tied table's
 non-matmul readers get their own name over the same bytes, its matmul node comes first): the
 same nodes and bytes, a lower peak RSS.

@@ -24,6 +24,12 @@ shared by several ops (a tied embedding and lm_head) is stored once. Then, per u
 - `llm.embedding(W, ids)` becomes `ort.cast(llm.embedding(W_d, ids), f32)`: rows gathered from
   the 16-bit table and widened (exact), so no f32 copy of the table is held.
 
+A weight that stays f32 is matmul'd by onnxruntime's FusedMatMul (MLAS, which repacks it when
+the session opens: load time and a heap copy), unless `f32_kernel` asks for llmir's custom op:
+`ort.fused_matmul(x, W)` with transB becomes `ort.matmul_f32(x, W)` (ai.llmir MatMulF32: the f32
+weight read as stored, no repacking), with the same `auto`/`custom` rules as `kernel`;
+`f32_kernel = "ort"` (the default) keeps FusedMatMul.
+
 MatMulNBits weights (`--quant`, GGUF blocks) are not touched. The report gives each weight's max
 rounding error and which path it took (and why the custom op was not used).
 
@@ -49,6 +55,8 @@ from .ort_common import Graph, declare_ort, is_decoder, tt
 
 WEIGHT_DTYPES = ("f16", "bf16")
 KERNELS = ("auto", "custom", "f32")
+F32_KERNELS = ("ort", "auto", "custom")  # f32 weights: FusedMatMul, or llmir's MatMulF32
+F32_KERNEL = "ort"  # the default (see docs/perf.md: MatMulF32 against MLAS)
 
 
 def parse_weight_dtype(dtype: str | None) -> DType | None:
@@ -98,6 +106,7 @@ class LowerOrtWeightDtype:
     )
     dtype: str = ""  # f16 | bf16 | f32 ("": each weight in the width its source stores)
     kernel: str = "auto"  # auto | custom | f32: the matmul path for 16-bit weights (see above)
+    f32_kernel: str = F32_KERNEL  # ort | auto | custom: the matmul path for f32 weights
     # --verify-each compares outputs differentially at this relative tolerance (bf16 rounds each
     # weight by up to 2^-9 of its magnitude; f16 by 2^-12), scaled by depth
     validation_rtol: ClassVar[float] = 2e-2
@@ -105,16 +114,30 @@ class LowerOrtWeightDtype:
     def run(self, module: Module, ctx: PassContext) -> bool:
         d = parse_weight_dtype(self.dtype)
         keep = self.dtype == ""  # the default: 16-bit stored weights stay 16-bit
-        if (d is None and not keep) or not is_decoder(module):
+        if self.f32_kernel not in F32_KERNELS:
+            raise InputError(
+                f"unknown f32_kernel '{self.f32_kernel}' for lower-ort-weight-dtype",
+                hint=f"use one of: {', '.join(F32_KERNELS)}",
+            )
+        f32_custom = self.f32_kernel != "ort"
+        if (d is None and not keep and not f32_custom) or not is_decoder(module):
             return False
         from .static_eval import static_value
 
         why: list[str | None] = []  # the custom op's unavailability, decided at the first use
+        here: list[str | None] = []  # the same for ort.matmul_f32 (f32_kernel = auto)
 
         def custom() -> str | None:
             if not why:
                 why.append(self._custom())
             return why[0]
+
+        def custom_f32() -> bool:
+            if self.f32_kernel == "custom":
+                return True
+            if not here:
+                here.append(self._unavailable())
+            return here[0] is None
 
         changed = False
         for fn in module.functions:
@@ -135,8 +158,16 @@ class LowerOrtWeightDtype:
                     or (w.owner is not None and w.owner.name == "ort.cast")
                 ):
                     continue
-                wd = d if d is not None else _stored_16(w)
+                wd = d if d is not None else (_stored_16(w) if keep else None)
                 if wd is None:
+                    if (
+                        f32_custom
+                        and op.name == "ort.fused_matmul"
+                        and op.attrs.get("transB")
+                        and custom_f32()
+                    ):
+                        self._matmul_f32(fn, op, w, ctx)
+                        changed = True
                     continue
                 if id(w) not in stored:
                     stored[id(w)] = self._store(fn, w, wd, ctx, module, static_value)
@@ -166,6 +197,10 @@ class LowerOrtWeightDtype:
             return "the f32 path was asked for (kernel=f32)"
         if self.kernel == "custom":  # for another machine: the runtime checks when it loads
             return None
+        return self._unavailable()
+
+    def _unavailable(self) -> str | None:
+        """Why llmir's custom-op library cannot be used on this machine, or None."""
         from llmir_core.backends.ort_ext import CustomOpError, library_path, unavailable_reason
 
         why = unavailable_reason()
@@ -243,5 +278,26 @@ class LowerOrtWeightDtype:
             "widened in registers, f32 accumulation",
         )
 
+    def _matmul_f32(self, fn: Function, op: Op, w: Value, ctx: PassContext) -> None:
+        b, new_ops = scratch_builder(fn, op.origin)
+        y = b.op("ort.matmul_f32", op.operands[0], w)
+        i = next(i for i, o in enumerate(fn.ops) if o is op)
+        fn.ops[i:i] = new_ops
+        take_over(fn, op.results[0], y)
+        erase_dead(fn, [op])
+        ctx.applied(
+            "weight-dtype",
+            y,
+            f"{_label(w)}: f32, read as stored by llmir's custom op (ai.llmir MatMulF32): "
+            "no repacked copy when the session loads",
+        )
 
-__all__ = ["KERNELS", "LowerOrtWeightDtype", "WEIGHT_DTYPES", "parse_weight_dtype"]
+
+__all__ = [
+    "F32_KERNEL",
+    "F32_KERNELS",
+    "KERNELS",
+    "LowerOrtWeightDtype",
+    "WEIGHT_DTYPES",
+    "parse_weight_dtype",
+]

@@ -1,9 +1,10 @@
-"""llmir's onnxruntime custom op (`ort.matmul16`, llmir_core/backends/ort_ext): the compiled
-kernel against the op's numpy reference for f16 and bf16 weights over decode- and prefill-shaped
-M and odd K/N; a `--dtype f16` build that uses it computes what the f32-path build computes;
-without the capability the lowering keeps the f32 path and an artifact that needs the library is
-refused with one clear line. Tests that run the kernel are skipped where it cannot be built
-(no C compiler, no AVX2/FMA/F16C, not Linux x86-64)."""
+"""llmir's onnxruntime custom ops (`ort.matmul16`, `ort.matmul_f32`, llmir_core/backends/ort_ext):
+the compiled kernels against the ops' numpy reference for f16, bf16 and f32 weights over every
+decode-shaped M (GEMV, 1..8), the GEMM cutoff and prefill M, odd K/N; a `--dtype f16` build that
+uses it computes what the f32-path build computes, and so does an f32 build on MatMulF32
+(`f32_kernel`, chosen by --prepack none); without the capability the lowering keeps the f32 path
+and an artifact that needs the library is refused with one clear line. Tests that run the kernel
+are skipped where it cannot be built (no C compiler, no AVX2/FMA/F16C, not Linux x86-64)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def _session(dt: str, n: int, k: int, threads: int = 2) -> Any:
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    wt = TensorProto.FLOAT16 if dt == "f16" else TensorProto.BFLOAT16
+    wt = {"f16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16, "f32": TensorProto.FLOAT}[dt]
     node = helper.make_node(OP_NAMES[dt], ["x", "w"], ["y"], domain=DOMAIN)
     g = helper.make_graph(
         [node],
@@ -70,14 +71,17 @@ def _run(sess: Any, x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 @needs_kernel
-@pytest.mark.parametrize("dt", ["f16", "bf16"])
-@pytest.mark.parametrize("n,k", [(37, 29), (64, 96), (131, 1000)])
+@pytest.mark.parametrize("dt", ["f16", "bf16", "f32"])
+@pytest.mark.parametrize("n,k", [(37, 29), (64, 96), (131, 1000), (33, 200)])
 def test_kernel_matches_reference(dt: str, n: int, k: int) -> None:
     rng = np.random.default_rng(n * k)
     sess = _session(dt, n, k)
     w = rng.standard_normal((n, k)).astype(numpy_dtype(DType(dt)))
-    ref = get_op("ort.matmul16").reference  # type: ignore[union-attr]
-    for m in (1, 3, 17, 64):  # decode (GEMV) and prefill (packed GEMM) paths, ragged tiles
+    ref = get_op("ort.matmul_f32" if dt == "f32" else "ort.matmul16").reference  # type: ignore[union-attr]
+    # decode (GEMV: M <= 8, every M: 1 row, then 4-row passes with a ragged last one), the GEMM
+    # from M = 9 (ragged 6-row tiles), prefill-sized M; K with and without a 64-column step, an
+    # 8-column rest and a scalar tail
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 64, 128):
         x = rng.standard_normal((m, k)).astype(np.float32)
         got, want = _run(sess, x, w), ref([x, w], {})
         assert got.shape == (m, n) and got.dtype == np.float32
@@ -93,6 +97,12 @@ def test_kernel_takes_batched_rows_and_thread_counts() -> None:
     one, two = _run(_session("f16", 70, 48, 1), x, w), _run(_session("f16", 70, 48, 2), x, w)
     assert one.shape == (2, 9, 70)
     # each output is computed by one thread in a fixed order: the same bits at any thread count
+    assert np.array_equal(one, two)
+    assert rel(one, x.astype(np.float64) @ w.astype(np.float64).T) <= 1e-5
+    # GEMV split into row ranges over the threads: the same bits too (N not a multiple of them)
+    w = rng.standard_normal((1001, 130)).astype(np.float16)
+    x = rng.standard_normal((1, 1, 130)).astype(np.float32)
+    one, two = _run(_session("f16", 1001, 130, 1), x, w), _run(_session("f16", 1001, 130, 2), x, w)
     assert np.array_equal(one, two)
     assert rel(one, x.astype(np.float64) @ w.astype(np.float64).T) <= 1e-5
 
@@ -210,3 +220,76 @@ def test_a_compiler_that_fails_means_the_f32_path(
     with pytest.raises(CustomOpError):
         library_path()
     assert not list((tmp_path / "cache").glob("*"))  # no partial library left behind
+
+
+# -- f32 weights: ai.llmir MatMulF32 (ort.matmul_f32) ----------------------------------------------
+
+
+def _f32_lowering(**kw: Any) -> list[Any]:
+    from llmir_core.passes.lower_ort_weight_dtype import LowerOrtWeightDtype
+
+    lowering = get_target("onnxruntime").lowering({})
+    i = next(i for i, p in enumerate(lowering) if p.name == "lower-ort-weight-dtype")
+    lowering[i] = LowerOrtWeightDtype("", **kw)
+    return lowering
+
+
+def test_f32_kernel_choice_shows_in_the_lowered_module(tiny_module: Any) -> None:
+    from llmir_core.passes.lower_ort_weight_dtype import F32_KERNEL
+
+    text = print_module(
+        run_pipeline(clone_module(tiny_module), _f32_lowering(f32_kernel="custom")).module
+    )
+    assert "ort.matmul_f32" in text and "ort.fused_matmul" not in text
+    assert "lower-ort-weight-dtype{f32_kernel=custom}" in text
+    default = _lowered(tiny_module, "")  # the default keeps onnxruntime's FusedMatMul
+    assert F32_KERNEL == "ort" and "ort.matmul_f32" not in default
+    assert "ort.fused_matmul" in default
+
+
+@needs_kernel
+def test_prepack_none_reads_f32_weights_in_place(
+    tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lowering = get_target("onnxruntime").lowering({"prepack": "none"})
+    text = print_module(run_pipeline(clone_module(tiny_module), lowering).module)
+    assert "ort.matmul_f32" in text and "lower-ort-weight-dtype{f32_kernel=auto}" in text
+    build(tiny_module, str(tmp_path / "custom"), "onnxruntime", options={"f32_matmul": "auto"})
+    build(tiny_module, str(tmp_path / "mlas"), "onnxruntime", options={})
+    man = json.loads((tmp_path / "custom" / "manifest.json").read_text())
+    assert man["custom_ops"] == ["llmir_ops"] and man["opset"][DOMAIN] == 1
+    a, b = open_artifact(str(tmp_path / "custom")), open_artifact(str(tmp_path / "mlas"))
+    a.reset(1)
+    b.reset(1)
+    # the same f32 weights, only the summation order differs
+    assert rel(a.forward(PROMPT), b.forward(PROMPT)) <= 1e-5
+    assert greedy(a, [1, 5, 9], 32) == greedy(b, [1, 5, 9], 32)
+
+
+def test_f32_kernel_falls_back_without_the_capability(
+    tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(DISABLE_ENV, "1")
+    text = print_module(
+        run_pipeline(clone_module(tiny_module), _f32_lowering(f32_kernel="auto")).module
+    )
+    assert "ort.matmul_f32" not in text and "ort.fused_matmul" in text
+    build(tiny_module, str(tmp_path / "art"), "onnxruntime", options={"prepack": "none"})
+    man = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    assert man["custom_ops"] == [] and DOMAIN not in man["opset"]
+
+
+def test_bad_f32_kernel_is_a_usage_error(tiny_module: Any) -> None:
+    with pytest.raises(InputError, match="unknown f32_kernel 'mlas'"):
+        run_pipeline(clone_module(tiny_module), _f32_lowering(f32_kernel="mlas"))
+
+
+def test_verify_proves_the_f32_rewrite(tiny_module: Any, tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    for kernel in ("custom", "ort"):
+        module = run_pipeline(clone_module(tiny_module), _f32_lowering(f32_kernel=kernel)).module
+        (tmp_path / f"{kernel}.llmir").write_text(print_module(module))
+    r = run_cli("verify", "custom.llmir", "--against", "ort.llmir", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "equivalent to ort.llmir (by smt" in r.stdout

@@ -35,7 +35,7 @@ from llmir_core.errors import InputError
 LIBRARY = "llmir_ops"  # the name a manifest records (`custom_ops`)
 ALIASES = ("matmul16",)  # names older manifests recorded for the same library
 DOMAIN = "ai.llmir"
-OP_NAMES = {"f16": "MatMulF16", "bf16": "MatMulBf16"}
+OP_NAMES = {"f16": "MatMulF16", "bf16": "MatMulBf16", "f32": "MatMulF32"}
 NBITS_OP_NAMES = {4: "MatMulNBitsQ4", 8: "MatMulNBitsQ8"}  # ort.matmul_nbits {kernel = "llmir"}
 HERE = Path(__file__).parent
 # compiled together: register.c and one file per op family

@@ -6,8 +6,8 @@
  * GEMM on x86, so without this a 16-bit weight is widened to f32 when the session loads and every
  * decode step reads twice the bytes.
  *
- * - M (rows of X) <= GEMV_ROWS: a GEMV over groups of 4 weight rows, each read once per call
- *   straight from its 16-bit storage (decode: bound by memory bandwidth);
+ * - M (rows of X) <= GEMV_ROWS: a GEMV streaming each weight row once per call straight from its
+ *   stored format, applied to up to 4 rows of X per pass (decode: bound by memory bandwidth);
  * - larger M (prefill): for each panel of 16 weight rows and block of KC columns, the block is
  *   widened once into an f32 [KC][16] panel and multiplied into 6-row blocks of X with a 6x16
  *   outer-product kernel (12 accumulators), so the conversion is paid once per M rows.
@@ -27,94 +27,155 @@
 
 /* -- kernels ------------------------------------------------------------------------------ */
 
-enum { W_F16 = 0, W_BF16 = 1 };
-#define GEMV_ROWS 4 /* X rows up to which the GEMV path runs */
-#define GEMV_CHUNK 64 /* weight rows per parallel task (GEMV) */
+enum { W_F16 = 0, W_BF16 = 1, W_F32 = 2 };
+#define GEMV_ROWS 8 /* X rows up to which the GEMV path runs (measured: below the GEMM to M=8) */
+#define GEMV_TASKS 32 /* parallel tasks per GEMV call at most (claimed dynamically by threads) */
+#define GEMV_MIN_ROWS 8 /* weight rows per GEMV task at least */
 #define GEMM_PANELS 2 /* panels per parallel task (GEMM) */
 
-static inline __m256 load8(const uint16_t *p, int wt) {
+/* 8 weights at p (element offset already applied) widened to f32; wt is a compile-time constant
+ * at every call site (the kernels below are instantiated per weight type) */
+static inline __attribute__((always_inline)) __m256 load8(const void *p, int wt) {
+    if (wt == W_F32) return _mm256_loadu_ps((const float *)p);
     __m128i v = _mm_loadu_si128((const __m128i *)p);
     if (wt == W_F16) return _mm256_cvtph_ps(v);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
 }
 
-static inline float load1(const uint16_t *p, int wt) {
-    if (wt == W_F16) return _cvtsh_ss(*p);
-    uint32_t u = (uint32_t)(*p) << 16;
+static inline __attribute__((always_inline)) float load1(const void *p, int wt) {
+    if (wt == W_F32) return *(const float *)p;
+    uint16_t h = *(const uint16_t *)p;
+    if (wt == W_F16) return _cvtsh_ss(h);
+    uint32_t u = (uint32_t)h << 16;
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
+/* bytes per weight of a weight type */
+static inline __attribute__((always_inline)) int64_t wsize(int wt) { return wt == W_F32 ? 4 : 2; }
+
+/* the address of W[n, k] */
+static inline __attribute__((always_inline)) const void *wat(const void *w, int64_t i, int wt) {
+    return (const char *)w + i * wsize(wt);
+}
+
 typedef struct Job {
     const float *x;
-    const uint16_t *w;
+    const void *w;
     float *y;
     int64_t M, N, K;
     int wt;
+    int64_t gemv_rows; /* weight rows per GEMV task */
 } Job;
 
-/* y[m, n0:n1] for every m < M (M small): each weight row is read once from memory */
-static void gemv_rows(const Job *j, int64_t n0, int64_t n1) {
-    const int64_t K = j->K, K8 = K & ~(int64_t)7;
-    const int wt = j->wt;
-    int64_t n = n0;
-    for (; n + 4 <= n1; n += 4) {
-        const uint16_t *w0 = j->w + n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
-        for (int64_t m = 0; m < j->M; m++) {
-            const float *x = j->x + m * K;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int64_t k = 0; k < K8; k += 8) {
-                __m256 xv = _mm256_loadu_ps(x + k);
-                a0 = _mm256_fmadd_ps(load8(w0 + k, wt), xv, a0);
-                a1 = _mm256_fmadd_ps(load8(w1 + k, wt), xv, a1);
-                a2 = _mm256_fmadd_ps(load8(w2 + k, wt), xv, a2);
-                a3 = _mm256_fmadd_ps(load8(w3 + k, wt), xv, a3);
-            }
-            float s0 = llmir_hsum(a0), s1 = llmir_hsum(a1), s2 = llmir_hsum(a2), s3 = llmir_hsum(a3);
-            for (int64_t k = K8; k < K; k++) {
-                s0 += load1(w0 + k, wt) * x[k];
-                s1 += load1(w1 + k, wt) * x[k];
-                s2 += load1(w2 + k, wt) * x[k];
-                s3 += load1(w3 + k, wt) * x[k];
-            }
-            float *y = j->y + m * j->N + n;
-            y[0] = s0, y[1] = s1, y[2] = s2, y[3] = s3;
+/* sum_k w[k] x[k]: one weight row streamed front to back, 64 columns per step into 8
+ * independent accumulators, each cache line of a 16-bit row prefetched PF_AHEAD bytes early
+ * (for f32 rows the software prefetch measured slower than the hardware's alone). One sequential
+ * stream per thread is what the hardware prefetcher serves best: reading 2-4 rows side by side
+ * measured 30-40% slower on Zen 3; 8 accumulators and the prefetch bring the f16 row read from
+ * ~80% to ~90% of a plain read's bandwidth there (benchmarks/matmul16_kernels.py). */
+#define PF_AHEAD 1024
+static inline __attribute__((always_inline)) float dot_row(const void *w, const float *x,
+                                                           int64_t K, int wt) {
+    __m256 a[8];
+    for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 64 <= K; k += 64) {
+        if (wt != W_F32) /* f32 rows: the hardware prefetcher alone measured faster */
+            for (int64_t b = 0; b < 128; b += 64)
+                _mm_prefetch((const char *)wat(w, k, wt) + PF_AHEAD + b, _MM_HINT_T0);
+        for (int i = 0; i < 8; i++)
+            a[i] = _mm256_fmadd_ps(load8(wat(w, k + 8 * i, wt), wt), _mm256_loadu_ps(x + k + 8 * i),
+                                   a[i]);
+    }
+    for (; k + 8 <= K; k += 8)
+        a[0] = _mm256_fmadd_ps(load8(wat(w, k, wt), wt), _mm256_loadu_ps(x + k), a[0]);
+    __m256 s4 = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+    __m256 t4 = _mm256_add_ps(_mm256_add_ps(a[4], a[5]), _mm256_add_ps(a[6], a[7]));
+    float s = llmir_hsum(_mm256_add_ps(s4, t4));
+    for (; k < K; k++) s += load1(wat(w, k, wt), wt) * x[k];
+    return s;
+}
+
+/* y[r * ldy] = sum_k w[k] x[r * ldx + k] for r < MRV (2..4 rows of X): the weight row is widened
+ * once per 8 columns and multiplied into every row (2 accumulators per row) */
+static inline __attribute__((always_inline)) void dot_rows(const void *w, const float *x,
+                                                           int64_t ldx, float *y, int64_t ldy,
+                                                           int64_t K, int wt, int MRV) {
+    __m256 a[4][2];
+    for (int r = 0; r < MRV; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        if (wt != W_F32) _mm_prefetch((const char *)wat(w, k, wt) + PF_AHEAD, _MM_HINT_T0);
+        __m256 w0 = load8(wat(w, k, wt), wt), w1 = load8(wat(w, k + 8, wt), wt);
+        for (int r = 0; r < MRV; r++) {
+            a[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * ldx + k), a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * ldx + k + 8), a[r][1]);
         }
     }
-    for (; n < n1; n++) {
-        const uint16_t *w0 = j->w + n * K;
-        for (int64_t m = 0; m < j->M; m++) {
+    for (; k + 8 <= K; k += 8) {
+        __m256 w0 = load8(wat(w, k, wt), wt);
+        for (int r = 0; r < MRV; r++)
+            a[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * ldx + k), a[r][0]);
+    }
+    for (int r = 0; r < MRV; r++) {
+        float s = llmir_hsum(_mm256_add_ps(a[r][0], a[r][1]));
+        for (int64_t t = k; t < K; t++) s += load1(wat(w, t, wt), wt) * x[r * ldx + t];
+        y[r * ldy] = s;
+    }
+}
+
+/* y[m, n0:n1] for every m < M (M <= GEMV_ROWS): each weight row is read from memory once; one
+ * row of X streams it at full width (dot_row), more rows take it 4 at a time (dot_rows; rows
+ * after the first 4 reuse it from L1) */
+static inline __attribute__((always_inline)) void gemv_rows(const Job *j, int64_t n0, int64_t n1,
+                                                            int wt) {
+    const int64_t K = j->K, N = j->N, M = j->M;
+    for (int64_t n = n0; n < n1; n++) {
+        const void *w = wat(j->w, n * K, wt);
+        if (M == 1) {
+            j->y[n] = dot_row(w, j->x, K, wt);
+            continue;
+        }
+        for (int64_t m = 0; m < M; m += 4) {
             const float *x = j->x + m * K;
-            __m256 a0 = _mm256_setzero_ps();
-            for (int64_t k = 0; k < K8; k += 8)
-                a0 = _mm256_fmadd_ps(load8(w0 + k, wt), _mm256_loadu_ps(x + k), a0);
-            float s0 = llmir_hsum(a0);
-            for (int64_t k = K8; k < K; k++) s0 += load1(w0 + k, wt) * x[k];
-            j->y[m * j->N + n] = s0;
+            float *y = j->y + m * N + n;
+            switch (M - m < 4 ? M - m : 4) {
+                case 1: *y = dot_row(w, x, K, wt); break;
+                case 2: dot_rows(w, x, K, y, N, K, wt, 2); break;
+                case 3: dot_rows(w, x, K, y, N, K, wt, 3); break;
+                default: dot_rows(w, x, K, y, N, K, wt, 4); break;
+            }
         }
     }
 }
 
 static void gemv_task(void *p, size_t i) {
     const Job *j = (const Job *)p;
-    int64_t n0 = (int64_t)i * GEMV_CHUNK, n1 = n0 + GEMV_CHUNK;
-    gemv_rows(j, n0, n1 < j->N ? n1 : j->N);
+    int64_t n0 = (int64_t)i * j->gemv_rows, n1 = n0 + j->gemv_rows;
+    if (n1 > j->N) n1 = j->N;
+    if (j->wt == W_F16) gemv_rows(j, n0, n1, W_F16);
+    else if (j->wt == W_BF16) gemv_rows(j, n0, n1, W_BF16);
+    else gemv_rows(j, n0, n1, W_F32);
 }
 
-static void pack_panel(const Job *j, int64_t n0, int nr, int64_t k0, int kc, float *panel) {
+static inline __attribute__((always_inline)) void pack_panel(const Job *j, int64_t n0, int nr,
+                                                             int64_t k0, int kc, float *panel,
+                                                             int wt) {
+    const int64_t K = j->K;
     if (nr == NR) { /* full panel: 8x8 blocks widened and transposed in registers */
         int k = 0;
         for (; k + 8 <= kc; k += 8)
             for (int c0 = 0; c0 < NR; c0 += 8) {
                 __m256 r[8];
                 for (int c = 0; c < 8; c++)
-                    r[c] = load8(j->w + (n0 + c0 + c) * j->K + k0 + k, j->wt);
+                    r[c] = load8(wat(j->w, (n0 + c0 + c) * K + k0 + k, wt), wt);
                 llmir_transpose8_store(r, panel + k * NR + c0, NR);
             }
         for (; k < kc; k++)
             for (int c = 0; c < NR; c++)
-                panel[k * NR + c] = load1(j->w + (n0 + c) * j->K + k0 + k, j->wt);
+                panel[k * NR + c] = load1(wat(j->w, (n0 + c) * K + k0 + k, wt), wt);
         return;
     }
     for (int c = 0; c < NR; c++) {
@@ -122,36 +183,63 @@ static void pack_panel(const Job *j, int64_t n0, int nr, int64_t k0, int kc, flo
             for (int k = 0; k < kc; k++) panel[k * NR + c] = 0.0f;
             continue;
         }
-        const uint16_t *w = j->w + (n0 + c) * j->K + k0;
+        const void *w = wat(j->w, (n0 + c) * K + k0, wt);
         int k = 0;
         for (; k + 8 <= kc; k += 8) {
             float t[8];
-            _mm256_storeu_ps(t, load8(w + k, j->wt));
+            _mm256_storeu_ps(t, load8(wat(w, k, wt), wt));
             for (int e = 0; e < 8; e++) panel[(k + e) * NR + c] = t[e];
         }
-        for (; k < kc; k++) panel[k * NR + c] = load1(w + k, j->wt);
+        for (; k < kc; k++) panel[k * NR + c] = load1(wat(w, k, wt), wt);
     }
 }
 
-static void gemm_task(void *p, size_t i) {
-    const Job *j = (const Job *)p;
+/* prefetch into L2 the lines [t0, t1) of the weight block the next pack_panel reads: rows n0.. of
+ * W (up to NR), columns k0..k0+kc, lpr lines a row */
+static inline __attribute__((always_inline)) void prefetch_block(const Job *j, int64_t n0, int64_t k0,
+                                                                 int64_t lpr, int64_t t0,
+                                                                 int64_t t1, int wt) {
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t c = t / lpr, l = t % lpr;
+        if (n0 + c >= j->N) return;
+        _mm_prefetch((const char *)wat(j->w, (n0 + c) * j->K + k0, wt) + l * 64, _MM_HINT_T0);
+    }
+}
+
+static inline __attribute__((always_inline)) void gemm_panels(const Job *j, size_t i, int wt) {
     float panel[KC * NR] __attribute__((aligned(32)));
+    /* K in equal blocks of at most KC columns (a multiple of 8 but the last) */
+    int64_t blocks = (j->K + KC - 1) / KC, step = ((j->K + blocks - 1) / blocks + 7) & ~7;
+    int64_t mblocks = (j->M + MR - 1) / MR;
     for (int q = 0; q < GEMM_PANELS; q++) {
         int64_t n0 = ((int64_t)i * GEMM_PANELS + q) * NR;
         if (n0 >= j->N) return;
         int nr = j->N - n0 < NR ? (int)(j->N - n0) : NR;
-        /* K in equal blocks of at most KC columns (a multiple of 8 but the last) */
-        int64_t blocks = (j->K + KC - 1) / KC, step = ((j->K + blocks - 1) / blocks + 7) & ~7;
         for (int64_t k0 = 0; k0 < j->K; k0 += step) {
             int kc = j->K - k0 < step ? (int)(j->K - k0) : (int)step;
-            pack_panel(j, n0, nr, k0, kc, panel);
-            for (int64_t m0 = 0; m0 < j->M; m0 += MR) {
+            pack_panel(j, n0, nr, k0, kc, panel, wt);
+            /* the block the next pack reads (the next K block, else the next panel's first),
+             * fetched from memory while this one is multiplied: packing then reads L2 */
+            int64_t pn = n0, pk = k0 + step;
+            if (pk >= j->K) pn = n0 + NR, pk = 0;
+            int64_t pkc = j->K - pk < step ? j->K - pk : step;
+            int64_t lpr = (pkc * wsize(wt) + 63) / 64, lines = NR * lpr;
+            int64_t per = (lines + mblocks - 1) / mblocks, t = 0;
+            for (int64_t m0 = 0; m0 < j->M; m0 += MR, t += per) {
                 int mr = j->M - m0 < MR ? (int)(j->M - m0) : MR;
+                if (t < lines) prefetch_block(j, pn, pk, lpr, t, t + per < lines ? t + per : lines, wt);
                 llmir_micro_6x16(j->x + m0 * j->K + k0, j->K, j->y + m0 * j->N + n0, j->N, panel,
                                  mr, nr, kc, k0 != 0);
             }
         }
     }
+}
+
+static void gemm_task(void *p, size_t i) {
+    const Job *j = (const Job *)p;
+    if (j->wt == W_F16) gemm_panels(j, i, W_F16);
+    else if (j->wt == W_BF16) gemm_panels(j, i, W_BF16);
+    else gemm_panels(j, i, W_F32);
 }
 
 /* -- the custom ops ----------------------------------------------------------------------- */
@@ -188,7 +276,7 @@ static OrtStatus *compute(void *kp, OrtKernelContext *ctx) {
     int xr = llmir_shape_of(api, xv, xd), wr = llmir_shape_of(api, wv, wd);
     if (xr < 1 || wr != 2 || xd[xr - 1] != wd[1])
         return API(api, I_CreateStatus, CreateStatusFn)(
-            ORT_INVALID_ARGUMENT, "ai.llmir 16-bit matmul: X [..., K] and W [N, K] do not match");
+            ORT_INVALID_ARGUMENT, "ai.llmir matmul: X [..., K] and W [N, K] do not match");
     int64_t M = 1, N = wd[0], K = wd[1];
     for (int i = 0; i < xr - 1; i++) M *= xd[i], yd[i] = xd[i];
     yd[xr - 1] = N;
@@ -204,18 +292,24 @@ static OrtStatus *compute(void *kp, OrtKernelContext *ctx) {
         memset(y, 0, (size_t)(M * N) * sizeof(float));
         return NULL;
     }
-    Job j = {(const float *)x, (const uint16_t *)w, (float *)y, M, N, K, kn->wt};
+    Job j = {(const float *)x, w, (float *)y, M, N, K, kn->wt, 0};
     ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
-    if (M <= GEMV_ROWS)
-        return pfor(ctx, gemv_task, (size_t)((N + GEMV_CHUNK - 1) / GEMV_CHUNK), 0, &j);
+    if (M <= GEMV_ROWS) { /* up to GEMV_TASKS equal row ranges, claimed by the threads in turn */
+        int64_t tasks = (N + GEMV_MIN_ROWS - 1) / GEMV_MIN_ROWS;
+        if (tasks > GEMV_TASKS) tasks = GEMV_TASKS;
+        j.gemv_rows = (N + tasks - 1) / tasks;
+        return pfor(ctx, gemv_task, (size_t)((N + j.gemv_rows - 1) / j.gemv_rows), 0, &j);
+    }
     return pfor(ctx, gemm_task, (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS)), 0, &j);
 }
 
 static const char *name_f16(const OrtCustomOp *op) { (void)op; return "MatMulF16"; }
 static const char *name_bf16(const OrtCustomOp *op) { (void)op; return "MatMulBf16"; }
 static const char *provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
+static const char *name_f32(const OrtCustomOp *op) { (void)op; return "MatMulF32"; }
 static int input_type(const OrtCustomOp *op, size_t i) {
-    return i == 0 ? T_FLOAT : (((const Op16 *)op)->wt == W_F16 ? T_FLOAT16 : T_BFLOAT16);
+    static const int types[] = {T_FLOAT16, T_BFLOAT16, T_FLOAT};
+    return i == 0 ? T_FLOAT : types[((const Op16 *)op)->wt];
 }
 static size_t two(const OrtCustomOp *op) { (void)op; return 2; }
 static size_t one(const OrtCustomOp *op) { (void)op; return 1; }
@@ -233,10 +327,14 @@ static int homogeneous(const OrtCustomOp *op) { (void)op; return 1; }
 
 static Op16 op_f16 = OP16(name_f16, W_F16);
 static Op16 op_bf16 = OP16(name_bf16, W_BF16);
+static Op16 op_f32 = OP16(name_f32, W_F32);
 
-/* adds MatMulF16 and MatMulBf16 to the ai.llmir domain (register.c) */
+/* adds MatMulF16, MatMulBf16 and MatMulF32 to the ai.llmir domain (register.c) */
 OrtStatus *llmir_add_matmul16(const OrtApi *api, OrtCustomOpDomain *domain) {
-    OrtStatus *st = API(api, I_CustomOpDomain_Add, CustomOpDomainAddFn)(domain, &op_f16.op);
-    if (st) return st;
-    return API(api, I_CustomOpDomain_Add, CustomOpDomainAddFn)(domain, &op_bf16.op);
+    Op16 *ops[] = {&op_f16, &op_bf16, &op_f32};
+    for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+        OrtStatus *st = API(api, I_CustomOpDomain_Add, CustomOpDomainAddFn)(domain, &ops[i]->op);
+        if (st) return st;
+    }
+    return NULL;
 }
