@@ -389,19 +389,21 @@ register(
 )
 
 
-def _infer_matmul16(ctx: InferCtx) -> list[Type]:
+def _infer_weight_matmul(ctx: InferCtx, dtypes: tuple[DType, ...], what: str) -> list[Type]:
+    """a [..., K] f32 times a 2-D [N, K] weight b of one of `dtypes` (b transposed)."""
     a, w = float_tensor(ctx, 0, "a"), tensor_arg(ctx, 1, "b")
     _need(a.rank >= 2 and a.dtype == DType.f32, f"a must be an f32 tensor of rank >= 2, got {a}")
-    _need(
-        w.rank == 2 and w.dtype in (DType.f16, DType.bf16),
-        f"b must be a 2-D [N, K] f16 or bf16 weight, got {w}",
-    )
+    _need(w.rank == 2 and w.dtype in dtypes, f"b must be a 2-D [N, K] {what} weight, got {w}")
     n, k = w.shape
     _need(
         k == a.shape[-1] or not (isinstance(k, int) and isinstance(a.shape[-1], int)),
         f"contraction dims differ: a has {a.shape[-1]}, b {k}",
     )
     return [like(a, (*a.shape[:-1], n))]
+
+
+def _infer_matmul16(ctx: InferCtx) -> list[Type]:
+    return _infer_weight_matmul(ctx, (DType.f16, DType.bf16), "f16 or bf16")
 
 
 def _ref_matmul16(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
@@ -434,15 +436,7 @@ register(
 
 
 def _infer_matmul_f32(ctx: InferCtx) -> list[Type]:
-    a, w = float_tensor(ctx, 0, "a"), tensor_arg(ctx, 1, "b")
-    _need(a.rank >= 2 and a.dtype == DType.f32, f"a must be an f32 tensor of rank >= 2, got {a}")
-    _need(w.rank == 2 and w.dtype == DType.f32, f"b must be a 2-D [N, K] f32 weight, got {w}")
-    n, k = w.shape
-    _need(
-        k == a.shape[-1] or not (isinstance(k, int) and isinstance(a.shape[-1], int)),
-        f"contraction dims differ: a has {a.shape[-1]}, b {k}",
-    )
-    return [like(a, (*a.shape[:-1], n))]
+    return _infer_weight_matmul(ctx, (DType.f32,), "f32")
 
 
 register(

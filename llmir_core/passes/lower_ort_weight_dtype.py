@@ -265,32 +265,39 @@ class LowerOrtWeightDtype:
         )
 
     def _matmul16(self, fn: Function, op: Op, w16: Value, ctx: PassContext) -> None:
-        b, new_ops = scratch_builder(fn, op.origin)
-        y = b.op("ort.matmul16", op.operands[0], w16)
-        i = next(i for i, o in enumerate(fn.ops) if o is op)
-        fn.ops[i:i] = new_ops
-        take_over(fn, op.results[0], y)
-        erase_dead(fn, [op])
-        ctx.applied(
-            "weight-dtype",
-            y,
+        self._custom_matmul(
+            fn,
+            op,
+            "ort.matmul16",
+            w16,
+            ctx,
             f"{_label(w16)}: read as stored by llmir's custom op (ai.llmir, AVX2/F16C), "
             "widened in registers, f32 accumulation",
         )
 
     def _matmul_f32(self, fn: Function, op: Op, w: Value, ctx: PassContext) -> None:
+        self._custom_matmul(
+            fn,
+            op,
+            "ort.matmul_f32",
+            w,
+            ctx,
+            f"{_label(w)}: f32, read as stored by llmir's custom op (ai.llmir MatMulF32): "
+            "no repacked copy when the session loads",
+        )
+
+    @staticmethod
+    def _custom_matmul(
+        fn: Function, op: Op, name: str, w: Value, ctx: PassContext, note: str
+    ) -> None:
+        """Replace `op` (x @ W^T) by llmir's custom matmul `name` over the weight w."""
         b, new_ops = scratch_builder(fn, op.origin)
-        y = b.op("ort.matmul_f32", op.operands[0], w)
+        y = b.op(name, op.operands[0], w)
         i = next(i for i, o in enumerate(fn.ops) if o is op)
         fn.ops[i:i] = new_ops
         take_over(fn, op.results[0], y)
         erase_dead(fn, [op])
-        ctx.applied(
-            "weight-dtype",
-            y,
-            f"{_label(w)}: f32, read as stored by llmir's custom op (ai.llmir MatMulF32): "
-            "no repacked copy when the session loads",
-        )
+        ctx.applied("weight-dtype", y, note)
 
 
 __all__ = [
