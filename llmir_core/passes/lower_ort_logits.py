@@ -65,6 +65,7 @@ ROWWISE: dict[str, tuple[int, ...]] = {
     "ort.matmul_nbits": (0,),
     "ort.matmul16": (0,),
     "ort.matmul_f32": (0,),
+    "ort.matmul_s8": (0,),  # rounds its activations per row: each position on its own
     "llm.linear": (0,),
     "llm.quantized_matmul": (0,),
     "llm.gated_mlp": (0,),
