@@ -27,6 +27,13 @@ import numpy as np
 from llmir_core.errors import InputError
 from llmir_core.interrupts import import_optional
 from llmir_core.runtime import trace_attrs
+from llmir_core.runtime.kv_capacity import (
+    DEFAULT_CAPACITY,
+    check_step,
+    context_limit,
+    grown_capacity,
+    reset_capacity,
+)
 from llmir_core.tracing import traced
 
 # Intra-op threads when none is asked for: None = `auto_threads()`. Measured on the 2-core
@@ -35,7 +42,6 @@ from llmir_core.tracing import traced
 # using 1.2-1.6 cores, 1 thread is 1.4-2x faster than 2 (and thread spinning costs another
 # 1.3-1.5x). So the default looks at how busy the CPUs are when the session is made.
 DEFAULT_THREADS: int | None = None
-DEFAULT_CAPACITY = 256  # KV rows allocated at reset when nothing was reserved
 
 
 def _ort() -> Any:
@@ -195,14 +201,7 @@ class OrtDecoder:
         self.decoder = dec
         self.caches: list[dict[str, Any]] = list(dec["cache"])
         self.shared = dec.get("kv_cache") == "shared_buffer"
-        limit = dec.get("max_len")
-        if max_context is not None and max_context < 1:
-            raise InputError(f"max context must be >= 1, got {max_context}")
-        self.max_context: int | None = (
-            min(x for x in (limit, max_context) if x is not None)
-            if (limit or max_context)
-            else None
-        )
+        self.max_context = context_limit(dec.get("max_len"), max_context)
         if self.shared and self.max_context is None:
             raise InputError(f"{art_dir}: the manifest gives no max_len for the shared KV buffers")
         prepack = dec.get("prepack", "session")  # artifacts built before the field: "session"
@@ -258,7 +257,7 @@ class OrtDecoder:
         self.length = 0
         if self.shared:
             assert self.max_context is not None
-            want = min(self.max_context, self._reserved or DEFAULT_CAPACITY)
+            want = reset_capacity(self._reserved, self.max_context)
             if batch != self.batch or not self.buffers or self.capacity < want:
                 self._allocate(batch, want)
         else:
@@ -289,26 +288,16 @@ class OrtDecoder:
 
     def forward(self, ids: np.ndarray) -> np.ndarray:
         """Run ids [batch, seq] after what is cached; return logits [batch, seq (or 1), vocab]."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        if ids.ndim != 2:
-            raise InputError(f"input ids must be [batch, seq], got shape {list(ids.shape)}")
+        ids = check_step(ids, self.batch, self.length, self.max_context)
         batch, seq = ids.shape
         if not self.batch:
             self.reset(batch)
-        if batch != self.batch:
-            raise InputError(f"batch {batch} differs from the {self.batch} the cache was reset for")
-        if self.max_context is not None and self.length + seq > self.max_context:
-            raise InputError(
-                f"{self.length + seq} tokens exceed the model's context of {self.max_context}",
-                hint="use a shorter prompt or fewer --max-new-tokens",
-            )
         if batch > 1 and seq > 1 and self.length and self.decoder.get("fused_attention_layers"):
             # GroupQueryAttention takes a multi-token chunk after a cached prefix only for batch 1
             steps = [self.forward(ids[:, i : i + 1]) for i in range(seq)]
             return steps[-1] if self._last_only else np.concatenate(steps, axis=1)
         if self.shared and self.length + seq > self.capacity:
-            assert self.max_context is not None
-            grown = min(self.max_context, max(2 * self.capacity, self.length + seq))
+            grown = grown_capacity(self.capacity, self.length + seq, self.max_context)
             self._allocate(batch, grown, keep=self.length)
         io = self.io
         rows = 1 if self._last_only else seq
@@ -416,4 +405,5 @@ __all__ = [
     "resolve_threads",
     "auto_spin",
     "DEFAULT_THREADS",
+    "DEFAULT_CAPACITY",
 ]

@@ -22,8 +22,13 @@ from typing import Any
 import numpy as np
 
 from llmir_core.errors import InputError
+from llmir_core.runtime.kv_capacity import (
+    check_step,
+    context_limit,
+    grown_capacity,
+    reset_capacity,
+)
 
-DEFAULT_CAPACITY = 256
 NO_GPU = "this artifact needs a CUDA GPU (none found)"
 
 
@@ -126,14 +131,7 @@ class TritonDecoder:
             self.module = parse_module(fh.read(), os.path.join(art_dir, "model.llmir"))
         self.fn = self.module.main
         _, self.step_ops = split_static(self.fn)
-        limit = dec.get("max_len")
-        if max_context is not None and max_context < 1:
-            raise InputError(f"max context must be >= 1, got {max_context}")
-        self.max_context: int | None = (
-            min(x for x in (limit, max_context) if x is not None)
-            if (limit or max_context)
-            else None
-        )
+        self.max_context = context_limit(dec.get("max_len"), max_context)
         self.values = self._load_weights()
         self.cache_args = [a for a in self.fn.args[2:]]
         self.kv_i8 = {
@@ -197,9 +195,7 @@ class TritonDecoder:
     def reset(self, batch: int = 1) -> None:
         if batch < 1:
             raise InputError(f"batch must be >= 1, got {batch}")
-        want = self._reserved or DEFAULT_CAPACITY
-        if self.max_context is not None:
-            want = min(want, self.max_context)
+        want = reset_capacity(self._reserved, self.max_context)
         if batch != self.batch or self.capacity < want:
             self._allocate(batch, want)
         self.length = 0
@@ -239,27 +235,16 @@ class TritonDecoder:
     def forward(self, ids: np.ndarray) -> np.ndarray:
         """Run ids [batch, seq] after what is cached; return logits [batch, seq, vocab] (f32)."""
         torch = self.torch
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        if ids.ndim != 2:
-            raise InputError(f"input ids must be [batch, seq], got shape {list(ids.shape)}")
+        ids = check_step(ids, self.batch, self.length, self.max_context)
         batch, seq = ids.shape
         if not self.batch:
             self.reset(batch)
-        if batch != self.batch:
-            raise InputError(f"batch {batch} differs from the {self.batch} the cache was reset for")
-        if self.max_context is not None and self.length + seq > self.max_context:
-            raise InputError(
-                f"{self.length + seq} tokens exceed the model's context of {self.max_context}",
-                hint="use a shorter prompt or fewer --max-new-tokens",
-            )
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab):
             raise InputError(
                 f"token id out of range [0, {self.vocab}): min {int(ids.min())}, max {int(ids.max())}"
             )
         if self.length + seq > self.capacity:
-            grown = max(2 * self.capacity, self.length + seq)
-            if self.max_context is not None:
-                grown = min(grown, self.max_context)
+            grown = grown_capacity(self.capacity, self.length + seq, self.max_context)
             self._allocate(batch, grown, keep=self.length)
         pos = np.ascontiguousarray(
             np.broadcast_to(np.arange(self.length, self.length + seq, dtype=np.int64), (batch, seq))
