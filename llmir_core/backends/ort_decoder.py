@@ -954,7 +954,7 @@ def _emit_matmul_nbits(D: DecoderSerializer, op: Op) -> bool:
         from .ort_ext import DOMAIN, NBITS_OP_NAMES
 
         ins = [D.name(op.operands[0]), b, s] + ([z] if z else [])
-        D.bind(op.results[0], D.L.one(NBITS_OP_NAMES[fmt.bits], *ins, domain=DOMAIN))
+        D.bind(op.results[0], D.L.one(NBITS_OP_NAMES[fmt.bits], *ins, domain=DOMAIN, **_epi(op)))
         return True
     ins = [D.name(op.operands[0]), b, D.w.f32_scales(s)] + ([z] if z else [])
     D.bind(
@@ -992,8 +992,15 @@ def _emit_matmul_s8(D: DecoderSerializer, op: Op) -> bool:
     from .ort_ext import DOMAIN
 
     w, s = D.w.s8(D.weight(op.operands[1]), _label(op, "weight"))
-    D.bind(op.results[0], D.node("MatMulS8", [D.name(op.operands[0]), w, s], domain=DOMAIN)[0])
+    ins = [D.name(op.operands[0]), w, s]
+    D.bind(op.results[0], D.node("MatMulS8", ins, domain=DOMAIN, **_epi(op))[0])
     return True
+
+
+def _epi(op: Op) -> dict[str, Any]:
+    """The `epilogue` node attribute of llmir's quantized matmuls (absent: none)."""
+    e = str(op.attrs.get("epilogue", "none"))
+    return {} if e == "none" else {"epilogue": e}
 
 
 def _emit_embedding(D: DecoderSerializer, op: Op) -> bool:

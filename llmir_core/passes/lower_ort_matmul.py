@@ -38,6 +38,14 @@ MatMulNBits' `accuracy_level` (the activation precision onnxruntime may use) is 
 docs/perf.md), except that an `llm.quantized_matmul` carrying its own level (an imported ONNX
 MatMulNBits) keeps it.
 
+First of all (option `swiglu`, on by default), each `llm.gated_mlp` (silu) whose gate and up
+projections would both run on llmir's kernel (`ort.matmul_nbits {kernel = "llmir"}` or
+`ort.matmul_s8`) becomes that op over `core.concat(w_gate, w_up, axis 0)` with
+`epilogue = "swiglu"` (silu(gate) * up computed in the kernel, half as wide), then the down
+projection: one op and one weight stream instead of two matmuls, ort.quick_gelu and core.mul.
+Blocks and per-row scales of the concatenation are those of each weight, so the fused module
+computes what the op-by-op one does. MLAS (MatMulNBits / QGEMM) keeps the op-by-op MLP.
+
 `core.silu` of f32 becomes `ort.quick_gelu` (alpha 1). Invariant: every exact op's
 decomposition is the op it replaced; requantizing ops are validated differentially.
 """
@@ -48,13 +56,13 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from llmir_core.dialects.registry import get_op
 from llmir_core.errors import InputError
-from llmir_core.ir.core import Function, Module, Op
+from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType
 
 from .base import PassContext, erase_dead, scratch_builder, take_over
@@ -75,6 +83,7 @@ from .ort_common import (
     quantize_mode,
     static_evaluator,
     tt,
+    weight_src,
     weight_srcs,
 )
 
@@ -95,6 +104,7 @@ class LowerOrtMatmul:
     accuracy_level: int = ACCURACY_LEVEL
     int8_matmul: str = INT8_MATMUL[0]
     nbits_kernel: str = NBITS_KERNEL[0]
+    swiglu: bool = True
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         if not is_decoder(module):  # other modules keep the generic op-by-op build
@@ -110,6 +120,8 @@ class LowerOrtMatmul:
         s8_why = cache(_s8_unavailable)  # asked on first use, once per run
         for fn in module.functions:
             levels: dict[int, int] = {}  # core.matmul op id -> its quantized_matmul's level
+            if self.swiglu:
+                changed |= self._fuse_gated(fn, ctx, fmt, base, ev, s8_why)
             changed |= self._expand(fn, levels)
             g = Graph(fn)
             for op in list(fn.ops):
@@ -172,6 +184,102 @@ class LowerOrtMatmul:
             self._splice(fn, op, new_ops, outs)
             changed = True
         return changed
+
+    def _fuse_gated(
+        self,
+        fn: Function,
+        ctx: PassContext,
+        fmt: NbitsFormat | None,
+        base: str,
+        ev: Evaluate,
+        s8_why: Callable[[], str | None],
+    ) -> bool:
+        """Each llm.gated_mlp (silu) whose gate and up projections would both run on llmir's
+        kernel (ort.matmul_nbits {kernel = "llmir"} or ort.matmul_s8) becomes that op over
+        concat(w_gate, w_up) with `epilogue = "swiglu"`, then core.matmul by w_down."""
+        g = Graph(fn)
+        changed = False
+        for op in list(fn.ops):
+            if op.name != "llm.gated_mlp" or op.attrs.get("activation", "silu") != "silu":
+                continue
+            x, wg, wu, wd = op.operands
+            if tt(x).dtype != DType.f32 or tt(x).rank < 2 or id(wd) not in g.static:
+                continue
+            parts = [weight_src(g, wg), weight_src(g, wu)]
+            if parts[0] is None or parts[1] is None or parts[0].cols != parts[1].cols:
+                continue
+            srcs = [p for p in parts if p is not None]
+            b, new_ops = scratch_builder(fn, op.origin)
+            w = b.op("core.concat", wg, wu, axis=0)
+            h = self._fused(b, g, op, x, w, srcs, ctx, fmt, base, ev, s8_why)
+            if h is None:
+                continue
+            y = b.op("core.matmul", h, wd, transpose_b=True)
+            self._splice(fn, op, new_ops, [y])
+            changed = True
+        return changed
+
+    def _fused(
+        self,
+        b: Any,
+        g: Graph,
+        op: Op,
+        x: Value,
+        w: Value,
+        srcs: list[WSrc],
+        ctx: PassContext,
+        fmt: NbitsFormat | None,
+        base: str,
+        ev: Evaluate,
+        s8_why: Callable[[], str | None],
+    ) -> Value | None:
+        """The gate/up matmul with the SwiGLU epilogue on llmir's kernel, or None (then the
+        gated MLP is expanded and lowered op by op)."""
+        labels = ", ".join(s.label for s in srcs)
+        if (
+            fmt is not None and fmt.bits == 8 and not fmt.asym and self.int8_matmul != "nbits"
+        ):  # int8: ort.matmul_s8 or nothing (QGEMM keeps the op-by-op form)
+            if (
+                self.int8_matmul != "llmir"
+                or not all(s.kind in _FLOAT_SRC for s in srcs)
+                or not all(g.only_use(s.value, op) for s in srcs)
+                or s8_why() is not None
+            ):
+                return None
+            y = b.op("ort.matmul_s8", x, w, epilogue="swiglu")
+            ctx.applied(
+                "matmul-swiglu",
+                y,
+                f"{labels}: one int8 matmul over [gate; up] with the SwiGLU epilogue "
+                "(llmir's kernel: silu(gate) * up computed as the rows finish)",
+            )
+            return y
+        fmts = {nbits_format(s, fmt, ev) for s in srcs}
+        nb = fmts.pop() if len(fmts) == 1 else None
+        if nb is None or srcs[0].cols % nb.block != 0:
+            return None
+        kernel = self._kernel(nb.bits, nb.block, self.accuracy_level)
+        if kernel != "llmir":
+            return None
+        modes = {quantize_mode(s, nb, ev) for s in srcs}
+        y = b.op(
+            "ort.matmul_nbits",
+            x,
+            w,
+            bits=nb.bits,
+            block_size=nb.block,
+            accuracy_level=self.accuracy_level,
+            quantize="none" if modes == {"none"} else ("asym" if nb.asym else "sym"),
+            kernel=kernel,
+            epilogue="swiglu",
+        )
+        how = "; ".join(self._describe(s, nb, base, ev) for s in srcs)
+        ctx.applied(
+            "matmul-swiglu",
+            y,
+            how + "; one matmul over [gate; up] with the SwiGLU epilogue on llmir's kernel",
+        )
+        return y
 
     def _matmul(
         self,
