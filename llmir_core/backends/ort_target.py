@@ -33,6 +33,7 @@ _OPTIONS = (
     "prepack",
     "f32_matmul",
     "swiglu",
+    "nbits_scales",
 )
 # ops with a definition the generic lowering cannot express in ONNX
 _REASONS = {
@@ -155,6 +156,7 @@ class OrtTarget:
                 str(options.get("int8_matmul") or INT8_MATMUL[0]),
                 str(options.get("nbits_kernel") or NBITS_KERNEL[0]),
                 bool(options.get("swiglu", True)),
+                str(options.get("nbits_scales") or "f16"),
             ),
             LowerOrtEmbedding(quant, block),
             # f32 weights: llmir's MatMulF32 reads them in place; with --prepack none (weights

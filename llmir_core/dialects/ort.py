@@ -476,6 +476,17 @@ def _epilogue_attr() -> Attr:
     )
 
 
+def _scale_dtype_attr() -> Attr:
+    return Attr(
+        "scale_dtype",
+        "str",
+        "f32",
+        choices=("f32", "f16"),
+        doc="f32, or f16: a quantizing op (quantize sym/asym) rounds each block's scale to f16 "
+        "(stored so: 2 bytes a block instead of 4) and its codes use the rounded scale",
+    )
+
+
 def _epilogue_out(a: TensorType, n: Any, epilogue: str) -> Type:
     """The result type of an llmir quantized matmul [..., n] after its epilogue."""
     if epilogue == "swiglu" and isinstance(n, int):
@@ -532,6 +543,10 @@ def _infer_nbits(ctx: InferCtx) -> list[Type]:
         ctx["epilogue"] == "none" or ctx["kernel"] == "llmir",
         f'epilogue "{ctx["epilogue"]}" needs kernel "llmir"',
     )
+    _need(
+        ctx["scale_dtype"] == "f32" or ctx["quantize"] != "none",
+        'scale_dtype "f16" applies to a quantizing op (quantize sym/asym)',
+    )
     if isinstance(w.dtype, QuantType):
         _need(
             w.dtype.scheme == "nbits" and w.dtype.bits == bits and w.dtype.block == block,
@@ -545,12 +560,16 @@ def _infer_nbits(ctx: InferCtx) -> list[Type]:
     return [_epilogue_out(a, n, ctx["epilogue"])]
 
 
-def fake_quant(w: np.ndarray, bits: int, block: int, mode: str) -> np.ndarray:
-    """w rounded to `bits`-bit blocks along its rows (what MatMulNBits stores), as f32."""
+def fake_quant(
+    w: np.ndarray, bits: int, block: int, mode: str, scale_dtype: str = "f32"
+) -> np.ndarray:
+    """w rounded to `bits`-bit blocks along its rows (what MatMulNBits stores), as f32; with
+    scale_dtype "f16" each block's scale is rounded to f16 first (the codes use that scale)."""
     from llmir_core.quant import nbits
 
     w32 = np.asarray(w, np.float32)
-    codes, sc, zp = nbits.quantize(w32, bits, block, mode == "sym", np.dtype(np.float32))
+    sd = np.dtype(np.float16 if scale_dtype == "f16" else np.float32)
+    codes, sc, zp = nbits.quantize(w32, bits, block, mode == "sym", sd)
     return nbits.dequantize(codes, sc, zp, bits, block, w32.shape)
 
 
@@ -561,7 +580,9 @@ def _ref_nbits(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
 
         w = dequantize(w, *args[2:])  # type: ignore[arg-type]  # a PackedArray at run time
     elif at["quantize"] != "none":
-        w = fake_quant(w, at["bits"], at["block_size"], at["quantize"])
+        w = fake_quant(
+            w, at["bits"], at["block_size"], at["quantize"], at.get("scale_dtype", "f32")
+        )
     y = a.astype(_F64) @ np.asarray(w, _F64).T
     if at.get("epilogue", "none") == "swiglu":
         y = _swiglu64(y)
@@ -618,6 +639,7 @@ register(
                 doc="mlas (onnxruntime MatMulNBits) or llmir (llmir's custom op, block_size 32)",
             ),
             _epilogue_attr(),
+            _scale_dtype_attr(),
         ),
         infer=_infer_nbits,
         reference=_ref_nbits,
@@ -771,6 +793,10 @@ def _infer_gbq(ctx: InferCtx) -> list[Type]:
     h = table.shape[1]
     if isinstance(h, int):
         _need(h % block == 0, f"hidden = {h} is not a multiple of block_size {block}")
+    _need(
+        ctx["scale_dtype"] == "f32" or ctx["quantize"] != "none",
+        'scale_dtype "f16" applies to a quantizing op (quantize sym)',
+    )
     return [like(table, (*ids.shape, h))]
 
 
@@ -783,7 +809,9 @@ def _ref_gbq(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
         )
     rows = np.take(np.asarray(table), ids.reshape(-1), axis=0)
     if at["quantize"] != "none":  # row by row: the blocks run along a row
-        rows = fake_quant(rows, at["bits"], at["block_size"], at["quantize"])
+        rows = fake_quant(
+            rows, at["bits"], at["block_size"], at["quantize"], at.get("scale_dtype", "f32")
+        )
     return rows.astype(table.dtype).reshape(*ids.shape, table.shape[1])
 
 
@@ -816,6 +844,7 @@ register(
                 choices=("none", "sym"),
                 doc="none (lossless repack) or sym (rounded to symmetric blocks)",
             ),
+            _scale_dtype_attr(),
         ),
         infer=_infer_gbq,
         reference=_ref_gbq,

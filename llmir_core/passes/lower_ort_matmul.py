@@ -33,6 +33,10 @@ accuracy_level 4, see the op's doc), taken for block_size 32 at accuracy_level 4
 `nbits_kernel` is `llmir`, or `auto` (the default) and the library builds and runs here (checked
 once, at the first such op); otherwise the attribute is absent: onnxruntime's MatMulNBits (MLAS).
 
+Weights this build quantizes (`quantize` sym/asym) for llmir's kernel get f16 block scales
+(`scale_dtype = "f16"`: each scale rounded to f16, the codes computed with it, as GGUF's q4_0
+stores them) unless `nbits_scales` is f32; a tied embedding lookup takes the same blocks.
+
 MatMulNBits' `accuracy_level` (the activation precision onnxruntime may use) is the pass option
 (default ACCURACY_LEVEL = 4, int8 activations: measured fastest on AVX2 and AVX-512 VNNI, see
 docs/perf.md), except that an `llm.quantized_matmul` carrying its own level (an imported ONNX
@@ -90,6 +94,7 @@ from .ort_common import (
 _EXPAND = ("llm.gated_mlp", "llm.linear", "llm.silu_mul", "llm.quantized_matmul")
 INT8_MATMUL = ("llmir", "qgemm-s8pair", "qgemm-u8", "nbits")  # the first is the default
 NBITS_KERNEL = ("auto", "llmir", "mlas")  # the first is the default
+NBITS_SCALES = ("f16", "f32")  # block scales of weights llmir quantizes for its kernel
 _FLOAT_SRC = ("f32", "cast", "eval")
 
 
@@ -105,6 +110,7 @@ class LowerOrtMatmul:
     int8_matmul: str = INT8_MATMUL[0]
     nbits_kernel: str = NBITS_KERNEL[0]
     swiglu: bool = True
+    nbits_scales: str = NBITS_SCALES[0]
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         if not is_decoder(module):  # other modules keep the generic op-by-op build
@@ -113,6 +119,11 @@ class LowerOrtMatmul:
         check_accuracy_level(self.accuracy_level)
         check_int8_matmul(self.int8_matmul)
         check_nbits_kernel(self.nbits_kernel)
+        if self.nbits_scales not in NBITS_SCALES:
+            raise InputError(
+                f"unknown nbits_scales '{self.nbits_scales}'",
+                hint=f"use one of: {', '.join(NBITS_SCALES)}",
+            )
         self._llmir.clear()
         base = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
         changed = False
@@ -157,6 +168,14 @@ class LowerOrtMatmul:
                     ok = False
             self._llmir.append(ok)
         return "llmir" if self._llmir[0] else None
+
+    def _scales(self, mode: str, kernel: str | None) -> dict[str, str]:
+        """`scale_dtype = "f16"` for weights this build quantizes for llmir's kernel (which
+        reads f16 scales as stored) when `nbits_scales` is f16 (the default): 2 bytes a block
+        instead of 4 (int4: ~10% fewer bytes a weight)."""
+        if mode == "none" or kernel != "llmir" or self.nbits_scales != "f16":
+            return {}
+        return {"scale_dtype": "f16"}
 
     def _splice(self, fn: Function, op: Op, new_ops: list[Op], results: list) -> None:  # type: ignore[type-arg]
         i = next(i for i, o in enumerate(fn.ops) if o is op)
@@ -262,6 +281,7 @@ class LowerOrtMatmul:
         if kernel != "llmir":
             return None
         modes = {quantize_mode(s, nb, ev) for s in srcs}
+        mode = "none" if modes == {"none"} else ("asym" if nb.asym else "sym")
         y = b.op(
             "ort.matmul_nbits",
             x,
@@ -269,9 +289,10 @@ class LowerOrtMatmul:
             bits=nb.bits,
             block_size=nb.block,
             accuracy_level=self.accuracy_level,
-            quantize="none" if modes == {"none"} else ("asym" if nb.asym else "sym"),
+            quantize=mode,
             kernel=kernel,
             epilogue="swiglu",
+            **self._scales(mode, kernel),
         )
         how = "; ".join(self._describe(s, nb, base, ev) for s in srcs)
         ctx.applied(
@@ -351,6 +372,7 @@ class LowerOrtMatmul:
                 accuracy_level=level,
                 quantize=mode,
                 **({"kernel": kernel} if kernel else {}),
+                **self._scales(mode, kernel),
             )
             how = "; ".join(self._describe(s, nb, base, ev) for s in srcs)
             ctx.applied("matmul-nbits", y, how + ("; llmir's kernel" if kernel else ""))
