@@ -767,25 +767,15 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
 
 static const char *name_q4(const OrtCustomOp *op) { (void)op; return "MatMulNBitsQ4"; }
 static const char *name_q8(const OrtCustomOp *op) { (void)op; return "MatMulNBitsQ8"; }
-static const char *nb_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
 static int nb_input_type(const OrtCustomOp *op, size_t i) {
     (void)op;
     return i == 0 ? T_FLOAT : i == 2 ? 0 /* undefined: f32 or f16 */ : T_UINT8;
 }
 static size_t nb_inputs(const OrtCustomOp *op) { (void)op; return 4; }
-static size_t nb_outputs(const OrtCustomOp *op) { (void)op; return 1; }
-static int nb_output_type(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return T_FLOAT; }
 static int nb_in_char(const OrtCustomOp *op, size_t i) { (void)op; return i == 3 ? 1 : 0; }
-static int nb_out_char(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
-static int nb_mem(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
-static int nb_arity1(const OrtCustomOp *op) { (void)op; return 1; }
-static int nb_homog(const OrtCustomOp *op) { (void)op; return 1; }
 
-#define OPNB(NAME, BITS)                                                                      \
-    {{LLMIR_ORT_API, nb_create, NAME, nb_provider, nb_input_type, nb_inputs, nb_output_type,  \
-      nb_outputs, NULL, nb_destroy, nb_in_char, nb_out_char, nb_mem, nb_arity1, nb_homog,     \
-      nb_arity1, nb_homog, NULL, nb_compute, NULL, NULL, NULL},                               \
-     BITS}
+#define OPNB(NAME, BITS) \
+    {LLMIR_QUANT_OP(nb_create, NAME, nb_input_type, nb_inputs, nb_in_char, nb_destroy, nb_compute), BITS}
 
 static OpNb op_q4 = OPNB(name_q4, 4);
 static OpNb op_q8 = OPNB(name_q8, 8);

@@ -401,23 +401,14 @@ static OrtStatus *s8_compute(void *kern, OrtKernelContext *ctx) {
 }
 
 static const char *s8_name(const OrtCustomOp *op) { (void)op; return "MatMulS8"; }
-static const char *s8_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
 static int s8_input_type(const OrtCustomOp *op, size_t i) {
     (void)op;
     return i == 1 ? T_INT8 : T_FLOAT;
 }
 static size_t s8_three(const OrtCustomOp *op) { (void)op; return 3; }
-static size_t s8_one(const OrtCustomOp *op) { (void)op; return 1; }
-static int s8_output_type(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return T_FLOAT; }
-static int s8_required(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
-static int s8_mem_default(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
-static int s8_arity1(const OrtCustomOp *op) { (void)op; return 1; }
-static int s8_homogeneous(const OrtCustomOp *op) { (void)op; return 1; }
 
-static OrtCustomOp op_s8 = {LLMIR_ORT_API, s8_create, s8_name, s8_provider, s8_input_type,
-                            s8_three, s8_output_type, s8_one, NULL, s8_destroy, s8_required,
-                            s8_required, s8_mem_default, s8_arity1, s8_homogeneous, s8_arity1,
-                            s8_homogeneous, NULL, s8_compute, NULL, NULL, NULL};
+static OrtCustomOp op_s8 =
+    LLMIR_QUANT_OP(s8_create, s8_name, s8_input_type, s8_three, llmir_required, s8_destroy, s8_compute);
 
 /* adds MatMulS8 to the ai.llmir domain (register.c) */
 OrtStatus *llmir_add_matmul_s8(const OrtApi *api, OrtCustomOpDomain *domain) {

@@ -7,7 +7,8 @@
  *   row-concatenation [W_gate; W_up] (N = 2H rows) and `epilogue = "swiglu"` outputs
  *   Y[..., H] = silu(X W_gate^T) * (X W_up^T), silu(g) = g / (1 + exp(-g)) with a vectorized exp
  *   (relative error ~2e-7 over the clamped range);
- * - llmir_int_attr_error: the OrtApi calls that read a node attribute.
+ * - the OrtCustomOp boilerplate of an op with one f32 output on the CPU provider
+ *   (LLMIR_QUANT_OP builds the struct from the op's own callbacks).
  */
 #ifndef LLMIR_Q8_ACT_H
 #define LLMIR_Q8_ACT_H
@@ -120,5 +121,34 @@ static void llmir_swiglu_rows_task(void *p, size_t i) {
     const float *f = r->full + m * 2 * r->H;
     llmir_swiglu(f, f + r->H, r->y + m * r->H, r->H);
 }
+
+/* -- the custom-op struct ------------------------------------------------------------------ */
+
+static inline const char *llmir_cpu_provider(const OrtCustomOp *op) {
+    (void)op;
+    return "CPUExecutionProvider";
+}
+static inline size_t llmir_one(const OrtCustomOp *op) {
+    (void)op;
+    return 1;
+}
+static inline int llmir_f32_output(const OrtCustomOp *op, size_t i) {
+    (void)op, (void)i;
+    return T_FLOAT;
+}
+static inline int llmir_required(const OrtCustomOp *op, size_t i) {
+    (void)op, (void)i;
+    return 0; /* INPUT_OUTPUT_REQUIRED; also the default (CPU) memory type */
+}
+static inline int llmir_arity1(const OrtCustomOp *op) {
+    (void)op;
+    return 1;
+}
+
+/* an OrtCustomOp with one required f32 output, run by COMPUTE (KernelComputeV2) */
+#define LLMIR_QUANT_OP(CREATE, NAME, INPUT_TYPE, N_INPUTS, INPUT_CHAR, DESTROY, COMPUTE)          \
+    {LLMIR_ORT_API, CREATE, NAME, llmir_cpu_provider, INPUT_TYPE, N_INPUTS, llmir_f32_output,    \
+     llmir_one, NULL, DESTROY, INPUT_CHAR, llmir_required, llmir_required, llmir_arity1,          \
+     llmir_arity1, llmir_arity1, llmir_arity1, NULL, COMPUTE, NULL, NULL, NULL}
 
 #endif
