@@ -43,6 +43,9 @@
 #define QB 32 /* elements per block: the only block size these ops take */
 #define GEMV_ROWS 4 /* X rows up to which the quantized-activation GEMV runs */
 #define GEMM_PANELS 2 /* panels of NR rows per parallel task (GEMM) */
+#ifndef GEMV_TASKS
+#define GEMV_TASKS 32 /* parallel tasks per GEMV (decode) */
+#endif
 #ifndef NB_KC
 #define NB_KC KC /* most columns per dequantized panel */
 #endif
@@ -747,7 +750,7 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
         } else {
             /* chunks of whole row groups: about 8 per thread of a 2-4 thread pool, at least 16
              * rows (with the epilogue: output columns, each reading a gate and an up row) */
-            int64_t chunk = ((NO + 31) / 32 + 3) & ~(int64_t)3;
+            int64_t chunk = ((NO + GEMV_TASKS - 1) / GEMV_TASKS + 3) & ~(int64_t)3;
             chunk = chunk < 16 ? 16 : chunk;
             j.chunk = (int)(swiglu && chunk > SWIGLU_CHUNK ? SWIGLU_CHUNK : chunk);
             st = pfor(ctx, swiglu ? gemv_swiglu_task : gemv_task,
