@@ -34,6 +34,7 @@ def compare(
         d.reset(1)
     la, lb = a.forward(prompt)[0, -1], b.forward(prompt)[0, -1]
     worst, forced, ref = float(np.abs(la - lb).max()), 0, []
+    peak = float(np.abs(la).max())
     for _ in range(tokens):
         ta = int(la.argmax())
         forced += ta == int(lb.argmax())
@@ -41,6 +42,7 @@ def compare(
         step = np.asarray([[ta]])
         la, lb = a.forward(step)[0, -1], b.forward(step)[0, -1]
         worst = max(worst, float(np.abs(la - lb).max()))
+        peak = max(peak, float(np.abs(la).max()))
     b.reset(1)
     lb = b.forward(prompt)[0, -1]
     free = []
@@ -52,6 +54,7 @@ def compare(
     return {
         "artifact": art_dir,
         "max_logit_diff": worst,
+        "max_abs_f32_logit": peak,
         "tokens": tokens,
         "free_running_identical_prefix": prefix,
         "free_running_same_position": sum(x == y for x, y in zip(ref, free)),
@@ -71,7 +74,8 @@ def main() -> None:
     rows = [compare(a.f32, d, a.tokens, a.prompt_len, a.threads) for d in a.artifacts]
     for r in rows:
         print(
-            f"{r['artifact']}: max |logit diff| {r['max_logit_diff']:.4f}, free-running identical "
+            f"{r['artifact']}: max |logit diff| {r['max_logit_diff']:.4f} (max |f32 logit| "
+            f"{r['max_abs_f32_logit']:.1f}), free-running identical "
             f"prefix {r['free_running_identical_prefix']}/{r['tokens']}, same position "
             f"{r['free_running_same_position']}/{r['tokens']}, teacher-forced argmax agree "
             f"{r['teacher_forced_agree']}/{r['tokens']}"
