@@ -13,6 +13,13 @@ blocks were made from (the quantization error plus the op's own: int8 activation
 
     python benchmarks/nbits_kernels.py                       # SmolLM2 + Qwen2.5 shapes, int4
     python benchmarks/nbits_kernels.py --bits 8 --m 1 --threads 2 --format json
+
+--swiglu instead times a gated MLP's first half on llmir's kernel, the two forms a build can
+emit: `unfused` (gate and up as two ops, then com.microsoft QuickGelu alpha 1 and Mul) and
+`fused` (one op over [gate; up] with `epilogue = "swiglu"`); --f16-scales stores f16 block scales
+(what `scale_dtype = "f16"` builds run) in both.
+
+    python benchmarks/nbits_kernels.py --swiglu --m 1,128 --f16-scales
 """
 
 from __future__ import annotations
@@ -140,6 +147,101 @@ def bench_shape(
     return rows
 
 
+GATED = {"smollm2": (576, 1536), "qwen2.5": (896, 4864)}  # (hidden, intermediate)
+
+
+def _swiglu_model(form: str, bits: int, weights: list[tuple[Any, ...]]) -> bytes:
+    """COPIES gated MLP first halves on llmir's kernel: each weight tuple is [gate; up] blocks."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from llmir_core.backends.ort_ext import DOMAIN
+
+    op = f"MatMulNBitsQ{bits}"
+    nodes, inits, outs = [], [], []
+    for i, (codes, scales) in enumerate(weights):
+        n2, nb = codes.shape[0] // 2, codes.shape[1]
+        if form == "fused":
+            inits += [
+                numpy_helper.from_array(codes, f"b{i}"),
+                numpy_helper.from_array(scales, f"s{i}"),
+            ]
+            nodes.append(
+                helper.make_node(
+                    op, ["x", f"b{i}", f"s{i}"], [f"y{i}"], domain=DOMAIN, epilogue="swiglu"
+                )
+            )
+        else:
+            sc = scales.reshape(2, n2 * nb)
+            for h, tag in enumerate(("g", "u")):
+                inits += [
+                    numpy_helper.from_array(
+                        np.ascontiguousarray(codes[h * n2 : (h + 1) * n2]), f"b{tag}{i}"
+                    ),
+                    numpy_helper.from_array(np.ascontiguousarray(sc[h]), f"s{tag}{i}"),
+                ]
+                nodes.append(
+                    helper.make_node(
+                        op, ["x", f"b{tag}{i}", f"s{tag}{i}"], [f"{tag}{i}"], domain=DOMAIN
+                    )
+                )
+            nodes.append(
+                helper.make_node(
+                    "QuickGelu", [f"g{i}"], [f"a{i}"], domain="com.microsoft", alpha=1.0
+                )
+            )
+            nodes.append(helper.make_node("Mul", [f"a{i}", f"u{i}"], [f"y{i}"]))
+        outs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
+    g = helper.make_graph(
+        nodes, "sw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)], outs, inits
+    )
+    opsets = [helper.make_opsetid(d, 1) for d in ("com.microsoft", DOMAIN)]
+    return helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 21), *opsets]
+    ).SerializeToString()  # type: ignore[no-any-return]
+
+
+def bench_swiglu(
+    k: int, inter: int, bits: int, ms: list[int], threads: int, rounds: int, wall: bool, f16: bool
+) -> list[dict]:  # type: ignore[type-arg]
+    from llmir_core.quant import nbits
+
+    rng = np.random.default_rng(k + inter)
+    n, nb = 2 * inter, k // 32
+    wbytes = n * k * bits // 8 + n * nb * (2 if f16 else 4)
+    copies = max(1, min(64, -(-TARGET_BYTES // wbytes)))
+    w0 = rng.standard_normal((n, k)).astype(np.float32) * 0.05
+    sd = np.dtype(np.float16 if f16 else np.float32)
+    codes, sc, _ = nbits.quantize(w0, bits, 32, True, sd)
+    first = (codes.reshape(n, nb, -1), sc.reshape(-1))
+    weights = [first] + [
+        (rng.integers(0, 256, (n, nb, 32 * bits // 8), dtype=np.uint8), first[1])
+        for _ in range(copies - 1)
+    ]
+    forms = ("unfused", "fused")
+    sess = {f: _session(_swiglu_model(f, bits, weights), threads) for f in forms}
+    clock = time.process_time if threads == 1 and not wall else time.perf_counter
+    rows = []
+    for m in ms:
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        ya, yb = (s.run(["y0"], {"x": x})[0] for s in sess.values())
+        err = float(np.abs(ya - yb).max() / max(float(np.abs(ya).max()), 1e-30))
+        times: dict[str, list[float]] = {f: [] for f in forms}
+        for _ in range(rounds):
+            for f, s in sess.items():
+                t = clock()
+                s.run(None, {"x": x})
+                times[f].append((clock() - t) / copies)
+        med = {f: min(v) for f, v in times.items()}
+        row = {"K": k, "I": inter, "M": m, "bits": bits, "f16_scales": f16, "copies": copies}
+        for f in forms:
+            row[f"{f}_us"] = med[f] * 1e6
+            row[f"{f}_gbs"] = wbytes / med[f] / 1e9
+        row["fused_vs_unfused_diff"] = err
+        row["speedup"] = med["unfused"] / med["fused"]
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -152,9 +254,28 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--zero", action="store_true", help="blocks with zero points (asymmetric)")
     ap.add_argument("--format", choices=("text", "json"), default="text")
+    ap.add_argument("--swiglu", action="store_true", help="fused vs unfused gated MLP first half")
+    ap.add_argument("--f16-scales", action="store_true", help="f16 block scales (--swiglu)")
     a = ap.parse_args()
     ms = [int(v) for v in a.m.split(",")]
     rows = []
+    if a.swiglu:
+        for model in a.models.split(","):
+            k, inter = GATED[model]
+            for r in bench_swiglu(k, inter, a.bits, ms, a.threads, a.rounds, a.wall, a.f16_scales):
+                r["model"] = model
+                rows.append(r)
+                if a.format == "text":
+                    print(
+                        f"{model:8} K={k:5} I={inter:5} M={r['M']:3} int{a.bits}"
+                        f"{' f16-scales' if a.f16_scales else ''}: unfused {r['unfused_us']:9.1f} us"
+                        f" | fused {r['fused_us']:9.1f} us | x{r['speedup']:.2f} "
+                        f"(diff {r['fused_vs_unfused_diff']:.1e})",
+                        flush=True,
+                    )
+        if a.format == "json":
+            print(json.dumps({"threads": a.threads, "rows": rows}, indent=1))
+        return
     for model in a.models.split(","):
         for k, n in SHAPES[model]:
             for r in bench_shape(k, n, a.bits, ms, a.threads, a.rounds, a.wall, a.zero):

@@ -263,9 +263,12 @@ class _Weights:
         )
 
     # -- MatMulNBits ---------------------------------------------------------------
-    def nbits(self, srcs: list[WSrc], fmt: NbitsFormat, name: str) -> tuple[str, str, str | None]:
-        """(B, scales, zero points) initializers of the row-concatenation of srcs."""
-        key = ("nbits", tuple(id(s.value) for s in srcs), fmt)
+    def nbits(
+        self, srcs: list[WSrc], fmt: NbitsFormat, name: str, f16: bool = False
+    ) -> tuple[str, str, str | None]:
+        """(B, scales, zero points) initializers of the row-concatenation of srcs; f16: the
+        weights this build quantizes get f16 scales (the op's `scale_dtype`)."""
+        key = ("nbits", tuple(id(s.value) for s in srcs), fmt, f16)
         if key in self.names:
             return self.names[key]  # type: ignore[no-any-return]
         rows, cols = sum(s.rows for s in srcs), srcs[0].cols
@@ -274,8 +277,9 @@ class _Weights:
         off = self.data.start(b_bytes >= _LARGE)
         scales: list[np.ndarray] = []
         zps: list[np.ndarray] = []
+        sd = np.dtype(np.float16 if f16 else np.float32)
         for s in srcs:
-            for codes, sc, zp in self._nbits_chunks(s, fmt):
+            for codes, sc, zp in self._nbits_chunks(s, fmt, sd):
                 self.data.write(codes)
                 scales.append(sc.astype(np.float32).reshape(-1))
                 if zp is not None:
@@ -325,7 +329,7 @@ class _Weights:
         return str(self.names[key])
 
     def _nbits_chunks(
-        self, s: WSrc, fmt: NbitsFormat
+        self, s: WSrc, fmt: NbitsFormat, sd: np.dtype = np.dtype(np.float32)
     ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
         label = s.op.attrs.get("name", s.value.name) if s.op is not None else s.value.name
         if s.kind == "nbits":
@@ -353,9 +357,7 @@ class _Weights:
                 x = gguf_blocks.dequantize(
                     raw[r : r + step], scheme, (min(step, s.rows - r), s.cols)
                 )
-                codes, sc, zp = nbits.quantize(
-                    x, fmt.bits, fmt.block, not fmt.asym, np.dtype(np.float32)
-                )
+                codes, sc, zp = nbits.quantize(x, fmt.bits, fmt.block, not fmt.asym, sd)
                 back = nbits.dequantize(codes, sc, zp, fmt.bits, fmt.block, x.shape)
                 err, peak = (
                     max(err, float(np.abs(back - x).max())),
@@ -374,18 +376,15 @@ class _Weights:
             )
             return
         if s.kind == "packed":
-            yield from self._packed_chunks(s, fmt, str(label))
+            yield from self._packed_chunks(s, fmt, str(label), sd)
             return
         tag = f"int{fmt.bits}"
         self.log.quantized[tag] = self.log.quantized.get(tag, 0) + 1
         for x in self.rows_f32(s):
-            codes, sc, zp = nbits.quantize(
-                x, fmt.bits, fmt.block, not fmt.asym, np.dtype(np.float32)
-            )
-            yield codes, sc, zp
+            yield nbits.quantize(x, fmt.bits, fmt.block, not fmt.asym, sd)
 
     def _packed_chunks(
-        self, s: WSrc, fmt: NbitsFormat, label: str
+        self, s: WSrc, fmt: NbitsFormat, label: str, sd: np.dtype = np.dtype(np.float32)
     ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
         """A packed checkpoint weight as written: its own codes when it repacks losslessly in
         fmt, else requantized (the reason and the error go to the manifest)."""
@@ -412,9 +411,7 @@ class _Weights:
             yield codes, sc32, (zpk if fmt.asym else None)
             return
         x = self._packed_f32(s, w)
-        codes, sc32, zpk = nbits.quantize(
-            x, fmt.bits, fmt.block, not fmt.asym, np.dtype(np.float32)
-        )
+        codes, sc32, zpk = nbits.quantize(x, fmt.bits, fmt.block, not fmt.asym, sd)
         back = nbits.dequantize(codes, sc32, zpk, fmt.bits, fmt.block, x.shape)
         err, peak = float(np.abs(back - x).max()), float(np.abs(x).max())
         why = (
@@ -948,13 +945,13 @@ def _emit_matmul_nbits(D: DecoderSerializer, op: Op) -> bool:
                 or any(s.kind == "packed" and packed_asym(s, D.w.eval) for s in srcs)
                 or at.get("quantize") == "asym",
             )
-    b, s, z = D.w.nbits(srcs, fmt, _label(op, "weight"))
+    b, s, z = D.w.nbits(srcs, fmt, _label(op, "weight"), at.get("scale_dtype") == "f16")
     n, k = sum(x.rows for x in srcs), srcs[0].cols
     if at.get("kernel") == "llmir":  # llmir's kernel: the same blocks, f16 or f32 scales as stored
         from .ort_ext import DOMAIN, NBITS_OP_NAMES
 
         ins = [D.name(op.operands[0]), b, s] + ([z] if z else [])
-        D.bind(op.results[0], D.L.one(NBITS_OP_NAMES[fmt.bits], *ins, domain=DOMAIN))
+        D.bind(op.results[0], D.L.one(NBITS_OP_NAMES[fmt.bits], *ins, domain=DOMAIN, **_epi(op)))
         return True
     ins = [D.name(op.operands[0]), b, D.w.f32_scales(s)] + ([z] if z else [])
     D.bind(
@@ -992,8 +989,15 @@ def _emit_matmul_s8(D: DecoderSerializer, op: Op) -> bool:
     from .ort_ext import DOMAIN
 
     w, s = D.w.s8(D.weight(op.operands[1]), _label(op, "weight"))
-    D.bind(op.results[0], D.node("MatMulS8", [D.name(op.operands[0]), w, s], domain=DOMAIN)[0])
+    ins = [D.name(op.operands[0]), w, s]
+    D.bind(op.results[0], D.node("MatMulS8", ins, domain=DOMAIN, **_epi(op))[0])
     return True
+
+
+def _epi(op: Op) -> dict[str, Any]:
+    """The `epilogue` node attribute of llmir's quantized matmuls (absent: none)."""
+    e = str(op.attrs.get("epilogue", "none"))
+    return {} if e == "none" else {"epilogue": e}
 
 
 def _emit_embedding(D: DecoderSerializer, op: Op) -> bool:
@@ -1024,7 +1028,7 @@ def _emit_gather_block_quantized(D: DecoderSerializer, op: Op) -> bool:
         raise BuildError(f"%{op.operands[0].name}: ort.gather_block_quantized needs a weight")
     at = op.attrs
     fmt = NbitsFormat(int(at["bits"]), int(at["block_size"]), False)
-    b, s, _ = D.w.nbits([src], fmt, _label(op, "weight"))
+    b, s, _ = D.w.nbits([src], fmt, _label(op, "weight"), op.attrs.get("scale_dtype") == "f16")
     nb = src.cols // fmt.block
     s3 = D.L.one("Reshape", D.w.f32_scales(s), D.L.ints([src.rows, nb, 1]))
     rows = D.L.one(

@@ -32,6 +32,8 @@ _OPTIONS = (
     "dtype",
     "prepack",
     "f32_matmul",
+    "swiglu",
+    "nbits_scales",
 )
 # ops with a definition the generic lowering cannot express in ONNX
 _REASONS = {
@@ -153,6 +155,8 @@ class OrtTarget:
                 level,
                 str(options.get("int8_matmul") or INT8_MATMUL[0]),
                 str(options.get("nbits_kernel") or NBITS_KERNEL[0]),
+                bool(options.get("swiglu", True)),
+                str(options.get("nbits_scales") or "f16"),
             ),
             LowerOrtEmbedding(quant, block),
             # f32 weights: llmir's MatMulF32 reads them in place; with --prepack none (weights

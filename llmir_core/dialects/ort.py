@@ -462,6 +462,55 @@ register(
 
 _QUANTIZE = ("none", "sym", "asym")
 NBITS_KERNELS = ("mlas", "llmir")  # ort.matmul_nbits' `kernel`: which implementation runs it
+EPILOGUES = ("none", "swiglu")  # llmir's quantized matmuls: what follows the product
+
+
+def _epilogue_attr() -> Attr:
+    return Attr(
+        "epilogue",
+        "str",
+        "none",
+        choices=EPILOGUES,
+        doc="none, or swiglu: b is [W_gate; W_up] (N = 2H rows) and the result is "
+        "silu(a @ W_gate^T) * (a @ W_up^T), [..., H] (llmir's kernel only)",
+    )
+
+
+def _scale_dtype_attr() -> Attr:
+    return Attr(
+        "scale_dtype",
+        "str",
+        "f32",
+        choices=("f32", "f16"),
+        doc="f32, or f16: a quantizing op (quantize sym/asym) rounds each block's scale to f16 "
+        "(stored so: 2 bytes a block instead of 4) and its codes use the rounded scale",
+    )
+
+
+def _epilogue_out(a: TensorType, n: Any, epilogue: str) -> Type:
+    """The result type of an llmir quantized matmul [..., n] after its epilogue."""
+    if epilogue == "swiglu" and isinstance(n, int):
+        _need(n % 2 == 0, f'epilogue "swiglu" needs an even N ([W_gate; W_up]), got {n}')
+        n = n // 2
+    elif epilogue == "swiglu":
+        _need(False, 'epilogue "swiglu" needs a static N')
+    return like(a, (*a.shape[:-1], n))
+
+
+def _swiglu64(y: np.ndarray) -> np.ndarray:
+    h = y.shape[-1] // 2
+    g = np.asarray(y[..., :h], _F64)
+    return g / (1.0 + np.exp(-g)) * np.asarray(y[..., h:], _F64)
+
+
+def _dec_epilogue(b: Any, y: Any, epilogue: str) -> Any:
+    """silu(y[..., :H]) * y[..., H:] as core ops (the epilogue's meaning)."""
+    if epilogue != "swiglu":
+        return y
+    n = y.type.shape[-1]
+    g = b.op("core.slice", y, starts=(0,), ends=(n // 2,), axes=(-1,))
+    u = b.op("core.slice", y, starts=(n // 2,), ends=(n,), axes=(-1,))
+    return b.op("core.mul", b.op("core.silu", g), u)
 
 
 def _infer_nbits(ctx: InferCtx) -> list[Type]:
@@ -490,6 +539,14 @@ def _infer_nbits(ctx: InferCtx) -> list[Type]:
             block == 32 and a.dtype == DType.f32,
             f'kernel "llmir" takes f32 a and block_size 32, got {a.dtype} and {block}',
         )
+    _need(
+        ctx["epilogue"] == "none" or ctx["kernel"] == "llmir",
+        f'epilogue "{ctx["epilogue"]}" needs kernel "llmir"',
+    )
+    _need(
+        ctx["scale_dtype"] == "f32" or ctx["quantize"] != "none",
+        'scale_dtype "f16" applies to a quantizing op (quantize sym/asym)',
+    )
     if isinstance(w.dtype, QuantType):
         _need(
             w.dtype.scheme == "nbits" and w.dtype.bits == bits and w.dtype.block == block,
@@ -500,15 +557,19 @@ def _infer_nbits(ctx: InferCtx) -> list[Type]:
     else:
         _need(w.dtype == a.dtype, f"b has dtype {w.dtype}, expected a's {a.dtype}")
         _need(len(ctx.types) == 2, "a float b takes no scales or zero points")
-    return [like(a, (*a.shape[:-1], n))]
+    return [_epilogue_out(a, n, ctx["epilogue"])]
 
 
-def fake_quant(w: np.ndarray, bits: int, block: int, mode: str) -> np.ndarray:
-    """w rounded to `bits`-bit blocks along its rows (what MatMulNBits stores), as f32."""
+def fake_quant(
+    w: np.ndarray, bits: int, block: int, mode: str, scale_dtype: str = "f32"
+) -> np.ndarray:
+    """w rounded to `bits`-bit blocks along its rows (what MatMulNBits stores), as f32; with
+    scale_dtype "f16" each block's scale is rounded to f16 first (the codes use that scale)."""
     from llmir_core.quant import nbits
 
     w32 = np.asarray(w, np.float32)
-    codes, sc, zp = nbits.quantize(w32, bits, block, mode == "sym", np.dtype(np.float32))
+    sd = np.dtype(np.float16 if scale_dtype == "f16" else np.float32)
+    codes, sc, zp = nbits.quantize(w32, bits, block, mode == "sym", sd)
     return nbits.dequantize(codes, sc, zp, bits, block, w32.shape)
 
 
@@ -519,16 +580,23 @@ def _ref_nbits(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
 
         w = dequantize(w, *args[2:])  # type: ignore[arg-type]  # a PackedArray at run time
     elif at["quantize"] != "none":
-        w = fake_quant(w, at["bits"], at["block_size"], at["quantize"])
-    return (a.astype(_F64) @ np.asarray(w, _F64).T).astype(a.dtype)
+        w = fake_quant(
+            w, at["bits"], at["block_size"], at["quantize"], at.get("scale_dtype", "f32")
+        )
+    y = a.astype(_F64) @ np.asarray(w, _F64).T
+    if at.get("epilogue", "none") == "swiglu":
+        y = _swiglu64(y)
+    return y.astype(a.dtype)
 
 
 def _dec_nbits(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     if at["quantize"] != "none":
         raise OpVerifyError("a requantizing matmul_nbits has no exact decomposition")
     if len(o) > 2:
-        return [b.op("llm.quantized_matmul", *o)]
-    return [b.op("core.matmul", o[0], o[1], transpose_b=True)]
+        y = b.op("llm.quantized_matmul", *o)
+    else:
+        y = b.op("core.matmul", o[0], o[1], transpose_b=True)
+    return [_dec_epilogue(b, y, at.get("epilogue", "none"))]
 
 
 register(
@@ -543,7 +611,9 @@ register(
         "(onnxruntime's MatMulNBits) or \"llmir\" (ai.llmir MatMulNBitsQ4/Q8 from llmir's "
         "custom-op library, block_size 32: the same stored blocks read in place; the rows of "
         "a are quantized to int8 per 32-block (accuracy_level 4's numerics), except that "
-        "with more than 4 rows 8-bit blocks take f32 rows).",
+        'with more than 4 rows 8-bit blocks take f32 rows). epilogue "swiglu" (llmir\'s '
+        "kernel only): b is the row-concatenation [W_gate; W_up] and the result is "
+        "silu(a @ W_gate^T) * (a @ W_up^T), half of N wide (a gated MLP's first half in one op).",
         operands=(
             Operand("a", doc="[..., K] f32"),
             Operand("b", doc="[N, K] float or nbits-packed"),
@@ -568,6 +638,8 @@ register(
                 choices=NBITS_KERNELS,
                 doc="mlas (onnxruntime MatMulNBits) or llmir (llmir's custom op, block_size 32)",
             ),
+            _epilogue_attr(),
+            _scale_dtype_attr(),
         ),
         infer=_infer_nbits,
         reference=_ref_nbits,
@@ -655,12 +727,21 @@ register(
 )
 
 
+def _infer_matmul_s8(ctx: InferCtx) -> list[Type]:
+    a = _infer_dqmm(ctx)[0]
+    assert isinstance(a, TensorType)
+    return [_epilogue_out(a, a.shape[-1], ctx["epilogue"])]
+
+
 def _ref_matmul_s8(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
     from llmir_core.quant import s8
 
     a, w = args
     codes, scales = s8.quantize_rows(np.asarray(w, np.float32))
-    return s8.matmul(a, codes, scales).astype(a.dtype)
+    y = s8.matmul(a, codes, scales)
+    if at.get("epilogue", "none") == "swiglu":
+        return _swiglu64(y.astype(_F64)).astype(a.dtype)
+    return y.astype(a.dtype)
 
 
 register(
@@ -673,19 +754,20 @@ register(
         "llama.cpp's q8_0), with more (prefill) to 7-bit unsigned codes with a zero point over "
         "the block's range; the integer products are summed exactly per block and scaled back "
         "(llmir_core/quant/s8.py). b is the logical [N, K] f32 weight; the serializer quantizes "
-        "it.",
+        'it. epilogue "swiglu": b is [W_gate; W_up] and the result is silu(a @ W_gate^T) * '
+        "(a @ W_up^T), half of N wide.",
         operands=(
             Operand("a", doc="[..., K] f32"),
             Operand("b", doc="[N, K] f32 weight"),
         ),
-        attrs=(),
-        infer=_infer_dqmm,
+        attrs=(_epilogue_attr(),),
+        infer=_infer_matmul_s8,
         reference=_ref_matmul_s8,
         no_smt="it rounds its weight and its activations (ranges computed at run time): "
         "translation validation compares it differentially",
         cost=ranges.cost_matmul,
         verifies="a is an f32 tensor of rank >= 2 and b a 2-D f32 [N, K] weight whose K matches a's "
-        "last dim.",
+        'last dim; epilogue "swiglu" needs a static, even N.',
         example="%y = ort.matmul_s8 %x, %w : "
         "(tensor<?batch x ?seq x 64 x f32>, tensor<128x64xf32>) -> tensor<?batch x ?seq x 128 x f32>",
     )
@@ -711,6 +793,10 @@ def _infer_gbq(ctx: InferCtx) -> list[Type]:
     h = table.shape[1]
     if isinstance(h, int):
         _need(h % block == 0, f"hidden = {h} is not a multiple of block_size {block}")
+    _need(
+        ctx["scale_dtype"] == "f32" or ctx["quantize"] != "none",
+        'scale_dtype "f16" applies to a quantizing op (quantize sym)',
+    )
     return [like(table, (*ids.shape, h))]
 
 
@@ -723,7 +809,9 @@ def _ref_gbq(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
         )
     rows = np.take(np.asarray(table), ids.reshape(-1), axis=0)
     if at["quantize"] != "none":  # row by row: the blocks run along a row
-        rows = fake_quant(rows, at["bits"], at["block_size"], at["quantize"])
+        rows = fake_quant(
+            rows, at["bits"], at["block_size"], at["quantize"], at.get("scale_dtype", "f32")
+        )
     return rows.astype(table.dtype).reshape(*ids.shape, table.shape[1])
 
 
@@ -756,6 +844,7 @@ register(
                 choices=("none", "sym"),
                 doc="none (lossless repack) or sym (rounded to symmetric blocks)",
             ),
+            _scale_dtype_attr(),
         ),
         infer=_infer_gbq,
         reference=_ref_gbq,

@@ -61,7 +61,14 @@ def ort_matmul_nbits(enc: Encoder, args: Args, attrs: At) -> STensor:
     """a @ b^T for a float b stored losslessly; a packed or requantized b is not encoded."""
     if len(args) > 2 or attrs["quantize"] != "none":
         raise EncodeError("matmul_nbits over packed or requantized blocks is not encoded")
-    return enc.matmul(args[0], args[1], transpose_b=True)
+    y = enc.matmul(args[0], args[1], transpose_b=True)
+    if attrs.get("epilogue", "none") == "swiglu":  # silu(y[..., :H]) * y[..., H:]
+        n = y.shape[-1]
+        if not isinstance(n, int):
+            raise EncodeError('epilogue "swiglu" over a symbolic N is not encoded')
+        g, u = core_smt.split(enc, [y], {"axis": -1, "sizes": (n // 2, n // 2)})
+        return llm_smt.silu_mul(enc, [g, u], {})
+    return y
 
 
 # -- triton --------------------------------------------------------------------------------------

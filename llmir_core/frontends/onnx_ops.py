@@ -1506,7 +1506,22 @@ def _llmir_matmul_nbits(n: Node) -> list[Value | None]:
     ops = [n.inp(0), w, _as_shape(n, 2, (nn, nb))]
     if n.has(3):
         ops.append(_as_shape(n, 3, (nn, (nb * bits + 7) // 8)))
-    return [n.emit("llm.quantized_matmul", *ops, transpose_b=True, accuracy_level=4)]
+    y = n.emit("llm.quantized_matmul", *ops, transpose_b=True, accuracy_level=4)
+    return [_llmir_epilogue(n, y, nn)]
+
+
+def _llmir_epilogue(n: Node, y: Value, nn: int) -> Value:
+    """The `epilogue` attribute of llmir's quantized matmuls: "swiglu" (the weight is [W_gate;
+    W_up]) gives silu(y[..., :N/2]) * y[..., N/2:]."""
+    epi = n.attr("epilogue")
+    epi = epi.decode() if isinstance(epi, bytes) else epi
+    if epi in (None, "", "none"):
+        return y
+    if epi != "swiglu" or nn % 2:
+        raise NotMapped(f"epilogue {epi!r} (N = {nn}) is not a SwiGLU over an even N")
+    g = n.emit("core.slice", y, starts=(0,), ends=(nn // 2,), axes=(-1,))
+    u = n.emit("core.slice", y, starts=(nn // 2,), ends=(nn,), axes=(-1,))
+    return n.emit("llm.silu_mul", g, u)
 
 
 # -- QDQ quantization (DequantizeLinear / QuantizeLinear and the integer matmuls) ----------------
@@ -1647,7 +1662,8 @@ def _matmul_s8(n: Node) -> list[Value | None]:
         w = n.emit("core.slice", w, starts=(0, 0), ends=(nn, k), axes=(0, 1))
     scales = n.emit("core.unsqueeze", n.cast(n.inp(2), DType.f32), axes=(-1,))
     w = n.emit("core.mul", n.cast(w, DType.f32), scales)
-    return [n.emit("core.matmul", n.cast(n.inp(0), DType.f32), w, transpose_b=True)]
+    y = n.emit("core.matmul", n.cast(n.inp(0), DType.f32), w, transpose_b=True)
+    return [_llmir_epilogue(n, y, nn)]
 
 
 def _dql(n: Node, x: Value) -> list[Value]:

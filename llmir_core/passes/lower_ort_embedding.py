@@ -6,7 +6,7 @@ Runs after lower-ort-matmul. An `llm.embedding(table, ids)` of a decoder, with a
 table, is rewritten when:
 
 - the table is also the weight of an `ort.matmul_nbits` (a tied lm_head) whose blocks are
-  symmetric: the lookup takes the head's bits, block size and `quantize`, and the serializer
+  symmetric: the lookup takes the head's bits, block size, `quantize` and `scale_dtype`, and the serializer
   stores the blocks once for both;
 - else the table is a GGUF tensor in a block format that repacks losslessly (q4_0, q8_0, q5_0,
   q6_k, q3_k): `quantize = "none"` (exact: the values are the GGUF file's);
@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from llmir_core.ir.core import Module, Op
+from llmir_core.ir.core import Module, Op, Value
 from llmir_core.ir.types import DType
 
 from .base import PassContext, erase_dead, replace_uses, scratch_builder
@@ -69,6 +69,7 @@ class LowerOrtEmbedding:
                 if choice is None:
                     continue
                 nb, mode, why = choice
+                sd = _tied_scale_dtype(g, op.operands[0])
                 b, new_ops = scratch_builder(fn, op.origin)
                 y = b.op(
                     "ort.gather_block_quantized",
@@ -77,11 +78,12 @@ class LowerOrtEmbedding:
                     bits=nb.bits,
                     block_size=nb.block,
                     quantize=mode,
+                    **({"scale_dtype": sd} if sd != "f32" else {}),
                 )
                 if mode == "sym":
                     src = weight_src(g, op.operands[0])
                     assert src is not None
-                    why += f", max abs error {embedding_error(src, nb, base):.3g}"
+                    why += f", max abs error {embedding_error(src, nb, base, sd):.3g}"
                 ctx.applied("gather-block-quantized", y, why)
                 i = next(i for i, o in enumerate(fn.ops) if o is op)
                 fn.ops[i:i] = new_ops
@@ -125,7 +127,15 @@ class LowerOrtEmbedding:
         return None
 
 
-def embedding_error(s: WSrc, nb: NbitsFormat, base: str) -> float:
+def _tied_scale_dtype(g: Graph, table: Value) -> str:
+    """The tied lm_head's `scale_dtype` (its blocks are the lookup's), else f32."""
+    for u in g.uses(table):
+        if u.name == "ort.matmul_nbits" and len(u.operands) == 2 and u.operands[1] is table:
+            return str(u.attrs.get("scale_dtype", "f32"))
+    return "f32"
+
+
+def embedding_error(s: WSrc, nb: NbitsFormat, base: str, scale_dtype: str = "f32") -> float:
     """Max |rounded - table| over the table (what quantizing the embedding loses)."""
     from llmir_core.dialects.ort import fake_quant
     from llmir_core.weights import load_weight
@@ -145,5 +155,7 @@ def embedding_error(s: WSrc, nb: NbitsFormat, base: str) -> float:
             x = gguf_blocks.dequantize(w[r : r + step], scheme, (n, s.cols))
         else:
             x = np.asarray(w[r : r + step], np.float32)
-        err = max(err, float(np.abs(fake_quant(x, nb.bits, nb.block, "sym") - x).max()))
+        err = max(
+            err, float(np.abs(fake_quant(x, nb.bits, nb.block, "sym", scale_dtype) - x).max())
+        )
     return err

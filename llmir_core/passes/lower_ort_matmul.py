@@ -33,10 +33,22 @@ accuracy_level 4, see the op's doc), taken for block_size 32 at accuracy_level 4
 `nbits_kernel` is `llmir`, or `auto` (the default) and the library builds and runs here (checked
 once, at the first such op); otherwise the attribute is absent: onnxruntime's MatMulNBits (MLAS).
 
+Weights this build quantizes (`quantize` sym/asym) for llmir's kernel get f16 block scales
+(`scale_dtype = "f16"`: each scale rounded to f16, the codes computed with it, as GGUF's q4_0
+stores them) unless `nbits_scales` is f32; a tied embedding lookup takes the same blocks.
+
 MatMulNBits' `accuracy_level` (the activation precision onnxruntime may use) is the pass option
 (default ACCURACY_LEVEL = 4, int8 activations: measured fastest on AVX2 and AVX-512 VNNI, see
 docs/perf.md), except that an `llm.quantized_matmul` carrying its own level (an imported ONNX
 MatMulNBits) keeps it.
+
+First of all (option `swiglu`, on by default), each `llm.gated_mlp` (silu) whose gate and up
+projections would both run on llmir's kernel (`ort.matmul_nbits {kernel = "llmir"}` or
+`ort.matmul_s8`) becomes that op over `core.concat(w_gate, w_up, axis 0)` with
+`epilogue = "swiglu"` (silu(gate) * up computed in the kernel, half as wide), then the down
+projection: one op and one weight stream instead of two matmuls, ort.quick_gelu and core.mul.
+Blocks and per-row scales of the concatenation are those of each weight, so the fused module
+computes what the op-by-op one does. MLAS (MatMulNBits / QGEMM) keeps the op-by-op MLP.
 
 `core.silu` of f32 becomes `ort.quick_gelu` (alpha 1). Invariant: every exact op's
 decomposition is the op it replaced; requantizing ops are validated differentially.
@@ -48,13 +60,13 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from llmir_core.dialects.registry import get_op
 from llmir_core.errors import InputError
-from llmir_core.ir.core import Function, Module, Op
+from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType
 
 from .base import PassContext, erase_dead, scratch_builder, take_over
@@ -75,12 +87,14 @@ from .ort_common import (
     quantize_mode,
     static_evaluator,
     tt,
+    weight_src,
     weight_srcs,
 )
 
 _EXPAND = ("llm.gated_mlp", "llm.linear", "llm.silu_mul", "llm.quantized_matmul")
 INT8_MATMUL = ("llmir", "qgemm-s8pair", "qgemm-u8", "nbits")  # the first is the default
 NBITS_KERNEL = ("auto", "llmir", "mlas")  # the first is the default
+NBITS_SCALES = ("f16", "f32")  # block scales of weights llmir quantizes for its kernel
 _FLOAT_SRC = ("f32", "cast", "eval")
 
 
@@ -95,6 +109,8 @@ class LowerOrtMatmul:
     accuracy_level: int = ACCURACY_LEVEL
     int8_matmul: str = INT8_MATMUL[0]
     nbits_kernel: str = NBITS_KERNEL[0]
+    swiglu: bool = True
+    nbits_scales: str = NBITS_SCALES[0]
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         if not is_decoder(module):  # other modules keep the generic op-by-op build
@@ -103,6 +119,11 @@ class LowerOrtMatmul:
         check_accuracy_level(self.accuracy_level)
         check_int8_matmul(self.int8_matmul)
         check_nbits_kernel(self.nbits_kernel)
+        if self.nbits_scales not in NBITS_SCALES:
+            raise InputError(
+                f"unknown nbits_scales '{self.nbits_scales}'",
+                hint=f"use one of: {', '.join(NBITS_SCALES)}",
+            )
         self._llmir.clear()
         base = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
         changed = False
@@ -110,6 +131,8 @@ class LowerOrtMatmul:
         s8_why = cache(_s8_unavailable)  # asked on first use, once per run
         for fn in module.functions:
             levels: dict[int, int] = {}  # core.matmul op id -> its quantized_matmul's level
+            if self.swiglu:
+                changed |= self._fuse_gated(fn, ctx, fmt, base, ev, s8_why)
             changed |= self._expand(fn, levels)
             g = Graph(fn)
             for op in list(fn.ops):
@@ -146,6 +169,14 @@ class LowerOrtMatmul:
             self._llmir.append(ok)
         return "llmir" if self._llmir[0] else None
 
+    def _scales(self, mode: str, kernel: str | None) -> dict[str, str]:
+        """`scale_dtype = "f16"` for weights this build quantizes for llmir's kernel (which
+        reads f16 scales as stored) when `nbits_scales` is f16 (the default): 2 bytes a block
+        instead of 4 (int4: ~10% fewer bytes a weight)."""
+        if mode == "none" or kernel != "llmir" or self.nbits_scales != "f16":
+            return {}
+        return {"scale_dtype": "f16"}
+
     def _splice(self, fn: Function, op: Op, new_ops: list[Op], results: list) -> None:  # type: ignore[type-arg]
         i = next(i for i, o in enumerate(fn.ops) if o is op)
         fn.ops[i:i] = new_ops
@@ -172,6 +203,104 @@ class LowerOrtMatmul:
             self._splice(fn, op, new_ops, outs)
             changed = True
         return changed
+
+    def _fuse_gated(
+        self,
+        fn: Function,
+        ctx: PassContext,
+        fmt: NbitsFormat | None,
+        base: str,
+        ev: Evaluate,
+        s8_why: Callable[[], str | None],
+    ) -> bool:
+        """Each llm.gated_mlp (silu) whose gate and up projections would both run on llmir's
+        kernel (ort.matmul_nbits {kernel = "llmir"} or ort.matmul_s8) becomes that op over
+        concat(w_gate, w_up) with `epilogue = "swiglu"`, then core.matmul by w_down."""
+        g = Graph(fn)
+        changed = False
+        for op in list(fn.ops):
+            if op.name != "llm.gated_mlp" or op.attrs.get("activation", "silu") != "silu":
+                continue
+            x, wg, wu, wd = op.operands
+            if tt(x).dtype != DType.f32 or tt(x).rank < 2 or id(wd) not in g.static:
+                continue
+            parts = [weight_src(g, wg), weight_src(g, wu)]
+            if parts[0] is None or parts[1] is None or parts[0].cols != parts[1].cols:
+                continue
+            srcs = [p for p in parts if p is not None]
+            b, new_ops = scratch_builder(fn, op.origin)
+            w = b.op("core.concat", wg, wu, axis=0)
+            h = self._fused(b, g, op, x, w, srcs, ctx, fmt, base, ev, s8_why)
+            if h is None:
+                continue
+            y = b.op("core.matmul", h, wd, transpose_b=True)
+            self._splice(fn, op, new_ops, [y])
+            changed = True
+        return changed
+
+    def _fused(
+        self,
+        b: Any,
+        g: Graph,
+        op: Op,
+        x: Value,
+        w: Value,
+        srcs: list[WSrc],
+        ctx: PassContext,
+        fmt: NbitsFormat | None,
+        base: str,
+        ev: Evaluate,
+        s8_why: Callable[[], str | None],
+    ) -> Value | None:
+        """The gate/up matmul with the SwiGLU epilogue on llmir's kernel, or None (then the
+        gated MLP is expanded and lowered op by op)."""
+        labels = ", ".join(s.label for s in srcs)
+        if (
+            fmt is not None and fmt.bits == 8 and not fmt.asym and self.int8_matmul != "nbits"
+        ):  # int8: ort.matmul_s8 or nothing (QGEMM keeps the op-by-op form)
+            if (
+                self.int8_matmul != "llmir"
+                or not all(s.kind in _FLOAT_SRC for s in srcs)
+                or not all(g.only_use(s.value, op) for s in srcs)
+                or s8_why() is not None
+            ):
+                return None
+            y = b.op("ort.matmul_s8", x, w, epilogue="swiglu")
+            ctx.applied(
+                "matmul-swiglu",
+                y,
+                f"{labels}: one int8 matmul over [gate; up] with the SwiGLU epilogue "
+                "(llmir's kernel: silu(gate) * up computed as the rows finish)",
+            )
+            return y
+        fmts = {nbits_format(s, fmt, ev) for s in srcs}
+        nb = fmts.pop() if len(fmts) == 1 else None
+        if nb is None or srcs[0].cols % nb.block != 0:
+            return None
+        kernel = self._kernel(nb.bits, nb.block, self.accuracy_level)
+        if kernel != "llmir":
+            return None
+        modes = {quantize_mode(s, nb, ev) for s in srcs}
+        mode = "none" if modes == {"none"} else ("asym" if nb.asym else "sym")
+        y = b.op(
+            "ort.matmul_nbits",
+            x,
+            w,
+            bits=nb.bits,
+            block_size=nb.block,
+            accuracy_level=self.accuracy_level,
+            quantize=mode,
+            kernel=kernel,
+            epilogue="swiglu",
+            **self._scales(mode, kernel),
+        )
+        how = "; ".join(self._describe(s, nb, base, ev) for s in srcs)
+        ctx.applied(
+            "matmul-swiglu",
+            y,
+            how + "; one matmul over [gate; up] with the SwiGLU epilogue on llmir's kernel",
+        )
+        return y
 
     def _matmul(
         self,
@@ -243,6 +372,7 @@ class LowerOrtMatmul:
                 accuracy_level=level,
                 quantize=mode,
                 **({"kernel": kernel} if kernel else {}),
+                **self._scales(mode, kernel),
             )
             how = "; ".join(self._describe(s, nb, base, ev) for s in srcs)
             ctx.applied("matmul-nbits", y, how + ("; llmir's kernel" if kernel else ""))

@@ -25,6 +25,11 @@
  *   KC columns the weights are dequantized once into an f32 [KC][16] panel and multiplied into
  *   6-row blocks of X with llmir_micro_6x16 (f32_gemm.h): f32 activations and accumulation.
  *
+ * - node attribute `epilogue = "swiglu"`: B holds [W_gate; W_up] (N = 2H rows) and Y [..., H] =
+ *   silu(X W_gate^T) * (X W_up^T) (q8_act.h). Decode: each task takes a range of output
+ *   columns, computes its gate rows and the matching up rows into a stack scratch and combines
+ *   them; prefill: the [M, N] product into a scratch, then the rows combined in parallel.
+ *
  * Built with the other sources of this folder into one library (llmir_core/backends/ort_ext).
  */
 #include <immintrin.h>
@@ -33,10 +38,14 @@
 
 #include "f32_gemm.h"
 #include "ort_abi.h"
+#include "q8_act.h"
 
 #define QB 32 /* elements per block: the only block size these ops take */
 #define GEMV_ROWS 4 /* X rows up to which the quantized-activation GEMV runs */
 #define GEMM_PANELS 2 /* panels of NR rows per parallel task (GEMM) */
+#ifndef GEMV_TASKS
+#define GEMV_TASKS 32 /* parallel tasks per GEMV (decode) */
+#endif
 #ifndef NB_KC
 #define NB_KC KC /* most columns per dequantized panel */
 #endif
@@ -49,8 +58,9 @@ typedef struct NbJob {
     const uint8_t *w;   /* [N, nb, QB*bits/8] */
     const void *scales; /* [N, nb] f32 or f16 */
     const uint8_t *zp;  /* NULL or packed zero points */
-    float *y;           /* [M, N] */
+    float *y;           /* output (m, n) at y[m * ldy + n - y0] */
     int64_t M, N, K, nb, zrow; /* zrow: zero-point bytes per row */
+    int64_t ldy, y0;
     int bits, f16, chunk, gemm; /* gemm: X quantized for the Q4 int8 GEMM (natural order) */
     /* GEMV: per X row m: xq [m*K..] (int8, Q4 blocks permuted, see quantize_rows), dx [m*nb..]
      * (scale of each x block), xs [m*nb..] (dx * sum of the block's codes), zx [m*nb*4..]
@@ -62,33 +72,6 @@ typedef struct NbJob {
 } NbJob;
 
 /* -- activation quantization (GEMV) ------------------------------------------------------- */
-
-/* 32 floats -> 32 int8 codes q = round(x / d), d = max|x| / 127; returns d, *sum = sum of q */
-static inline float quant32(const float *x, int8_t *q, int *sum) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
-    __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
-    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                             _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    float amax = _mm_cvtss_f32(h);
-    float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    __m256 s = _mm256_set1_ps(id);
-    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, s)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, s));
-    __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, s)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, s));
-    __m256i t = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
-    __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
-    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xB1));
-    *sum = _mm_cvtsi128_si32(t4);
-    __m256i p01 = _mm256_packs_epi32(i0, i1), p23 = _mm256_packs_epi32(i2, i3);
-    __m256i p = _mm256_packs_epi16(p01, p23); /* lanes interleaved: fix the order */
-    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256((__m256i *)q, p);
-    return d;
-}
 
 /* Every row of X quantized in blocks of 32. Q8: codes in order. Q4: a pair of blocks (2p, 2p+1)
  * is stored as [evens of 2p, evens of 2p+1, odds of 2p, odds of 2p+1] (16 codes each), a last odd
@@ -102,7 +85,7 @@ static void quantize_rows(NbJob *j) {
         for (int64_t b = 0; b < nb; b++) {
             int8_t q[QB];
             int sum;
-            float d = quant32(x + b * QB, q, &sum);
+            float d = llmir_quant32(x + b * QB, q, &sum);
             j->dx[m * nb + b] = d;
             j->xs[m * nb + b] = d * (float)sum;
             if (j->bits == 8 || j->gemm) {
@@ -276,7 +259,7 @@ ALWAYS void gemv_q4(const NbJob *j, int64_t n0, int64_t m, const int R, const in
                                  _mm256_mul_ps(scale_pair_t(j->scales, s0 + 3 * nb + b, f16), dxv), a3);
         }
     }
-    float *y = j->y + m * j->N + n0;
+    float *y = j->y + m * j->ldy + n0 - j->y0;
     __m256 acc[4] = {a0, a1, a2, a3};
     const uint8_t *ws[4] = {w0, w1, w2, w3};
     for (int r = 0; r < R; r++)
@@ -322,7 +305,7 @@ ALWAYS void gemv_q4_one(const NbJob *j, int64_t n, int64_t m, const int f16) {
         a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0),
                              _mm256_mul_ps(scale_pair_t(j->scales, s0 + b, f16), d0), a0);
     }
-    j->y[m * j->N + n] = llmir_hsum(_mm256_add_ps(a0, a1)) +
+    j->y[m * j->ldy + n - j->y0] = llmir_hsum(_mm256_add_ps(a0, a1)) +
                          (b < nb ? q4_last(j, w, n, b, m) : 0.0f) + zero_correction(j, n, m);
 }
 
@@ -361,7 +344,7 @@ ALWAYS void gemv_q8(const NbJob *j, int64_t n0, int64_t m, const int R, const in
                                  _mm256_mul_ps(scale_bcast_t(j->scales, s0 + 3 * nb + b, f16), d), a3);
         }
     }
-    float *y = j->y + m * j->N + n0;
+    float *y = j->y + m * j->ldy + n0 - j->y0;
     __m256 acc[4] = {a0, a1, a2, a3};
     for (int r = 0; r < R; r++) y[r] = llmir_hsum(acc[r]) + zero_correction(j, n0 + r, m);
 }
@@ -391,7 +374,7 @@ ALWAYS void gemv_q8_one(const NbJob *j, int64_t n, int64_t m, const int f16) {
         a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0),
                              _mm256_mul_ps(scale_bcast_t(j->scales, s0 + b, f16), _mm256_broadcast_ss(dx + b)), a0);
     }
-    j->y[m * j->N + n] = llmir_hsum(_mm256_add_ps(a0, a1)) + zero_correction(j, n, m);
+    j->y[m * j->ldy + n - j->y0] = llmir_hsum(_mm256_add_ps(a0, a1)) + zero_correction(j, n, m);
 }
 
 /* rows per pass: 4 share the activation loads while their bytes are close together; longer rows
@@ -412,13 +395,40 @@ GEMV_RANGE(gemv_q4_f16, gemv_q4, gemv_q4_one(j, n, m, 1), 1)
 GEMV_RANGE(gemv_q8_f32, gemv_q8, gemv_q8_one(j, n, m, 0), 0)
 GEMV_RANGE(gemv_q8_f16, gemv_q8, gemv_q8_one(j, n, m, 1), 1)
 
+typedef void (*GemvRangeFn)(const NbJob *, int64_t, int64_t, int64_t);
+
+static GemvRangeFn gemv_range(const NbJob *j) {
+    return j->bits == 4 ? (j->f16 ? gemv_q4_f16 : gemv_q4_f32) : (j->f16 ? gemv_q8_f16 : gemv_q8_f32);
+}
+
 static void gemv_task(void *p, size_t i) {
     const NbJob *j = (const NbJob *)p;
     int64_t n0 = (int64_t)i * j->chunk, n1 = n0 + j->chunk;
     if (n1 > j->N) n1 = j->N;
-    void (*f)(const NbJob *, int64_t, int64_t, int64_t) =
-        j->bits == 4 ? (j->f16 ? gemv_q4_f16 : gemv_q4_f32) : (j->f16 ? gemv_q8_f16 : gemv_q8_f32);
+    GemvRangeFn f = gemv_range(j);
     for (int64_t m = 0; m < j->M; m++) f(j, n0, n1, m);
+}
+
+#define SWIGLU_CHUNK 256 /* most output columns per task (GEMV with the SwiGLU epilogue) */
+
+/* epilogue "swiglu": output columns [n0, n1) of the H = N/2: gate rows n0..n1 and up rows
+ * H+n0..H+n1 into a scratch on the stack, then silu(gate) * up */
+static void gemv_swiglu_task(void *p, size_t i) {
+    const NbJob *j = (const NbJob *)p;
+    const int64_t H = j->N / 2, n0 = (int64_t)i * j->chunk;
+    const int64_t n1 = n0 + j->chunk < H ? n0 + j->chunk : H;
+    float t[GEMV_ROWS * 2 * SWIGLU_CHUNK] __attribute__((aligned(32)));
+    NbJob s = *j;
+    s.y = t, s.ldy = 2 * SWIGLU_CHUNK;
+    GemvRangeFn f = gemv_range(j);
+    for (int64_t m = 0; m < j->M; m++) {
+        s.y0 = n0; /* gate row n -> t[m][n - n0] */
+        f(&s, n0, n1, m);
+        s.y0 = H + n0 - SWIGLU_CHUNK; /* up row H + n -> t[m][SWIGLU_CHUNK + n - n0] */
+        f(&s, H + n0, H + n1, m);
+        const float *tm = t + m * 2 * SWIGLU_CHUNK;
+        llmir_swiglu(tm, tm + SWIGLU_CHUNK, j->y + m * H + n0, n1 - n0);
+    }
 }
 
 /* -- GEMM (prefill): dequantized f32 panels ------------------------------------------------- */
@@ -468,7 +478,7 @@ static void gemm_task(void *p, size_t i) {
             pack_panel(j, n0, nr, k0, kc, panel);
             for (int64_t m0 = 0; m0 < j->M; m0 += MR) {
                 int mr = j->M - m0 < MR ? (int)(j->M - m0) : MR;
-                llmir_micro_6x16(j->x + m0 * j->K + k0, j->K, j->y + m0 * j->N + n0, j->N, panel,
+                llmir_micro_6x16(j->x + m0 * j->K + k0, j->K, j->y + m0 * j->ldy + n0, j->ldy, panel,
                                  mr, nr, kc, k0 != 0);
             }
         }
@@ -569,7 +579,7 @@ ALWAYS void q4_tile(const NbJob *j, const uint8_t *pw, const float *ps, const in
     }
     __m256 acc[Q4_MR][2] = {{f00, f01}, {f10, f11}, {f20, f21}, {f30, f31}};
     for (int r = 0; r < mr; r++) {
-        float *y = j->y + (m0 + r) * j->N + n0;
+        float *y = j->y + (m0 + r) * j->ldy + n0 - j->y0;
         if (nr == NR) {
             _mm256_storeu_ps(y, acc[r][0]);
             _mm256_storeu_ps(y + 8, acc[r][1]);
@@ -610,7 +620,7 @@ static void q4_gemm_task(void *p, size_t i) {
 
 typedef struct NbKernel {
     const OrtApi *api;
-    int bits;
+    int bits, epilogue; /* EPI_NONE / EPI_SWIGLU (the node's `epilogue`) / EPI_BAD */
     /* B, scales and zero points are initializers: checked at the first call, then kept */
     int checked, f16;
     int64_t N, nb;
@@ -622,9 +632,9 @@ typedef struct OpNb {
 } OpNb;
 
 static void *nb_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info) {
-    (void)info;
     NbKernel *k = (NbKernel *)malloc(sizeof(NbKernel));
     if (k) memset(k, 0, sizeof(*k)), k->api = api, k->bits = ((const OpNb *)op)->bits;
+    if (k) k->epilogue = llmir_epilogue_attr(api, info);
     return k;
 }
 
@@ -673,20 +683,26 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
     OrtValue *yv = NULL;
     int64_t xd[8], yd[8];
     OrtStatus *st;
+    if (kn->epilogue == EPI_BAD)
+        return llmir_error(api, ORT_INVALID_ARGUMENT,
+                           "ai.llmir MatMulNBits: unknown epilogue (expected \"swiglu\" or none)");
     GetInputFn get = API(api, I_KernelContext_GetInput, GetInputFn);
     if ((st = get(ctx, 0, &xv)) || (st = get(ctx, 1, &wv)) || (st = get(ctx, 2, &sv))) return st;
     if (get(ctx, 3, &zv)) zv = NULL; /* absent optional input: NULL */
     if (!__atomic_load_n(&kn->checked, __ATOMIC_ACQUIRE) && (st = check_weights(kn, wv, sv, zv)))
         return st;
-    const int bits = kn->bits;
+    const int bits = kn->bits, swiglu = kn->epilogue == EPI_SWIGLU;
     int xr = llmir_shape_of(api, xv, xd);
     if (xr < 1 || xd[xr - 1] != kn->nb * QB)
         return llmir_error(api, ORT_INVALID_ARGUMENT,
                            "ai.llmir MatMulNBits: X [..., K] and B [N, K/32, 32*bits/8] do not match");
-    int64_t M = 1, N = kn->N, K = xd[xr - 1], nb = kn->nb;
+    if (swiglu && kn->N % 2)
+        return llmir_error(api, ORT_INVALID_ARGUMENT,
+                           "ai.llmir MatMulNBits: epilogue \"swiglu\" needs an even N ([gate; up])");
+    int64_t M = 1, N = kn->N, K = xd[xr - 1], nb = kn->nb, NO = swiglu ? N / 2 : N;
     int64_t zrow = bits == 8 ? nb : (nb + 1) / 2;
     for (int i = 0; i < xr - 1; i++) M *= xd[i], yd[i] = xd[i];
-    yd[xr - 1] = N;
+    yd[xr - 1] = NO;
     if ((st = API(api, I_KernelContext_GetOutput, GetOutputFn)(ctx, 0, yd, (size_t)xr, &yv)))
         return st;
     void *x = NULL, *w = NULL, *s = NULL, *z = NULL, *y = NULL;
@@ -697,63 +713,72 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
         return st;
     if (M == 0 || N == 0) return NULL;
     if (K == 0) {
-        memset(y, 0, (size_t)(M * N) * sizeof(float));
+        memset(y, 0, (size_t)(M * NO) * sizeof(float));
         return NULL;
     }
     NbJob j = {(const float *)x, (const uint8_t *)w, s, (const uint8_t *)z, (float *)y,
-               M, N, K, nb, zrow, bits, kn->f16, 0, 0, NULL, NULL, NULL, NULL, NULL};
+               M, N, K, nb, zrow, N, 0, bits, kn->f16, 0, 0, NULL, NULL, NULL, NULL, NULL};
     ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
     const size_t panels = (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS));
-    if (M > GEMV_ROWS && bits == 8) /* f32 panels */
-        return pfor(ctx, gemm_task, panels, 0, &j);
-    j.gemm = M > GEMV_ROWS;
+    float *full = NULL; /* prefill with the epilogue: the [M, N] product first */
+    if (swiglu && M > GEMV_ROWS) {
+        full = (float *)aligned_alloc(32, ((size_t)(M * N) * sizeof(float) + 31) & ~(size_t)31);
+        if (!full) return llmir_error(api, ORT_FAIL, "ai.llmir MatMulNBits: out of memory");
+        j.y = full;
+    }
     int failed = 0;
     j.failed = &failed;
-    /* one buffer: xq (M*K + 64 bytes), dx, xs (M*nb floats each), zx (M*nb*4 int32) */
-    size_t xq_bytes = (size_t)(M * K + 64 + 31) & ~(size_t)31;
-    char *buf = (char *)aligned_alloc(32, xq_bytes + (((size_t)(M * nb) * 24 + 63) & ~(size_t)31));
-    if (!buf) return llmir_error(api, ORT_FAIL, "ai.llmir MatMulNBits: out of memory");
-    j.xq = (int8_t *)buf;
-    j.dx = (float *)(buf + xq_bytes);
-    j.xs = j.dx + M * nb;
-    j.zx = (int32_t *)(j.xs + M * nb);
-    quantize_rows(&j);
-    if (j.gemm) {
-        st = pfor(ctx, q4_gemm_task, panels, 0, &j);
-        free(buf);
-        if (!st && __atomic_load_n(&failed, __ATOMIC_RELAXED))
+    char *buf = NULL;
+    if (M > GEMV_ROWS && bits == 8) { /* f32 panels */
+        st = pfor(ctx, gemm_task, panels, 0, &j);
+    } else {
+        j.gemm = M > GEMV_ROWS;
+        /* one buffer: xq (M*K + 64 bytes), dx, xs (M*nb floats each), zx (M*nb*4 int32) */
+        size_t xq_bytes = (size_t)(M * K + 64 + 31) & ~(size_t)31;
+        buf = (char *)aligned_alloc(32, xq_bytes + (((size_t)(M * nb) * 24 + 63) & ~(size_t)31));
+        if (!buf) {
+            free(full);
             return llmir_error(api, ORT_FAIL, "ai.llmir MatMulNBits: out of memory");
-        return st;
+        }
+        j.xq = (int8_t *)buf;
+        j.dx = (float *)(buf + xq_bytes);
+        j.xs = j.dx + M * nb;
+        j.zx = (int32_t *)(j.xs + M * nb);
+        quantize_rows(&j);
+        if (j.gemm) {
+            st = pfor(ctx, q4_gemm_task, panels, 0, &j);
+        } else {
+            /* chunks of whole row groups: about 8 per thread of a 2-4 thread pool, at least 16
+             * rows (with the epilogue: output columns, each reading a gate and an up row) */
+            int64_t chunk = ((NO + GEMV_TASKS - 1) / GEMV_TASKS + 3) & ~(int64_t)3;
+            chunk = chunk < 16 ? 16 : chunk;
+            j.chunk = (int)(swiglu && chunk > SWIGLU_CHUNK ? SWIGLU_CHUNK : chunk);
+            st = pfor(ctx, swiglu ? gemv_swiglu_task : gemv_task,
+                      (size_t)((NO + j.chunk - 1) / j.chunk), 0, &j);
+        }
     }
-    /* chunks of whole row groups: about 8 per thread of a 2-4 thread pool, at least 16 rows */
-    int64_t chunk = ((N + 31) / 32 + 3) & ~(int64_t)3;
-    j.chunk = (int)(chunk < 16 ? 16 : chunk);
-    st = pfor(ctx, gemv_task, (size_t)((N + j.chunk - 1) / j.chunk), 0, &j);
     free(buf);
+    if (!st && __atomic_load_n(&failed, __ATOMIC_RELAXED))
+        st = llmir_error(api, ORT_FAIL, "ai.llmir MatMulNBits: out of memory");
+    if (!st && full) {
+        LlmirSwigluRows r = {full, (float *)y, M, NO};
+        st = pfor(ctx, llmir_swiglu_rows_task, (size_t)M, 0, &r);
+    }
+    free(full);
     return st;
 }
 
 static const char *name_q4(const OrtCustomOp *op) { (void)op; return "MatMulNBitsQ4"; }
 static const char *name_q8(const OrtCustomOp *op) { (void)op; return "MatMulNBitsQ8"; }
-static const char *nb_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
 static int nb_input_type(const OrtCustomOp *op, size_t i) {
     (void)op;
     return i == 0 ? T_FLOAT : i == 2 ? 0 /* undefined: f32 or f16 */ : T_UINT8;
 }
 static size_t nb_inputs(const OrtCustomOp *op) { (void)op; return 4; }
-static size_t nb_outputs(const OrtCustomOp *op) { (void)op; return 1; }
-static int nb_output_type(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return T_FLOAT; }
 static int nb_in_char(const OrtCustomOp *op, size_t i) { (void)op; return i == 3 ? 1 : 0; }
-static int nb_out_char(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
-static int nb_mem(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
-static int nb_arity1(const OrtCustomOp *op) { (void)op; return 1; }
-static int nb_homog(const OrtCustomOp *op) { (void)op; return 1; }
 
-#define OPNB(NAME, BITS)                                                                      \
-    {{LLMIR_ORT_API, nb_create, NAME, nb_provider, nb_input_type, nb_inputs, nb_output_type,  \
-      nb_outputs, NULL, nb_destroy, nb_in_char, nb_out_char, nb_mem, nb_arity1, nb_homog,     \
-      nb_arity1, nb_homog, NULL, nb_compute, NULL, NULL, NULL},                               \
-     BITS}
+#define OPNB(NAME, BITS) \
+    {LLMIR_QUANT_OP(nb_create, NAME, nb_input_type, nb_inputs, nb_in_char, nb_destroy, nb_compute), BITS}
 
 static OpNb op_q4 = OPNB(name_q4, 4);
 static OpNb op_q8 = OPNB(name_q8, 8);

@@ -26,6 +26,9 @@
  *   codes[n, k] - z[m, b] * sum_{k in b} codes[n, k]). Panels are the parallel tasks. Measured
  *   against dequantizing 16x384 weight blocks into f32 panels for llmir_micro_6x16 (f32_gemm.h):
  *   1.2-1.4x faster (docs/perf.md).
+ * - node attribute `epilogue = "swiglu"`: W holds [W_gate; W_up] (N = 2H rows) and Y [..., H] =
+ *   silu(X W_gate^T) * (X W_up^T) (q8_act.h): at decode each task computes 16 gate rows and the
+ *   matching up rows, at prefill the [M, N] product goes to a scratch first.
  */
 #include <immintrin.h>
 #include <stdlib.h>
@@ -33,6 +36,7 @@
 
 #include "f32_gemm.h"
 #include "ort_abi.h"
+#include "q8_act.h"
 
 #define S8_GEMV_ROWS 4 /* X rows up to which the int8 GEMV path runs */
 #define S8_GEMV_CHUNK 16 /* weight rows per parallel task (GEMV) */
@@ -61,31 +65,15 @@ typedef struct S8Job {
 static void quantize_row(const float *x, int64_t K, int64_t kb, uint8_t *xa, int8_t *xs, float *d) {
     for (int64_t b = 0; b < kb; b++) {
         int64_t k0 = b * S8_QB, n = K - k0 < S8_QB ? K - k0 : S8_QB;
-        float t[S8_QB] __attribute__((aligned(32)));
-        memset(t, 0, sizeof t);
-        memcpy(t, x + k0, (size_t)n * sizeof(float));
-        const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-        __m256 v0 = _mm256_load_ps(t), v1 = _mm256_load_ps(t + 8);
-        __m256 v2 = _mm256_load_ps(t + 16), v3 = _mm256_load_ps(t + 24);
-        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absmask), _mm256_and_ps(v1, absmask)),
-                                 _mm256_max_ps(_mm256_and_ps(v2, absmask), _mm256_and_ps(v3, absmask)));
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        float amax = _mm_cvtss_f32(m4);
-        float db = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        d[b] = db;
-        __m256 iv = _mm256_set1_ps(id);
-        /* cvtps2dq rounds half to even (default MXCSR); |x * id| <= 127 */
-        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, iv));
-        __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, iv));
-        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, iv));
-        __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, iv));
-        __m256i p01 = _mm256_packs_epi32(i0, i1), p23 = _mm256_packs_epi32(i2, i3);
-        __m256i q = _mm256_packs_epi16(p01, p23);
-        /* the packs interleave 128-bit lanes: restore column order */
-        q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)(xs + k0), q);
+        const float *src = x + k0;
+        float t[S8_QB];
+        if (n < S8_QB) { /* the last, partial block: zero-padded (the weights are 0 there) */
+            memset(t, 0, sizeof t);
+            memcpy(t, src, (size_t)n * sizeof(float));
+            src = t;
+        }
+        d[b] = llmir_quant32(src, xs + k0, NULL);
+        __m256i q = _mm256_loadu_si256((const __m256i *)(xs + k0));
         _mm256_storeu_si256((__m256i *)(xa + k0), _mm256_sign_epi8(q, q));
     }
 }
@@ -103,10 +91,11 @@ static inline const int8_t *w_at(const S8Job *j, int64_t r, int64_t k) {
     return j->w + ((r >> 2) * j->kb + (k >> 5)) * (4 * S8_QB) + (r & 3) * S8_QB + (k & 31);
 }
 
-static void gemv_rows(const S8Job *j, int64_t g0, int64_t g1) {
+/* rows [r0, r1) of Y into out[m * ldo + r - r0]: whole groups of 4 rows are computed */
+static void gemv_rows(const S8Job *j, int64_t r0, int64_t r1, float *out, int64_t ldo) {
     const int64_t kb = j->kb;
     const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t g = g0; g < g1; g++) {
+    for (int64_t g = r0 / 4; g * 4 < r1; g++) {
         const int8_t *wg = j->w + g * kb * 4 * S8_QB;
         for (int64_t m = 0; m < j->M; m++) {
             const uint8_t *xa = j->xa + m * kb * S8_QB;
@@ -128,17 +117,32 @@ static void gemv_rows(const S8Job *j, int64_t g0, int64_t g1) {
                 a3 = block_dot(_mm256_loadu_si256((const __m256i *)(w + 96)), va, vs, ones, dv, a3);
             }
             float r[4] = {llmir_hsum(a0), llmir_hsum(a1), llmir_hsum(a2), llmir_hsum(a3)};
-            for (int c = 0; c < 4 && g * 4 + c < j->N; c++)
-                j->y[m * j->N + g * 4 + c] = r[c] * j->s[g * 4 + c];
+            for (int c = 0; c < 4; c++) {
+                int64_t n = g * 4 + c;
+                if (n >= r0 && n < r1) out[m * ldo + n - r0] = r[c] * j->s[n];
+            }
         }
     }
 }
 
 static void gemv_task(void *p, size_t i) {
     const S8Job *j = (const S8Job *)p;
-    int64_t g0 = (int64_t)i * (S8_GEMV_CHUNK / 4), g1 = g0 + S8_GEMV_CHUNK / 4;
-    int64_t groups = (j->N + 3) / 4;
-    gemv_rows(j, g0, g1 < groups ? g1 : groups);
+    int64_t r0 = (int64_t)i * S8_GEMV_CHUNK, r1 = r0 + S8_GEMV_CHUNK < j->N ? r0 + S8_GEMV_CHUNK : j->N;
+    gemv_rows(j, r0, r1, j->y + r0, j->N);
+}
+
+/* epilogue "swiglu" (W = [gate; up], H = N/2 outputs): gate rows r0..r1 and up rows H+r0..H+r1
+ * into a scratch, then silu(gate) * up */
+static void gemv_swiglu_task(void *p, size_t i) {
+    const S8Job *j = (const S8Job *)p;
+    const int64_t H = j->N / 2, r0 = (int64_t)i * S8_GEMV_CHUNK;
+    const int64_t r1 = r0 + S8_GEMV_CHUNK < H ? r0 + S8_GEMV_CHUNK : H;
+    float t[S8_GEMV_ROWS * 2 * S8_GEMV_CHUNK];
+    gemv_rows(j, r0, r1, t, 2 * S8_GEMV_CHUNK);
+    gemv_rows(j, H + r0, H + r1, t + S8_GEMV_CHUNK, 2 * S8_GEMV_CHUNK);
+    for (int64_t m = 0; m < j->M; m++)
+        llmir_swiglu(t + m * 2 * S8_GEMV_CHUNK, t + m * 2 * S8_GEMV_CHUNK + S8_GEMV_CHUNK,
+                     j->y + m * H + r0, r1 - r0);
 }
 
 /* -- int8 GEMM (prefill) --------------------------------------------------------------------- */
@@ -308,23 +312,29 @@ static OrtStatus *gemm8(const OrtApi *api, OrtKernelContext *ctx, ParallelForFn 
 
 typedef struct S8Kernel {
     const OrtApi *api;
+    int epilogue; /* EPI_NONE / EPI_SWIGLU (the node's `epilogue`) / EPI_BAD */
 } S8Kernel;
 
 static void *s8_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info) {
-    (void)op, (void)info;
+    (void)op;
     S8Kernel *k = (S8Kernel *)malloc(sizeof(S8Kernel));
-    if (k) k->api = api;
+    if (k) k->api = api, k->epilogue = llmir_epilogue_attr(api, info);
     return k;
 }
 
 static void s8_destroy(void *k) { free(k); }
 
 static OrtStatus *s8_compute(void *kern, OrtKernelContext *ctx) {
-    const OrtApi *api = ((const S8Kernel *)kern)->api;
+    const S8Kernel *kn = (const S8Kernel *)kern;
+    const OrtApi *api = kn->api;
     const OrtValue *xv = NULL, *wv = NULL, *sv = NULL;
     OrtValue *yv = NULL;
     int64_t xd[8], wd[8], sd[8], yd[8];
     OrtStatus *st;
+    if (kn->epilogue == EPI_BAD)
+        return llmir_error(api, ORT_INVALID_ARGUMENT,
+                           "ai.llmir MatMulS8: unknown epilogue (expected \"swiglu\" or none)");
+    const int swiglu = kn->epilogue == EPI_SWIGLU;
     GetInputFn get = API(api, I_KernelContext_GetInput, GetInputFn);
     if ((st = get(ctx, 0, &xv)) || (st = get(ctx, 1, &wv)) || (st = get(ctx, 2, &sv))) return st;
     int xr = llmir_shape_of(api, xv, xd), wr = llmir_shape_of(api, wv, wd);
@@ -337,8 +347,12 @@ static OrtStatus *s8_compute(void *kern, OrtKernelContext *ctx) {
         return llmir_error(api, ORT_INVALID_ARGUMENT,
                            "ai.llmir MatMulS8: W is not [ceil(N/4), ceil(K/32), 4, 32] for X [..., K] "
                            "and S [N]");
+    if (swiglu && N % 2)
+        return llmir_error(api, ORT_INVALID_ARGUMENT,
+                           "ai.llmir MatMulS8: epilogue \"swiglu\" needs an even N ([gate; up])");
+    const int64_t NO = swiglu ? N / 2 : N;
     for (int i = 0; i < xr - 1; i++) M *= xd[i], yd[i] = xd[i];
-    yd[xr - 1] = N;
+    yd[xr - 1] = NO;
     if ((st = API(api, I_KernelContext_GetOutput, GetOutputFn)(ctx, 0, yd, (size_t)xr, &yv)))
         return st;
     void *x = NULL, *w = NULL, *s = NULL, *y = NULL;
@@ -348,13 +362,26 @@ static OrtStatus *s8_compute(void *kern, OrtKernelContext *ctx) {
         return st;
     if (M == 0 || N == 0) return NULL;
     if (K == 0) {
-        memset(y, 0, (size_t)(M * N) * sizeof(float));
+        memset(y, 0, (size_t)(M * NO) * sizeof(float));
         return NULL;
     }
     S8Job j = {(const float *)x, (const int8_t *)w, (const float *)s, (float *)y, M, N, K,
                NULL, NULL, NULL, kb};
     ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
-    if (M > S8_GEMV_ROWS) return gemm8(api, ctx, pfor, &j);
+    if (M > S8_GEMV_ROWS) {
+        if (!swiglu) return gemm8(api, ctx, pfor, &j);
+        /* prefill with the epilogue: the [M, N] product first */
+        float *full = (float *)aligned_alloc(32, ((size_t)(M * N) * sizeof(float) + 31) & ~(size_t)31);
+        if (!full) return llmir_error(api, ORT_FAIL, "ai.llmir MatMulS8: out of memory");
+        j.y = full;
+        st = gemm8(api, ctx, pfor, &j);
+        if (!st) {
+            LlmirSwigluRows r = {full, (float *)y, M, NO};
+            st = pfor(ctx, llmir_swiglu_rows_task, (size_t)M, 0, &r);
+        }
+        free(full);
+        return st;
+    }
     int64_t kp = kb * S8_QB;
     /* one buffer: |q| and q for every row, then the block scales */
     size_t bytes = (size_t)(((2 * kp + 4 * kb) * M + 63) & ~31);
@@ -367,29 +394,21 @@ static OrtStatus *s8_compute(void *kern, OrtKernelContext *ctx) {
     for (int64_t m = 0; m < M; m++)
         quantize_row(j.x + m * K, K, kb, xa + m * kp, xs + m * kp, d + m * kb);
     j.xa = xa, j.xs = xs, j.d = d;
-    st = pfor(ctx, gemv_task, (size_t)((N + S8_GEMV_CHUNK - 1) / S8_GEMV_CHUNK), 0, &j);
+    st = pfor(ctx, swiglu ? gemv_swiglu_task : gemv_task,
+              (size_t)((NO + S8_GEMV_CHUNK - 1) / S8_GEMV_CHUNK), 0, &j);
     if (buf != local) free(buf);
     return st;
 }
 
 static const char *s8_name(const OrtCustomOp *op) { (void)op; return "MatMulS8"; }
-static const char *s8_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
 static int s8_input_type(const OrtCustomOp *op, size_t i) {
     (void)op;
     return i == 1 ? T_INT8 : T_FLOAT;
 }
 static size_t s8_three(const OrtCustomOp *op) { (void)op; return 3; }
-static size_t s8_one(const OrtCustomOp *op) { (void)op; return 1; }
-static int s8_output_type(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return T_FLOAT; }
-static int s8_required(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
-static int s8_mem_default(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
-static int s8_arity1(const OrtCustomOp *op) { (void)op; return 1; }
-static int s8_homogeneous(const OrtCustomOp *op) { (void)op; return 1; }
 
-static OrtCustomOp op_s8 = {LLMIR_ORT_API, s8_create, s8_name, s8_provider, s8_input_type,
-                            s8_three, s8_output_type, s8_one, NULL, s8_destroy, s8_required,
-                            s8_required, s8_mem_default, s8_arity1, s8_homogeneous, s8_arity1,
-                            s8_homogeneous, NULL, s8_compute, NULL, NULL, NULL};
+static OrtCustomOp op_s8 =
+    LLMIR_QUANT_OP(s8_create, s8_name, s8_input_type, s8_three, llmir_required, s8_destroy, s8_compute);
 
 /* adds MatMulS8 to the ai.llmir domain (register.c) */
 OrtStatus *llmir_add_matmul_s8(const OrtApi *api, OrtCustomOpDomain *domain) {
