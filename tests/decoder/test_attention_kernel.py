@@ -135,6 +135,8 @@ def _compare(
         (7, 1, 32, 2, True, True, {}),  # ratio 7, batch 2, head_dim 32
         (5, 5, 32, 2, False, True, {}),  # ratio 1, unpacked q/k/v
         (9, 3, 32, 1, True, False, {}),  # no rotary
+        (4, 2, 24, 1, True, False, {}),  # head_dim a multiple of 8, not of 16
+        (4, 1, 128, 1, True, True, {}),  # head_dim 128
         (3, 1, 64, 1, True, True, {"rotary_interleaved": 1}),  # rotary pairs
         (6, 2, 64, 1, True, True, {"softcap": 20.0, "scale": 0.3}),  # gemma2-style
     ],

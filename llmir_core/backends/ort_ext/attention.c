@@ -36,7 +36,7 @@
 #include "ort_abi.h"
 
 #define KB 64 /* keys per online-softmax block */
-#define QB 16 /* query rows per prefill task */
+#define QV 48 /* query vectors (rows x heads of a KV head) per prefill task, about */
 #define MAX_D 256 /* largest head_dim */
 #define DECODE_TASKS 8 /* a decode step is split into this many tasks at least... */
 #define DECODE_MIN_KEYS 128 /* ...of this many keys at least */
@@ -143,6 +143,45 @@ static inline float max_of(const float *x, int n, float m) {
     return m;
 }
 
+/* C[r][0:16] = (add ? C[r][0:16] : 0) + sum_k A[r][k] B[k][0:16] for r < MRV (<= 6): rows of
+ * A lda apart, of B ldb apart, of C ldc apart; 12 accumulators, B's two vectors per k reused by
+ * every row (an outer-product GEMM tile: scores against transposed keys, probabilities times
+ * values) */
+static inline __attribute__((always_inline)) void tile16(const float *A, int64_t lda,
+                                                         const float *B, int64_t ldb, float *C,
+                                                         int64_t ldc, int64_t K, int add,
+                                                         const int MRV) {
+    __m256 c[6][2];
+    for (int r = 0; r < MRV; r++)
+        for (int h = 0; h < 2; h++)
+            c[r][h] = add ? _mm256_loadu_ps(C + r * ldc + 8 * h) : _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m256 b0 = _mm256_loadu_ps(B + k * ldb), b1 = _mm256_loadu_ps(B + k * ldb + 8);
+        for (int r = 0; r < MRV; r++) {
+            __m256 a = _mm256_broadcast_ss(A + r * lda + k);
+            c[r][0] = _mm256_fmadd_ps(a, b0, c[r][0]);
+            c[r][1] = _mm256_fmadd_ps(a, b1, c[r][1]);
+        }
+    }
+    for (int r = 0; r < MRV; r++)
+        for (int h = 0; h < 2; h++) _mm256_storeu_ps(C + r * ldc + 8 * h, c[r][h]);
+}
+
+/* tile16 over rows [0, rows) of A and C, 6 at a time */
+static void gemm16(const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
+                   int64_t ldc, int64_t rows, int64_t K, int add) {
+    int64_t r = 0;
+    for (; r + 6 <= rows; r += 6) tile16(A + r * lda, lda, B, ldb, C + r * ldc, ldc, K, add, 6);
+    switch (rows - r) {
+        case 1: tile16(A + r * lda, lda, B, ldb, C + r * ldc, ldc, K, add, 1); break;
+        case 2: tile16(A + r * lda, lda, B, ldb, C + r * ldc, ldc, K, add, 2); break;
+        case 3: tile16(A + r * lda, lda, B, ldb, C + r * ldc, ldc, K, add, 3); break;
+        case 4: tile16(A + r * lda, lda, B, ldb, C + r * ldc, ldc, K, add, 4); break;
+        case 5: tile16(A + r * lda, lda, B, ldb, C + r * ldc, ldc, K, add, 5); break;
+        default: break;
+    }
+}
+
 /* -- the op ----------------------------------------------------------------------------------- */
 
 typedef struct GqaKernel {
@@ -167,7 +206,8 @@ typedef struct GqaJob {
     int first_prompt;
     int64_t chunks, chunk; /* decode: key chunks per (batch, KV head) and keys per chunk */
     float *parts;          /* decode with chunks > 1: [B * Hkv * chunks][G][2 + D] */
-    int64_t qblocks; /* prefill: query blocks per (batch, KV head) */
+    int64_t qblocks, qrows; /* prefill: query blocks per (batch, KV head), rows per block */
+    int tiles;              /* prefill by attend_tiles (else attend) */
     int *failed;    /* a task could not allocate its scratch / saw a bad position */
 } GqaJob;
 
@@ -353,12 +393,110 @@ static void merge_parts(const GqaJob *j) {
         }
 }
 
+/* query rows [s0, s1) of batch b, all query heads of KV head kh (a prompt): as attend, with the
+ * scores of a block of KB keys for all the rows' query vectors as one GEMM against the block's
+ * keys transposed (kt [D][KB]) and the probabilities times the block's values as another, both
+ * by tile16; rows that see none of a block skip it */
+static void attend_tiles(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s1) {
+    const int64_t D = j->D, G = j->G, nv = (s1 - s0) * G;
+    const int64_t past = past_len(j, b), total = total_len(j, b);
+    float *buf = (float *)malloc((size_t)(2 * nv * D + 2 * nv + nv * KB + D * KB) * sizeof(float));
+    if (!buf) {
+        __atomic_store_n(j->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    float *qs = buf, *acc = qs + nv * D, *mx = acc + nv * D, *sum = mx + nv, *sc = sum + nv;
+    float *kt = sc + nv * KB;
+    const float scale = j->kn->scale > 0.0f ? j->kn->scale : 1.0f / sqrtf((float)D);
+    const float cap = j->kn->softcap;
+    for (int64_t s = s0; s < s1; s++)
+        for (int64_t g = 0; g < G; g++) {
+            int64_t i = (s - s0) * G + g, h = kh * G + g;
+            rotate(j, j->q + (b * j->S + s) * j->ldq + h * D, qs + i * D, position(j, b, s), scale);
+        }
+    memset(acc, 0, (size_t)(nv * D) * sizeof(float));
+    for (int64_t i = 0; i < nv; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
+    const float *K = j->pk + (b * j->Hkv + kh) * j->P * D;
+    const float *V = j->pv + (b * j->Hkv + kh) * j->P * D;
+    int64_t last = past + s1 < total ? past + s1 : total; /* keys the last row sees */
+    for (int64_t k0 = 0; k0 < last; k0 += KB) {
+        int64_t nk = last - k0 < KB ? last - k0 : KB, nk16 = (nk + 15) & ~(int64_t)15;
+        int64_t first = k0 - past > s0 ? k0 - past : s0; /* the first row that sees key k0 */
+        if (first >= s1) break;
+        int64_t r0 = (first - s0) * G, rows = nv - r0;
+        for (int64_t t = 0; t < nk16; t += 8) /* kt[d][t] = K[k0 + t][d], zeros past nk */
+            for (int64_t d = 0; d < D; d += 8) {
+                __m256 r[8];
+                for (int u = 0; u < 8; u++)
+                    r[u] = t + u < nk ? _mm256_loadu_ps(K + (k0 + t + u) * D + d)
+                                      : _mm256_setzero_ps();
+                llmir_transpose8_store(r, kt + d * KB + t, KB);
+            }
+        for (int64_t c = 0; c < nk16; c += 16)
+            gemm16(qs + r0 * D, D, kt + c, KB, sc + r0 * KB + c, KB, rows, D, 0);
+        for (int64_t r = r0; r < nv; r++) {
+            int64_t s = s0 + r / G, hi = past + s + 1 < total ? past + s + 1 : total;
+            int n = (int)(hi - k0 < nk ? hi - k0 : nk), t = 0;
+            float *row = sc + r * KB;
+            if (cap > 0.0f) /* soft-capping of the scaled scores */
+                for (; t < n; t++) row[t] = cap * tanhf(row[t] / cap);
+            float m = max_of(row, n, mx[r]);
+            __m256 mv = _mm256_set1_ps(m), tot = _mm256_setzero_ps();
+            for (t = 0; t + 8 <= n; t += 8) {
+                __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(row + t), mv));
+                _mm256_storeu_ps(row + t, e);
+                tot = _mm256_add_ps(tot, e);
+            }
+            float add = llmir_hsum(tot);
+            for (; t < n; t++) {
+                row[t] = expf(row[t] - m);
+                add += row[t];
+            }
+            for (; t < nk16; t++) row[t] = 0.0f; /* keys this row does not see */
+            float corr = mx[r] == -INFINITY ? 0.0f : expf(mx[r] - m);
+            sum[r] = sum[r] * corr + add;
+            mx[r] = m;
+            if (corr != 1.0f) {
+                __m256 cv = _mm256_set1_ps(corr);
+                for (int64_t d = 0; d < D; d += 8)
+                    _mm256_storeu_ps(acc + r * D + d,
+                                     _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + d), cv));
+            }
+        }
+        for (int64_t d = 0; d < D; d += 16) /* D is a multiple of 8: the last 8 columns below */
+            if (d + 16 <= D)
+                gemm16(sc + r0 * KB, KB, V + k0 * D + d, D, acc + r0 * D + d, D, rows, nk, 1);
+        if (D % 16) { /* the last 8 columns, one vector a row */
+            int64_t d = D - 8;
+            for (int64_t r = r0; r < nv; r++) {
+                __m256 a = _mm256_loadu_ps(acc + r * D + d);
+                for (int64_t t = 0; t < nk; t++)
+                    a = _mm256_fmadd_ps(_mm256_broadcast_ss(sc + r * KB + t),
+                                        _mm256_loadu_ps(V + (k0 + t) * D + d), a);
+                _mm256_storeu_ps(acc + r * D + d, a);
+            }
+        }
+    }
+    for (int64_t s = s0; s < s1; s++)
+        for (int64_t g = 0; g < G; g++) {
+            int64_t i = (s - s0) * G + g, h = kh * G + g;
+            float *o = j->out + (b * j->S + s) * j->H * D + h * D;
+            __m256 r = _mm256_set1_ps(sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f);
+            for (int64_t d = 0; d < D; d += 8)
+                _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(acc + i * D + d), r));
+        }
+    free(buf);
+}
+
 /* prefill: task i = (batch, KV head, query block), the last (heaviest) blocks first */
 static void prefill_task(void *p, size_t i) {
     const GqaJob *j = (const GqaJob *)p;
     int64_t n = (int64_t)i / j->qblocks, blk = j->qblocks - 1 - (int64_t)i % j->qblocks;
-    int64_t s0 = blk * QB, s1 = s0 + QB < j->S ? s0 + QB : j->S;
-    attend(j, n / j->Hkv, n % j->Hkv, s0, s1, 0, j->G, 0, j->P, NULL);
+    int64_t s0 = blk * j->qrows, s1 = s0 + j->qrows < j->S ? s0 + j->qrows : j->S;
+    if (j->tiles)
+        attend_tiles(j, n / j->Hkv, n % j->Hkv, s0, s1);
+    else
+        attend(j, n / j->Hkv, n % j->Hkv, s0, s1, 0, j->G, 0, j->P, NULL);
 }
 
 /* a decode step's split: enough key chunks per (batch, KV head) for DECODE_TASKS tasks, each
@@ -379,6 +517,14 @@ static int plan_decode(GqaJob *j) {
     }
     j->parts = (float *)malloc((size_t)(bk * j->chunks * j->G * (j->D + 2)) * sizeof(float));
     return j->parts ? 0 : -1;
+}
+
+/* a prompt's split: blocks of about QV query vectors (rows x query heads of a KV head) */
+static void plan_prefill(GqaJob *j) {
+    j->qrows = QV / j->G < 1 ? 1 : QV / j->G;
+    if (j->qrows > j->S) j->qrows = j->S;
+    j->qblocks = (j->S + j->qrows - 1) / j->qrows;
+    j->tiles = 1;
 }
 
 typedef OrtStatus *(*AttrFloatFn)(const OrtKernelInfo *, const char *, float *);
@@ -550,7 +696,7 @@ static OrtStatus *gqa_compute(void *kp, OrtKernelContext *ctx) {
         free(j.parts);
     } else {
         if ((st = pfor(ctx, store_task, (size_t)(B * Hkv), 0, &j))) return st;
-        j.qblocks = (S + QB - 1) / QB;
+        plan_prefill(&j);
         st = pfor(ctx, prefill_task, (size_t)(B * Hkv * j.qblocks), 0, &j);
     }
     if (!st && __atomic_load_n(&failed, __ATOMIC_RELAXED))
