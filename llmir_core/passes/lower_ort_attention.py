@@ -213,7 +213,7 @@ def check_attention_kernel(kind: str) -> None:
         )
 
 
-_LLMIR_BUILDS: list[bool] = []  # the capability, decided at the first op that could use it
+_LLMIR_BUILDS: list[bool] = []  # the capability, decided at the first op of a run that could use it
 
 
 def _llmir_builds() -> bool:
@@ -270,6 +270,7 @@ class LowerOrtAttention:
         if not module.functions or not is_decoder(module):
             return False
         check_attention_kernel(self.attention_kernel)
+        _LLMIR_BUILDS.clear()
         fn = module.main
         changed = False
         fmt = parse_quant(self.quant, self.quant_block)
