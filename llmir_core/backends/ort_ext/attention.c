@@ -20,12 +20,19 @@
  * Kernel (AVX2 + FMA): the new K rows are rotated (rotary halves or interleaved pairs, at
  * position_ids, else past_b + s) and written with the V rows into present; each query vector is
  * rotated and multiplied by the scale once, then attends block by block over KB keys with an
- * online softmax (running max and sum, the accumulated output rescaled when the max grows): the
- * scores of 8 keys at a time (8 accumulators, reduced by one hadd tree), a vectorized exp, and
- * p * V accumulated in registers. All query heads sharing a KV head (GQA) go through each key
- * block together, so a K/V block is read from memory once and reused from L1. Work is split on
- * onnxruntime's intra-op pool (KernelContext_ParallelFor): a decode step by (batch, query head
- * group), a prompt by (batch, KV head, block of QB queries), heaviest (last) query blocks first.
+ * online softmax (running max and sum, the accumulated output rescaled when the max grows, a
+ * vectorized exp). All query heads sharing a KV head (GQA) go through each key block together,
+ * so a K/V block is read from memory once and reused from L1. Work is split on onnxruntime's
+ * intra-op pool (KernelContext_ParallelFor):
+ * - decode (S = 1): tasks (batch, KV head, chunk of keys), enough chunks of DECODE_MIN_KEYS keys
+ *   or more for DECODE_TASKS tasks; per block the scores of 8 keys at a time (8 accumulators,
+ *   one hadd tree) and p * V in 8 accumulators; the chunks' partial (max, sum, output) are
+ *   merged after the parallel loop. A step reads the layer's whole cache, usually from memory
+ *   (the layer's weights evicted it): at 128-512 positions it runs at the read bandwidth;
+ * - prefill: tasks (batch, KV head, block of about QV query vectors), the last (heaviest) blocks
+ *   first; per key block the scores of all the task's query vectors are one GEMM against the
+ *   block's keys transposed, and probabilities times values another (6x16 outer-product tiles),
+ *   rows that see none of the block skipping it.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -39,7 +46,7 @@
 #define QV 48 /* query vectors (rows x heads of a KV head) per prefill task, about */
 #define MAX_D 256 /* largest head_dim */
 #define DECODE_TASKS 8 /* a decode step is split into this many tasks at least... */
-#define DECODE_MIN_KEYS 128 /* ...of this many keys at least */
+#define DECODE_MIN_KEYS 64 /* ...of this many keys at least */
 
 /* -- vector math ------------------------------------------------------------------------------ */
 
@@ -207,7 +214,6 @@ typedef struct GqaJob {
     int64_t chunks, chunk; /* decode: key chunks per (batch, KV head) and keys per chunk */
     float *parts;          /* decode with chunks > 1: [B * Hkv * chunks][G][2 + D] */
     int64_t qblocks, qrows; /* prefill: query blocks per (batch, KV head), rows per block */
-    int tiles;              /* prefill by attend_tiles (else attend) */
     int *failed;    /* a task could not allocate its scratch / saw a bad position */
 } GqaJob;
 
@@ -493,10 +499,7 @@ static void prefill_task(void *p, size_t i) {
     const GqaJob *j = (const GqaJob *)p;
     int64_t n = (int64_t)i / j->qblocks, blk = j->qblocks - 1 - (int64_t)i % j->qblocks;
     int64_t s0 = blk * j->qrows, s1 = s0 + j->qrows < j->S ? s0 + j->qrows : j->S;
-    if (j->tiles)
-        attend_tiles(j, n / j->Hkv, n % j->Hkv, s0, s1);
-    else
-        attend(j, n / j->Hkv, n % j->Hkv, s0, s1, 0, j->G, 0, j->P, NULL);
+    attend_tiles(j, n / j->Hkv, n % j->Hkv, s0, s1);
 }
 
 /* a decode step's split: enough key chunks per (batch, KV head) for DECODE_TASKS tasks, each
@@ -524,7 +527,6 @@ static void plan_prefill(GqaJob *j) {
     j->qrows = QV / j->G < 1 ? 1 : QV / j->G;
     if (j->qrows > j->S) j->qrows = j->S;
     j->qblocks = (j->S + j->qrows - 1) / j->qrows;
-    j->tiles = 1;
 }
 
 typedef OrtStatus *(*AttrFloatFn)(const OrtKernelInfo *, const char *, float *);
