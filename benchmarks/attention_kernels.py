@@ -11,8 +11,15 @@ is the minimum over rounds (the least disturbed one) of one run / layers: CPU ti
 with --threads 1 (the default: a busy machine inflates wall time unevenly), wall time otherwise.
 `err` is max |llmir - onnxruntime| over the attention outputs of the first node.
 
+`--cold MB`: as in a real decode step, where each layer's weights stream through the caches
+between two attention nodes, every node is preceded by a ReduceSumSquare over its own MB-byte
+input, so the node reads its KV cache from memory; the time per node is then the median of the
+attention nodes' own kernel times from onnxruntime's profiler (wall time, the same profiler
+overhead for both forms).
+
     python benchmarks/attention_kernels.py                      # both shapes, 1 thread
     python benchmarks/attention_kernels.py --threads 2 --format json
+    python benchmarks/attention_kernels.py --cold 3 --prefill 0    # decode, cache from memory
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +44,7 @@ SHAPES = {  # (num_heads, kv_num_heads, head_dim, layers)
 FORMS = ("onnxruntime", "llmir")
 
 
-def _model(form: str, heads: int, kv: int, d: int, layers: int) -> bytes:
+def _model(form: str, heads: int, kv: int, d: int, layers: int, cold: int = 0) -> bytes:
     from onnx import TensorProto, helper
 
     from llmir_core.backends.ort_ext import DOMAIN
@@ -52,6 +60,10 @@ def _model(form: str, heads: int, kv: int, d: int, layers: int) -> bytes:
     ]
     nodes, outs = [], []
     for i in range(layers):
+        if cold:  # read cold bytes first: the KV cache is evicted to memory
+            inputs.append(vi(f"w{i}", f, [cold // 4]))
+            nodes.append(helper.make_node("ReduceSumSquare", [f"w{i}"], [f"r{i}"], keepdims=0))
+            outs.append(vi(f"r{i}", f, None))
         inputs += [vi(f"pk{i}", f, ["B", kv, "L", d]), vi(f"pv{i}", f, ["B", kv, "L", d])]
         ins = ["qkv", "", "", f"pk{i}", f"pv{i}", "seqlens", "total", "cos", "sin", "pos"]
         nodes.append(
@@ -74,7 +86,7 @@ def _model(form: str, heads: int, kv: int, d: int, layers: int) -> bytes:
     ).SerializeToString()
 
 
-def _session(model: bytes, threads: int) -> Any:
+def _session(model: bytes, threads: int, profile: str = "") -> Any:
     import onnxruntime as ort
 
     from llmir_core.backends.ort_ext import register
@@ -82,11 +94,42 @@ def _session(model: bytes, threads: int) -> Any:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
+    if profile:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile
     register(so, ["llmir_ops"])
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
-def bench(model: str, positions: int, new: int, threads: int, rounds: int, wall: bool) -> dict:  # type: ignore[type-arg]
+def _node_times(sess: Any) -> list[float]:
+    """The attention nodes' kernel times (seconds) in a profiled session's trace."""
+    path = sess.end_profiling()
+    try:
+        with open(path, encoding="utf-8") as fh:
+            events = json.load(fh)
+    finally:
+        os.unlink(path)
+    return [
+        e["dur"] * 1e-6
+        for e in events
+        if e.get("cat") == "Node"
+        and e.get("args", {}).get("op_name") == "GroupQueryAttention"
+        and e["name"].endswith("_kernel_time")
+    ]
+
+
+def bench(
+    model: str,
+    positions: int,
+    new: int,
+    threads: int,
+    rounds: int,
+    wall: bool,
+    cold: int = 0,
+    tmp: str = "",
+) -> dict:  # type: ignore[type-arg]
+    import statistics
+
     import onnxruntime as ort
 
     heads, kv, d, layers = SHAPES[model]
@@ -102,13 +145,20 @@ def bench(model: str, positions: int, new: int, threads: int, rounds: int, wall:
         "pos": np.arange(positions, cap, dtype=np.int64)[None],
     }
     bufs = [rng.standard_normal((1, kv, cap, d)).astype(np.float32) for _ in range(2 * layers)]
+    flush = [
+        rng.standard_normal(cold // 4).astype(np.float32) for _ in range(layers if cold else 0)
+    ]
     runs = {}
     for form in FORMS:
-        sess = _session(_model(form, heads, kv, d, layers), threads)
+        prof = os.path.join(tmp, f"attn-{form}") if cold else ""
+        sess = _session(_model(form, heads, kv, d, layers, cold), threads, prof)
         io = sess.io_binding()
         io.bind_output("o0")
         for k, v in feeds.items():
             io.bind_cpu_input(k, v)
+        for i, w in enumerate(flush):
+            io.bind_cpu_input(f"w{i}", w)
+            io.bind_output(f"r{i}")
         keep = []
         for i in range(layers):
             for j, name in enumerate("kv"):
@@ -134,7 +184,10 @@ def bench(model: str, positions: int, new: int, threads: int, rounds: int, wall:
                 sess.run_with_iobinding(io)
             times[form].append((clock() - t) / reps / layers)
     best = {f: min(v) for f, v in times.items()}
+    if cold:  # the nodes' own times (the reads before them excluded)
+        best = {f: statistics.median(_node_times(r[0])) for f, r in runs.items()}
     row: dict[str, Any] = {"model": model, "positions": positions, "new": new, "layers": layers}
+    row["cold_bytes"] = cold
     for f in FORMS:
         row[f"{f}_us"] = best[f] * 1e6
     row["err"] = float(np.abs(out["llmir"] - out["onnxruntime"]).max())
@@ -152,15 +205,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--wall", action="store_true", help="wall time (always with --threads > 1)")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument(
+        "--cold", type=float, default=0.0, help="MB read before each node (0: caches warm)"
+    )
     ap.add_argument("--format", choices=("text", "json"), default="text")
     a = ap.parse_args()
     cases = [(int(p), 1) for p in a.positions.split(",") if p] + (
         [(0, a.prefill)] if a.prefill else []
     )
     rows = []
+    cold = int(a.cold * (1 << 20)) // 4 * 4
+    tmp = tempfile.mkdtemp(prefix="attn-prof-")
     for model in a.models.split(","):
         for positions, new in cases:
-            r = bench(model, positions, new, a.threads, a.rounds, a.wall)
+            r = bench(model, positions, new, a.threads, a.rounds, a.wall, cold, tmp)
             rows.append(r)
             if a.format == "text":
                 what = f"decode @{positions:5}" if new == 1 else f"prefill {new:4}  "
@@ -169,8 +227,10 @@ def main() -> None:
                     f"{r['llmir_us']:8.1f} us | x{r['speedup']:.2f} (err {r['err']:.1e})",
                     flush=True,
                 )
+    os.rmdir(tmp)
     if a.format == "json":
-        doc = {"threads": a.threads, "clock": "cpu" if a.threads == 1 and not a.wall else "wall"}
+        clock = "cpu" if a.threads == 1 and not a.wall else "wall"
+        doc = {"threads": a.threads, "clock": "profiler" if cold else clock, "cold_mb": a.cold}
         doc["loadavg"] = os.getloadavg()[0]
         print(json.dumps({**doc, "rows": rows}, indent=1))
 
