@@ -29,6 +29,7 @@ from .helpers import greedy, rel
 WHY = unavailable_reason()
 needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"llmir's custom op cannot run: {WHY}")
 MS = "com.microsoft"
+REPO = Path(__file__).resolve().parents[2]
 F32 = np.float32
 
 
@@ -258,6 +259,18 @@ def test_without_the_capability_onnxruntime_attention_is_kept(
     assert "ort.group_query_attention" in text and "kernel =" not in text
     # asked for by name, the op records it for a machine where the library builds
     assert _lowered(tiny_module, attention_kernel="llmir").count('kernel = "llmir"') == 2
+
+
+def test_an_int8_cache_keeps_onnxruntime_attention() -> None:
+    """auto: llmir's kernel takes f32 caches only; an int8 cache (kv-cache-int8) keeps
+    com.microsoft's op (attention_kernel=llmir there is an error: the FileCheck negative test)."""
+    from llmir_core.ir.parser import parse_module
+    from llmir_core.passes.lower_ort_attention import LowerOrtAttention
+
+    path = REPO / "tests/filecheck/passes/lower-ort-attention.int8_kv.llmir"
+    module = parse_module(path.read_text(), str(path))
+    text = print_module(run_pipeline(module, [LowerOrtAttention()]).module)
+    assert 'kv_quant = "per_channel"' in text and "kernel =" not in text
 
 
 def test_bad_attention_kernel_is_a_usage_error(tiny_module: Any) -> None:
