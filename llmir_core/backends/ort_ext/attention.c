@@ -9,8 +9,9 @@
  *   7 cos_cache, 8 sin_cache [positions, rotary_dim / 2] (do_rotary), 9 position_ids [B, S] int64;
  *   outputs: output [B, S, H*D], present_key, present_value [B, Hkv, max(Lp, total), D].
  * Attributes num_heads, kv_num_heads, scale (0: 1/sqrt(D)), softcap, do_rotary,
- * rotary_interleaved; local_window_size (other than -1), smooth_softmax and qk_output are refused
- * (the lowering never emits them for this op).
+ * rotary_interleaved, local_window_size (W > 0: a query sees its last W keys, its own included, as
+ * onnxruntime 1.32's CPU kernel); smooth_softmax and qk_output are refused (the lowering never
+ * emits them).
  *
  * Per batch row b the new tokens sit at past_b = seqlens_k[b] + 1 - S (0 for a first prompt,
  * S == total_sequence_length > 1) and query s sees keys [0, min(past_b + s + 1, seqlens_k[b] + 1)).
@@ -196,6 +197,7 @@ typedef struct GqaKernel {
     int64_t heads, kv_heads;
     float scale, softcap;
     int rotary, interleaved;
+    int64_t window; /* local_window_size > 0: keys a query sees at most; else 0 */
     const char *err; /* an attribute the kernel refuses (reported by compute) */
 } GqaKernel;
 
@@ -222,6 +224,13 @@ static inline int64_t past_len(const GqaJob *j, int64_t b) {
 }
 
 static inline int64_t total_len(const GqaJob *j, int64_t b) { return (int64_t)j->seqlens[b] + 1; }
+
+/* the first key a query sees whose causal length (keys up to and with its own) is n: the last
+ * `window` of them */
+static inline int64_t first_key(const GqaJob *j, int64_t n) {
+    int64_t w = j->kn->window;
+    return w > 0 && n > w ? n - w : 0;
+}
 
 static inline int64_t position(const GqaJob *j, int64_t b, int64_t s) {
     return j->pos_ids ? j->pos_ids[b * j->S + s] : past_len(j, b) + s;
@@ -314,14 +323,17 @@ static void attend(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s
     for (int64_t k0 = key0; k0 < last; k0 += KB) {
         for (int64_t s = s0; s < s1; s++) {
             int64_t hi = past + s + 1 < key1 ? past + s + 1 : key1;
+            int64_t lo = first_key(j, past + s + 1) - k0; /* keys before it are out of the window */
             if (k0 >= hi) continue;
             int n = (int)(hi - k0 < KB ? hi - k0 : KB);
+            if (lo >= n) continue;
             for (int64_t g = 0; g < G; g++) {
                 int64_t i = (s - s0) * G + g;
                 scores(qs + i * D, K + k0 * D, D, n, sc);
                 int t = 0;
                 if (cap > 0.0f) /* soft-capping of the scaled scores */
                     for (; t < n; t++) sc[t] = cap * tanhf(sc[t] / cap);
+                for (t = 0; t < lo; t++) sc[t] = -INFINITY;
                 float m = max_of(sc, n, mx[i]);
                 __m256 mv = _mm256_set1_ps(m), tot = _mm256_setzero_ps();
                 for (t = 0; t + 8 <= n; t += 8) {
@@ -429,6 +441,7 @@ static void attend_tiles(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int
         int64_t nk = last - k0 < KB ? last - k0 : KB, nk16 = (nk + 15) & ~(int64_t)15;
         int64_t first = k0 - past > s0 ? k0 - past : s0; /* the first row that sees key k0 */
         if (first >= s1) break;
+        if (k0 + nk <= first_key(j, past + s0 + 1)) continue; /* out of every row's window */
         int64_t r0 = (first - s0) * G, rows = nv - r0;
         for (int64_t t = 0; t < nk16; t += 8) /* kt[d][t] = K[k0 + t][d], zeros past nk */
             for (int64_t d = 0; d < D; d += 8) {
@@ -443,9 +456,15 @@ static void attend_tiles(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int
         for (int64_t r = r0; r < nv; r++) {
             int64_t s = s0 + r / G, hi = past + s + 1 < total ? past + s + 1 : total;
             int n = (int)(hi - k0 < nk ? hi - k0 : nk), t = 0;
+            int64_t lo = first_key(j, past + s + 1) - k0; /* keys before it are out of the window */
             float *row = sc + r * KB;
+            if (lo >= n) { /* the block is out of this row's window */
+                memset(row, 0, (size_t)nk16 * sizeof(float));
+                continue;
+            }
             if (cap > 0.0f) /* soft-capping of the scaled scores */
                 for (; t < n; t++) row[t] = cap * tanhf(row[t] / cap);
+            for (t = 0; t < lo; t++) row[t] = -INFINITY;
             float m = max_of(row, n, mx[r]);
             __m256 mv = _mm256_set1_ps(m), tot = _mm256_setzero_ps();
             for (t = 0; t + 8 <= n; t += 8) {
@@ -560,11 +579,11 @@ static void *gqa_create(const OrtCustomOp *op, const OrtApi *api, const OrtKerne
     k->softcap = attr_float(api, info, "softcap", 0.0f);
     k->rotary = attr_int(api, info, "do_rotary", 0) != 0;
     k->interleaved = attr_int(api, info, "rotary_interleaved", 0) != 0;
+    int64_t window = attr_int(api, info, "local_window_size", -1);
+    k->window = window > 0 ? window : 0;
     if (k->heads <= 0 || k->kv_heads <= 0 || k->heads % k->kv_heads)
         k->err = "ai.llmir GroupQueryAttention: num_heads must be a positive multiple of "
                  "kv_num_heads";
-    else if (attr_int(api, info, "local_window_size", -1) != -1)
-        k->err = "ai.llmir GroupQueryAttention: local_window_size is not supported";
     else if (attr_int(api, info, "smooth_softmax", 0) || attr_int(api, info, "qk_output", 0))
         k->err = "ai.llmir GroupQueryAttention: smooth_softmax and qk_output are not supported";
     else if (k->scale < 0.0f || k->softcap < 0.0f)
