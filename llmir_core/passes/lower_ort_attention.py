@@ -15,8 +15,9 @@ attention from its onnxruntime custom-op library (ai.llmir GroupQueryAttention, 
 interface over the same shared KV buffer: llmir_core/backends/ort_ext/attention.c), taken when
 `attention_kernel` is `llmir`, or `auto` (the default) and the library builds and runs here
 (checked once per run, at the first op), for f32 caches and head_dim a multiple of 8 up to 256
-(sliding windows and softcaps included); otherwise the attribute is absent: onnxruntime's com.microsoft GroupQueryAttention.
-`attention_kernel = llmir` on an op its kernel does not take is an input error.
+(sliding windows and softcaps included); otherwise the attribute is absent: onnxruntime's
+com.microsoft GroupQueryAttention. `attention_kernel = llmir` on an op its kernel does not take
+(an int8 cache) is an input error at the attention's position.
 
 Invariant: the op's decomposition is the matched subgraph (same attributes), so translation
 validation meets the original terms; presents keep their names and layout [B, Hkv, len, D].
@@ -31,7 +32,7 @@ from typing import ClassVar
 import numpy as np
 
 from llmir_core.dialects.ort import gqa_llmir_unsupported
-from llmir_core.errors import InputError
+from llmir_core.errors import Diagnostic, InputError
 from llmir_core.ir.attrs import DenseAttr
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType
@@ -213,7 +214,8 @@ def check_attention_kernel(kind: str) -> None:
         )
 
 
-_LLMIR_BUILDS: list[bool] = []  # the capability, decided at the first op of a run that could use it
+# the capability, decided at the first op of a run that could use it
+_LLMIR_BUILDS: list[bool] = []
 
 
 def _llmir_builds() -> bool:
@@ -249,8 +251,6 @@ class LowerOrtAttention:
         why = gqa_llmir_unsupported(full, head_dim)
         if why is not None:
             if self.attention_kernel == "llmir":
-                from llmir_core.errors import Diagnostic
-
                 msg = (
                     f"attention_kernel=llmir cannot run %{sdpa.results[0].name}: llmir's "
                     f"attention kernel does not take {why}"
