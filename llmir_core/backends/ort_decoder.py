@@ -3,7 +3,8 @@
 `serialize_decoder(module, out_dir)` maps each op of a module lowered by the onnxruntime lowering
 passes (llmir_core/passes/lower_ort_*.py) to its ONNX node(s), with no pattern matching:
 
-- `ort.group_query_attention` -> com.microsoft.GroupQueryAttention (plus `seqlens_k` and
+- `ort.group_query_attention` -> com.microsoft.GroupQueryAttention (ai.llmir's with
+  `kernel = "llmir"`: the same inputs and attributes; plus `seqlens_k` and
   `total_sequence_length` computed from its positions operand, and com.microsoft.RotaryEmbedding
   on q and k when the rotary table is too narrow for the op's own rotary; `kv_quant` ->
   k/v_quant_type PER_CHANNEL/PER_TENSOR, kv_cache_bit_width 8, k_scale/v_scale inputs). Its
@@ -875,7 +876,12 @@ def _emit_gqa(D: DecoderSerializer, op: Op) -> bool:
     ik = next(i for i, v in enumerate(outs) if v is op.results[1])
     iv = next(i for i, v in enumerate(outs) if v is op.results[2])
     out = L.fresh(f"attn{ik // 2}")
-    D.node("GroupQueryAttention", ins, 3, MS, [out, names[ik], names[iv]], **attrs)
+    if at.get("kernel") == "llmir":  # llmir's kernel: the same node in the ai.llmir domain
+        from .ort_ext import DOMAIN
+
+        D.node("GroupQueryAttention", ins, 3, DOMAIN, [out, names[ik], names[iv]], **attrs)
+    else:
+        D.node("GroupQueryAttention", ins, 3, MS, [out, names[ik], names[iv]], **attrs)
     D.bind(op.results[0], out)
     D.bind(op.results[1], names[ik])
     D.bind(op.results[2], names[iv])

@@ -26,6 +26,7 @@ _OPTIONS = (
     "accuracy_level",
     "int8_matmul",
     "nbits_kernel",
+    "attention_kernel",
     "max_len",
     "last_logits",
     "generic",
@@ -105,7 +106,7 @@ class OrtTarget:
     def lowering(self, options: Mapping[str, Any]) -> list[Any]:
         """lower-ort-precision, then lower-ort-attention, -norms, -moe, -matmul, -embedding,
         -weight-dtype, -logits (decoders only; no-ops elsewhere) and -module."""
-        from llmir_core.passes.lower_ort_attention import LowerOrtAttention
+        from llmir_core.passes.lower_ort_attention import ATTENTION_KERNEL, LowerOrtAttention
         from llmir_core.passes.lower_ort_embedding import LowerOrtEmbedding
         from llmir_core.passes.lower_ort_logits import LowerOrtLogits
         from llmir_core.passes.lower_ort_matmul import INT8_MATMUL, NBITS_KERNEL, LowerOrtMatmul
@@ -146,7 +147,9 @@ class OrtTarget:
             return [LowerOrtPrecision(), module]
         return [
             LowerOrtPrecision(),
-            LowerOrtAttention(quant, block),
+            LowerOrtAttention(
+                quant, block, str(options.get("attention_kernel") or ATTENTION_KERNEL[0])
+            ),
             LowerOrtNorms(),
             LowerOrtMoe(quant, block, level),
             LowerOrtMatmul(

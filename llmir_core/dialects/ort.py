@@ -161,9 +161,25 @@ def _infer_gqa(ctx: InferCtx) -> list[Type]:
             f"{key} must be finite and >= 0, got {ctx[key]}",
         )
     _need(ctx["local_window_size"] >= 0, "local_window_size must be >= 0")
+    if ctx["kernel"] == "llmir":
+        why = gqa_llmir_unsupported(ctx, d)
+        _need(why is None, f'kernel "llmir" does not take {why}')
     total = dim_add(pk.shape[2], seq)
     present = TensorType((batch, hk, total, d), cache_dt)
     return [like(q, (batch, seq, h * d)), present, present]
+
+
+GQA_KERNELS = ("onnxruntime", "llmir")  # ort.group_query_attention's `kernel`
+
+
+def gqa_llmir_unsupported(attrs: Any, head_dim: object) -> str | None:
+    """What of an ort.group_query_attention llmir's kernel (ai.llmir GroupQueryAttention) does
+    not take, or None: f32 caches, head_dim a multiple of 8 up to 256."""
+    if attrs["kv_quant"] != "none":
+        return f"an int8 KV cache (kv_quant = {attrs['kv_quant']})"
+    if not isinstance(head_dim, int) or head_dim % 8 or not 0 < head_dim <= 256:
+        return f"head_dim {head_dim} (a multiple of 8 up to 256)"
+    return None
 
 
 def _split_heads(x: np.ndarray, heads: int, d: int) -> np.ndarray:
@@ -325,6 +341,15 @@ register(
                 "per_channel [1, Hkv, 1, D] or per_tensor [1]; new rows are stored as "
                 "i8(clamp(round_half_even(x * (1/s)), -128, 127)) and read as f32(codes) * s",
             ),
+            Attr(
+                "kernel",
+                "str",
+                "onnxruntime",
+                choices=GQA_KERNELS,
+                doc="onnxruntime (com.microsoft.GroupQueryAttention) or llmir (ai.llmir "
+                "GroupQueryAttention from llmir's custom-op library, the same node interface; "
+                "f32 caches, head_dim a multiple of 8 up to 256)",
+            ),
         ),
         infer=_infer_gqa,
         reference=_ref_gqa,
@@ -335,7 +360,9 @@ register(
         verifies="operands match the packed/do_rotary form, num_heads is a multiple of kv_num_heads, "
         "q/k/v widths are heads * head_dim (head_dim from past_key), the caches share q's dtype "
         "(int8 with f32 scales of the kv_quant layout when kv_quant is set), "
-        "positions are i64 [batch, seq], and scale/softcap/local_window_size are >= 0.",
+        "positions are i64 [batch, seq], scale/softcap/local_window_size are >= 0, and kernel "
+        '"llmir" only where its kernel takes the op (f32 caches, head_dim a multiple of 8 up to '
+        "256).",
         example="%o, %pk, %pv = ort.group_query_attention %qkv, %past_k, %past_v, %pos, %cos, %sin "
         "{num_heads = 4, kv_num_heads = 2, do_rotary = true, packed = true} : "
         "(tensor<?batch x ?seq x 128 x f32>, tensor<?batch x 2 x ?past x 16 x f32>, "

@@ -1448,6 +1448,13 @@ def _gqa(n: Node) -> list[Value | None]:
     return [_from_heads(n, y), k, v]
 
 
+@handles("GroupQueryAttention", domain="ai.llmir")
+def _llmir_gqa(n: Node) -> list[Value | None]:
+    """llmir's own attention (in a model.onnx llmir built): com.microsoft GroupQueryAttention's
+    inputs, attributes and meaning."""
+    return _gqa(n)
+
+
 # -- quantized matmul ----------------------------------------------------------------------------
 
 

@@ -10,6 +10,15 @@ and v are plain projections of one activation by weights of one storage format (
 no bias), they are packed: `core.matmul(x, core.concat(wq, wk, wv, axis 0))` feeds the op's
 packed form, logged as instances of the proved merge-qkv-q/k/v rules.
 
+Each op records the kernel that runs it (`attention_kernel`): `kernel = "llmir"` is llmir's own
+attention from its onnxruntime custom-op library (ai.llmir GroupQueryAttention, the same node
+interface over the same shared KV buffer: llmir_core/backends/ort_ext/attention.c), taken when
+`attention_kernel` is `llmir`, or `auto` (the default) and the library builds and runs here
+(checked once per run, at the first op), for f32 caches and head_dim a multiple of 8 up to 256
+(sliding windows and softcaps included); otherwise the attribute is absent: onnxruntime's
+com.microsoft GroupQueryAttention. `attention_kernel = llmir` on an op its kernel does not take
+(an int8 cache) is an input error at the attention's position.
+
 Invariant: the op's decomposition is the matched subgraph (same attributes), so translation
 validation meets the original terms; presents keep their names and layout [B, Hkv, len, D].
 Rejected candidates are reported with the reason (they keep concat attention).
@@ -22,6 +31,8 @@ from typing import ClassVar
 
 import numpy as np
 
+from llmir_core.dialects.ort import gqa_llmir_unsupported
+from llmir_core.errors import Diagnostic, InputError
 from llmir_core.ir.attrs import DenseAttr
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType
@@ -192,6 +203,36 @@ def _heads(
     return x4, False
 
 
+ATTENTION_KERNEL = ("auto", "llmir", "onnxruntime")  # the first is the default
+
+
+def check_attention_kernel(kind: str) -> None:
+    if kind not in ATTENTION_KERNEL:
+        raise InputError(
+            f"unknown attention_kernel '{kind}'",
+            hint=f"use one of: {', '.join(ATTENTION_KERNEL)}",
+        )
+
+
+# the capability, decided at the first op of a run that could use it
+_LLMIR_BUILDS: list[bool] = []
+
+
+def _llmir_builds() -> bool:
+    """Whether llmir's custom-op library builds and runs here (compiled once, cached)."""
+    if not _LLMIR_BUILDS:
+        from llmir_core.backends.ort_ext import CustomOpError, library_path, unavailable_reason
+
+        ok = unavailable_reason() is None
+        if ok:
+            try:
+                library_path()
+            except CustomOpError:
+                ok = False
+        _LLMIR_BUILDS.append(ok)
+    return _LLMIR_BUILDS[0]
+
+
 @dataclass(frozen=True)
 class LowerOrtAttention:
     name: ClassVar[str] = "lower-ort-attention"
@@ -200,10 +241,36 @@ class LowerOrtAttention:
     )
     quant: str = ""
     quant_block: int = 32
+    attention_kernel: str = ATTENTION_KERNEL[0]
+
+    def _kernel(self, attrs: dict[str, object], head_dim: int, sdpa: Op) -> str | None:
+        """`llmir` when the op runs on llmir's kernel, else None (com.microsoft's op)."""
+        if self.attention_kernel == "onnxruntime":
+            return None
+        full = {"kv_quant": "none", "local_window_size": 0, **attrs}
+        why = gqa_llmir_unsupported(full, head_dim)
+        if why is not None:
+            if self.attention_kernel == "llmir":
+                msg = (
+                    f"attention_kernel=llmir cannot run %{sdpa.results[0].name}: llmir's "
+                    f"attention kernel does not take {why}"
+                )
+                raise InputError(
+                    f"{sdpa.pos}: error: {msg}" if sdpa.pos else msg,
+                    diagnostics=[Diagnostic("error", msg, sdpa.pos)],
+                    hint="use attention_kernel=auto (onnxruntime's op where llmir's does not "
+                    "apply) or attention_kernel=onnxruntime",
+                )
+            return None
+        if self.attention_kernel == "llmir":  # for another machine: the runtime checks at load
+            return "llmir"
+        return "llmir" if _llmir_builds() else None
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         if not module.functions or not is_decoder(module):
             return False
+        check_attention_kernel(self.attention_kernel)
+        _LLMIR_BUILDS.clear()
         fn = module.main
         changed = False
         fmt = parse_quant(self.quant, self.quant_block)
@@ -527,6 +594,9 @@ class LowerOrtAttention:
             assert a.k_scale is not None and a.v_scale is not None
             ins += [a.k_scale, a.v_scale]
             attrs["kv_quant"] = a.kv_quant
+        kernel = self._kernel(attrs, a.head_dim, a.sdpa)
+        if kernel:
+            attrs["kernel"] = kernel
         gqa = b.create("ort.group_query_attention", ins, attrs)
         out = gqa.results[0]
         if not a.out_is_3d:
@@ -546,5 +616,6 @@ class LowerOrtAttention:
             ("packed QKV, " if pack is not None else "")
             + ("rotary in the op" if a.rope is not None else "no rotary")
             + (f", int8 KV cache ({a.kv_quant} scales)" if a.kv_quant != "none" else "")
+            + ("; llmir's kernel" if kernel else "")
         )
         ctx.applied("group-query-attention", gqa.results[0], f"{layer}: {detail}")

@@ -68,6 +68,9 @@ enum {
     I_KernelContext_GetOutput = 91,
     I_ReleaseTensorTypeAndShapeInfo = 99,
     I_KernelContext_ParallelFor = 274,
+    I_KernelInfoGetAttribute_float = 85,
+    I_KernelInfoGetAttribute_int64 = 86,
+    I_ReleaseStatus = 93,
 };
 
 typedef OrtStatus *(*CreateStatusFn)(int, const char *);

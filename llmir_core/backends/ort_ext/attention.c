@@ -1,0 +1,755 @@
+/* llmir's onnxruntime custom op: grouped-query attention over a shared KV buffer (f32).
+ *
+ * Domain `ai.llmir`, op `GroupQueryAttention`: the inputs, attributes and outputs of
+ * com.microsoft GroupQueryAttention as llmir emits it (llmir_core/backends/ort_decoder.py), so the
+ * node only changes its domain:
+ *   0 query [B, S, H*D] (or packed q|k|v [B, S, (H + 2 Hkv) * D] with key and value absent),
+ *   1 key, 2 value [B, S, Hkv*D], 3 past_key, 4 past_value [B, Hkv, Lp, D],
+ *   5 seqlens_k [B] int32 (total length - 1 per row), 6 total_sequence_length (int32 scalar),
+ *   7 cos_cache, 8 sin_cache [positions, rotary_dim / 2] (do_rotary), 9 position_ids [B, S] int64;
+ *   outputs: output [B, S, H*D], present_key, present_value [B, Hkv, max(Lp, total), D].
+ * Attributes num_heads, kv_num_heads, scale (0: 1/sqrt(D)), softcap, do_rotary,
+ * rotary_interleaved, local_window_size (W > 0: a query sees its last W keys, its own included, as
+ * onnxruntime 1.32's CPU kernel); smooth_softmax and qk_output are refused (the lowering never
+ * emits them).
+ *
+ * Per batch row b the new tokens sit at past_b = seqlens_k[b] + 1 - S (0 for a first prompt,
+ * S == total_sequence_length > 1) and query s sees keys [0, min(past_b + s + 1, seqlens_k[b] + 1)).
+ * When present and past are one buffer (llmir's runtime binds them so), only the new rows are
+ * written, in place; otherwise the past rows are copied first (the rest zeroed).
+ *
+ * Kernel (AVX2 + FMA): the new K rows are rotated (rotary halves or interleaved pairs, at
+ * position_ids, else past_b + s) and written with the V rows into present; each query vector is
+ * rotated and multiplied by the scale once, then attends block by block over KB keys with an
+ * online softmax (running max and sum, the accumulated output rescaled when the max grows, a
+ * vectorized exp). All query heads sharing a KV head (GQA) go through each key block together,
+ * so a K/V block is read from memory once and reused from L1. Work is split on onnxruntime's
+ * intra-op pool (KernelContext_ParallelFor):
+ * - decode (S = 1): tasks (batch, KV head, chunk of keys), enough chunks of DECODE_MIN_KEYS keys
+ *   or more for DECODE_TASKS tasks; per block the scores of 8 keys at a time (8 accumulators,
+ *   one hadd tree) and p * V in 8 accumulators; the chunks' partial (max, sum, output) are
+ *   merged after the parallel loop. A step reads the layer's whole cache, usually from memory
+ *   (the layer's weights evicted it): at 128-512 positions it runs at the read bandwidth;
+ * - prefill: tasks (batch, KV head, block of about QV query vectors), the last (heaviest) blocks
+ *   first; per key block the scores of all the task's query vectors are one GEMM against the
+ *   block's keys transposed, and probabilities times values another (6x16 outer-product tiles),
+ *   rows that see none of the block skipping it.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "f32_gemm.h"
+#include "ort_abi.h"
+
+#define KB 64 /* keys per online-softmax block */
+#define QV 48 /* query vectors (rows x heads of a KV head) per prefill task, about */
+#define MAX_D 256 /* largest head_dim */
+#define DECODE_TASKS 8 /* a decode step is split into this many tasks at least... */
+#define DECODE_MIN_KEYS 64 /* ...of this many keys at least */
+
+/* -- vector math ------------------------------------------------------------------------------ */
+
+/* e^x for x <= 0 (scores minus their max) and moderate positive x: range reduction by ln 2 and a
+ * degree-6 polynomial (relative error ~2 ulp); inputs below -87 give 0 */
+static inline __m256 exp256(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.0f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* 8 dot products reduced to one vector: lane i = sum of the lanes of a[i] */
+static inline __m256 reduce8(__m256 a[8]) {
+    __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 l = _mm256_hadd_ps(h01, h23), h = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(l, h, 0x20), _mm256_permute2f128_ps(l, h, 0x31));
+}
+
+/* out[t] = q . k[t] for t < n (k rows D apart, D a multiple of 8) */
+static void scores(const float *q, const float *k, int64_t D, int n, float *out) {
+    int t = 0;
+    for (; t + 8 <= n; t += 8) {
+        __m256 a[8];
+        for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+        const float *kt = k + t * D;
+        for (int64_t d = 0; d < D; d += 8) {
+            __m256 qv = _mm256_loadu_ps(q + d);
+            for (int i = 0; i < 8; i++)
+                a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(kt + i * D + d), qv, a[i]);
+        }
+        _mm256_storeu_ps(out + t, reduce8(a));
+    }
+    for (; t < n; t++) {
+        __m256 a = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8)
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(k + t * D + d), _mm256_loadu_ps(q + d), a);
+        out[t] = llmir_hsum(a);
+    }
+}
+
+/* acc[0:D] = acc * corr + sum_t p[t] v[t] (v rows D apart): 64 columns at a time in 8
+ * accumulators (8 independent FMA chains keep both FMA ports busy), then 32, then 8 */
+static void accumulate(float *acc, float corr, const float *p, const float *v, int64_t D, int n) {
+    __m256 c = _mm256_set1_ps(corr);
+    int64_t d = 0;
+    for (; d + 64 <= D; d += 64) {
+        __m256 a[8];
+        for (int i = 0; i < 8; i++) a[i] = _mm256_mul_ps(_mm256_loadu_ps(acc + d + 8 * i), c);
+        for (int t = 0; t < n; t++) {
+            const float *vt = v + t * D + d;
+            __m256 pt = _mm256_broadcast_ss(p + t);
+            for (int i = 0; i < 8; i++) a[i] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * i), a[i]);
+        }
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(acc + d + 8 * i, a[i]);
+    }
+    for (; d + 32 <= D; d += 32) {
+        __m256 a[4];
+        for (int i = 0; i < 4; i++) a[i] = _mm256_mul_ps(_mm256_loadu_ps(acc + d + 8 * i), c);
+        for (int t = 0; t < n; t++) {
+            const float *vt = v + t * D + d;
+            __m256 pt = _mm256_broadcast_ss(p + t);
+            for (int i = 0; i < 4; i++) a[i] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * i), a[i]);
+        }
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(acc + d + 8 * i, a[i]);
+    }
+    for (; d < D; d += 8) {
+        __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(acc + d), c);
+        for (int t = 0; t < n; t++)
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + t), _mm256_loadu_ps(v + t * D + d), a0);
+        _mm256_storeu_ps(acc + d, a0);
+    }
+}
+
+/* max(m, x[0:n]) */
+static inline float max_of(const float *x, int n, float m) {
+    int t = 0;
+    if (n >= 8) {
+        __m256 v = _mm256_loadu_ps(x);
+        for (t = 8; t + 8 <= n; t += 8) v = _mm256_max_ps(v, _mm256_loadu_ps(x + t));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float f = _mm_cvtss_f32(h);
+        m = f > m ? f : m;
+    }
+    for (; t < n; t++) m = x[t] > m ? x[t] : m;
+    return m;
+}
+
+/* C[r][0:16] = (add ? C[r][0:16] : 0) + sum_k A[r][k] B[k][0:16] for r < MRV (<= 6): rows of
+ * A lda apart, of B ldb apart, of C ldc apart; 12 accumulators, B's two vectors per k reused by
+ * every row (an outer-product GEMM tile: scores against transposed keys, probabilities times
+ * values) */
+static inline __attribute__((always_inline)) void tile16(const float *A, int64_t lda,
+                                                         const float *B, int64_t ldb, float *C,
+                                                         int64_t ldc, int64_t K, int add,
+                                                         const int MRV) {
+    __m256 c[6][2];
+    for (int r = 0; r < MRV; r++)
+        for (int h = 0; h < 2; h++)
+            c[r][h] = add ? _mm256_loadu_ps(C + r * ldc + 8 * h) : _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m256 b0 = _mm256_loadu_ps(B + k * ldb), b1 = _mm256_loadu_ps(B + k * ldb + 8);
+        for (int r = 0; r < MRV; r++) {
+            __m256 a = _mm256_broadcast_ss(A + r * lda + k);
+            c[r][0] = _mm256_fmadd_ps(a, b0, c[r][0]);
+            c[r][1] = _mm256_fmadd_ps(a, b1, c[r][1]);
+        }
+    }
+    for (int r = 0; r < MRV; r++)
+        for (int h = 0; h < 2; h++) _mm256_storeu_ps(C + r * ldc + 8 * h, c[r][h]);
+}
+
+/* tile16 over rows [0, rows) of A and C, 6 at a time */
+static void gemm16(const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
+                   int64_t ldc, int64_t rows, int64_t K, int add) {
+    int64_t r = 0;
+    for (; r + 6 <= rows; r += 6) tile16(A + r * lda, lda, B, ldb, C + r * ldc, ldc, K, add, 6);
+    switch (rows - r) {
+        case 1: tile16(A + r * lda, lda, B, ldb, C + r * ldc, ldc, K, add, 1); break;
+        case 2: tile16(A + r * lda, lda, B, ldb, C + r * ldc, ldc, K, add, 2); break;
+        case 3: tile16(A + r * lda, lda, B, ldb, C + r * ldc, ldc, K, add, 3); break;
+        case 4: tile16(A + r * lda, lda, B, ldb, C + r * ldc, ldc, K, add, 4); break;
+        case 5: tile16(A + r * lda, lda, B, ldb, C + r * ldc, ldc, K, add, 5); break;
+        default: break;
+    }
+}
+
+/* -- the op ----------------------------------------------------------------------------------- */
+
+typedef struct GqaKernel {
+    const OrtApi *api;
+    int64_t heads, kv_heads;
+    float scale, softcap;
+    int rotary, interleaved;
+    int64_t window; /* local_window_size > 0: keys a query sees at most; else 0 */
+    const char *err; /* an attribute the kernel refuses (reported by compute) */
+} GqaKernel;
+
+typedef struct GqaJob {
+    const GqaKernel *kn;
+    const float *q, *k, *v; /* first element of row (b=0, s=0) of each part, ld floats a row */
+    int64_t ldq, ldkv;
+    const float *pk_in, *pv_in; /* past buffers (Lp rows), NULL when absent */
+    float *pk, *pv;             /* present buffers (P rows) */
+    float *out;
+    const int32_t *seqlens;
+    const float *cos, *sin; /* [rows, rd/2] */
+    const int64_t *pos_ids; /* [B, S] or NULL */
+    int64_t B, S, H, Hkv, G, D, Lp, P, rd, cos_rows;
+    int first_prompt;
+    int64_t chunks, chunk; /* decode: key chunks per (batch, KV head) and keys per chunk */
+    float *parts;          /* decode with chunks > 1: [B * Hkv * chunks][G][2 + D] */
+    int64_t qblocks, qrows; /* prefill: query blocks per (batch, KV head), rows per block */
+    int *failed;    /* a task could not allocate its scratch / saw a bad position */
+} GqaJob;
+
+static inline int64_t past_len(const GqaJob *j, int64_t b) {
+    return j->first_prompt ? 0 : (int64_t)j->seqlens[b] + 1 - j->S;
+}
+
+static inline int64_t total_len(const GqaJob *j, int64_t b) { return (int64_t)j->seqlens[b] + 1; }
+
+/* the first key a query sees whose causal length (keys up to and with its own) is n: the last
+ * `window` of them */
+static inline int64_t first_key(const GqaJob *j, int64_t n) {
+    int64_t w = j->kn->window;
+    return w > 0 && n > w ? n - w : 0;
+}
+
+static inline int64_t position(const GqaJob *j, int64_t b, int64_t s) {
+    return j->pos_ids ? j->pos_ids[b * j->S + s] : past_len(j, b) + s;
+}
+
+/* dst = rotate(src) * mul at position pos (rotary off: a scaled copy) */
+static void rotate(const GqaJob *j, const float *src, float *dst, int64_t pos, float mul) {
+    const int64_t D = j->D;
+    int64_t from = 0;
+    if (j->kn->rotary) {
+        const int64_t half = j->rd / 2;
+        const float *c = j->cos + pos * half, *s = j->sin + pos * half;
+        if (j->kn->interleaved) {
+            for (int64_t i = 0; i < half; i++) {
+                float x1 = src[2 * i], x2 = src[2 * i + 1];
+                dst[2 * i] = (x1 * c[i] - x2 * s[i]) * mul;
+                dst[2 * i + 1] = (x2 * c[i] + x1 * s[i]) * mul;
+            }
+        } else {
+            int64_t i = 0;
+            __m256 m = _mm256_set1_ps(mul);
+            for (; i + 8 <= half; i += 8) {
+                __m256 x1 = _mm256_loadu_ps(src + i), x2 = _mm256_loadu_ps(src + half + i);
+                __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(s + i);
+                __m256 y1 = _mm256_sub_ps(_mm256_mul_ps(x1, cv), _mm256_mul_ps(x2, sv));
+                __m256 y2 = _mm256_add_ps(_mm256_mul_ps(x2, cv), _mm256_mul_ps(x1, sv));
+                _mm256_storeu_ps(dst + i, _mm256_mul_ps(y1, m));
+                _mm256_storeu_ps(dst + half + i, _mm256_mul_ps(y2, m));
+            }
+            for (; i < half; i++) {
+                float x1 = src[i], x2 = src[half + i];
+                dst[i] = (x1 * c[i] - x2 * s[i]) * mul;
+                dst[half + i] = (x2 * c[i] + x1 * s[i]) * mul;
+            }
+        }
+        from = j->rd;
+    }
+    for (int64_t i = from; i < D; i++) dst[i] = src[i] * mul;
+}
+
+/* the new K (rotated) and V rows of (b, KV head kh) into present, after the past rows when
+ * present is its own buffer */
+static void store_kv(const GqaJob *j, int64_t b, int64_t kh) {
+    const int64_t D = j->D, S = j->S, P = j->P, past = past_len(j, b);
+    float *pk = j->pk + (b * j->Hkv + kh) * P * D, *pv = j->pv + (b * j->Hkv + kh) * P * D;
+    if (j->pk_in != j->pk) { /* separate buffers: the valid past rows, zeros after */
+        size_t keep = (size_t)(past < j->Lp ? past : j->Lp) * (size_t)D;
+        if (j->pk_in) memcpy(pk, j->pk_in + (b * j->Hkv + kh) * j->Lp * D, keep * sizeof(float));
+        memset(pk + keep, 0, ((size_t)(P * D) - keep) * sizeof(float));
+    }
+    if (j->pv_in != j->pv) {
+        size_t keep = (size_t)(past < j->Lp ? past : j->Lp) * (size_t)D;
+        if (j->pv_in) memcpy(pv, j->pv_in + (b * j->Hkv + kh) * j->Lp * D, keep * sizeof(float));
+        memset(pv + keep, 0, ((size_t)(P * D) - keep) * sizeof(float));
+    }
+    for (int64_t s = 0; s < S; s++) {
+        const float *ks = j->k + (b * S + s) * j->ldkv + kh * D;
+        const float *vs = j->v + (b * S + s) * j->ldkv + kh * D;
+        rotate(j, ks, pk + (past + s) * D, position(j, b, s), 1.0f);
+        memcpy(pv + (past + s) * D, vs, (size_t)D * sizeof(float));
+    }
+}
+
+/* query rows [s0, s1) of batch b, query heads [g0, g1) of KV head kh, over the keys of
+ * [key0, key1) they see: normalized into out, or (part != NULL) as partial results, per query
+ * vector [running max, sum, unnormalized output (D)], for merge_parts */
+static void attend(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s1, int64_t g0,
+                   int64_t g1, int64_t key0, int64_t key1, float *part) {
+    const int64_t D = j->D, G = g1 - g0, nv = (s1 - s0) * G;
+    const int64_t past = past_len(j, b), total = total_len(j, b);
+    float *buf = (float *)malloc((size_t)(2 * nv * D + 2 * nv + KB) * sizeof(float));
+    if (!buf) {
+        __atomic_store_n(j->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    float *qs = buf, *acc = qs + nv * D, *mx = acc + nv * D, *sum = mx + nv, *sc = sum + nv;
+    const float scale = j->kn->scale > 0.0f ? j->kn->scale : 1.0f / sqrtf((float)D);
+    const float cap = j->kn->softcap;
+    for (int64_t s = s0; s < s1; s++)
+        for (int64_t g = g0; g < g1; g++) {
+            int64_t i = (s - s0) * G + (g - g0), h = kh * j->G + g;
+            rotate(j, j->q + (b * j->S + s) * j->ldq + h * D, qs + i * D, position(j, b, s), scale);
+        }
+    memset(acc, 0, (size_t)(nv * D) * sizeof(float));
+    for (int64_t i = 0; i < nv; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
+    const float *K = j->pk + (b * j->Hkv + kh) * j->P * D;
+    const float *V = j->pv + (b * j->Hkv + kh) * j->P * D;
+    if (key1 > total) key1 = total;
+    int64_t last = past + s1 < key1 ? past + s1 : key1; /* keys the last row sees */
+    for (int64_t k0 = key0; k0 < last; k0 += KB) {
+        for (int64_t s = s0; s < s1; s++) {
+            int64_t hi = past + s + 1 < key1 ? past + s + 1 : key1;
+            int64_t lo = first_key(j, past + s + 1) - k0; /* keys before it are out of the window */
+            if (k0 >= hi) continue;
+            int n = (int)(hi - k0 < KB ? hi - k0 : KB);
+            if (lo >= n) continue;
+            for (int64_t g = 0; g < G; g++) {
+                int64_t i = (s - s0) * G + g;
+                scores(qs + i * D, K + k0 * D, D, n, sc);
+                int t = 0;
+                if (cap > 0.0f) /* soft-capping of the scaled scores */
+                    for (; t < n; t++) sc[t] = cap * tanhf(sc[t] / cap);
+                for (t = 0; t < lo; t++) sc[t] = -INFINITY;
+                float m = max_of(sc, n, mx[i]);
+                __m256 mv = _mm256_set1_ps(m), tot = _mm256_setzero_ps();
+                for (t = 0; t + 8 <= n; t += 8) {
+                    __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc + t), mv));
+                    _mm256_storeu_ps(sc + t, e);
+                    tot = _mm256_add_ps(tot, e);
+                }
+                float add = llmir_hsum(tot);
+                for (; t < n; t++) {
+                    sc[t] = expf(sc[t] - m);
+                    add += sc[t];
+                }
+                float corr = mx[i] == -INFINITY ? 0.0f : expf(mx[i] - m);
+                sum[i] = sum[i] * corr + add;
+                mx[i] = m;
+                accumulate(acc + i * D, corr, sc, V + k0 * D, D, n);
+            }
+        }
+    }
+    for (int64_t s = s0; s < s1; s++)
+        for (int64_t g = 0; g < G; g++) {
+            int64_t i = (s - s0) * G + g, h = kh * j->G + g0 + g;
+            if (part) {
+                float *p = part + i * (D + 2);
+                p[0] = mx[i], p[1] = sum[i];
+                memcpy(p + 2, acc + i * D, (size_t)D * sizeof(float));
+                continue;
+            }
+            float *o = j->out + (b * j->S + s) * j->H * D + h * D;
+            __m256 r = _mm256_set1_ps(sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f);
+            for (int64_t d = 0; d < D; d += 8)
+                _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(acc + i * D + d), r));
+        }
+    free(buf);
+}
+
+static void store_task(void *p, size_t i) {
+    const GqaJob *j = (const GqaJob *)p;
+    store_kv(j, (int64_t)i / j->Hkv, (int64_t)i % j->Hkv);
+}
+
+/* decode: task i = (batch, KV head, chunk of keys), all query heads of the KV head together
+ * (each K/V row is read once); the chunks' partial results are merged by merge_parts */
+static void decode_task(void *p, size_t i) {
+    const GqaJob *j = (const GqaJob *)p;
+    int64_t c = (int64_t)i % j->chunks, bk = (int64_t)i / j->chunks;
+    float *part = j->parts ? j->parts + (int64_t)i * j->G * (j->D + 2) : NULL;
+    attend(j, bk / j->Hkv, bk % j->Hkv, 0, 1, 0, j->G, c * j->chunk, (c + 1) * j->chunk, part);
+}
+
+/* out = the chunks' partial softmax results combined: sum_c e^(m_c - M) acc_c / sum_c
+ * e^(m_c - M) l_c, M the largest running max */
+static void merge_parts(const GqaJob *j) {
+    const int64_t D = j->D, G = j->G, row = D + 2;
+    for (int64_t bk = 0; bk < j->B * j->Hkv; bk++)
+        for (int64_t g = 0; g < G; g++) {
+            const float *p0 = j->parts + bk * j->chunks * G * row + g * row;
+            float m = -INFINITY, l = 0.0f;
+            for (int64_t c = 0; c < j->chunks; c++) m = p0[c * G * row] > m ? p0[c * G * row] : m;
+            float *o = j->out + (bk / j->Hkv) * j->H * D + ((bk % j->Hkv) * G + g) * D;
+            memset(o, 0, (size_t)D * sizeof(float));
+            for (int64_t c = 0; c < j->chunks; c++) {
+                const float *pc = p0 + c * G * row;
+                if (pc[0] == -INFINITY) continue; /* a chunk past the keys */
+                float w = expf(pc[0] - m);
+                l += w * pc[1];
+                __m256 wv = _mm256_set1_ps(w);
+                for (int64_t d = 0; d < D; d += 8)
+                    _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(pc + 2 + d),
+                                                            _mm256_loadu_ps(o + d)));
+            }
+            __m256 r = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
+            for (int64_t d = 0; d < D; d += 8)
+                _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), r));
+        }
+}
+
+/* query rows [s0, s1) of batch b, all query heads of KV head kh (a prompt): as attend, with the
+ * scores of a block of KB keys for all the rows' query vectors as one GEMM against the block's
+ * keys transposed (kt [D][KB]) and the probabilities times the block's values as another, both
+ * by tile16; rows that see none of a block skip it */
+static void attend_tiles(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s1) {
+    const int64_t D = j->D, G = j->G, nv = (s1 - s0) * G;
+    const int64_t past = past_len(j, b), total = total_len(j, b);
+    float *buf = (float *)malloc((size_t)(2 * nv * D + 2 * nv + nv * KB + D * KB) * sizeof(float));
+    if (!buf) {
+        __atomic_store_n(j->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    float *qs = buf, *acc = qs + nv * D, *mx = acc + nv * D, *sum = mx + nv, *sc = sum + nv;
+    float *kt = sc + nv * KB;
+    const float scale = j->kn->scale > 0.0f ? j->kn->scale : 1.0f / sqrtf((float)D);
+    const float cap = j->kn->softcap;
+    for (int64_t s = s0; s < s1; s++)
+        for (int64_t g = 0; g < G; g++) {
+            int64_t i = (s - s0) * G + g, h = kh * G + g;
+            rotate(j, j->q + (b * j->S + s) * j->ldq + h * D, qs + i * D, position(j, b, s), scale);
+        }
+    memset(acc, 0, (size_t)(nv * D) * sizeof(float));
+    for (int64_t i = 0; i < nv; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
+    const float *K = j->pk + (b * j->Hkv + kh) * j->P * D;
+    const float *V = j->pv + (b * j->Hkv + kh) * j->P * D;
+    int64_t last = past + s1 < total ? past + s1 : total; /* keys the last row sees */
+    for (int64_t k0 = 0; k0 < last; k0 += KB) {
+        int64_t nk = last - k0 < KB ? last - k0 : KB, nk16 = (nk + 15) & ~(int64_t)15;
+        int64_t first = k0 - past > s0 ? k0 - past : s0; /* the first row that sees key k0 */
+        if (first >= s1) break;
+        if (k0 + nk <= first_key(j, past + s0 + 1)) continue; /* out of every row's window */
+        int64_t r0 = (first - s0) * G, rows = nv - r0;
+        for (int64_t t = 0; t < nk16; t += 8) /* kt[d][t] = K[k0 + t][d], zeros past nk */
+            for (int64_t d = 0; d < D; d += 8) {
+                __m256 r[8];
+                for (int u = 0; u < 8; u++)
+                    r[u] = t + u < nk ? _mm256_loadu_ps(K + (k0 + t + u) * D + d)
+                                      : _mm256_setzero_ps();
+                llmir_transpose8_store(r, kt + d * KB + t, KB);
+            }
+        for (int64_t c = 0; c < nk16; c += 16)
+            gemm16(qs + r0 * D, D, kt + c, KB, sc + r0 * KB + c, KB, rows, D, 0);
+        for (int64_t r = r0; r < nv; r++) {
+            int64_t s = s0 + r / G, hi = past + s + 1 < total ? past + s + 1 : total;
+            int n = (int)(hi - k0 < nk ? hi - k0 : nk), t = 0;
+            int64_t lo = first_key(j, past + s + 1) - k0; /* keys before it are out of the window */
+            float *row = sc + r * KB;
+            if (lo >= n) { /* the block is out of this row's window */
+                memset(row, 0, (size_t)nk16 * sizeof(float));
+                continue;
+            }
+            if (cap > 0.0f) /* soft-capping of the scaled scores */
+                for (; t < n; t++) row[t] = cap * tanhf(row[t] / cap);
+            for (t = 0; t < lo; t++) row[t] = -INFINITY;
+            float m = max_of(row, n, mx[r]);
+            __m256 mv = _mm256_set1_ps(m), tot = _mm256_setzero_ps();
+            for (t = 0; t + 8 <= n; t += 8) {
+                __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(row + t), mv));
+                _mm256_storeu_ps(row + t, e);
+                tot = _mm256_add_ps(tot, e);
+            }
+            float add = llmir_hsum(tot);
+            for (; t < n; t++) {
+                row[t] = expf(row[t] - m);
+                add += row[t];
+            }
+            for (; t < nk16; t++) row[t] = 0.0f; /* keys this row does not see */
+            float corr = mx[r] == -INFINITY ? 0.0f : expf(mx[r] - m);
+            sum[r] = sum[r] * corr + add;
+            mx[r] = m;
+            if (corr != 1.0f) {
+                __m256 cv = _mm256_set1_ps(corr);
+                for (int64_t d = 0; d < D; d += 8)
+                    _mm256_storeu_ps(acc + r * D + d,
+                                     _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + d), cv));
+            }
+        }
+        for (int64_t d = 0; d < D; d += 16) /* D is a multiple of 8: the last 8 columns below */
+            if (d + 16 <= D)
+                gemm16(sc + r0 * KB, KB, V + k0 * D + d, D, acc + r0 * D + d, D, rows, nk, 1);
+        if (D % 16) { /* the last 8 columns, one vector a row */
+            int64_t d = D - 8;
+            for (int64_t r = r0; r < nv; r++) {
+                __m256 a = _mm256_loadu_ps(acc + r * D + d);
+                for (int64_t t = 0; t < nk; t++)
+                    a = _mm256_fmadd_ps(_mm256_broadcast_ss(sc + r * KB + t),
+                                        _mm256_loadu_ps(V + (k0 + t) * D + d), a);
+                _mm256_storeu_ps(acc + r * D + d, a);
+            }
+        }
+    }
+    for (int64_t s = s0; s < s1; s++)
+        for (int64_t g = 0; g < G; g++) {
+            int64_t i = (s - s0) * G + g, h = kh * G + g;
+            float *o = j->out + (b * j->S + s) * j->H * D + h * D;
+            __m256 r = _mm256_set1_ps(sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f);
+            for (int64_t d = 0; d < D; d += 8)
+                _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(acc + i * D + d), r));
+        }
+    free(buf);
+}
+
+/* prefill: task i = (batch, KV head, query block), the last (heaviest) blocks first */
+static void prefill_task(void *p, size_t i) {
+    const GqaJob *j = (const GqaJob *)p;
+    int64_t n = (int64_t)i / j->qblocks, blk = j->qblocks - 1 - (int64_t)i % j->qblocks;
+    int64_t s0 = blk * j->qrows, s1 = s0 + j->qrows < j->S ? s0 + j->qrows : j->S;
+    attend_tiles(j, n / j->Hkv, n % j->Hkv, s0, s1);
+}
+
+/* a decode step's split: enough key chunks per (batch, KV head) for DECODE_TASKS tasks, each
+ * of DECODE_MIN_KEYS keys at least, and the partial results' buffer when there are several;
+ * -1 when it cannot be allocated */
+static int plan_decode(GqaJob *j) {
+    int64_t most = 0, bk = j->B * j->Hkv;
+    for (int64_t b = 0; b < j->B; b++) most = total_len(j, b) > most ? total_len(j, b) : most;
+    j->chunks = (DECODE_TASKS + bk - 1) / bk;
+    if (j->chunks > most / DECODE_MIN_KEYS) j->chunks = most / DECODE_MIN_KEYS;
+    if (j->chunks < 1) j->chunks = 1;
+    j->chunk = ((most + j->chunks - 1) / j->chunks + 7) & ~(int64_t)7;
+    j->chunks = (most + j->chunk - 1) / j->chunk;
+    j->parts = NULL;
+    if (j->chunks <= 1) {
+        j->chunks = 1, j->chunk = j->P;
+        return 0;
+    }
+    j->parts = (float *)malloc((size_t)(bk * j->chunks * j->G * (j->D + 2)) * sizeof(float));
+    return j->parts ? 0 : -1;
+}
+
+/* a prompt's split: blocks of about QV query vectors (rows x query heads of a KV head) */
+static void plan_prefill(GqaJob *j) {
+    j->qrows = QV / j->G < 1 ? 1 : QV / j->G;
+    if (j->qrows > j->S) j->qrows = j->S;
+    j->qblocks = (j->S + j->qrows - 1) / j->qrows;
+}
+
+typedef OrtStatus *(*AttrFloatFn)(const OrtKernelInfo *, const char *, float *);
+typedef OrtStatus *(*AttrIntFn)(const OrtKernelInfo *, const char *, int64_t *);
+typedef void (*ReleaseStatusFn)(OrtStatus *);
+
+static int64_t attr_int(const OrtApi *api, const OrtKernelInfo *info, const char *name,
+                        int64_t dflt) {
+    int64_t v = dflt;
+    OrtStatus *st = API(api, I_KernelInfoGetAttribute_int64, AttrIntFn)(info, name, &v);
+    if (st) API(api, I_ReleaseStatus, ReleaseStatusFn)(st), v = dflt;
+    return v;
+}
+
+static float attr_float(const OrtApi *api, const OrtKernelInfo *info, const char *name,
+                        float dflt) {
+    float v = dflt;
+    OrtStatus *st = API(api, I_KernelInfoGetAttribute_float, AttrFloatFn)(info, name, &v);
+    if (st) API(api, I_ReleaseStatus, ReleaseStatusFn)(st), v = dflt;
+    return v;
+}
+
+static void *gqa_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info) {
+    (void)op;
+    GqaKernel *k = (GqaKernel *)calloc(1, sizeof(GqaKernel));
+    if (!k) return NULL;
+    k->api = api;
+    k->heads = attr_int(api, info, "num_heads", 0);
+    k->kv_heads = attr_int(api, info, "kv_num_heads", 0);
+    k->scale = attr_float(api, info, "scale", 0.0f);
+    k->softcap = attr_float(api, info, "softcap", 0.0f);
+    k->rotary = attr_int(api, info, "do_rotary", 0) != 0;
+    k->interleaved = attr_int(api, info, "rotary_interleaved", 0) != 0;
+    int64_t window = attr_int(api, info, "local_window_size", -1);
+    k->window = window > 0 ? window : 0;
+    if (k->heads <= 0 || k->kv_heads <= 0 || k->heads % k->kv_heads)
+        k->err = "ai.llmir GroupQueryAttention: num_heads must be a positive multiple of "
+                 "kv_num_heads";
+    else if (attr_int(api, info, "smooth_softmax", 0) || attr_int(api, info, "qk_output", 0))
+        k->err = "ai.llmir GroupQueryAttention: smooth_softmax and qk_output are not supported";
+    else if (k->scale < 0.0f || k->softcap < 0.0f)
+        k->err = "ai.llmir GroupQueryAttention: scale and softcap must be >= 0";
+    return k;
+}
+
+static void gqa_destroy(void *k) { free(k); }
+
+static OrtStatus *bad(const OrtApi *api, const char *msg) {
+    return llmir_error(api, ORT_INVALID_ARGUMENT, msg);
+}
+
+static OrtStatus *gqa_compute(void *kp, OrtKernelContext *ctx) {
+    const GqaKernel *kn = (const GqaKernel *)kp;
+    const OrtApi *api = kn->api;
+    if (kn->err) return bad(api, kn->err);
+    GetInputFn get = API(api, I_KernelContext_GetInput, GetInputFn);
+    GetTensorMutableDataFn data = API(api, I_GetTensorMutableData, GetTensorMutableDataFn);
+    const OrtValue *in[10] = {NULL};
+    for (size_t i = 0; i < 10; i++)
+        if (get(ctx, i, &in[i])) in[i] = NULL; /* absent optional input */
+    if (!in[0] || !in[5] || !in[6])
+        return bad(api, "ai.llmir GroupQueryAttention: query, seqlens_k and "
+                        "total_sequence_length are required");
+    if (!in[1] != !in[2] || !in[3] != !in[4])
+        return bad(api, "ai.llmir GroupQueryAttention: key/value and past_key/past_value come "
+                        "in pairs");
+    int64_t qd[8], pd[8], sd[8], td[8], cd[8];
+    const int64_t H = kn->heads, Hkv = kn->kv_heads;
+    const int packed = !in[1];
+    if (llmir_shape_of(api, in[0], qd) != 3)
+        return bad(api, "ai.llmir GroupQueryAttention: query must be [batch, seq, hidden]");
+    const int64_t B = qd[0], S = qd[1], W = qd[2];
+    int64_t D = packed ? W / (H + 2 * Hkv) : W / H, Lp = 0;
+    if (in[3]) {
+        if (llmir_shape_of(api, in[3], pd) != 4 || pd[0] != B || pd[1] != Hkv || pd[3] != D)
+            return bad(api, "ai.llmir GroupQueryAttention: past_key must be [batch, kv_num_heads, "
+                            "past, head_size]");
+        int64_t vd[8];
+        if (llmir_shape_of(api, in[4], vd) != 4 || memcmp(vd, pd, 4 * sizeof(int64_t)))
+            return bad(api, "ai.llmir GroupQueryAttention: past_value's shape differs from "
+                            "past_key's");
+        Lp = pd[2];
+    }
+    if ((packed ? (H + 2 * Hkv) * D : H * D) != W || D % 8 || D <= 0 || D > MAX_D)
+        return bad(api, "ai.llmir GroupQueryAttention: the hidden size is not num_heads (+ 2 "
+                        "kv_num_heads when packed) times a head_size that is a multiple of 8 "
+                        "up to 256");
+    if (!packed) {
+        int64_t kd[8], vd[8];
+        if (llmir_shape_of(api, in[1], kd) != 3 || llmir_shape_of(api, in[2], vd) != 3 ||
+            kd[0] != B || kd[1] != S || kd[2] != Hkv * D || memcmp(kd, vd, 3 * sizeof(int64_t)))
+            return bad(api, "ai.llmir GroupQueryAttention: key and value must be [batch, seq, "
+                            "kv_num_heads * head_size]");
+    }
+    int sr = llmir_shape_of(api, in[5], sd), tr = llmir_shape_of(api, in[6], td);
+    if (sr != 1 || sd[0] != B || tr < 0 || tr > 1 || (tr == 1 && td[0] != 1))
+        return bad(api, "ai.llmir GroupQueryAttention: seqlens_k must be [batch] and "
+                        "total_sequence_length a scalar");
+    void *p[10] = {NULL};
+    for (int i = 0; i < 10; i++)
+        if (in[i] && data((OrtValue *)in[i], &p[i])) return bad(api, "no tensor data");
+    const int32_t *seqlens = (const int32_t *)p[5];
+    const int64_t total = *(const int32_t *)p[6];
+    GqaJob j;
+    memset(&j, 0, sizeof(j));
+    j.kn = kn, j.B = B, j.S = S, j.H = H, j.Hkv = Hkv, j.G = H / Hkv, j.D = D, j.Lp = Lp;
+    j.P = Lp > total ? Lp : total;
+    j.first_prompt = S > 1 && S == total;
+    j.seqlens = seqlens;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t past = past_len(&j, b), tot = total_len(&j, b);
+        if (past < 0 || tot > j.P || past + S > j.P)
+            return bad(api, "ai.llmir GroupQueryAttention: seqlens_k does not fit the sequence "
+                            "length and the KV buffer");
+    }
+    if (kn->rotary) {
+        if (!in[7] || !in[8] || llmir_shape_of(api, in[7], cd) != 2)
+            return bad(api, "ai.llmir GroupQueryAttention: do_rotary needs cos_cache and "
+                            "sin_cache [positions, rotary_dim / 2]");
+        int64_t sd2[8];
+        if (llmir_shape_of(api, in[8], sd2) != 2 || sd2[0] != cd[0] || sd2[1] != cd[1] ||
+            2 * cd[1] > D)
+            return bad(api, "ai.llmir GroupQueryAttention: sin_cache differs from cos_cache or "
+                            "rotates more than head_size");
+        j.rd = 2 * cd[1], j.cos_rows = cd[0];
+        j.cos = (const float *)p[7], j.sin = (const float *)p[8];
+        if (in[9]) {
+            int64_t id[8];
+            if (llmir_shape_of(api, in[9], id) != 2 || id[0] != B || id[1] != S)
+                return bad(api, "ai.llmir GroupQueryAttention: position_ids must be [batch, seq]");
+            j.pos_ids = (const int64_t *)p[9];
+        }
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t s = 0; s < S; s++) {
+                int64_t pos = position(&j, b, s);
+                if (pos < 0 || pos >= j.cos_rows)
+                    return bad(api, "ai.llmir GroupQueryAttention: a position is outside the "
+                                    "cos/sin caches");
+            }
+    }
+    OrtValue *ov[3];
+    int64_t od[3] = {B, S, H * D}, kvd[4] = {B, Hkv, j.P, D};
+    OrtStatus *st;
+    GetOutputFn out = API(api, I_KernelContext_GetOutput, GetOutputFn);
+    if ((st = out(ctx, 0, od, 3, &ov[0])) || (st = out(ctx, 1, kvd, 4, &ov[1])) ||
+        (st = out(ctx, 2, kvd, 4, &ov[2])))
+        return st;
+    void *o[3];
+    for (int i = 0; i < 3; i++)
+        if ((st = data(ov[i], &o[i]))) return st;
+    const float *q = (const float *)p[0];
+    j.q = q, j.ldq = W;
+    if (packed)
+        j.k = q + H * D, j.v = q + (H + Hkv) * D, j.ldkv = W;
+    else
+        j.k = (const float *)p[1], j.v = (const float *)p[2], j.ldkv = Hkv * D;
+    j.pk_in = (const float *)p[3], j.pv_in = (const float *)p[4];
+    j.out = (float *)o[0], j.pk = (float *)o[1], j.pv = (float *)o[2];
+    int failed = 0;
+    j.failed = &failed;
+    if (B * S == 0) return NULL;
+    ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
+    if (S == 1) { /* decode: the new rows here, then (batch, KV head, key chunk) tasks */
+        for (int64_t i = 0; i < B * Hkv; i++) store_task(&j, (size_t)i);
+        if (plan_decode(&j))
+            return llmir_error(api, ORT_FAIL, "ai.llmir GroupQueryAttention: out of memory");
+        st = pfor(ctx, decode_task, (size_t)(B * Hkv * j.chunks), 0, &j);
+        if (!st && j.parts && !__atomic_load_n(&failed, __ATOMIC_RELAXED)) merge_parts(&j);
+        free(j.parts);
+    } else {
+        if ((st = pfor(ctx, store_task, (size_t)(B * Hkv), 0, &j))) return st;
+        plan_prefill(&j);
+        st = pfor(ctx, prefill_task, (size_t)(B * Hkv * j.qblocks), 0, &j);
+    }
+    if (!st && __atomic_load_n(&failed, __ATOMIC_RELAXED))
+        return llmir_error(api, ORT_FAIL, "ai.llmir GroupQueryAttention: out of memory");
+    return st;
+}
+
+static const char *gqa_name(const OrtCustomOp *op) { (void)op; return "GroupQueryAttention"; }
+static const char *gqa_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
+static int gqa_input_type(const OrtCustomOp *op, size_t i) {
+    (void)op;
+    return i == 5 || i == 6 ? T_INT32 : i == 9 ? T_INT64 : T_FLOAT;
+}
+static size_t gqa_inputs(const OrtCustomOp *op) { (void)op; return 10; }
+static size_t gqa_outputs(const OrtCustomOp *op) { (void)op; return 3; }
+static int gqa_output_type(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return T_FLOAT; }
+/* required: query, seqlens_k, total_sequence_length; the rest optional */
+static int gqa_in_char(const OrtCustomOp *op, size_t i) {
+    (void)op;
+    return i == 0 || i == 5 || i == 6 ? 0 : 1;
+}
+static int gqa_out_char(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
+static int gqa_mem(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 0; }
+static int gqa_arity1(const OrtCustomOp *op) { (void)op; return 1; }
+static int gqa_homog(const OrtCustomOp *op) { (void)op; return 1; }
+
+static OrtCustomOp op_gqa = {LLMIR_ORT_API, gqa_create, gqa_name, gqa_provider, gqa_input_type,
+                             gqa_inputs, gqa_output_type, gqa_outputs, NULL, gqa_destroy,
+                             gqa_in_char, gqa_out_char, gqa_mem, gqa_arity1, gqa_homog,
+                             gqa_arity1, gqa_homog, NULL, gqa_compute, NULL, NULL, NULL};
+
+/* adds GroupQueryAttention to the ai.llmir domain (register.c) */
+OrtStatus *llmir_add_attention(const OrtApi *api, OrtCustomOpDomain *domain) {
+    return API(api, I_CustomOpDomain_Add, CustomOpDomainAddFn)(domain, &op_gqa);
+}

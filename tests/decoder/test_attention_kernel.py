@@ -1,0 +1,285 @@
+"""llmir's grouped-query attention (`ort.group_query_attention {kernel = "llmir"}`: ai.llmir
+GroupQueryAttention in llmir_core/backends/ort_ext/attention.c): one node against onnxruntime's
+com.microsoft GroupQueryAttention on the same inputs over a shared KV buffer (a prompt, decode
+steps, a chunk after a cached prefix; odd head counts, GQA ratios 1/3/7, batch 2, head_dim 32 and
+64, packed and unpacked, rotary halves and pairs, softcap, separate present buffers); decoders
+built with either kernel compute the same logits and greedy tokens; the importer reads the op
+back; the choice shows in the lowered module and an op the kernel does not take is refused.
+Tests that run the kernel are skipped where the library cannot be built."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from llmir_core.backends import build, get_target
+from llmir_core.backends.ort_ext import DISABLE_ENV, DOMAIN, register, unavailable_reason
+from llmir_core.errors import InputError
+from llmir_core.ir.printer import print_module
+from llmir_core.passes.base import clone_module
+from llmir_core.passes.manager import run_pipeline
+from llmir_core.runtime.ort_decoder import open_artifact
+
+from .helpers import greedy, rel
+
+WHY = unavailable_reason()
+needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"llmir's custom op cannot run: {WHY}")
+MS = "com.microsoft"
+REPO = Path(__file__).resolve().parents[2]
+F32 = np.float32
+
+
+def _session(
+    domain: str, heads: int, kv: int, d: int, packed: bool, rotary: bool, **at: Any
+) -> Any:
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    vi, f = helper.make_tensor_value_info, TensorProto.FLOAT
+    if packed:
+        ins, inputs = ["qkv", "", ""], [vi("qkv", f, ["B", "S", (heads + 2 * kv) * d])]
+    else:
+        ins = ["q", "k", "v"]
+        inputs = [vi(n, f, ["B", "S", w * d]) for n, w in (("q", heads), ("k", kv), ("v", kv))]
+    ins += ["pk", "pv", "seqlens", "total"]
+    inputs += [vi("pk", f, ["B", kv, "L", d]), vi("pv", f, ["B", kv, "L", d])]
+    inputs += [vi("seqlens", TensorProto.INT32, ["B"]), vi("total", TensorProto.INT32, [])]
+    if rotary:
+        ins += ["cos", "sin", "pos"]
+        inputs += [vi("cos", f, [None, None]), vi("sin", f, [None, None])]
+        inputs += [vi("pos", TensorProto.INT64, ["B", "S"])]
+        at["do_rotary"] = 1
+    node = helper.make_node(
+        "GroupQueryAttention", ins, ["out", "pk_out", "pv_out"], domain=domain,
+        num_heads=heads, kv_num_heads=kv, **at,
+    )  # fmt: skip
+    outs = [vi(n, f, None) for n in ("out", "pk_out", "pv_out")]
+    model = helper.make_model(
+        helper.make_graph([node], "gqa", inputs, outs),
+        opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)],
+    )
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    if domain == DOMAIN:
+        register(so, ["llmir_ops"])
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _compare(
+    heads: int,
+    kv: int,
+    d: int,
+    batch: int,
+    packed: bool,
+    rotary: bool,
+    steps: tuple[int, ...] = (7, 1, 1, 1),
+    shared: bool = True,
+    **at: Any,
+) -> float:
+    """Worst |llmir - onnxruntime| over the outputs and KV buffers of a run of steps (tokens per
+    step) on the same inputs, each kernel writing its own buffers."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(heads * 100 + kv * 10 + d + batch)
+    cap = sum(steps) + 3
+    sess = {dom: _session(dom, heads, kv, d, packed, rotary, **at) for dom in (MS, DOMAIN)}
+    bufs = {dom: [np.zeros((batch, kv, cap, d), F32) for _ in range(2)] for dom in sess}
+    ang = rng.standard_normal((cap, d // 2)).astype(F32)
+    n, worst = 0, 0.0
+    for s in steps:
+        widths = {"qkv": heads + 2 * kv} if packed else {"q": heads, "k": kv, "v": kv}
+        feeds = {k: rng.standard_normal((batch, s, w * d)).astype(F32) for k, w in widths.items()}
+        feeds["seqlens"] = np.full((batch,), n + s - 1, np.int32)
+        feeds["total"] = np.array(n + s, np.int32)
+        if rotary:
+            feeds["cos"], feeds["sin"] = np.cos(ang), np.sin(ang)
+            feeds["pos"] = np.broadcast_to(np.arange(n, n + s), (batch, s)).astype(np.int64)
+        got = {}
+        for dom, sn in sess.items():
+            io = sn.io_binding()
+            io.bind_output("out")  # outputs come back in the order they are bound
+            for k, v in feeds.items():
+                io.bind_cpu_input(k, np.ascontiguousarray(v))
+            for name, buf in zip(("pk", "pv"), bufs[dom]):
+                if shared:  # llmir's runtime: past and present are one buffer
+                    val = ort.OrtValue.ortvalue_from_numpy(buf)
+                    io.bind_ortvalue_input(name, val)
+                    io.bind_ortvalue_output(name + "_out", val)
+                else:
+                    io.bind_cpu_input(name, buf[:, :, :n].copy())
+                    io.bind_output(name + "_out")
+            sn.run_with_iobinding(io)
+            outs = io.copy_outputs_to_cpu()
+            if not shared:
+                assert outs[1].shape == (batch, kv, n + s, d)
+                for buf, o in zip(bufs[dom], outs[1:]):
+                    buf[:, :, : n + s] = o
+            got[dom] = outs[0]
+        assert got[DOMAIN].shape == (batch, s, heads * d)
+        worst = max(worst, float(np.abs(got[DOMAIN] - got[MS]).max()))
+        for a, b in zip(bufs[DOMAIN], bufs[MS]):
+            worst = max(worst, float(np.abs(a - b).max()))
+        n += s
+    return worst
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "heads,kv,d,batch,packed,rotary,extra",
+    [
+        (9, 3, 64, 1, True, True, {}),  # SmolLM2-135M: ratio 3
+        (14, 2, 64, 1, True, True, {}),  # Qwen2.5-0.5B: ratio 7
+        (7, 1, 32, 2, True, True, {}),  # ratio 7, batch 2, head_dim 32
+        (5, 5, 32, 2, False, True, {}),  # ratio 1, unpacked q/k/v
+        (9, 3, 32, 1, True, False, {}),  # no rotary
+        (4, 2, 24, 1, True, False, {}),  # head_dim a multiple of 8, not of 16
+        (4, 1, 128, 1, True, True, {}),  # head_dim 128
+        (3, 1, 64, 1, True, True, {"rotary_interleaved": 1}),  # rotary pairs
+        (6, 2, 64, 1, True, True, {"softcap": 20.0, "scale": 0.3}),  # gemma2-style
+        (4, 2, 32, 1, True, True, {"local_window_size": 5}),  # sliding window
+        (9, 3, 64, 1, True, True, {"local_window_size": 70, "softcap": 30.0}),
+        (7, 1, 32, 2, True, True, {"local_window_size": 100}),
+    ],
+)
+def test_matches_onnxruntime(
+    heads: int, kv: int, d: int, batch: int, packed: bool, rotary: bool, extra: dict[str, Any]
+) -> None:
+    # a 7-token prompt, decode steps, chunks after the prefix, decode steps past 64-key blocks
+    # and (274 keys) split into key chunks
+    steps = (7, *([1] * 4), 60, 1, 1, 199, 1, 1)
+    if batch > 1:  # onnxruntime takes a multi-token chunk after a prefix for batch 1 only
+        steps = (300, 1, 1, 1)  # 301+ keys: decode split into key chunks
+    assert _compare(heads, kv, d, batch, packed, rotary, steps, **extra) <= 1e-5
+
+
+@needs_kernel
+def test_separate_present_buffers_match_onnxruntime() -> None:
+    """Past and present as separate tensors: the past rows are copied, the new ones appended."""
+    assert _compare(9, 3, 64, 1, True, True, (5, 1, 3, 1), shared=False) <= 1e-5
+
+
+@needs_kernel
+def test_refuses_a_buffer_too_short() -> None:
+    sess = _session(DOMAIN, 2, 1, 32, True, False)
+    feeds = {
+        "qkv": np.zeros((1, 1, 128), F32),
+        "pk": np.zeros((1, 1, 4, 32), F32),
+        "pv": np.zeros((1, 1, 4, 32), F32),
+        "seqlens": np.array([9], np.int32),  # the new row would land at position 9 of 4
+        "total": np.array(4, np.int32),
+    }
+    with pytest.raises(Exception, match="seqlens_k does not fit"):
+        sess.run(None, feeds)
+
+
+def _lowered(module: Any, **options: Any) -> str:
+    lowering = get_target("onnxruntime").lowering(options)
+    return print_module(run_pipeline(clone_module(module), lowering).module)
+
+
+def _module(tmp_path: Path, heads: int, kv: int, hidden: int) -> Any:
+    from llmir_core.frontends.hf import import_hf
+
+    from .tiny import LlamaShape, make_llama_folder
+
+    shape = LlamaShape(hidden=hidden, heads=heads, kv_heads=kv)
+    folder = make_llama_folder(tmp_path / f"h{heads}", shape, tokenizer=False)
+    return import_hf(folder, require_tokenizer=False)
+
+
+@needs_kernel
+@pytest.mark.parametrize("heads,kv,hidden", [(3, 1, 96), (7, 1, 224), (4, 2, 64)])
+def test_decoder_matches_onnxruntime_attention(
+    heads: int, kv: int, hidden: int, tmp_path: Path
+) -> None:
+    module = _module(tmp_path, heads, kv, hidden)
+    text = _lowered(module)  # auto: llmir's kernel where the library builds
+    assert text.count('kernel = "llmir"') == text.count("ort.group_query_attention") == 2
+    build(module, str(tmp_path / "llmir"), "onnxruntime")
+    build(module, str(tmp_path / "ort"), "onnxruntime", options={"attention_kernel": "onnxruntime"})
+    import onnx
+
+    model = onnx.load(str(tmp_path / "llmir" / "model.onnx"), load_external_data=False)
+    ours = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(ours) == 2 and {n.domain for n in ours} == {DOMAIN}
+    assert json.loads((tmp_path / "llmir" / "manifest.json").read_text())["custom_ops"] == [
+        "llmir_ops"
+    ]
+    a, b = open_artifact(str(tmp_path / "llmir")), open_artifact(str(tmp_path / "ort"))
+    prompt = np.array([[1, 5, 9, 2, 7, 3, 11, 4]])
+    a.reset(1)
+    b.reset(1)
+    assert rel(a.forward(prompt), b.forward(prompt)) <= 1e-4
+    for tok in (3, 17, 42, 8):
+        assert rel(a.forward(np.array([[tok]])), b.forward(np.array([[tok]]))) <= 1e-4
+    assert greedy(a, [1, 5, 9], 24) == greedy(b, [1, 5, 9], 24)
+    a.reset(2)  # batch 2, equal lengths
+    b.reset(2)
+    two = np.array([[1, 5, 9, 2], [7, 3, 11, 4]])
+    assert rel(a.forward(two), b.forward(two)) <= 1e-4
+    assert rel(a.forward(two[:, :1]), b.forward(two[:, :1])) <= 1e-4
+
+
+@needs_kernel
+def test_reimported_llmir_attention(tiny_module: Any, tmp_path: Path) -> None:
+    """`llmir import` of a model.onnx with ai.llmir GroupQueryAttention nodes reads them as it
+    reads com.microsoft's: the two imported modules are the same text (but the weights' file)."""
+    from llmir_core.frontends.onnx import import_onnx
+
+    texts = []
+    for kind in ("llmir", "onnxruntime"):
+        art = tmp_path / kind
+        build(tiny_module, str(art), "onnxruntime", options={"attention_kernel": kind})
+        again, _ = import_onnx(str(art / "model.onnx"))
+        assert sum(op.name == "llm.scaled_dot_product_attention" for op in again.main.ops) == 2
+        texts.append(print_module(again).replace(str(art), "ART"))
+    assert texts[0] == texts[1]
+
+
+def test_without_the_capability_onnxruntime_attention_is_kept(
+    tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(DISABLE_ENV, "1")
+    text = _lowered(tiny_module)
+    assert "ort.group_query_attention" in text and "kernel =" not in text
+    # asked for by name, the op records it for a machine where the library builds
+    assert _lowered(tiny_module, attention_kernel="llmir").count('kernel = "llmir"') == 2
+
+
+def test_an_int8_cache_keeps_onnxruntime_attention() -> None:
+    """auto: llmir's kernel takes f32 caches only; an int8 cache (kv-cache-int8) keeps
+    com.microsoft's op (attention_kernel=llmir there is an error: the FileCheck negative test)."""
+    from llmir_core.ir.parser import parse_module
+    from llmir_core.passes.lower_ort_attention import LowerOrtAttention
+
+    path = REPO / "tests/filecheck/passes/lower-ort-attention.int8_kv.llmir"
+    module = parse_module(path.read_text(), str(path))
+    text = print_module(run_pipeline(module, [LowerOrtAttention()]).module)
+    assert 'kv_quant = "per_channel"' in text and "kernel =" not in text
+
+
+def test_bad_attention_kernel_is_a_usage_error(tiny_module: Any) -> None:
+    with pytest.raises(InputError, match="unknown attention_kernel 'flash'"):
+        _lowered(tiny_module, attention_kernel="flash")
+
+
+def test_llmir_kernel_refuses_an_odd_head_dim_in_the_ir() -> None:
+    from llmir_core.ir.parser import parse_module
+    from llmir_core.verifier import verify
+
+    f = "tensor<1x1x48xf32>"  # 2 + 2 x 1 heads of head_dim 12 (not a multiple of 8)
+    kv = "tensor<1x1x8x12xf32>"
+    text = (
+        f"module @m {{\n  func.func @main(%qkv: {f}, %pk: {kv}, %pv: {kv}, %pos: "
+        "tensor<1x1xi64>) -> (tensor<1x1x24xf32>) {\n"
+        "    %o, %k, %v = ort.group_query_attention %qkv, %pk, %pv, %pos {num_heads = 2, "
+        'kv_num_heads = 1, packed = true, kernel = "llmir"} : '
+        f"({f}, {kv}, {kv}, tensor<1x1xi64>) -> (tensor<1x1x24xf32>, tensor<1x1x9x12xf32>, "
+        "tensor<1x1x9x12xf32>)\n    return %o : tensor<1x1x24xf32>\n  }\n}\n"
+    )
+    problems = verify(parse_module(text))
+    assert any('kernel "llmir" does not take head_dim 12' in p.message for p in problems)
