@@ -68,6 +68,8 @@ enum {
     I_KernelContext_GetOutput = 91,
     I_ReleaseTensorTypeAndShapeInfo = 99,
     I_KernelContext_ParallelFor = 274,
+    I_KernelInfoGetAttribute_int64 = 86,
+    I_ReleaseStatus = 93,
 };
 
 typedef OrtStatus *(*CreateStatusFn)(int, const char *);
@@ -81,6 +83,8 @@ typedef OrtStatus *(*GetTensorTypeAndShapeFn)(const OrtValue *, OrtShapeInfo **)
 typedef OrtStatus *(*GetInputFn)(const OrtKernelContext *, size_t, const OrtValue **);
 typedef OrtStatus *(*GetOutputFn)(OrtKernelContext *, size_t, const int64_t *, size_t, OrtValue **);
 typedef void (*ReleaseShapeInfoFn)(OrtShapeInfo *);
+typedef OrtStatus *(*KernelInfoGetAttributeInt64Fn)(const OrtKernelInfo *, const char *, int64_t *);
+typedef void (*ReleaseStatusFn)(OrtStatus *);
 typedef OrtStatus *(*ParallelForFn)(const OrtKernelContext *, void (*)(void *, size_t), size_t,
                                     size_t, void *);
 
