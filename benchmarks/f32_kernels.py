@@ -6,11 +6,13 @@ against onnxruntime's MLAS on the same f32 weights, one node shape at a time:
     panel16   ai.llmir MatMulF32(x, W [ceil(N/16), K, 16], N)  panels read in place (the default)
     rows      ai.llmir MatMulF32(x, W [N, K])                  rows read in place (tied tables)
 
-Shapes are the projections of SmolLM2-135M (K=576: N=576/192/1536/49152; K=1536: N=576) and
-Qwen2.5-0.5B (K=896: N=896/128/4864/151936; K=4864: N=896). A decode-shaped (M <= 8) model holds
+Shapes are the projections of SmolLM2-135M (K=576: N=960 packed QKV, 576, 1536, 49152; K=1536: N=576) and
+Qwen2.5-0.5B (K=896: N=1152 packed QKV, 896,
+4864, 151936; K=4864: N=896). A decode-shaped (M <= 8) model holds
 as many copies of the node (distinct weights, one shared x) as it takes to read more than
 --gemv-mb MB per run, so weights stream from memory as in a decode step. Forms run interleaved
-round by round (best of --rounds, wall time); GB/s is weight bytes read per second, GF/s for
+round by round (best of --rounds; wall time, or with --threads 1 the thread's CPU time, which a
+busy machine disturbs least); GB/s is weight bytes read per second, GF/s for
 prefill; `xR` is the time of `mlas` over the form's (> 1: faster than MLAS); load is session
 creation (MLAS prepacks there).
 
@@ -32,8 +34,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 SHAPES = {
-    "smollm2": [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49152)],
-    "qwen": [(896, 896), (896, 128), (896, 4864), (4864, 896), (896, 151936)],
+    "smollm2": [(576, 960), (576, 576), (576, 1536), (1536, 576), (576, 49152)],
+    "qwen": [(896, 1152), (896, 896), (896, 4864), (4864, 896), (896, 151936)],
 }
 FORMS = ("mlas", "matmul", "panel16", "rows")
 
@@ -104,12 +106,15 @@ def bench_shape(
     ref = outs[forms[0]]
     err = {f: float(np.abs(outs[f] - ref).max() / (np.abs(ref).max() + 1e-30)) for f in forms}
     times: dict[str, list[float]] = {f: [] for f in forms}
+    # one thread: the thread's CPU time (what other processes take of the core does not count);
+    # several: wall time
+    clock = time.thread_time if args.threads == 1 else time.perf_counter
     for r in range(args.rounds):
         order = forms[r % len(forms) :] + forms[: r % len(forms)]  # rotate who goes first
         for f in order:
-            t = time.perf_counter()
+            t = clock()
             sess[f].run(None, {"x": x})
-            times[f].append((time.perf_counter() - t) / copies)
+            times[f].append((clock() - t) / copies)
     best = {f: min(v) for f, v in times.items()}
     base = best.get("mlas", best[forms[0]])
     rows = [

@@ -37,10 +37,15 @@ OrtStatus *llmir_matmul_rows_f32(const OrtApi *api, OrtKernelContext *ctx, const
 
 #define P16 16 /* weight rows per stored panel (== NR of llmir_micro_6x16) */
 #define P16_GEMV_ROWS 8 /* X rows up to which the streaming (decode) split runs */
+#ifndef KC_P16
 #define KC_P16 256 /* panel rows per K block: a 16 KiB panel block, with 6 X rows, in L1 */
+#endif
+#ifndef MC_P16
 #define MC_P16 96 /* X rows per row block: 96 x 256 f32 = 96 KiB, in L2 */
+#endif
+#ifndef P16_TASKS
 #define P16_TASKS 32 /* parallel tasks per call at most */
-#define P16_PF_LINES 4 /* panel-block lines prefetched per micro-kernel call */
+#endif
 
 typedef struct PJob {
     const float *x, *w;
@@ -84,6 +89,53 @@ static inline void gemv1_panel(const float *x, const float *w, int64_t K, float 
     for (int c = 0; c < nr; c++) y[c] = t[c];
 }
 
+/* Y[r, 0:nr] (+)= X[r, 0:kc] @ panel for r < R (R = 1..5, a compile-time constant at each call
+ * site): the rows after the last whole 6-row block, with only their 2R accumulators (the 6x16
+ * kernel would spend its 12 FMAs per k on them) */
+static inline __attribute__((always_inline)) void micro_rx16(const float *x, int64_t ldx, float *y,
+                                                             int64_t ldy, const float *panel,
+                                                             int R, int nr, int kc, int acc) {
+    __m256 c[5][2];
+    for (int r = 0; r < R; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
+    for (int k = 0; k < kc; k++) {
+        __m256 b0 = _mm256_loadu_ps(panel + k * P16), b1 = _mm256_loadu_ps(panel + k * P16 + 8);
+        for (int r = 0; r < R; r++) {
+            __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
+            c[r][0] = _mm256_fmadd_ps(a, b0, c[r][0]);
+            c[r][1] = _mm256_fmadd_ps(a, b1, c[r][1]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float *yr = y + r * ldy;
+        float t[P16];
+        if (nr == P16) {
+            if (acc) {
+                c[r][0] = _mm256_add_ps(c[r][0], _mm256_loadu_ps(yr));
+                c[r][1] = _mm256_add_ps(c[r][1], _mm256_loadu_ps(yr + 8));
+            }
+            _mm256_storeu_ps(yr, c[r][0]);
+            _mm256_storeu_ps(yr + 8, c[r][1]);
+            continue;
+        }
+        _mm256_storeu_ps(t, c[r][0]);
+        _mm256_storeu_ps(t + 8, c[r][1]);
+        for (int q = 0; q < nr; q++) yr[q] = acc ? yr[q] + t[q] : t[q];
+    }
+}
+
+/* llmir_micro_6x16 for mr = 6, micro_rx16 for fewer rows */
+static inline void micro(const float *x, int64_t ldx, float *y, int64_t ldy, const float *panel,
+                         int mr, int nr, int kc, int acc) {
+    switch (mr) {
+        case 1: micro_rx16(x, ldx, y, ldy, panel, 1, nr, kc, acc); break;
+        case 2: micro_rx16(x, ldx, y, ldy, panel, 2, nr, kc, acc); break;
+        case 3: micro_rx16(x, ldx, y, ldy, panel, 3, nr, kc, acc); break;
+        case 4: micro_rx16(x, ldx, y, ldy, panel, 4, nr, kc, acc); break;
+        case 5: micro_rx16(x, ldx, y, ldy, panel, 5, nr, kc, acc); break;
+        default: llmir_micro_6x16(x, ldx, y, ldy, panel, mr, nr, kc, acc);
+    }
+}
+
 static inline int panel_rows(const PJob *j, int64_t p) {
     int64_t left = j->N - p * P16;
     return left < P16 ? (int)left : P16;
@@ -104,7 +156,7 @@ static void gemv_task(void *vp, size_t i) {
         }
         for (int64_t m0 = 0; m0 < M; m0 += MR) {
             int mr = M - m0 < MR ? (int)(M - m0) : MR;
-            llmir_micro_6x16(j->x + m0 * K, K, j->y + m0 * j->N + p * P16, j->N, w, mr, nr,
+            micro(j->x + m0 * K, K, j->y + m0 * j->N + p * P16, j->N, w, mr, nr,
                              (int)K, 0);
         }
     }
@@ -138,7 +190,7 @@ static void gemm_task(void *vp, size_t i) {
                     int mr = i0 + mc - m0 < MR ? (int)(i0 + mc - m0) : MR;
                     for (int64_t l = t; l < t + per && l < lines; l++)
                         _mm_prefetch(next + l * 64, _MM_HINT_T0);
-                    llmir_micro_6x16(j->x + m0 * K + k0, K, j->y + m0 * N + p * P16, N, blk, mr,
+                    micro(j->x + m0 * K + k0, K, j->y + m0 * N + p * P16, N, blk, mr,
                                      nr, kc, k0 != 0);
                 }
             }
