@@ -28,7 +28,8 @@ A weight that stays f32 is matmul'd by onnxruntime's FusedMatMul (MLAS, which re
 the session opens: load time and a heap copy), unless `f32_kernel` asks for llmir's custom op:
 `ort.fused_matmul(x, W)` with transB becomes `ort.matmul_f32(x, W) {layout = L}` (ai.llmir
 MatMulF32: the f32 weight read as stored, no repacking), with the same `auto`/`custom` rules as
-`kernel`; `f32_kernel = "ort"` keeps FusedMatMul. The layout L is how the artifact stores W:
+`kernel` (`auto` is the default: `llmir build --f32-matmul llmir`); `f32_kernel = "ort"` keeps
+FusedMatMul (`--f32-matmul mlas`). The layout L is how the artifact stores W:
 "panel16" (`f32_layout`'s default: [ceil(N/16), K, 16], the GEMM's packed layout, written once
 by the serializer) when every use of W is such a matmul, else "rows" (W as is: a table tied to
 the embedding, whose Gather reads rows, is stored once); `f32_layout = "rows"` keeps rows
@@ -60,7 +61,7 @@ from .ort_common import Graph, declare_ort, is_decoder, tt
 WEIGHT_DTYPES = ("f16", "bf16")
 KERNELS = ("auto", "custom", "f32")
 F32_KERNELS = ("ort", "auto", "custom")  # f32 weights: FusedMatMul, or llmir's MatMulF32
-F32_KERNEL = "ort"  # the default (see docs/perf.md: MatMulF32 against MLAS)
+F32_KERNEL = "auto"  # the default: panels read in place where the library builds (docs/perf.md)
 F32_LAYOUTS = ("panel16", "rows")  # ort.matmul_f32's stored layout: panels where possible, or rows
 
 

@@ -202,3 +202,20 @@ def test_reimported_panel_artifact(tied_module: Any, tmp_path: Path) -> None:
         want = sess.run(["logits"], feeds)[0]
         got = run_module(again, feeds)["logits"]
         assert rel(got, want) <= 1e-5, s
+
+
+def test_f32_matmul_flag(tiny_module: Any, tmp_path: Path) -> None:
+    """`--f32-matmul mlas` keeps onnxruntime's FusedMatMul (shown in the lowered module); a bad
+    value is one usage error line, exit 2."""
+    from tests.conftest import run_cli
+
+    (tmp_path / "m.llmir").write_text(print_module(tiny_module))
+    r = run_cli(
+        "optimize", "m.llmir", "--target", "onnxruntime", "--f32-matmul", "mlas", cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    assert "ort.fused_matmul" in r.stdout and "lower-ort-weight-dtype{f32_kernel=ort}" in r.stdout
+    r = run_cli("build", "m.llmir", "-o", "a", "--f32-matmul", "blas", cwd=tmp_path)
+    assert r.returncode == 2 and not (tmp_path / "a").exists()
+    assert "--f32-matmul must be 'llmir' or 'mlas', got 'blas'" in r.stderr
+    assert "Traceback" not in r.stderr
