@@ -88,8 +88,8 @@ PrepackOpt = Annotated[
         help="Decoders: 'session' (default) lets onnxruntime repack the matmul weights when the "
         "artifact opens (fastest decode and prefill; load time and a heap copy grow with the "
         "weights); 'none' keeps f32 weights memory-mapped as stored (fastest load, lowest "
-        "peak RSS; f32 matmuls by llmir's in-place kernel where it builds, else slower; not "
-        "for int4/int8).",
+        "peak RSS; not for int4/int8). f32 matmuls read their weights in place either way "
+        "(--f32-matmul).",
         show_default=False,
     ),
 ]
@@ -101,6 +101,17 @@ Int8MatmulOpt = Annotated[
         "kernel reading the int8 weights in place, where its library builds; else "
         "'qgemm-s8pair'), 'qgemm-s8pair' (onnxruntime's DynamicQuantizeMatMul, prepacked at "
         "load), 'qgemm-u8' or 'nbits' (MatMulNBits blocks).",
+        show_default=False,
+    ),
+]
+F32MatmulOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--f32-matmul",
+        help="Decoders: the f32 matmul kernel, 'llmir' (default: llmir's own kernel reading the "
+        "f32 weights in place, stored in 16-row panels, where its library builds; else 'mlas') "
+        "or 'mlas' (onnxruntime's FusedMatMul, repacked when the artifact opens: slower load, "
+        "a heap copy of the weights).",
         show_default=False,
     ),
 ]

@@ -16,6 +16,7 @@ from llmir_core.verifier import verify
 from .._options import (
     AccuracyLevelOpt,
     DebugOpt,
+    F32MatmulOpt,
     FormatOpt,
     GenericOpt,
     Int8MatmulOpt,
@@ -34,8 +35,7 @@ from .._render import handle_errors, make_ctx
 
 PREPACK_NOTE = {
     "session": "onnxruntime repacks the matmul weights when the artifact opens",
-    "none": "weights stay memory-mapped as stored; faster load (f32 matmuls: llmir's "
-    "MatMulF32 where it builds, else onnxruntime's unpacked, slower)",
+    "none": "onnxruntime's repacking is off: weights stay memory-mapped as stored",
 }
 
 HELP = f"""Build a .llmir module into an artifact folder for a runtime.
@@ -62,7 +62,7 @@ Examples:
 
   llmir build model.llmir -o model-q4/ --quant int4 --max-len 4096
 
-  llmir build model.llmir -o model-mmap/ --prepack none   # f32: fastest load, slower decode
+  llmir build model.llmir -o model-mlas/ --f32-matmul mlas  # f32 on onnxruntime's MLAS
 
 A decoder artifact's report names how its session treats the weights (`prepack`: repacked by
 onnxruntime when the artifact opens, or memory-mapped as stored); see docs/load.md.
@@ -92,6 +92,7 @@ def build_cmd(
     dtype: WeightDTypeOpt = None,
     prepack: PrepackOpt = None,
     int8_matmul: Int8MatmulOpt = None,
+    f32_matmul: F32MatmulOpt = None,
     generic: GenericOpt = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
@@ -129,6 +130,7 @@ def build_cmd(
             generic=generic,
             prepack=prepack,
             int8_matmul=int8_matmul,
+            f32_matmul=f32_matmul,
         )
         if opt_level is None and project is not None and "target" not in module.attrs:
             opt_level = project.opt_level  # a lowered module keeps the pipeline it was lowered by

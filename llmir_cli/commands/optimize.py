@@ -20,6 +20,7 @@ from llmir_core.weights import rebase_weight_paths
 from .._options import (
     AccuracyLevelOpt,
     DebugOpt,
+    F32MatmulOpt,
     FormatOpt,
     GenericOpt,
     Int8MatmulOpt,
@@ -111,6 +112,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
     dtype: WeightDTypeOpt = None,
     prepack: PrepackOpt = None,
     int8_matmul: Int8MatmulOpt = None,
+    f32_matmul: F32MatmulOpt = None,
     generic: GenericOpt = False,
     allow_unproved: Annotated[
         bool,
@@ -158,6 +160,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                 ("--dtype", dtype is not None),
                 ("--prepack", prepack is not None),
                 ("--int8-matmul", int8_matmul is not None),
+                ("--f32-matmul", f32_matmul is not None),
                 ("--generic", generic),
             )
             if given
@@ -192,6 +195,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                 generic=generic,
                 prepack=prepack,
                 int8_matmul=int8_matmul,
+                f32_matmul=f32_matmul,
             )
             if passes is None:  # what `llmir build` runs for this -O and these options
                 pipeline = backends.pipeline(target, options, level)

@@ -51,6 +51,9 @@ DEFAULT_OPT_LEVEL = 2  # the preset `llmir build` runs before lowering (`llmir o
 DECODER_OPTIONS = ("quant", "quant_block", "max_len", "accuracy_level")
 
 
+F32_MATMUL = {"llmir": "auto", "mlas": "ort"}  # --f32-matmul -> lower-ort-weight-dtype f32_kernel
+
+
 def build_options(
     module: Module,
     target: str,
@@ -64,14 +67,22 @@ def build_options(
     generic: bool = False,
     prepack: str | None = None,
     int8_matmul: str | None = None,
+    f32_matmul: str | None = None,
 ) -> dict[str, Any]:
     """The lowering options the build flags give (only those given), checked against the module:
-    --quant, --max-len, --accuracy-level, --logits, --dtype, --prepack and --int8-matmul apply to
-    onnxruntime decoder lowerings only."""
+    --quant, --max-len, --accuracy-level, --logits, --dtype, --prepack, --int8-matmul and
+    --f32-matmul apply to onnxruntime decoder lowerings only. --f32-matmul llmir|mlas is the
+    option `f32_matmul` = auto|ort (lower-ort-weight-dtype's `f32_kernel`)."""
     from llmir_core.passes.ort_common import is_decoder
 
     if logits not in (None, "last", "all"):
         raise InputError(f"--logits must be 'last' or 'all', got {logits!r}")
+    if f32_matmul not in (None, *F32_MATMUL):
+        raise InputError(
+            f"--f32-matmul must be 'llmir' or 'mlas', got {f32_matmul!r}",
+            hint="llmir: llmir's kernel reading 16-row panels in place (the default); mlas: "
+            "onnxruntime's FusedMatMul, repacked when the artifact opens",
+        )
     given: dict[str, Any] = {
         k: v
         for k, v in (
@@ -82,13 +93,14 @@ def build_options(
             ("dtype", dtype),
             ("prepack", prepack),
             ("int8_matmul", int8_matmul),
+            ("f32_matmul", None if f32_matmul is None else F32_MATMUL[f32_matmul]),
         )
         if v is not None
     }
     if given and (target != "onnxruntime" or generic or not is_decoder(module)):
         raise InputError(
-            "--quant, --max-len, --accuracy-level, --logits, --dtype, --prepack and "
-            "--int8-matmul apply to decoder builds only",
+            "--quant, --max-len, --accuracy-level, --logits, --dtype, --prepack, --int8-matmul "
+            "and --f32-matmul apply to decoder builds only",
             hint="import an LLM (HF folder or GGUF) to get a decoder module",
         )
     if int8_matmul is not None:

@@ -214,6 +214,33 @@ class _Weights:
         self.names[key] = out
         return out
 
+    def f32_panels(self, srcs: list[WSrc], name: str) -> str:
+        """The row-concatenation of srcs as one f32 [ceil(rows/16), cols, 16] initializer in
+        16-row panels, zero-padded (`ort.matmul_f32 {layout = "panel16"}`,
+        llmir_core/backends/panels.py), converted a run of whole panels at a time."""
+        from .panels import PANEL, panel_shape, to_panels
+
+        key = ("f32_panels", tuple((id(s.value), s.transpose) for s in srcs))
+        if key in self.names:
+            return str(self.names[key])
+        rows, cols = sum(s.rows for s in srcs), srcs[0].cols
+        shape = list(panel_shape(rows, cols))
+        nbytes = shape[0] * cols * PANEL * 4
+        off = self.data.start(nbytes >= _LARGE)
+        rest = np.empty((0, cols), np.float32)  # rows short of a whole panel, carried over
+        for s in srcs:
+            for chunk in self.rows_f32(s):
+                rest = np.concatenate([rest, chunk]) if rest.size else chunk
+                whole = rest.shape[0] // PANEL * PANEL
+                if whole:
+                    self.data.write(to_panels(rest[:whole]))
+                    rest = rest[whole:]
+        if rest.shape[0]:
+            self.data.write(to_panels(rest))  # the last panel, zero-padded
+        out = self._init(name + ".panel16", TensorProto.FLOAT, shape, off, nbytes)
+        self.names[key] = out
+        return out
+
     # -- 16-bit storage (ort.cast operands) -----------------------------------------
     def stored(self, v: Value, name: str, srcs: list[WSrc] | None) -> str:
         """A constant in its own float dtype (f16/bf16) as an initializer in the data file: a
@@ -1116,11 +1143,19 @@ def _emit_matmul16(D: DecoderSerializer, op: Op) -> bool:
 
 
 def _emit_matmul_f32(D: DecoderSerializer, op: Op) -> bool:
-    """ort.matmul_f32 -> ai.llmir MatMulF32 on the f32 weight as stored (no prepacked copy)."""
+    """ort.matmul_f32 -> ai.llmir MatMulF32 on the f32 weight as stored (no prepacked copy):
+    [N, K] rows, or with `layout = "panel16"` [ceil(N/16), K, 16] panels and attribute N."""
     from .ort_ext import DOMAIN, OP_NAMES
 
-    w = D.w.f32(D.weight(op.operands[1]), _label(op, "weight"))
-    D.bind(op.results[0], D.L.one(OP_NAMES["f32"], D.name(op.operands[0]), w, domain=DOMAIN))
+    srcs = D.weight(op.operands[1])
+    x = D.name(op.operands[0])
+    if op.attrs.get("layout", "rows") == "panel16":
+        w = D.w.f32_panels(srcs, _label(op, "weight"))
+        n = sum(s.rows for s in srcs)
+        D.bind(op.results[0], D.L.one(OP_NAMES["f32"], x, w, domain=DOMAIN, N=n))
+        return True
+    w = D.w.f32(srcs, _label(op, "weight"))
+    D.bind(op.results[0], D.L.one(OP_NAMES["f32"], x, w, domain=DOMAIN))
     return True
 
 

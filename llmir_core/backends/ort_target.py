@@ -162,15 +162,10 @@ class OrtTarget:
                 str(options.get("nbits_scales") or "f16"),
             ),
             LowerOrtEmbedding(quant, block),
-            # f32 weights: llmir's MatMulF32 reads them in place; with --prepack none (weights
-            # as stored) it is what runs where the custom ops build
-            LowerOrtWeightDtype(
-                dtype,
-                f32_kernel=str(
-                    options.get("f32_matmul")
-                    or ("auto" if options.get("prepack") == "none" else F32_KERNEL)
-                ),
-            ),
+            # f32 weights: llmir's MatMulF32 reads them in place, stored in 16-row panels, where
+            # the custom ops build (--f32-matmul llmir, the default); --f32-matmul mlas keeps
+            # onnxruntime's FusedMatMul (repacked when the session opens)
+            LowerOrtWeightDtype(dtype, f32_kernel=str(options.get("f32_matmul") or F32_KERNEL)),
             LowerOrtLogits(last),
             module,
         ]

@@ -471,9 +471,20 @@ register(
         name="ort.matmul_f32",
         summary="llmir's onnxruntime custom op (ai.llmir MatMulF32, llmir_core/backends/ort_ext): "
         "a @ b^T for an f32 a and an f32 weight b [N, K] read in place (no prepacked copy: "
-        "the session loads without repacking it).",
+        "the session loads without repacking it). b is the logical weight; `layout` is how the "
+        'serializer stores it: "rows" ([N, K] as is) or "panel16" ([ceil(N/16), K, 16]: panels '
+        "of 16 rows transposed, zero-padded, the GEMM's packed layout, read with no packing per "
+        "call; llmir_core/backends/panels.py).",
         operands=(Operand("a", doc="[..., K] f32"), Operand("b", doc="[N, K] f32")),
-        attrs=(),
+        attrs=(
+            Attr(
+                "layout",
+                "str",
+                "rows",
+                choices=("rows", "panel16"),
+                doc="rows ([N, K]) or panel16 ([ceil(N/16), K, 16]): how b is stored",
+            ),
+        ),
         infer=_infer_matmul_f32,
         reference=_ref_matmul16,
         decompose=lambda b, o, at: [b.op("core.matmul", o[0], o[1], transpose_b=True)],
@@ -482,7 +493,7 @@ register(
         cost=ranges.cost_matmul,
         verifies="a is an f32 tensor of rank >= 2 and b a 2-D f32 [N, K] weight whose K matches "
         "a's last dim.",
-        example="%y = ort.matmul_f32 %x, %w : (tensor<?batch x ?seq x 64 x f32>, "
+        example='%y = ort.matmul_f32 %x, %w {layout = "panel16"} : (tensor<?batch x ?seq x 64 x f32>, '
         "tensor<128x64xf32>) -> tensor<?batch x ?seq x 128 x f32>",
     )
 )

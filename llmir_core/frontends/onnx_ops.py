@@ -1648,6 +1648,33 @@ def _dynamic_quantize_matmul(n: Node) -> list[Value | None]:
     return [y]
 
 
+@handles("MatMulF32", domain="ai.llmir")
+def _matmul_f32(n: Node) -> list[Value | None]:
+    """llmir's own f32 matmul (llmir_core/backends/ort_ext/matmul_f32.c): X @ W^T with W stored
+    as rows [N, K], or as 16-row panels [ceil(N/16), K, 16] (attribute N; rows past N are zero
+    padding), unpacked to [N, K] exactly."""
+    wt, xt = n.t(1), n.t(0)
+    if wt.dtype != DType.f32 or xt.dtype != DType.f32:
+        raise NotMapped("expects f32 X and W")
+    if wt.rank == 2:
+        return [n.emit("core.matmul", n.inp(0), n.inp(1), transpose_b=True)]
+    nn, shape = n.attr("N", None), wt.shape
+    k = xt.shape[-1] if xt.rank else None
+    if (
+        wt.rank != 3
+        or not isinstance(nn, int)
+        or not isinstance(k, int)
+        or tuple(shape) != (-(-nn // 16), k, 16)
+    ):
+        raise NotMapped(f"W {list(shape)} is not [N, K] or [ceil(N/16), K, 16] with attribute N")
+    p = -(-nn // 16)
+    w = n.emit("core.transpose", n.inp(1), perm=(0, 2, 1))
+    w = n.emit("core.reshape", w, shape=(p * 16, k))
+    if p * 16 != nn:
+        w = n.emit("core.slice", w, starts=(0,), ends=(nn,), axes=(0,))
+    return [n.emit("core.matmul", n.inp(0), w, transpose_b=True)]
+
+
 @handles("MatMulS8", domain="ai.llmir")
 def _matmul_s8(n: Node) -> list[Value | None]:
     """llmir's own int8 matmul (llmir_core/backends/ort_ext/matmul_s8.c): X @ (codes * S)^T with

@@ -26,9 +26,14 @@ shared by several ops (a tied embedding and lm_head) is stored once. Then, per u
 
 A weight that stays f32 is matmul'd by onnxruntime's FusedMatMul (MLAS, which repacks it when
 the session opens: load time and a heap copy), unless `f32_kernel` asks for llmir's custom op:
-`ort.fused_matmul(x, W)` with transB becomes `ort.matmul_f32(x, W)` (ai.llmir MatMulF32: the f32
-weight read as stored, no repacking), with the same `auto`/`custom` rules as `kernel`;
-`f32_kernel = "ort"` (the default) keeps FusedMatMul.
+`ort.fused_matmul(x, W)` with transB becomes `ort.matmul_f32(x, W) {layout = L}` (ai.llmir
+MatMulF32: the f32 weight read as stored, no repacking), with the same `auto`/`custom` rules as
+`kernel` (`auto` is the default: `llmir build --f32-matmul llmir`); `f32_kernel = "ort"` keeps
+FusedMatMul (`--f32-matmul mlas`). The layout L is how the artifact stores W:
+"panel16" (`f32_layout`'s default: [ceil(N/16), K, 16], the GEMM's packed layout, written once
+by the serializer) when every use of W is such a matmul, else "rows" (W as is: a table tied to
+the embedding, whose Gather reads rows, is stored once); `f32_layout = "rows"` keeps rows
+everywhere.
 
 MatMulNBits weights (`--quant`, GGUF blocks) are not touched. The report gives each weight's max
 rounding error and which path it took (and why the custom op was not used).
@@ -56,7 +61,8 @@ from .ort_common import Graph, declare_ort, is_decoder, tt
 WEIGHT_DTYPES = ("f16", "bf16")
 KERNELS = ("auto", "custom", "f32")
 F32_KERNELS = ("ort", "auto", "custom")  # f32 weights: FusedMatMul, or llmir's MatMulF32
-F32_KERNEL = "ort"  # the default (see docs/perf.md: MatMulF32 against MLAS)
+F32_KERNEL = "auto"  # the default: panels read in place where the library builds (docs/perf.md)
+F32_LAYOUTS = ("panel16", "rows")  # ort.matmul_f32's stored layout: panels where possible, or rows
 
 
 def parse_weight_dtype(dtype: str | None) -> DType | None:
@@ -107,6 +113,7 @@ class LowerOrtWeightDtype:
     dtype: str = ""  # f16 | bf16 | f32 ("": each weight in the width its source stores)
     kernel: str = "auto"  # auto | custom | f32: the matmul path for 16-bit weights (see above)
     f32_kernel: str = F32_KERNEL  # ort | auto | custom: the matmul path for f32 weights
+    f32_layout: str = F32_LAYOUTS[0]  # panel16 | rows: ort.matmul_f32's weight layout (above)
     # --verify-each compares outputs differentially at this relative tolerance (bf16 rounds each
     # weight by up to 2^-9 of its magnitude; f16 by 2^-12), scaled by depth
     validation_rtol: ClassVar[float] = 2e-2
@@ -118,6 +125,11 @@ class LowerOrtWeightDtype:
             raise InputError(
                 f"unknown f32_kernel '{self.f32_kernel}' for lower-ort-weight-dtype",
                 hint=f"use one of: {', '.join(F32_KERNELS)}",
+            )
+        if self.f32_layout not in F32_LAYOUTS:
+            raise InputError(
+                f"unknown f32_layout '{self.f32_layout}' for lower-ort-weight-dtype",
+                hint=f"use one of: {', '.join(F32_LAYOUTS)}",
             )
         f32_custom = self.f32_kernel != "ort"
         if (d is None and not keep and not f32_custom) or not is_decoder(module):
@@ -166,7 +178,7 @@ class LowerOrtWeightDtype:
                         and op.attrs.get("transB")
                         and custom_f32()
                     ):
-                        self._matmul_f32(fn, op, w, ctx)
+                        self._matmul_f32(fn, op, w, ctx, self._layout(g, w))
                         changed = True
                     continue
                 if id(w) not in stored:
@@ -275,24 +287,42 @@ class LowerOrtWeightDtype:
             "widened in registers, f32 accumulation",
         )
 
-    def _matmul_f32(self, fn: Function, op: Op, w: Value, ctx: PassContext) -> None:
+    def _layout(self, g: Graph, w: Value) -> str:
+        """panel16 when every use of w is a transB matmul by it (all become ort.matmul_f32),
+        else rows (a tied embedding table: one stored copy that its Gather can read)."""
+        if self.f32_layout == "rows" or id(w) in g.outputs:
+            return "rows"
+        for u in g.uses(w):
+            if u.name != "ort.fused_matmul" or not u.attrs.get("transB") or u.operands[0] is w:
+                return "rows"
+        return "panel16"
+
+    def _matmul_f32(self, fn: Function, op: Op, w: Value, ctx: PassContext, layout: str) -> None:
+        how = (
+            "stored in 16-row panels (the GEMM's layout, no packing per call)"
+            if layout == "panel16"
+            else "stored as rows (shared with a reader that needs them)"
+            if self.f32_layout == "panel16"
+            else "stored as rows (f32_layout=rows)"
+        )
         self._custom_matmul(
             fn,
             op,
             "ort.matmul_f32",
             w,
             ctx,
-            f"{_label(w)}: f32, read as stored by llmir's custom op (ai.llmir MatMulF32): "
+            f"{_label(w)}: f32, read in place by llmir's custom op (ai.llmir MatMulF32), {how}: "
             "no repacked copy when the session loads",
+            layout=layout,
         )
 
     @staticmethod
     def _custom_matmul(
-        fn: Function, op: Op, name: str, w: Value, ctx: PassContext, note: str
+        fn: Function, op: Op, name: str, w: Value, ctx: PassContext, note: str, **attrs: str
     ) -> None:
         """Replace `op` (x @ W^T) by llmir's custom matmul `name` over the weight w."""
         b, new_ops = scratch_builder(fn, op.origin)
-        y = b.op(name, op.operands[0], w)
+        y = b.op(name, op.operands[0], w, **attrs)
         i = next(i for i, o in enumerate(fn.ops) if o is op)
         fn.ops[i:i] = new_ops
         take_over(fn, op.results[0], y)
@@ -303,6 +333,7 @@ class LowerOrtWeightDtype:
 __all__ = [
     "F32_KERNEL",
     "F32_KERNELS",
+    "F32_LAYOUTS",
     "KERNELS",
     "LowerOrtWeightDtype",
     "WEIGHT_DTYPES",

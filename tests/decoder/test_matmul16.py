@@ -2,7 +2,7 @@
 the compiled kernels against the ops' numpy reference for f16, bf16 and f32 weights over every
 decode-shaped M (GEMV, 1..8), the GEMM cutoff and prefill M, odd K/N; a `--dtype f16` build that
 uses it computes what the f32-path build computes, and so does an f32 build on MatMulF32
-(`f32_kernel`, chosen by --prepack none); without the capability the lowering keeps the f32 path
+(`f32_kernel`, the default where it builds); without the capability the lowering keeps the f32 path
 and an artifact that needs the library is refused with one clear line. Tests that run the kernel
 are skipped where it cannot be built (no C compiler, no AVX2/FMA/F16C, not Linux x86-64)."""
 
@@ -242,22 +242,29 @@ def test_f32_kernel_choice_shows_in_the_lowered_module(tiny_module: Any) -> None
     )
     assert "ort.matmul_f32" in text and "ort.fused_matmul" not in text
     assert "lower-ort-weight-dtype{f32_kernel=custom}" in text
-    default = _lowered(tiny_module, "")  # the default keeps onnxruntime's FusedMatMul
-    assert F32_KERNEL == "ort" and "ort.matmul_f32" not in default
-    assert "ort.fused_matmul" in default
+    mlas = print_module(
+        run_pipeline(clone_module(tiny_module), _f32_lowering(f32_kernel="ort")).module
+    )
+    assert "ort.matmul_f32" not in mlas and "ort.fused_matmul" in mlas
+    assert "lower-ort-weight-dtype{f32_kernel=ort}" in mlas
+    assert F32_KERNEL == "auto"  # the default: llmir's kernel where its library builds
 
 
 @needs_kernel
-def test_prepack_none_reads_f32_weights_in_place(
-    tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    lowering = get_target("onnxruntime").lowering({"prepack": "none"})
-    text = print_module(run_pipeline(clone_module(tiny_module), lowering).module)
-    assert "ort.matmul_f32" in text and "lower-ort-weight-dtype{f32_kernel=auto}" in text
-    build(tiny_module, str(tmp_path / "custom"), "onnxruntime", options={"f32_matmul": "auto"})
-    build(tiny_module, str(tmp_path / "mlas"), "onnxruntime", options={})
+def test_default_reads_f32_weights_in_place(tiny_module: Any, tmp_path: Path) -> None:
+    # the default lowering (and --prepack none) takes ort.matmul_f32; --f32-matmul mlas
+    # (option f32_matmul=ort) keeps onnxruntime's FusedMatMul
+    for opts in ({}, {"prepack": "none"}):
+        text = print_module(
+            run_pipeline(clone_module(tiny_module), get_target("onnxruntime").lowering(opts)).module
+        )
+        assert "ort.matmul_f32" in text and "ort.fused_matmul" not in text
+    build(tiny_module, str(tmp_path / "custom"), "onnxruntime", options={})
+    build(tiny_module, str(tmp_path / "mlas"), "onnxruntime", options={"f32_matmul": "ort"})
     man = json.loads((tmp_path / "custom" / "manifest.json").read_text())
     assert man["custom_ops"] == ["llmir_ops"] and man["opset"][DOMAIN] == 1
+    mlas = json.loads((tmp_path / "mlas" / "manifest.json").read_text())
+    assert mlas["custom_ops"] == [] and DOMAIN not in mlas["opset"]
     a, b = open_artifact(str(tmp_path / "custom")), open_artifact(str(tmp_path / "mlas"))
     a.reset(1)
     b.reset(1)

@@ -95,7 +95,7 @@ def test_cli_reports_the_mode_and_refuses_bad_combinations(
     mod.write_text(print_module(tiny_module))
     r = run_cli("build", str(mod), "-o", str(tmp_path / "a"), "--prepack", "none")
     assert r.returncode == 0, r.stderr
-    assert "prepack: none (weights stay memory-mapped" in r.stdout
+    assert "prepack: none (onnxruntime's repacking is off: weights stay memory-mapped" in r.stdout
     r = run_cli("build", str(mod), "-o", str(tmp_path / "b"), "--prepack", "disk")
     assert r.returncode == 2 and "--prepack must be one of session, none, got 'disk'" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "b").exists()
@@ -135,7 +135,8 @@ def test_a_tied_table_is_read_through_its_own_name(
         require_tokenizer=False,
     )
     # int4: onnxruntime's MatMulNBits, which prepacks (llmir's kernel reads the blocks in place)
-    opts = {"quant": quant, "nbits_kernel": "mlas"} if quant else None
+    # f32: onnxruntime's FusedMatMul (llmir's MatMulF32, the default, reads the table in place)
+    opts = {"quant": quant, "nbits_kernel": "mlas"} if quant else {"f32_matmul": "ort"}
     art = tmp_path / "art"
     layout = build(module, str(art), "onnxruntime", options=opts)["decoder"]["load_layout"]
     model = onnx.load(str(art / "model.onnx"), load_external_data=False)

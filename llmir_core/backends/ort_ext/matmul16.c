@@ -16,7 +16,9 @@
  *
  * Built with the other sources of this folder into one library by
  * llmir_core/backends/ort_ext/__init__.py (cc -O3 -mavx2 -mfma -mf16c -shared -fPIC); the
- * onnxruntime ABI is in ort_abi.h, the f32 GEMM micro-kernel in f32_gemm.h.
+ * onnxruntime ABI is in ort_abi.h, the f32 GEMM micro-kernel in f32_gemm.h. The same kernels'
+ * f32 instance serves ai.llmir MatMulF32 with a row-major weight (matmul_f32.c:
+ * llmir_matmul_rows_f32).
  */
 #include <immintrin.h>
 #include <stdlib.h>
@@ -263,6 +265,20 @@ static void *create_kernel(const OrtCustomOp *op, const OrtApi *api, const OrtKe
 
 static void destroy_kernel(void *k) { free(k); }
 
+/* Y = X @ W^T on onnxruntime's intra-op pool (M, N, K > 0) */
+static OrtStatus *run(const OrtApi *api, OrtKernelContext *ctx, const void *x, const void *w,
+                      void *y, int64_t M, int64_t N, int64_t K, int wt) {
+    Job j = {(const float *)x, w, (float *)y, M, N, K, wt, 0};
+    ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
+    if (M <= GEMV_ROWS) { /* up to GEMV_TASKS equal row ranges, claimed by the threads in turn */
+        int64_t tasks = (N + GEMV_MIN_ROWS - 1) / GEMV_MIN_ROWS;
+        if (tasks > GEMV_TASKS) tasks = GEMV_TASKS;
+        j.gemv_rows = (N + tasks - 1) / tasks;
+        return pfor(ctx, gemv_task, (size_t)((N + j.gemv_rows - 1) / j.gemv_rows), 0, &j);
+    }
+    return pfor(ctx, gemm_task, (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS)), 0, &j);
+}
+
 static OrtStatus *compute(void *kp, OrtKernelContext *ctx) {
     const Kernel *kn = (const Kernel *)kp;
     const OrtApi *api = kn->api;
@@ -292,23 +308,25 @@ static OrtStatus *compute(void *kp, OrtKernelContext *ctx) {
         memset(y, 0, (size_t)(M * N) * sizeof(float));
         return NULL;
     }
-    Job j = {(const float *)x, w, (float *)y, M, N, K, kn->wt, 0};
-    ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
-    if (M <= GEMV_ROWS) { /* up to GEMV_TASKS equal row ranges, claimed by the threads in turn */
-        int64_t tasks = (N + GEMV_MIN_ROWS - 1) / GEMV_MIN_ROWS;
-        if (tasks > GEMV_TASKS) tasks = GEMV_TASKS;
-        j.gemv_rows = (N + tasks - 1) / tasks;
-        return pfor(ctx, gemv_task, (size_t)((N + j.gemv_rows - 1) / j.gemv_rows), 0, &j);
+    return run(api, ctx, x, w, y, M, N, K, kn->wt);
+}
+
+/* MatMulF32 (matmul_f32.c) with a row-major [N, K] weight: these kernels, f32 instance */
+OrtStatus *llmir_matmul_rows_f32(const OrtApi *api, OrtKernelContext *ctx, const float *x,
+                                 const float *w, float *y, int64_t M, int64_t N, int64_t K) {
+    if (M == 0 || N == 0) return NULL;
+    if (K == 0) {
+        memset(y, 0, (size_t)(M * N) * sizeof(float));
+        return NULL;
     }
-    return pfor(ctx, gemm_task, (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS)), 0, &j);
+    return run(api, ctx, x, w, y, M, N, K, W_F32);
 }
 
 static const char *name_f16(const OrtCustomOp *op) { (void)op; return "MatMulF16"; }
 static const char *name_bf16(const OrtCustomOp *op) { (void)op; return "MatMulBf16"; }
 static const char *provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
-static const char *name_f32(const OrtCustomOp *op) { (void)op; return "MatMulF32"; }
 static int input_type(const OrtCustomOp *op, size_t i) {
-    static const int types[] = {T_FLOAT16, T_BFLOAT16, T_FLOAT};
+    static const int types[] = {T_FLOAT16, T_BFLOAT16};
     return i == 0 ? T_FLOAT : types[((const Op16 *)op)->wt];
 }
 static size_t two(const OrtCustomOp *op) { (void)op; return 2; }
@@ -327,11 +345,10 @@ static int homogeneous(const OrtCustomOp *op) { (void)op; return 1; }
 
 static Op16 op_f16 = OP16(name_f16, W_F16);
 static Op16 op_bf16 = OP16(name_bf16, W_BF16);
-static Op16 op_f32 = OP16(name_f32, W_F32);
 
-/* adds MatMulF16, MatMulBf16 and MatMulF32 to the ai.llmir domain (register.c) */
+/* adds MatMulF16 and MatMulBf16 to the ai.llmir domain (register.c) */
 OrtStatus *llmir_add_matmul16(const OrtApi *api, OrtCustomOpDomain *domain) {
-    Op16 *ops[] = {&op_f16, &op_bf16, &op_f32};
+    Op16 *ops[] = {&op_f16, &op_bf16};
     for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
         OrtStatus *st = API(api, I_CustomOpDomain_Add, CustomOpDomainAddFn)(domain, &ops[i]->op);
         if (st) return st;

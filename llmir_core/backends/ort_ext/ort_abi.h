@@ -84,6 +84,8 @@ typedef OrtStatus *(*GetTensorTypeAndShapeFn)(const OrtValue *, OrtShapeInfo **)
 typedef OrtStatus *(*GetInputFn)(const OrtKernelContext *, size_t, const OrtValue **);
 typedef OrtStatus *(*GetOutputFn)(OrtKernelContext *, size_t, const int64_t *, size_t, OrtValue **);
 typedef void (*ReleaseShapeInfoFn)(OrtShapeInfo *);
+typedef OrtStatus *(*KernelInfoGetAttributeInt64Fn)(const OrtKernelInfo *, const char *, int64_t *);
+typedef void (*ReleaseStatusFn)(OrtStatus *);
 typedef OrtStatus *(*ParallelForFn)(const OrtKernelContext *, void (*)(void *, size_t), size_t,
                                     size_t, void *);
 

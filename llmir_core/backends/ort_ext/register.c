@@ -10,12 +10,14 @@ OrtStatus *llmir_add_matmul16(const OrtApi *api, OrtCustomOpDomain *domain);
 OrtStatus *llmir_add_matmul_nbits(const OrtApi *api, OrtCustomOpDomain *domain);
 OrtStatus *llmir_add_matmul_s8(const OrtApi *api, OrtCustomOpDomain *domain);
 OrtStatus *llmir_add_attention(const OrtApi *api, OrtCustomOpDomain *domain);
+OrtStatus *llmir_add_matmul_f32(const OrtApi *api, OrtCustomOpDomain *domain);
 
 static const AddOpsFn ADDERS[] = {
     llmir_add_matmul16,
     llmir_add_matmul_nbits,
     llmir_add_matmul_s8,
     llmir_add_attention,
+    llmir_add_matmul_f32,
 };
 
 OrtStatus *RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
