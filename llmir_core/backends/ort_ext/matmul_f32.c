@@ -9,13 +9,14 @@
  *   of the logical weight transposed, W[p, k, c] = W_logical[16p + c, k], rows past N zero. This
  *   is the GEMM's panel layout, so
  *   - prefill (M > P16_GEMV_ROWS) multiplies blocks of KC_P16 panel rows (16 KiB, in L1) straight
- *     from the file with llmir_micro_6x16 (f32_gemm.h) into 6-row blocks of X: no packing, no
- *     transposing per call. Loops: X row blocks of at most MC_P16 rows, then K blocks, then the
+ *     from the file with llmir_micro_6x16 (f32_gemm.h) into 6-row blocks of X (the 1..5 rows
+ *     left over: micro_rx16, with only their accumulators): no packing, no transposing per
+ *     call. Loops: X row blocks of at most MC_P16 rows, then K blocks, then the
  *     task's panels (so the X block, MC_P16 x KC_P16, stays in L2 across them), then 6-row
  *     blocks; the next panel block is prefetched while one is multiplied;
  *   - decode (M <= P16_GEMV_ROWS) streams each panel front to back once: one row of X by
  *     broadcast x[k] and 2 FMAs per 64-byte panel row, k unrolled by 4 into 8 independent
- *     accumulators; 2..8 rows through the micro-kernel (one pass of <= 6 rows, the rest from L1).
+ *     accumulators; 2..8 rows through the micro-kernels (one pass of <= 6 rows, the rest from L2).
  *   Work is split into runs of whole panels on onnxruntime's intra-op pool (claimed dynamically,
  *   so the threads end together); each output element is summed by one thread in a fixed order:
  *   the same bits at any thread count.
@@ -37,6 +38,8 @@ OrtStatus *llmir_matmul_rows_f32(const OrtApi *api, OrtKernelContext *ctx, const
 
 #define P16 16 /* weight rows per stored panel (== NR of llmir_micro_6x16) */
 #define P16_GEMV_ROWS 8 /* X rows up to which the streaming (decode) split runs */
+/* blocking and task counts (-D overrides them for benchmark variants; docs/perf.md has what was
+ * measured: these are at MLAS's speed) */
 #ifndef KC_P16
 #define KC_P16 256 /* panel rows per K block: a 16 KiB panel block, with 6 X rows, in L1 */
 #endif
