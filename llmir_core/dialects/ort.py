@@ -535,6 +535,12 @@ def _epilogue_out(a: TensorType, n: Any, epilogue: str) -> Type:
     return like(a, (*a.shape[:-1], n))
 
 
+def _cost_qmm(op: Any, env: dict[str, int]) -> tuple[int, int]:
+    """cost_matmul over the whole product: with the SwiGLU epilogue the result is half of N."""
+    flops, nbytes = ranges.cost_matmul(op, env)
+    return (2 * flops if op.attrs.get("epilogue", "none") == "swiglu" else flops), nbytes
+
+
 def _swiglu64(y: np.ndarray) -> np.ndarray:
     h = y.shape[-1] // 2
     g = np.asarray(y[..., :h], _F64)
@@ -683,7 +689,7 @@ register(
         reference=_ref_nbits,
         decompose=_dec_nbits,
         smt=encoding("target_smt", "ort_matmul_nbits"),
-        cost=ranges.cost_matmul,
+        cost=_cost_qmm,
         verifies="a is a float tensor, b a 2-D [N, K] weight with K a multiple of block_size (a float "
         "of a's dtype, or nbits-packed with matching bits/block and its scales), bits is 4 or 8, "
         'accuracy_level is 0..4, and kernel "llmir" has an f32 a and block_size 32.',
@@ -803,7 +809,7 @@ register(
         reference=_ref_matmul_s8,
         no_smt="it rounds its weight and its activations (ranges computed at run time): "
         "translation validation compares it differentially",
-        cost=ranges.cost_matmul,
+        cost=_cost_qmm,
         verifies="a is an f32 tensor of rank >= 2 and b a 2-D f32 [N, K] weight whose K matches a's "
         'last dim; epilogue "swiglu" needs a static, even N.',
         example="%y = ort.matmul_s8 %x, %w : "
