@@ -71,6 +71,7 @@ enum {
     I_KernelInfoGetAttribute_float = 85,
     I_KernelInfoGetAttribute_int64 = 86,
     I_ReleaseStatus = 93,
+    I_KernelInfoGetAttribute_string = 87,
 };
 
 typedef OrtStatus *(*CreateStatusFn)(int, const char *);
@@ -86,6 +87,7 @@ typedef OrtStatus *(*GetOutputFn)(OrtKernelContext *, size_t, const int64_t *, s
 typedef void (*ReleaseShapeInfoFn)(OrtShapeInfo *);
 typedef OrtStatus *(*KernelInfoGetAttributeInt64Fn)(const OrtKernelInfo *, const char *, int64_t *);
 typedef void (*ReleaseStatusFn)(OrtStatus *);
+typedef OrtStatus *(*KernelInfoGetAttrStringFn)(const OrtKernelInfo *, const char *, char *, size_t *);
 typedef OrtStatus *(*ParallelForFn)(const OrtKernelContext *, void (*)(void *, size_t), size_t,
                                     size_t, void *);
 

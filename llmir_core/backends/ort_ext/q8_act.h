@@ -51,19 +51,14 @@ static inline float llmir_quant32(const float *x, int8_t *q, int *sum) {
 
 enum { EPI_NONE = 0, EPI_SWIGLU = 1, EPI_BAD = -1 };
 
-/* OrtApi indices (onnxruntime_c_api.h member order) */
-enum { I_KernelInfoGetAttribute_string_ = 87, I_ReleaseStatus_ = 93 };
-typedef OrtStatus *(*KernelInfoGetAttrStringFn)(const OrtKernelInfo *, const char *, char *, size_t *);
-typedef void (*ReleaseStatusFn)(OrtStatus *);
-
 /* the node's `epilogue` attribute: absent or "" -> EPI_NONE, "swiglu" -> EPI_SWIGLU, else EPI_BAD */
 static inline int llmir_epilogue_attr(const OrtApi *api, const OrtKernelInfo *info) {
     char buf[16];
     size_t size = sizeof buf;
-    OrtStatus *st = API(api, I_KernelInfoGetAttribute_string_, KernelInfoGetAttrStringFn)(
+    OrtStatus *st = API(api, I_KernelInfoGetAttribute_string, KernelInfoGetAttrStringFn)(
         info, "epilogue", buf, &size);
     if (st) { /* absent (or longer than any epilogue name) */
-        API(api, I_ReleaseStatus_, ReleaseStatusFn)(st);
+        API(api, I_ReleaseStatus, ReleaseStatusFn)(st);
         return size > sizeof buf ? EPI_BAD : EPI_NONE;
     }
     if (size == 0 || buf[0] == 0) return EPI_NONE;
