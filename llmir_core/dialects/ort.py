@@ -174,9 +174,9 @@ GQA_KERNELS = ("onnxruntime", "llmir")  # ort.group_query_attention's `kernel`
 
 def gqa_llmir_unsupported(attrs: Any, head_dim: object) -> str | None:
     """What of an ort.group_query_attention llmir's kernel (ai.llmir GroupQueryAttention) does
-    not take, or None: f32 caches, head_dim a multiple of 8 up to 256."""
-    if attrs["kv_quant"] != "none":
-        return f"an int8 KV cache (kv_quant = {attrs['kv_quant']})"
+    not take, or None: head_dim a multiple of 8 up to 256 (f32 or int8 caches, rotary, softcap
+    and sliding windows all run)."""
+    del attrs  # every attribute llmir emits is taken
     if not isinstance(head_dim, int) or head_dim % 8 or not 0 < head_dim <= 256:
         return f"head_dim {head_dim} (a multiple of 8 up to 256)"
     return None
@@ -348,7 +348,7 @@ register(
                 choices=GQA_KERNELS,
                 doc="onnxruntime (com.microsoft.GroupQueryAttention) or llmir (ai.llmir "
                 "GroupQueryAttention from llmir's custom-op library, the same node interface; "
-                "f32 caches, head_dim a multiple of 8 up to 256)",
+                "head_dim a multiple of 8 up to 256)",
             ),
         ),
         infer=_infer_gqa,
@@ -361,8 +361,7 @@ register(
         "q/k/v widths are heads * head_dim (head_dim from past_key), the caches share q's dtype "
         "(int8 with f32 scales of the kv_quant layout when kv_quant is set), "
         "positions are i64 [batch, seq], scale/softcap/local_window_size are >= 0, and kernel "
-        '"llmir" only where its kernel takes the op (f32 caches, head_dim a multiple of 8 up to '
-        "256).",
+        '"llmir" only where its kernel takes the op (head_dim a multiple of 8 up to 256).',
         example="%o, %pk, %pv = ort.group_query_attention %qkv, %past_k, %past_v, %pos, %cos, %sin "
         "{num_heads = 4, kv_num_heads = 2, do_rotary = true, packed = true} : "
         "(tensor<?batch x ?seq x 128 x f32>, tensor<?batch x 2 x ?past x 16 x f32>, "

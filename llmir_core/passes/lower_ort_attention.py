@@ -14,10 +14,10 @@ Each op records the kernel that runs it (`attention_kernel`): `kernel = "llmir"`
 attention from its onnxruntime custom-op library (ai.llmir GroupQueryAttention, the same node
 interface over the same shared KV buffer: llmir_core/backends/ort_ext/attention.c), taken when
 `attention_kernel` is `llmir`, or `auto` (the default) and the library builds and runs here
-(checked once per run, at the first op), for f32 caches and head_dim a multiple of 8 up to 256
-(sliding windows and softcaps included); otherwise the attribute is absent: onnxruntime's
+(checked once per run, at the first op), for head_dim a multiple of 8 up to 256 (f32 and int8
+caches, sliding windows and softcaps included); otherwise the attribute is absent: onnxruntime's
 com.microsoft GroupQueryAttention. `attention_kernel = llmir` on an op its kernel does not take
-(an int8 cache) is an input error at the attention's position.
+is an input error at the attention's position.
 
 Invariant: the op's decomposition is the matched subgraph (same attributes), so translation
 validation meets the original terms; presents keep their names and layout [B, Hkv, len, D].

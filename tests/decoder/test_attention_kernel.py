@@ -34,7 +34,7 @@ F32 = np.float32
 
 
 def _session(
-    domain: str, heads: int, kv: int, d: int, packed: bool, rotary: bool, **at: Any
+    domain: str, heads: int, kv: int, d: int, packed: bool, rotary: bool, kv8: str = "", **at: Any
 ) -> Any:
     import onnxruntime as ort
     from onnx import TensorProto, helper
@@ -46,18 +46,23 @@ def _session(
         ins = ["q", "k", "v"]
         inputs = [vi(n, f, ["B", "S", w * d]) for n, w in (("q", heads), ("k", kv), ("v", kv))]
     ins += ["pk", "pv", "seqlens", "total"]
-    inputs += [vi("pk", f, ["B", kv, "L", d]), vi("pv", f, ["B", kv, "L", d])]
+    cache = TensorProto.INT8 if kv8 else f
+    inputs += [vi("pk", cache, ["B", kv, "L", d]), vi("pv", cache, ["B", kv, "L", d])]
     inputs += [vi("seqlens", TensorProto.INT32, ["B"]), vi("total", TensorProto.INT32, [])]
     if rotary:
         ins += ["cos", "sin", "pos"]
         inputs += [vi("cos", f, [None, None]), vi("sin", f, [None, None])]
         inputs += [vi("pos", TensorProto.INT64, ["B", "S"])]
         at["do_rotary"] = 1
+    if kv8:  # int8 caches: k_scale and v_scale are inputs 12 and 13
+        ins += [""] * (12 - len(ins)) + ["ks", "vs"]
+        inputs += [vi("ks", f, None), vi("vs", f, None)]
+        at.update(k_quant_type=kv8.upper(), v_quant_type=kv8.upper(), kv_cache_bit_width=8)
     node = helper.make_node(
         "GroupQueryAttention", ins, ["out", "pk_out", "pv_out"], domain=domain,
         num_heads=heads, kv_num_heads=kv, **at,
     )  # fmt: skip
-    outs = [vi(n, f, None) for n in ("out", "pk_out", "pv_out")]
+    outs = [vi("out", f, None)] + [vi(n, cache, None) for n in ("pk_out", "pv_out")]
     model = helper.make_model(
         helper.make_graph([node], "gqa", inputs, outs),
         opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)],
@@ -78,6 +83,7 @@ def _compare(
     rotary: bool,
     steps: tuple[int, ...] = (7, 1, 1, 1),
     shared: bool = True,
+    kv8: str = "",
     **at: Any,
 ) -> float:
     """Worst |llmir - onnxruntime| over the outputs and KV buffers of a run of steps (tokens per
@@ -86,8 +92,13 @@ def _compare(
 
     rng = np.random.default_rng(heads * 100 + kv * 10 + d + batch)
     cap = sum(steps) + 3
-    sess = {dom: _session(dom, heads, kv, d, packed, rotary, **at) for dom in (MS, DOMAIN)}
-    bufs = {dom: [np.zeros((batch, kv, cap, d), F32) for _ in range(2)] for dom in sess}
+    sess = {dom: _session(dom, heads, kv, d, packed, rotary, kv8, **at) for dom in (MS, DOMAIN)}
+    cache = np.int8 if kv8 else F32
+    bufs = {dom: [np.zeros((batch, kv, cap, d), cache) for _ in range(2)] for dom in sess}
+    scales = {}
+    if kv8:
+        shape = (1, kv, 1, d) if kv8 == "per_channel" else (1,)
+        scales = {n: rng.uniform(0.01, 0.04, shape).astype(F32) for n in ("ks", "vs")}
     ang = rng.standard_normal((cap, d // 2)).astype(F32)
     n, worst = 0, 0.0
     for s in steps:
@@ -95,6 +106,7 @@ def _compare(
         feeds = {k: rng.standard_normal((batch, s, w * d)).astype(F32) for k, w in widths.items()}
         feeds["seqlens"] = np.full((batch,), n + s - 1, np.int32)
         feeds["total"] = np.array(n + s, np.int32)
+        feeds.update(scales)
         if rotary:
             feeds["cos"], feeds["sin"] = np.cos(ang), np.sin(ang)
             feeds["pos"] = np.broadcast_to(np.arange(n, n + s), (batch, s)).astype(np.int64)
@@ -122,7 +134,7 @@ def _compare(
         assert got[DOMAIN].shape == (batch, s, heads * d)
         worst = max(worst, float(np.abs(got[DOMAIN] - got[MS]).max()))
         for a, b in zip(bufs[DOMAIN], bufs[MS]):
-            worst = max(worst, float(np.abs(a - b).max()))
+            worst = max(worst, float(np.abs(a.astype(F32) - b.astype(F32)).max()))
         n += s
     return worst
 
@@ -154,6 +166,17 @@ def test_matches_onnxruntime(
     if batch > 1:  # onnxruntime takes a multi-token chunk after a prefix for batch 1 only
         steps = (300, 1, 1, 1)  # 301+ keys: decode split into key chunks
     assert _compare(heads, kv, d, batch, packed, rotary, steps, **extra) <= 1e-5
+
+
+@needs_kernel
+@pytest.mark.parametrize("kv8", ["per_tensor", "per_channel"])
+@pytest.mark.parametrize("shared", [True, False])
+def test_int8_caches_match_onnxruntime(kv8: str, shared: bool) -> None:
+    """int8 caches (kv-cache-int8): the same codes (x * (1/s) rounded half to even) and the
+    attention over f32(codes) * s."""
+    steps = (7, 1, 1, 60, 1, 199, 1)
+    assert _compare(9, 3, 64, 1, True, True, steps, shared, kv8) <= 1e-5
+    assert _compare(7, 1, 32, 2, True, True, (300, 1, 1), shared, kv8) <= 1e-5
 
 
 @needs_kernel
@@ -250,16 +273,26 @@ def test_without_the_capability_onnxruntime_attention_is_kept(
     assert _lowered(tiny_module, attention_kernel="llmir").count('kernel = "llmir"') == 2
 
 
-def test_an_int8_cache_keeps_onnxruntime_attention() -> None:
-    """auto: llmir's kernel takes f32 caches only; an int8 cache (kv-cache-int8) keeps
-    com.microsoft's op (attention_kernel=llmir there is an error: the FileCheck negative test)."""
+def test_an_int8_cache_takes_llmir_attention() -> None:
+    """An int8 cache (kv-cache-int8{scales=calibrated}) runs on llmir's kernel too."""
     from llmir_core.ir.parser import parse_module
     from llmir_core.passes.lower_ort_attention import LowerOrtAttention
 
     path = REPO / "tests/filecheck/passes/lower-ort-attention.int8_kv.llmir"
     module = parse_module(path.read_text(), str(path))
-    text = print_module(run_pipeline(module, [LowerOrtAttention()]).module)
-    assert 'kv_quant = "per_channel"' in text and "kernel =" not in text
+    lowering = [LowerOrtAttention(attention_kernel="llmir")]
+    text = print_module(run_pipeline(module, lowering).module)
+    assert 'kv_quant = "per_channel"' in text and 'kernel = "llmir"' in text
+
+
+def test_an_odd_head_dim_keeps_onnxruntime_attention(tmp_path: Path) -> None:
+    """head_dim 12 (not a multiple of 8): auto keeps com.microsoft's op; llmir is an input error
+    at the attention."""
+    module = _module(tmp_path, 4, 2, 48)
+    lines = [x for x in _lowered(module).splitlines() if "ort.group_query_attention" in x]
+    assert len(lines) == 2 and not any("kernel =" in x for x in lines)
+    with pytest.raises(InputError, match="llmir's attention kernel does not take head_dim 12"):
+        _lowered(module, attention_kernel="llmir")
 
 
 def test_bad_attention_kernel_is_a_usage_error(tiny_module: Any) -> None:

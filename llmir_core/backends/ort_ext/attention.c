@@ -1,4 +1,4 @@
-/* llmir's onnxruntime custom op: grouped-query attention over a shared KV buffer (f32).
+/* llmir's onnxruntime custom op: grouped-query attention over a shared KV buffer.
  *
  * Domain `ai.llmir`, op `GroupQueryAttention`: the inputs, attributes and outputs of
  * com.microsoft GroupQueryAttention as llmir emits it (llmir_core/backends/ort_decoder.py), so the
@@ -7,7 +7,11 @@
  *   1 key, 2 value [B, S, Hkv*D], 3 past_key, 4 past_value [B, Hkv, Lp, D],
  *   5 seqlens_k [B] int32 (total length - 1 per row), 6 total_sequence_length (int32 scalar),
  *   7 cos_cache, 8 sin_cache [positions, rotary_dim / 2] (do_rotary), 9 position_ids [B, S] int64;
+ *   12 k_scale, 13 v_scale (int8 caches: per tensor [1] or per channel [1, Hkv, 1, D]);
  *   outputs: output [B, S, H*D], present_key, present_value [B, Hkv, max(Lp, total), D].
+ * Caches are f32, or int8 codes (kv-cache-int8: the same op name with int8 past/present types;
+ * new rows stored as sat(rint(x * (1/s))), attention over f32(code) * s, blocks dequantized into
+ * L1 as they are read, as onnxruntime's kernel does).
  * Attributes num_heads, kv_num_heads, scale (0: 1/sqrt(D)), softcap, do_rotary,
  * rotary_interleaved, local_window_size (W > 0: a query sees its last W keys, its own included, as
  * onnxruntime 1.32's CPU kernel); smooth_softmax and qk_output are refused (the lowering never
@@ -46,6 +50,7 @@
 #define KB 64 /* keys per online-softmax block */
 #define QV 48 /* query vectors (rows x heads of a KV head) per prefill task, about */
 #define MAX_D 256 /* largest head_dim */
+#define NIN 14 /* inputs, as com.microsoft's (attention_bias 10 and head_sink 11 refused) */
 #define DECODE_TASKS 8 /* a decode step is split into this many tasks at least... */
 #define DECODE_MIN_KEYS 64 /* ...of this many keys at least */
 
@@ -196,7 +201,7 @@ typedef struct GqaKernel {
     const OrtApi *api;
     int64_t heads, kv_heads;
     float scale, softcap;
-    int rotary, interleaved;
+    int rotary, interleaved, kv8;
     int64_t window; /* local_window_size > 0: keys a query sees at most; else 0 */
     const char *err; /* an attribute the kernel refuses (reported by compute) */
 } GqaKernel;
@@ -205,8 +210,11 @@ typedef struct GqaJob {
     const GqaKernel *kn;
     const float *q, *k, *v; /* first element of row (b=0, s=0) of each part, ld floats a row */
     int64_t ldq, ldkv;
-    const float *pk_in, *pv_in; /* past buffers (Lp rows), NULL when absent */
-    float *pk, *pv;             /* present buffers (P rows) */
+    const void *pk_in, *pv_in; /* past buffers (Lp rows), NULL when absent */
+    void *pk, *pv;             /* present buffers (P rows): f32, or int8 codes (kv8) */
+    int kv8;                   /* int8 caches: x stored as sat(rint(x * (1/s))), read as code * s */
+    const float *ks, *vs;      /* their scales: per channel [Hkv][D] or per tensor [1] */
+    int64_t per_channel;
     float *out;
     const int32_t *seqlens;
     const float *cos, *sin; /* [rows, rd/2] */
@@ -271,26 +279,68 @@ static void rotate(const GqaJob *j, const float *src, float *dst, int64_t pos, f
     for (int64_t i = from; i < D; i++) dst[i] = src[i] * mul;
 }
 
+/* the scale of channel d of KV head kh (kv8) */
+static inline float kv_scale(const GqaJob *j, const float *sc, int64_t kh, int64_t d) {
+    return j->per_channel ? sc[kh * j->D + d] : sc[0];
+}
+
+/* row x (D floats) into the cache row dst: as is, or (kv8) as int8 codes x * (1/s) rounded half
+ * to even and saturated (onnxruntime's int8 KV store) */
+static void put_row(const GqaJob *j, const float *x, void *dst, const float *sc, int64_t kh) {
+    if (!j->kv8) {
+        memcpy(dst, x, (size_t)j->D * sizeof(float));
+        return;
+    }
+    int8_t *c = (int8_t *)dst;
+    for (int64_t d = 0; d < j->D; d++) {
+        float q = nearbyintf(x[d] * (1.0f / kv_scale(j, sc, kh, d)));
+        c[d] = (int8_t)(q < -128.0f ? -128 : q > 127.0f ? 127 : q);
+    }
+}
+
+/* rows [k0, k0 + n) of a cache (base: the (b, kh) buffer) as f32: in place, or (kv8)
+ * dequantized into tmp (codes * s) */
+static const float *kv_rows(const GqaJob *j, const void *base, const float *sc, int64_t kh,
+                            int64_t k0, int64_t n, float *tmp) {
+    const int64_t D = j->D;
+    if (!j->kv8) return (const float *)base + k0 * D;
+    const int8_t *c = (const int8_t *)base + k0 * D;
+    for (int64_t d = 0; d < D; d += 8) {
+        __m256 s8 = j->per_channel ? _mm256_loadu_ps(sc + kh * D + d) : _mm256_set1_ps(sc[0]);
+        for (int64_t t = 0; t < n; t++) {
+            __m128i v = _mm_loadl_epi64((const __m128i *)(c + t * D + d));
+            __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+            _mm256_storeu_ps(tmp + t * D + d, _mm256_mul_ps(f, s8));
+        }
+    }
+    return tmp;
+}
+
 /* the new K (rotated) and V rows of (b, KV head kh) into present, after the past rows when
  * present is its own buffer */
 static void store_kv(const GqaJob *j, int64_t b, int64_t kh) {
     const int64_t D = j->D, S = j->S, P = j->P, past = past_len(j, b);
-    float *pk = j->pk + (b * j->Hkv + kh) * P * D, *pv = j->pv + (b * j->Hkv + kh) * P * D;
+    const size_t es = j->kv8 ? 1 : sizeof(float), row = (size_t)D * es;
+    char *pk = (char *)j->pk + (size_t)((b * j->Hkv + kh) * P) * row;
+    char *pv = (char *)j->pv + (size_t)((b * j->Hkv + kh) * P) * row;
+    size_t keep = (size_t)(past < j->Lp ? past : j->Lp) * row;
     if (j->pk_in != j->pk) { /* separate buffers: the valid past rows, zeros after */
-        size_t keep = (size_t)(past < j->Lp ? past : j->Lp) * (size_t)D;
-        if (j->pk_in) memcpy(pk, j->pk_in + (b * j->Hkv + kh) * j->Lp * D, keep * sizeof(float));
-        memset(pk + keep, 0, ((size_t)(P * D) - keep) * sizeof(float));
+        if (j->pk_in)
+            memcpy(pk, (const char *)j->pk_in + (size_t)((b * j->Hkv + kh) * j->Lp) * row, keep);
+        memset(pk + keep, 0, (size_t)P * row - keep);
     }
     if (j->pv_in != j->pv) {
-        size_t keep = (size_t)(past < j->Lp ? past : j->Lp) * (size_t)D;
-        if (j->pv_in) memcpy(pv, j->pv_in + (b * j->Hkv + kh) * j->Lp * D, keep * sizeof(float));
-        memset(pv + keep, 0, ((size_t)(P * D) - keep) * sizeof(float));
+        if (j->pv_in)
+            memcpy(pv, (const char *)j->pv_in + (size_t)((b * j->Hkv + kh) * j->Lp) * row, keep);
+        memset(pv + keep, 0, (size_t)P * row - keep);
     }
+    float tmp[MAX_D];
     for (int64_t s = 0; s < S; s++) {
         const float *ks = j->k + (b * S + s) * j->ldkv + kh * D;
         const float *vs = j->v + (b * S + s) * j->ldkv + kh * D;
-        rotate(j, ks, pk + (past + s) * D, position(j, b, s), 1.0f);
-        memcpy(pv + (past + s) * D, vs, (size_t)D * sizeof(float));
+        rotate(j, ks, tmp, position(j, b, s), 1.0f);
+        put_row(j, tmp, pk + (size_t)(past + s) * row, j->ks, kh);
+        put_row(j, vs, pv + (size_t)(past + s) * row, j->vs, kh);
     }
 }
 
@@ -301,12 +351,13 @@ static void attend(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s
                    int64_t g1, int64_t key0, int64_t key1, float *part) {
     const int64_t D = j->D, G = g1 - g0, nv = (s1 - s0) * G;
     const int64_t past = past_len(j, b), total = total_len(j, b);
-    float *buf = (float *)malloc((size_t)(2 * nv * D + 2 * nv + KB) * sizeof(float));
+    float *buf = (float *)malloc((size_t)(2 * nv * D + 2 * nv + KB + 2 * KB * D) * sizeof(float));
     if (!buf) {
         __atomic_store_n(j->failed, 1, __ATOMIC_RELAXED);
         return;
     }
     float *qs = buf, *acc = qs + nv * D, *mx = acc + nv * D, *sum = mx + nv, *sc = sum + nv;
+    float *kbuf = sc + KB, *vbuf = kbuf + KB * D; /* a block of dequantized rows (kv8) */
     const float scale = j->kn->scale > 0.0f ? j->kn->scale : 1.0f / sqrtf((float)D);
     const float cap = j->kn->softcap;
     for (int64_t s = s0; s < s1; s++)
@@ -316,11 +367,15 @@ static void attend(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s
         }
     memset(acc, 0, (size_t)(nv * D) * sizeof(float));
     for (int64_t i = 0; i < nv; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
-    const float *K = j->pk + (b * j->Hkv + kh) * j->P * D;
-    const float *V = j->pv + (b * j->Hkv + kh) * j->P * D;
+    const size_t es = j->kv8 ? 1 : sizeof(float);
+    const void *K = (const char *)j->pk + (size_t)((b * j->Hkv + kh) * j->P * D) * es;
+    const void *V = (const char *)j->pv + (size_t)((b * j->Hkv + kh) * j->P * D) * es;
     if (key1 > total) key1 = total;
     int64_t last = past + s1 < key1 ? past + s1 : key1; /* keys the last row sees */
     for (int64_t k0 = key0; k0 < last; k0 += KB) {
+        int64_t nk = last - k0 < KB ? last - k0 : KB;
+        const float *Kb = kv_rows(j, K, j->ks, kh, k0, nk, kbuf);
+        const float *Vb = kv_rows(j, V, j->vs, kh, k0, nk, vbuf);
         for (int64_t s = s0; s < s1; s++) {
             int64_t hi = past + s + 1 < key1 ? past + s + 1 : key1;
             int64_t lo = first_key(j, past + s + 1) - k0; /* keys before it are out of the window */
@@ -329,7 +384,7 @@ static void attend(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s
             if (lo >= n) continue;
             for (int64_t g = 0; g < G; g++) {
                 int64_t i = (s - s0) * G + g;
-                scores(qs + i * D, K + k0 * D, D, n, sc);
+                scores(qs + i * D, Kb, D, n, sc);
                 int t = 0;
                 if (cap > 0.0f) /* soft-capping of the scaled scores */
                     for (; t < n; t++) sc[t] = cap * tanhf(sc[t] / cap);
@@ -349,7 +404,7 @@ static void attend(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s
                 float corr = mx[i] == -INFINITY ? 0.0f : expf(mx[i] - m);
                 sum[i] = sum[i] * corr + add;
                 mx[i] = m;
-                accumulate(acc + i * D, corr, sc, V + k0 * D, D, n);
+                accumulate(acc + i * D, corr, sc, Vb, D, n);
             }
         }
     }
@@ -418,13 +473,14 @@ static void merge_parts(const GqaJob *j) {
 static void attend_tiles(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s1) {
     const int64_t D = j->D, G = j->G, nv = (s1 - s0) * G;
     const int64_t past = past_len(j, b), total = total_len(j, b);
-    float *buf = (float *)malloc((size_t)(2 * nv * D + 2 * nv + nv * KB + D * KB) * sizeof(float));
+    float *buf =
+        (float *)malloc((size_t)(2 * nv * D + 2 * nv + nv * KB + 3 * D * KB) * sizeof(float));
     if (!buf) {
         __atomic_store_n(j->failed, 1, __ATOMIC_RELAXED);
         return;
     }
     float *qs = buf, *acc = qs + nv * D, *mx = acc + nv * D, *sum = mx + nv, *sc = sum + nv;
-    float *kt = sc + nv * KB;
+    float *kt = sc + nv * KB, *kbuf = kt + D * KB, *vbuf = kbuf + D * KB;
     const float scale = j->kn->scale > 0.0f ? j->kn->scale : 1.0f / sqrtf((float)D);
     const float cap = j->kn->softcap;
     for (int64_t s = s0; s < s1; s++)
@@ -434,8 +490,9 @@ static void attend_tiles(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int
         }
     memset(acc, 0, (size_t)(nv * D) * sizeof(float));
     for (int64_t i = 0; i < nv; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
-    const float *K = j->pk + (b * j->Hkv + kh) * j->P * D;
-    const float *V = j->pv + (b * j->Hkv + kh) * j->P * D;
+    const size_t es = j->kv8 ? 1 : sizeof(float);
+    const void *Kc = (const char *)j->pk + (size_t)((b * j->Hkv + kh) * j->P * D) * es;
+    const void *Vc = (const char *)j->pv + (size_t)((b * j->Hkv + kh) * j->P * D) * es;
     int64_t last = past + s1 < total ? past + s1 : total; /* keys the last row sees */
     for (int64_t k0 = 0; k0 < last; k0 += KB) {
         int64_t nk = last - k0 < KB ? last - k0 : KB, nk16 = (nk + 15) & ~(int64_t)15;
@@ -443,11 +500,14 @@ static void attend_tiles(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int
         if (first >= s1) break;
         if (k0 + nk <= first_key(j, past + s0 + 1)) continue; /* out of every row's window */
         int64_t r0 = (first - s0) * G, rows = nv - r0;
+        /* the block's rows (keys k0...) as f32 */
+        const float *Kb = kv_rows(j, Kc, j->ks, kh, k0, nk, kbuf);
+        const float *Vb = kv_rows(j, Vc, j->vs, kh, k0, nk, vbuf);
         for (int64_t t = 0; t < nk16; t += 8) /* kt[d][t] = K[k0 + t][d], zeros past nk */
             for (int64_t d = 0; d < D; d += 8) {
                 __m256 r[8];
                 for (int u = 0; u < 8; u++)
-                    r[u] = t + u < nk ? _mm256_loadu_ps(K + (k0 + t + u) * D + d)
+                    r[u] = t + u < nk ? _mm256_loadu_ps(Kb + (t + u) * D + d)
                                       : _mm256_setzero_ps();
                 llmir_transpose8_store(r, kt + d * KB + t, KB);
             }
@@ -490,14 +550,14 @@ static void attend_tiles(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int
         }
         for (int64_t d = 0; d < D; d += 16) /* D is a multiple of 8: the last 8 columns below */
             if (d + 16 <= D)
-                gemm16(sc + r0 * KB, KB, V + k0 * D + d, D, acc + r0 * D + d, D, rows, nk, 1);
+                gemm16(sc + r0 * KB, KB, Vb + d, D, acc + r0 * D + d, D, rows, nk, 1);
         if (D % 16) { /* the last 8 columns, one vector a row */
             int64_t d = D - 8;
             for (int64_t r = r0; r < nv; r++) {
                 __m256 a = _mm256_loadu_ps(acc + r * D + d);
                 for (int64_t t = 0; t < nk; t++)
                     a = _mm256_fmadd_ps(_mm256_broadcast_ss(sc + r * KB + t),
-                                        _mm256_loadu_ps(V + (k0 + t) * D + d), a);
+                                        _mm256_loadu_ps(Vb + t * D + d), a);
                 _mm256_storeu_ps(acc + r * D + d, a);
             }
         }
@@ -569,7 +629,6 @@ static float attr_float(const OrtApi *api, const OrtKernelInfo *info, const char
 }
 
 static void *gqa_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info) {
-    (void)op;
     GqaKernel *k = (GqaKernel *)calloc(1, sizeof(GqaKernel));
     if (!k) return NULL;
     k->api = api;
@@ -579,6 +638,7 @@ static void *gqa_create(const OrtCustomOp *op, const OrtApi *api, const OrtKerne
     k->softcap = attr_float(api, info, "softcap", 0.0f);
     k->rotary = attr_int(api, info, "do_rotary", 0) != 0;
     k->interleaved = attr_int(api, info, "rotary_interleaved", 0) != 0;
+    k->kv8 = op->GetInputType(op, 3) == T_INT8;
     int64_t window = attr_int(api, info, "local_window_size", -1);
     k->window = window > 0 ? window : 0;
     if (k->heads <= 0 || k->kv_heads <= 0 || k->heads % k->kv_heads)
@@ -603,12 +663,18 @@ static OrtStatus *gqa_compute(void *kp, OrtKernelContext *ctx) {
     if (kn->err) return bad(api, kn->err);
     GetInputFn get = API(api, I_KernelContext_GetInput, GetInputFn);
     GetTensorMutableDataFn data = API(api, I_GetTensorMutableData, GetTensorMutableDataFn);
-    const OrtValue *in[10] = {NULL};
-    for (size_t i = 0; i < 10; i++)
+    const OrtValue *in[NIN] = {NULL};
+    for (size_t i = 0; i < NIN; i++)
         if (get(ctx, i, &in[i])) in[i] = NULL; /* absent optional input */
     if (!in[0] || !in[5] || !in[6])
         return bad(api, "ai.llmir GroupQueryAttention: query, seqlens_k and "
                         "total_sequence_length are required");
+    if (in[10] || in[11])
+        return bad(api, "ai.llmir GroupQueryAttention: attention_bias and head_sink are not "
+                        "supported");
+    if (!in[12] != !in[13] || !in[12] != !kn->kv8)
+        return bad(api, "ai.llmir GroupQueryAttention: k_scale and v_scale come with int8 "
+                        "caches, and only with them");
     if (!in[1] != !in[2] || !in[3] != !in[4])
         return bad(api, "ai.llmir GroupQueryAttention: key/value and past_key/past_value come "
                         "in pairs");
@@ -640,12 +706,24 @@ static OrtStatus *gqa_compute(void *kp, OrtKernelContext *ctx) {
             return bad(api, "ai.llmir GroupQueryAttention: key and value must be [batch, seq, "
                             "kv_num_heads * head_size]");
     }
+    int64_t per_channel = 0;
+    if (kn->kv8) { /* per tensor [1] or per channel [1, Hkv, 1, D] */
+        int64_t a[8], c[8];
+        int ar = llmir_shape_of(api, in[12], a), cr = llmir_shape_of(api, in[13], c);
+        int tensor = ar == 1 && a[0] == 1;
+        int channel = ar == 4 && a[0] == 1 && a[1] == Hkv && a[2] == 1 && a[3] == D;
+        if (ar != cr || memcmp(a, c, (size_t)(ar > 0 ? ar : 0) * sizeof(int64_t)) ||
+            !(tensor || channel))
+            return bad(api, "ai.llmir GroupQueryAttention: k_scale and v_scale must both be [1] "
+                            "or [1, kv_num_heads, 1, head_size]");
+        per_channel = channel;
+    }
     int sr = llmir_shape_of(api, in[5], sd), tr = llmir_shape_of(api, in[6], td);
     if (sr != 1 || sd[0] != B || tr < 0 || tr > 1 || (tr == 1 && td[0] != 1))
         return bad(api, "ai.llmir GroupQueryAttention: seqlens_k must be [batch] and "
                         "total_sequence_length a scalar");
-    void *p[10] = {NULL};
-    for (int i = 0; i < 10; i++)
+    void *p[NIN] = {NULL};
+    for (int i = 0; i < NIN; i++)
         if (in[i] && data((OrtValue *)in[i], &p[i])) return bad(api, "no tensor data");
     const int32_t *seqlens = (const int32_t *)p[5];
     const int64_t total = *(const int32_t *)p[6];
@@ -655,6 +733,8 @@ static OrtStatus *gqa_compute(void *kp, OrtKernelContext *ctx) {
     j.P = Lp > total ? Lp : total;
     j.first_prompt = S > 1 && S == total;
     j.seqlens = seqlens;
+    j.kv8 = kn->kv8, j.per_channel = per_channel;
+    j.ks = (const float *)p[12], j.vs = (const float *)p[13];
     for (int64_t b = 0; b < B; b++) {
         int64_t past = past_len(&j, b), tot = total_len(&j, b);
         if (past < 0 || tot > j.P || past + S > j.P)
@@ -702,8 +782,8 @@ static OrtStatus *gqa_compute(void *kp, OrtKernelContext *ctx) {
         j.k = q + H * D, j.v = q + (H + Hkv) * D, j.ldkv = W;
     else
         j.k = (const float *)p[1], j.v = (const float *)p[2], j.ldkv = Hkv * D;
-    j.pk_in = (const float *)p[3], j.pv_in = (const float *)p[4];
-    j.out = (float *)o[0], j.pk = (float *)o[1], j.pv = (float *)o[2];
+    j.pk_in = p[3], j.pv_in = p[4];
+    j.out = (float *)o[0], j.pk = o[1], j.pv = o[2];
     int failed = 0;
     j.failed = &failed;
     if (B * S == 0) return NULL;
@@ -731,9 +811,14 @@ static int gqa_input_type(const OrtCustomOp *op, size_t i) {
     (void)op;
     return i == 5 || i == 6 ? T_INT32 : i == 9 ? T_INT64 : T_FLOAT;
 }
-static size_t gqa_inputs(const OrtCustomOp *op) { (void)op; return 10; }
+/* the int8-cache form: past_key/past_value and the presents int8 (k_scale, v_scale f32) */
+static int gqa8_input_type(const OrtCustomOp *op, size_t i) {
+    return i == 3 || i == 4 ? T_INT8 : gqa_input_type(op, i);
+}
+static size_t gqa_inputs(const OrtCustomOp *op) { (void)op; return NIN; }
 static size_t gqa_outputs(const OrtCustomOp *op) { (void)op; return 3; }
 static int gqa_output_type(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return T_FLOAT; }
+static int gqa8_output_type(const OrtCustomOp *op, size_t i) { (void)op; return i ? T_INT8 : T_FLOAT; }
 /* required: query, seqlens_k, total_sequence_length; the rest optional */
 static int gqa_in_char(const OrtCustomOp *op, size_t i) {
     (void)op;
@@ -744,12 +829,18 @@ static int gqa_mem(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return 
 static int gqa_arity1(const OrtCustomOp *op) { (void)op; return 1; }
 static int gqa_homog(const OrtCustomOp *op) { (void)op; return 1; }
 
-static OrtCustomOp op_gqa = {LLMIR_ORT_API, gqa_create, gqa_name, gqa_provider, gqa_input_type,
-                             gqa_inputs, gqa_output_type, gqa_outputs, NULL, gqa_destroy,
-                             gqa_in_char, gqa_out_char, gqa_mem, gqa_arity1, gqa_homog,
-                             gqa_arity1, gqa_homog, NULL, gqa_compute, NULL, NULL, NULL};
+#define OPGQA(IN, OUT)                                                                      \
+    {LLMIR_ORT_API, gqa_create, gqa_name, gqa_provider, IN, gqa_inputs, OUT, gqa_outputs, NULL, \
+     gqa_destroy, gqa_in_char, gqa_out_char, gqa_mem, gqa_arity1, gqa_homog, gqa_arity1,       \
+     gqa_homog, NULL, gqa_compute, NULL, NULL, NULL}
 
-/* adds GroupQueryAttention to the ai.llmir domain (register.c) */
+static OrtCustomOp op_gqa = OPGQA(gqa_input_type, gqa_output_type);
+static OrtCustomOp op_gqa8 = OPGQA(gqa8_input_type, gqa8_output_type);
+
+/* adds GroupQueryAttention (f32 and int8 caches: one op name, two type signatures, onnxruntime
+ * picks by the past_key type) to the ai.llmir domain (register.c) */
 OrtStatus *llmir_add_attention(const OrtApi *api, OrtCustomOpDomain *domain) {
-    return API(api, I_CustomOpDomain_Add, CustomOpDomainAddFn)(domain, &op_gqa);
+    OrtStatus *st = API(api, I_CustomOpDomain_Add, CustomOpDomainAddFn)(domain, &op_gqa);
+    if (st) return st;
+    return API(api, I_CustomOpDomain_Add, CustomOpDomainAddFn)(domain, &op_gqa8);
 }
