@@ -260,7 +260,9 @@ def test_default_reads_f32_weights_in_place(tiny_module: Any, tmp_path: Path) ->
         )
         assert "ort.matmul_f32" in text and "ort.fused_matmul" not in text
     build(tiny_module, str(tmp_path / "custom"), "onnxruntime", options={})
-    build(tiny_module, str(tmp_path / "mlas"), "onnxruntime", options={"f32_matmul": "ort"})
+    # (onnxruntime's attention too, so that the MLAS build needs no custom-op library at all)
+    mlas_opts = {"f32_matmul": "ort", "attention_kernel": "onnxruntime"}
+    build(tiny_module, str(tmp_path / "mlas"), "onnxruntime", options=mlas_opts)
     man = json.loads((tmp_path / "custom" / "manifest.json").read_text())
     assert man["custom_ops"] == ["llmir_ops"] and man["opset"][DOMAIN] == 1
     mlas = json.loads((tmp_path / "mlas" / "manifest.json").read_text())

@@ -102,7 +102,11 @@ def test_artifact_stores_f16_scales_and_matches_its_module(
     for sub, want in (("f16", onnx.TensorProto.FLOAT16), ("f32", onnx.TensorProto.FLOAT)):
         model = onnx.load(str(tmp_path / sub / "model.onnx"), load_external_data=False)
         types = {t.name: t.data_type for t in model.graph.initializer}
-        ours = [n for n in model.graph.node if n.domain == DOMAIN]
+        ours = [
+            n
+            for n in model.graph.node
+            if n.domain == DOMAIN and n.op_type.startswith("MatMulNBits")
+        ]
         assert ours and all(types[n.input[2]] == want for n in ours), sub
     size = {
         s: sum(f.stat().st_size for f in (tmp_path / s).glob("model.onnx*")) for s in ("f16", "f32")
