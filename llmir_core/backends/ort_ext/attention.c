@@ -56,27 +56,6 @@
 
 /* -- vector math ------------------------------------------------------------------------------ */
 
-/* e^x for x <= 0 (scores minus their max) and moderate positive x: range reduction by ln 2 and a
- * degree-6 polynomial (relative error ~2 ulp); inputs below -87 give 0 */
-static inline __m256 exp256(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.0f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-
 /* 8 dot products reduced to one vector: lane i = sum of the lanes of a[i] */
 static inline __m256 reduce8(__m256 a[8]) {
     __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
@@ -392,7 +371,7 @@ static void attend(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s
                 float m = max_of(sc, n, mx[i]);
                 __m256 mv = _mm256_set1_ps(m), tot = _mm256_setzero_ps();
                 for (t = 0; t + 8 <= n; t += 8) {
-                    __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc + t), mv));
+                    __m256 e = llmir_exp_ps(_mm256_sub_ps(_mm256_loadu_ps(sc + t), mv));
                     _mm256_storeu_ps(sc + t, e);
                     tot = _mm256_add_ps(tot, e);
                 }
@@ -528,7 +507,7 @@ static void attend_tiles(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int
             float m = max_of(row, n, mx[r]);
             __m256 mv = _mm256_set1_ps(m), tot = _mm256_setzero_ps();
             for (t = 0; t + 8 <= n; t += 8) {
-                __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(row + t), mv));
+                __m256 e = llmir_exp_ps(_mm256_sub_ps(_mm256_loadu_ps(row + t), mv));
                 _mm256_storeu_ps(row + t, e);
                 tot = _mm256_add_ps(tot, e);
             }

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "f32_gemm.h"
 #include "ort_abi.h"
 
 /* 32 floats -> 32 int8 codes in order; returns d, *sum = sum of the codes */
@@ -63,24 +64,6 @@ static inline int llmir_epilogue_attr(const OrtApi *api, const OrtKernelInfo *in
     }
     if (size == 0 || buf[0] == 0) return EPI_NONE;
     return strcmp(buf, "swiglu") == 0 ? EPI_SWIGLU : EPI_BAD;
-}
-
-/* exp(x) for x in [-87, 88] (clamped): 2^n * p(r), r = x - n ln 2 in [-ln2/2, ln2/2] */
-static inline __m256 llmir_exp_ps(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
 /* y[i] = silu(g[i]) * u[i] for i < n */
