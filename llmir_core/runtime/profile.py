@@ -1,21 +1,30 @@
 """Where a decoder's time goes: onnxruntime's per-node profile mapped back onto the .llmir ops.
 
-`profile_artifact(dir)` opens the artifact's decoder with onnxruntime profiling on
+`profile_artifact(dir)` opens the artifact's decoder, times a few decode steps without the
+profiler (the reference step time), then reopens it with onnxruntime profiling on
 (`SessionOptions.enable_profiling`), runs one unmeasured prefill and a few decode steps, then a
 measured prefill of `prompt_len` random tokens and `decode_steps` decode steps. Each onnxruntime
 node carries the .llmir op it was emitted for (`llmir_core.backends.nodeinfo`: the lowered op's
 name, its line:col in the lowered module the build wrote into the artifact, `model.lowered.llmir`,
 and its `loc`, the source location it was imported from), so every kernel's time lands on one op
-of the lowered module; the report ranks those ops by their share of the step (`model_run` wall time)
-and says how much of the step named ops cover (the rest is onnxruntime's own overhead between
-kernels, and any node it made up during graph optimization).
+of the lowered module; the report ranks those ops by their share of the step (`model_run` wall
+time) and says how much of the step named ops cover.
+
+An op's time is its kernels' time plus their dispatch: the wall time between the end of the
+previous kernel and the start of this one, where onnxruntime's executor fetches the node's inputs,
+allocates its outputs and releases the previous node's (and where the profiler records its own
+events). Both parts are reported (`kernel_us`, `dispatch_us`); what is left of the step is the
+run's own setup before the first kernel and after the last (binding inputs, returning outputs).
+The profiled step is slower than an unprofiled one (`unprofiled_step_us`, measured first): the
+profiler's cost lands mostly in the dispatch part.
 
 Bytes read per op: each kernel's non-constant inputs (onnxruntime's `activation_size`) plus the
 initializers the node reads (sizes from the graph: onnxruntime frees weights it prepacks), except
 that a Gather (embedding lookup) counts the rows it returns, and GroupQueryAttention's KV buffers
-count only the rows the step attends to (the bound buffers are larger). GB/s is those bytes over the op's time, set against
-the machine's read bandwidth measured in the same run (an onnxruntime ReduceSum over a buffer
-much larger than the caches, same thread count).
+count only the rows the step attends to (the bound buffers are larger). GB/s is those bytes over
+the op's kernel time, set against the machine's read bandwidth measured in the same run
+(`measure_read_bandwidth`: the best of a ReduceSum and a matrix-vector product over buffers much
+larger than the caches, same thread count).
 """
 
 from __future__ import annotations
@@ -45,14 +54,16 @@ class OpTime:
     op: str
     line: str  # "LINE:COL" in the source .llmir, "" when unknown
     loc: str
-    us: float = 0.0
+    us: float = 0.0  # kernel_us + dispatch_us
     bytes: float = 0.0
     nodes: dict[str, int] = field(default_factory=dict)  # onnxruntime op type -> kernels
+    kernel_us: float = 0.0  # inside its kernels
+    dispatch_us: float = 0.0  # between the previous kernel's end and its kernels' starts
 
     def to_json(
         self, step_us: float, bandwidth_gbs: float | None, file: str | None
     ) -> dict[str, Any]:
-        gbs = self.bytes / (self.us * 1e3) if self.us > 0 else 0.0
+        gbs = self.bytes / (self.kernel_us * 1e3) if self.kernel_us > 0 else 0.0
         return {
             "op": self.op,
             "file": file,
@@ -60,6 +71,8 @@ class OpTime:
             "col": int(self.line.split(":")[1]) if ":" in self.line else None,
             "loc": self.loc,
             "us": round(self.us, 3),
+            "kernel_us": round(self.kernel_us, 3),
+            "dispatch_us": round(self.dispatch_us, 3),
             "share": self.us / step_us if step_us > 0 else 0.0,
             "bytes": int(self.bytes),
             "gb_per_s": round(gbs, 3),
@@ -77,6 +90,8 @@ class Phase:
     steps: int
     step_us: float = 0.0  # onnxruntime model_run wall time per step
     kernel_us: float = 0.0  # all kernels per step
+    dispatch_us: float = 0.0  # between kernels (attributed to the op whose kernel follows)
+    unprofiled_step_us: float | None = None  # the same step without the profiler
     ops: dict[tuple[str, str, str], OpTime] = field(default_factory=dict)
     unmapped: dict[str, float] = field(default_factory=dict)  # node name -> us per step
 
@@ -102,12 +117,22 @@ class Phase:
             "tokens": self.tokens,
             "steps": self.steps,
             "step_us": round(self.step_us, 3),
+            "unprofiled_step_us": (
+                round(self.unprofiled_step_us, 3) if self.unprofiled_step_us else None
+            ),
             "kernel_us": round(self.kernel_us, 3),
+            "dispatch_us": round(self.dispatch_us, 3),
+            "kernel_share": self.kernel_us / self.step_us if self.step_us else 0.0,
             "attributed_us": round(self.attributed_us, 3),
             "attributed_share": self.attributed_us / self.step_us if self.step_us else 0.0,
-            "kernel_coverage": self.attributed_us / self.kernel_us if self.kernel_us else 0.0,
+            "kernel_coverage": (
+                sum(o.kernel_us for o in ops) / self.kernel_us if self.kernel_us else 0.0
+            ),
             "bytes": int(total_bytes),
             "gb_per_s": round(total_bytes / (self.step_us * 1e3), 3) if self.step_us else 0.0,
+            "kernel_gb_per_s": (
+                round(total_bytes / (self.kernel_us * 1e3), 3) if self.kernel_us else 0.0
+            ),
             "by_op_kind": {
                 k: {"us": round(v, 3), "share": v / self.step_us if self.step_us else 0.0}
                 for k, v in self.by_kind().items()
@@ -151,33 +176,54 @@ class ProfileResult:
 
 
 def measure_read_bandwidth(threads: int, mbytes: int = 256, repeats: int = 5) -> float | None:
-    """GB/s an onnxruntime ReduceSum reads a `mbytes` f32 buffer at (best of `repeats`)."""
+    """GB/s this machine reads memory at: the best of `repeats` runs of two onnxruntime graphs
+    over a `mbytes` f32 buffer (much larger than the caches), each on `threads` threads: a
+    ReduceSum and a matrix-vector product (MLAS's GEMV, the access pattern of a decode step's
+    weight stream). The faster of the two counts: either may fall short of the bus."""
     try:
         import onnxruntime as ort
         from onnx import TensorProto, helper
     except ImportError:
         return None
     n = mbytes * (1 << 20) // 4
-    g = helper.make_graph(
-        [helper.make_node("ReduceSum", ["x"], ["y"], keepdims=0)],
-        "bw",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
-    )
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 9
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if threads:
-        so.intra_op_num_threads = threads
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    k = 4096
+    f32 = TensorProto.FLOAT
+
+    def session(node: Any, ins: list[Any], out: Any) -> Any:
+        g = helper.make_graph([node], "bw", ins, [out])
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+        model.ir_version = 9
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        if threads:
+            so.intra_op_num_threads = threads
+        return ort.InferenceSession(
+            model.SerializeToString(), so, providers=["CPUExecutionProvider"]
+        )
+
     x = np.ones(n, np.float32)
-    sess.run(None, {"x": x})
+    reduce = session(
+        helper.make_node("ReduceSum", ["x"], ["y"], keepdims=0),
+        [helper.make_tensor_value_info("x", f32, [n])],
+        helper.make_tensor_value_info("y", f32, []),
+    )
+    gemv = session(
+        helper.make_node("MatMul", ["a", "w"], ["y"]),
+        [
+            helper.make_tensor_value_info("a", f32, [1, k]),
+            helper.make_tensor_value_info("w", f32, [k, n // k]),
+        ],
+        helper.make_tensor_value_info("y", f32, [1, n // k]),
+    )
+    feeds = [(reduce, {"x": x}), (gemv, {"a": np.ones((1, k), np.float32), "w": x.reshape(k, -1)})]
     best = float("inf")
+    for sess, feed in feeds:
+        sess.run(None, feed)
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        sess.run(None, {"x": x})
-        best = min(best, time.perf_counter() - t0)
+        for sess, feed in feeds:  # interleaved: a drifting machine affects both alike
+            t0 = time.perf_counter()
+            sess.run(None, feed)
+            best = min(best, time.perf_counter() - t0)
     return x.nbytes / best / 1e9
 
 
@@ -252,22 +298,26 @@ def _phase(
     for run, ctx in zip(runs, contexts):
         t0, t1 = run["ts"], run["ts"] + run["dur"]
         ph.step_us += run["dur"] / n
-        for k in kernels:
-            if not t0 <= k["ts"] <= t1:
-                continue
+        prev_end: float | None = None  # the end of the run's previous kernel
+        for k in sorted((k for k in kernels if t0 <= k["ts"] <= t1), key=lambda k: k["ts"]):
             us = k["dur"] / n
+            gap = max(0.0, k["ts"] - prev_end) / n if prev_end is not None else 0.0
+            prev_end = max(prev_end or 0.0, k["ts"] + k["dur"])
             ph.kernel_us += us
+            ph.dispatch_us += gap
             node = k["name"][: -len("_kernel_time")]
             found = mapper.key(node)
             if found is None:
-                ph.unmapped[node] = ph.unmapped.get(node, 0.0) + us
+                ph.unmapped[node] = ph.unmapped.get(node, 0.0) + us + gap
                 continue
             src = mapper.sources[found]
             key = (src["line"], src["op"], src["loc"])
             o = ph.ops.get(key)
             if o is None:
                 o = ph.ops[key] = OpTime(src["op"], src["line"], src["loc"])
-            o.us += us
+            o.us += us + gap
+            o.kernel_us += us
+            o.dispatch_us += gap
             o.bytes += (
                 _kernel_bytes(
                     k["args"], ctx, mapper.weights.get(node, mapper.weights.get(found, 0))
@@ -329,6 +379,12 @@ def profile_artifact(
             f"{art_dir}: its ONNX nodes do not name the .llmir ops they come from",
             hint="rebuild the artifact with this llmir version (`llmir build`)",
         )
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, dec.vocab, size=(1, prompt_len), dtype=np.int64)
+    dec.reserve(need)
+    if progress:
+        progress("timing the steps without the profiler")
+    plain = _plain_times(dec, ids, warmup_steps, decode_steps)
     with tempfile.TemporaryDirectory(prefix="llmir-profile-") as tmp:
         so = artifact_session_options(dec.manifest, dec.threads)
         so.enable_profiling = True
@@ -336,9 +392,7 @@ def profile_artifact(
         # the same decoder (I/O binding, shared KV buffers), on a session that profiles
         dec.sess = ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
         dec.io = dec.sess.io_binding()
-        rng = np.random.default_rng(seed)
-        ids = rng.integers(0, dec.vocab, size=(1, prompt_len), dtype=np.int64)
-        dec.reserve(need)
+        dec.buffers = []  # the next reset binds fresh KV buffers to the new session's I/O binding
         if progress:
             progress("warming up")
         dec.reset(1)
@@ -378,6 +432,7 @@ def profile_artifact(
         1,
         [prompt_len + 1 + i for i in range(decode_steps)],
     )
+    prefill.unprofiled_step_us, decode.unprofiled_step_us = plain
     bw = None
     if measure_bandwidth:
         if progress:
@@ -392,6 +447,24 @@ def profile_artifact(
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
     return ProfileResult(os.path.abspath(art_dir), src, dec.threads, bw, [prefill, decode], fp)
+
+
+def _plain_times(dec: Any, ids: np.ndarray, warmup: int, steps: int) -> tuple[float, float]:
+    """(prefill us, mean decode step us) of the decoder without the profiler: the wall time of
+    its forward calls, after a warm-up run."""
+    dec.reset(1)
+    nxt = _greedy(dec.forward(ids))
+    for _ in range(warmup):
+        nxt = _greedy(dec.forward(nxt))
+    dec.reset(1)
+    t0 = time.perf_counter()
+    logits = dec.forward(ids)
+    t1 = time.perf_counter()
+    nxt = _greedy(logits)
+    t2 = time.perf_counter()
+    for _ in range(steps):
+        nxt = _greedy(dec.forward(nxt))
+    return (t1 - t0) * 1e6, (time.perf_counter() - t2) * 1e6 / steps
 
 
 def _greedy(logits: np.ndarray) -> np.ndarray:
@@ -414,25 +487,32 @@ def format_profile(res: ProfileResult, top: int = 15) -> str:
         )
         share = ph.attributed_us / ph.step_us if ph.step_us else 0.0
         total_bytes = sum(o.bytes for o in ph.ops.values())
-        gbs = total_bytes / (ph.step_us * 1e3) if ph.step_us else 0.0
+        gbs = total_bytes / (ph.kernel_us * 1e3) if ph.kernel_us else 0.0
+        plain = (
+            f" ({ph.unprofiled_step_us / 1e3:.3f} ms without the profiler)"
+            if ph.unprofiled_step_us
+            else ""
+        )
         lines.append("")
         lines.append(
-            f"{what}: {ph.step_us / 1e3:.3f} ms, {share:.1%} in named .llmir ops "
-            f"(kernels {ph.kernel_us / ph.step_us:.1%} of the step), {total_bytes / 1e6:.1f} MB read, "
-            f"{gbs:.1f} GB/s"
+            f"{what}: {ph.step_us / 1e3:.3f} ms{plain}, {share:.1%} in named .llmir ops "
+            f"(kernels {ph.kernel_us / ph.step_us:.1%}, dispatch between them "
+            f"{ph.dispatch_us / ph.step_us:.1%}), {total_bytes / 1e6:.1f} MB read, "
+            f"{gbs:.1f} GB/s in kernels"
             if ph.step_us
             else f"{what}: no time recorded"
         )
         lines.append(
-            f"  {'share':>6} {'us':>9} {'MB':>8} {'GB/s':>6} {'of bw':>6}  {'op':<34} {'where':<18} loc"
+            f"  {'share':>6} {'us':>9} {'disp us':>8} {'MB':>8} {'GB/s':>6} {'of bw':>6}  "
+            f"{'op':<34} {'where':<18} loc"
         )
         for o in ph.ranked()[:top]:
-            g = o.bytes / (o.us * 1e3) if o.us > 0 else 0.0
+            g = o.bytes / (o.kernel_us * 1e3) if o.kernel_us > 0 else 0.0
             of_bw = f"{g / res.bandwidth_gbs:.0%}" if res.bandwidth_gbs else "-"
             where = f"{res.source or '?'}:{o.line.split(':')[0]}" if o.line else "?"
             lines.append(
-                f"  {o.us / ph.step_us:6.1%} {o.us:9.1f} {o.bytes / 1e6:8.2f} {g:6.1f} {of_bw:>6}  "
-                f"{o.op:<34} {where:<18} {o.loc}"
+                f"  {o.us / ph.step_us:6.1%} {o.us:9.1f} {o.dispatch_us:8.1f} {o.bytes / 1e6:8.2f} "
+                f"{g:6.1f} {of_bw:>6}  {o.op:<34} {where:<18} {o.loc}"
             )
         rest = len(ph.ops) - top
         if rest > 0:
