@@ -898,6 +898,9 @@ def _emit_gqa(D: DecoderSerializer, op: Op) -> bool:
         ins += [""] * (12 - len(ins)) + [D.name(k_scale), D.name(v_scale)]
         attrs["k_quant_type"] = attrs["v_quant_type"] = quant.upper()
         attrs["kv_cache_bit_width"] = 8
+    if at.get("qkv_bias"):  # llmir's kernel only: the packed projection's bias is input 14
+        bias = D.w.small(D.w.eval(ops_[-1]).astype(np.float32), _label(op, "qkv_bias"))
+        ins += [""] * (14 - len(ins)) + [bias]
     names = _output_names(D.fn)
     outs = D.fn.outputs
     ik = next(i for i, v in enumerate(outs) if v is op.results[1])

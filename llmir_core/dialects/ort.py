@@ -51,12 +51,15 @@ def _gqa_parts(ctx_or_attrs: Any, n: int) -> dict[str, int]:
     unpacked (q, k, v, past_k, past_v, positions[, cos, sin])."""
     packed = bool(ctx_or_attrs["packed"])
     quantized = ctx_or_attrs["kv_quant"] != "none"
+    biased = bool(ctx_or_attrs["qkv_bias"])
     base = 1 if packed else 3
     want = base + 3 + (2 if ctx_or_attrs["do_rotary"] else 0) + (2 if quantized else 0)
+    want += 1 if biased else 0
     if n != want:
         form = "qkv" if packed else "q, k, v"
         rot = ", cos_cache, sin_cache" if ctx_or_attrs["do_rotary"] else ""
         rot += ", k_scale, v_scale" if quantized else ""
+        rot += ", qkv_bias" if biased else ""
         raise OpVerifyError(
             f"expected {want} operands ({form}, past_key, past_value, positions{rot}), got {n}"
         )
@@ -71,7 +74,9 @@ def _gqa_parts(ctx_or_attrs: Any, n: int) -> dict[str, int]:
     if ctx_or_attrs["do_rotary"]:
         idx["cos"], idx["sin"] = base + 3, base + 4
     if quantized:
-        idx["k_scale"], idx["v_scale"] = want - 2, want - 1
+        idx["k_scale"], idx["v_scale"] = want - 2 - biased, want - 1 - biased
+    if biased:
+        idx["qkv_bias"] = want - 1
     return idx
 
 
@@ -112,6 +117,17 @@ def _infer_gqa(ctx: InferCtx) -> list[Type]:
                 st.dtype == DType.f32 and st.shape == want_s,
                 f"{role} must be f32 {fmt_shape(want_s)} for kv_quant = {quant}, got {st}",
             )
+    if ctx["qkv_bias"]:
+        bias = tensor_arg(ctx, idx["qkv_bias"], "qkv_bias")
+        want_b = ((h + 2 * hk) * d,)
+        _need(
+            ctx["packed"] and ctx["kernel"] == "llmir",
+            'qkv_bias takes the packed form on kernel "llmir"',
+        )
+        _need(
+            bias.dtype == q.dtype and bias.shape == want_b,
+            f"qkv_bias must be {q.dtype} {fmt_shape(want_b)}, got {bias}",
+        )
     batch, seq = q.shape[0], q.shape[1]
     widths = {"q": h * d, "k": hk * d, "v": hk * d}
     if ctx["packed"]:
@@ -195,6 +211,8 @@ def _gqa_inputs(args: list[np.ndarray], at: dict[str, Any]) -> tuple[np.ndarray,
     d = args[idx["past_k"]].shape[3]
     if at["packed"]:
         qkv = args[0]
+        if at.get("qkv_bias"):
+            qkv = qkv + args[idx["qkv_bias"]]
         q, k, v = qkv[..., : h * d], qkv[..., h * d : (h + hk) * d], qkv[..., (h + hk) * d :]
     else:
         q, k, v = args[idx["q"]], args[idx["k"]], args[idx["v"]]
@@ -246,8 +264,9 @@ def _dec_gqa(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
     h, hk = at["num_heads"], at["kv_num_heads"]
     d = o[idx["past_k"]].type.shape[3]
     if at["packed"]:
+        qkv = b.op("core.add", o[0], o[idx["qkv_bias"]]) if at.get("qkv_bias") else o[0]
         q, k, v = b.create(
-            "core.split", [o[0]], {"axis": -1, "sizes": (h * d, hk * d, hk * d)}
+            "core.split", [qkv], {"axis": -1, "sizes": (h * d, hk * d, hk * d)}
         ).results
     else:
         q, k, v = o[idx["q"]], o[idx["k"]], o[idx["v"]]
@@ -302,15 +321,17 @@ register(
         "the end of the keys) with num_heads / kv_num_heads grouping, scale (0 = 1/sqrt(D)), "
         "softcap and local_window_size (0 = unlimited). Returns (output [B, S, H*D], "
         "present_key, present_value). With kv_quant the caches are int8 codes with static f32 "
-        "scales and attention reads the dequantized codes. Bound to one buffer, present writes "
-        "only the new rows; "
+        "scales and attention reads the dequantized codes. With qkv_bias (packed form, llmir's "
+        "kernel) the last operand is the projection's bias, added to qkv as the op reads it. "
+        "Bound to one buffer, present writes only the new rows; "
         "seqlens_k and total_sequence_length are computed from positions.",
         operands=(
             Operand(
                 "inputs",
                 variadic=True,
                 doc="q, k, v (or qkv when packed), past_key, past_value, positions [B, S] i64, "
-                "then cos_cache, sin_cache when do_rotary, then k_scale, v_scale when kv_quant",
+                "then cos_cache, sin_cache when do_rotary, then k_scale, v_scale when kv_quant, "
+                "then the packed projection's bias [(H + 2 Hkv) * D] when qkv_bias",
             ),
         ),
         attrs=(
@@ -332,6 +353,13 @@ register(
             ),
             Attr("rotary_dim", "int", 0, doc="features rotated; 0 = all of head_dim"),
             Attr("packed", "bool", False, doc="the first operand is the packed q|k|v projection"),
+            Attr(
+                "qkv_bias",
+                "bool",
+                False,
+                doc="the last operand is a bias added to the packed qkv (kernel llmir only): "
+                "the projection's bias add folded into the op",
+            ),
             Attr(
                 "kv_quant",
                 "str",
@@ -359,7 +387,8 @@ register(
         "validation expands it through its decomposition",
         verifies="operands match the packed/do_rotary form, num_heads is a multiple of kv_num_heads, "
         "q/k/v widths are heads * head_dim (head_dim from past_key), the caches share q's dtype "
-        "(int8 with f32 scales of the kv_quant layout when kv_quant is set), "
+        "(int8 with f32 scales of the kv_quant layout when kv_quant is set), a qkv_bias is "
+        "[(H + 2 Hkv) * D] of q's dtype on the packed form and kernel llmir, "
         "positions are i64 [batch, seq], scale/softcap/local_window_size are >= 0, and kernel "
         '"llmir" only where its kernel takes the op (head_dim a multiple of 8 up to 256).',
         example="%o, %pk, %pv = ort.group_query_attention %qkv, %past_k, %past_v, %pos, %cos, %sin "

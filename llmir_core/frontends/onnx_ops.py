@@ -1402,6 +1402,11 @@ def _attention_sdpa(n: Node, q: Value, k: Value, v: Value, mask: Value | None, p
 
 @handles("GroupQueryAttention", domain=MS)
 def _gqa(n: Node) -> list[Value | None]:
+    return _gqa_node(n, qkv_bias=False)
+
+
+def _gqa_node(n: Node, qkv_bias: bool) -> list[Value | None]:
+    """GroupQueryAttention's meaning; qkv_bias: input 14 (llmir's) is added to the packed qkv."""
     hq, hkv = int(n.attr("num_heads")), int(n.attr("kv_num_heads"))
     if int(n.attr("local_window_size", -1)) != -1 or n.attr("smooth_softmax", 0):
         raise NotMapped("local_window_size and smooth_softmax are not supported")
@@ -1420,8 +1425,9 @@ def _gqa(n: Node) -> list[Value | None]:
                 f"packed QKV width {width} is not a multiple of num_heads + 2 * kv_num_heads"
             )
         hd = width // (hq + 2 * hkv)
+        qkv = n.emit("core.add", n.inp(0), n.inp(14)) if qkv_bias else n.inp(0)
         q_in, k_in, v_in = n.emit_n(
-            "core.split", [n.inp(0)], {"axis": -1, "sizes": (hq * hd, hkv * hd, hkv * hd)}, 3
+            "core.split", [qkv], {"axis": -1, "sizes": (hq * hd, hkv * hd, hkv * hd)}, 3
         )
     q, k, v = _to_heads(n, q_in, hq), _to_heads(n, k_in, hkv), _to_heads(n, v_in, hkv)
     if n.attr("do_rotary", 0):
@@ -1451,8 +1457,10 @@ def _gqa(n: Node) -> list[Value | None]:
 @handles("GroupQueryAttention", domain="ai.llmir")
 def _llmir_gqa(n: Node) -> list[Value | None]:
     """llmir's own attention (in a model.onnx llmir built): com.microsoft GroupQueryAttention's
-    inputs, attributes and meaning."""
-    return _gqa(n)
+    inputs, attributes and meaning, plus input 14, a bias added to the packed q|k|v."""
+    if n.has(14) and n.has(1):
+        raise NotMapped("a qkv bias (input 14) takes the packed form")
+    return _gqa_node(n, qkv_bias=n.has(14))
 
 
 # -- quantized matmul ----------------------------------------------------------------------------

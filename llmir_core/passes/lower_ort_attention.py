@@ -19,6 +19,11 @@ caches, sliding windows and softcaps included); otherwise the attribute is absen
 com.microsoft GroupQueryAttention. `attention_kernel = llmir` on an op its kernel does not take
 is an input error at the attention's position.
 
+A packed projection with biases (Qwen2's q/k/v) adds their concatenation to the packed qkv. On
+llmir's kernel that add is folded into the op (`qkv_bias = true`, the bias its last operand: the
+kernel adds it as it reads each row, one onnxruntime node less per layer); on onnxruntime's it
+stays a `core.add` before the op.
+
 Invariant: the op's decomposition is the matched subgraph (same attributes), so translation
 validation meets the original terms; presents keep their names and layout [B, Hkv, len, D].
 Rejected candidates are reported with the reason (they keep concat attention).
@@ -535,6 +540,7 @@ class LowerOrtAttention:
     ) -> None:
         b, new_ops = scratch_builder(fn, a.sdpa.origin)
         pack = self._packable(g, a, fmt, ev)
+        bias: Value | None = None  # the packed projection's bias (concatenated), if it has one
         if isinstance(pack, Value):  # already one projection, split: feed it whole
             ins = [pack]
             a.claims.append(a.q.owner)  # type: ignore[arg-type]
@@ -554,7 +560,7 @@ class LowerOrtAttention:
             else:  # already one projection, split and biased
                 qkv = x
             if biases:  # validated differentially (no rule states the biased merge)
-                qkv = b.op("core.add", qkv, b.op("core.concat", *biases, axis=0))
+                bias = b.op("core.concat", *biases, axis=0)
             elif mms and all(o.name == "core.matmul" for o in replaced):
                 for key, lin in zip("qkv", (a.q, a.k, a.v)):
                     ctx.instances.append(
@@ -597,6 +603,11 @@ class LowerOrtAttention:
         kernel = self._kernel(attrs, a.head_dim, a.sdpa)
         if kernel:
             attrs["kernel"] = kernel
+        if bias is not None and kernel == "llmir":  # llmir's kernel adds it as it reads qkv
+            ins.append(bias)
+            attrs["qkv_bias"] = True
+        elif bias is not None:
+            ins[0] = b.op("core.add", ins[0], bias)
         gqa = b.create("ort.group_query_attention", ins, attrs)
         out = gqa.results[0]
         if not a.out_is_3d:
@@ -616,6 +627,7 @@ class LowerOrtAttention:
             ("packed QKV, " if pack is not None else "")
             + ("rotary in the op" if a.rope is not None else "no rotary")
             + (f", int8 KV cache ({a.kv_quant} scales)" if a.kv_quant != "none" else "")
+            + (", the QKV bias in the op" if attrs.get("qkv_bias") else "")
             + ("; llmir's kernel" if kernel else "")
         )
         ctx.applied("group-query-attention", gqa.results[0], f"{layer}: {detail}")

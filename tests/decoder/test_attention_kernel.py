@@ -34,7 +34,15 @@ F32 = np.float32
 
 
 def _session(
-    domain: str, heads: int, kv: int, d: int, packed: bool, rotary: bool, kv8: str = "", **at: Any
+    domain: str,
+    heads: int,
+    kv: int,
+    d: int,
+    packed: bool,
+    rotary: bool,
+    kv8: str = "",
+    bias: bool = False,
+    **at: Any,
 ) -> Any:
     import onnxruntime as ort
     from onnx import TensorProto, helper
@@ -58,6 +66,9 @@ def _session(
         ins += [""] * (12 - len(ins)) + ["ks", "vs"]
         inputs += [vi("ks", f, None), vi("vs", f, None)]
         at.update(k_quant_type=kv8.upper(), v_quant_type=kv8.upper(), kv_cache_bit_width=8)
+    if bias and domain == DOMAIN:  # llmir's input 14: the packed projection's bias
+        ins += [""] * (14 - len(ins)) + ["bias"]
+        inputs += [vi("bias", f, [None])]
     node = helper.make_node(
         "GroupQueryAttention", ins, ["out", "pk_out", "pv_out"], domain=domain,
         num_heads=heads, kv_num_heads=kv, **at,
@@ -84,15 +95,20 @@ def _compare(
     steps: tuple[int, ...] = (7, 1, 1, 1),
     shared: bool = True,
     kv8: str = "",
+    bias: bool = False,
     **at: Any,
 ) -> float:
     """Worst |llmir - onnxruntime| over the outputs and KV buffers of a run of steps (tokens per
-    step) on the same inputs, each kernel writing its own buffers."""
+    step) on the same inputs, each kernel writing its own buffers. With `bias`, llmir's node
+    takes a qkv bias (input 14) and onnxruntime's the packed rows with the bias added."""
     import onnxruntime as ort
 
     rng = np.random.default_rng(heads * 100 + kv * 10 + d + batch)
     cap = sum(steps) + 3
-    sess = {dom: _session(dom, heads, kv, d, packed, rotary, kv8, **at) for dom in (MS, DOMAIN)}
+    sess = {
+        dom: _session(dom, heads, kv, d, packed, rotary, kv8, bias, **at) for dom in (MS, DOMAIN)
+    }
+    qkv_bias = rng.standard_normal((heads + 2 * kv) * d).astype(F32)
     cache = np.int8 if kv8 else F32
     bufs = {dom: [np.zeros((batch, kv, cap, d), cache) for _ in range(2)] for dom in sess}
     scales = {}
@@ -114,7 +130,12 @@ def _compare(
         for dom, sn in sess.items():
             io = sn.io_binding()
             io.bind_output("out")  # outputs come back in the order they are bound
-            for k, v in feeds.items():
+            mine = dict(feeds)
+            if bias and dom == DOMAIN:
+                mine["bias"] = qkv_bias
+            elif bias:
+                mine["qkv"] = feeds["qkv"] + qkv_bias
+            for k, v in mine.items():
                 io.bind_cpu_input(k, np.ascontiguousarray(v))
             for name, buf in zip(("pk", "pv"), bufs[dom]):
                 if shared:  # llmir's runtime: past and present are one buffer
@@ -177,6 +198,32 @@ def test_int8_caches_match_onnxruntime(kv8: str, shared: bool) -> None:
     steps = (7, 1, 1, 60, 1, 199, 1)
     assert _compare(9, 3, 64, 1, True, True, steps, shared, kv8) <= 1e-5
     assert _compare(7, 1, 32, 2, True, True, (300, 1, 1), shared, kv8) <= 1e-5
+
+
+@needs_kernel
+def test_qkv_bias_matches_onnxruntime_on_biased_rows() -> None:
+    """llmir's input 14 (the packed projection's bias) adds the bias to every packed row: the
+    same as onnxruntime's op fed the rows with the bias added (prompt, decode, chunks, batch 2,
+    int8 caches)."""
+    steps = (7, 1, 1, 60, 1, 199, 1)
+    assert _compare(14, 2, 64, 1, True, True, steps, bias=True) <= 1e-5
+    assert _compare(7, 1, 32, 2, True, True, (300, 1, 1), bias=True) <= 1e-5
+    assert _compare(9, 3, 64, 1, True, True, (5, 1), kv8="per_channel", bias=True) <= 1e-5
+
+
+@needs_kernel
+def test_qkv_bias_needs_the_packed_form() -> None:
+    sess = _session(DOMAIN, 2, 1, 32, True, False, bias=True)
+    feeds = {
+        "qkv": np.zeros((1, 1, 128), F32),
+        "pk": np.zeros((1, 1, 4, 32), F32),
+        "pv": np.zeros((1, 1, 4, 32), F32),
+        "seqlens": np.array([0], np.int32),
+        "total": np.array(1, np.int32),
+        "bias": np.zeros(96, F32),  # not (2 + 2 x 1) x 32
+    }
+    with pytest.raises(Exception, match="qkv_bias must be"):
+        sess.run(None, feeds)
 
 
 @needs_kernel
@@ -316,3 +363,69 @@ def test_llmir_kernel_refuses_an_odd_head_dim_in_the_ir() -> None:
     )
     problems = verify(parse_module(text))
     assert any('kernel "llmir" does not take head_dim 12' in p.message for p in problems)
+
+
+@needs_kernel
+def test_qwen2_biases_fold_into_llmir_attention(tmp_path: Path) -> None:
+    """Qwen2's q/k/v biases: on llmir's kernel the bias add is part of the attention node (one
+    node less a layer); the decoder computes what the op-by-op build (onnxruntime's attention
+    after an Add) does, and `llmir import` of the artifact reads the bias back."""
+    import onnx
+
+    from llmir_core.frontends.hf import import_hf
+    from llmir_core.frontends.onnx import import_onnx
+
+    from .tiny import ARCH_SHAPES, make_llama_folder
+
+    folder = make_llama_folder(tmp_path / "q", ARCH_SHAPES["qwen2"], tokenizer=False)
+    module = import_hf(folder, require_tokenizer=False)
+    text = _lowered(module)
+    assert text.count("qkv_bias = true") == text.count("ort.group_query_attention") == 2
+    build(module, str(tmp_path / "llmir"), "onnxruntime")
+    build(module, str(tmp_path / "ort"), "onnxruntime", options={"attention_kernel": "onnxruntime"})
+    graphs = {
+        k: onnx.load(str(tmp_path / k / "model.onnx"), load_external_data=False)
+        for k in ("llmir", "ort")
+    }
+    ours = [n for n in graphs["llmir"].graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(ours) == 2 and all(len(n.input) == 15 and n.input[14] for n in ours)
+    assert len(graphs["llmir"].graph.node) == len(graphs["ort"].graph.node) - 2  # the two Adds
+    a, b = open_artifact(str(tmp_path / "llmir")), open_artifact(str(tmp_path / "ort"))
+    prompt = np.array([[1, 5, 9, 2, 7, 3, 11, 4]])
+    a.reset(1)
+    b.reset(1)
+    assert rel(a.forward(prompt), b.forward(prompt)) <= 1e-4
+    for tok in (3, 17, 42):
+        assert rel(a.forward(np.array([[tok]])), b.forward(np.array([[tok]]))) <= 1e-4
+    assert greedy(a, [1, 5, 9], 16) == greedy(b, [1, 5, 9], 16)
+    again, _ = import_onnx(str(tmp_path / "llmir" / "model.onnx"))
+    assert sum(op.name == "llm.scaled_dot_product_attention" for op in again.main.ops) == 2
+
+
+def test_qkv_bias_is_checked_in_the_ir() -> None:
+    from llmir_core.ir.parser import parse_module
+    from llmir_core.verifier import verify
+
+    f = "tensor<1x1x64xf32>"  # 2 + 2 x 1 heads of head_dim 16
+    kv = "tensor<1x1x8x16xf32>"
+
+    def problems(bias: str, attrs: str) -> list[str]:
+        text = (
+            f"module @m {{\n  func.func @main(%qkv: {f}, %pk: {kv}, %pv: {kv}, %pos: "
+            f"tensor<1x1xi64>, %b: {bias}) -> (tensor<1x1x32xf32>) {{\n"
+            "    %o, %k, %v = ort.group_query_attention %qkv, %pk, %pv, %pos, %b {num_heads = 2, "
+            f"kv_num_heads = 1, packed = true, qkv_bias = true{attrs}}} : "
+            f"({f}, {kv}, {kv}, tensor<1x1xi64>, {bias}) -> (tensor<1x1x32xf32>, "
+            "tensor<1x1x9x16xf32>, tensor<1x1x9x16xf32>)\n    return %o : tensor<1x1x32xf32>\n"
+            "  }\n}\n"
+        )
+        return [p.message for p in verify(parse_module(text)) if "llmir.dialects" not in p.message]
+
+    assert problems("tensor<64xf32>", ', kernel = "llmir"') == []
+    assert any(
+        "qkv_bias must be f32 [64]" in m for m in problems("tensor<32xf32>", ', kernel = "llmir"')
+    )
+    assert any(
+        'qkv_bias takes the packed form on kernel "llmir"' in m
+        for m in problems("tensor<64xf32>", "")
+    )

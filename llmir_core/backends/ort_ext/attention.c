@@ -8,6 +8,8 @@
  *   5 seqlens_k [B] int32 (total length - 1 per row), 6 total_sequence_length (int32 scalar),
  *   7 cos_cache, 8 sin_cache [positions, rotary_dim / 2] (do_rotary), 9 position_ids [B, S] int64;
  *   12 k_scale, 13 v_scale (int8 caches: per tensor [1] or per channel [1, Hkv, 1, D]);
+ *   llmir's own: 14 qkv_bias [(H + 2 Hkv) * D] (packed form only), added to every packed row
+ *   before anything reads it (the projection's bias, one node less than a separate Add);
  *   outputs: output [B, S, H*D], present_key, present_value [B, Hkv, max(Lp, total), D].
  * Caches are f32, or int8 codes (kv-cache-int8: the same op name with int8 past/present types;
  * new rows stored as sat(rint(x * (1/s))), attention over f32(code) * s, blocks dequantized into
@@ -50,7 +52,7 @@
 #define KB 64 /* keys per online-softmax block */
 #define QV 48 /* query vectors (rows x heads of a KV head) per prefill task, about */
 #define MAX_D 256 /* largest head_dim */
-#define NIN 14 /* inputs, as com.microsoft's (attention_bias 10 and head_sink 11 refused) */
+#define NIN 15 /* com.microsoft's 14 (attention_bias 10 and head_sink 11 refused), then 14 qkv_bias */
 #define DECODE_TASKS 8 /* a decode step is split into this many tasks at least... */
 #define DECODE_MIN_KEYS 64 /* ...of this many keys at least */
 
@@ -678,6 +680,12 @@ static OrtStatus *gqa_compute(void *kp, OrtKernelContext *ctx) {
         return bad(api, "ai.llmir GroupQueryAttention: the hidden size is not num_heads (+ 2 "
                         "kv_num_heads when packed) times a head_size that is a multiple of 8 "
                         "up to 256");
+    if (in[14]) {
+        int64_t bd[8];
+        if (!packed || llmir_shape_of(api, in[14], bd) != 1 || bd[0] != W)
+            return bad(api, "ai.llmir GroupQueryAttention: qkv_bias must be [(num_heads + 2 "
+                            "kv_num_heads) * head_size], with the packed query");
+    }
     if (!packed) {
         int64_t kd[8], vd[8];
         if (llmir_shape_of(api, in[1], kd) != 3 || llmir_shape_of(api, in[2], vd) != 3 ||
@@ -755,7 +763,17 @@ static OrtStatus *gqa_compute(void *kp, OrtKernelContext *ctx) {
     void *o[3];
     for (int i = 0; i < 3; i++)
         if ((st = data(ov[i], &o[i]))) return st;
+    if (B * S == 0) return NULL;
     const float *q = (const float *)p[0];
+    float *biased = NULL; /* qkv_bias: the packed rows plus the bias */
+    if (in[14]) {
+        const float *bias = (const float *)p[14];
+        biased = (float *)malloc((size_t)(B * S * W) * sizeof(float));
+        if (!biased) return llmir_error(api, ORT_FAIL, "ai.llmir GroupQueryAttention: out of memory");
+        for (int64_t r = 0; r < B * S; r++)
+            for (int64_t i = 0; i < W; i++) biased[r * W + i] = q[r * W + i] + bias[i];
+        q = biased;
+    }
     j.q = q, j.ldq = W;
     if (packed)
         j.k = q + H * D, j.v = q + (H + Hkv) * D, j.ldkv = W;
@@ -765,20 +783,21 @@ static OrtStatus *gqa_compute(void *kp, OrtKernelContext *ctx) {
     j.out = (float *)o[0], j.pk = o[1], j.pv = o[2];
     int failed = 0;
     j.failed = &failed;
-    if (B * S == 0) return NULL;
     ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
     if (S == 1) { /* decode: the new rows here, then (batch, KV head, key chunk) tasks */
         for (int64_t i = 0; i < B * Hkv; i++) store_task(&j, (size_t)i);
-        if (plan_decode(&j))
+        if (plan_decode(&j)) {
+            free(biased);
             return llmir_error(api, ORT_FAIL, "ai.llmir GroupQueryAttention: out of memory");
+        }
         st = pfor(ctx, decode_task, (size_t)(B * Hkv * j.chunks), 0, &j);
         if (!st && j.parts && !__atomic_load_n(&failed, __ATOMIC_RELAXED)) merge_parts(&j);
         free(j.parts);
-    } else {
-        if ((st = pfor(ctx, store_task, (size_t)(B * Hkv), 0, &j))) return st;
+    } else if (!(st = pfor(ctx, store_task, (size_t)(B * Hkv), 0, &j))) {
         plan_prefill(&j);
         st = pfor(ctx, prefill_task, (size_t)(B * Hkv * j.qblocks), 0, &j);
     }
+    free(biased);
     if (!st && __atomic_load_n(&failed, __ATOMIC_RELAXED))
         return llmir_error(api, ORT_FAIL, "ai.llmir GroupQueryAttention: out of memory");
     return st;
