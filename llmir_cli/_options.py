@@ -115,6 +115,17 @@ F32MatmulOpt = Annotated[
         show_default=False,
     ),
 ]
+AttentionKernelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--attention-kernel",
+        help="Decoders: the attention kernel, 'auto' (default: llmir's own grouped-query "
+        "attention where its library builds and takes the head size, else onnxruntime's), "
+        "'llmir' (an input error where it cannot take the op) or 'onnxruntime' "
+        "(com.microsoft GroupQueryAttention).",
+        show_default=False,
+    ),
+]
 GenericOpt = Annotated[
     bool,
     typer.Option(

@@ -15,6 +15,7 @@ from llmir_core.verifier import verify
 
 from .._options import (
     AccuracyLevelOpt,
+    AttentionKernelOpt,
     DebugOpt,
     F32MatmulOpt,
     FormatOpt,
@@ -93,6 +94,7 @@ def build_cmd(
     prepack: PrepackOpt = None,
     int8_matmul: Int8MatmulOpt = None,
     f32_matmul: F32MatmulOpt = None,
+    attention_kernel: AttentionKernelOpt = None,
     generic: GenericOpt = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
@@ -131,6 +133,7 @@ def build_cmd(
             prepack=prepack,
             int8_matmul=int8_matmul,
             f32_matmul=f32_matmul,
+            attention_kernel=attention_kernel,
         )
         if opt_level is None and project is not None and "target" not in module.attrs:
             opt_level = project.opt_level  # a lowered module keeps the pipeline it was lowered by

@@ -19,6 +19,7 @@ from llmir_core.weights import rebase_weight_paths
 
 from .._options import (
     AccuracyLevelOpt,
+    AttentionKernelOpt,
     DebugOpt,
     F32MatmulOpt,
     FormatOpt,
@@ -113,6 +114,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
     prepack: PrepackOpt = None,
     int8_matmul: Int8MatmulOpt = None,
     f32_matmul: F32MatmulOpt = None,
+    attention_kernel: AttentionKernelOpt = None,
     generic: GenericOpt = False,
     allow_unproved: Annotated[
         bool,
@@ -161,6 +163,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                 ("--prepack", prepack is not None),
                 ("--int8-matmul", int8_matmul is not None),
                 ("--f32-matmul", f32_matmul is not None),
+                ("--attention-kernel", attention_kernel is not None),
                 ("--generic", generic),
             )
             if given
@@ -196,6 +199,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                 prepack=prepack,
                 int8_matmul=int8_matmul,
                 f32_matmul=f32_matmul,
+                attention_kernel=attention_kernel,
             )
             if passes is None:  # what `llmir build` runs for this -O and these options
                 pipeline = backends.pipeline(target, options, level)

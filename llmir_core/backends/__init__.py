@@ -68,11 +68,13 @@ def build_options(
     prepack: str | None = None,
     int8_matmul: str | None = None,
     f32_matmul: str | None = None,
+    attention_kernel: str | None = None,
 ) -> dict[str, Any]:
     """The lowering options the build flags give (only those given), checked against the module:
     --quant, --max-len, --accuracy-level, --logits, --dtype, --prepack, --int8-matmul and
-    --f32-matmul apply to onnxruntime decoder lowerings only. --f32-matmul llmir|mlas is the
-    option `f32_matmul` = auto|ort (lower-ort-weight-dtype's `f32_kernel`)."""
+    --f32-matmul, --attention-kernel apply to onnxruntime decoder lowerings only. --f32-matmul
+    llmir|mlas is the option `f32_matmul` = auto|ort (lower-ort-weight-dtype's `f32_kernel`);
+    --attention-kernel is lower-ort-attention's `attention_kernel`."""
     from llmir_core.passes.ort_common import is_decoder
 
     if logits not in (None, "last", "all"):
@@ -83,6 +85,16 @@ def build_options(
             hint="llmir: llmir's kernel reading 16-row panels in place (the default); mlas: "
             "onnxruntime's FusedMatMul, repacked when the artifact opens",
         )
+    if attention_kernel is not None:
+        from llmir_core.passes.lower_ort_attention import ATTENTION_KERNEL
+
+        if attention_kernel not in ATTENTION_KERNEL:
+            raise InputError(
+                f"--attention-kernel must be one of {', '.join(ATTENTION_KERNEL)}, "
+                f"got {attention_kernel!r}",
+                hint="auto: llmir's attention where it runs (the default); llmir: always "
+                "(an error where it cannot); onnxruntime: com.microsoft GroupQueryAttention",
+            )
     given: dict[str, Any] = {
         k: v
         for k, v in (
@@ -94,13 +106,14 @@ def build_options(
             ("prepack", prepack),
             ("int8_matmul", int8_matmul),
             ("f32_matmul", None if f32_matmul is None else F32_MATMUL[f32_matmul]),
+            ("attention_kernel", attention_kernel),
         )
         if v is not None
     }
     if given and (target != "onnxruntime" or generic or not is_decoder(module)):
         raise InputError(
-            "--quant, --max-len, --accuracy-level, --logits, --dtype, --prepack, --int8-matmul "
-            "and --f32-matmul apply to decoder builds only",
+            "--quant, --max-len, --accuracy-level, --logits, --dtype, --prepack, --int8-matmul, "
+            "--f32-matmul and --attention-kernel apply to decoder builds only",
             hint="import an LLM (HF folder or GGUF) to get a decoder module",
         )
     if int8_matmul is not None:

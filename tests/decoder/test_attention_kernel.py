@@ -429,3 +429,32 @@ def test_qkv_bias_is_checked_in_the_ir() -> None:
         'qkv_bias takes the packed form on kernel "llmir"' in m
         for m in problems("tensor<64xf32>", "")
     )
+
+
+def test_attention_kernel_flag(tiny_dir: Path, tmp_path: Path) -> None:
+    """`llmir build|optimize --attention-kernel`: the lowering option from the command line."""
+    from llmir_core.frontends import import_model
+    from tests.conftest import run_cli
+
+    src = tmp_path / "tiny.llmir"
+    import_model(tiny_dir, out_path=src)
+    out = tmp_path / "art"
+    r = run_cli("build", str(src), "-o", str(out), "--attention-kernel", "onnxruntime", "-q")
+    assert r.returncode == 0, r.stderr
+    lowered = (out / "model.lowered.llmir").read_text()
+    gqa = [x for x in lowered.splitlines() if "ort.group_query_attention" in x]
+    assert len(gqa) == 2 and not any("kernel =" in x for x in gqa)
+    assert "attention_kernel=onnxruntime" in json.dumps(
+        json.loads((out / "manifest.json").read_text())
+    )
+    r = run_cli("optimize", str(src), "--target", "onnxruntime", "--attention-kernel", "llmir")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count('kernel = "llmir"') >= 2
+    r = run_cli("build", str(src), "-o", str(tmp_path / "bad"), "--attention-kernel", "flash")
+    assert (
+        r.returncode == 2
+        and "--attention-kernel must be one of auto, llmir, onnxruntime" in r.stderr
+    )
+    assert not (tmp_path / "bad").exists()
+    r = run_cli("optimize", str(src), "--attention-kernel", "llmir")
+    assert r.returncode == 2 and "--attention-kernel: lowering options need --target" in r.stderr
