@@ -1,4 +1,5 @@
-/* Shared by llmir's quantized matmul ops (matmul_nbits.c, matmul_s8.c), AVX2 + FMA:
+/* Shared by llmir's matmul ops (matmul_nbits.c, matmul_s8.c; the epilogue also matmul16.c,
+ * matmul_f32.c), AVX2 + FMA:
  *
  * - llmir_quant32: 32 f32 activations -> int8 codes q = round(x / d), d = max|x| / 127 (round
  *   half to even: cvtps2dq under the default MXCSR), the q8_0 / accuracy_level 4 rounding both
