@@ -23,9 +23,10 @@
  *
  * Node attribute `epilogue = "swiglu"` (q8_act.h): W is [W_gate; W_up] (N = 2H rows) and
  * Y [..., H] = silu(X W_gate^T) * (X W_up^T). In panels H is a multiple of 16 (else refused), so
- * gate panel p and up panel p + H/16 hold the same output columns: decode streams both for each
- * task's panels into 16-column scratch rows and stores silu(gate) * up; prefill computes the
- * [M, N] product into a scratch, then combines the rows in parallel. Rows: matmul16.c's kernels.
+ * gate panel p and up panel p + H/16 hold the same output columns: decode streams a task's run of
+ * gate panels, then the matching run of up panels, into a stack scratch and stores
+ * silu(gate) * up; prefill computes the [M, N] product into a scratch, then combines the rows in
+ * parallel. Rows: matmul16.c's kernels.
  *
  * Built with the other sources of this folder into one library by
  * llmir_core/backends/ort_ext/__init__.py; the serializer writes the panels
@@ -173,29 +174,33 @@ static void gemv_task(void *vp, size_t i) {
     }
 }
 
-/* decode with the SwiGLU epilogue (j->P: the H/16 gate panels): gate panel p and up panel
- * p + P into t[m][0:16] and t[m][16:32], then y[m, 16p:16p+16] = silu(gate) * up */
+/* decode with the SwiGLU epilogue (j->P: the H/16 gate panels, at most P16_SWIGLU_PANELS a
+ * task): the task's gate panels p0..p1 and then its up panels p0+P..p1+P, each run streamed front
+ * to back, into t[m][0:CH] and t[m][CH:2CH]; then y[m, 16p0:16p1] = silu(gate) * up */
+#define P16_SWIGLU_PANELS 16
 static void gemv_swiglu_task(void *vp, size_t i) {
     const PJob *j = (const PJob *)vp;
     int64_t p0 = (int64_t)i * j->ppt, p1 = p0 + j->ppt;
     if (p1 > j->P) p1 = j->P;
-    const int64_t K = j->K, M = j->M, H = j->P * P16;
-    float t[P16_GEMV_ROWS * 2 * P16] __attribute__((aligned(32)));
-    for (int64_t p = p0; p < p1; p++) {
-        const float *wg = j->w + p * K * P16, *wu = j->w + (p + j->P) * K * P16;
-        if (M == 1) {
-            gemv1_panel(j->x, wg, K, t, P16);
-            gemv1_panel(j->x, wu, K, t + P16, P16);
-        } else {
+    const int64_t K = j->K, M = j->M, H = j->P * P16, CH = P16_SWIGLU_PANELS * P16;
+    float t[P16_GEMV_ROWS * 2 * P16_SWIGLU_PANELS * P16] __attribute__((aligned(32)));
+    for (int half = 0; half < 2; half++) {
+        for (int64_t p = p0; p < p1; p++) {
+            const float *w = j->w + (p + half * j->P) * K * P16;
+            float *tp = t + half * CH + (p - p0) * P16;
+            if (M == 1) {
+                gemv1_panel(j->x, w, K, tp, P16);
+                continue;
+            }
             for (int64_t m0 = 0; m0 < M; m0 += MR) {
                 int mr = M - m0 < MR ? (int)(M - m0) : MR;
-                micro(j->x + m0 * K, K, t + m0 * 2 * P16, 2 * P16, wg, mr, P16, (int)K, 0);
-                micro(j->x + m0 * K, K, t + m0 * 2 * P16 + P16, 2 * P16, wu, mr, P16, (int)K, 0);
+                micro(j->x + m0 * K, K, tp + m0 * 2 * CH, 2 * CH, w, mr, P16, (int)K, 0);
             }
         }
-        for (int64_t m = 0; m < M; m++)
-            llmir_swiglu(t + m * 2 * P16, t + m * 2 * P16 + P16, j->y + m * H + p * P16, P16);
     }
+    for (int64_t m = 0; m < M; m++)
+        llmir_swiglu(t + m * 2 * CH, t + m * 2 * CH + CH, j->y + m * H + p0 * P16,
+                     (p1 - p0) * P16);
 }
 
 /* prefill: the task's panels against every row of X, blocked for L1 (panel block) and L2 (X) */
@@ -312,6 +317,7 @@ static OrtStatus *f32_compute(void *kp, OrtKernelContext *ctx) {
     if (swiglu && decode) j.P = wd[0] / 2; /* tasks over the gate panels */
     int64_t tasks = j.P < P16_TASKS ? j.P : P16_TASKS;
     j.ppt = (j.P + tasks - 1) / tasks;
+    if (swiglu && decode && j.ppt > P16_SWIGLU_PANELS) j.ppt = P16_SWIGLU_PANELS; /* scratch */
     ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
     const size_t runs = (size_t)((j.P + j.ppt - 1) / j.ppt);
     if (!swiglu) return pfor(ctx, decode ? gemv_task : gemm_task, runs, 0, &j);
