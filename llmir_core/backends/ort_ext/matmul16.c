@@ -15,10 +15,11 @@
  * (KernelContext_ParallelFor), so the session's thread count applies.
  *
  * Node attribute `epilogue = "swiglu"` (q8_act.h): W holds [W_gate; W_up] (N = 2H rows) and
- * Y [..., H] = silu(X W_gate^T) * (X W_up^T). Decode: each task takes a run of output columns,
- * computes its gate rows and the matching up rows into a stack scratch and combines them (one
- * pass over both weights, no [M, 2H] intermediate); prefill: the [M, 2H] product into a scratch,
- * then the rows combined in parallel. Each output is summed by one thread in a fixed order: the
+ * Y [..., H] = silu(X W_gate^T) * (X W_up^T). Decode: the gate rows into a scratch [M, H], then
+ * the up rows, each task combining its run of up rows with the matching gate products as they
+ * finish (each half streamed front to back as the two unfused matmuls would read it: one
+ * sequential stream per thread); prefill: the [M, 2H] product into a scratch, then the rows
+ * combined in parallel. Each output is summed by one thread in a fixed order: the
  * same bits at any thread count.
  *
  * Built with the other sources of this folder into one library by
@@ -79,6 +80,7 @@ typedef struct Job {
     int wt;
     int64_t gemv_rows; /* weight rows per GEMV task (with the epilogue: output columns) */
     int64_t ldy, y0; /* GEMV: weight row n of X row m goes to y[m * ldy + n - y0] */
+    const float *g; /* GEMV with the SwiGLU epilogue: the gate product [M, N/2] */
 } Job;
 
 /* sum_k w[k] x[k]: one weight row streamed front to back, 64 columns per step into 8
@@ -172,27 +174,20 @@ static void gemv_task(void *p, size_t i) {
     else gemv_rows(j, n0, n1, W_F32);
 }
 
-/* epilogue "swiglu": output columns [n0, n1) of the H = N/2: gate rows n0..n1 and up rows
- * H+n0..H+n1 into a scratch on the stack, then silu(gate) * up */
+/* epilogue "swiglu", second pass (the gate rows' products in j->g [M, H] from the first): up
+ * rows H+n0..H+n1 into a scratch on the stack, then y[m, n] = silu(gate) * up */
 static void gemv_swiglu_task(void *p, size_t i) {
     const Job *j = (const Job *)p;
     const int64_t H = j->N / 2, n0 = (int64_t)i * j->gemv_rows;
     const int64_t n1 = n0 + j->gemv_rows < H ? n0 + j->gemv_rows : H;
-    float t[GEMV_ROWS * 2 * SWIGLU_CHUNK] __attribute__((aligned(32)));
+    float t[GEMV_ROWS * SWIGLU_CHUNK] __attribute__((aligned(32)));
     Job s = *j;
-    s.y = t, s.ldy = 2 * SWIGLU_CHUNK;
-    s.y0 = n0; /* gate row n -> t[m][n - n0] */
-    if (j->wt == W_F16) gemv_rows(&s, n0, n1, W_F16);
-    else if (j->wt == W_BF16) gemv_rows(&s, n0, n1, W_BF16);
-    else gemv_rows(&s, n0, n1, W_F32);
-    s.y0 = H + n0 - SWIGLU_CHUNK; /* up row H + n -> t[m][SWIGLU_CHUNK + n - n0] */
+    s.y = t, s.ldy = SWIGLU_CHUNK, s.y0 = H + n0; /* up row H + n -> t[m][n - n0] */
     if (j->wt == W_F16) gemv_rows(&s, H + n0, H + n1, W_F16);
     else if (j->wt == W_BF16) gemv_rows(&s, H + n0, H + n1, W_BF16);
     else gemv_rows(&s, H + n0, H + n1, W_F32);
-    for (int64_t m = 0; m < j->M; m++) {
-        const float *tm = t + m * 2 * SWIGLU_CHUNK;
-        llmir_swiglu(tm, tm + SWIGLU_CHUNK, j->y + m * H + n0, n1 - n0);
-    }
+    for (int64_t m = 0; m < j->M; m++)
+        llmir_swiglu(j->g + m * H + n0, t + m * SWIGLU_CHUNK, j->y + m * H + n0, n1 - n0);
 }
 
 static inline __attribute__((always_inline)) void pack_panel(const Job *j, int64_t n0, int nr,
@@ -302,16 +297,27 @@ static void destroy_kernel(void *k) { free(k); }
  * (M, N, K > 0) */
 static OrtStatus *run(const OrtApi *api, OrtKernelContext *ctx, const void *x, const void *w,
                       void *y, int64_t M, int64_t N, int64_t K, int wt, int swiglu) {
-    Job j = {(const float *)x, w, (float *)y, M, N, K, wt, 0, N, 0};
+    Job j = {(const float *)x, w, (float *)y, M, N, K, wt, 0, N, 0, NULL};
     ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
     if (M <= GEMV_ROWS) { /* up to GEMV_TASKS equal row ranges, claimed by the threads in turn */
-        const int64_t NO = swiglu ? N / 2 : N; /* with the epilogue: ranges of output columns */
+        const int64_t NO = swiglu ? N / 2 : N; /* with the epilogue: each half's rows */
         int64_t tasks = (NO + GEMV_MIN_ROWS - 1) / GEMV_MIN_ROWS;
         if (tasks > GEMV_TASKS) tasks = GEMV_TASKS;
         j.gemv_rows = (NO + tasks - 1) / tasks;
         if (swiglu && j.gemv_rows > SWIGLU_CHUNK) j.gemv_rows = SWIGLU_CHUNK;
-        return pfor(ctx, swiglu ? gemv_swiglu_task : gemv_task,
-                    (size_t)((NO + j.gemv_rows - 1) / j.gemv_rows), 0, &j);
+        const size_t n_tasks = (size_t)((NO + j.gemv_rows - 1) / j.gemv_rows);
+        if (!swiglu) return pfor(ctx, gemv_task, n_tasks, 0, &j);
+        /* the gate rows into a scratch [M, H], then the up rows with the epilogue: each half
+         * streamed front to back, as the two unfused matmuls read them */
+        float *g = (float *)malloc((size_t)(M * NO) * sizeof(float));
+        if (!g) return llmir_error(api, ORT_FAIL, "ai.llmir matmul: out of memory");
+        Job gate = j;
+        gate.N = NO, gate.y = g, gate.ldy = NO;
+        OrtStatus *st = pfor(ctx, gemv_task, n_tasks, 0, &gate);
+        j.g = g;
+        if (!st) st = pfor(ctx, gemv_swiglu_task, n_tasks, 0, &j);
+        free(g);
+        return st;
     }
     const size_t tasks = (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS));
     if (!swiglu) return pfor(ctx, gemm_task, tasks, 0, &j);

@@ -23,10 +23,11 @@
  *
  * Node attribute `epilogue = "swiglu"` (q8_act.h): W is [W_gate; W_up] (N = 2H rows) and
  * Y [..., H] = silu(X W_gate^T) * (X W_up^T). In panels H is a multiple of 16 (else refused), so
- * gate panel p and up panel p + H/16 hold the same output columns: decode streams a task's run of
- * gate panels, then the matching run of up panels, into a stack scratch and stores
- * silu(gate) * up; prefill computes the [M, N] product into a scratch, then combines the rows in
- * parallel. Rows: matmul16.c's kernels.
+ * gate panel p and up panel p + H/16 hold the same output columns: decode computes the gate half
+ * into a scratch [M, H], then the up half, each task storing silu(gate) * up for its panels as
+ * they finish (each half streamed front to back as the two unfused matmuls would read it: one
+ * sequential stream per thread); prefill computes the [M, N] product into a scratch, then
+ * combines the rows in parallel. Rows: matmul16.c's kernels.
  *
  * Built with the other sources of this folder into one library by
  * llmir_core/backends/ort_ext/__init__.py; the serializer writes the panels
@@ -64,6 +65,7 @@ typedef struct PJob {
     float *y;
     int64_t M, N, K, P;
     int64_t ppt; /* panels per task */
+    float *out; /* decode with the SwiGLU epilogue: Y (y holds the gate product) */
 } PJob;
 
 /* y[0:nr] = x[0:K] @ panel (K rows of 16): 4 panel rows per step into 8 accumulators */
@@ -174,33 +176,28 @@ static void gemv_task(void *vp, size_t i) {
     }
 }
 
-/* decode with the SwiGLU epilogue (j->P: the H/16 gate panels, at most P16_SWIGLU_PANELS a
- * task): the task's gate panels p0..p1 and then its up panels p0+P..p1+P, each run streamed front
- * to back, into t[m][0:CH] and t[m][CH:2CH]; then y[m, 16p0:16p1] = silu(gate) * up */
-#define P16_SWIGLU_PANELS 16
+/* decode with the SwiGLU epilogue, second pass (j->w: the H/16 up panels, j->y: the gate
+ * product [M, H] from the first pass, j->out: Y [M, H]): each up panel into a scratch, then
+ * Y[m, 16p:16p+16] = silu(gate) * up */
 static void gemv_swiglu_task(void *vp, size_t i) {
     const PJob *j = (const PJob *)vp;
     int64_t p0 = (int64_t)i * j->ppt, p1 = p0 + j->ppt;
     if (p1 > j->P) p1 = j->P;
-    const int64_t K = j->K, M = j->M, H = j->P * P16, CH = P16_SWIGLU_PANELS * P16;
-    float t[P16_GEMV_ROWS * 2 * P16_SWIGLU_PANELS * P16] __attribute__((aligned(32)));
-    for (int half = 0; half < 2; half++) {
-        for (int64_t p = p0; p < p1; p++) {
-            const float *w = j->w + (p + half * j->P) * K * P16;
-            float *tp = t + half * CH + (p - p0) * P16;
-            if (M == 1) {
-                gemv1_panel(j->x, w, K, tp, P16);
-                continue;
-            }
+    const int64_t K = j->K, M = j->M, H = j->N;
+    float t[P16_GEMV_ROWS * P16] __attribute__((aligned(32)));
+    for (int64_t p = p0; p < p1; p++) {
+        const float *w = j->w + p * K * P16;
+        if (M == 1) {
+            gemv1_panel(j->x, w, K, t, P16);
+        } else {
             for (int64_t m0 = 0; m0 < M; m0 += MR) {
                 int mr = M - m0 < MR ? (int)(M - m0) : MR;
-                micro(j->x + m0 * K, K, tp + m0 * 2 * CH, 2 * CH, w, mr, P16, (int)K, 0);
+                micro(j->x + m0 * K, K, t + m0 * P16, P16, w, mr, P16, (int)K, 0);
             }
         }
+        for (int64_t m = 0; m < M; m++)
+            llmir_swiglu(j->y + m * H + p * P16, t + m * P16, j->out + m * H + p * P16, P16);
     }
-    for (int64_t m = 0; m < M; m++)
-        llmir_swiglu(t + m * 2 * CH, t + m * 2 * CH + CH, j->y + m * H + p0 * P16,
-                     (p1 - p0) * P16);
 }
 
 /* prefill: the task's panels against every row of X, blocked for L1 (panel block) and L2 (X) */
@@ -312,16 +309,30 @@ static OrtStatus *f32_compute(void *kp, OrtKernelContext *ctx) {
         memset(y, 0, (size_t)(M * NO) * sizeof(float));
         return NULL;
     }
-    PJob j = {(const float *)x, (const float *)w, (float *)y, M, N, K, wd[0], 0};
+    PJob j = {(const float *)x, (const float *)w, (float *)y, M, N, K, wd[0], 0, NULL};
     const int decode = M <= P16_GEMV_ROWS;
-    if (swiglu && decode) j.P = wd[0] / 2; /* tasks over the gate panels */
+    ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
+    if (swiglu && decode) {
+        /* the gate half (panels 0..H/16) into a scratch [M, H], then the up half with the
+         * epilogue: each half streamed front to back, as the two unfused matmuls read them */
+        float *g = (float *)malloc((size_t)(M * NO) * sizeof(float));
+        if (!g) return llmir_error(api, ORT_FAIL, "ai.llmir MatMulF32: out of memory");
+        j.N = NO, j.P = wd[0] / 2, j.y = g, j.out = (float *)y;
+        int64_t tasks = j.P < P16_TASKS ? j.P : P16_TASKS;
+        j.ppt = (j.P + tasks - 1) / tasks;
+        const size_t runs = (size_t)((j.P + j.ppt - 1) / j.ppt);
+        st = pfor(ctx, gemv_task, runs, 0, &j);
+        if (!st) {
+            j.w = (const float *)w + j.P * K * P16;
+            st = pfor(ctx, gemv_swiglu_task, runs, 0, &j);
+        }
+        free(g);
+        return st;
+    }
     int64_t tasks = j.P < P16_TASKS ? j.P : P16_TASKS;
     j.ppt = (j.P + tasks - 1) / tasks;
-    if (swiglu && decode && j.ppt > P16_SWIGLU_PANELS) j.ppt = P16_SWIGLU_PANELS; /* scratch */
-    ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
     const size_t runs = (size_t)((j.P + j.ppt - 1) / j.ppt);
     if (!swiglu) return pfor(ctx, decode ? gemv_task : gemm_task, runs, 0, &j);
-    if (decode) return pfor(ctx, gemv_swiglu_task, runs, 0, &j);
     /* prefill with the epilogue: the [M, N] product first, then the rows combined */
     float *full = (float *)aligned_alloc(32, ((size_t)(M * N) * sizeof(float) + 31) & ~(size_t)31);
     if (!full) return llmir_error(api, ORT_FAIL, "ai.llmir MatMulF32: out of memory");
