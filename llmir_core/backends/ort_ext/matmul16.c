@@ -79,7 +79,7 @@ typedef struct Job {
     int64_t M, N, K;
     int wt;
     int64_t gemv_rows; /* weight rows per GEMV task (with the epilogue: output columns) */
-    int64_t ldy, y0; /* GEMV: weight row n of X row m goes to y[m * ldy + n - y0] */
+    int64_t ldy, y0; /* weight row n of X row m goes to y[m * ldy + n - y0] (GEMM: y0 = 0) */
     const float *g; /* GEMV with the SwiGLU epilogue: the gate product [M, N/2] */
 } Job;
 
@@ -258,7 +258,7 @@ static inline __attribute__((always_inline)) void gemm_panels(const Job *j, size
             for (int64_t m0 = 0; m0 < j->M; m0 += MR, t += per) {
                 int mr = j->M - m0 < MR ? (int)(j->M - m0) : MR;
                 if (t < lines) prefetch_block(j, pn, pk, lpr, t, t + per < lines ? t + per : lines, wt);
-                llmir_micro_6x16(j->x + m0 * j->K + k0, j->K, j->y + m0 * j->N + n0, j->N, panel,
+                llmir_micro_6x16(j->x + m0 * j->K + k0, j->K, j->y + m0 * j->ldy + n0, j->ldy, panel,
                                  mr, nr, kc, k0 != 0);
             }
         }
@@ -321,13 +321,17 @@ static OrtStatus *run(const OrtApi *api, OrtKernelContext *ctx, const void *x, c
     }
     const size_t tasks = (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS));
     if (!swiglu) return pfor(ctx, gemm_task, tasks, 0, &j);
-    /* prefill with the epilogue: the [M, N] product first, then the rows combined */
-    float *full = (float *)aligned_alloc(32, ((size_t)(M * N) * sizeof(float) + 31) & ~(size_t)31);
+    /* prefill with the epilogue: the [M, N] product first (rows padded by 16 floats: a stride
+     * of a multiple of 4 KiB, e.g. N = 3072, puts a 6-row tile of Y in one L1 set), then the
+     * rows combined */
+    j.ldy = N + NR;
+    float *full =
+        (float *)aligned_alloc(32, ((size_t)(M * j.ldy) * sizeof(float) + 31) & ~(size_t)31);
     if (!full) return llmir_error(api, ORT_FAIL, "ai.llmir matmul: out of memory");
     j.y = full;
     OrtStatus *st = pfor(ctx, gemm_task, tasks, 0, &j);
     if (!st) {
-        LlmirSwigluRows r = {full, (float *)y, M, N / 2};
+        LlmirSwigluRows r = {full, (float *)y, M, N / 2, j.ldy};
         st = pfor(ctx, llmir_swiglu_rows_task, (size_t)M, 0, &r);
     }
     free(full);

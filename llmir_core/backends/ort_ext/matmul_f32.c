@@ -66,6 +66,7 @@ typedef struct PJob {
     int64_t M, N, K, P;
     int64_t ppt; /* panels per task */
     float *out; /* decode with the SwiGLU epilogue: Y (y holds the gate product) */
+    int64_t ldy; /* prefill: Y's row stride (N, or N + 16 for the epilogue's scratch) */
 } PJob;
 
 /* y[0:nr] = x[0:K] @ panel (K rows of 16): 4 panel rows per step into 8 accumulators */
@@ -205,7 +206,7 @@ static void gemm_task(void *vp, size_t i) {
     const PJob *j = (const PJob *)vp;
     int64_t p0 = (int64_t)i * j->ppt, p1 = p0 + j->ppt;
     if (p1 > j->P) p1 = j->P;
-    const int64_t K = j->K, N = j->N, M = j->M;
+    const int64_t K = j->K, ldy = j->ldy, M = j->M;
     /* K in equal blocks of at most KC_P16 rows, X in equal blocks of at most MC_P16 rows (a
      * multiple of MR but the last) */
     int64_t kb = (K + KC_P16 - 1) / KC_P16, step = (K + kb - 1) / kb;
@@ -228,7 +229,7 @@ static void gemm_task(void *vp, size_t i) {
                     int mr = i0 + mc - m0 < MR ? (int)(i0 + mc - m0) : MR;
                     for (int64_t l = t; l < t + per && l < lines; l++)
                         _mm_prefetch(next + l * 64, _MM_HINT_T0);
-                    micro(j->x + m0 * K + k0, K, j->y + m0 * N + p * P16, N, blk, mr,
+                    micro(j->x + m0 * K + k0, K, j->y + m0 * ldy + p * P16, ldy, blk, mr,
                                      nr, kc, k0 != 0);
                 }
             }
@@ -309,7 +310,7 @@ static OrtStatus *f32_compute(void *kp, OrtKernelContext *ctx) {
         memset(y, 0, (size_t)(M * NO) * sizeof(float));
         return NULL;
     }
-    PJob j = {(const float *)x, (const float *)w, (float *)y, M, N, K, wd[0], 0, NULL};
+    PJob j = {(const float *)x, (const float *)w, (float *)y, M, N, K, wd[0], 0, NULL, N};
     const int decode = M <= P16_GEMV_ROWS;
     ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
     if (swiglu && decode) {
@@ -333,13 +334,16 @@ static OrtStatus *f32_compute(void *kp, OrtKernelContext *ctx) {
     j.ppt = (j.P + tasks - 1) / tasks;
     const size_t runs = (size_t)((j.P + j.ppt - 1) / j.ppt);
     if (!swiglu) return pfor(ctx, decode ? gemv_task : gemm_task, runs, 0, &j);
-    /* prefill with the epilogue: the [M, N] product first, then the rows combined */
-    float *full = (float *)aligned_alloc(32, ((size_t)(M * N) * sizeof(float) + 31) & ~(size_t)31);
+    /* prefill with the epilogue: the [M, N] product first (rows padded by 16 floats: a stride
+     * of a multiple of 4 KiB, e.g. N = 3072, puts a 6-row tile of Y in one L1 set), then the
+     * rows combined */
+    j.ldy = N + P16;
+    float *full = (float *)aligned_alloc(32, ((size_t)(M * j.ldy) * sizeof(float) + 31) & ~(size_t)31);
     if (!full) return llmir_error(api, ORT_FAIL, "ai.llmir MatMulF32: out of memory");
     j.y = full;
     st = pfor(ctx, gemm_task, runs, 0, &j);
     if (!st) {
-        LlmirSwigluRows r = {full, (float *)y, M, NO};
+        LlmirSwigluRows r = {full, (float *)y, M, NO, j.ldy};
         st = pfor(ctx, llmir_swiglu_rows_task, (size_t)M, 0, &r);
     }
     free(full);

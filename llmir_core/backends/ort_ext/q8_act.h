@@ -92,12 +92,13 @@ typedef struct LlmirSwigluRows {
     const float *full;
     float *y;
     int64_t M, H;
+    int64_t ld; /* the row stride of `full`; 0: 2H */
 } LlmirSwigluRows;
 
 static void llmir_swiglu_rows_task(void *p, size_t i) {
     const LlmirSwigluRows *r = (const LlmirSwigluRows *)p;
     const int64_t m = (int64_t)i;
-    const float *f = r->full + m * 2 * r->H;
+    const float *f = r->full + m * (r->ld ? r->ld : 2 * r->H);
     llmir_swiglu(f, f + r->H, r->y + m * r->H, r->H);
 }
 
