@@ -1031,7 +1031,7 @@ def _emit_matmul_s8(D: DecoderSerializer, op: Op) -> bool:
 
 
 def _epi(op: Op) -> dict[str, Any]:
-    """The `epilogue` node attribute of llmir's quantized matmuls (absent: none)."""
+    """The `epilogue` node attribute of llmir's matmuls (absent: none)."""
     e = str(op.attrs.get("epilogue", "none"))
     return {} if e == "none" else {"epilogue": e}
 
@@ -1135,19 +1135,21 @@ def _stored16(D: DecoderSerializer, v16: Value, label: str) -> str:
 
 def _emit_matmul16(D: DecoderSerializer, op: Op) -> bool:
     """ort.matmul16 -> llmir's custom op (ai.llmir MatMulF16/MatMulBf16) on the stored 16-bit
-    weight; the manifest's `custom_ops` names the library the runtime registers."""
+    weight (node attribute `epilogue` as the op's); the manifest's `custom_ops` names the library
+    the runtime registers."""
     from .ort_ext import DOMAIN, OP_NAMES
 
     w16 = op.operands[1]
     w = _stored16(D, w16, _label(op, "weight"))
     op_type = OP_NAMES[str(tt(w16).dtype)]
-    D.bind(op.results[0], D.L.one(op_type, D.name(op.operands[0]), w, domain=DOMAIN))
+    D.bind(op.results[0], D.L.one(op_type, D.name(op.operands[0]), w, domain=DOMAIN, **_epi(op)))
     return True
 
 
 def _emit_matmul_f32(D: DecoderSerializer, op: Op) -> bool:
     """ort.matmul_f32 -> ai.llmir MatMulF32 on the f32 weight as stored (no prepacked copy):
-    [N, K] rows, or with `layout = "panel16"` [ceil(N/16), K, 16] panels and attribute N."""
+    [N, K] rows, or with `layout = "panel16"` [ceil(N/16), K, 16] panels (of the concatenation
+    [gate; up] with `epilogue = "swiglu"`) and attribute N; node attribute `epilogue` as the op's."""
     from .ort_ext import DOMAIN, OP_NAMES
 
     srcs = D.weight(op.operands[1])
@@ -1155,10 +1157,10 @@ def _emit_matmul_f32(D: DecoderSerializer, op: Op) -> bool:
     if op.attrs.get("layout", "rows") == "panel16":
         w = D.w.f32_panels(srcs, _label(op, "weight"))
         n = sum(s.rows for s in srcs)
-        D.bind(op.results[0], D.L.one(OP_NAMES["f32"], x, w, domain=DOMAIN, N=n))
+        D.bind(op.results[0], D.L.one(OP_NAMES["f32"], x, w, domain=DOMAIN, N=n, **_epi(op)))
         return True
     w = D.w.f32(srcs, _label(op, "weight"))
-    D.bind(op.results[0], D.L.one(OP_NAMES["f32"], x, w, domain=DOMAIN))
+    D.bind(op.results[0], D.L.one(OP_NAMES["f32"], x, w, domain=DOMAIN, **_epi(op)))
     return True
 
 

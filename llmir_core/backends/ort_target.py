@@ -165,7 +165,11 @@ class OrtTarget:
             # f32 weights: llmir's MatMulF32 reads them in place, stored in 16-row panels, where
             # the custom ops build (--f32-matmul llmir, the default); --f32-matmul mlas keeps
             # onnxruntime's FusedMatMul (repacked when the session opens)
-            LowerOrtWeightDtype(dtype, f32_kernel=str(options.get("f32_matmul") or F32_KERNEL)),
+            LowerOrtWeightDtype(
+                dtype,
+                f32_kernel=str(options.get("f32_matmul") or F32_KERNEL),
+                swiglu=bool(options.get("swiglu", True)),
+            ),
             LowerOrtLogits(last),
             module,
         ]

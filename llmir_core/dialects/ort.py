@@ -444,90 +444,6 @@ register(
 )
 
 
-def _infer_weight_matmul(ctx: InferCtx, dtypes: tuple[DType, ...], what: str) -> list[Type]:
-    """a [..., K] f32 times a 2-D [N, K] weight b of one of `dtypes` (b transposed)."""
-    a, w = float_tensor(ctx, 0, "a"), tensor_arg(ctx, 1, "b")
-    _need(a.rank >= 2 and a.dtype == DType.f32, f"a must be an f32 tensor of rank >= 2, got {a}")
-    _need(w.rank == 2 and w.dtype in dtypes, f"b must be a 2-D [N, K] {what} weight, got {w}")
-    n, k = w.shape
-    _need(
-        k == a.shape[-1] or not (isinstance(k, int) and isinstance(a.shape[-1], int)),
-        f"contraction dims differ: a has {a.shape[-1]}, b {k}",
-    )
-    return [like(a, (*a.shape[:-1], n))]
-
-
-def _infer_matmul16(ctx: InferCtx) -> list[Type]:
-    return _infer_weight_matmul(ctx, (DType.f16, DType.bf16), "f16 or bf16")
-
-
-def _ref_matmul16(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
-    a, w = args
-    return (a.astype(_F64) @ w.astype(_F64).T).astype(np.float32)
-
-
-register(
-    OpDef(
-        name="ort.matmul16",
-        summary="llmir's onnxruntime custom op (ai.llmir MatMulF16 / MatMulBf16, "
-        "llmir_core/backends/ort_ext): a @ b^T for an f32 a and a 16-bit weight b [N, K] read "
-        "as stored and widened to f32 in registers (f32 accumulation).",
-        operands=(Operand("a", doc="[..., K] f32"), Operand("b", doc="[N, K] f16 or bf16")),
-        attrs=(),
-        infer=_infer_matmul16,
-        reference=_ref_matmul16,
-        decompose=lambda b, o, at: [
-            b.op("core.matmul", o[0], b.op("core.cast", o[1], to=DType.f32), transpose_b=True)
-        ],
-        smt=encoding("target_smt", "ort_matmul16"),
-        interval=ranges.iv_matmul,
-        cost=ranges.cost_matmul,
-        verifies="a is an f32 tensor of rank >= 2 and b a 2-D f16/bf16 [N, K] weight whose K "
-        "matches a's last dim.",
-        example="%y = ort.matmul16 %x, %w : (tensor<?batch x ?seq x 64 x f32>, "
-        "tensor<128x64xf16>) -> tensor<?batch x ?seq x 128 x f32>",
-    )
-)
-
-
-def _infer_matmul_f32(ctx: InferCtx) -> list[Type]:
-    return _infer_weight_matmul(ctx, (DType.f32,), "f32")
-
-
-register(
-    OpDef(
-        name="ort.matmul_f32",
-        summary="llmir's onnxruntime custom op (ai.llmir MatMulF32, llmir_core/backends/ort_ext): "
-        "a @ b^T for an f32 a and an f32 weight b [N, K] read in place (no prepacked copy: "
-        "the session loads without repacking it). b is the logical weight; `layout` is how the "
-        'serializer stores it: "rows" ([N, K] as is) or "panel16" ([ceil(N/16), K, 16]: panels '
-        "of 16 rows transposed, zero-padded, the GEMM's packed layout, read with no packing per "
-        "call; llmir_core/backends/panels.py).",
-        operands=(Operand("a", doc="[..., K] f32"), Operand("b", doc="[N, K] f32")),
-        attrs=(
-            Attr(
-                "layout",
-                "str",
-                "rows",
-                choices=("rows", "panel16"),
-                doc="rows ([N, K]) or panel16 ([ceil(N/16), K, 16]): how b is stored",
-            ),
-        ),
-        infer=_infer_matmul_f32,
-        reference=_ref_matmul16,
-        decompose=lambda b, o, at: [b.op("core.matmul", o[0], o[1], transpose_b=True)],
-        smt=encoding("target_smt", "ort_matmul_f32"),
-        interval=ranges.iv_matmul,
-        cost=ranges.cost_matmul,
-        verifies="a is an f32 tensor of rank >= 2 and b a 2-D f32 [N, K] weight whose K matches "
-        "a's last dim.",
-        example='%y = ort.matmul_f32 %x, %w {layout = "panel16"} : (tensor<?batch x ?seq x 64 x f32>, '
-        "tensor<128x64xf32>) -> tensor<?batch x ?seq x 128 x f32>",
-    )
-)
-
-_QUANTIZE = ("none", "sym", "asym")
-NBITS_KERNELS = ("mlas", "llmir")  # ort.matmul_nbits' `kernel`: which implementation runs it
 EPILOGUES = ("none", "swiglu")  # llmir's quantized matmuls: what follows the product
 
 
@@ -583,6 +499,130 @@ def _dec_epilogue(b: Any, y: Any, epilogue: str) -> Any:
     g = b.op("core.slice", y, starts=(0,), ends=(n // 2,), axes=(-1,))
     u = b.op("core.slice", y, starts=(n // 2,), ends=(n,), axes=(-1,))
     return b.op("core.mul", b.op("core.silu", g), u)
+
+
+def _infer_weight_matmul(ctx: InferCtx, dtypes: tuple[DType, ...], what: str) -> list[Type]:
+    """a [..., K] f32 times a 2-D [N, K] weight b of one of `dtypes` (b transposed)."""
+    a, w = float_tensor(ctx, 0, "a"), tensor_arg(ctx, 1, "b")
+    _need(a.rank >= 2 and a.dtype == DType.f32, f"a must be an f32 tensor of rank >= 2, got {a}")
+    _need(w.rank == 2 and w.dtype in dtypes, f"b must be a 2-D [N, K] {what} weight, got {w}")
+    n, k = w.shape
+    _need(
+        k == a.shape[-1] or not (isinstance(k, int) and isinstance(a.shape[-1], int)),
+        f"contraction dims differ: a has {a.shape[-1]}, b {k}",
+    )
+    return [_epilogue_out(a, n, ctx["epilogue"])]
+
+
+def _infer_matmul16(ctx: InferCtx) -> list[Type]:
+    return _infer_weight_matmul(ctx, (DType.f16, DType.bf16), "f16 or bf16")
+
+
+def _ref_matmul16(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
+    a, w = args
+    y = a.astype(_F64) @ w.astype(_F64).T
+    if at.get("epilogue", "none") == "swiglu":
+        y = _swiglu64(y)
+    return y.astype(np.float32)
+
+
+def _iv_weight_matmul(op: Any, ins: list[Any], env: dict[str, int], max_dim: int) -> Any:
+    """iv_matmul, then (epilogue "swiglu") silu(gate) * up over the product's range."""
+    y = ranges.iv_matmul(op, ins, env, max_dim)
+    if op.attrs.get("epilogue", "none") != "swiglu":
+        return y
+    return ranges.mul((-0.28, max(y[1], 0.0)), y)
+
+
+register(
+    OpDef(
+        name="ort.matmul16",
+        summary="llmir's onnxruntime custom op (ai.llmir MatMulF16 / MatMulBf16, "
+        "llmir_core/backends/ort_ext): a @ b^T for an f32 a and a 16-bit weight b [N, K] read "
+        'as stored and widened to f32 in registers (f32 accumulation). epilogue "swiglu": b '
+        "is [W_gate; W_up] and the result is silu(a @ W_gate^T) * (a @ W_up^T), half of N wide "
+        "(a gated MLP's first half in one op).",
+        operands=(Operand("a", doc="[..., K] f32"), Operand("b", doc="[N, K] f16 or bf16")),
+        attrs=(_epilogue_attr(),),
+        infer=_infer_matmul16,
+        reference=_ref_matmul16,
+        decompose=lambda b, o, at: [
+            _dec_epilogue(
+                b,
+                b.op("core.matmul", o[0], b.op("core.cast", o[1], to=DType.f32), transpose_b=True),
+                at.get("epilogue", "none"),
+            )
+        ],
+        smt=encoding("target_smt", "ort_matmul16"),
+        interval=_iv_weight_matmul,
+        cost=_cost_qmm,
+        verifies="a is an f32 tensor of rank >= 2 and b a 2-D f16/bf16 [N, K] weight whose K "
+        'matches a\'s last dim; epilogue "swiglu" needs a static, even N.',
+        example="%y = ort.matmul16 %x, %w : (tensor<?batch x ?seq x 64 x f32>, "
+        "tensor<128x64xf16>) -> tensor<?batch x ?seq x 128 x f32>",
+    )
+)
+
+
+PANEL_ROWS = 16  # rows per panel of ort.matmul_f32's "panel16" layout (backends/panels.py)
+
+
+def _infer_matmul_f32(ctx: InferCtx) -> list[Type]:
+    out = _infer_weight_matmul(ctx, (DType.f32,), "f32")
+    n = tensor_arg(ctx, 1, "b").shape[0]
+    if ctx["epilogue"] == "swiglu" and ctx["layout"] == "panel16" and isinstance(n, int):
+        # gate panel p and up panel p + H/16 hold the same output columns
+        _need(
+            n % (2 * PANEL_ROWS) == 0,
+            f'epilogue "swiglu" in panels needs N = 2H with H a multiple of {PANEL_ROWS}, '
+            f"got N = {n}",
+        )
+    return out
+
+
+register(
+    OpDef(
+        name="ort.matmul_f32",
+        summary="llmir's onnxruntime custom op (ai.llmir MatMulF32, llmir_core/backends/ort_ext): "
+        "a @ b^T for an f32 a and an f32 weight b [N, K] read in place (no prepacked copy: "
+        "the session loads without repacking it). b is the logical weight; `layout` is how the "
+        'serializer stores it: "rows" ([N, K] as is) or "panel16" ([ceil(N/16), K, 16]: panels '
+        "of 16 rows transposed, zero-padded, the GEMM's packed layout, read with no packing per "
+        'call; llmir_core/backends/panels.py). epilogue "swiglu": b is [W_gate; W_up] and the '
+        "result is silu(a @ W_gate^T) * (a @ W_up^T), half of N wide; in panels H = N/2 is a "
+        "multiple of 16, so gate panel p and up panel p + H/16 hold the same output columns.",
+        operands=(Operand("a", doc="[..., K] f32"), Operand("b", doc="[N, K] f32")),
+        attrs=(
+            Attr(
+                "layout",
+                "str",
+                "rows",
+                choices=("rows", "panel16"),
+                doc="rows ([N, K]) or panel16 ([ceil(N/16), K, 16]): how b is stored",
+            ),
+            _epilogue_attr(),
+        ),
+        infer=_infer_matmul_f32,
+        reference=_ref_matmul16,
+        decompose=lambda b, o, at: [
+            _dec_epilogue(
+                b,
+                b.op("core.matmul", o[0], o[1], transpose_b=True),
+                at.get("epilogue", "none"),
+            )
+        ],
+        smt=encoding("target_smt", "ort_matmul_f32"),
+        interval=_iv_weight_matmul,
+        cost=_cost_qmm,
+        verifies="a is an f32 tensor of rank >= 2 and b a 2-D f32 [N, K] weight whose K matches "
+        'a\'s last dim; epilogue "swiglu" needs a static, even N (in panels: N a multiple of 32).',
+        example='%y = ort.matmul_f32 %x, %w {layout = "panel16"} : (tensor<?batch x ?seq x 64 x f32>, '
+        "tensor<128x64xf32>) -> tensor<?batch x ?seq x 128 x f32>",
+    )
+)
+
+_QUANTIZE = ("none", "sym", "asym")
+NBITS_KERNELS = ("mlas", "llmir")  # ort.matmul_nbits' `kernel`: which implementation runs it
 
 
 def _infer_nbits(ctx: InferCtx) -> list[Type]:

@@ -38,14 +38,26 @@ def ort_fused_matmul(enc: Encoder, args: Args, attrs: At) -> STensor:
     return enc.matmul(args[0], args[1], transpose_b=bool(attrs["transB"]))
 
 
+def _epilogue(enc: Encoder, y: STensor, attrs: At) -> STensor:
+    """The `epilogue` of llmir's matmuls: "swiglu" is silu(y[..., :H]) * y[..., H:]."""
+    if attrs.get("epilogue", "none") != "swiglu":
+        return y
+    n = y.shape[-1]
+    if not isinstance(n, int):
+        raise EncodeError('epilogue "swiglu" over a symbolic N is not encoded')
+    g, u = core_smt.split(enc, [y], {"axis": -1, "sizes": (n // 2, n // 2)})
+    return llm_smt.silu_mul(enc, [g, u], {})
+
+
 def ort_matmul16(enc: Encoder, args: Args, attrs: At) -> STensor:
     """a @ f32(b)^T: the widening encoded as ort.cast to f32 is (so the rewrite of
-    ort.fused_matmul(a, ort.cast(b, f32)) meets it as an equal term)."""
-    return enc.matmul(args[0], core_smt.cast(enc, [args[1]], {"to": "f32"}), transpose_b=True)
+    ort.fused_matmul(a, ort.cast(b, f32)) meets it as an equal term), then the epilogue."""
+    y = enc.matmul(args[0], core_smt.cast(enc, [args[1]], {"to": "f32"}), transpose_b=True)
+    return _epilogue(enc, y, attrs)
 
 
 def ort_matmul_f32(enc: Encoder, args: Args, attrs: At) -> STensor:
-    return enc.matmul(args[0], args[1], transpose_b=True)
+    return _epilogue(enc, enc.matmul(args[0], args[1], transpose_b=True), attrs)
 
 
 def ort_quick_gelu(enc: Encoder, args: Args, attrs: At) -> STensor:
@@ -61,14 +73,7 @@ def ort_matmul_nbits(enc: Encoder, args: Args, attrs: At) -> STensor:
     """a @ b^T for a float b stored losslessly; a packed or requantized b is not encoded."""
     if len(args) > 2 or attrs["quantize"] != "none":
         raise EncodeError("matmul_nbits over packed or requantized blocks is not encoded")
-    y = enc.matmul(args[0], args[1], transpose_b=True)
-    if attrs.get("epilogue", "none") == "swiglu":  # silu(y[..., :H]) * y[..., H:]
-        n = y.shape[-1]
-        if not isinstance(n, int):
-            raise EncodeError('epilogue "swiglu" over a symbolic N is not encoded')
-        g, u = core_smt.split(enc, [y], {"axis": -1, "sizes": (n // 2, n // 2)})
-        return llm_smt.silu_mul(enc, [g, u], {})
-    return y
+    return _epilogue(enc, enc.matmul(args[0], args[1], transpose_b=True), attrs)
 
 
 # -- triton --------------------------------------------------------------------------------------

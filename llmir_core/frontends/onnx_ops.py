@@ -1660,12 +1660,14 @@ def _dynamic_quantize_matmul(n: Node) -> list[Value | None]:
 def _matmul_f32(n: Node) -> list[Value | None]:
     """llmir's own f32 matmul (llmir_core/backends/ort_ext/matmul_f32.c): X @ W^T with W stored
     as rows [N, K], or as 16-row panels [ceil(N/16), K, 16] (attribute N; rows past N are zero
-    padding), unpacked to [N, K] exactly."""
+    padding), unpacked to [N, K] exactly; `epilogue = "swiglu"` as for the quantized ones."""
     wt, xt = n.t(1), n.t(0)
     if wt.dtype != DType.f32 or xt.dtype != DType.f32:
         raise NotMapped("expects f32 X and W")
     if wt.rank == 2:
-        return [n.emit("core.matmul", n.inp(0), n.inp(1), transpose_b=True)]
+        y = n.emit("core.matmul", n.inp(0), n.inp(1), transpose_b=True)
+        rows = wt.shape[0]
+        return [_llmir_epilogue(n, y, rows if isinstance(rows, int) else -1)]  # -1: not static
     nn, shape = n.attr("N", None), wt.shape
     k = xt.shape[-1] if xt.rank else None
     if (
@@ -1680,7 +1682,7 @@ def _matmul_f32(n: Node) -> list[Value | None]:
     w = n.emit("core.reshape", w, shape=(p * 16, k))
     if p * 16 != nn:
         w = n.emit("core.slice", w, starts=(0,), ends=(nn,), axes=(0,))
-    return [n.emit("core.matmul", n.inp(0), w, transpose_b=True)]
+    return [_llmir_epilogue(n, n.emit("core.matmul", n.inp(0), w, transpose_b=True), nn)]
 
 
 @handles("MatMulS8", domain="ai.llmir")

@@ -48,7 +48,8 @@ projections would both run on llmir's kernel (`ort.matmul_nbits {kernel = "llmir
 `epilogue = "swiglu"` (silu(gate) * up computed in the kernel, half as wide), then the down
 projection: one op and one weight stream instead of two matmuls, ort.quick_gelu and core.mul.
 Blocks and per-row scales of the concatenation are those of each weight, so the fused module
-computes what the op-by-op one does. MLAS (MatMulNBits / QGEMM) keeps the op-by-op MLP.
+computes what the op-by-op one does. MLAS (MatMulNBits / QGEMM) keeps the op-by-op MLP. f32 and
+16-bit MLPs are expanded here and fused by lower-ort-weight-dtype (which picks their kernel).
 
 `core.silu` of f32 becomes `ort.quick_gelu` (alpha 1). Invariant: every exact op's
 decomposition is the op it replaced; requantizing ops are validated differentially.

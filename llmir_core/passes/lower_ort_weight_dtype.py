@@ -35,6 +35,17 @@ by the serializer) when every use of W is such a matmul, else "rows" (W as is: a
 the embedding, whose Gather reads rows, is stored once); `f32_layout = "rows"` keeps rows
 everywhere.
 
+First of all (option `swiglu`, on by default, the build option of the same name), each gated
+MLP that lower-ort-matmul expanded, core.mul(ort.quick_gelu(x @ Wg^T), x @ Wu^T), whose gate and
+up matmuls would both run on llmir's kernel in one width (their weights static, used nowhere
+else, the same --dtype or stored width) becomes that kernel over `core.concat(Wg, Wu, axis 0)`
+with `epilogue = "swiglu"` (silu(gate) * up computed in the kernel, half as wide): `ort.matmul16`
+of the stored 16-bit concatenation, or `ort.matmul_f32 {layout = "panel16"}` when H (the rows
+of each) is a multiple of 16, so that gate panel p and up panel p + H/16 hold the same output
+columns. One op and one weight stream instead of two matmuls, QuickGelu and Mul; the report
+says `matmul-swiglu`. `f32_kernel = "ort"` (--f32-matmul mlas), `f32_layout = "rows"`,
+`kernel = "f32"` or a machine without the library keep the op-by-op MLP.
+
 MatMulNBits weights (`--quant`, GGUF blocks) are not touched. The report gives each weight's max
 rounding error and which path it took (and why the custom op was not used).
 
@@ -46,11 +57,13 @@ stored in d already); `ort.matmul16` computes what `ort.fused_matmul` of the wid
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
+from llmir_core.dialects.ort import PANEL_ROWS
 from llmir_core.errors import InputError
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType, TensorType, numpy_dtype
@@ -104,6 +117,43 @@ def _stored_16(w: Value) -> DType | None:
     return dt if inner.owner.name == "core.weight" else None
 
 
+def _gated(g: Graph, op: Op) -> tuple[Value, Value, Value, list[Op]] | None:
+    """(x, Wg, Wu, the four ops) when op is core.mul(ort.quick_gelu(x @ Wg^T) {alpha = 1},
+    x @ Wu^T) (either operand order) over ort.fused_matmul (transB) by static 2-D f32 weights of
+    one shape, each intermediate value and each weight used only there; else None."""
+    if op.name != "core.mul" or len(op.operands) != 2:
+        return None
+    for a, u in (op.operands, op.operands[::-1]):
+        act = g.producer(a, "ort.quick_gelu")
+        up = g.producer(u, "ort.fused_matmul")
+        gate = g.producer(act.operands[0], "ort.fused_matmul") if act is not None else None
+        if act is None or up is None or gate is None or act.attrs.get("alpha", 1.0) != 1.0:
+            continue
+        if not (g.only_use(a, op) and g.only_use(u, op) and g.only_use(act.operands[0], act)):
+            continue
+        (x, wg), (xu, wu) = gate.operands[:2], up.operands[:2]
+        if (
+            len(gate.operands) != 2
+            or len(up.operands) != 2
+            or x is not xu
+            or wg is wu
+            or not (gate.attrs.get("transB") and up.attrs.get("transB"))
+        ):
+            continue
+        ok = all(
+            id(w) in g.static
+            and isinstance(w.type, TensorType)
+            and w.type.dtype == DType.f32
+            and w.type.rank == 2
+            and g.only_use(w, mm)
+            and (w.owner is None or w.owner.name != "ort.cast")
+            for w, mm in ((wg, gate), (wu, up))
+        )
+        if ok and tt(wg).shape == tt(wu).shape and tt(x).dtype == DType.f32 and tt(x).rank >= 2:
+            return x, wg, wu, [op, act, gate, up]
+    return None
+
+
 @dataclass(frozen=True)
 class LowerOrtWeightDtype:
     name: ClassVar[str] = "lower-ort-weight-dtype"
@@ -114,6 +164,7 @@ class LowerOrtWeightDtype:
     kernel: str = "auto"  # auto | custom | f32: the matmul path for 16-bit weights (see above)
     f32_kernel: str = F32_KERNEL  # ort | auto | custom: the matmul path for f32 weights
     f32_layout: str = F32_LAYOUTS[0]  # panel16 | rows: ort.matmul_f32's weight layout (above)
+    swiglu: bool = True  # gated MLPs: one matmul over [gate; up] with the SwiGLU epilogue (above)
     # --verify-each compares outputs differentially at this relative tolerance (bf16 rounds each
     # weight by up to 2^-9 of its magnitude; f16 by 2^-12), scaled by depth
     validation_rtol: ClassVar[float] = 2e-2
@@ -121,16 +172,7 @@ class LowerOrtWeightDtype:
     def run(self, module: Module, ctx: PassContext) -> bool:
         d = parse_weight_dtype(self.dtype)
         keep = self.dtype == ""  # the default: 16-bit stored weights stay 16-bit
-        if self.f32_kernel not in F32_KERNELS:
-            raise InputError(
-                f"unknown f32_kernel '{self.f32_kernel}' for lower-ort-weight-dtype",
-                hint=f"use one of: {', '.join(F32_KERNELS)}",
-            )
-        if self.f32_layout not in F32_LAYOUTS:
-            raise InputError(
-                f"unknown f32_layout '{self.f32_layout}' for lower-ort-weight-dtype",
-                hint=f"use one of: {', '.join(F32_LAYOUTS)}",
-            )
+        self._check_options()
         f32_custom = self.f32_kernel != "ort"
         if (d is None and not keep and not f32_custom) or not is_decoder(module):
             return False
@@ -153,8 +195,14 @@ class LowerOrtWeightDtype:
 
         changed = False
         for fn in module.functions:
-            g = Graph(fn)
             stored: dict[int, Value] = {}  # weight -> its d value
+            if self.swiglu:
+
+                def store(w: Value, wd: DType, fn: Function = fn) -> Value:
+                    return self._store(fn, w, wd, ctx, module, static_value)
+
+                changed |= self._fuse_gated(fn, ctx, d, keep, custom, custom_f32, store)
+            g = Graph(fn)
             wide: dict[int, Value] = {}  # weight -> ort.cast(d value, f32)
             for op in list(fn.ops):
                 slot = {"ort.fused_matmul": 1, "llm.embedding": 0}.get(op.name)
@@ -197,6 +245,84 @@ class LowerOrtWeightDtype:
         if changed:
             declare_ort(module)
         return changed
+
+    def _check_options(self) -> None:
+        if self.f32_kernel not in F32_KERNELS:
+            raise InputError(
+                f"unknown f32_kernel '{self.f32_kernel}' for lower-ort-weight-dtype",
+                hint=f"use one of: {', '.join(F32_KERNELS)}",
+            )
+        if self.f32_layout not in F32_LAYOUTS:
+            raise InputError(
+                f"unknown f32_layout '{self.f32_layout}' for lower-ort-weight-dtype",
+                hint=f"use one of: {', '.join(F32_LAYOUTS)}",
+            )
+
+    def _fuse_gated(
+        self,
+        fn: Function,
+        ctx: PassContext,
+        d: DType | None,
+        keep: bool,
+        custom: Callable[[], str | None],
+        custom_f32: Callable[[], bool],
+        store: Callable[[Value, DType], Value],
+    ) -> bool:
+        """Each expanded gated MLP, core.mul(ort.quick_gelu(x @ Wg^T), x @ Wu^T) over two
+        ort.fused_matmul (transB) by static f32 weights that have no other use, whose matmuls
+        would both run on llmir's kernel in the same width, becomes that kernel over
+        concat(Wg, Wu) with `epilogue = "swiglu"`: ort.matmul_f32 (panel16, H a multiple of 16)
+        or ort.matmul16 of the stored 16-bit concatenation."""
+        g = Graph(fn)
+        changed = False
+        for op in list(fn.ops):
+            m = _gated(g, op)
+            if m is None:
+                continue
+            x, wg, wu, dead = m
+            dts = {d if d is not None else (_stored_16(w) if keep else None) for w in (wg, wu)}
+            h = tt(wg).shape[0]
+            if len(dts) != 1 or not isinstance(h, int):
+                continue  # gate and up stored in different widths: op by op
+            wd = dts.pop()
+            b, new_ops = scratch_builder(fn, op.origin)
+            w = b.op("core.concat", wg, wu, axis=0)
+            labels = f"{_label(wg)}, {_label(wu)}"
+            if wd is None:
+                if (
+                    self.f32_kernel == "ort"
+                    or self.f32_layout != "panel16"
+                    or h % PANEL_ROWS
+                    or not custom_f32()
+                ):
+                    continue
+                y = b.op("ort.matmul_f32", x, w, layout="panel16", epilogue="swiglu")
+                how = f"f32 in 16-row panels of [gate; up] (H = {h}, a multiple of 16)"
+                self._insert_before(fn, op, new_ops)
+            else:
+                if custom() is not None:
+                    continue
+                self._insert_before(fn, op, new_ops)
+                w16 = store(w, wd)
+                b, new_ops = scratch_builder(fn, op.origin)
+                y = b.op("ort.matmul16", x, w16, epilogue="swiglu")
+                how = f"{wd} [gate; up] read as stored, widened in registers"
+                self._insert_before(fn, op, new_ops)
+            take_over(fn, op.results[0], y)
+            erase_dead(fn, dead)
+            ctx.applied(
+                "matmul-swiglu",
+                y,
+                f"{labels}: one matmul over [gate; up] with the SwiGLU epilogue on llmir's "
+                f"kernel ({how}; silu(gate) * up computed as the columns finish)",
+            )
+            changed = True
+        return changed
+
+    @staticmethod
+    def _insert_before(fn: Function, op: Op, new_ops: list[Op]) -> None:
+        i = next(i for i, o in enumerate(fn.ops) if o is op)
+        fn.ops[i:i] = new_ops
 
     def _custom(self) -> str | None:
         """None when ort.matmul16 is used, else why not."""

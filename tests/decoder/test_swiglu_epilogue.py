@@ -1,6 +1,7 @@
-"""The SwiGLU epilogue of llmir's quantized matmuls (`epilogue = "swiglu"` on
-`ort.matmul_nbits {kernel = "llmir"}` / `ort.matmul_s8`: ai.llmir MatMulNBitsQ4/Q8 and MatMulS8
-with the node attribute `epilogue`): one op over the row-concatenated weight [W_gate; W_up] gives
+"""The SwiGLU epilogue of llmir's matmuls (`epilogue = "swiglu"` on
+`ort.matmul_nbits {kernel = "llmir"}` / `ort.matmul_s8` / `ort.matmul_f32` / `ort.matmul16`:
+ai.llmir MatMulNBitsQ4/Q8, MatMulS8, MatMulF32 and MatMulF16/Bf16 with the node attribute
+`epilogue`): one op over the row-concatenated weight [W_gate; W_up] gives
 silu(x W_gate^T) * (x W_up^T). The kernels against the same op without the epilogue followed by
 numpy's silu * up (decode M = 1/3, prefill M = 128, batch dims, odd sizes), the op's reference,
 the lowering that emits it (FileCheck in tests/filecheck/lower_ort_swiglu.llmir), a build with it
@@ -17,12 +18,13 @@ import pytest
 
 from llmir_core.backends import build, lower
 from llmir_core.backends.ort_ext import DOMAIN, NBITS_OP_NAMES, register, unavailable_reason
+from llmir_core.backends.panels import to_panels
 from llmir_core.dialects.registry import get_op
 from llmir_core.ir.printer import print_module
 from llmir_core.quant import nbits, s8
 from llmir_core.runtime.ort_decoder import open_artifact
 
-from .helpers import greedy
+from .helpers import greedy, rel
 
 WHY = unavailable_reason()
 needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"llmir's custom op cannot run: {WHY}")
@@ -30,13 +32,20 @@ F32 = np.float32
 PROMPT = np.random.default_rng(2).integers(3, 100, (1, 9))
 
 
-def _model(op: str, inputs: list[Any], init: list[Any], epilogue: str | None) -> Any:
+def _model(
+    op: str,
+    inputs: list[Any],
+    init: list[Any],
+    epilogue: str | None,
+    threads: int = 2,
+    **attrs: Any,
+) -> Any:
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
     names = ["x"] + [t.name for t in init]
     extra = {} if epilogue is None else {"epilogue": epilogue}
-    node = helper.make_node(op, names, ["y"], domain=DOMAIN, **extra)
+    node = helper.make_node(op, names, ["y"], domain=DOMAIN, **extra, **attrs)
     vi = helper.make_tensor_value_info
     g = helper.make_graph(
         [node], "m", [vi("x", TensorProto.FLOAT, None)], [vi("y", TensorProto.FLOAT, None)], init
@@ -45,7 +54,7 @@ def _model(op: str, inputs: list[Any], init: list[Any], epilogue: str | None) ->
         g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)]
     )
     so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
+    so.intra_op_num_threads = threads
     register(so, ["llmir_ops"])
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
@@ -73,6 +82,30 @@ def _s8_sessions(n: int, k: int, seed: int) -> tuple[Any, Any]:
         numpy_helper.from_array(scales, "s"),
     ]
     return _model("MatMulS8", [], init, "swiglu"), _model("MatMulS8", [], init, None)
+
+
+def _float_sessions(op: str, n: int, k: int, seed: int, threads: int = 2) -> tuple[Any, Any]:
+    """MatMulF32 in panels ("MatMulF32"), as rows ("MatMulF32/rows"), MatMulF16, MatMulBf16
+    over a random [n, k] weight: (with the epilogue, without)."""
+    import ml_dtypes
+    from onnx import numpy_helper
+
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(F32)
+    attrs: dict[str, Any] = {}
+    if op == "MatMulF32":
+        arr, attrs = to_panels(w), {"N": n}
+    elif op == "MatMulF16":
+        arr = w.astype(np.float16)
+    elif op == "MatMulBf16":
+        arr = w.astype(ml_dtypes.bfloat16)
+    else:
+        arr = w
+    t = numpy_helper.from_array(arr, "w")
+    name = op.split("/")[0]
+    return (
+        _model(name, [], [t], "swiglu", threads, **attrs),
+        _model(name, [], [t], None, threads, **attrs),
+    )
 
 
 def _swiglu(full: np.ndarray) -> np.ndarray:
@@ -105,6 +138,49 @@ def test_nbits_epilogue_matches_unfused(bits: int, f16: bool, h: int, k: int) ->
 def test_s8_epilogue_matches_unfused(h: int, k: int) -> None:
     fused, plain = _s8_sessions(2 * h, k, h * k)
     _check(fused, plain, k, h + k)
+
+
+FLOAT_OPS = ["MatMulF32", "MatMulF32/rows", "MatMulF16", "MatMulBf16"]
+
+
+@needs_kernel
+@pytest.mark.parametrize("op", FLOAT_OPS)
+@pytest.mark.parametrize("h,k", [(16, 64), (48, 576), (160, 1000), (32, 7)])
+def test_float_epilogue_matches_unfused(op: str, h: int, k: int) -> None:
+    """The f32 (panels and rows) and 16-bit kernels: decode (the columns of a task combined as
+    they finish) and prefill (the product, then the rows) against the unfused op + numpy."""
+    fused, plain = _float_sessions(op, 2 * h, k, h * k)
+    _check(fused, plain, k, h + k)
+
+
+@needs_kernel
+@pytest.mark.parametrize("op", FLOAT_OPS)
+def test_float_epilogue_same_bits_at_any_thread_count(op: str) -> None:
+    one, _ = _float_sessions(op, 2 * 96, 320, 3, threads=1)
+    two, _ = _float_sessions(op, 2 * 96, 320, 3, threads=2)
+    rng = np.random.default_rng(4)
+    for m in (1, 3, 8, 40):
+        x = rng.standard_normal((m, 320)).astype(F32)
+        assert np.array_equal(one.run(None, {"x": x})[0], two.run(None, {"x": x})[0]), m
+
+
+@needs_kernel
+def test_float_epilogue_errors() -> None:
+    from onnx import numpy_helper
+
+    x = np.zeros((1, 8), F32)
+    panels = numpy_helper.from_array(to_panels(np.ones((40, 8), F32)), "w")
+    with pytest.raises(Exception, match="in panels needs N = 2H with H a multiple of 16"):
+        _model("MatMulF32", [], [panels], "swiglu", N=40).run(None, {"x": x})
+    odd = numpy_helper.from_array(np.ones((7, 8), F32), "w")
+    with pytest.raises(Exception, match='MatMulF32: epilogue "swiglu" needs an even N'):
+        _model("MatMulF32", [], [odd], "swiglu").run(None, {"x": x})
+    odd16 = numpy_helper.from_array(np.ones((7, 8), np.float16), "w")
+    with pytest.raises(Exception, match='matmul: epilogue "swiglu" needs an even N'):
+        _model("MatMulF16", [], [odd16], "swiglu").run(None, {"x": x})
+    for op, t in (("MatMulF32", odd), ("MatMulF16", odd16)):
+        with pytest.raises(Exception, match="unknown epilogue"):
+            _model(op, [], [t], "gelu").run(None, {"x": x})
 
 
 @needs_kernel
@@ -163,6 +239,50 @@ def test_reference_and_verifier() -> None:
     assert any('epilogue "swiglu" needs kernel "llmir"' in e for e in errors(10, 5, ""))
 
 
+def test_float_reference_and_verifier() -> None:
+    """ort.matmul_f32 / ort.matmul16 with the epilogue: silu of the first half of a @ b^T times
+    the second half; the verifier wants an even N, and in panels N = 2H with H % 16 == 0."""
+    import ml_dtypes
+
+    from llmir_core.ir.parser import parse_module
+    from llmir_core.verifier import verify
+
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((2, 3, 64)).astype(F32)
+    w = rng.standard_normal((10, 64)).astype(F32)
+    full = a.astype(np.float64) @ w.astype(np.float64).T
+    for name, wt in (("ort.matmul_f32", w), ("ort.matmul16", w.astype(ml_dtypes.bfloat16))):
+        od = get_op(name)
+        assert od is not None and od.reference is not None
+        got = od.reference([a, wt], od.with_defaults({"epilogue": "swiglu"}))
+        want = _swiglu(a.astype(np.float64) @ wt.astype(np.float64).T)
+        assert got.shape == (2, 3, 5) and np.allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert np.allclose(
+        get_op("ort.matmul_f32").reference([a, w], {"epilogue": "none"}),  # type: ignore[union-attr]
+        full,
+        atol=1e-5,
+    )
+
+    def errors(op: str, n: int, out: int, attrs: str, dt: str = "f32") -> list[str]:
+        text = (
+            'module @m attributes {llmir.dialects = ["core", "ort"]} {\n'
+            f"  func.func @main(%x: tensor<2x64xf32>, %w: tensor<{n}x64x{dt}>) -> "
+            f"(tensor<2x{out}xf32>) {{\n    %y = {op} %x, %w {{{attrs}}} : (tensor<2x64xf32>, "
+            f"tensor<{n}x64x{dt}>) -> tensor<2x{out}xf32>\n    return %y : tensor<2x{out}xf32>\n"
+            "  }\n}\n"
+        )
+        return [d.message for d in verify(parse_module(text)) if d.severity == "error"]
+
+    swiglu = 'epilogue = "swiglu"'
+    assert not errors("ort.matmul_f32", 10, 5, swiglu)
+    assert not errors("ort.matmul_f32", 64, 32, swiglu + ', layout = "panel16"')
+    assert not errors("ort.matmul16", 10, 5, swiglu, "f16")
+    assert any("needs an even N" in e for e in errors("ort.matmul_f32", 9, 4, swiglu))
+    assert any("needs an even N" in e for e in errors("ort.matmul16", 9, 4, swiglu, "bf16"))
+    panel = errors("ort.matmul_f32", 40, 20, swiglu + ', layout = "panel16"')
+    assert any("in panels needs N = 2H with H a multiple of 16, got N = 40" in e for e in panel)
+
+
 def _ops(module: Any, name: str) -> list[Any]:
     return [op for op in module.main.ops if op.name == name]
 
@@ -190,6 +310,65 @@ def test_fused_build_generates_the_same_tokens(
     assert greedy(a, prompt, 12) == greedy(b, prompt, 12)
 
 
+def _onnx_nodes(art: Path) -> list[str]:
+    import onnx
+
+    return [
+        n.op_type for n in onnx.load(str(art / "model.onnx"), load_external_data=False).graph.node
+    ]
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "opts,opname", [({}, "ort.matmul_f32"), ({"dtype": "f16"}, "ort.matmul16")]
+)
+def test_fused_float_build_matches_the_unfused_one(
+    opts: dict[str, Any], opname: str, tiny_module: Any, tmp_path: Path
+) -> None:
+    """f32 (panels) and f16 builds: the gated MLP is one matmul over [gate; up] with the SwiGLU
+    epilogue (3 onnxruntime nodes a layer fewer: gate, up, QuickGelu, Mul -> one); its logits are the unfused build's to 1e-4 and
+    its greedy tokens the same; `swiglu = false` keeps the op-by-op MLP."""
+    fused = lower(tiny_module, options=opts)
+    plain = lower(tiny_module, options={**opts, "swiglu": False})
+    text = print_module(fused)
+    assert "ort.quick_gelu" not in text and 'epilogue = "swiglu"' not in print_module(plain)
+    n_layers = len(_ops(plain, "ort.quick_gelu"))
+    assert n_layers > 0
+    assert len([o for o in _ops(fused, opname) if o.attrs.get("epilogue") == "swiglu"]) == n_layers
+    build(tiny_module, str(tmp_path / "fused"), "onnxruntime", options=opts)
+    build(tiny_module, str(tmp_path / "plain"), "onnxruntime", options={**opts, "swiglu": False})
+    nodes_f, nodes_p = _onnx_nodes(tmp_path / "fused"), _onnx_nodes(tmp_path / "plain")
+    assert len(nodes_p) - len(nodes_f) == 3 * n_layers and "QuickGelu" not in nodes_f
+    a, b = open_artifact(str(tmp_path / "fused")), open_artifact(str(tmp_path / "plain"))
+    a.reset(1)
+    b.reset(1)
+    assert rel(a.forward(PROMPT), b.forward(PROMPT)) <= 1e-4
+    prompt = PROMPT[0].tolist()
+    assert greedy(a, prompt, 12) == greedy(b, prompt, 12)
+
+
+def test_float_fusion_needs_an_unshared_weight_and_whole_panels(
+    tiny_module: Any, tmp_path: Path
+) -> None:
+    """A gate weight that is also the up weight (tied) is never fused; neither is an f32 MLP
+    whose H is not a multiple of 16 (panels), nor one under --f32-matmul mlas."""
+    from llmir_core.frontends.hf import import_hf
+    from llmir_core.passes.base import clone_module
+
+    from .tiny import LlamaShape, make_llama_folder
+
+    tied = clone_module(tiny_module)
+    mlp = next(op for op in tied.main.ops if op.name == "llm.gated_mlp")
+    mlp.operands[2] = mlp.operands[1]  # up = gate: one weight with two uses
+    n_layers = len(_ops(tied, "llm.gated_mlp"))
+    fused = [o for o in _ops(lower(tied), "ort.matmul_f32") if o.attrs.get("epilogue")]
+    assert len(fused) == n_layers - 1
+    odd = import_hf(make_llama_folder(tmp_path / "m", LlamaShape(intermediate=40)))
+    assert "epilogue" not in print_module(lower(odd))
+    assert "epilogue" in print_module(lower(odd, options={"dtype": "f16"}))  # no panels there
+    assert "epilogue" not in print_module(lower(tiny_module, options={"f32_matmul": "ort"}))
+
+
 @needs_kernel
 def test_mlas_kernel_keeps_the_unfused_mlp(tiny_module: Any) -> None:
     text = print_module(lower(tiny_module, options={"quant": "int4", "nbits_kernel": "mlas"}))
@@ -197,21 +376,42 @@ def test_mlas_kernel_keeps_the_unfused_mlp(tiny_module: Any) -> None:
 
 
 @needs_kernel
-def test_reimported_fused_artifact(tiny_module: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("opts", [{"quant": "int4"}, {}])
+def test_reimported_fused_artifact(opts: dict[str, Any], tiny_module: Any, tmp_path: Path) -> None:
     """The importer reads `epilogue = "swiglu"` back as the gated product of the two halves of
-    one quantized matmul: the reimported module generates the artifact's tokens."""
+    one matmul (int4 blocks, f32 panels): the reimported module generates the artifact's
+    tokens."""
     from llmir_core.frontends.onnx import import_onnx
 
     from .helpers import ref_decoder
 
-    build(tiny_module, str(tmp_path / "a"), "onnxruntime", options={"quant": "int4"})
+    build(tiny_module, str(tmp_path / "a"), "onnxruntime", options=opts)
     again, _ = import_onnx(str(tmp_path / "a" / "model.onnx"))
-    n_layers = len(
-        _ops(lower(tiny_module, options={"quant": "int4", "swiglu": False}), "ort.quick_gelu")
-    )
+    n_layers = len(_ops(lower(tiny_module, options={**opts, "swiglu": False}), "ort.quick_gelu"))
     assert len(_ops(again, "llm.silu_mul")) == n_layers
     want = greedy(open_artifact(str(tmp_path / "a")), PROMPT[0].tolist(), 6)
     assert greedy(ref_decoder(again), PROMPT[0].tolist(), 6) == want
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_float_fusion_is_equivalent_to_the_unfused_lowering(dtype: str, tiny_module: Any) -> None:
+    """`llmir verify fused.llmir --against plain.llmir` for the f32 and f16 lowerings (built
+    for llmir's kernel whatever this machine has: f32_matmul / kernel "custom")."""
+    from llmir_core.backends import get_target
+    from llmir_core.passes.base import clone_module
+    from llmir_core.passes.lower_ort_weight_dtype import LowerOrtWeightDtype
+    from llmir_core.passes.manager import run_pipeline
+    from llmir_core.smt.differential import compare
+
+    def lowered(swiglu: bool) -> Any:
+        passes = get_target("onnxruntime").lowering({"swiglu": swiglu})
+        i = next(i for i, p in enumerate(passes) if p.name == "lower-ort-weight-dtype")
+        passes[i] = LowerOrtWeightDtype(dtype, kernel="custom", f32_kernel="custom", swiglu=swiglu)
+        return run_pipeline(clone_module(tiny_module), passes).module
+
+    fused, plain = lowered(True), lowered(False)
+    assert 'epilogue = "swiglu"' in print_module(fused)
+    assert compare(plain, fused)["verdict"] == "equivalent"
 
 
 @pytest.mark.parametrize("quant", ["int4", "int8"])

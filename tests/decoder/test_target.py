@@ -52,9 +52,10 @@ def test_lowered_file_shows_target_ops(lowered: Path) -> None:
     for op in (
         "ort.group_query_attention",
         "ort.skip_simplified_layer_norm",
-        # f32 matmuls: llmir's in-place kernel where its library builds, else MLAS
+        # f32 matmuls: llmir's in-place kernel where its library builds (the gated MLP one
+        # matmul with the SwiGLU epilogue), else MLAS (and ort.quick_gelu)
         "ort.matmul_f32" if capability() else "ort.fused_matmul",
-        "ort.quick_gelu",
+        'epilogue = "swiglu"' if capability() else "ort.quick_gelu",
     ):
         assert op in text
     assert "llm.scaled_dot_product_attention" not in text and 'target = "onnxruntime"' in text

@@ -14,6 +14,14 @@
  * Work is split over weight-row chunks on onnxruntime's intra-op pool
  * (KernelContext_ParallelFor), so the session's thread count applies.
  *
+ * Node attribute `epilogue = "swiglu"` (q8_act.h): W holds [W_gate; W_up] (N = 2H rows) and
+ * Y [..., H] = silu(X W_gate^T) * (X W_up^T). Decode: the gate rows into a scratch [M, H], then
+ * the up rows, each task combining its run of up rows with the matching gate products as they
+ * finish (each half streamed front to back as the two unfused matmuls would read it: one
+ * sequential stream per thread); prefill: the [M, 2H] product into a scratch, then the rows
+ * combined in parallel. Each output is summed by one thread in a fixed order: the
+ * same bits at any thread count.
+ *
  * Built with the other sources of this folder into one library by
  * llmir_core/backends/ort_ext/__init__.py (cc -O3 -mavx2 -mfma -mf16c -shared -fPIC); the
  * onnxruntime ABI is in ort_abi.h, the f32 GEMM micro-kernel in f32_gemm.h. The same kernels'
@@ -26,6 +34,7 @@
 
 #include "f32_gemm.h"
 #include "ort_abi.h"
+#include "q8_act.h" /* the SwiGLU epilogue (llmir_epilogue_attr, llmir_swiglu) */
 
 /* -- kernels ------------------------------------------------------------------------------ */
 
@@ -34,6 +43,7 @@ enum { W_F16 = 0, W_BF16 = 1, W_F32 = 2 };
 #define GEMV_TASKS 32 /* parallel tasks per GEMV call at most (claimed dynamically by threads) */
 #define GEMV_MIN_ROWS 8 /* weight rows per GEMV task at least */
 #define GEMM_PANELS 2 /* panels per parallel task (GEMM) */
+#define SWIGLU_CHUNK 128 /* most output columns per GEMV task with the SwiGLU epilogue */
 
 /* 8 weights at p (element offset already applied) widened to f32; wt is a compile-time constant
  * at every call site (the kernels below are instantiated per weight type) */
@@ -68,7 +78,9 @@ typedef struct Job {
     float *y;
     int64_t M, N, K;
     int wt;
-    int64_t gemv_rows; /* weight rows per GEMV task */
+    int64_t gemv_rows; /* weight rows per GEMV task (with the epilogue: output columns) */
+    int64_t ldy, y0; /* weight row n of X row m goes to y[m * ldy + n - y0] (GEMM: y0 = 0) */
+    const float *g; /* GEMV with the SwiGLU epilogue: the gate product [M, N/2] */
 } Job;
 
 /* sum_k w[k] x[k]: one weight row streamed front to back, 64 columns per step into 8
@@ -133,21 +145,21 @@ static inline __attribute__((always_inline)) void dot_rows(const void *w, const 
  * after the first 4 reuse it from L1) */
 static inline __attribute__((always_inline)) void gemv_rows(const Job *j, int64_t n0, int64_t n1,
                                                             int wt) {
-    const int64_t K = j->K, N = j->N, M = j->M;
+    const int64_t K = j->K, ldy = j->ldy, M = j->M;
     for (int64_t n = n0; n < n1; n++) {
         const void *w = wat(j->w, n * K, wt);
         if (M == 1) {
-            j->y[n] = dot_row(w, j->x, K, wt);
+            j->y[n - j->y0] = dot_row(w, j->x, K, wt);
             continue;
         }
         for (int64_t m = 0; m < M; m += 4) {
             const float *x = j->x + m * K;
-            float *y = j->y + m * N + n;
+            float *y = j->y + m * ldy + n - j->y0;
             switch (M - m < 4 ? M - m : 4) {
                 case 1: *y = dot_row(w, x, K, wt); break;
-                case 2: dot_rows(w, x, K, y, N, K, wt, 2); break;
-                case 3: dot_rows(w, x, K, y, N, K, wt, 3); break;
-                default: dot_rows(w, x, K, y, N, K, wt, 4); break;
+                case 2: dot_rows(w, x, K, y, ldy, K, wt, 2); break;
+                case 3: dot_rows(w, x, K, y, ldy, K, wt, 3); break;
+                default: dot_rows(w, x, K, y, ldy, K, wt, 4); break;
             }
         }
     }
@@ -160,6 +172,22 @@ static void gemv_task(void *p, size_t i) {
     if (j->wt == W_F16) gemv_rows(j, n0, n1, W_F16);
     else if (j->wt == W_BF16) gemv_rows(j, n0, n1, W_BF16);
     else gemv_rows(j, n0, n1, W_F32);
+}
+
+/* epilogue "swiglu", second pass (the gate rows' products in j->g [M, H] from the first): up
+ * rows H+n0..H+n1 into a scratch on the stack, then y[m, n] = silu(gate) * up */
+static void gemv_swiglu_task(void *p, size_t i) {
+    const Job *j = (const Job *)p;
+    const int64_t H = j->N / 2, n0 = (int64_t)i * j->gemv_rows;
+    const int64_t n1 = n0 + j->gemv_rows < H ? n0 + j->gemv_rows : H;
+    float t[GEMV_ROWS * SWIGLU_CHUNK] __attribute__((aligned(32)));
+    Job s = *j;
+    s.y = t, s.ldy = SWIGLU_CHUNK, s.y0 = H + n0; /* up row H + n -> t[m][n - n0] */
+    if (j->wt == W_F16) gemv_rows(&s, H + n0, H + n1, W_F16);
+    else if (j->wt == W_BF16) gemv_rows(&s, H + n0, H + n1, W_BF16);
+    else gemv_rows(&s, H + n0, H + n1, W_F32);
+    for (int64_t m = 0; m < j->M; m++)
+        llmir_swiglu(j->g + m * H + n0, t + m * SWIGLU_CHUNK, j->y + m * H + n0, n1 - n0);
 }
 
 static inline __attribute__((always_inline)) void pack_panel(const Job *j, int64_t n0, int nr,
@@ -230,7 +258,7 @@ static inline __attribute__((always_inline)) void gemm_panels(const Job *j, size
             for (int64_t m0 = 0; m0 < j->M; m0 += MR, t += per) {
                 int mr = j->M - m0 < MR ? (int)(j->M - m0) : MR;
                 if (t < lines) prefetch_block(j, pn, pk, lpr, t, t + per < lines ? t + per : lines, wt);
-                llmir_micro_6x16(j->x + m0 * j->K + k0, j->K, j->y + m0 * j->N + n0, j->N, panel,
+                llmir_micro_6x16(j->x + m0 * j->K + k0, j->K, j->y + m0 * j->ldy + n0, j->ldy, panel,
                                  mr, nr, kc, k0 != 0);
             }
         }
@@ -249,6 +277,7 @@ static void gemm_task(void *p, size_t i) {
 typedef struct Kernel {
     const OrtApi *api;
     int wt;
+    int epilogue; /* EPI_NONE / EPI_SWIGLU (the node's `epilogue`) / EPI_BAD */
 } Kernel;
 
 typedef struct Op16 {
@@ -257,26 +286,56 @@ typedef struct Op16 {
 } Op16;
 
 static void *create_kernel(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info) {
-    (void)info;
     Kernel *k = (Kernel *)malloc(sizeof(Kernel));
-    if (k) k->api = api, k->wt = ((const Op16 *)op)->wt;
+    if (k) k->api = api, k->wt = ((const Op16 *)op)->wt, k->epilogue = llmir_epilogue_attr(api, info);
     return k;
 }
 
 static void destroy_kernel(void *k) { free(k); }
 
-/* Y = X @ W^T on onnxruntime's intra-op pool (M, N, K > 0) */
+/* Y = X @ W^T (with the SwiGLU epilogue: Y [M, N/2], N even) on onnxruntime's intra-op pool
+ * (M, N, K > 0) */
 static OrtStatus *run(const OrtApi *api, OrtKernelContext *ctx, const void *x, const void *w,
-                      void *y, int64_t M, int64_t N, int64_t K, int wt) {
-    Job j = {(const float *)x, w, (float *)y, M, N, K, wt, 0};
+                      void *y, int64_t M, int64_t N, int64_t K, int wt, int swiglu) {
+    Job j = {(const float *)x, w, (float *)y, M, N, K, wt, 0, N, 0, NULL};
     ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
     if (M <= GEMV_ROWS) { /* up to GEMV_TASKS equal row ranges, claimed by the threads in turn */
-        int64_t tasks = (N + GEMV_MIN_ROWS - 1) / GEMV_MIN_ROWS;
+        const int64_t NO = swiglu ? N / 2 : N; /* with the epilogue: each half's rows */
+        int64_t tasks = (NO + GEMV_MIN_ROWS - 1) / GEMV_MIN_ROWS;
         if (tasks > GEMV_TASKS) tasks = GEMV_TASKS;
-        j.gemv_rows = (N + tasks - 1) / tasks;
-        return pfor(ctx, gemv_task, (size_t)((N + j.gemv_rows - 1) / j.gemv_rows), 0, &j);
+        j.gemv_rows = (NO + tasks - 1) / tasks;
+        if (swiglu && j.gemv_rows > SWIGLU_CHUNK) j.gemv_rows = SWIGLU_CHUNK;
+        const size_t n_tasks = (size_t)((NO + j.gemv_rows - 1) / j.gemv_rows);
+        if (!swiglu) return pfor(ctx, gemv_task, n_tasks, 0, &j);
+        /* the gate rows into a scratch [M, H], then the up rows with the epilogue: each half
+         * streamed front to back, as the two unfused matmuls read them */
+        float *g = (float *)malloc((size_t)(M * NO) * sizeof(float));
+        if (!g) return llmir_error(api, ORT_FAIL, "ai.llmir matmul: out of memory");
+        Job gate = j;
+        gate.N = NO, gate.y = g, gate.ldy = NO;
+        OrtStatus *st = pfor(ctx, gemv_task, n_tasks, 0, &gate);
+        j.g = g;
+        if (!st) st = pfor(ctx, gemv_swiglu_task, n_tasks, 0, &j);
+        free(g);
+        return st;
     }
-    return pfor(ctx, gemm_task, (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS)), 0, &j);
+    const size_t tasks = (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS));
+    if (!swiglu) return pfor(ctx, gemm_task, tasks, 0, &j);
+    /* prefill with the epilogue: the [M, N] product first (rows padded by 16 floats: a stride
+     * of a multiple of 4 KiB, e.g. N = 3072, puts a 6-row tile of Y in one L1 set), then the
+     * rows combined */
+    j.ldy = N + NR;
+    float *full =
+        (float *)aligned_alloc(32, ((size_t)(M * j.ldy) * sizeof(float) + 31) & ~(size_t)31);
+    if (!full) return llmir_error(api, ORT_FAIL, "ai.llmir matmul: out of memory");
+    j.y = full;
+    OrtStatus *st = pfor(ctx, gemm_task, tasks, 0, &j);
+    if (!st) {
+        LlmirSwigluRows r = {full, (float *)y, M, N / 2, j.ldy};
+        st = pfor(ctx, llmir_swiglu_rows_task, (size_t)M, 0, &r);
+    }
+    free(full);
+    return st;
 }
 
 static OrtStatus *compute(void *kp, OrtKernelContext *ctx) {
@@ -289,13 +348,20 @@ static OrtStatus *compute(void *kp, OrtKernelContext *ctx) {
     if ((st = API(api, I_KernelContext_GetInput, GetInputFn)(ctx, 0, &xv)) ||
         (st = API(api, I_KernelContext_GetInput, GetInputFn)(ctx, 1, &wv)))
         return st;
+    if (kn->epilogue == EPI_BAD)
+        return llmir_error(api, ORT_INVALID_ARGUMENT,
+                           "ai.llmir matmul: unknown epilogue (expected \"swiglu\" or none)");
+    const int swiglu = kn->epilogue == EPI_SWIGLU;
     int xr = llmir_shape_of(api, xv, xd), wr = llmir_shape_of(api, wv, wd);
     if (xr < 1 || wr != 2 || xd[xr - 1] != wd[1])
         return API(api, I_CreateStatus, CreateStatusFn)(
             ORT_INVALID_ARGUMENT, "ai.llmir matmul: X [..., K] and W [N, K] do not match");
-    int64_t M = 1, N = wd[0], K = wd[1];
+    if (swiglu && wd[0] % 2)
+        return llmir_error(api, ORT_INVALID_ARGUMENT,
+                           "ai.llmir matmul: epilogue \"swiglu\" needs an even N ([gate; up])");
+    int64_t M = 1, N = wd[0], K = wd[1], NO = swiglu ? N / 2 : N;
     for (int i = 0; i < xr - 1; i++) M *= xd[i], yd[i] = xd[i];
-    yd[xr - 1] = N;
+    yd[xr - 1] = NO;
     if ((st = API(api, I_KernelContext_GetOutput, GetOutputFn)(ctx, 0, yd, (size_t)xr, &yv)))
         return st;
     void *x = NULL, *w = NULL, *y = NULL;
@@ -304,22 +370,24 @@ static OrtStatus *compute(void *kp, OrtKernelContext *ctx) {
         (st = API(api, I_GetTensorMutableData, GetTensorMutableDataFn)(yv, &y)))
         return st;
     if (M == 0 || N == 0) return NULL;
-    if (K == 0) {
-        memset(y, 0, (size_t)(M * N) * sizeof(float));
+    if (K == 0) { /* silu(0) * 0 = 0 too */
+        memset(y, 0, (size_t)(M * NO) * sizeof(float));
         return NULL;
     }
-    return run(api, ctx, x, w, y, M, N, K, kn->wt);
+    return run(api, ctx, x, w, y, M, N, K, kn->wt, swiglu);
 }
 
-/* MatMulF32 (matmul_f32.c) with a row-major [N, K] weight: these kernels, f32 instance */
+/* MatMulF32 (matmul_f32.c) with a row-major [N, K] weight: these kernels, f32 instance (swiglu:
+ * the epilogue, N even, Y [M, N/2]) */
 OrtStatus *llmir_matmul_rows_f32(const OrtApi *api, OrtKernelContext *ctx, const float *x,
-                                 const float *w, float *y, int64_t M, int64_t N, int64_t K) {
+                                 const float *w, float *y, int64_t M, int64_t N, int64_t K,
+                                 int swiglu) {
     if (M == 0 || N == 0) return NULL;
     if (K == 0) {
-        memset(y, 0, (size_t)(M * N) * sizeof(float));
+        memset(y, 0, (size_t)(M * (swiglu ? N / 2 : N)) * sizeof(float));
         return NULL;
     }
-    return run(api, ctx, x, w, y, M, N, K, W_F32);
+    return run(api, ctx, x, w, y, M, N, K, W_F32, swiglu);
 }
 
 static const char *name_f16(const OrtCustomOp *op) { (void)op; return "MatMulF16"; }

@@ -21,6 +21,14 @@
  *   so the threads end together); each output element is summed by one thread in a fixed order:
  *   the same bits at any thread count.
  *
+ * Node attribute `epilogue = "swiglu"` (q8_act.h): W is [W_gate; W_up] (N = 2H rows) and
+ * Y [..., H] = silu(X W_gate^T) * (X W_up^T). In panels H is a multiple of 16 (else refused), so
+ * gate panel p and up panel p + H/16 hold the same output columns: decode computes the gate half
+ * into a scratch [M, H], then the up half, each task storing silu(gate) * up for its panels as
+ * they finish (each half streamed front to back as the two unfused matmuls would read it: one
+ * sequential stream per thread); prefill computes the [M, N] product into a scratch, then
+ * combines the rows in parallel. Rows: matmul16.c's kernels.
+ *
  * Built with the other sources of this folder into one library by
  * llmir_core/backends/ort_ext/__init__.py; the serializer writes the panels
  * (llmir_core/backends/ort_decoder.py), benchmarks/f32_kernels.py times them against MLAS.
@@ -31,10 +39,12 @@
 
 #include "f32_gemm.h"
 #include "ort_abi.h"
+#include "q8_act.h" /* the SwiGLU epilogue (llmir_epilogue_attr, llmir_swiglu) */
 
-/* matmul16.c: the row-major f32 weight ([N, K], layout "rows") */
+/* matmul16.c: the row-major f32 weight ([N, K], layout "rows"; swiglu: the epilogue) */
 OrtStatus *llmir_matmul_rows_f32(const OrtApi *api, OrtKernelContext *ctx, const float *x,
-                                 const float *w, float *y, int64_t M, int64_t N, int64_t K);
+                                 const float *w, float *y, int64_t M, int64_t N, int64_t K,
+                                 int swiglu);
 
 #define P16 16 /* weight rows per stored panel (== NR of llmir_micro_6x16) */
 #define P16_GEMV_ROWS 8 /* X rows up to which the streaming (decode) split runs */
@@ -55,6 +65,8 @@ typedef struct PJob {
     float *y;
     int64_t M, N, K, P;
     int64_t ppt; /* panels per task */
+    float *out; /* decode with the SwiGLU epilogue: Y (y holds the gate product) */
+    int64_t ldy; /* prefill: Y's row stride (N, or N + 16 for the epilogue's scratch) */
 } PJob;
 
 /* y[0:nr] = x[0:K] @ panel (K rows of 16): 4 panel rows per step into 8 accumulators */
@@ -165,12 +177,36 @@ static void gemv_task(void *vp, size_t i) {
     }
 }
 
+/* decode with the SwiGLU epilogue, second pass (j->w: the H/16 up panels, j->y: the gate
+ * product [M, H] from the first pass, j->out: Y [M, H]): each up panel into a scratch, then
+ * Y[m, 16p:16p+16] = silu(gate) * up */
+static void gemv_swiglu_task(void *vp, size_t i) {
+    const PJob *j = (const PJob *)vp;
+    int64_t p0 = (int64_t)i * j->ppt, p1 = p0 + j->ppt;
+    if (p1 > j->P) p1 = j->P;
+    const int64_t K = j->K, M = j->M, H = j->N;
+    float t[P16_GEMV_ROWS * P16] __attribute__((aligned(32)));
+    for (int64_t p = p0; p < p1; p++) {
+        const float *w = j->w + p * K * P16;
+        if (M == 1) {
+            gemv1_panel(j->x, w, K, t, P16);
+        } else {
+            for (int64_t m0 = 0; m0 < M; m0 += MR) {
+                int mr = M - m0 < MR ? (int)(M - m0) : MR;
+                micro(j->x + m0 * K, K, t + m0 * P16, P16, w, mr, P16, (int)K, 0);
+            }
+        }
+        for (int64_t m = 0; m < M; m++)
+            llmir_swiglu(j->y + m * H + p * P16, t + m * P16, j->out + m * H + p * P16, P16);
+    }
+}
+
 /* prefill: the task's panels against every row of X, blocked for L1 (panel block) and L2 (X) */
 static void gemm_task(void *vp, size_t i) {
     const PJob *j = (const PJob *)vp;
     int64_t p0 = (int64_t)i * j->ppt, p1 = p0 + j->ppt;
     if (p1 > j->P) p1 = j->P;
-    const int64_t K = j->K, N = j->N, M = j->M;
+    const int64_t K = j->K, ldy = j->ldy, M = j->M;
     /* K in equal blocks of at most KC_P16 rows, X in equal blocks of at most MC_P16 rows (a
      * multiple of MR but the last) */
     int64_t kb = (K + KC_P16 - 1) / KC_P16, step = (K + kb - 1) / kb;
@@ -193,7 +229,7 @@ static void gemm_task(void *vp, size_t i) {
                     int mr = i0 + mc - m0 < MR ? (int)(i0 + mc - m0) : MR;
                     for (int64_t l = t; l < t + per && l < lines; l++)
                         _mm_prefetch(next + l * 64, _MM_HINT_T0);
-                    micro(j->x + m0 * K + k0, K, j->y + m0 * N + p * P16, N, blk, mr,
+                    micro(j->x + m0 * K + k0, K, j->y + m0 * ldy + p * P16, ldy, blk, mr,
                                      nr, kc, k0 != 0);
                 }
             }
@@ -206,13 +242,14 @@ static void gemm_task(void *vp, size_t i) {
 typedef struct KernelF32 {
     const OrtApi *api;
     int64_t n; /* the `N` attribute (panel layout), -1 when absent */
+    int epilogue; /* EPI_NONE / EPI_SWIGLU (the node's `epilogue`) / EPI_BAD */
 } KernelF32;
 
 static void *f32_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info) {
     (void)op;
     KernelF32 *k = (KernelF32 *)malloc(sizeof(KernelF32));
     if (!k) return NULL;
-    k->api = api, k->n = -1;
+    k->api = api, k->n = -1, k->epilogue = llmir_epilogue_attr(api, info);
     int64_t n = -1;
     OrtStatus *st = API(api, I_KernelInfoGetAttribute_int64, KernelInfoGetAttributeInt64Fn)(
         info, "N", &n);
@@ -233,6 +270,10 @@ static OrtStatus *f32_compute(void *kp, OrtKernelContext *ctx) {
     if ((st = API(api, I_KernelContext_GetInput, GetInputFn)(ctx, 0, &xv)) ||
         (st = API(api, I_KernelContext_GetInput, GetInputFn)(ctx, 1, &wv)))
         return st;
+    if (kn->epilogue == EPI_BAD)
+        return llmir_error(api, ORT_INVALID_ARGUMENT,
+                           "ai.llmir MatMulF32: unknown epilogue (expected \"swiglu\" or none)");
+    const int swiglu = kn->epilogue == EPI_SWIGLU;
     int xr = llmir_shape_of(api, xv, xd), wr = llmir_shape_of(api, wv, wd);
     int64_t N, K;
     if (wr == 2) {
@@ -247,9 +288,15 @@ static OrtStatus *f32_compute(void *kp, OrtKernelContext *ctx) {
     if (xr < 1 || xd[xr - 1] != K)
         return llmir_error(api, ORT_INVALID_ARGUMENT,
                            "ai.llmir MatMulF32: X [..., K] and W do not match");
-    int64_t M = 1;
+    if (swiglu && N % (wr == 2 ? 2 : 2 * P16))
+        return llmir_error(api, ORT_INVALID_ARGUMENT,
+                           wr == 2 ? "ai.llmir MatMulF32: epilogue \"swiglu\" needs an even N "
+                                     "([gate; up])"
+                                   : "ai.llmir MatMulF32: epilogue \"swiglu\" in panels needs "
+                                     "N = 2H with H a multiple of 16");
+    int64_t M = 1, NO = swiglu ? N / 2 : N;
     for (int i = 0; i < xr - 1; i++) M *= xd[i], yd[i] = xd[i];
-    yd[xr - 1] = N;
+    yd[xr - 1] = NO;
     if ((st = API(api, I_KernelContext_GetOutput, GetOutputFn)(ctx, 0, yd, (size_t)xr, &yv)))
         return st;
     void *x = NULL, *w = NULL, *y = NULL;
@@ -257,18 +304,50 @@ static OrtStatus *f32_compute(void *kp, OrtKernelContext *ctx) {
         (st = API(api, I_GetTensorMutableData, GetTensorMutableDataFn)((OrtValue *)wv, &w)) ||
         (st = API(api, I_GetTensorMutableData, GetTensorMutableDataFn)(yv, &y)))
         return st;
-    if (wr == 2) return llmir_matmul_rows_f32(api, ctx, x, w, y, M, N, K);
+    if (wr == 2) return llmir_matmul_rows_f32(api, ctx, x, w, y, M, N, K, swiglu);
     if (M == 0 || N == 0) return NULL;
-    if (K == 0) {
-        memset(y, 0, (size_t)(M * N) * sizeof(float));
+    if (K == 0) { /* silu(0) * 0 = 0 too */
+        memset(y, 0, (size_t)(M * NO) * sizeof(float));
         return NULL;
     }
-    PJob j = {(const float *)x, (const float *)w, (float *)y, M, N, K, wd[0], 0};
+    PJob j = {(const float *)x, (const float *)w, (float *)y, M, N, K, wd[0], 0, NULL, N};
+    const int decode = M <= P16_GEMV_ROWS;
+    ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
+    if (swiglu && decode) {
+        /* the gate half (panels 0..H/16) into a scratch [M, H], then the up half with the
+         * epilogue: each half streamed front to back, as the two unfused matmuls read them */
+        float *g = (float *)malloc((size_t)(M * NO) * sizeof(float));
+        if (!g) return llmir_error(api, ORT_FAIL, "ai.llmir MatMulF32: out of memory");
+        j.N = NO, j.P = wd[0] / 2, j.y = g, j.out = (float *)y;
+        int64_t tasks = j.P < P16_TASKS ? j.P : P16_TASKS;
+        j.ppt = (j.P + tasks - 1) / tasks;
+        const size_t runs = (size_t)((j.P + j.ppt - 1) / j.ppt);
+        st = pfor(ctx, gemv_task, runs, 0, &j);
+        if (!st) {
+            j.w = (const float *)w + j.P * K * P16;
+            st = pfor(ctx, gemv_swiglu_task, runs, 0, &j);
+        }
+        free(g);
+        return st;
+    }
     int64_t tasks = j.P < P16_TASKS ? j.P : P16_TASKS;
     j.ppt = (j.P + tasks - 1) / tasks;
-    ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
-    return pfor(ctx, M <= P16_GEMV_ROWS ? gemv_task : gemm_task,
-                (size_t)((j.P + j.ppt - 1) / j.ppt), 0, &j);
+    const size_t runs = (size_t)((j.P + j.ppt - 1) / j.ppt);
+    if (!swiglu) return pfor(ctx, decode ? gemv_task : gemm_task, runs, 0, &j);
+    /* prefill with the epilogue: the [M, N] product first (rows padded by 16 floats: a stride
+     * of a multiple of 4 KiB, e.g. N = 3072, puts a 6-row tile of Y in one L1 set), then the
+     * rows combined */
+    j.ldy = N + P16;
+    float *full = (float *)aligned_alloc(32, ((size_t)(M * j.ldy) * sizeof(float) + 31) & ~(size_t)31);
+    if (!full) return llmir_error(api, ORT_FAIL, "ai.llmir MatMulF32: out of memory");
+    j.y = full;
+    st = pfor(ctx, gemm_task, runs, 0, &j);
+    if (!st) {
+        LlmirSwigluRows r = {full, (float *)y, M, NO, j.ldy};
+        st = pfor(ctx, llmir_swiglu_rows_task, (size_t)M, 0, &r);
+    }
+    free(full);
+    return st;
 }
 
 static const char *f32_name(const OrtCustomOp *op) { (void)op; return "MatMulF32"; }

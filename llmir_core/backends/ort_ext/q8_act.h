@@ -1,4 +1,5 @@
-/* Shared by llmir's quantized matmul ops (matmul_nbits.c, matmul_s8.c), AVX2 + FMA:
+/* Shared by llmir's matmul ops (matmul_nbits.c, matmul_s8.c; the epilogue also matmul16.c,
+ * matmul_f32.c), AVX2 + FMA:
  *
  * - llmir_quant32: 32 f32 activations -> int8 codes q = round(x / d), d = max|x| / 127 (round
  *   half to even: cvtps2dq under the default MXCSR), the q8_0 / accuracy_level 4 rounding both
@@ -91,12 +92,13 @@ typedef struct LlmirSwigluRows {
     const float *full;
     float *y;
     int64_t M, H;
+    int64_t ld; /* the row stride of `full`; 0: 2H */
 } LlmirSwigluRows;
 
 static void llmir_swiglu_rows_task(void *p, size_t i) {
     const LlmirSwigluRows *r = (const LlmirSwigluRows *)p;
     const int64_t m = (int64_t)i;
-    const float *f = r->full + m * 2 * r->H;
+    const float *f = r->full + m * (r->ld ? r->ld : 2 * r->H);
     llmir_swiglu(f, f + r->H, r->y + m * r->H, r->H);
 }
 
