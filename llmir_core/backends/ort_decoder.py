@@ -923,11 +923,19 @@ def _emit_norm(D: DecoderSerializer, op: Op) -> bool:
     gamma = D.w.eval(w).astype(np.float64) + float(op.attrs.get("offset", 0.0))
     g = D.w.small(gamma.astype(np.float32), _label(op, "weight"))
     eps = float(op.attrs.get("epsilon", 1e-6))
+    llmir = op.attrs.get("kernel") == "llmir"  # llmir's kernel: the same node in ai.llmir
+    if llmir:
+        from .ort_ext import DOMAIN
     if op.name == "ort.skip_simplified_layer_norm":
         a, b = (D.name(v) for v in op.operands[:2])
         y, s = D.L.fresh("norm"), D.L.fresh("residual")
-        D.node("SkipSimplifiedLayerNormalization", [a, b, g], 4, MS, [y, "", "", s], epsilon=eps)
+        dom = DOMAIN if llmir else MS
+        D.node("SkipSimplifiedLayerNormalization", [a, b, g], 4, dom, [y, "", "", s], epsilon=eps)
         D.bind(op.results[1], s)
+    elif llmir:
+        y = D.node(
+            "SimplifiedLayerNormalization", [D.name(op.operands[0]), g], 1, DOMAIN, epsilon=eps
+        )[0]
     else:
         y = D.node(
             "SimplifiedLayerNormalization",

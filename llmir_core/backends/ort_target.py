@@ -27,6 +27,7 @@ _OPTIONS = (
     "int8_matmul",
     "nbits_kernel",
     "attention_kernel",
+    "norm_kernel",
     "max_len",
     "last_logits",
     "generic",
@@ -112,7 +113,7 @@ class OrtTarget:
         from llmir_core.passes.lower_ort_matmul import INT8_MATMUL, NBITS_KERNEL, LowerOrtMatmul
         from llmir_core.passes.lower_ort_module import LowerOrtModule
         from llmir_core.passes.lower_ort_moe import LowerOrtMoe
-        from llmir_core.passes.lower_ort_norms import LowerOrtNorms
+        from llmir_core.passes.lower_ort_norms import NORM_KERNEL, LowerOrtNorms
         from llmir_core.passes.lower_ort_precision import LowerOrtPrecision
         from llmir_core.passes.lower_ort_weight_dtype import (
             F32_KERNEL,
@@ -150,7 +151,7 @@ class OrtTarget:
             LowerOrtAttention(
                 quant, block, str(options.get("attention_kernel") or ATTENTION_KERNEL[0])
             ),
-            LowerOrtNorms(),
+            LowerOrtNorms(str(options.get("norm_kernel") or NORM_KERNEL[0])),
             LowerOrtMoe(quant, block, level),
             LowerOrtMatmul(
                 quant,

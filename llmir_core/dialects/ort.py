@@ -990,7 +990,25 @@ def _infer_sln(ctx: InferCtx) -> list[Type]:
         f"weight has {w.shape[0]} elements but x's last dim is {x.shape[-1]}",
     )
     _need(ctx["epsilon"] >= 0, f"epsilon must be >= 0, got {ctx['epsilon']}")
+    _need(
+        ctx["kernel"] != "llmir" or x.dtype == DType.f32,
+        f'kernel "llmir" takes f32 x, got {x.dtype}',
+    )
     return [x, x] if skip else [x]
+
+
+NORM_KERNELS = ("onnxruntime", "llmir")  # the norm ops' `kernel`
+
+
+def _norm_kernel_attr() -> Attr:
+    return Attr(
+        "kernel",
+        "str",
+        "onnxruntime",
+        choices=NORM_KERNELS,
+        doc="onnxruntime (com.microsoft's op) or llmir (ai.llmir's op of the same name and "
+        "interface from llmir's custom-op library: AVX2, f32)",
+    )
 
 
 def _rms_attrs(at: dict[str, Any]) -> dict[str, Any]:
@@ -1006,6 +1024,7 @@ register(
         attrs=(
             Attr("epsilon", "float", 1e-6),
             Attr("offset", "float", 0.0, doc="added to weight (gemma)"),
+            _norm_kernel_attr(),
         ),
         infer=_infer_sln,
         reference=lambda a, at: _ref_rms_norm(a, _rms_attrs(at)),
@@ -1013,7 +1032,8 @@ register(
         smt=encoding("target_smt", "ort_simplified_layer_norm"),
         interval=ranges.iv_norm,
         cost=ranges.cost_per_element(4),
-        verifies="x is a float tensor, weight 1-D of its dtype over the last dim, epsilon >= 0.",
+        verifies="x is a float tensor, weight 1-D of its dtype over the last dim, epsilon >= 0, "
+        'kernel "llmir" takes f32.',
         example="%y = ort.simplified_layer_norm %x, %w {epsilon = 1e-05} : (tensor<?batch x ?seq x 64 x f32>, "
         "tensor<64xf32>) -> tensor<?batch x ?seq x 64 x f32>",
     )
@@ -1044,6 +1064,7 @@ register(
         attrs=(
             Attr("epsilon", "float", 1e-6),
             Attr("offset", "float", 0.0, doc="added to weight (gemma)"),
+            _norm_kernel_attr(),
         ),
         infer=_infer_sln,
         reference=_ref_skip_sln,
@@ -1052,7 +1073,8 @@ register(
         smt=encoding("target_smt", "ort_skip_simplified_layer_norm"),
         interval=ranges.iv_add_norm,
         cost=ranges.cost_add_norm,
-        verifies="x and skip share a float type, weight is 1-D of its dtype over the last dim, epsilon >= 0.",
+        verifies="x and skip share a float type, weight is 1-D of its dtype over the last dim, "
+        'epsilon >= 0, kernel "llmir" takes f32.',
         example="%y, %s = ort.skip_simplified_layer_norm %x, %r, %w {epsilon = 1e-05} : "
         "(tensor<?batch x ?seq x 64 x f32>, tensor<?batch x ?seq x 64 x f32>, tensor<64xf32>) -> "
         "(tensor<?batch x ?seq x 64 x f32>, tensor<?batch x ?seq x 64 x f32>)",

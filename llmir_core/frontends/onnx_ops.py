@@ -1024,6 +1024,7 @@ def _rms_norm(n: Node) -> list[Value | None]:
 
 @handles("SimplifiedLayerNormalization")  # onnxruntime registers it in the default domain
 @handles("SimplifiedLayerNormalization", domain=MS)
+@handles("SimplifiedLayerNormalization", domain="ai.llmir")  # llmir's kernel, the same meaning
 def _ms_simplified_ln(n: Node) -> list[Value | None]:
     if any(n.outputs_used[1:]):
         raise NotMapped("the inv_std_var output is not supported")
@@ -1034,6 +1035,7 @@ def _ms_simplified_ln(n: Node) -> list[Value | None]:
 
 
 @handles("SkipSimplifiedLayerNormalization", domain=MS)
+@handles("SkipSimplifiedLayerNormalization", domain="ai.llmir")  # llmir's kernel
 def _ms_skip_simplified_ln(n: Node) -> list[Value | None]:
     if any(n.outputs_used[1:3]):
         raise NotMapped("the mean and inv_std_var outputs are not supported")

@@ -24,7 +24,7 @@ from llmir_core.passes.base import clone_module
 from llmir_core.passes.manager import run_pipeline
 from llmir_core.runtime.ort_decoder import open_artifact
 
-from .helpers import greedy, rel
+from .helpers import greedy, rel, same_decoding
 
 WHY = unavailable_reason()
 needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"llmir's custom op cannot run: {WHY}")
@@ -268,7 +268,8 @@ def test_decoder_matches_onnxruntime_attention(
 ) -> None:
     module = _module(tmp_path, heads, kv, hidden)
     text = _lowered(module)  # auto: llmir's kernel where the library builds
-    assert text.count('kernel = "llmir"') == text.count("ort.group_query_attention") == 2
+    gqa = [x for x in text.splitlines() if "ort.group_query_attention" in x]
+    assert len(gqa) == 2 and all('kernel = "llmir"' in x for x in gqa)
     build(module, str(tmp_path / "llmir"), "onnxruntime")
     build(module, str(tmp_path / "ort"), "onnxruntime", options={"attention_kernel": "onnxruntime"})
     import onnx
@@ -315,9 +316,12 @@ def test_without_the_capability_onnxruntime_attention_is_kept(
 ) -> None:
     monkeypatch.setenv(DISABLE_ENV, "1")
     text = _lowered(tiny_module)
-    assert "ort.group_query_attention" in text and "kernel =" not in text
+    gqa = [x for x in text.splitlines() if "ort.group_query_attention" in x]
+    assert len(gqa) == 2 and not any("kernel =" in x for x in gqa)
     # asked for by name, the op records it for a machine where the library builds
-    assert _lowered(tiny_module, attention_kernel="llmir").count('kernel = "llmir"') == 2
+    text = _lowered(tiny_module, attention_kernel="llmir")
+    gqa = [x for x in text.splitlines() if "ort.group_query_attention" in x]
+    assert len(gqa) == 2 and all('kernel = "llmir"' in x for x in gqa)
 
 
 def test_an_int8_cache_takes_llmir_attention() -> None:
@@ -390,14 +394,7 @@ def test_qwen2_biases_fold_into_llmir_attention(tmp_path: Path) -> None:
     ours = [n for n in graphs["llmir"].graph.node if n.op_type == "GroupQueryAttention"]
     assert len(ours) == 2 and all(len(n.input) == 15 and n.input[14] for n in ours)
     assert len(graphs["llmir"].graph.node) == len(graphs["ort"].graph.node) - 2  # the two Adds
-    a, b = open_artifact(str(tmp_path / "llmir")), open_artifact(str(tmp_path / "ort"))
-    prompt = np.array([[1, 5, 9, 2, 7, 3, 11, 4]])
-    a.reset(1)
-    b.reset(1)
-    assert rel(a.forward(prompt), b.forward(prompt)) <= 1e-4
-    for tok in (3, 17, 42):
-        assert rel(a.forward(np.array([[tok]])), b.forward(np.array([[tok]]))) <= 1e-4
-    assert greedy(a, [1, 5, 9], 16) == greedy(b, [1, 5, 9], 16)
+    same_decoding(open_artifact(str(tmp_path / "llmir")), open_artifact(str(tmp_path / "ort")))
     again, _ = import_onnx(str(tmp_path / "llmir" / "model.onnx"))
     assert sum(op.name == "llm.scaled_dot_product_attention" for op in again.main.ops) == 2
 

@@ -589,7 +589,6 @@ static void plan_prefill(GqaJob *j) {
     j->qblocks = (j->S + j->qrows - 1) / j->qrows;
 }
 
-typedef OrtStatus *(*AttrFloatFn)(const OrtKernelInfo *, const char *, float *);
 typedef OrtStatus *(*AttrIntFn)(const OrtKernelInfo *, const char *, int64_t *);
 typedef void (*ReleaseStatusFn)(OrtStatus *);
 
@@ -601,22 +600,14 @@ static int64_t attr_int(const OrtApi *api, const OrtKernelInfo *info, const char
     return v;
 }
 
-static float attr_float(const OrtApi *api, const OrtKernelInfo *info, const char *name,
-                        float dflt) {
-    float v = dflt;
-    OrtStatus *st = API(api, I_KernelInfoGetAttribute_float, AttrFloatFn)(info, name, &v);
-    if (st) API(api, I_ReleaseStatus, ReleaseStatusFn)(st), v = dflt;
-    return v;
-}
-
 static void *gqa_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info) {
     GqaKernel *k = (GqaKernel *)calloc(1, sizeof(GqaKernel));
     if (!k) return NULL;
     k->api = api;
     k->heads = attr_int(api, info, "num_heads", 0);
     k->kv_heads = attr_int(api, info, "kv_num_heads", 0);
-    k->scale = attr_float(api, info, "scale", 0.0f);
-    k->softcap = attr_float(api, info, "softcap", 0.0f);
+    k->scale = llmir_attr_float(api, info, "scale", 0.0f);
+    k->softcap = llmir_attr_float(api, info, "softcap", 0.0f);
     k->rotary = attr_int(api, info, "do_rotary", 0) != 0;
     k->interleaved = attr_int(api, info, "rotary_interleaved", 0) != 0;
     k->kv8 = op->GetInputType(op, 3) == T_INT8;

@@ -94,6 +94,17 @@ typedef OrtStatus *(*ParallelForFn)(const OrtKernelContext *, void (*)(void *, s
 #define API(api, idx, T) ((T)(((void *const *)(api))[idx]))
 
 typedef OrtStatus *(*AddOpsFn)(const OrtApi *, OrtCustomOpDomain *);
+typedef OrtStatus *(*KernelInfoGetAttributeFloatFn)(const OrtKernelInfo *, const char *, float *);
+
+/* the node's float attribute `name`, or dflt when it is absent */
+static inline float llmir_attr_float(const OrtApi *api, const OrtKernelInfo *info, const char *name,
+                                     float dflt) {
+    float v = dflt;
+    OrtStatus *st = API(api, I_KernelInfoGetAttribute_float, KernelInfoGetAttributeFloatFn)(
+        info, name, &v);
+    if (st) API(api, I_ReleaseStatus, ReleaseStatusFn)(st), v = dflt;
+    return v;
+}
 
 /* the shape of v into dims (at most 8); returns the rank or -1 */
 static inline int llmir_shape_of(const OrtApi *api, const OrtValue *v, int64_t *dims) {

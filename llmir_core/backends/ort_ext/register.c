@@ -11,6 +11,7 @@ OrtStatus *llmir_add_matmul_nbits(const OrtApi *api, OrtCustomOpDomain *domain);
 OrtStatus *llmir_add_matmul_s8(const OrtApi *api, OrtCustomOpDomain *domain);
 OrtStatus *llmir_add_attention(const OrtApi *api, OrtCustomOpDomain *domain);
 OrtStatus *llmir_add_matmul_f32(const OrtApi *api, OrtCustomOpDomain *domain);
+OrtStatus *llmir_add_norm(const OrtApi *api, OrtCustomOpDomain *domain);
 
 static const AddOpsFn ADDERS[] = {
     llmir_add_matmul16,
@@ -18,6 +19,7 @@ static const AddOpsFn ADDERS[] = {
     llmir_add_matmul_s8,
     llmir_add_attention,
     llmir_add_matmul_f32,
+    llmir_add_norm,
 };
 
 OrtStatus *RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
