@@ -219,25 +219,6 @@ def check_attention_kernel(kind: str) -> None:
         )
 
 
-# the capability, decided at the first op of a run that could use it
-_LLMIR_BUILDS: list[bool] = []
-
-
-def _llmir_builds() -> bool:
-    """Whether llmir's custom-op library builds and runs here (compiled once, cached)."""
-    if not _LLMIR_BUILDS:
-        from llmir_core.backends.ort_ext import CustomOpError, library_path, unavailable_reason
-
-        ok = unavailable_reason() is None
-        if ok:
-            try:
-                library_path()
-            except CustomOpError:
-                ok = False
-        _LLMIR_BUILDS.append(ok)
-    return _LLMIR_BUILDS[0]
-
-
 @dataclass(frozen=True)
 class LowerOrtAttention:
     name: ClassVar[str] = "lower-ort-attention"
@@ -269,13 +250,14 @@ class LowerOrtAttention:
             return None
         if self.attention_kernel == "llmir":  # for another machine: the runtime checks at load
             return "llmir"
-        return "llmir" if _llmir_builds() else None
+        from llmir_core.backends.ort_ext import build_problem
+
+        return "llmir" if build_problem() is None else None
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         if not module.functions or not is_decoder(module):
             return False
         check_attention_kernel(self.attention_kernel)
-        _LLMIR_BUILDS.clear()
         fn = module.main
         changed = False
         fmt = parse_quant(self.quant, self.quant_block)

@@ -159,15 +159,9 @@ class LowerOrtMatmul:
         if self.nbits_kernel == "llmir":  # for another machine: the runtime checks at load
             return "llmir"
         if not self._llmir:
-            from llmir_core.backends.ort_ext import CustomOpError, library_path, unavailable_reason
+            from llmir_core.backends.ort_ext import build_problem
 
-            ok = unavailable_reason() is None
-            if ok:
-                try:  # the capability is a library that builds here (compiled once, cached)
-                    library_path()
-                except CustomOpError:
-                    ok = False
-            self._llmir.append(ok)
+            self._llmir.append(build_problem() is None)
         return "llmir" if self._llmir[0] else None
 
     def _scales(self, mode: str, kernel: str | None) -> dict[str, str]:
@@ -456,14 +450,9 @@ def check_nbits_kernel(kind: str) -> None:
 def _s8_unavailable() -> str | None:
     """None when llmir's custom-op library (ai.llmir MatMulS8) builds and runs here, else why
     not."""
-    from llmir_core.backends.ort_ext import CustomOpError, library_path, unavailable_reason
+    from llmir_core.backends.ort_ext import build_problem
 
-    why = unavailable_reason()
-    if why is None:
-        try:
-            library_path()
-        except CustomOpError as exc:
-            why = exc.message
+    why = build_problem()
     return None if why is None else f"llmir's custom ops are unavailable here: {why}"
 
 

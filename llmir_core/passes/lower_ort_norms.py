@@ -110,6 +110,6 @@ class LowerOrtNorms:
             return False
         if self.norm_kernel == "llmir":  # for another machine: the runtime checks at load
             return True
-        from .lower_ort_attention import _llmir_builds
+        from llmir_core.backends.ort_ext import build_problem
 
-        return _llmir_builds()
+        return build_problem() is None

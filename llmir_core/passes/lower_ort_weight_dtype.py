@@ -339,14 +339,9 @@ class LowerOrtWeightDtype:
 
     def _unavailable(self) -> str | None:
         """Why llmir's custom-op library cannot be used on this machine, or None."""
-        from llmir_core.backends.ort_ext import CustomOpError, library_path, unavailable_reason
+        from llmir_core.backends.ort_ext import build_problem
 
-        why = unavailable_reason()
-        if why is None:
-            try:  # the capability is a library that builds here (compiled once, cached)
-                library_path()
-            except CustomOpError as exc:
-                why = exc.message
+        why = build_problem()
         return None if why is None else f"llmir's custom op is unavailable here: {why}"
 
     def _store(

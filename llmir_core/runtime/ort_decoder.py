@@ -245,6 +245,18 @@ class OrtDecoder:
     def vocab(self) -> int:
         return int(self.decoder["vocab"])
 
+    def use_session(self, sess: Any) -> None:
+        """Run on `sess` (the same model, e.g. opened with profiling on) from the next `reset`:
+        a fresh I/O binding, the KV and logits buffers bound again to it."""
+        self.sess = sess
+        self.io = sess.io_binding()
+        self.buffers = []
+        self.capacity = 0
+        self.batch = 0
+        self._values = []
+        self._logits = {}
+        self._step_bound = False
+
     def reserve(self, tokens: int) -> None:
         """Size the KV buffers of the next `reset` for `tokens` positions (capped at max_context)."""
         self._reserved = max(1, int(tokens))

@@ -384,27 +384,16 @@ def profile_artifact(
     dec.reserve(need)
     if progress:
         progress("timing the steps without the profiler")
-    plain = _plain_times(dec, ids, warmup_steps, decode_steps)
+    plain = _timed_runs(dec, ids, warmup_steps, decode_steps)
     with tempfile.TemporaryDirectory(prefix="llmir-profile-") as tmp:
         so = artifact_session_options(dec.manifest, dec.threads)
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(tmp, "ort")
         # the same decoder (I/O binding, shared KV buffers), on a session that profiles
-        dec.sess = ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
-        dec.io = dec.sess.io_binding()
-        dec.buffers = []  # the next reset binds fresh KV buffers to the new session's I/O binding
-        if progress:
-            progress("warming up")
-        dec.reset(1)
-        nxt = _greedy(dec.forward(ids))
-        for _ in range(warmup_steps):
-            nxt = _greedy(dec.forward(nxt))
+        dec.use_session(ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"]))
         if progress:
             progress(f"profiling a {prompt_len}-token prefill and {decode_steps} decode steps")
-        dec.reset(1)
-        nxt = _greedy(dec.forward(ids))
-        for _ in range(decode_steps):
-            nxt = _greedy(dec.forward(nxt))
+        _timed_runs(dec, ids, warmup_steps, decode_steps)  # the runs the profile records
         trace_file = dec.sess.end_profiling()
         with open(trace_file, encoding="utf-8") as fh:
             events = json.load(fh)
@@ -449,9 +438,9 @@ def profile_artifact(
     return ProfileResult(os.path.abspath(art_dir), src, dec.threads, bw, [prefill, decode], fp)
 
 
-def _plain_times(dec: Any, ids: np.ndarray, warmup: int, steps: int) -> tuple[float, float]:
-    """(prefill us, mean decode step us) of the decoder without the profiler: the wall time of
-    its forward calls, after a warm-up run."""
+def _timed_runs(dec: Any, ids: np.ndarray, warmup: int, steps: int) -> tuple[float, float]:
+    """A warm-up run (prefill + `warmup` steps), then a measured prefill and `steps` decode
+    steps: their (prefill us, mean decode step us), the wall time of the forward calls."""
     dec.reset(1)
     nxt = _greedy(dec.forward(ids))
     for _ in range(warmup):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -138,3 +139,20 @@ def same_decoding(a: object, b: object, tol: float = 1e-4) -> None:
         step = np.array([[tok]])
         assert rel(a.forward(step), b.forward(step)) <= tol  # type: ignore[attr-defined]
     assert greedy(a, [1, 5, 9], 16) == greedy(b, [1, 5, 9], 16)
+
+
+def llmir_session(graph: Any, threads: int) -> Any:
+    """An onnxruntime session of `graph` (nodes of ai.llmir and the default domain) with llmir's
+    custom-op library registered."""
+    import onnxruntime as ort
+    from onnx import helper
+
+    from llmir_core.backends.ort_ext import DOMAIN, register
+
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)]
+    )
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    register(so, ["llmir_ops"])
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])

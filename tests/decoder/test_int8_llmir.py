@@ -20,7 +20,7 @@ from llmir_core.ir.printer import print_module
 from llmir_core.quant import s8
 from llmir_core.runtime.ort_decoder import open_artifact
 
-from .helpers import greedy, parity
+from .helpers import greedy, llmir_session, parity
 
 WHY = unavailable_reason()
 needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"llmir's custom op cannot run: {WHY}")
@@ -28,7 +28,6 @@ PROMPT = np.random.default_rng(1).integers(3, 100, (1, 11))
 
 
 def _session(packed: np.ndarray, scales: np.ndarray, threads: int = 2) -> Any:
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     node = helper.make_node("MatMulS8", ["x", "w", "s"], ["y"], domain=DOMAIN)
@@ -39,13 +38,7 @@ def _session(packed: np.ndarray, scales: np.ndarray, threads: int = 2) -> Any:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(packed, "w"), numpy_helper.from_array(scales, "s")],
     )
-    model = helper.make_model(
-        g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)]
-    )
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    register(so, ["llmir_ops"])
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return llmir_session(g, threads)
 
 
 def _ops(module: Any, name: str) -> list[Any]:

@@ -22,7 +22,7 @@ from llmir_core.passes.base import clone_module
 from llmir_core.passes.manager import run_pipeline
 from llmir_core.runtime.ort_decoder import open_artifact
 
-from .helpers import greedy, parity, rel
+from .helpers import greedy, llmir_session, parity, rel
 from .tiny import LlamaShape, make_llama_folder
 
 WHY = unavailable_reason()
@@ -30,7 +30,6 @@ needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"llmir's custom op ca
 
 
 def _session(w_shape: list[int], n: int | None, threads: int = 2) -> Any:
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     attrs = {} if n is None else {"N": n}
@@ -44,13 +43,7 @@ def _session(w_shape: list[int], n: int | None, threads: int = 2) -> Any:
         ],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
     )
-    model = helper.make_model(
-        g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)]
-    )
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    register(so, ["llmir_ops"])
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return llmir_session(g, threads)
 
 
 def test_panel_layout_round_trips() -> None:

@@ -101,7 +101,6 @@ def test_decoder_matches_onnxruntime_norms(tiny_module: Any, tmp_path: Path) -> 
 
 def test_norm_kernel_choice(tiny_module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from llmir_core.backends.ort_ext import DISABLE_ENV
-    from llmir_core.passes import lower_ort_attention
 
     for opts in ({}, {"norm_kernel": "onnxruntime"}):  # the default: onnxruntime's norms
         text = _lowered(tiny_module, **opts)
@@ -111,7 +110,6 @@ def test_norm_kernel_choice(tiny_module: Any, monkeypatch: pytest.MonkeyPatch) -
     norms = [x for x in text.splitlines() if "simplified_layer_norm" in x and " = ort." in x]
     assert norms and all('kernel = "llmir"' in x for x in norms)
     monkeypatch.setenv(DISABLE_ENV, "1")
-    monkeypatch.setattr(lower_ort_attention, "_LLMIR_BUILDS", [])
     text = _lowered(tiny_module, norm_kernel="auto")
     assert not any(
         'kernel = "llmir"' in x for x in text.splitlines() if "simplified_layer_norm" in x

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 
 from llmir_core.backends import build, lower
-from llmir_core.backends.ort_ext import DOMAIN, NBITS_OP_NAMES, register, unavailable_reason
+from llmir_core.backends.ort_ext import DOMAIN, NBITS_OP_NAMES, unavailable_reason
 from llmir_core.backends.panels import to_panels
 from llmir_core.dialects.registry import get_op
 from llmir_core.ir.printer import print_module
 from llmir_core.quant import nbits, s8
 from llmir_core.runtime.ort_decoder import open_artifact
 
-from .helpers import greedy, rel
+from .helpers import greedy, llmir_session, rel
 
 WHY = unavailable_reason()
 needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"llmir's custom op cannot run: {WHY}")
@@ -40,7 +40,6 @@ def _model(
     threads: int = 2,
     **attrs: Any,
 ) -> Any:
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     names = ["x"] + [t.name for t in init]
@@ -50,13 +49,7 @@ def _model(
     g = helper.make_graph(
         [node], "m", [vi("x", TensorProto.FLOAT, None)], [vi("y", TensorProto.FLOAT, None)], init
     )
-    model = helper.make_model(
-        g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)]
-    )
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    register(so, ["llmir_ops"])
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return llmir_session(g, threads)
 
 
 def _nbits_sessions(bits: int, n: int, k: int, f16: bool, seed: int) -> tuple[Any, Any]:

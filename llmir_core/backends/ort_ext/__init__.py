@@ -104,6 +104,19 @@ def capability() -> bool:
     return unavailable_reason() is None
 
 
+def build_problem() -> str | None:
+    """Why llmir's ops cannot run on this machine (unavailable_reason, or the library failing to
+    compile: it is compiled once and cached), or None: what a lowering asks before it records
+    `kernel = "llmir"` for the machine it runs on."""
+    why = unavailable_reason()
+    if why is None:
+        try:
+            library_path()
+        except CustomOpError as exc:
+            why = exc.message
+    return why
+
+
 def _cache_dir() -> Path:
     """$LLMIR_EXT_CACHE (the tests share one across their per-test LLMIR_HOMEs), else
     $LLMIR_HOME/ort_ext."""
