@@ -43,7 +43,7 @@ FIGURE = re.compile(
     r"|\b\d+ (?:ops|rules|passes|mutants)\b"
 )
 GEN = re.compile(
-    r"<!-- gen:(?P<name>[\w-]+) from: (?P<src>\S+) -->(?P<body>.*?)<!-- /gen:(?P=name) -->",
+    r"<!-- gen:(?P<name>[a-z0-9-]+) from: (?P<src>\S+) -->(?P<body>.*?)<!-- /gen:(?P=name) -->",
     re.S,
 )
 FROM = re.compile(r"<!-- from: (?P<paths>[^>]*?) -->")
@@ -92,7 +92,7 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-SHAPE = {"smollm2": "SmolLM2-135M", "qwen2.5-0.5b": "Qwen2.5-0.5B"}
+SHAPE = {"smollm2": "SmolLM2-135M", "qwen2.5-0.5b": "Qwen2.5-0.5B", "qwen2.5": "Qwen2.5-0.5B"}
 
 
 # -- renderers: NAME -> (default source, function of the loaded source) --------------------------
@@ -297,21 +297,27 @@ def profile(src: str) -> str:
 
 
 def diagnose(src: str) -> str:
+    """Mean ms per decode step of each loop: wall time where the run kept it (a quiet machine,
+    threads spinning, so CPU time counts the spinning), else process CPU time."""
     d = _load(src)
+    keys = list(next(iter(d["runs"].values()))["cpu_s"])
     rows = []
     for name, run in d["runs"].items():
-        cpu = {k: 1e3 * sum(v) / len(v) for k, v in run["cpu_s"].items() if v}
-        me = cpu.get("llmir-int4")
-        cells = [f"{cpu[k]:.2f}" + (f" ({me / cpu[k]:.3f})" if me and k != "llmir-int4" else "")
-                 for k in cpu]
-        blocks = run["config"]["blocks"]
-        rows.append([f"{name} ({blocks} blocks of {run['config']['block']})", *cells])
-    keys = list(next(iter(d["runs"].values()))["cpu_s"])
-    return (
-        "\n\n"
-        + _table(["CPU ms per decode step (llmir / it)", *keys], rows)
-        + f"\n\n{d['note']}.\n\n"
-    )
+        wall = all(run["wall_s"].get(k) for k in keys)
+        per = {k: 1e3 * sum(v) / len(v) for k, v in (run["wall_s" if wall else "cpu_s"]).items()}
+        me = per[keys[0]]
+        cells = [f"{per[keys[0]]:.2f}"] + [f"{per[k]:.2f} ({me / per[k]:.3f})" for k in keys[1:]]
+        c = run["config"]
+        rows.append(
+            [
+                f"{name}, {c['blocks']} blocks of {c['block']}, load average "
+                f"{run['load_average']:.1f}",
+                "wall" if wall else "CPU",
+                *cells,
+            ]
+        )
+    head = ["run", "ms per step", *keys[:1], *(f"{k} ({keys[0]} / it)" for k in keys[1:])]
+    return "\n\n" + _table(head, rows) + f"\n\n{d['note']}.\n\n"
 
 
 def nbits_kernels(src: str) -> str:
@@ -332,7 +338,7 @@ def nbits_kernels(src: str) -> str:
             ]
         )
     return (
-        f"\n\n{d['threads']} thread(s), process CPU time; llmir's kernel over MatMulNBits "
+        f"\n\nThreads: {d['threads']}, process CPU time; llmir's kernel over MatMulNBits "
         "(speed):\n\n" + _table(["shape (K x N)", "decode M = 1", "prefill M = 128"], rows) + "\n\n"
     )
 
@@ -346,7 +352,7 @@ def attention_kernels(src: str) -> str:
             what = f"decode @{r['positions']}" if r["new"] == 1 else f"prefill {r['new']}"
             rows.append(
                 [
-                    f"{part} ({p['threads']} thread(s), {p['clock']} time)",
+                    f"{part} (threads: {p['threads']}, {p['clock']} time)",
                     SHAPE.get(r["model"], r["model"]),
                     what,
                     f"{r['onnxruntime_us']:.1f}",
@@ -417,7 +423,7 @@ def f16_vs_peers(src: str) -> str:
     return (
         f"\n\n{c['threads']} threads, prompt {c['prompt_len']}, {c['gen_len']} tokens, "
         f"{c['rounds']} rounds; load average {d['loadavg']['before'].split()[0]} before, "
-        f"{d['loadavg']['after'].split()[0]} after (every round busy):\n\n"
+        f"{d['loadavg']['after'].split()[0]} after (every round busy); {d['note']}:\n\n"
         + _table(head, rows)
         + "\n\n"
     )
@@ -441,9 +447,54 @@ def vs_peers_load(src: str) -> str:
                     f"{s[lc]['peak_rss_mb']:.0f}" if lc else "-",
                 ]
             )
-    head = ["shape", "weights", "llmir load s", "llama.cpp load s", "llmir peak RSS MB",
-            "llama.cpp peak RSS MB"]
+    head = [
+        "shape",
+        "weights",
+        "llmir load s",
+        "llama.cpp load s",
+        "llmir peak RSS MB",
+        "llama.cpp peak RSS MB",
+    ]
     return f"\n\n{_vs_conditions(d)}:\n\n" + _table(head, rows) + "\n\n"
+
+
+def llm_import(src: str) -> str:
+    d = _load(src)
+    parts = [
+        f"{r['input']}, {r['bytes'] / 1e9:.1f} GB: {r['import_s']:.2f} s and "
+        f"{r['peak_rss_mb']:.0f} MB peak RSS ({r['ops']} ops)"
+        for r in d["rows"]
+    ]
+    return (
+        f"\n\nImporting a Llama-3-8B-shaped model ({d['layers']} layers, sparse files), each in "
+        "a fresh process: "
+        + "; ".join(parts)
+        + f" (Python with llmir's frontends alone peaks at {d['baseline_rss_mb']:.0f} MB"
+        + (f"; load average {d['loadavg']:.1f}" if "loadavg" in d else "")
+        + ").\n\n"
+    )
+
+
+def onnx_import_build(src: str) -> str:
+    d = _load(src)
+    rows = [
+        [f"plain copy of the {d['weights_bytes'] / 1e9:.2f} GB weights", f"{d['copy_s']:.2f} s"],
+        ["import", f"{d['import_s']:.2f} s"],
+        ["build (copy + sha256 on a second thread + fsync)", f"{d['build_s']:.2f} s"],
+        ["import + build", f"{d['import_build_s']:.2f} s = {_x(d['ratio_vs_copy'])} the copy"],
+        [
+            "the whole process, with Python start and loading onnx/onnx_ir/onnxruntime",
+            f"{d['process_s']:.2f} s = {_x(d['ratio_vs_copy_whole_process'])} "
+            f"(module loading {d['module_load_s']:.2f} s)",
+        ],
+        [
+            "peak RSS",
+            f"{d['peak_rss_mb']:.0f} MB, {d['rss_above_baseline_mb']:+.0f} MB over the "
+            f"interpreter with those modules loaded",
+        ],
+    ]
+    load = f", load average {d['loadavg']:.1f}" if "loadavg" in d else ""
+    return f"\n\nMedians of {d['repeat']} runs{load}:\n\n" + _table(["", "time"], rows) + "\n\n"
 
 
 Renderer = Callable[[str], str]
@@ -458,6 +509,8 @@ RENDERERS: dict[str, tuple[str, Renderer]] = {
     "nbits-kernels": ("benchmarks/results/nbits_kernels_int4.json", nbits_kernels),
     "attention-kernels": ("benchmarks/results/attention_kernels.json", attention_kernels),
     "artifact-size": ("benchmarks/results/artifact_size.json", artifact_size),
+    "llm-import": ("benchmarks/results/llm_import.json", llm_import),
+    "onnx-import-build": ("benchmarks/results/onnx_import_build.json", onnx_import_build),
     "f16-vs-peers": ("benchmarks/results/f16_vs_peers.json", f16_vs_peers),
 }
 
@@ -502,12 +555,18 @@ def _blocks(lines: list[str]) -> list[list[int]]:
 
 
 def problems(path: Path) -> list[str]:
-    """What is wrong with one doc: stale or unknown generated blocks, files named that do not
-    exist, and (unless the file is PENDING) figures in blocks that name no source."""
     rel = path.relative_to(REPO).as_posix()
-    text = path.read_text()
-    if rel in WHOLE_FILE:
-        return []
+    return [] if rel in WHOLE_FILE else problems_in(rel, path.read_text())
+
+
+def _blank(m: re.Match[str]) -> str:
+    return "\n" * m.group(0).count("\n")
+
+
+def problems_in(rel: str, text: str) -> list[str]:
+    """What is wrong with one doc (`rel`: its path in the repo): stale or unknown generated
+    blocks, files named that do not exist, and (unless the file is PENDING) figures in blocks
+    that name no source."""
     out: list[str] = []
     for m in GEN.finditer(text):
         line = text.count("\n", 0, m.start()) + 1
@@ -516,18 +575,21 @@ def problems(path: Path) -> list[str]:
             out.append(f"{rel}:{line}: unknown generated block gen:{name}")
             continue
         if not fnmatch.fnmatch(m["src"], RENDERERS[name][0]):
-            out.append(f"{rel}:{line}: gen:{name} names {m['src']}, its source is "
-                       f"{RENDERERS[name][0]}")
+            out.append(
+                f"{rel}:{line}: gen:{name} names {m['src']}, its source is {RENDERERS[name][0]}"
+            )
         elif RENDERERS[name][1](m["src"]) != m["body"]:
-            out.append(f"{rel}:{line}: gen:{name} is out of date with {m['src']}: "
-                       "run python scripts/gen_doc_numbers.py")
+            out.append(
+                f"{rel}:{line}: gen:{name} is out of date with {m['src']}: "
+                "run python scripts/gen_doc_numbers.py"
+            )
     # figures: outside generated blocks, in a block naming its source
-    blank = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731
-    plain = OTHER_GENERATED.sub(blank, GEN.sub(blank, text))
+    plain = OTHER_GENERATED.sub(_blank, GEN.sub(_blank, text))
     lines = plain.split("\n")
     for block in _blocks(lines):
         body = "\n".join(lines[i] for i in block)
-        named = [p.strip() for m in FROM.finditer(body) for p in m["paths"].split(",")]
+        code_free = re.sub(r"`[^`]*`", "", body)
+        named = [p.strip() for m in FROM.finditer(code_free) for p in m["paths"].split(",")]
         named += RESULTS_NAMED.findall(re.sub(r"<!--.*?-->", "", body))
         missing = [p for p in named if not (REPO / p).is_file()]
         for p in sorted(set(missing)):
