@@ -123,6 +123,7 @@ class Phase:
             "kernel_us": round(self.kernel_us, 3),
             "dispatch_us": round(self.dispatch_us, 3),
             "kernel_share": self.kernel_us / self.step_us if self.step_us else 0.0,
+            "dispatch_share": self.dispatch_us / self.step_us if self.step_us else 0.0,
             "attributed_us": round(self.attributed_us, 3),
             "attributed_share": self.attributed_us / self.step_us if self.step_us else 0.0,
             "kernel_coverage": (
@@ -460,6 +461,17 @@ def _greedy(logits: np.ndarray) -> np.ndarray:
     return np.argmax(logits[:, -1], axis=-1).astype(np.int64)[:, None]
 
 
+def _coverage(ph: Phase) -> float:
+    """The share of kernel time that maps to a named op."""
+    return sum(o.kernel_us for o in ph.ops.values()) / ph.kernel_us if ph.kernel_us else 0.0
+
+
+def _setup(ph: Phase) -> float:
+    """The step's time outside kernels and the gaps between them (before the first kernel and
+    after the last: binding inputs, returning outputs)."""
+    return max(0.0, ph.step_us - ph.kernel_us - ph.dispatch_us)
+
+
 def format_profile(res: ProfileResult, top: int = 15) -> str:
     """The text report: per phase, the top ops by share of the step with file:line and loc."""
     lines = []
@@ -474,7 +486,6 @@ def format_profile(res: ProfileResult, top: int = 15) -> str:
             if ph.name == "prefill"
             else f"decode step (mean of {ph.steps})"
         )
-        share = ph.attributed_us / ph.step_us if ph.step_us else 0.0
         total_bytes = sum(o.bytes for o in ph.ops.values())
         gbs = total_bytes / (ph.kernel_us * 1e3) if ph.kernel_us else 0.0
         plain = (
@@ -484,9 +495,10 @@ def format_profile(res: ProfileResult, top: int = 15) -> str:
         )
         lines.append("")
         lines.append(
-            f"{what}: {ph.step_us / 1e3:.3f} ms{plain}, {share:.1%} in named .llmir ops "
-            f"(kernels {ph.kernel_us / ph.step_us:.1%}, dispatch between them "
-            f"{ph.dispatch_us / ph.step_us:.1%}), {total_bytes / 1e6:.1f} MB read, "
+            f"{what}: {ph.step_us / 1e3:.3f} ms{plain}: kernels {ph.kernel_us / ph.step_us:.1%} "
+            f"({_coverage(ph):.1%} of it in named .llmir ops), dispatch between kernels "
+            f"{ph.dispatch_us / ph.step_us:.1%} (charged to the next op), run setup "
+            f"{_setup(ph) / ph.step_us:.1%}; {total_bytes / 1e6:.1f} MB read, "
             f"{gbs:.1f} GB/s in kernels"
             if ph.step_us
             else f"{what}: no time recorded"
