@@ -55,6 +55,7 @@
 #define NIN 15 /* com.microsoft's 14 (attention_bias 10 and head_sink 11 refused), then 14 qkv_bias */
 #define DECODE_TASKS 8 /* a decode step is split into this many tasks at least... */
 #define DECODE_MIN_KEYS 64 /* ...of this many keys at least */
+#define MAX_HEADS 65536 /* num_heads, kv_num_heads: bounded so (H + 2 Hkv) * D cannot overflow */
 
 /* -- vector math ------------------------------------------------------------------------------ */
 
@@ -613,9 +614,9 @@ static void *gqa_create(const OrtCustomOp *op, const OrtApi *api, const OrtKerne
     k->kv8 = op->GetInputType(op, 3) == T_INT8;
     int64_t window = attr_int(api, info, "local_window_size", -1);
     k->window = window > 0 ? window : 0;
-    if (k->heads <= 0 || k->kv_heads <= 0 || k->heads % k->kv_heads)
+    if (k->heads <= 0 || k->kv_heads <= 0 || k->heads > MAX_HEADS || k->heads % k->kv_heads)
         k->err = "ai.llmir GroupQueryAttention: num_heads must be a positive multiple of "
-                 "kv_num_heads";
+                 "kv_num_heads, at most 65536";
     else if (attr_int(api, info, "smooth_softmax", 0) || attr_int(api, info, "qk_output", 0))
         k->err = "ai.llmir GroupQueryAttention: smooth_softmax and qk_output are not supported";
     else if (k->scale < 0.0f || k->softcap < 0.0f)
@@ -705,6 +706,12 @@ static OrtStatus *gqa_compute(void *kp, OrtKernelContext *ctx) {
         if (in[i] && data((OrtValue *)in[i], &p[i])) return bad(api, "no tensor data");
     const int32_t *seqlens = (const int32_t *)p[5];
     const int64_t total = *(const int32_t *)p[6];
+    int64_t longest = 0; /* max(seqlens_k) + 1: what total_sequence_length means */
+    for (int64_t b = 0; b < B; b++)
+        longest = seqlens[b] + (int64_t)1 > longest ? seqlens[b] + (int64_t)1 : longest;
+    if (total < 0 || total > longest)
+        return bad(api, "ai.llmir GroupQueryAttention: total_sequence_length must be at most "
+                        "max(seqlens_k) + 1");
     GqaJob j;
     memset(&j, 0, sizeof(j));
     j.kn = kn, j.B = B, j.S = S, j.H = H, j.Hkv = Hkv, j.G = H / Hkv, j.D = D, j.Lp = Lp;
@@ -715,7 +722,7 @@ static OrtStatus *gqa_compute(void *kp, OrtKernelContext *ctx) {
     j.ks = (const float *)p[12], j.vs = (const float *)p[13];
     for (int64_t b = 0; b < B; b++) {
         int64_t past = past_len(&j, b), tot = total_len(&j, b);
-        if (past < 0 || tot > j.P || past + S > j.P)
+        if (past < 0 || past > Lp || tot > j.P || past + S > j.P)
             return bad(api, "ai.llmir GroupQueryAttention: seqlens_k does not fit the sequence "
                             "length and the KV buffer");
     }

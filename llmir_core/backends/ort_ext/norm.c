@@ -109,7 +109,7 @@ static OrtStatus *norm_compute(void *kp, OrtKernelContext *ctx) {
     if (!xv || !gv || (kn->skip && !kv)) return norm_bad(api, kn, "missing input");
     int64_t xd[8], kd[8], gd[8];
     int xr = llmir_shape_of(api, xv, xd), gr = llmir_shape_of(api, gv, gd);
-    if (xr < 1 || xr > 8 || gr != 1 || gd[0] != xd[xr - 1])
+    if (xr < 1 || xr > 8 || gr != 1 || gd[0] != xd[xr - 1] || llmir_rows(xd, xr - 1) < 0)
         return norm_bad(api, kn, "the scale must be [H] for X [..., H]");
     if (kn->skip && (llmir_shape_of(api, kv, kd) != xr || memcmp(kd, xd, (size_t)xr * 8)))
         return norm_bad(api, kn, "skip must have X's shape");

@@ -32,6 +32,11 @@ static inline float llmir_quant32(const float *x, int8_t *q, int *sum) {
     h = _mm_max_ss(h, _mm_movehdup_ps(h));
     float amax = _mm_cvtss_f32(h);
     float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    /* a NaN in the block (max drops it): d = NaN, so the block's products are NaN, as in the
+     * reference, not the products of a NaN's int8 code */
+    __m256 nan = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(v0, v0, _CMP_UNORD_Q), _mm256_cmp_ps(v1, v1, _CMP_UNORD_Q)),
+                              _mm256_or_ps(_mm256_cmp_ps(v2, v2, _CMP_UNORD_Q), _mm256_cmp_ps(v3, v3, _CMP_UNORD_Q)));
+    if (_mm256_movemask_ps(nan)) d = __builtin_nanf("");
     __m256 s = _mm256_set1_ps(id);
     __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, s)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, s));
     __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, s)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, s));
