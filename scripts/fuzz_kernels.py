@@ -22,6 +22,11 @@ import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from queue import Queue
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tests.decoder.kernel_cases import Case, Result
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from llmir_core.backends.ort_ext import CustomOpError, library_path, unavailable_reason
-    from tests.decoder.kernel_cases import all_cases, asan_env, run_isolated
+    from tests.decoder.kernel_cases import Server, all_cases, asan_env
 
     cases = [c for c in all_cases() if not args.op or c.op in args.op or c.op.split("[")[0] in args.op]
     if args.case:
@@ -67,8 +72,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     os.environ.setdefault("NO_COLOR", "1")
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        results = list(pool.map(lambda c: run_isolated(c, env, args.timeout), cases))
+    jobs = max(1, min(args.jobs, len(cases)))
+    servers: Queue[Server] = Queue()
+    for _ in range(jobs):  # each forks one child per case; a worker thread holds one at a time
+        servers.put(Server(env))
+
+    def run(case: Case) -> Result:
+        server = servers.get()
+        try:
+            return server.run(case, args.timeout)
+        finally:
+            servers.put(server)
+
+    with ThreadPoolExecutor(jobs) as pool:
+        results = list(pool.map(run, cases))
+    while not servers.empty():
+        servers.get().close()
     failed = [r for r in results if not r.passed]
     if args.format == "json":
         print(
@@ -97,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _summary(results: list) -> dict[str, dict[str, int]]:  # type: ignore[type-arg]
+def _summary(results: list[Result]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for r in results:
         row = out.setdefault(r.case.op, {"cases": 0, "pass": 0, "refused": 0, "computed": 0})
@@ -111,7 +130,7 @@ def _summary(results: list) -> dict[str, dict[str, int]]:  # type: ignore[type-a
     return out
 
 
-def _table(results: list, asan: bool) -> None:  # type: ignore[type-arg]
+def _table(results: list[Result], asan: bool) -> None:
     summary = _summary(results)
     print(f"{'op':<36} {'cases':>5} {'pass':>5} {'fail':>5}  {'(refused / computed)':<22}")
     for op, row in summary.items():

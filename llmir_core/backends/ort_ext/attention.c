@@ -761,8 +761,12 @@ static OrtStatus *gqa_compute(void *kp, OrtKernelContext *ctx) {
     void *o[3];
     for (int i = 0; i < 3; i++)
         if ((st = data(ov[i], &o[i]))) return st;
-    if (B * S == 0) return NULL;
     const float *q = (const float *)p[0];
+    j.pk_in = p[3], j.pv_in = p[4], j.pk = o[1], j.pv = o[2];
+    if (B * S == 0) { /* no new rows: present is still the past rows, zeros after */
+        for (int64_t i = 0; i < B * Hkv; i++) store_task(&j, (size_t)i);
+        return NULL;
+    }
     float *biased = NULL; /* qkv_bias: the packed rows plus the bias */
     if (in[14]) {
         const float *bias = (const float *)p[14];

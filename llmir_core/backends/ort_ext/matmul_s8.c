@@ -166,6 +166,11 @@ static void quantize_row_u7(const float *x, int64_t K, int64_t kb, uint8_t *q, f
         _mm256_storeu_ps(hi8, hi);
         for (int e = 0; e < 8; e++) mn = lo8[e] < mn ? lo8[e] : mn, mx = hi8[e] > mx ? hi8[e] : mx;
         uint8_t *qb = q + k0;
+        if (llmir_has_nan32(v)) { /* NaN in, NaN out (min and max above drop NaNs) */
+            memset(qb, 0, S8_QB);
+            d[b] = zd[b] = __builtin_nanf("");
+            continue;
+        }
         if (mx - mn <= 0.0f) {
             memset(qb, 0, S8_QB);
             d[b] = 0.0f, zd[b] = 0.0f;
