@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     from llmir_core.backends.ort_ext import CustomOpError, library_path, unavailable_reason
     from tests.decoder.kernel_cases import Server, all_cases, asan_env
 
-    cases = [c for c in all_cases() if not args.op or c.op in args.op or c.op.split("[")[0] in args.op]
+    cases = [
+        c for c in all_cases() if not args.op or c.op in args.op or c.op.split("[")[0] in args.op
+    ]
     if args.case:
         cases = [c for c in cases if any(s in c.name for s in args.case)]
     if args.per_op:

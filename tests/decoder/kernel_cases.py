@@ -91,7 +91,11 @@ def _graph(
         if n and n not in init_names and n not in made
     ]
     types = out_types or {}
-    outs = [helper.make_tensor_value_info(o, types.get(o, TensorProto.FLOAT), None) for o in outputs if o]
+    outs = [
+        helper.make_tensor_value_info(o, types.get(o, TensorProto.FLOAT), None)
+        for o in outputs
+        if o
+    ]
     return helper.make_graph([*(pre or []), node], "fuzz", gin, outs, initializer=inits or [])
 
 
@@ -205,12 +209,17 @@ def _int8_rows(x: np.ndarray) -> np.ndarray:
         return (_f(q) * _f(amax / F32(127))).reshape(*lead, k)
 
 
-def _nbits_weights(bits: int, zp: bool, f16: bool) -> Callable[[np.random.Generator, int, int], Feeds]:
+def _nbits_weights(
+    bits: int, zp: bool, f16: bool
+) -> Callable[[np.random.Generator, int, int], Feeds]:
     def make(rng: np.random.Generator, n: int, k: int) -> Feeds:
         from llmir_core.quant import nbits
 
         if k == 0 or n == 0:  # no blocks (quantize wants at least one)
-            out = {"b": np.zeros((n, k // 32, 4 * bits), np.uint8), "s": np.zeros(0, np.float16 if f16 else F32)}
+            out = {
+                "b": np.zeros((n, k // 32, 4 * bits), np.uint8),
+                "s": np.zeros(0, np.float16 if f16 else F32),
+            }
             return {**out, "z": np.zeros(0, np.uint8)} if zp else out
         w = rng.standard_normal((n, k)).astype(F32)
         codes, sc, z = nbits.quantize(w, bits, 32, not zp, np.dtype(np.float16 if f16 else F32))
@@ -275,7 +284,9 @@ def _mat_ops() -> list[MatOp]:
     from onnx import TensorProto as T
 
     ops = [
-        MatOp("MatMulF16", [("x", T.FLOAT), ("w", T.FLOAT16)], _dense(np.float16), _dense_ref, 2e-5),
+        MatOp(
+            "MatMulF16", [("x", T.FLOAT), ("w", T.FLOAT16)], _dense(np.float16), _dense_ref, 2e-5
+        ),
         MatOp("MatMulBf16", [("x", T.FLOAT), ("w", T.BFLOAT16)], _dense(_bf16()), _dense_ref, 2e-5),
         MatOp("MatMulF32", [("x", T.FLOAT), ("w", T.FLOAT)], _dense(F32), _dense_ref, 2e-5),
         MatOp(
@@ -286,7 +297,9 @@ def _mat_ops() -> list[MatOp]:
             2e-5,
             attrs=lambda n: {"N": n},
         ),
-        MatOp("MatMulS8", [("x", T.FLOAT), ("w", T.INT8), ("s", T.FLOAT)], _s8_weights, _s8_ref, 2e-5),
+        MatOp(
+            "MatMulS8", [("x", T.FLOAT), ("w", T.INT8), ("s", T.FLOAT)], _s8_weights, _s8_ref, 2e-5
+        ),
     ]
     for bits in (4, 8):
         ops.append(
@@ -389,7 +402,9 @@ def _mat_cases(mo: MatOp) -> list[Case]:
     K, N = 64, 48  # K a multiple of 32 (the block formats), N of 16 (panels)
     nb = mo.op.startswith("MatMulNBits") or mo.op == "MatMulS8"
 
-    def sc(shapes: list[tuple[tuple[int, ...], int, str]], **kw: Any) -> Callable[[np.random.Generator], Scenario]:
+    def sc(
+        shapes: list[tuple[tuple[int, ...], int, str]], **kw: Any
+    ) -> Callable[[np.random.Generator], Scenario]:
         return lambda rng: _mat_scenario(mo, rng, shapes, **kw)
 
     def wnan(v: float) -> Callable[[Feeds], None]:
@@ -405,37 +420,85 @@ def _mat_cases(mo: MatOp) -> list[Case]:
         ("valid-decode", sc([((1, K), N, "ref")])),
         ("valid-prefill", sc([((7, K), N, "ref")])),
         ("valid-batched-4d", sc([((2, 3, 1, K), N, "ref")])),
-        ("valid-decode-then-prefill", sc([((1, K), N, "ref"), ((9, K), N, "ref"), ((2, K), N, "ref")])),
-        ("k-mismatch-larger", sc([((2, K), N, "ref"), ((2, K + 32), N, "error")], mutate=_shrink_k(mo, K))),
+        (
+            "valid-decode-then-prefill",
+            sc([((1, K), N, "ref"), ((9, K), N, "ref"), ((2, K), N, "ref")]),
+        ),
+        (
+            "k-mismatch-larger",
+            sc([((2, K), N, "ref"), ((2, K + 32), N, "error")], mutate=_shrink_k(mo, K)),
+        ),
         ("x-rank0", sc([((), N, "error")])),
         ("x-rank1", sc([((K,), N, "either")])),
         ("m-zero", sc([((0, K), N, "either")])),
         ("m-zero-3d", sc([((3, 0, K), N, "either")])),
         ("n-zero", sc([((2, K), 0, "either")])),
         ("k-zero", sc([((2, 0), N, "either")])),
-        ("rows-overflow-int64", lambda rng: _overflow_x(_mat_scenario(mo, rng, [((1, 0), N, "either")]))),
-        ("rows-overflow-int64-n0", lambda rng: _overflow_x(_mat_scenario(mo, rng, [((1, 0), 0, "either")]))),
+        (
+            "rows-overflow-int64",
+            lambda rng: _overflow_x(_mat_scenario(mo, rng, [((1, 0), N, "either")])),
+        ),
+        (
+            "rows-overflow-int64-n0",
+            lambda rng: _overflow_x(_mat_scenario(mo, rng, [((1, 0), 0, "either")])),
+        ),
         (
             "weight-shrinks-between-calls",
-            sc([((1, K), 16 if panel else 4096, "ref"), ((1, K), 16 if panel else 1, "ref"), ((5, K), 16, "ref")]),
+            sc(
+                [
+                    ((1, K), 16 if panel else 4096, "ref"),
+                    ((1, K), 16 if panel else 1, "ref"),
+                    ((5, K), 16, "ref"),
+                ]
+            ),
         ),
-        ("weight-grows-between-calls", sc([((1, K), 16, "ref"), ((6, K), 16 if panel else 1024, "ref")])),
-        ("k-grows-between-calls", sc([((1, 32), 16, "ref"), ((1, 32 * 40), 16, "ref"), ((3, 32), 16, "ref")])),
+        (
+            "weight-grows-between-calls",
+            sc([((1, K), 16, "ref"), ((6, K), 16 if panel else 1024, "ref")]),
+        ),
+        (
+            "k-grows-between-calls",
+            sc([((1, 32), 16, "ref"), ((1, 32 * 40), 16, "ref"), ((3, 32), 16, "ref")]),
+        ),
         ("nan-in-x", sc([((1, K), N, "ref"), ((6, K), N, "ref")], x_fill=_put(np.nan, (0, 40)))),
         ("inf-in-x", sc([((1, K), N, "ref"), ((6, K), N, "ref")], x_fill=_put(np.inf, (3,)))),
         ("neg-inf-in-x", sc([((2, K), N, "ref")], x_fill=_put(-np.inf, (K + 1,)))),
-        ("huge-x", sc([((1, K), N, "ref"), ((6, K), N, "ref")], x_fill=lambda a: a.__imul__(F32(1e30)))),
-        ("denormal-x", sc([((1, K), N, "ref"), ((6, K), N, "ref")], x_fill=lambda a: a.__imul__(F32(1e-42)))),
+        (
+            "huge-x",
+            sc([((1, K), N, "ref"), ((6, K), N, "ref")], x_fill=lambda a: a.__imul__(F32(1e30))),
+        ),
+        (
+            "denormal-x",
+            sc([((1, K), N, "ref"), ((6, K), N, "ref")], x_fill=lambda a: a.__imul__(F32(1e-42))),
+        ),
         ("zero-x", sc([((1, K), N, "ref"), ((6, K), N, "ref")], x_fill=lambda a: a.fill(0))),
         ("nan-in-weight", sc([((1, K), N, "ref"), ((6, K), N, "ref")], w_fill=wnan(np.nan))),
         ("inf-in-weight", sc([((1, K), N, "ref"), ((6, K), N, "ref")], w_fill=wnan(np.inf))),
         ("x-float64", sc([((2, K), N, "error")], x_dtype=F64)),
         ("x-int32", sc([((2, K), N, "error")], x_dtype=np.int32)),
         ("weight-wrong-dtype", sc([((2, K), N, "error")], mutate=_retype_weight)),
-        ("weight-rank1", sc([((2, K), N, "error")], mutate=lambda w: _reshape(w, "w" if "w" in w else "b", (-1,)))),
-        ("weight-rank5", sc([((2, K), N, "error")], mutate=lambda w: _reshape(w, "w" if "w" in w else "b", (1, 1, 1, 1, -1)))),
-        ("epilogue-swiglu", sc([((1, K), 32, "ref"), ((7, K), 32, "ref")], attrs={"epilogue": "swiglu"})),
-        ("epilogue-swiglu-odd-n", sc([((1, K), 16 if panel else 17, "error")], attrs={"epilogue": "swiglu"})),
+        (
+            "weight-rank1",
+            sc(
+                [((2, K), N, "error")],
+                mutate=lambda w: _reshape(w, "w" if "w" in w else "b", (-1,)),
+            ),
+        ),
+        (
+            "weight-rank5",
+            sc(
+                [((2, K), N, "error")],
+                mutate=lambda w: _reshape(w, "w" if "w" in w else "b", (1, 1, 1, 1, -1)),
+            ),
+        ),
+        (
+            "epilogue-swiglu",
+            sc([((1, K), 32, "ref"), ((7, K), 32, "ref")], attrs={"epilogue": "swiglu"}),
+        ),
+        (
+            "epilogue-swiglu-odd-n",
+            sc([((1, K), 16 if panel else 17, "error")], attrs={"epilogue": "swiglu"}),
+        ),
         ("epilogue-unknown", sc([((1, K), N, "error")], attrs={"epilogue": "gelu"})),
         ("epilogue-long-string", sc([((1, K), N, "error")], attrs={"epilogue": "swiglu" * 400})),
         ("output-aliases-x", sc([((4, K), K, "either")], alias={"y": "x"})),
@@ -516,14 +579,18 @@ def _quant_cases(mo: MatOp) -> list[Case]:
     """Scales and zero points that disagree with the weight, between calls too."""
     K, N = 64, 48
 
-    def sc(shapes: list[tuple[tuple[int, ...], int, str]], mutate: Callable[[Feeds], Feeds]) -> Callable[[np.random.Generator], Scenario]:
+    def sc(
+        shapes: list[tuple[tuple[int, ...], int, str]], mutate: Callable[[Feeds], Feeds]
+    ) -> Callable[[np.random.Generator], Scenario]:
         return lambda rng: _mat_scenario(mo, rng, shapes, mutate=mutate)
 
     def drop(key: str, n: int) -> Callable[[Feeds], Feeds]:
         return lambda w: {**w, key: w[key].reshape(-1)[: w[key].size - n]} if key in w else w
 
     def grow(key: str) -> Callable[[Feeds], Feeds]:
-        return lambda w: {**w, key: np.concatenate([w[key].reshape(-1), w[key].reshape(-1)])} if key in w else w
+        return lambda w: (
+            {**w, key: np.concatenate([w[key].reshape(-1), w[key].reshape(-1)])} if key in w else w
+        )
 
     cases = [
         ("scales-short", sc([((1, K), N, "error")], drop("s", 5))),
@@ -536,15 +603,35 @@ def _quant_cases(mo: MatOp) -> list[Case]:
         cases += [
             ("zero-points-short", sc([((1, K), N, "error")], drop("z", 1))),
             ("zero-points-long", sc([((1, K), N, "error")], grow("z"))),
-            ("b-last-dim-wrong", sc([((1, K), N, "error")], lambda w: {**w, "b": w["b"][..., :-1].copy()})),
-            ("b-blocks-overflow-int64", sc([((1, K), N, "error")], lambda w: {**w, "b": np.zeros((0, 2**58 if mo.op.endswith("4") else 2**57, w["b"].shape[2]), np.uint8)})),
+            (
+                "b-last-dim-wrong",
+                sc([((1, K), N, "error")], lambda w: {**w, "b": w["b"][..., :-1].copy()}),
+            ),
+            (
+                "b-blocks-overflow-int64",
+                sc(
+                    [((1, K), N, "error")],
+                    lambda w: {
+                        **w,
+                        "b": np.zeros(
+                            (0, 2**58 if mo.op.endswith("4") else 2**57, w["b"].shape[2]), np.uint8
+                        ),
+                    },
+                ),
+            ),
             ("scales-f16", lambda rng: _nbits_f16(mo, rng)),
             ("no-zero-points", lambda rng: _nbits_nozp(mo, rng)),
         ]
     else:
         cases += [
-            ("w-groups-wrong", sc([((1, K), N, "error")], lambda w: {**w, "w": w["w"][:-1].copy()})),
-            ("k-not-multiple-of-32", lambda rng: _mat_scenario(mo, rng, [((3, 50), 20, "ref"), ((1, 50), 20, "ref")])),
+            (
+                "w-groups-wrong",
+                sc([((1, K), N, "error")], lambda w: {**w, "w": w["w"][:-1].copy()}),
+            ),
+            (
+                "k-not-multiple-of-32",
+                lambda rng: _mat_scenario(mo, rng, [((3, 50), 20, "ref"), ((1, 50), 20, "ref")]),
+            ),
         ]
     return [Case(mo.op, n, m) for n, m in cases]
 
@@ -606,8 +693,13 @@ def _nbits_repros() -> list[Case]:
         from onnx import helper, numpy_helper
 
         full = q4(rng, 64, 64)
-        inits = [numpy_helper.from_array(full["b"], "B"), numpy_helper.from_array(full["s"].reshape(64, 2), "S")]
-        inits += [numpy_helper.from_array(np.array([0], np.int64), name) for name in ("zero", "axis")]
+        inits = [
+            numpy_helper.from_array(full["b"], "B"),
+            numpy_helper.from_array(full["s"].reshape(64, 2), "S"),
+        ]
+        inits += [
+            numpy_helper.from_array(np.array([0], np.int64), name) for name in ("zero", "axis")
+        ]
         inits += [numpy_helper.from_array(np.array([1], np.int64), "one")]
         inits += [numpy_helper.from_array(np.array([-1], np.int64), "flat")]
         pre = [  # B[:S], scales[:S] for the prompt length S (X's dim 1)
@@ -617,7 +709,13 @@ def _nbits_repros() -> list[Case]:
             helper.make_node("Slice", ["S", "zero", "len", "axis"], ["s2"]),
             helper.make_node("Reshape", ["s2", "flat"], ["s"]),
         ]
-        g = _graph("MatMulNBitsQ4", [("x", T.FLOAT), ("b", T.UINT8), ("s", T.FLOAT)], ["y"], inits=inits, pre=pre)
+        g = _graph(
+            "MatMulNBitsQ4",
+            [("x", T.FLOAT), ("b", T.UINT8), ("s", T.FLOAT)],
+            ["y"],
+            inits=inits,
+            pre=pre,
+        )
         calls = [Call({"x": rng.standard_normal((1, s, 64)).astype(F32)}) for s in (6, 1, 7, 1)]
 
         def ref(f: Feeds) -> list[np.ndarray]:
@@ -667,7 +765,11 @@ def _norm_cases(skip: bool) -> list[Case]:
         alias: dict[str, str] | None = None,
     ) -> Callable[[np.random.Generator], Scenario]:
         def make(rng: np.random.Generator) -> Scenario:
-            ins = [("x", T.FLOAT), ("k", T.FLOAT), ("g", T.FLOAT)] if skip else [("x", T.FLOAT), ("g", T.FLOAT)]
+            ins = (
+                [("x", T.FLOAT), ("k", T.FLOAT), ("g", T.FLOAT)]
+                if skip
+                else [("x", T.FLOAT), ("g", T.FLOAT)]
+            )
             o = outs or (["y", "", "", "sum"] if skip else ["y"])
             g = _graph(op, ins, o, {"epsilon": eps})
             calls = []
@@ -696,12 +798,28 @@ def _norm_cases(skip: bool) -> list[Case]:
         ("valid-h-not-multiple-of-8", sc([((3, 37), 37, "ref")])),
         ("valid-h-large", sc([((2, 4096), 4096, "ref")])),
         ("rows-grow-and-shrink", sc([((1, H), H, "ref"), ((64, H), H, "ref"), ((1, H), H, "ref")])),
-        ("h-changes-between-calls", sc([((2, 64), 64, "ref"), ((2, 8), 8, "ref"), ((2, 1000), 1000, "ref")])),
+        (
+            "h-changes-between-calls",
+            sc([((2, 64), 64, "ref"), ((2, 8), 8, "ref"), ((2, 1000), 1000, "ref")]),
+        ),
         ("scale-too-short", sc([((2, H), H - 1, "error")])),
         ("scale-too-long", sc([((2, H), H + 8, "error")])),
-        ("scale-rank2", sc([((2, H), H, "error")], feed=lambda f: {**f, "g": f["g"].reshape(1, -1)})),
+        (
+            "scale-rank2",
+            sc([((2, H), H, "error")], feed=lambda f: {**f, "g": f["g"].reshape(1, -1)}),
+        ),
         ("scale-empty", sc([((2, H), 0, "error")])),
-        ("x-rank0", sc([((), 1, "error")], feed=lambda f: {**f, "x": np.asarray(1.0, F32), **({"k": np.asarray(1.0, F32)} if skip else {})})),
+        (
+            "x-rank0",
+            sc(
+                [((), 1, "error")],
+                feed=lambda f: {
+                    **f,
+                    "x": np.asarray(1.0, F32),
+                    **({"k": np.asarray(1.0, F32)} if skip else {}),
+                },
+            ),
+        ),
         ("x-rank1", sc([((H,), H, "ref")])),
         ("x-rank9", sc([((1,) * 8 + (H,), H, "error")])),
         ("rows-zero", sc([((0, H), H, "either")])),
@@ -715,14 +833,26 @@ def _norm_cases(skip: bool) -> list[Case]:
         ("eps-negative", sc([((2, H), H, "either")], eps=-1.0, xf=lambda a: a.__imul__(F32(3)))),
         ("eps-nan", sc([((2, H), H, "either")], eps=float("nan"))),
         ("x-float64", sc([((2, H), H, "error")], feed=lambda f: {**f, "x": f["x"].astype(F64)})),
-        ("scale-float16", sc([((2, H), H, "error")], feed=lambda f: {**f, "g": f["g"].astype(np.float16)})),
+        (
+            "scale-float16",
+            sc([((2, H), H, "error")], feed=lambda f: {**f, "g": f["g"].astype(np.float16)}),
+        ),
         ("output-aliases-x", sc([((4, H), H, "either")], alias={"y": "x"})),
     ]
     if skip:
         cases += [
-            ("skip-shape-differs", sc([((2, H), H, "error")], feed=lambda f: {**f, "k": f["k"][:1]})),
-            ("skip-broadcast-row", sc([((3, H), H, "error")], feed=lambda f: {**f, "k": f["k"][:1].copy()})),
-            ("skip-rank-differs", sc([((2, H), H, "error")], feed=lambda f: {**f, "k": f["k"].reshape(1, 2, H)})),
+            (
+                "skip-shape-differs",
+                sc([((2, H), H, "error")], feed=lambda f: {**f, "k": f["k"][:1]}),
+            ),
+            (
+                "skip-broadcast-row",
+                sc([((3, H), H, "error")], feed=lambda f: {**f, "k": f["k"][:1].copy()}),
+            ),
+            (
+                "skip-rank-differs",
+                sc([((2, H), H, "error")], feed=lambda f: {**f, "k": f["k"].reshape(1, 2, H)}),
+            ),
             ("no-sum-output", sc([((2, H), H, "ref")], outs=["y"])),
             ("mean-output-asked", sc([((2, H), H, "either")], outs=["y", "mean", "", "sum"])),
         ]
@@ -759,7 +889,9 @@ def _gqa_types(kv8: bool) -> dict[str, int]:
     return t
 
 
-def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, pos: int, interleaved: bool) -> np.ndarray:
+def _rotate(
+    x: np.ndarray, cos: np.ndarray, sin: np.ndarray, pos: int, interleaved: bool
+) -> np.ndarray:
     half = cos.shape[1]
     c, s = _f(cos[pos]), _f(sin[pos])
     y = x.copy()
@@ -932,12 +1064,18 @@ def _gqa_scenario(
     while ins and not ins[-1][0]:
         ins.pop()
     kv = {"present_key": types["past_key"], "present_value": types["past_value"]}
-    graph = _graph("GroupQueryAttention", ins, ["out", "present_key", "present_value"], at, out_types=kv)
+    graph = _graph(
+        "GroupQueryAttention", ins, ["out", "present_key", "present_value"], at, out_types=kv
+    )
     return Scenario(graph, calls, _gqa_ref(at), 2e-5, 1)
 
 
 def _gqa_cases() -> list[Case]:
-    def sc(*specs: tuple[GqaSpec, str], edit: Callable[[Feeds], Feeds] | None = None, alias: dict[str, str] | None = None) -> Callable[[np.random.Generator], Scenario]:
+    def sc(
+        *specs: tuple[GqaSpec, str],
+        edit: Callable[[Feeds], Feeds] | None = None,
+        alias: dict[str, str] | None = None,
+    ) -> Callable[[np.random.Generator], Scenario]:
         return lambda rng: _gqa_scenario(rng, list(specs), edit, alias)
 
     def put(key: str, value: Any) -> Callable[[Feeds], Feeds]:
@@ -964,11 +1102,25 @@ def _gqa_cases() -> list[Case]:
         ("valid-rotary", sc((G(rotary=16, S=1, Lp=3), "ref"))),
         ("valid-rotary-interleaved", sc((G(rotary=8, interleaved=True), "ref"))),
         ("valid-position-ids", sc((G(rotary=16, pos_ids=True), "ref"))),
-        ("valid-window-softcap", sc((G(S=1, Lp=100, attrs={"local_window_size": 5, "softcap": 2.0}), "ref"))),
+        (
+            "valid-window-softcap",
+            sc((G(S=1, Lp=100, attrs={"local_window_size": 5, "softcap": 2.0}), "ref")),
+        ),
         ("valid-batch-ragged", sc((G(B=3, S=1, Lp=9, seqlens=[2, 9, 5]), "ref"))),
-        ("past-grows-and-shrinks", sc((G(S=1, Lp=3), "ref"), (G(S=1, Lp=300), "ref"), (G(S=1, Lp=1), "ref"), (G(S=5), "ref"))),
+        (
+            "past-grows-and-shrinks",
+            sc(
+                (G(S=1, Lp=3), "ref"),
+                (G(S=1, Lp=300), "ref"),
+                (G(S=1, Lp=1), "ref"),
+                (G(S=5), "ref"),
+            ),
+        ),
         ("batch-changes", sc((G(B=1), "ref"), (G(B=4), "ref"), (G(B=2, S=1, Lp=2), "ref"))),
-        ("total-int32-max", sc((G(S=1, Lp=4), "error"), edit=put("total_sequence_length", 2**31 - 1))),
+        (
+            "total-int32-max",
+            sc((G(S=1, Lp=4), "error"), edit=put("total_sequence_length", 2**31 - 1)),
+        ),
         ("total-negative", sc((G(S=1, Lp=4), "error"), edit=put("total_sequence_length", -5))),
         ("total-shape-2", sc((G(S=1, Lp=4), "error"), edit=put("total_sequence_length", [5, 5]))),
         ("seqlens-int32-max", sc((G(S=1, Lp=4, seqlens=[2**31 - 1], total=0), "error"))),
@@ -976,34 +1128,109 @@ def _gqa_cases() -> list[Case]:
         ("seqlens-past-beyond-cache", sc((G(S=1, Lp=4, seqlens=[40]), "error"))),
         ("seqlens-past-without-cache", sc((G(S=1, Lp=0, seqlens=[9]), "error"))),
         ("seqlens-wrong-batch", sc((G(B=2, S=1, Lp=4, seqlens=[4]), "error"))),
-        ("past-value-shape-differs", sc((dec, "error"), edit=lambda f: {**f, "past_value": f["past_value"][:, :, :3].copy()})),
-        ("past-head-size-differs", sc((dec, "error"), edit=lambda f: {**f, "past_key": np.zeros((1, 2, 7, 8), F32), "past_value": np.zeros((1, 2, 7, 8), F32)})),
+        (
+            "past-value-shape-differs",
+            sc(
+                (dec, "error"), edit=lambda f: {**f, "past_value": f["past_value"][:, :, :3].copy()}
+            ),
+        ),
+        (
+            "past-head-size-differs",
+            sc(
+                (dec, "error"),
+                edit=lambda f: {
+                    **f,
+                    "past_key": np.zeros((1, 2, 7, 8), F32),
+                    "past_value": np.zeros((1, 2, 7, 8), F32),
+                },
+            ),
+        ),
         ("key-without-value", sc((G(), "error"), edit=drop("value"))),
         ("past-key-without-past-value", sc((dec, "error"), edit=drop("past_value"))),
-        ("key-shape-differs", sc((G(), "error"), edit=lambda f: {**f, "key": f["key"][:, :2].copy()})),
+        (
+            "key-shape-differs",
+            sc((G(), "error"), edit=lambda f: {**f, "key": f["key"][:, :2].copy()}),
+        ),
         ("query-rank2", sc((G(), "error"), edit=lambda f: {**f, "query": f["query"][0]})),
-        ("hidden-not-heads-times-d", sc((G(), "error"), edit=lambda f: {**f, "query": f["query"][..., :-3].copy()})),
+        (
+            "hidden-not-heads-times-d",
+            sc((G(), "error"), edit=lambda f: {**f, "query": f["query"][..., :-3].copy()}),
+        ),
         ("head-size-not-multiple-of-8", sc((G(D=12), "error"))),
         ("head-size-over-256", sc((G(D=264, S=1, Lp=1), "error"))),
         ("head-size-zero", sc((G(D=0), "error"))),
         ("query-batch-zero", sc((G(B=0, seqlens=[]), "either"))),
         ("query-seq-zero", sc((G(S=0, Lp=3, seqlens=[2]), "either"))),
-        ("position-out-of-cache", sc((G(rotary=16, pos_ids=True), "error"), edit=lambda f: {**f, "position_ids": np.full_like(f["position_ids"], 64)})),
-        ("position-negative", sc((G(rotary=16, pos_ids=True), "error"), edit=lambda f: {**f, "position_ids": np.full_like(f["position_ids"], -1)})),
-        ("position-ids-wrong-shape", sc((G(rotary=16, pos_ids=True), "error"), edit=lambda f: {**f, "position_ids": f["position_ids"][:, :1].copy()})),
+        (
+            "position-out-of-cache",
+            sc(
+                (G(rotary=16, pos_ids=True), "error"),
+                edit=lambda f: {**f, "position_ids": np.full_like(f["position_ids"], 64)},
+            ),
+        ),
+        (
+            "position-negative",
+            sc(
+                (G(rotary=16, pos_ids=True), "error"),
+                edit=lambda f: {**f, "position_ids": np.full_like(f["position_ids"], -1)},
+            ),
+        ),
+        (
+            "position-ids-wrong-shape",
+            sc(
+                (G(rotary=16, pos_ids=True), "error"),
+                edit=lambda f: {**f, "position_ids": f["position_ids"][:, :1].copy()},
+            ),
+        ),
         ("past-beyond-cos-cache", sc((G(rotary=16, S=1, Lp=80), "error"))),
-        ("sin-differs-from-cos", sc((G(rotary=16), "error"), edit=lambda f: {**f, "sin_cache": f["sin_cache"][:10].copy()})),
+        (
+            "sin-differs-from-cos",
+            sc(
+                (G(rotary=16), "error"),
+                edit=lambda f: {**f, "sin_cache": f["sin_cache"][:10].copy()},
+            ),
+        ),
         ("rotary-wider-than-head", sc((G(rotary=16, D=8), "error"))),
-        ("rotary-without-caches", sc((G(rotary=16), "error"), edit=lambda f: {k: v for k, v in f.items() if "cache" not in k})),
-        ("qkv-bias-wrong-length", sc((G(packed=True, bias=True), "error"), edit=lambda f: {**f, "qkv_bias": f["qkv_bias"][:-1].copy()})),
-        ("qkv-bias-unpacked", sc((G(), "error"), edit=lambda f: {**f, "qkv_bias": np.zeros(12, F32)})),
-        ("attention-bias-given", sc((G(), "error"), edit=put("attention_bias", np.zeros((1, 1, 4, 4))))),
+        (
+            "rotary-without-caches",
+            sc(
+                (G(rotary=16), "error"),
+                edit=lambda f: {k: v for k, v in f.items() if "cache" not in k},
+            ),
+        ),
+        (
+            "qkv-bias-wrong-length",
+            sc(
+                (G(packed=True, bias=True), "error"),
+                edit=lambda f: {**f, "qkv_bias": f["qkv_bias"][:-1].copy()},
+            ),
+        ),
+        (
+            "qkv-bias-unpacked",
+            sc((G(), "error"), edit=lambda f: {**f, "qkv_bias": np.zeros(12, F32)}),
+        ),
+        (
+            "attention-bias-given",
+            sc((G(), "error"), edit=put("attention_bias", np.zeros((1, 1, 4, 4)))),
+        ),
         ("nan-in-query", sc((G(), "ref"), edit=nan("query", np.nan))),
         ("inf-in-key", sc((dec, "ref"), edit=nan("key", np.inf))),
         ("nan-in-past", sc((dec, "ref"), edit=nan("past_key", np.nan))),
-        ("query-float64", sc((G(), "error"), edit=lambda f: {**f, "query": f["query"].astype(F64)})),
-        ("seqlens-int64", sc((G(), "error"), edit=lambda f: {**f, "seqlens_k": f["seqlens_k"].astype(np.int64)})),
-        ("present-bound-onto-past", sc((G(S=1, Lp=8, seqlens=[5]), "ref"), alias={"present_key": "past_key", "present_value": "past_value"})),
+        (
+            "query-float64",
+            sc((G(), "error"), edit=lambda f: {**f, "query": f["query"].astype(F64)}),
+        ),
+        (
+            "seqlens-int64",
+            sc((G(), "error"), edit=lambda f: {**f, "seqlens_k": f["seqlens_k"].astype(np.int64)}),
+        ),
+        (
+            "present-bound-onto-past",
+            sc(
+                (G(S=1, Lp=8, seqlens=[5]), "ref"),
+                alias={"present_key": "past_key", "present_value": "past_value"},
+            ),
+        ),
         ("present-aliases-query", sc((G(S=1, Lp=3), "either"), alias={"out": "query"})),
     ]
     attr_cases = [
@@ -1039,18 +1266,57 @@ def _gqa_attr_case(at: dict[str, Any]) -> Callable[[np.random.Generator], Scenar
 def _gqa8_cases() -> list[Case]:
     G = GqaSpec
 
-    def sc(*specs: tuple[GqaSpec, str], edit: Callable[[Feeds], Feeds] | None = None) -> Callable[[np.random.Generator], Scenario]:
+    def sc(
+        *specs: tuple[GqaSpec, str], edit: Callable[[Feeds], Feeds] | None = None
+    ) -> Callable[[np.random.Generator], Scenario]:
         return lambda rng: _gqa_scenario(rng, list(specs), edit)
 
     cases = [
         ("int8-valid-tensor-scale", sc((G(S=1, Lp=6, kv8="tensor"), "ref"))),
         ("int8-valid-channel-scale", sc((G(S=3, Lp=6, seqlens=[8], kv8="channel"), "ref"))),
-        ("int8-past-grows", sc((G(S=1, Lp=2, kv8="tensor"), "ref"), (G(S=1, Lp=200, kv8="tensor"), "ref"))),
-        ("int8-scales-missing", sc((G(S=1, Lp=6, kv8="tensor"), "error"), edit=lambda f: {k: v for k, v in f.items() if "scale" not in k})),
-        ("int8-scale-shapes-differ", sc((G(S=1, Lp=6, kv8="tensor"), "error"), edit=lambda f: {**f, "v_scale": np.full((1, 2, 1, 16), 0.1, F32)})),
-        ("int8-scale-wrong-rank", sc((G(S=1, Lp=6, kv8="tensor"), "error"), edit=lambda f: {**f, "k_scale": np.full((2,), 0.1, F32), "v_scale": np.full((2,), 0.1, F32)})),
-        ("int8-scale-zero", sc((G(S=1, Lp=6, kv8="tensor"), "either"), edit=lambda f: {**f, "k_scale": np.zeros(1, F32)})),
-        ("int8-scale-nan", sc((G(S=1, Lp=6, kv8="tensor"), "either"), edit=lambda f: {**f, "v_scale": np.full(1, np.nan, F32)})),
+        (
+            "int8-past-grows",
+            sc((G(S=1, Lp=2, kv8="tensor"), "ref"), (G(S=1, Lp=200, kv8="tensor"), "ref")),
+        ),
+        (
+            "int8-scales-missing",
+            sc(
+                (G(S=1, Lp=6, kv8="tensor"), "error"),
+                edit=lambda f: {k: v for k, v in f.items() if "scale" not in k},
+            ),
+        ),
+        (
+            "int8-scale-shapes-differ",
+            sc(
+                (G(S=1, Lp=6, kv8="tensor"), "error"),
+                edit=lambda f: {**f, "v_scale": np.full((1, 2, 1, 16), 0.1, F32)},
+            ),
+        ),
+        (
+            "int8-scale-wrong-rank",
+            sc(
+                (G(S=1, Lp=6, kv8="tensor"), "error"),
+                edit=lambda f: {
+                    **f,
+                    "k_scale": np.full((2,), 0.1, F32),
+                    "v_scale": np.full((2,), 0.1, F32),
+                },
+            ),
+        ),
+        (
+            "int8-scale-zero",
+            sc(
+                (G(S=1, Lp=6, kv8="tensor"), "either"),
+                edit=lambda f: {**f, "k_scale": np.zeros(1, F32)},
+            ),
+        ),
+        (
+            "int8-scale-nan",
+            sc(
+                (G(S=1, Lp=6, kv8="tensor"), "either"),
+                edit=lambda f: {**f, "v_scale": np.full(1, np.nan, F32)},
+            ),
+        ),
     ]
     return [Case("GroupQueryAttention", n, m) for n, m in cases]
 
@@ -1083,9 +1349,9 @@ def _is_ort_error(exc: BaseException) -> bool:
 
 
 def _run_call(sess: Any, call: Call) -> list[np.ndarray]:
-    from llmir_core.backends.ort_runtime import _from_ort_value, _ort_value
-
     import onnxruntime as ort
+
+    from llmir_core.backends.ort_runtime import _from_ort_value, _ort_value
 
     def value(a: np.ndarray) -> Any:  # _ort_value makes a 0-d array 1-d (ascontiguousarray)
         return ort.OrtValue.ortvalue_from_numpy(a) if a.ndim == 0 else _ort_value(a)
@@ -1126,7 +1392,11 @@ def run_here(case: Case) -> dict[str, Any]:
             got = _run_call(sess, call)
         except Exception as exc:
             if not _is_ort_error(exc):
-                return {"calls": outcomes, "verdict": "harness", "detail": f"{type(exc).__name__}: {exc}"}
+                return {
+                    "calls": outcomes,
+                    "verdict": "harness",
+                    "detail": f"{type(exc).__name__}: {exc}",
+                }
             outcomes.append("error: " + str(exc).strip().splitlines()[0])
             continue
         outcomes.append(_check(scen, call, before, got))
@@ -1161,7 +1431,9 @@ def _check(scen: Scenario, call: Call, feeds: Feeds, got: list[np.ndarray]) -> s
         if w.dtype == np.int8 or g.dtype == np.int8:
             if g.shape != w.shape or not np.array_equal(g, w):
                 diff = int((g != w).sum()) if g.shape == w.shape else -1
-                return f"mismatch: output {i}: {diff} int8 codes differ (shape {g.shape} vs {w.shape})"
+                return (
+                    f"mismatch: output {i}: {diff} int8 codes differ (shape {g.shape} vs {w.shape})"
+                )
             continue
         why = compare(g, w, scen.tol, scen.ref_k)
         if why:

@@ -67,6 +67,14 @@ static inline __m256 reduce8(__m256 a[8]) {
     return _mm256_add_ps(_mm256_permute2f128_ps(l, h, 0x20), _mm256_permute2f128_ps(l, h, 0x31));
 }
 
+/* whether a NaN or +inf is among n scores: the softmax's result is NaN then (as the reference's
+ * exp(inf - inf)), which the clamped vectorized exp and the max (dropping NaNs) would hide */
+static inline int poisoned(const float *sc, int n) {
+    for (int t = 0; t < n; t++)
+        if (sc[t] != sc[t] || sc[t] == INFINITY) return 1;
+    return 0;
+}
+
 /* out[t] = q . k[t] for t < n (k rows D apart, D a multiple of 8) */
 static void scores(const float *q, const float *k, int64_t D, int n, float *out) {
     int t = 0;
@@ -371,6 +379,7 @@ static void attend(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s
                 if (cap > 0.0f) /* soft-capping of the scaled scores */
                     for (; t < n; t++) sc[t] = cap * tanhf(sc[t] / cap);
                 for (t = 0; t < lo; t++) sc[t] = -INFINITY;
+                if (poisoned(sc, n)) sum[i] = NAN; /* stays NaN: the row's output is NaN */
                 float m = max_of(sc, n, mx[i]);
                 __m256 mv = _mm256_set1_ps(m), tot = _mm256_setzero_ps();
                 for (t = 0; t + 8 <= n; t += 8) {
@@ -401,6 +410,7 @@ static void attend(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s
             }
             float *o = j->out + (b * j->S + s) * j->H * D + h * D;
             __m256 r = _mm256_set1_ps(sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f);
+            if (sum[i] != sum[i]) r = _mm256_set1_ps(NAN); /* a NaN or +inf score */
             for (int64_t d = 0; d < D; d += 8)
                 _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(acc + i * D + d), r));
         }
@@ -443,6 +453,7 @@ static void merge_parts(const GqaJob *j) {
                                                             _mm256_loadu_ps(o + d)));
             }
             __m256 r = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
+            if (l != l) r = _mm256_set1_ps(NAN); /* a chunk saw a NaN or +inf score */
             for (int64_t d = 0; d < D; d += 8)
                 _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), r));
         }
@@ -507,6 +518,7 @@ static void attend_tiles(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int
             if (cap > 0.0f) /* soft-capping of the scaled scores */
                 for (; t < n; t++) row[t] = cap * tanhf(row[t] / cap);
             for (t = 0; t < lo; t++) row[t] = -INFINITY;
+            if (poisoned(row, n)) sum[r] = NAN; /* stays NaN: the row's output is NaN */
             float m = max_of(row, n, mx[r]);
             __m256 mv = _mm256_set1_ps(m), tot = _mm256_setzero_ps();
             for (t = 0; t + 8 <= n; t += 8) {
@@ -549,6 +561,7 @@ static void attend_tiles(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int
             int64_t i = (s - s0) * G + g, h = kh * G + g;
             float *o = j->out + (b * j->S + s) * j->H * D + h * D;
             __m256 r = _mm256_set1_ps(sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f);
+            if (sum[i] != sum[i]) r = _mm256_set1_ps(NAN); /* a NaN or +inf score */
             for (int64_t d = 0; d < D; d += 8)
                 _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(acc + i * D + d), r));
         }
