@@ -34,6 +34,7 @@ SUBSET = [
     "rows-overflow-int64",
     "nan-in-x",
     "scales-short",
+    "k-mismatch-larger",
     "epilogue-swiglu-odd-n",
     "panel-n-int64-max",
     "total-int32-max",
