@@ -8,7 +8,13 @@ first use with the system C compiler (`$CC`, else `cc`) for AVX2 + FMA + F16C, a
 `$LLMIR_HOME/ort_ext/` (LLMIR_HOME defaults to `$XDG_CACHE_HOME/llmir`; `$LLMIR_EXT_CACHE`
 overrides the folder), keyed by the source, the flags and the
 onnxruntime version; the shared object is written to a temp file and renamed into place, so
-concurrent first uses never see a partial library.
+concurrent first uses never see a partial library. Next to it goes `<library>.sha256`, the
+sha256 of the bytes it was built as: a cached library is handed to onnxruntime only when its
+digest matches that record (checked on every `library_path()` call, before onnxruntime loads
+it, so its registration code never runs from a file llmir did not write); a library that does
+not match, or has no record, is rebuilt, and when it cannot be rebuilt the error says so.
+`library_path(sanitized=True)` builds the same sources with AddressSanitizer and UBSan into
+`<cache>/asan/` (for scripts/fuzz_kernels.py --asan; loading it needs libasan preloaded).
 
 `capability()` says whether this machine can use it (the lowering asks, and records the answer
 as the op it emits: `ort.matmul16` or the f32 path); `library_path()` returns the compiled
@@ -25,7 +31,6 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
-from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -44,6 +49,21 @@ HEADERS = tuple(sorted(HERE.glob("*.h")))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC")
 CPU_FLAGS = ("avx2", "fma", "f16c")
 MIN_ORT = (1, 17)  # the custom-op struct and OrtApi version the library asks for
+# AddressSanitizer + UBSan (reports, no abort: the fuzz harness reads them from stderr); alignment
+# is left out: the kernels load 8-byte pairs of floats from 4-byte-aligned addresses on purpose
+SANITIZE_FLAGS = (
+    "-O1",
+    "-g",
+    "-fno-omit-frame-pointer",
+    "-fsanitize=address,undefined",
+    "-fno-sanitize=alignment",
+    "-mavx2",
+    "-mfma",
+    "-mf16c",
+    "-shared",
+    "-fPIC",
+)
+DIGEST_SUFFIX = ".sha256"  # the record of a built library's digest, next to it
 DISABLE_ENV = "LLMIR_NO_CUSTOM_OPS"  # set to 1: the capability is absent (the f32 path)
 CACHE_ENV = "LLMIR_EXT_CACHE"  # where compiled libraries go (default $LLMIR_HOME/ort_ext)
 
@@ -128,17 +148,19 @@ def _cache_dir() -> Path:
     return Path(_llmir_home()) / "ort_ext"
 
 
-def _key() -> str:
+def _key(flags: Sequence[str] = FLAGS) -> str:
     h = hashlib.sha256()
     for src in (*SOURCES, *HEADERS):
         h.update(src.name.encode() + b"\0" + src.read_bytes())
-    h.update(" ".join(FLAGS).encode())
+    h.update(" ".join(flags).encode())
     h.update((_ort_version() or "").encode())
     return h.hexdigest()[:16]
 
 
-def library_path() -> str:
-    """The compiled library (built on first use; cached by source, flags and onnxruntime)."""
+def library_path(sanitized: bool = False) -> str:
+    """The compiled library (built on first use; cached by source, flags and onnxruntime, and
+    handed out only while its bytes match the digest recorded when it was built); sanitized: the
+    AddressSanitizer + UBSan build, in its own folder."""
     why = unavailable_reason()
     if why is not None:
         raise CustomOpError(
@@ -147,15 +169,50 @@ def library_path() -> str:
             hint="rebuild the artifact on this machine (`llmir build`): without the custom ops "
             "the build takes the f32 path",
         )
-    return _built(str(_cache_dir() / f"lib{LIBRARY}-{_key()}.so"))
+    flags = SANITIZE_FLAGS if sanitized else FLAGS
+    folder = _cache_dir() / "asan" if sanitized else _cache_dir()
+    return _built(folder / f"lib{LIBRARY}-{_key(flags)}.so", flags)
 
 
-@lru_cache(maxsize=4)
-def _built(path: str) -> str:
-    out = Path(path)
-    if out.is_file():
-        return str(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def digest_record(path: Path) -> Path:
+    """Where the digest of the library at `path` is recorded (written when it is built)."""
+    return path.with_name(path.name + DIGEST_SUFFIX)
+
+
+def verified(path: Path) -> bool:
+    """The library at `path` exists and its sha256 is the one recorded when it was built."""
+    try:
+        want = digest_record(path).read_text(encoding="ascii").split()[0]
+        return _sha256(path) == want
+    except (OSError, UnicodeDecodeError, IndexError):
+        return False
+
+
+def _built(out: Path, flags: Sequence[str]) -> str:
+    """out, verified against its digest record; built (again) when missing or not matching."""
+    for _ in range(2):  # a second try: a concurrent build may land between ours and its record
+        if verified(out):
+            return str(out)
+        _build(out, flags)
+    if not verified(out):  # the folder is not ours alone
+        raise CustomOpError(
+            f"the {LIBRARY} library at {out} does not match the digest recorded when it was built",
+            hint=f"remove {out.parent} (or point ${CACHE_ENV} at a folder only you can write)",
+        )
+    return str(out)
+
+
+def _build(out: Path, flags: Sequence[str]) -> None:
+    """Compile the sources into out, then record its digest (both written by rename)."""
+    out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     cc = _compiler()
     assert cc is not None
     fd, tmp = tempfile.mkstemp(prefix=f".lib{LIBRARY}-", suffix=".so", dir=out.parent)
@@ -163,7 +220,7 @@ def _built(path: str) -> str:
     try:
         try:
             proc = subprocess.run(
-                [cc, *FLAGS, "-o", tmp, *map(str, SOURCES)],
+                [cc, *flags, "-o", tmp, *map(str, SOURCES)],
                 capture_output=True,
                 text=True,
                 timeout=300,
@@ -173,11 +230,23 @@ def _built(path: str) -> str:
         if proc.returncode != 0:
             first = (proc.stderr.strip().splitlines() or ["(no output)"])[0]
             raise CustomOpError(f"compiling {LIBRARY} with {cc} failed: {first}")
+        record = f"{_sha256(Path(tmp))}  {out.name}\n"
         os.replace(tmp, out)
+        _write_record(out, record)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return str(out)
+
+
+def _write_record(out: Path, record: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}-", suffix=DIGEST_SUFFIX, dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(record)
+        os.replace(tmp, digest_record(out))
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def register(so: Any, names: Sequence[str]) -> None:

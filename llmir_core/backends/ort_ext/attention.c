@@ -55,6 +55,7 @@
 #define NIN 15 /* com.microsoft's 14 (attention_bias 10 and head_sink 11 refused), then 14 qkv_bias */
 #define DECODE_TASKS 8 /* a decode step is split into this many tasks at least... */
 #define DECODE_MIN_KEYS 64 /* ...of this many keys at least */
+#define MAX_HEADS 65536 /* num_heads, kv_num_heads: bounded so (H + 2 Hkv) * D cannot overflow */
 
 /* -- vector math ------------------------------------------------------------------------------ */
 
@@ -64,6 +65,14 @@ static inline __m256 reduce8(__m256 a[8]) {
     __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
     __m256 l = _mm256_hadd_ps(h01, h23), h = _mm256_hadd_ps(h45, h67);
     return _mm256_add_ps(_mm256_permute2f128_ps(l, h, 0x20), _mm256_permute2f128_ps(l, h, 0x31));
+}
+
+/* whether a NaN or +inf is among n scores: the softmax's result is NaN then (as the reference's
+ * exp(inf - inf)), which the clamped vectorized exp and the max (dropping NaNs) would hide */
+static inline int poisoned(const float *sc, int n) {
+    for (int t = 0; t < n; t++)
+        if (sc[t] != sc[t] || sc[t] == INFINITY) return 1;
+    return 0;
 }
 
 /* out[t] = q . k[t] for t < n (k rows D apart, D a multiple of 8) */
@@ -370,6 +379,7 @@ static void attend(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s
                 if (cap > 0.0f) /* soft-capping of the scaled scores */
                     for (; t < n; t++) sc[t] = cap * tanhf(sc[t] / cap);
                 for (t = 0; t < lo; t++) sc[t] = -INFINITY;
+                if (poisoned(sc, n)) sum[i] = NAN; /* stays NaN: the row's output is NaN */
                 float m = max_of(sc, n, mx[i]);
                 __m256 mv = _mm256_set1_ps(m), tot = _mm256_setzero_ps();
                 for (t = 0; t + 8 <= n; t += 8) {
@@ -400,6 +410,7 @@ static void attend(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s
             }
             float *o = j->out + (b * j->S + s) * j->H * D + h * D;
             __m256 r = _mm256_set1_ps(sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f);
+            if (sum[i] != sum[i]) r = _mm256_set1_ps(NAN); /* a NaN or +inf score */
             for (int64_t d = 0; d < D; d += 8)
                 _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(acc + i * D + d), r));
         }
@@ -442,6 +453,7 @@ static void merge_parts(const GqaJob *j) {
                                                             _mm256_loadu_ps(o + d)));
             }
             __m256 r = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
+            if (l != l) r = _mm256_set1_ps(NAN); /* a chunk saw a NaN or +inf score */
             for (int64_t d = 0; d < D; d += 8)
                 _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), r));
         }
@@ -506,6 +518,7 @@ static void attend_tiles(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int
             if (cap > 0.0f) /* soft-capping of the scaled scores */
                 for (; t < n; t++) row[t] = cap * tanhf(row[t] / cap);
             for (t = 0; t < lo; t++) row[t] = -INFINITY;
+            if (poisoned(row, n)) sum[r] = NAN; /* stays NaN: the row's output is NaN */
             float m = max_of(row, n, mx[r]);
             __m256 mv = _mm256_set1_ps(m), tot = _mm256_setzero_ps();
             for (t = 0; t + 8 <= n; t += 8) {
@@ -548,6 +561,7 @@ static void attend_tiles(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int
             int64_t i = (s - s0) * G + g, h = kh * G + g;
             float *o = j->out + (b * j->S + s) * j->H * D + h * D;
             __m256 r = _mm256_set1_ps(sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f);
+            if (sum[i] != sum[i]) r = _mm256_set1_ps(NAN); /* a NaN or +inf score */
             for (int64_t d = 0; d < D; d += 8)
                 _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(acc + i * D + d), r));
         }
@@ -613,9 +627,9 @@ static void *gqa_create(const OrtCustomOp *op, const OrtApi *api, const OrtKerne
     k->kv8 = op->GetInputType(op, 3) == T_INT8;
     int64_t window = attr_int(api, info, "local_window_size", -1);
     k->window = window > 0 ? window : 0;
-    if (k->heads <= 0 || k->kv_heads <= 0 || k->heads % k->kv_heads)
+    if (k->heads <= 0 || k->kv_heads <= 0 || k->heads > MAX_HEADS || k->heads % k->kv_heads)
         k->err = "ai.llmir GroupQueryAttention: num_heads must be a positive multiple of "
-                 "kv_num_heads";
+                 "kv_num_heads, at most 65536";
     else if (attr_int(api, info, "smooth_softmax", 0) || attr_int(api, info, "qk_output", 0))
         k->err = "ai.llmir GroupQueryAttention: smooth_softmax and qk_output are not supported";
     else if (k->scale < 0.0f || k->softcap < 0.0f)
@@ -705,6 +719,12 @@ static OrtStatus *gqa_compute(void *kp, OrtKernelContext *ctx) {
         if (in[i] && data((OrtValue *)in[i], &p[i])) return bad(api, "no tensor data");
     const int32_t *seqlens = (const int32_t *)p[5];
     const int64_t total = *(const int32_t *)p[6];
+    int64_t longest = 0; /* max(seqlens_k) + 1: what total_sequence_length means */
+    for (int64_t b = 0; b < B; b++)
+        longest = seqlens[b] + (int64_t)1 > longest ? seqlens[b] + (int64_t)1 : longest;
+    if (total < 0 || total > longest)
+        return bad(api, "ai.llmir GroupQueryAttention: total_sequence_length must be at most "
+                        "max(seqlens_k) + 1");
     GqaJob j;
     memset(&j, 0, sizeof(j));
     j.kn = kn, j.B = B, j.S = S, j.H = H, j.Hkv = Hkv, j.G = H / Hkv, j.D = D, j.Lp = Lp;
@@ -715,7 +735,7 @@ static OrtStatus *gqa_compute(void *kp, OrtKernelContext *ctx) {
     j.ks = (const float *)p[12], j.vs = (const float *)p[13];
     for (int64_t b = 0; b < B; b++) {
         int64_t past = past_len(&j, b), tot = total_len(&j, b);
-        if (past < 0 || tot > j.P || past + S > j.P)
+        if (past < 0 || past > Lp || tot > j.P || past + S > j.P)
             return bad(api, "ai.llmir GroupQueryAttention: seqlens_k does not fit the sequence "
                             "length and the KV buffer");
     }
@@ -754,8 +774,12 @@ static OrtStatus *gqa_compute(void *kp, OrtKernelContext *ctx) {
     void *o[3];
     for (int i = 0; i < 3; i++)
         if ((st = data(ov[i], &o[i]))) return st;
-    if (B * S == 0) return NULL;
     const float *q = (const float *)p[0];
+    j.pk_in = p[3], j.pv_in = p[4], j.pk = o[1], j.pv = o[2];
+    if (B * S == 0) { /* no new rows: present is still the past rows, zeros after */
+        for (int64_t i = 0; i < B * Hkv; i++) store_task(&j, (size_t)i);
+        return NULL;
+    }
     float *biased = NULL; /* qkv_bias: the packed rows plus the bias */
     if (in[14]) {
         const float *bias = (const float *)p[14];

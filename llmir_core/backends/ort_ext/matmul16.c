@@ -353,7 +353,7 @@ static OrtStatus *compute(void *kp, OrtKernelContext *ctx) {
                            "ai.llmir matmul: unknown epilogue (expected \"swiglu\" or none)");
     const int swiglu = kn->epilogue == EPI_SWIGLU;
     int xr = llmir_shape_of(api, xv, xd), wr = llmir_shape_of(api, wv, wd);
-    if (xr < 1 || wr != 2 || xd[xr - 1] != wd[1])
+    if (xr < 1 || wr != 2 || xd[xr - 1] != wd[1] || llmir_rows(xd, xr - 1) < 0)
         return API(api, I_CreateStatus, CreateStatusFn)(
             ORT_INVALID_ARGUMENT, "ai.llmir matmul: X [..., K] and W [N, K] do not match");
     if (swiglu && wd[0] % 2)

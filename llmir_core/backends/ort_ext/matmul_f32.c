@@ -278,14 +278,14 @@ static OrtStatus *f32_compute(void *kp, OrtKernelContext *ctx) {
     int64_t N, K;
     if (wr == 2) {
         N = wd[0], K = wd[1];
-    } else if (wr == 3 && wd[2] == P16 && kn->n >= 0 && (kn->n + P16 - 1) / P16 == wd[0]) {
+    } else if (wr == 3 && wd[2] == P16 && kn->n >= 0 && kn->n / P16 + (kn->n % P16 != 0) == wd[0]) {
         N = kn->n, K = wd[1];
     } else {
         return llmir_error(api, ORT_INVALID_ARGUMENT,
                            "ai.llmir MatMulF32: W is neither [N, K] nor [ceil(N/16), K, 16] with "
                            "attribute N");
     }
-    if (xr < 1 || xd[xr - 1] != K)
+    if (xr < 1 || xd[xr - 1] != K || llmir_rows(xd, xr - 1) < 0)
         return llmir_error(api, ORT_INVALID_ARGUMENT,
                            "ai.llmir MatMulF32: X [..., K] and W do not match");
     if (swiglu && N % (wr == 2 ? 2 : 2 * P16))

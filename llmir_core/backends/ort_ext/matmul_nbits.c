@@ -621,10 +621,14 @@ static void q4_gemm_task(void *p, size_t i) {
 typedef struct NbKernel {
     const OrtApi *api;
     int bits, epilogue; /* EPI_NONE / EPI_SWIGLU (the node's `epilogue`) / EPI_BAD */
-    /* B, scales and zero points are initializers: checked at the first call, then kept */
-    int checked, f16;
-    int64_t N, nb;
 } NbKernel;
+
+/* what one call's B, scales and zero points say (check_weights): never kept across calls, since
+ * nothing makes B an initializer (a graph may slice it, a caller feed it) */
+typedef struct NbShape {
+    int64_t N, nb, K, zrow; /* K = nb * 32; zrow: zero-point bytes per row */
+    int f16;
+} NbShape;
 
 typedef struct OpNb {
     OrtCustomOp op;
@@ -649,30 +653,25 @@ static int elem_type(const OrtApi *api, const OrtValue *v) {
     return t;
 }
 
-static int64_t numel(const int64_t *d, int rank) {
-    int64_t n = 1;
-    for (int i = 0; i < rank; i++) n *= d[i];
-    return n;
-}
-
-/* B [N, K/32, 32*bits/8], scales (f32 or f16, N*K/32) and zero points: the same at every call */
-static OrtStatus *check_weights(NbKernel *kn, const OrtValue *wv, const OrtValue *sv,
-                                const OrtValue *zv) {
+/* B [N, K/32, 32*bits/8], scales (f32 or f16, N*K/32) and zero points (N * zero bytes per row)
+ * of this call, into *o */
+static OrtStatus *check_weights(const NbKernel *kn, const OrtValue *wv, const OrtValue *sv,
+                                const OrtValue *zv, NbShape *o) {
     const OrtApi *api = kn->api;
-    int64_t wd[8], sd[8], zd[8];
+    int64_t wd[8], sd[8], zd[8], nw = 0, nz = 0;
     int wr = llmir_shape_of(api, wv, wd), sr = llmir_shape_of(api, sv, sd);
     int zr = zv ? llmir_shape_of(api, zv, zd) : 0, stype = elem_type(api, sv);
-    if (wr != 3 || wd[2] != QB * kn->bits / 8)
+    if (wr != 3 || wd[2] != QB * kn->bits / 8 || !llmir_mul_ok(wd[0], wd[1], &nw) ||
+        !llmir_mul_ok(wd[1], QB, &o->K))
         return llmir_error(api, ORT_INVALID_ARGUMENT,
                            "ai.llmir MatMulNBits: B must be [N, K/32, 32*bits/8] uint8");
-    int64_t zrow = kn->bits == 8 ? wd[1] : (wd[1] + 1) / 2;
-    if (sr < 1 || zr < 0 || numel(sd, sr) != wd[0] * wd[1] ||
-        (stype != T_FLOAT && stype != T_FLOAT16) || (zv && numel(zd, zr) != wd[0] * zrow))
+    o->N = wd[0], o->nb = wd[1], o->f16 = stype == T_FLOAT16;
+    o->zrow = kn->bits == 8 ? wd[1] : wd[1] / 2 + wd[1] % 2;
+    if (sr < 1 || zr < 0 || llmir_rows(sd, sr) != nw || (stype != T_FLOAT && stype != T_FLOAT16) ||
+        (zv && (!llmir_mul_ok(wd[0], o->zrow, &nz) || llmir_rows(zd, zr) != nz)))
         return llmir_error(api, ORT_INVALID_ARGUMENT,
                            "ai.llmir MatMulNBits: scales (f32 or f16, N*K/32) or zero points do not "
                            "match B");
-    kn->N = wd[0], kn->nb = wd[1], kn->f16 = stype == T_FLOAT16;
-    __atomic_store_n(&kn->checked, 1, __ATOMIC_RELEASE);
     return NULL;
 }
 
@@ -689,18 +688,18 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
     GetInputFn get = API(api, I_KernelContext_GetInput, GetInputFn);
     if ((st = get(ctx, 0, &xv)) || (st = get(ctx, 1, &wv)) || (st = get(ctx, 2, &sv))) return st;
     if (get(ctx, 3, &zv)) zv = NULL; /* absent optional input: NULL */
-    if (!__atomic_load_n(&kn->checked, __ATOMIC_ACQUIRE) && (st = check_weights(kn, wv, sv, zv)))
-        return st;
+    NbShape sh = {0, 0, 0, 0, 0};
+    if ((st = check_weights(kn, wv, sv, zv, &sh))) return st;
     const int bits = kn->bits, swiglu = kn->epilogue == EPI_SWIGLU;
     int xr = llmir_shape_of(api, xv, xd);
-    if (xr < 1 || xd[xr - 1] != kn->nb * QB)
+    if (xr < 1 || xd[xr - 1] != sh.K || llmir_rows(xd, xr - 1) < 0)
         return llmir_error(api, ORT_INVALID_ARGUMENT,
                            "ai.llmir MatMulNBits: X [..., K] and B [N, K/32, 32*bits/8] do not match");
-    if (swiglu && kn->N % 2)
+    if (swiglu && sh.N % 2)
         return llmir_error(api, ORT_INVALID_ARGUMENT,
                            "ai.llmir MatMulNBits: epilogue \"swiglu\" needs an even N ([gate; up])");
-    int64_t M = 1, N = kn->N, K = xd[xr - 1], nb = kn->nb, NO = swiglu ? N / 2 : N;
-    int64_t zrow = bits == 8 ? nb : (nb + 1) / 2;
+    int64_t M = 1, N = sh.N, K = xd[xr - 1], nb = sh.nb, NO = swiglu ? N / 2 : N;
+    int64_t zrow = sh.zrow;
     for (int i = 0; i < xr - 1; i++) M *= xd[i], yd[i] = xd[i];
     yd[xr - 1] = NO;
     if ((st = API(api, I_KernelContext_GetOutput, GetOutputFn)(ctx, 0, yd, (size_t)xr, &yv)))
@@ -717,7 +716,7 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
         return NULL;
     }
     NbJob j = {(const float *)x, (const uint8_t *)w, s, (const uint8_t *)z, (float *)y,
-               M, N, K, nb, zrow, N, 0, bits, kn->f16, 0, 0, NULL, NULL, NULL, NULL, NULL};
+               M, N, K, nb, zrow, N, 0, bits, sh.f16, 0, 0, NULL, NULL, NULL, NULL, NULL};
     ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
     const size_t panels = (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS));
     float *full = NULL; /* prefill with the epilogue: the [M, N] product first */

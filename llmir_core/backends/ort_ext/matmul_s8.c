@@ -166,6 +166,11 @@ static void quantize_row_u7(const float *x, int64_t K, int64_t kb, uint8_t *q, f
         _mm256_storeu_ps(hi8, hi);
         for (int e = 0; e < 8; e++) mn = lo8[e] < mn ? lo8[e] : mn, mx = hi8[e] > mx ? hi8[e] : mx;
         uint8_t *qb = q + k0;
+        if (llmir_has_nan32(v)) { /* NaN in, NaN out (min and max above drop NaNs) */
+            memset(qb, 0, S8_QB);
+            d[b] = zd[b] = __builtin_nanf("");
+            continue;
+        }
         if (mx - mn <= 0.0f) {
             memset(qb, 0, S8_QB);
             d[b] = 0.0f, zd[b] = 0.0f;
@@ -339,7 +344,7 @@ static OrtStatus *s8_compute(void *kern, OrtKernelContext *ctx) {
     if ((st = get(ctx, 0, &xv)) || (st = get(ctx, 1, &wv)) || (st = get(ctx, 2, &sv))) return st;
     int xr = llmir_shape_of(api, xv, xd), wr = llmir_shape_of(api, wv, wd);
     int sr = llmir_shape_of(api, sv, sd);
-    if (xr < 1 || sr != 1 || wr != 4)
+    if (xr < 1 || sr != 1 || wr != 4 || llmir_rows(xd, xr - 1) < 0 || xd[xr - 1] > INT64_MAX - S8_QB)
         return llmir_error(api, ORT_INVALID_ARGUMENT,
                            "ai.llmir MatMulS8: X [..., K], W [N/4, K/32, 4, 32] and S [N] expected");
     int64_t M = 1, N = sd[0], K = xd[xr - 1], kb = (K + S8_QB - 1) / S8_QB;

@@ -37,6 +37,13 @@ typedef struct NormJob {
     float eps;
 } NormJob;
 
+/* sum of v[i]^2 in double: the rows whose f32 squares overflow (finite, |v| > ~1e19) */
+static double sumsq_f64(const float *v, int64_t H) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < H; i++) ss += (double)v[i] * (double)v[i];
+    return ss;
+}
+
 /* one row: s = x (+ skip) into sum (when wanted), then y = s * rsqrt(mean(s^2) + eps) * gamma */
 static void norm_row(const NormJob *j, int64_t r) {
     const int64_t H = j->H;
@@ -68,6 +75,7 @@ static void norm_row(const NormJob *j, int64_t r) {
         if (k || s) t[i] = v;
         ss += (double)v * (double)v;
     }
+    if (isinf(ss)) ss = sumsq_f64(k || s ? t : x, H); /* |x| past ~1e19: f32 squares overflow */
     const float *src = (k || s) ? t : x;
     const float inv = (float)(1.0 / sqrt(ss / (double)H + (double)j->eps));
     const __m256 iv = _mm256_set1_ps(inv);
@@ -109,7 +117,7 @@ static OrtStatus *norm_compute(void *kp, OrtKernelContext *ctx) {
     if (!xv || !gv || (kn->skip && !kv)) return norm_bad(api, kn, "missing input");
     int64_t xd[8], kd[8], gd[8];
     int xr = llmir_shape_of(api, xv, xd), gr = llmir_shape_of(api, gv, gd);
-    if (xr < 1 || xr > 8 || gr != 1 || gd[0] != xd[xr - 1])
+    if (xr < 1 || xr > 8 || gr != 1 || gd[0] != xd[xr - 1] || llmir_rows(xd, xr - 1) < 0)
         return norm_bad(api, kn, "the scale must be [H] for X [..., H]");
     if (kn->skip && (llmir_shape_of(api, kv, kd) != xr || memcmp(kd, xd, (size_t)xr * 8)))
         return norm_bad(api, kn, "skip must have X's shape");
@@ -118,6 +126,16 @@ static OrtStatus *norm_compute(void *kp, OrtKernelContext *ctx) {
     GetOutputFn out = API(api, I_KernelContext_GetOutput, GetOutputFn);
     OrtValue *yv = NULL, *sv = NULL;
     if ((st = out(ctx, 0, xd, (size_t)xr, &yv))) return st;
+    if (kn->skip) { /* outputs 1 and 2 (mean, inv_std_var [..., 1]): refused when asked for */
+        int64_t md[8];
+        memcpy(md, xd, sizeof md);
+        md[xr - 1] = 1;
+        for (size_t o = 1; o < 3; o++) {
+            OrtValue *mv = NULL;
+            if ((st = out(ctx, o, md, (size_t)xr, &mv))) API(api, I_ReleaseStatus, ReleaseStatusFn)(st);
+            else if (mv) return norm_bad(api, kn, "mean and inv_std_var outputs are not supported");
+        }
+    }
     if (kn->skip && (st = out(ctx, 3, xd, (size_t)xr, &sv))) { /* absent: not wanted */
         API(api, I_ReleaseStatus, ReleaseStatusFn)(st);
         sv = NULL;

@@ -121,4 +121,21 @@ static inline OrtStatus *llmir_error(const OrtApi *api, int code, const char *ms
     return API(api, I_CreateStatus, CreateStatusFn)(code, msg);
 }
 
+/* -- per-call checks (every kernel validates its tensors on every call, before any memory is
+ * touched: shapes can change between calls of one session) ----------------------------------- */
+
+/* *out = a * b for a, b >= 0; 0 when a factor is negative or the product overflows int64 */
+static inline int llmir_mul_ok(int64_t a, int64_t b, int64_t *out) {
+    return a >= 0 && b >= 0 && !__builtin_mul_overflow(a, b, out);
+}
+
+/* the product of d[0..n) (the rows of X [..., K]: n = rank - 1), or -1 when it overflows int64
+ * (possible only beside a zero dim: such a tensor holds no elements) */
+static inline int64_t llmir_rows(const int64_t *d, int n) {
+    int64_t m = 1;
+    for (int i = 0; i < n; i++)
+        if (!llmir_mul_ok(m, d[i], &m)) return -1;
+    return m;
+}
+
 #endif

@@ -20,6 +20,13 @@
 #include "f32_gemm.h"
 #include "ort_abi.h"
 
+/* whether any of 32 floats (4 vectors) is NaN: max/min drop NaNs, so quantizers ask first */
+static inline int llmir_has_nan32(const __m256 v[4]) {
+    __m256 u = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(v[0], v[0], _CMP_UNORD_Q), _mm256_cmp_ps(v[1], v[1], _CMP_UNORD_Q)),
+                            _mm256_or_ps(_mm256_cmp_ps(v[2], v[2], _CMP_UNORD_Q), _mm256_cmp_ps(v[3], v[3], _CMP_UNORD_Q)));
+    return _mm256_movemask_ps(u) != 0;
+}
+
 /* 32 floats -> 32 int8 codes in order; returns d, *sum = sum of the codes */
 static inline float llmir_quant32(const float *x, int8_t *q, int *sum) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -32,6 +39,13 @@ static inline float llmir_quant32(const float *x, int8_t *q, int *sum) {
     h = _mm_max_ss(h, _mm_movehdup_ps(h));
     float amax = _mm_cvtss_f32(h);
     float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    /* a NaN in the block (max drops it): d = NaN, so the block's products are NaN, as in the
+     * reference, not the products of a NaN's int8 code */
+    const __m256 all[4] = {v0, v1, v2, v3};
+    if (llmir_has_nan32(all)) d = __builtin_nanf("");
+    /* max |x| below 127 / FLT_MAX (denormals): 127 / max overflows to inf, and inf codes would
+     * be -128 whatever their sign; such a block counts as zeros (|error| < 4e-37 * |w| * 32) */
+    if (id > 3.4028234e38f) id = 0.0f;
     __m256 s = _mm256_set1_ps(id);
     __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, s)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, s));
     __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, s)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, s));
