@@ -39,7 +39,7 @@ from llmir_core.interrupts import import_optional
 
 DEFAULT_TIMEOUT_S = 2.0
 TIMEOUT_ENV = "LLMIR_TEMPLATE_TIMEOUT"
-MAX_STEPS = 2_000_000
+MAX_STEPS = 1_000_000
 MAX_TEXT = 1 << 22  # characters in a string, items in a list, characters rendered (4 Mi)
 MAX_INT_BITS = 4096
 MAX_ESTIMATE = 1 << 26  # characters an amplifying call (replace, indent, join...) may make
