@@ -131,7 +131,7 @@ def test_real_templates_render(case: str) -> None:
     assert render_chat(template, MSGS) == want
 
 
-def _with_template(src: Path, dst: Path, template: str) -> Path:
+def with_template(src: Path, dst: Path, template: str) -> Path:
     """A copy of the artifact with another chat template (its manifest entry updated)."""
     shutil.copytree(src, dst)
     data = template.encode()
@@ -162,7 +162,7 @@ def _run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
 def test_run_chat_with_a_hostile_template_exits_2(
     tiny_artifact: Path, tmp_path: Path, template: str, message: str
 ) -> None:
-    art = _with_template(tiny_artifact, tmp_path / "art", template)
+    art = with_template(tiny_artifact, tmp_path / "art", template)
     t0 = time.monotonic()
     code, err = _run("run", str(art), "--chat", "--prompt", "hi", "-n", "1")
     assert code == 2 and "Traceback" not in err, err
@@ -173,7 +173,7 @@ def test_run_chat_with_a_hostile_template_exits_2(
 
 
 def test_run_template_timeout_option_and_env(tiny_artifact: Path, tmp_path: Path) -> None:
-    art = _with_template(tiny_artifact, tmp_path / "art", NESTED)
+    art = with_template(tiny_artifact, tmp_path / "art", NESTED)
     code, err = _run("run", str(art), "--chat", "-p", "hi", "--template-timeout", "0.05")
     assert code == 2 and "ran longer than 0.05 s" in err, err
     code, err = _run("run", str(art), "--chat", "-p", "hi", env={TIMEOUT_ENV: "0.05"})

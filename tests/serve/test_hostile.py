@@ -5,14 +5,11 @@ the artifact at start."""
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import os
-import re
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -25,22 +22,11 @@ from typer.testing import CliRunner
 from llmir_cli.app import app
 from llmir_core.artifact_check import check_artifact
 from llmir_core.errors import CheckFailed
+from tests.decoder.test_template_bounds import NESTED
+from tests.decoder.test_template_bounds import with_template as _with_template
 
-from .conftest import Running, start_server
+from .conftest import Running, spawn_serve, start_server
 from .test_bad_input import call, expect, ok_request
-
-NESTED = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
-
-
-def _with_template(src: Path, dst: Path, template: str) -> Path:
-    """A copy of the artifact with another chat template (its manifest entry updated)."""
-    shutil.copytree(src, dst)
-    data = template.encode()
-    (dst / "chat_template.jinja").write_bytes(data)
-    m = json.loads((dst / "manifest.json").read_text())
-    m["files"]["chat_template.jinja"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    (dst / "manifest.json").write_text(json.dumps(m))
-    return dst
 
 
 def _health_ms(url: str) -> float:
@@ -53,7 +39,7 @@ def _health_ms(url: str) -> float:
 def test_malformed_bodies_are_json_errors(served: Running) -> None:
     m = served.model.name
     post = lambda body: call(served.url, "POST", "/v1/completions", body)  # noqa: E731
-    big_int = '{"model": "%s", "prompt": "x", "seed": %s}' % (m, "9" * 5000)
+    big_int = '{"model": "' + m + '", "prompt": "x", "seed": ' + "9" * 5000 + "}"
     status, _, data = post(big_int)
     expect(status, data, 400, "invalid_json")
     assert "an integer of 5000 digits" in data["error"]["message"]
@@ -81,7 +67,10 @@ def test_long_prompts_are_refused_before_tokenizing(served: Running) -> None:
         over = "y" * (model.max_prompt_bytes + 1)
         for path, body in (
             ("/v1/completions", {"model": model.name, "prompt": over}),
-            ("/v1/chat/completions", {"model": model.name, "messages": [{"role": "user", "content": over}]}),
+            (
+                "/v1/chat/completions",
+                {"model": model.name, "messages": [{"role": "user", "content": over}]},
+            ),
         ):
             status, _, data = call(served.url, "POST", path, json.dumps(body))
             expect(status, data, 400, "context_length_exceeded")
@@ -93,7 +82,9 @@ def test_long_prompts_are_refused_before_tokenizing(served: Running) -> None:
         del model.tokenizer.encode
 
 
-def test_an_unexpected_failure_is_a_json_500(served: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unexpected_failure_is_a_json_500(
+    served: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def broken(messages: Any) -> str:
         raise RuntimeError("boom")
 
@@ -192,29 +183,14 @@ def test_serve_hashes_the_artifact_at_start(tiny_artifact: Path, tmp_path: Path)
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM")
 def test_sigterm_while_a_hostile_template_renders(tiny_artifact: Path, tmp_path: Path) -> None:
     art = _with_template(tiny_artifact, tmp_path / "art", NESTED)
-    env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llmir_cli.app", "serve", str(art), "--port", "0", "--threads", "1",
-         "--template-timeout", "30"],
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/", line).group(1))  # type: ignore[union-attr]
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(200):
-            try:
-                _health_ms(url)
-                break
-            except ConnectionRefusedError:
-                time.sleep(0.05)
+    with spawn_serve(art, "--threads", "1", "--template-timeout", "30") as (proc, url):
+        port = int(url.rsplit(":", 1)[1])
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         body = {"model": art.name, "messages": [{"role": "user", "content": "hi"}]}
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-        time.sleep(0.3)  # rendering now (it would take 30 s)
+        conn.request(
+            "POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
+        time.sleep(0.3)  # rendering now, until its work limit stops it
         assert _health_ms(url) < 1000
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -223,7 +199,3 @@ def test_sigterm_while_a_hostile_template_renders(tiny_artifact: Path, tmp_path:
         assert resp.status == 400 and data["error"]["code"] == "invalid_prompt", data
         assert proc.wait(30) == 0
         assert time.monotonic() - t0 < 30
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
