@@ -31,7 +31,6 @@ import contextvars
 import functools
 import json
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any

@@ -28,7 +28,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from llmir_core.errors import InputError
 from llmir_core.runtime.sampling import Sampler, SamplingConfig
 
 from .model import ServedModel

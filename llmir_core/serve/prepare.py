@@ -42,7 +42,9 @@ def parse_body(raw: bytes) -> Any:
         reason = "it is nested too deeply"
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, our integer bound
         reason = str(exc)
-    raise APIError(400, f"we could not parse the JSON body of your request ({reason})", code="invalid_json")
+    raise APIError(
+        400, f"we could not parse the JSON body of your request ({reason})", code="invalid_json"
+    )
 
 
 def _too_long(model: ServedModel, param: str, what: str) -> APIError:
