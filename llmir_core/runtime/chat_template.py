@@ -314,6 +314,8 @@ def render_chat(
                 raise TemplateLimit(f"it rendered more than {MAX_TEXT} characters")
             pieces.append(piece)
         return "".join(pieces)
+    except InputError:  # jinja2 is missing: its own message and hint
+        raise
     except TemplateLimit as exc:
         raise InputError(
             f"the model's chat template was stopped: {exc}",

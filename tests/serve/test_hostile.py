@@ -199,3 +199,37 @@ def test_sigterm_while_a_hostile_template_renders(tiny_artifact: Path, tmp_path:
         assert resp.status == 400 and data["error"]["code"] == "invalid_prompt", data
         assert proc.wait(30) == 0
         assert time.monotonic() - t0 < 30
+
+
+def test_workers_give_results_errors_and_abandon_slow_jobs() -> None:
+    import asyncio
+
+    from llmir_core.serve.workers import JobTimeout, Workers
+
+    pool = Workers(1)
+    gate = threading.Event()
+
+    def fail() -> None:
+        raise ValueError("bad input")
+
+    async def main() -> None:
+        assert await pool.run(lambda: 6 * 7) == 42
+        with pytest.raises(ValueError, match="bad input"):
+            await pool.run(fail)
+        t0 = time.monotonic()
+        with pytest.raises(JobTimeout, match="more than 0.2 s"):
+            await pool.run(lambda: gate.wait(30), timeout=0.2)
+        assert time.monotonic() - t0 < 5
+        gate.set()  # the abandoned job ends; its thread takes the next one
+        assert await pool.run(lambda: "next", timeout=30) == "next"
+
+    asyncio.run(main())
+
+
+def test_serve_rejects_a_bad_template_timeout(tiny_artifact: Path) -> None:
+    r = CliRunner().invoke(app, ["serve", str(tiny_artifact), "--template-timeout", "-1"])
+    assert r.exit_code == 2 and "--template-timeout must be a positive number" in r.stderr
+    r = CliRunner().invoke(
+        app, ["serve", str(tiny_artifact)], env={"LLMIR_TEMPLATE_TIMEOUT": "nan"}
+    )
+    assert r.exit_code == 2 and "--template-timeout must be a positive number" in r.stderr
