@@ -133,3 +133,15 @@ GenericOpt = Annotated[
         help="Build a decoder with the generic op-by-op lowering (no KV-cache buffers).",
     ),
 ]
+
+# -- chat templates: `llmir run --chat` and `llmir serve` render them within the same bound ----
+
+TemplateTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--template-timeout",
+        envvar="LLMIR_TEMPLATE_TIMEOUT",
+        help="Seconds a chat template may take to render before it is stopped (default 2).",
+        show_default=False,
+    ),
+]

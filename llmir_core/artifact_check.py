@@ -3,8 +3,10 @@
 `llmir build` records every file's size and sha256 in `manifest.json`. Before a session opens,
 `check_artifact(art_dir)`:
 
-- reads the manifest as an object of the shape the builders write (a list, a string where a
-  number belongs, a file name leading outside the folder: one line naming the manifest field);
+- reads the manifest and validates it against its versioned JSON schema
+  (`llmir_core/runtime/manifest.schema.json`) before any field is used, then checks what a
+  schema cannot state (file names stay inside the folder, the model file is listed, max_len
+  within context_length): any violation is one line naming the field, exit 2;
 - always stats every listed file: it exists, is a file, and has the recorded size (cheap);
 - hashes every listed file and compares with the recorded sha256 when the files or the manifest
   changed since the last successful check, or when asked (`--verify-artifact`); a mismatch is a
@@ -15,16 +17,20 @@
 
 A successful hash is recorded in `$LLMIR_HOME/artifact-checks.json` (keyed by the folder's real
 path, with the manifest's sha256 and each file's size, mtime and inode), never in the artifact
-folder itself, so a check never changes what it checks.
+folder itself, so a check never changes what it checks. What the record cannot see: an edit
+that keeps a file's size, mtime and inode (bytes rewritten in place, the mtime set back), or a
+file changed after the check while a session runs. `llmir run` accepts that for speed
+(`--verify-artifact` hashes anyway); `llmir serve` hashes every file at each start
+(`full_checks`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import json
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +40,6 @@ from llmir_core.fileio import read_json, sha256_file
 
 MANIFEST = "manifest.json"
 STATE_FILE = "artifact-checks.json"
-_SHA = re.compile(r"[0-9a-f]{64}")
 _REBUILD = "rebuild the artifact with `llmir build`"
 _MAX_STATE = 256  # artifacts remembered
 _FULL: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -83,50 +88,42 @@ def read_manifest(art_dir: str) -> dict[str, Any]:
     return data
 
 
-def _check_shape(path: str, m: dict[str, Any]) -> None:  # noqa: C901 (one check per manifest field)
-    if not isinstance(m.get("target"), str):
-        raise _fail(path, "target", "must be a string")
+SCHEMA_FILE = os.path.join(os.path.dirname(__file__), "runtime", "manifest.schema.json")
+
+
+@functools.cache
+def manifest_schema() -> dict[str, Any]:
+    """The manifest's JSON schema (llmir_core/runtime/manifest.schema.json, shipped in the package)."""
+    with open(SCHEMA_FILE, encoding="utf-8") as fh:
+        schema: dict[str, Any] = json.load(fh)
+    return schema
+
+
+def _check_shape(path: str, m: dict[str, Any]) -> None:
+    """The manifest against its schema (one line naming the first offending field), then the
+    checks a schema cannot state."""
+    from llmir_core.json_schema import path_text, validate
+
+    errors = validate(m, manifest_schema())
+    if errors:
+        first = errors[0]
+        raise InputError(f"{path}: field '{path_text(first.path)}': {first.message}", hint=_REBUILD)
     model = m.get("model", "model.onnx")
-    if not isinstance(model, str) or not _plain_name(model):
+    if not _plain_name(model):
         raise _fail(path, "model", f"must name a file in the artifact folder, got {model!r:.60}")
-    files = m.get("files")
-    if not isinstance(files, dict):
-        raise _fail(path, "files", "must be an object (file name -> sha256 and bytes)")
-    for name, info in files.items():
+    for name in m["files"]:
         if not _plain_name(name):
             raise _fail(path, f"files.{name}", "names a file outside the artifact folder")
-        if (
-            not isinstance(info, dict)
-            or not isinstance(info.get("sha256"), str)
-            or not _SHA.fullmatch(info["sha256"])
-        ):
-            raise _fail(path, f"files.{name}.sha256", "must be 64 lowercase hex digits")
-        n = info.get("bytes")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise _fail(path, f"files.{name}.bytes", f"must be a byte count, got {n!r:.40}")
-    if model not in files:
+    if model not in m["files"]:
         raise _fail(path, "files", f"does not list the model file {model!r}")
-    for key in ("inputs", "outputs"):
-        entries = m.get(key)
-        if entries is None and m["target"] != "onnxruntime":
-            continue  # other targets (triton) describe their I/O elsewhere
-        if not isinstance(entries, list) or not all(
-            isinstance(e, dict)
-            and isinstance(e.get("name"), str)
-            and isinstance(e.get("dtype"), str)
-            and isinstance(e.get("shape"), list)
-            for e in entries
-        ):
-            raise _fail(path, key, "must be a list of {name, dtype, shape} objects")
     dec = m.get("decoder")
     if dec is None:
         return
-    if not isinstance(dec, dict):
-        raise _fail(path, "decoder", "must be an object")
-    for key in ("max_len", "context_length", "layers", "heads", "kv_heads", "head_dim", "vocab"):
+    for key in ("tokenizer", "chat_template"):
         v = dec.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise _fail(path, f"decoder.{key}", f"must be a positive whole number, got {v!r:.40}")
+        name = v.get("file") if isinstance(v, dict) else v
+        if isinstance(name, str) and not _plain_name(name):
+            raise _fail(path, f"decoder.{key}", "must name a file in the artifact folder")
     if (
         isinstance(dec.get("max_len"), int)
         and isinstance(dec.get("context_length"), int)
@@ -137,21 +134,6 @@ def _check_shape(path: str, m: dict[str, Any]) -> None:  # noqa: C901 (one check
             "decoder.max_len",
             f"is {dec['max_len']}, more than decoder.context_length ({dec['context_length']})",
         )
-    for key in ("eos_token_ids",):
-        v = dec.get(key)
-        if v is not None and not (
-            isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
-        ):
-            raise _fail(path, f"decoder.{key}", "must be a list of token ids")
-    for key in ("tokenizer",):
-        v = dec.get(key)
-        if v is not None and not (
-            isinstance(v, dict) and isinstance(v.get("file"), str) and _plain_name(v["file"])
-        ):
-            raise _fail(path, f"decoder.{key}", "must name a file in the artifact folder")
-    ct = dec.get("chat_template")
-    if ct is not None and not (isinstance(ct, str) and _plain_name(ct)):
-        raise _fail(path, "decoder.chat_template", "must name a file in the artifact folder")
 
 
 def _plain_name(name: str) -> bool:

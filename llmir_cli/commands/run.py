@@ -21,7 +21,14 @@ from llmir_core.runtime.textgen import (
     results_json,
 )
 
-from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
+from .._options import (
+    DebugOpt,
+    FormatOpt,
+    OutputFormat,
+    QuietOpt,
+    TemplateTimeoutOpt,
+    VerboseOpt,
+)
 from .._render import Ctx, handle_errors, make_ctx
 
 HELP = """Run a model: generate text from a prompt, or run it on input tensors.
@@ -32,6 +39,18 @@ set, stopping at an end-of-sequence token, a --stop string, --max-new-tokens or 
 context (with a warning). --chat applies the model's chat template; on a terminal with no
 --prompt it starts an interactive conversation (/exit ends it). --format json gives the text,
 token ids and timings.
+
+A chat template renders in a sandbox that stops it past a work limit or --template-timeout
+seconds (LLMIR_TEMPLATE_TIMEOUT, default 2): one error line, exit 2. With --format json the
+"text" fields carry the exact generated text (JSON-escaped); on a terminal, control characters
+are shown escaped (\\x1b).
+
+Before a session opens, the artifact's files are checked against manifest.json: every file's
+size always; its sha256 when the file's size, mtime or inode, or the manifest, changed since the
+last check that hashed it (recorded in $LLMIR_HOME/artifact-checks.json), or always with
+--verify-artifact. So an edit that keeps a file's size, mtime and inode (an in-place write
+followed by resetting the mtime) goes unnoticed by `run` until --verify-artifact; `llmir serve`
+hashes every file at each start.
 
 With --prompt-ids (a model imported with --no-tokenizer has no tokenizer), the prompt is token
 ids and the generated token ids are printed.
@@ -146,6 +165,7 @@ def run_cmd(
             help="Hash every artifact file against manifest.json (by default only when they changed since the last check).",
         ),
     ] = False,
+    template_timeout: TemplateTimeoutOpt = None,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -157,40 +177,30 @@ def run_cmd(
             raise InputError(
                 f"{target}: no such file or folder", hint="pass an artifact folder or a .llmir file"
             )
+        options = TextGenOptions(
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            repetition_penalty=repetition_penalty,
+            seed=seed,
+            chat=chat,
+            system=system,
+            stop=tuple(stop or ()),
+            threads=threads,
+            template_timeout=template_timeout,
+            display=not ctx.json,  # JSON carries the exact text; the terminal gets escapes
+        )
         if prompt_ids:
             if inputs or prompt or prompts_file is not None:
                 raise InputError(
                     "--prompt-ids gives token ids; --prompt, --prompts-file and --input: pick one"
                 )
-            options = TextGenOptions(
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                repetition_penalty=repetition_penalty,
-                seed=seed,
-                chat=chat,
-                system=system,
-                stop=tuple(stop or ()),
-                threads=threads,
-            )
             _generate_ids(ctx, target, prompt_ids, options)
             return
         if prompt or prompts_file is not None or chat:
             if inputs:
                 raise InputError("--input runs tensors; --prompt/--chat generate text: pick one")
-            options = TextGenOptions(
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                repetition_penalty=repetition_penalty,
-                seed=seed,
-                chat=chat,
-                system=system,
-                stop=tuple(stop or ()),
-                threads=threads,
-            )
             _generate(ctx, target, list(prompt or []), prompts_file, options)
             return
         if not inputs:

@@ -11,7 +11,7 @@ import typer
 
 from llmir_core.errors import InputError
 
-from .._options import DebugOpt, QuietOpt, VerboseOpt
+from .._options import DebugOpt, QuietOpt, TemplateTimeoutOpt, VerboseOpt
 from .._render import handle_errors, make_ctx
 
 HELP = """Serve a decoder artifact over HTTP with OpenAI's API, and the Playground at /.
@@ -26,6 +26,12 @@ and exits 0 (130 after Ctrl-C).
 
 Binds 127.0.0.1 unless --host says otherwise. With --api-key (or LLMIR_API_KEY) /v1/* and
 /api/* need `Authorization: Bearer KEY`.
+
+Hostile input is bounded: bodies over 1 MiB are 413; a prompt longer in bytes than the context
+could hold is 400 before it is tokenized; parsing, chat templates and tokenizing run on worker
+threads and count against --max-queue; a chat template is stopped past its work limit or
+--template-timeout seconds (LLMIR_TEMPLATE_TIMEOUT, default 2) with a 400. At start every file
+of the artifact is hashed against manifest.json (a changed byte refuses to serve, exit 1).
 
 The Playground (http://HOST:PORT/) chats with the model and shows the artifact's IR (--ir, or
 the .llmir the manifest names when found), --lowered IR, the --report of `llmir optimize`,
@@ -96,6 +102,7 @@ def serve_cmd(
     bench: Annotated[
         Path | None, typer.Option("--bench", help="Playground: `llmir bench --format json` output.")
     ] = None,
+    template_timeout: TemplateTimeoutOpt = None,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
     debug: DebugOpt = False,
@@ -123,6 +130,7 @@ def serve_cmd(
             threads=threads,
             max_context=max_context,
             name=model_name,
+            template_timeout_s=template_timeout,
         )
         extra = collect(
             str(artifact),

@@ -18,13 +18,13 @@ from typing import Any
 
 from llmir_core.errors import InputError
 from llmir_core.fileio import read_text_lines
-from llmir_core.interrupts import import_optional
 from llmir_core.tracing import traced
 
 from .bench import BenchResult, run_bench
+from .chat_template import render_chat, template_timeout
 from .generate import GenerationResult, generate
 from .sampling import Sampler, SamplingConfig
-from .textstream import decode_tokens, token_bytes_fn
+from .textstream import decode_text, decode_tokens, token_bytes_fn
 from .tokenizer import Tokenizer, from_hf_file
 from .trace_attrs import tokenized  # tracing
 
@@ -44,6 +44,8 @@ class TextGenOptions:
     stop: tuple[str, ...] = ()
     threads: int | None = None
     max_context: int | None = None  # cap on the KV buffers (default: the artifact's max_len)
+    template_timeout: float | None = None  # seconds per chat render (None: env var, else 2)
+    display: bool = True  # text made terminal-safe (escapes); False: the exact text (JSON)
 
     def sampling(self) -> SamplingConfig:
         cfg = SamplingConfig(
@@ -59,6 +61,8 @@ class TextGenOptions:
                 hint="give the number of tokens to generate, e.g. -n 64",
             )
         self.sampling()
+        if self.template_timeout is not None:
+            template_timeout(self.template_timeout)
 
 
 @dataclass
@@ -76,74 +80,6 @@ class TextResult:
             "prompt_token_ids": self.result.prompt_ids,
             "warnings": self.warnings,
         }
-
-
-def _jinja_env() -> Any:
-    sandbox = import_optional(
-        "jinja2.sandbox",
-        "rendering a chat template needs the `jinja2` package",
-        hint="pip install jinja2",
-    )
-    ImmutableSandboxedEnvironment = sandbox.ImmutableSandboxedEnvironment
-    import jinja2
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(
-        x: Any,
-        ensure_ascii: bool = False,
-        indent: int | None = None,
-        separators: Any = None,
-        sort_keys: bool = False,
-    ) -> str:
-        return json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-        )
-
-    def strftime_now(fmt: str) -> str:
-        import datetime
-
-        return datetime.datetime.now().strftime(fmt)
-
-    # the settings transformers uses for chat templates
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    return env
-
-
-def render_chat(
-    template: str,
-    messages: Sequence[dict[str, str]],
-    *,
-    bos_token: str | None = None,
-    eos_token: str | None = None,
-    add_generation_prompt: bool = True,
-    **extra: Any,
-) -> str:
-    """Render a Hugging Face chat template (Jinja) for `messages`."""
-    env = _jinja_env()
-    import jinja2
-
-    try:
-        return str(
-            env.from_string(template).render(
-                messages=list(messages),
-                add_generation_prompt=add_generation_prompt,
-                bos_token=bos_token or "",
-                eos_token=eos_token or "",
-                **extra,
-            )
-        )
-    except jinja2.exceptions.TemplateError as exc:
-        raise InputError(
-            f"the model's chat template failed: {exc}",
-            hint="run without --chat to send the prompt as plain text",
-        ) from None
 
 
 def open_decoder(art_dir: str, **options: Any) -> Any:
@@ -179,21 +115,26 @@ def load_artifact_tokenizer(art_dir: str, manifest: dict[str, Any]) -> Tokenizer
 
 
 class _Codec:
-    """Decoding for the generation loop: special tokens (e.g. <|im_end|>) are not shown."""
+    """Decoding for the generation loop: special tokens (e.g. <|im_end|>) are not shown.
 
-    def __init__(self, tok: Tokenizer) -> None:
+    display: the text goes to a terminal, so it is made display-safe (see textstream);
+    otherwise it is the exact text (for JSON, which escapes what needs escaping)."""
+
+    def __init__(self, tok: Tokenizer, display: bool = True) -> None:
         self.tok = tok
+        self.display = display
         self.token_bytes = token_bytes_fn(tok.backend)
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Display-safe text from the tokens' bytes (see textstream): no U+FFFD for split or
-        invalid UTF-8, control characters and noncharacters escaped."""
-        return decode_tokens(
-            ids, self.token_bytes, lambda x: self.tok.decode(x, skip_special_tokens=True)
-        )
+        def fallback(x: list[int]) -> str:
+            return self.tok.decode(x, skip_special_tokens=True)
+
+        if self.display:
+            return decode_tokens(ids, self.token_bytes, fallback)
+        return decode_text(ids, self.token_bytes, fallback)
 
 
 class TextGenerator:
@@ -220,7 +161,11 @@ class TextGenerator:
             raise InputError("the model has no chat template", hint="run without --chat")
         eos = self.tokenizer.eos_ids[0] if self.tokenizer.eos_ids else None
         return render_chat(
-            tpl, messages, bos_token=self._token(self.tokenizer.bos_id), eos_token=self._token(eos)
+            tpl,
+            messages,
+            bos_token=self._token(self.tokenizer.bos_id),
+            eos_token=self._token(eos),
+            timeout=self.options.template_timeout,
         )
 
     @traced("tokenize", after=tokenized)  # tracing
@@ -255,7 +200,7 @@ class TextGenerator:
         self.decoder.reserve(len(ids) + opts.max_new_tokens)
         res = generate(
             self.decoder,
-            _Codec(self.tokenizer),
+            _Codec(self.tokenizer, opts.display),
             ids,
             max_new_tokens=opts.max_new_tokens,
             sampler=Sampler(opts.sampling()),

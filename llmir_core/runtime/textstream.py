@@ -118,3 +118,16 @@ def decode_tokens(
         tail = text.endswith("\ufffd")
         return display_safe(text[:-1] if tail else text) + ("\ufffd" if tail else "")
     return decode_utf8(b"".join(token_bytes(i) for i in ids))
+
+
+def decode_text(
+    ids: Sequence[int],
+    token_bytes: Callable[[int], bytes] | None,
+    fallback: Callable[[list[int]], str],
+) -> str:
+    """The exact text of generated ids, for output that escapes it itself (JSON): nothing is
+    escaped; bytes that are not UTF-8 become U+FFFD (an incomplete character at the end too,
+    which the generation loop holds back as with `decode_tokens`)."""
+    if token_bytes is None:
+        return fallback(list(ids))
+    return b"".join(token_bytes(i) for i in ids).decode("utf-8", errors="replace")

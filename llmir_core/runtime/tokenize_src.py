@@ -32,14 +32,12 @@ def _hf_folder(folder: str) -> Tokenizer:
 
 
 def _artifact(folder: str) -> Tokenizer:
+    from llmir_core.artifact_check import read_manifest
+
     from .textgen import load_artifact_tokenizer
 
-    try:
-        with open(os.path.join(folder, "manifest.json"), encoding="utf-8") as fh:
-            manifest = json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"{folder}/manifest.json: cannot read ({exc})") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("decoder"), dict):
+    manifest = read_manifest(folder)  # validated against the manifest schema
+    if not isinstance(manifest.get("decoder"), dict):
         raise InputError(
             f"{folder}: the artifact is not a decoder (its manifest has no decoder section), "
             "so it has no tokenizer"

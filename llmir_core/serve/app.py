@@ -6,10 +6,15 @@ server-sent events with `stream: true`, the last chunk carrying `usage`), `GET /
 `GET /api/playground` (the artifact's IR, report, pass diffs and bench results).
 
 Errors have OpenAI's body, `{"error": {"message", "type", "param", "code"}}`: 400 bad JSON or
-parameter values and prompts over the context, 401 a missing or wrong API key (compared in
-constant time; `/v1/*` and `/api/*` only), 404 unknown model or route, 405 wrong method, 413
-oversize body, 429 full queue (with `Retry-After`), 503 while shutting down. A client that
-disconnects cancels its request, and its KV slot is freed at the next scheduler step.
+parameter values, prompts over the context and chat templates that fail, 401 a missing or wrong
+API key (compared in constant time; `/v1/*` and `/api/*` only), 404 unknown model or route, 405
+wrong method, 413 oversize body, 429 full queue (with `Retry-After`), 500 an internal error,
+503 while shutting down. A client that disconnects cancels its request, and its KV slot is
+freed at the next scheduler step.
+
+The event loop only moves bytes: a generation request takes its place in the queue first
+(429 when there is none), then its body is parsed, its chat template rendered and its prompt
+tokenized on worker threads (`workers`, `prepare`), bounded before the work starts.
 """
 
 from __future__ import annotations
@@ -23,21 +28,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from llmir_core.errors import InputError
 from llmir_core.runtime.sampling import Sampler, SamplingConfig
 
 from .model import ServedModel
-from .scheduler import Completion, GenRequest, QueueFull, ShuttingDown
-from .schemas import (
-    APIError,
-    GenParams,
-    chunk_body,
-    completion_body,
-    new_id,
-    parse_chat,
-    parse_completion,
-    usage,
-)
+from .prepare import prepare
+from .scheduler import Completion, GenRequest, QueueFull, ShuttingDown, Ticket
+from .schemas import APIError, GenParams, chunk_body, completion_body, new_id, usage
+from .workers import JobTimeout, Workers
 
 STATIC_DIR = Path(__file__).parent / "static"
 MAX_BODY = 1 << 20  # bytes
@@ -58,8 +55,8 @@ def error_response(err: APIError) -> Any:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
-async def read_json(request: Any, limit: int) -> Any:
-    """The request's JSON body: 413 past `limit` bytes (declared or streamed), 400 when malformed."""
+async def read_body(request: Any, limit: int) -> bytes:
+    """The request's body: 413 past `limit` bytes (declared or streamed)."""
     declared = request.headers.get("content-length")
     too_big = APIError(
         413, f"the request body exceeds the limit of {limit} bytes", code="request_too_large"
@@ -72,12 +69,21 @@ async def read_json(request: Any, limit: int) -> Any:
         if size > limit:
             raise too_big
         chunks.append(chunk)
-    try:
-        return json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(
-            400, f"we could not parse the JSON body of your request ({exc})", code="invalid_json"
-        ) from None
+    return b"".join(chunks)
+
+
+def _busy(exc: Exception) -> APIError:
+    return APIError(
+        429,
+        f"the server is busy: {exc}",
+        type="rate_limit_error",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": "1"},
+    )
+
+
+def _shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
 
 
 class _Guard:
@@ -126,8 +132,10 @@ def create_app(  # noqa: C901 (one nested handler per route)
     api_key: str | None = None,
     max_body: int = MAX_BODY,
     playground: dict[str, Any] | None = None,
+    workers: int = 4,
 ) -> Any:
-    """The ASGI application; its lifespan starts the scheduler and drains it on shutdown."""
+    """The ASGI application; its lifespan starts the scheduler and drains it on shutdown.
+    `workers`: threads that parse, render and tokenize requests."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
@@ -142,15 +150,9 @@ def create_app(  # noqa: C901 (one nested handler per route)
     from starlette.staticfiles import StaticFiles
 
     sched = model.scheduler
-
-    def check_model(name: str) -> None:
-        if name != model.name:
-            raise APIError(
-                404,
-                f"the model '{name}' does not exist (this server has '{model.name}')",
-                param="model",
-                code="model_not_found",
-            )
+    pool = Workers(workers)
+    # a template stops itself at its limit; this only catches a worker stuck past it
+    prepare_timeout = 2 * model.template_timeout + 30.0
 
     async def models(request: Request) -> Response:
         return JSONResponse(
@@ -186,34 +188,32 @@ def create_app(  # noqa: C901 (one nested handler per route)
     async def index(request: Request) -> Response:
         return FileResponse(STATIC_DIR / "index.html")
 
-    def encode(p: GenParams, chat: bool) -> list[int]:
-        try:
-            ids = model.encode_chat(p.messages or []) if chat else model.encode_text(p.prompt or "")
-        except InputError as exc:
-            raise APIError(400, str(exc), param="messages" if chat else "prompt") from None
-        if not ids:
-            raise APIError(
-                400, "the prompt encodes to no tokens", param="prompt", code="invalid_value"
-            )
-        if len(ids) >= model.max_context:
-            raise APIError(
-                400,
-                f"this model's maximum context length is {model.max_context} tokens; the "
-                f"prompt has {len(ids)} (with room for at least one new token)",
-                param="messages" if chat else "prompt",
-                code="context_length_exceeded",
-            )
-        return ids
-
     async def generate(request: Request, chat: bool) -> Response:
         if sched.closing:
+            raise _shutting_down()
+        raw = await read_body(request, max_body)
+        try:
+            ticket = sched.reserve()  # the parsing and tokenizing count against the queue
+        except QueueFull as exc:
+            raise _busy(exc) from None
+        except ShuttingDown:
+            raise _shutting_down() from None
+        try:
+            p, ids = await pool.run(lambda: prepare(model, raw, chat), prepare_timeout)
+            return await _start(request, p, ids, chat, ticket)
+        except JobTimeout:
             raise APIError(
-                503, "the server is shutting down", type="server_error", code="shutting_down"
-            )
-        body = await read_json(request, max_body)
-        p = parse_chat(body) if chat else parse_completion(body)
-        check_model(p.model)
-        ids = encode(p, chat)
+                500,
+                f"preparing the request took more than {prepare_timeout:g} s",
+                type="server_error",
+                code="internal_error",
+            ) from None
+        finally:
+            ticket.release()  # a no-op once the request is queued
+
+    async def _start(
+        request: Request, p: GenParams, ids: list[int], chat: bool, ticket: Ticket
+    ) -> Response:
         max_tokens = min(p.max_tokens or model.max_context, model.max_context - len(ids))
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -233,19 +233,11 @@ def create_app(  # noqa: C901 (one nested handler per route)
             eos_ids=model.eos_ids,
         )
         try:
-            sched.submit(req)
+            sched.submit(req, ticket)
         except QueueFull as exc:
-            raise APIError(
-                429,
-                f"the server is busy: {exc}",
-                type="rate_limit_error",
-                code="rate_limit_exceeded",
-                headers={"Retry-After": "1"},
-            ) from None
+            raise _busy(exc) from None
         except ShuttingDown:
-            raise APIError(
-                503, "the server is shutting down", type="server_error", code="shutting_down"
-            ) from None
+            raise _shutting_down() from None
         rid = new_id("chatcmpl" if chat else "cmpl")
         if p.stream:
             return StreamingResponse(
@@ -339,6 +331,18 @@ def create_app(  # noqa: C901 (one nested handler per route)
         response: Response = error_response(exc)
         return response
 
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        # the body of an unexpected failure is JSON too (starlette still logs the traceback)
+        response: Response = error_response(
+            APIError(
+                500,
+                f"internal error: {type(exc).__name__}",
+                type="server_error",
+                code="internal_error",
+            )
+        )
+        return response
+
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         if exc.status_code == 404:
@@ -378,7 +382,11 @@ def create_app(  # noqa: C901 (one nested handler per route)
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={APIError: api_error, HTTPException: http_error},
+        exception_handlers={
+            APIError: api_error,
+            HTTPException: http_error,
+            Exception: internal_error,
+        },
     )
     return _Guard(app, model, api_key)
 
@@ -387,4 +395,4 @@ def _event(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
-__all__ = ["create_app", "read_json", "MAX_BODY", "STATIC_DIR"]
+__all__ = ["create_app", "read_body", "MAX_BODY", "STATIC_DIR"]

@@ -3,17 +3,23 @@
 Prompts are encoded exactly as `llmir run` encodes them (`llmir_core.runtime.textgen`): plain
 text with the tokenizer's special tokens (BOS), chat messages rendered with the model's chat
 template and encoded without them; generated ids are decoded without special tokens.
+
+`max_prompt_bytes` bounds a prompt before it is tokenized: `max_context` times the UTF-8 length
+of the tokenizer's longest token (a text longer than that cannot fit the context).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from typing import Any
 
+from llmir_core.artifact_check import full_checks
 from llmir_core.errors import InputError
 from llmir_core.runtime.batch_decoder import BatchDecoder, OrtBatchDecoder
-from llmir_core.runtime.textgen import load_artifact_tokenizer, render_chat
+from llmir_core.runtime.chat_template import render_chat, template_timeout
+from llmir_core.runtime.textgen import load_artifact_tokenizer
 from llmir_core.runtime.tokenizer import Tokenizer
 
 from .metrics import Metrics
@@ -32,8 +38,10 @@ class ServedModel:
         chunk: int = 32,
         metrics: Metrics | None = None,
         art_dir: str | None = None,
+        template_timeout_s: float | None = None,
     ) -> None:
         self.name = name
+        self.template_timeout = template_timeout(template_timeout_s)
         self.manifest = manifest
         self.art_dir = art_dir
         self.tokenizer = tokenizer
@@ -46,6 +54,12 @@ class ServedModel:
     @property
     def max_context(self) -> int:
         return self.decoder.max_context
+
+    @functools.cached_property
+    def max_prompt_bytes(self) -> int:
+        vocab = self.tokenizer.backend.get_vocab(with_added_tokens=True)
+        longest = max((len(t.encode("utf-8", "surrogatepass")) for t in vocab), default=1)
+        return self.max_context * max(longest, 4)
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
@@ -60,15 +74,19 @@ class ServedModel:
     def encode_text(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt, add_special_tokens=True)
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        """The chat template's text for messages (bounded: see runtime.chat_template)."""
         tpl = self.tokenizer.chat_template
         if not tpl:
             raise InputError("the model has no chat template: use /v1/completions")
         eos = self.tokenizer.eos_ids[0] if self.tokenizer.eos_ids else None
-        text = render_chat(
-            tpl, messages, bos_token=self._token(self.tokenizer.bos_id), eos_token=self._token(eos)
+        return render_chat(
+            tpl,
+            messages,
+            bos_token=self._token(self.tokenizer.bos_id),
+            eos_token=self._token(eos),
+            timeout=self.template_timeout,
         )
-        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -83,13 +101,18 @@ def open_served_model(
     threads: int | None = None,
     max_context: int | None = None,
     name: str | None = None,
+    template_timeout_s: float | None = None,
 ) -> ServedModel:
-    """Open a decoder artifact for serving (onnxruntime, `max_batch` KV slots)."""
+    """Open a decoder artifact for serving (onnxruntime, `max_batch` KV slots), after hashing
+    every file it lists against its manifest (a long-running server checks the bytes it loads,
+    not only their sizes and times as `llmir run` does between unchanged runs)."""
     if max_queue < 0:
         raise InputError(f"--max-queue must be >= 0, got {max_queue}")
     if chunk < 1:
         raise InputError(f"--prefill-chunk must be >= 1, got {chunk}")
-    decoder = OrtBatchDecoder(art_dir, max_batch, threads=threads, max_context=max_context)
+    template_timeout(template_timeout_s)  # a bad value fails before the model loads
+    with full_checks():  # a server hashes every file at start, whatever the last check saw
+        decoder = OrtBatchDecoder(art_dir, max_batch, threads=threads, max_context=max_context)
     tokenizer = load_artifact_tokenizer(art_dir, decoder.manifest)
     model_name = name or os.path.basename(os.path.normpath(os.path.abspath(art_dir)))
     return ServedModel(
@@ -100,6 +123,7 @@ def open_served_model(
         max_queue=max_queue,
         chunk=chunk,
         art_dir=art_dir,
+        template_timeout_s=template_timeout_s,
     )
 
 

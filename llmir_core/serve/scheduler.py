@@ -14,6 +14,11 @@ A request arriving while others decode joins at the next step. Sampling and the 
 those of `llmir run` (`llmir_core.runtime.generate`), so a request gets the tokens it would get
 alone with the same seed. The waiting queue is bounded (`QueueFull`); after `close()` new
 requests are refused (`ShuttingDown`) and the loop ends once the admitted ones finish.
+
+A request takes its place in the queue before its prompt is parsed, rendered and tokenized
+(`reserve()`, on the server's worker threads), so that work counts against the same limit:
+`submit(req, ticket)` turns the reservation into a waiting request, `ticket.release()` gives
+it back when preparing the request failed.
 """
 
 from __future__ import annotations
@@ -40,6 +45,21 @@ class QueueFull(Exception):
 
 class ShuttingDown(Exception):
     """The server is draining and takes no new requests."""
+
+
+class Ticket:
+    """A place in the queue held while a request is prepared (see `Scheduler.reserve`)."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+        self.held = True
+
+    def release(self) -> None:
+        """Give the place back (idempotent; a no-op once the request was submitted)."""
+        with self.sched._cond:
+            if self.held:
+                self.held = False
+                self.sched.preparing -= 1
 
 
 @dataclass
@@ -96,9 +116,10 @@ class Scheduler:
         self.max_queue = max_queue
         self.chunk = chunk
         self.metrics = metrics or Metrics()
-        self.metrics.queue_depth = lambda: len(self.waiting)
+        self.metrics.queue_depth = lambda: len(self.waiting) + self.preparing
         self.metrics.active = lambda: len(self.active)
         self.waiting: deque[GenRequest] = deque()
+        self.preparing = 0  # places reserved by requests still being parsed and tokenized
         self.active: list[GenRequest] = []
         self.free = list(range(decoder.slots))
         self.steps = 0
@@ -112,21 +133,44 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, req: GenRequest) -> None:
-        if len(req.prompt_ids) >= self.decoder.max_context:
-            raise ValueError(
-                f"the prompt has {len(req.prompt_ids)} tokens, but the model's context is "
-                f"{self.decoder.max_context} (with room for at least one new token)"
+    def _check_room(self) -> None:
+        """Raise unless one more request fits: free slots take waiting ones, then the queue."""
+        if self._closing:
+            raise ShuttingDown("the server is shutting down")
+        if len(self.waiting) + self.preparing >= self.max_queue + len(self.free):
+            raise QueueFull(
+                f"{len(self.waiting) + self.preparing} requests are waiting "
+                f"(--max-queue {self.max_queue})"
             )
+
+    def reserve(self) -> Ticket:
+        """Hold a place for a request about to be prepared (QueueFull, ShuttingDown)."""
         with self._cond:
-            if self._closing:
-                raise ShuttingDown("the server is shutting down")
-            if len(self.waiting) >= self.max_queue + len(self.free):  # free slots take waiting ones
-                raise QueueFull(
-                    f"{len(self.waiting)} requests are waiting (--max-queue {self.max_queue})"
+            self._check_room()
+            self.preparing += 1
+            return Ticket(self)
+
+    def submit(self, req: GenRequest, ticket: Ticket | None = None) -> None:
+        """Queue req, in the place `ticket` holds (given back on any error), or a new one."""
+        try:
+            if len(req.prompt_ids) >= self.decoder.max_context:
+                raise ValueError(
+                    f"the prompt has {len(req.prompt_ids)} tokens, but the model's context is "
+                    f"{self.decoder.max_context} (with room for at least one new token)"
                 )
-            self.waiting.append(req)
-            self._cond.notify()
+            with self._cond:
+                if ticket is not None and ticket.held:
+                    if self._closing:
+                        raise ShuttingDown("the server is shutting down")
+                    ticket.held = False
+                    self.preparing -= 1
+                else:
+                    self._check_room()
+                self.waiting.append(req)
+                self._cond.notify()
+        finally:
+            if ticket is not None:
+                ticket.release()
 
     def cancel(self, req: GenRequest) -> None:
         """Stop generating for req (its client went away); its slot is freed at the next step."""
@@ -258,6 +302,7 @@ class Scheduler:
     def snapshot(self) -> dict[str, Any]:
         return {
             "waiting": len(self.waiting),
+            "preparing": self.preparing,
             "active": len(self.active),
             "slots": self.decoder.slots,
             "steps": self.steps,
@@ -265,4 +310,12 @@ class Scheduler:
         }
 
 
-__all__ = ["Scheduler", "GenRequest", "Completion", "TextStream", "QueueFull", "ShuttingDown"]
+__all__ = [
+    "Scheduler",
+    "GenRequest",
+    "Completion",
+    "TextStream",
+    "Ticket",
+    "QueueFull",
+    "ShuttingDown",
+]

@@ -102,14 +102,16 @@ def _number(
     return float(v)
 
 
-def _int(body: dict[str, Any], name: str, low: int) -> int | None:
+def _int(body: dict[str, Any], name: str, low: int, high: int = 2**63 - 1) -> int | None:
     v = body.get(name)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
-        raise bad(name, f"'{name}' must be an integer, got {v!r}", "invalid_type")
+        raise bad(name, f"'{name}' must be an integer, got {v!r:.40}", "invalid_type")
     if v < low:
         raise bad(name, f"'{name}' must be >= {low}, got {v}")
+    if v > high:
+        raise bad(name, f"'{name}' must be <= {high}, got {v}")
     return v
 
 
@@ -122,7 +124,7 @@ def _common(body: Any) -> GenParams:
     p = GenParams(model=model)
     p.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     p.top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
-    p.seed = _int(body, "seed", -(2**63))
+    p.seed = _int(body, "seed", -(2**63), 2**64 - 1)
     if p.seed is not None and p.seed < 0:
         p.seed = p.seed % 2**64  # numpy seeds are non-negative; OpenAI takes any int64
     n = _int(body, "n", 1)

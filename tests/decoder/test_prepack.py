@@ -84,7 +84,9 @@ def test_a_manifest_without_the_field_prepacks(tiny_artifact: Path, tmp_path: Pa
 
 def test_a_bad_manifest_value_is_one_line(tiny_artifact: Path, tmp_path: Path) -> None:
     art = _with_manifest(tiny_artifact, tmp_path / "bad", prepack="disk")
-    with pytest.raises(InputError, match=r"field 'decoder.prepack' must be 'session' or 'none'"):
+    with pytest.raises(
+        InputError, match=r"field 'decoder.prepack': 'disk' is not one of 'session', 'none'"
+    ):
         open_artifact(str(art), threads=1)
 
 

@@ -50,14 +50,14 @@ def _zero_shas(m: dict[str, Any]) -> None:
 
 MANIFEST_CASES: dict[str, tuple[Any, str]] = {
     "a list": (lambda m: [], "manifest.json: must be a JSON object, got list"),
-    "files a list": (lambda m: m.update(files=[]), "field 'files' must be an object"),
+    "files a list": (lambda m: m.update(files=[]), "field 'files': expected object, got array"),
     "sha256 not hex": (
         lambda m: m["files"]["model.onnx"].update(sha256="xyz"),
-        "field 'files.model.onnx.sha256' must be 64 lowercase hex digits",
+        "field 'files[\"model.onnx\"].sha256': 'xyz' does not match",
     ),
     "bytes a string": (
         lambda m: m["files"]["model.onnx"].update(bytes="7"),
-        "field 'files.model.onnx.bytes' must be a byte count",
+        "field 'files[\"model.onnx\"].bytes': expected integer, got string",
     ),
     "file outside the folder": (
         lambda m: m["files"].update({"../x": m["files"]["model.onnx"]}),
@@ -65,7 +65,7 @@ MANIFEST_CASES: dict[str, tuple[Any, str]] = {
     ),
     "max_len a string": (
         lambda m: m["decoder"].update(max_len="x"),
-        "field 'decoder.max_len' must be a positive whole number",
+        "field 'decoder.max_len': expected integer or null, got string",
     ),
     "context_length edited past the model": (
         lambda m: m["decoder"].update(context_length=100000, max_len=100000),

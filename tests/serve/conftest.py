@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -55,6 +60,34 @@ def start_server(
                 raise
             time.sleep(0.05)
     return Running(url, model, server, thread)
+
+
+@contextlib.contextmanager
+def spawn_serve(art: Path, *args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`llmir serve ART --port 0 ARGS` in a subprocess, answering /health: (process, URL).
+    Killed at the end if it is still running."""
+    import urllib.request
+
+    env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, "-m", "llmir_cli.app", "serve", str(art), "--port", "0", *args]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        assert found, line + proc.stderr.read()
+        url = f"http://127.0.0.1:{found.group(1)}"
+        for _ in range(600):  # the log line comes just before uvicorn starts listening
+            try:
+                urllib.request.urlopen(url + "/health", timeout=30).read()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="session")

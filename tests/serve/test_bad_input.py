@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,7 +16,7 @@ from typer.testing import CliRunner
 
 from llmir_cli.app import app
 
-from .conftest import Running, start_server
+from .conftest import Running, spawn_serve, start_server
 
 
 def call(
@@ -206,49 +204,21 @@ def test_cli_busy_port(tiny_artifact: Path, served: Running) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM")
 def test_sigterm_finishes_in_flight_and_refuses_new(tiny_artifact: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "llmir_cli.app",
-            "serve",
-            str(tiny_artifact),
-            "--port",
-            "0",
-            "--threads",
-            "1",
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/", line).group(1))  # type: ignore[union-attr]
-        conn = None
-        for _ in range(200):  # the log line comes just before uvicorn starts listening
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-                body = {
-                    "model": tiny_artifact.name,
-                    "prompt": "tell",
-                    "max_tokens": 40,
-                    "temperature": 0,
-                    "stream": True,
-                }
-                conn.request(
-                    "POST",
-                    "/v1/completions",
-                    json.dumps(body),
-                    {"Content-Type": "application/json"},
-                )
-                resp = conn.getresponse()
-                break
-            except ConnectionRefusedError:
-                time.sleep(0.05)
-        assert conn is not None and resp.status == 200
+    with spawn_serve(tiny_artifact, "--threads", "1") as (proc, url):
+        port = int(url.rsplit(":", 1)[1])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        body = {
+            "model": tiny_artifact.name,
+            "prompt": "tell",
+            "max_tokens": 40,
+            "temperature": 0,
+            "stream": True,
+        }
+        conn.request(
+            "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
+        resp = conn.getresponse()
+        assert resp.status == 200
         resp.readline()  # generating
         proc.send_signal(signal.SIGTERM)
         rest = resp.read().decode()
@@ -256,7 +226,3 @@ def test_sigterm_finishes_in_flight_and_refuses_new(tiny_artifact: Path) -> None
         assert proc.wait(30) == 0
         with pytest.raises(ConnectionRefusedError):
             http.client.HTTPConnection("127.0.0.1", port, timeout=5).request("GET", "/health")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
