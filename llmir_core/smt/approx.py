@@ -110,10 +110,11 @@ def _rhs_match(rule: Rule, v: Value, keep: list[Any], depth: int = 2) -> Match |
 def rediscover(
     before: Module, after: Module, rules: dict[str, Rule], keep: list[Any]
 ) -> list[Approx]:
-    """The approximate instances that turn `before` into `after`: an op of the original that an
-    approximate rule's lhs matches, paired with the op of the optimized module that keeps its
+    """The rule instances that turn `before` into `after`: an op of the original that a rule's
+    lhs matches, paired with the op of the optimized module that keeps its
     result's name (and model location) and that the rule's rhs matches, directly or through its
-    decomposition. Soundness does not depend on the pairing: every pair is a true instance of
+    decomposition; an exact rule whose rhs has no leaf of its own needs no pairing (an
+    instance wherever its lhs matches). Soundness does not depend on the pairing: every pair is a true instance of
     the rule (its precondition is checked on the concrete codes), and the verdict still needs
     the whole module to match."""
     fb, fa = before.main, after.main
@@ -121,18 +122,24 @@ def rediscover(
     for op in fa.ops:
         for r in op.results:
             by_name[r.name] = r
-    approx = [r for r in rules.values() if not is_exact(r) and r.tag == "approximate"]
+    by_op: dict[str, list[Rule]] = {}
+    for r in rules.values():
+        by_op.setdefault(r.lhs.op, []).append(r)
     found: list[Approx] = []
     for op in fb.ops:
-        for rule in approx:
+        for rule in by_op.get(op.name, []):
             if rule.lhs.op != op.name:
                 continue
             ml = rule.match(op)
             if ml is None or rule.reject_reason(ml) is not None:
                 continue
             root = op.results[rule.lhs.result]
+            if is_exact(rule) and set(leaves(rule.rhs)) <= set(leaves(rule.lhs)):
+                # the lhs alone determines the instance: a proved equality wherever it matches
+                found.append(Approx(rule, root, ml, value_loc(root)))
+                continue
             other = by_name.get(root.name)
-            if other is None or other.owner is None:
+            if other is None or other.owner is None or other.owner.name == op.name:
                 continue
             if op.origin and other.owner.origin and op.origin != other.owner.origin:
                 continue
@@ -251,7 +258,9 @@ def _magnitude(a: Approx, term: Any, rb: eb.Ranges, ra: eb.Ranges, wide: dict[st
             top = eb._absmax(wide.get(leaf, (-math.inf, math.inf)))
             if math.isinf(top):
                 return math.inf
-            x = np.full(shape, top, dtype=t.dtype.to_numpy() if isinstance(t.dtype, DType) else None)
+            x = np.full(
+                shape, top, dtype=t.dtype.to_numpy() if isinstance(t.dtype, DType) else None
+            )
             t = TensorType(shape, t.dtype)
         args.append(Value(leaf, t))
         inputs[leaf] = x
@@ -289,18 +298,25 @@ def _precision_bound(a: Approx, rb: eb.Ranges, wide: dict[str, eb.Iv], op: Op) -
     targets = [v for k, v in a.match.attrs.items() if k.startswith("__to")]
     us = [UNIT_ROUNDOFF.get(str(t), 0.0) for t in targets] or [0.0]
     u = max(us)
+    narrow = next((t for t in targets if str(t) in UNIT_ROUNDOFF and str(t) != "f32"), None)
     errs = []
     for v in op.operands:
         t = v.type
         is_float = isinstance(t, TensorType) and isinstance(t.dtype, DType) and t.dtype.is_float
+        c = rb.value(v)
+        if c is not None and is_float:  # a constant operand: its rounding, exactly
+            errs.append(_rounding_of(c, narrow))
+            continue
         leaf_iv = next((wide[k] for k, x in a.match.values.items() if x is v and k in wide), None)
         iv = leaf_iv if leaf_iv is not None else rb.range(v)
         errs.append(u * eb._absmax(iv) if is_float else 0.0)
     inputs, _ = eb.op_error(op, errs, rb) if any(errs) else (0.0, "")
-    terms = eb._absmax(
-        eb.op_range(op, [(-eb._absmax(rb.range(v)), eb._absmax(rb.range(v))) for v in op.operands])
-    )
     k = eb._k(op) if op.name in _MATMULS or op.name == "llm.scaled_dot_product_attention" else 0
+    if k:  # the sum of |terms| of a contraction: its range over operands symmetric about 0
+        sym = [(-eb._absmax(rb.range(v)), eb._absmax(rb.range(v))) for v in op.operands]
+        terms = eb._absmax(eb.op_range(op, sym))
+    else:  # an elementwise or data-movement op: its result
+        terms = eb._absmax(rb.range(a.root)) + inputs
     out = inputs + (k + 1) * u * terms
     if op.name == "llm.scaled_dot_product_attention":  # scores rounded: see error_bounds
         out += eb._attention(
@@ -310,3 +326,12 @@ def _precision_bound(a: Approx, rb: eb.Ranges, wide: dict[str, eb.Iv], op: Op) -
             rb,
         )
     return out
+
+
+def _rounding_of(c: np.ndarray, dtype: Any) -> float:
+    """max |fl(c) - c| for a concrete operand rounded to `dtype` (f16 exactly, bf16 by its u)."""
+    if dtype is None or c.size == 0:
+        return 0.0
+    if str(dtype) == "f16":
+        return float(np.max(np.abs(c.astype(np.float16).astype(np.float64) - c)))
+    return UNIT_ROUNDOFF.get(str(dtype), 0.0) * float(np.max(np.abs(c)))

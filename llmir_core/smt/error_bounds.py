@@ -262,6 +262,36 @@ def _exp(op: Op, e: list[float], iv: list[Iv], r: Ranges) -> float:
     return math.exp(min(iv[0][1] + e[0], 700.0)) * e[0]
 
 
+def _pow(op: Op, e: list[float], iv: list[Iv], r: Ranges) -> float:
+    """A constant exponent p: |x'^p - x^p| <= |p| max|x|^(p-1) |x' - x| (p >= 1, mean value)."""
+    p = r.value(op.operands[1])
+    if e[1] or p is None or p.size == 0 or not (p == p.reshape(-1)[0]).all():
+        return INF
+    k = float(p.reshape(-1)[0])
+    if k == 1.0:
+        return e[0]
+    if k < 1.0:
+        return INF
+    return abs(k) * (_absmax(iv[0]) + e[0]) ** (k - 1.0) * e[0]
+
+
+def _sqrt(op: Op, e: list[float], iv: list[Iv], r: Ranges) -> float:
+    """|sqrt(a') - sqrt(a)| <= sqrt(|a' - a|), and <= |a' - a| / (2 sqrt(lo)) above lo > 0."""
+    lo = iv[0][0] - e[0]
+    best = math.sqrt(e[0])
+    return min(best, e[0] / (2.0 * math.sqrt(lo))) if lo > 0 else best
+
+
+def _rsqrt(op: Op, e: list[float], iv: list[Iv], r: Ranges) -> float:
+    lo = iv[0][0] - e[0]
+    return e[0] / (2.0 * lo**1.5) if lo > 0 else INF
+
+
+def _log(op: Op, e: list[float], iv: list[Iv], r: Ranges) -> float:
+    lo = iv[0][0] - e[0]
+    return e[0] / lo if lo > 0 else INF
+
+
 def _rotary(op: Op, e: list[float], iv: list[Iv], r: Ranges) -> float:
     if any(e[1:3]):
         return INF
@@ -341,6 +371,11 @@ _RULES: dict[str, Rule] = {
     "core.sigmoid": _lipschitz(0.25),
     "core.tanh": _lipschitz(1.0),
     "core.exp": _exp,
+    "core.pow": _pow,
+    "core.sqrt": _sqrt,
+    "core.rsqrt": _rsqrt,
+    "core.log": _log,
+    "core.erf": _lipschitz(2.0 / math.sqrt(math.pi)),
     "core.softmax": _lipschitz(0.5),  # Jacobian row sums 2 p_i (1 - p_i) <= 1/2
     "core.reduce_mean": _lipschitz(1.0),
     "core.cast": _cast,
@@ -373,7 +408,8 @@ def op_error(op: Op, errs: list[float], r: Ranges) -> tuple[float, str]:
     if rule is None and how != "range":
         return INF, "no rule"
     rounding = 2.0 * max(_u(res.type) for res in op.results) * _absmax(wide) if op.results else 0.0
-    return lip + rounding, how
+    out = lip + rounding
+    return (INF if math.isnan(out) else out), how
 
 
 @dataclass
@@ -415,7 +451,10 @@ def compose(module: Module, r: Ranges, local: dict[str, LocalFn]) -> Composition
         and isinstance(v.type.dtype, DType)
         and v.type.dtype.is_float
     ]
-    return Composition(max(floats, default=0.0), outs, blocker)
+    bound = max(floats, default=0.0)
+    bound = INF if math.isnan(bound) else bound
+    # an unbounded error upstream can still be bounded downstream (a norm's range): B stands
+    return Composition(bound, outs, blocker if math.isinf(bound) else None)
 
 
 def quant_weight_error(

@@ -399,8 +399,14 @@ def _validate(
         )
     fb, fa = before.main, after.main
     exact, logged = _split(instances or [], fb, fa)
+    keep: list[Any] = []
+    found: list[Approx] = []
+    if instances is None:  # two files: find the instances (verify --against)
+        found = rediscover(before, after, RULES, keep)
+        logged = [a for a in found if not is_exact(a.rule)]
+    exact_found = [a for a in found if is_exact(a.rule)]
     # 1. exact: congruence closure over the exact rule instances only
-    tt, goals, find, eqs = _decide(before, after, exact, {})
+    tt, goals, find, eqs = _decide(before, after, exact, {}, exact_found, keep)
     info: dict[str, Any] = {"terms": len(tt.nodes), "instances": len(instances or [])}
     if not goals:
         return done(
@@ -422,12 +428,10 @@ def _validate(
             }
         )
     # 2. approximate: the original with each approximate instance's root replaced by its rhs
-    keep: list[Any] = []
-    approx = logged if instances is not None else rediscover(before, after, RULES, keep)
+    approx = logged
     if approx:
         subst = {a.root.name: _rhs_maker(a, keep) for a in approx}
-        tt2, goals2, find2, eqs2 = _decide(before, after, exact, subst)
-        tt2.keep.extend(keep)
+        tt2, goals2, find2, eqs2 = _decide(before, after, exact, subst, exact_found, keep)
         if all(find2(a) == find2(b) for a, b in goals2):
             info["approximate_instances"] = len(approx)
             res = within_bound(before, after, approx, input_range)
@@ -512,10 +516,14 @@ def _decide(
     after: Module,
     exact: list[RuleInstance],
     subst: dict[str, Callable[[Terms], int | None]],
+    found: list[Approx],
+    keep: list[Any],
 ) -> tuple[Terms, list[tuple[int, int]], Callable[[int], int], list[tuple[int, int]]]:
     """Intern both modules (the original with `subst` applied), add the exact instances'
-    equalities, close: (terms, output goals, the closure, the equalities)."""
+    equalities (logged, and `found` in the two files), close: (terms, output goals, the
+    closure, the equalities)."""
     tt = Terms()
+    tt.keep.append(keep)
     fb, fa = before.main, after.main
     na = tt.function(fa)
     nb = tt.function(fb, subst)
@@ -527,6 +535,10 @@ def _decide(
         e = _instance_eq(tt, inst, nb, na, fb, fa)
         if e is not None:
             eqs.append(e)
+    for a in found if goals else []:
+        rhs = _rhs_maker(a, keep)(tt)
+        if rhs is not None:
+            eqs.append((tt.of_value[id(a.root)], rhs))
     return tt, goals, closure(tt.nodes, eqs), eqs
 
 
