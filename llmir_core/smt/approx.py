@@ -120,11 +120,11 @@ def rediscover(
     fb, fa = before.main, after.main
     by_name: dict[str, Value] = {}
     for op in fa.ops:
-        for r in op.results:
-            by_name[r.name] = r
+        for res in op.results:
+            by_name[res.name] = res
     by_op: dict[str, list[Rule]] = {}
-    for r in rules.values():
-        by_op.setdefault(r.lhs.op, []).append(r)
+    for rule in rules.values():
+        by_op.setdefault(rule.lhs.op, []).append(rule)
     found: list[Approx] = []
     for op in fb.ops:
         for rule in by_op.get(op.name, []):

@@ -96,6 +96,10 @@ class Ranges:
                     self.iv[id(r)] = _range_of(o)
                 return
         rng = op_range(op, ins)
+        w = self.value(op.operands[1]) if op.name == "core.matmul" else None
+        if w is not None and w.ndim == 2 and not op.attrs.get("transpose_a"):
+            m = _absmax(ins[0]) * row_norm(w, bool(op.attrs.get("transpose_b")))
+            rng = (max(rng[0], -m), min(rng[1], m))  # |x @ w| <= max|x| * max_n sum_k |w|
         for res in op.results:
             self.iv[id(res)] = rng
 

@@ -14,6 +14,7 @@ and the result says which method gave it.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,6 +63,7 @@ class Terms:
     expand: bool = True
     keep: list[Any] = field(default_factory=list)  # scratch functions stay alive: ids stay unique
     defs: dict[Any, Any] = field(default_factory=dict)  # decompositions, by op, attrs and types
+    base: str = ""  # the folder weight files are relative to (the module's being interned)
 
     def intern(self, symbol: str, children: tuple[int, ...]) -> int:
         key = (symbol, children)
@@ -87,6 +89,10 @@ class Terms:
                     self.of_value[id(r)] = t
                 return outs
         attrs = od.with_defaults(op.attrs) if od is not None else op.attrs
+        if op.name == "core.weight" and isinstance(attrs.get("file"), str):
+            # a weight file is named relative to its module's folder: the same bytes read from
+            # two folders are the same leaf
+            attrs = {**attrs, "file": os.path.normpath(os.path.join(self.base, attrs["file"]))}
         akey = ",".join(f"{k}={_attr_key(attrs[k])}" for k in sorted(attrs))
         outs = []
         for r in op.results:
@@ -511,6 +517,10 @@ def _rhs_maker(a: Approx, keep: list[Any]) -> Callable[[Terms], int | None]:
     return make
 
 
+def _folder(m: Module) -> str:
+    return os.path.dirname(os.path.abspath(m.source)) if m.source else os.getcwd()
+
+
 def _decide(
     before: Module,
     after: Module,
@@ -525,7 +535,9 @@ def _decide(
     tt = Terms()
     tt.keep.append(keep)
     fb, fa = before.main, after.main
+    tt.base = _folder(after)
     na = tt.function(fa)
+    tt.base = _folder(before)
     nb = tt.function(fb, subst)
     outs_b = [tt.of_value[id(v)] for v in fb.outputs]
     outs_a = [tt.of_value[id(v)] for v in fa.outputs]
