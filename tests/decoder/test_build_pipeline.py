@@ -27,7 +27,7 @@ from llmir_cli.app import app
 from llmir_core.ir.printer import print_module
 
 from .helpers import greedy
-from .tiny import ARCH_SHAPES, make_llama_folder
+from .tiny import ARCH_SHAPES, UNPROVED_LOWERINGS, make_llama_folder
 
 ARCHS = ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3", "gemma2"]
 PROMPT = [int(t) for t in np.random.default_rng(3).integers(3, 128, 9)]
@@ -90,15 +90,16 @@ def test_build_is_optimize_o2_target_then_serialize(case: str, chdir_tmp: Path) 
         "-o",
         "l.llmir",
     )
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 3, r.output  # inconclusive: the lowerings checked by measurement
     passes = json.loads(r.stdout)["passes"]
     from llmir_core.backends import get_target
 
     lowering = [p.name for p in get_target("onnxruntime").lowering({})]
     assert "lower-ort-attention" in lowering and lowering[-1] == "lower-ort-module"
     assert [p["pass"] for p in passes][-len(lowering) :] == lowering  # -O2, then the target's
-    for p in passes:  # every step validated
-        assert p["validation"]["verdict"] == "equivalent", p
+    for p in passes:  # every step proved, but those checked by measurement only
+        want = "inconclusive" if p["pass"] in UNPROVED_LOWERINGS and p["changed"] else "equivalent"
+        assert p["validation"]["verdict"] == want, p
     text = (chdir_tmp / "l.llmir").read_text()
     assert text.count("= ort.group_query_attention ") == layers
     assert 'target = "onnxruntime"' in text and "llm.scaled_dot_product_attention" not in text
