@@ -89,6 +89,14 @@ def _close(x: Any, y: Any, tol: float) -> bool:
     return bool(np.allclose(a, b, rtol=tol, atol=tol * scale, equal_nan=True))
 
 
+def _max_abs(x: Any, y: Any) -> float:
+    if not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray) or x.shape != y.shape:
+        return float("inf")
+    if x.dtype.kind not in "fc" or not x.size:
+        return 0.0 if np.array_equal(x, y) else float("inf")
+    return float(np.nanmax(np.abs(y.astype(np.float64) - x.astype(np.float64))))
+
+
 def _where(op: Op | None) -> str:
     if op is None:
         return "a function argument"
@@ -149,7 +157,12 @@ def compare(
         bad = [i for i, (x, y) in enumerate(zip(ob, oa)) if not _close(y, x, tol)]
         if not bad:
             continue
-        details = [f"output #{bad[0]} differs on input: {label}, seed {seed}, dims {env}"]
+        x, y = ob[bad[0]], oa[bad[0]]
+        err = _max_abs(x, y)
+        details = [
+            f"output #{bad[0]} differs on input: {label}, seed {seed}, dims {env}: measured max "
+            f"|error| {err:.3g} (tolerance: rtol {tol:.2g} of the largest |output|)"
+        ]
         first = None
         for op in after.main.ops:
             for r in op.results:
@@ -175,6 +188,7 @@ def compare(
         return {
             "verdict": "not-equivalent",
             "method": "differential",
+            "measured": err,
             "details": details,
             "first_difference": first[0] if first else None,
             "input": inp,
