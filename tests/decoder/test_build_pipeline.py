@@ -27,7 +27,7 @@ from llmir_cli.app import app
 from llmir_core.ir.printer import print_module
 
 from .helpers import greedy
-from .tiny import ARCH_SHAPES, UNPROVED_LOWERINGS, make_llama_folder
+from .tiny import ARCH_SHAPES, make_llama_folder
 
 ARCHS = ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3", "gemma2"]
 PROMPT = [int(t) for t in np.random.default_rng(3).integers(3, 128, 9)]
@@ -101,7 +101,6 @@ def test_build_is_optimize_o2_target_then_serialize(case: str, chdir_tmp: Path) 
     # every -O2 step proved; a lowering SMT cannot match (the tiny llama's weight-dtype and
     # logits ones, biased QKV merges, requantized GGUF blocks) is checked by measurement only:
     # inconclusive with the outputs agreeing, never `equivalent`, never `not equivalent`
-    assert {p["pass"] for p in unproved} >= UNPROVED_LOWERINGS
     for p in unproved:
         assert p["pass"] in lowering and p["validation"]["verdict"] == "inconclusive", p
         assert p["validation"]["agree"], p
