@@ -8,6 +8,7 @@ import typer
 
 from llmir_core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, CheckFailed, InputError
 from llmir_core.ir.parser import parse_file
+from llmir_core.smt.verdicts import NOT_EQUIVALENT, bound_line, exit_code, label, ok
 
 from .._render import Ctx, handle_errors
 
@@ -72,25 +73,31 @@ def verify_against(ctx: Ctx, file: Path, original: Path, timeout: float) -> None
     if ctx.json:
         ctx.emit_json(
             "verify-against",
-            {"ok": verdict == "equivalent", "file": str(file), "against": str(original), **res},
+            {"ok": ok(verdict), "file": str(file), "against": str(original), **res},
         )
     else:
         ctx.result(
-            f"{file}: {verdict} to {original} (by {res.get('method')}, "
+            f"{file}: {label(verdict, res.get('bound'))} to {original} (by {res.get('method')}, "
             f"{1000 * float(res.get('seconds', 0.0)):.1f} ms)"
         )
+        line = bound_line(res)
+        if line:
+            ctx.result(f"  {line}")
+        for row in res.get("rule_instances", []):
+            ctx.result(
+                f"    {row['rule']} at {row['location']}: local bound {row['local_bound']:.3g} "
+                f"({row['bound_from']})"
+            )
         for line in res.get("details", []):
             ctx.result(f"  {line}")
-        if res.get("input") and verdict == "not-equivalent":
+        if res.get("input") and verdict == NOT_EQUIVALENT:
             ctx.result(f"  input: {res['input']}")
         if res.get("ops"):
             ctx.result("  how each op was validated:")
         for row in res.get("ops", []):
             ctx.result(f"    {row['op']} x{row['count']}: {row['validated_by']}, {row['how']}")
-    if verdict == "not-equivalent":
-        raise typer.Exit(EXIT_CHECK_FAILED)
-    if verdict != "equivalent":
-        raise typer.Exit(EXIT_INCONCLUSIVE)
+    if not ok(verdict):
+        raise typer.Exit(exit_code(verdict))
 
 
 def verify_ranges(ctx: Ctx, file: Path, input_range: float, timeout: float) -> None:

@@ -37,12 +37,17 @@ from .._options import (
     WeightDTypeOpt,
 )
 from .._render import handle_errors, make_ctx
+from ._verdicts import render_verdicts
 
 HELP = """Optimize a .llmir module with a pass pipeline; every pass is verified, and with
---verify-each translation-validated (z3, falling back to differential testing).
+--verify-each translation-validated: each pass gets one verdict, `equivalent` (proved exact),
+`within bound B` (approximate rules: B, the max |error| of the outputs over inputs in [-1, 1],
+composed over the applied rule instances, printed), `not equivalent` (a counterexample input, the
+op and line) or `inconclusive` (no proof either way; differential agreement alone is reported so).
 
-Exit 0 ok, 1 a pass broke the module or was not equivalent, 2 bad input or pipeline,
-3 a validation was inconclusive.
+Exit 0 ok (every pass equivalent or within bound), 1 a pass broke the module or was not
+equivalent (nothing written), 2 bad input or pipeline, 3 a validation was inconclusive (the
+output is written; the inconclusive passes are listed). See docs/optimize.md, "Verdicts".
 
 Examples:
 
@@ -249,7 +254,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
             write_text_atomic(output, text)
         if ctx.json:
             payload = {
-                "ok": failed is None,
+                "ok": failed is None and not result.inconclusive,
                 "file": str(file),
                 "output": str(output) if output else None,
                 **result.to_json(),
@@ -271,18 +276,12 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
             for r in result.runs:
                 if r.dump:
                     ctx.detail(f"wrote {r.dump}")
-            if failed is not None:
-                sys.stderr.write(
-                    f"error: pass '{failed['pass']}' did not validate: "
-                    f"{failed.get('verdict')} ({failed.get('method')})\n"
-                )
-                for line in failed.get("details", []):
-                    sys.stderr.write(f"  {line}\n")
+            if verify_each:
+                render_verdicts(result, sys.stderr.write)
         if failed is not None:
-            code = (
-                EXIT_INCONCLUSIVE if failed.get("verdict") == "inconclusive" else EXIT_CHECK_FAILED
-            )
-            raise typer.Exit(code)
+            raise typer.Exit(EXIT_CHECK_FAILED)
+        if result.inconclusive:
+            raise typer.Exit(EXIT_INCONCLUSIVE)
 
 
 def register(app: typer.Typer) -> None:

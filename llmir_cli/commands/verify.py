@@ -18,7 +18,10 @@ HELP = """Check a .llmir file: syntax, SSA, op signatures, attributes, types and
 
 Exit 0 when it verifies, 1 when it does not, 2 when the file cannot be read or parsed.
 With --rules: prove every rewrite rule (exit 0 all proved, 1 one refuted, 3 inconclusive).
-With --against ORIGINAL: translation validation (exit 0 equivalent, 1 not, 3 inconclusive).
+With --against ORIGINAL: translation validation, one verdict: `equivalent` (proved exact),
+`within bound B` (approximate rewrites: B, the max |error| of the outputs over inputs in [-1, 1],
+composed over the rule instances found, printed), `not equivalent` (an input and the op where they
+differ) or `inconclusive` (exit 0 equivalent or within bound, 1 not equivalent, 3 inconclusive).
 With --target NAME: also list every op the target cannot run, with file:line (exit 1 if any).
 
 Examples:

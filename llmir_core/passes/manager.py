@@ -1,5 +1,7 @@
 """The pass manager: verify, run each pass, verify again (naming the pass that broke it), dump,
-time, and optionally translation-validate each pass.
+time, and optionally translation-validate each pass: a pass `not equivalent` stops the
+pipeline; one `inconclusive` is recorded (`PipelineResult.inconclusive`) and the pipeline goes
+on, so the command can write its output and exit 3; `within bound` passes.
 
 `run_pipeline` returns a `PipelineResult` holding the module, one `PassRun` per pass (time,
 op counts, validation verdict), the rewrites and rejections, and before/after metrics. A
@@ -20,6 +22,7 @@ from llmir_core import tracing
 from llmir_core.errors import CheckFailed, InputError
 from llmir_core.ir.core import Module
 from llmir_core.ir.printer import print_module
+from llmir_core.smt.verdicts import EQUIVALENT, INCONCLUSIVE, NOT_EQUIVALENT, WITHIN_BOUND
 from llmir_core.verifier import verify
 
 from .base import PassContext, clone_module
@@ -63,8 +66,21 @@ class PipelineResult:
     before: Metrics
     after: Metrics
     validation_seconds: float = 0.0
-    failed_validation: dict[str, Any] | None = None
+    failed_validation: dict[str, Any] | None = None  # the first pass `not equivalent`: stops
     extra: dict[str, Any] = field(default_factory=dict)
+    inconclusive: list[dict[str, Any]] = field(default_factory=list)  # passes that ran on
+
+    @property
+    def verdict(self) -> str | None:
+        """The pipeline's verdict, the weakest of its passes' (None: not validated): not
+        equivalent < inconclusive < within bound < equivalent."""
+        vs = [r.validation.get("verdict") for r in self.runs if r.validation is not None]
+        if not vs:
+            return None
+        for v in (NOT_EQUIVALENT, INCONCLUSIVE, WITHIN_BOUND):
+            if v in vs:
+                return v
+        return EQUIVALENT
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,6 +90,7 @@ class PipelineResult:
             "before": self.before.to_json(),
             "after": self.after.to_json(),
             "validation_seconds": round(self.validation_seconds, 6),
+            "verdict": self.verdict,
         }
 
 
@@ -178,6 +195,7 @@ def _run_pipeline(
     runs: list[PassRun] = []
     tv_seconds = 0.0
     failed = None
+    unproved: list[dict[str, Any]] = []
     specs: list[str] = []
     for i, p in enumerate(passes, 1):
         ctx.current = p.name
@@ -215,11 +233,14 @@ def _run_pipeline(
             run.validation = (
                 validator(snapshot, module, list(ctx.instances), p.name)
                 if changed
-                else {"verdict": "equivalent", "method": "unchanged", "seconds": 0.0}
+                else {"verdict": EQUIVALENT, "method": "unchanged", "seconds": 0.0}
             )
             tv_seconds += time.perf_counter() - t1
-            if run.validation.get("verdict") not in ("equivalent",) and failed is None:
+            verdict = run.validation.get("verdict")
+            if verdict == NOT_EQUIVALENT and failed is None:
                 failed = {"pass": p.name, **run.validation}
+            elif verdict not in (EQUIVALENT, WITHIN_BOUND):
+                unproved.append({"pass": p.name, **run.validation})
         if dump_dir is not None and (print_after_all or (print_after and p.name in print_after)):
             run.dump = _dump(module, dump_dir, i, p.name, command, specs)
         runs.append(run)
@@ -228,7 +249,9 @@ def _run_pipeline(
     if failed is None:
         keep_output_names(module, interface)
         record_pipeline(module, prior, specs)
-    return PipelineResult(module, runs, ctx, before, measure(module, dims), tv_seconds, failed)
+    res = PipelineResult(module, runs, ctx, before, measure(module, dims), tv_seconds, failed)
+    res.inconclusive = unproved
+    return res
 
 
 def _dump(module: Module, dump_dir: str, i: int, name: str, command: str, specs: list[str]) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmir_core.smt.verdicts import bound_line, summary
+
 from .manager import PipelineResult
 
 
@@ -52,7 +54,15 @@ def format_report(res: PipelineResult) -> str:
         lines.append("validation of the passes that changed the module:")
         for run in validated:
             v = run.validation or {}
-            lines.append(f"  [{run.name}] {v.get('verdict')} by {v.get('method')}")
+            lines.append(f"  [{run.name}] {summary(v)}")
+            bl = bound_line(v)
+            if bl:
+                lines.append(f"    {bl}")
+            for row in v.get("rule_instances", []):
+                lines.append(
+                    f"    {row['rule']} at {row['location']}: local bound "
+                    f"{row['local_bound']:.3g} ({row['bound_from']})"
+                )
             for row in v.get("ops", []):  # the ops not shown equal to the input's terms
                 if row["validated_by"] == "differential":
                     lines.append(f"    differential: {row['op']} x{row['count']}: {row['how']}")
@@ -69,9 +79,8 @@ def format_times(res: PipelineResult) -> str:
         total += r.seconds
         v = ""
         if r.validation is not None:
-            v = (
-                f"{r.validation.get('verdict')} ({r.validation.get('method')}, "
-                f"{1000 * float(r.validation.get('seconds', 0.0)):.1f} ms)"
+            v = summary(r.validation)[:-1] + (
+                f", {1000 * float(r.validation.get('seconds', 0.0)):.1f} ms)"
             )
         lines.append(
             f"  {r.index:>2} {r.name:<24} {1000 * r.seconds:>9.2f} {r.ops_before:>5}->{r.ops_after:<5}  {v}"

@@ -1,5 +1,7 @@
 """Differential testing against the float64 reference interpreter: the fallback when SMT cannot
-decide, and the check that an optimized model's outputs equal the original's.
+decide, and the check that a bound B is not below the measured error. Agreement on a few inputs
+is evidence, not a proof: `compare` then says `inconclusive` (with `agree: True`), never
+`equivalent`; a difference is `not-equivalent` with the input that shows it.
 
 Inputs are seeded and cover edge cases: every symbolic dim 1 (seq=1), every dim 3, and large
 magnitudes (x100). Both modules run in float64 where their dtypes are float (the original's
@@ -18,6 +20,8 @@ from llmir_core.interp import Interpreter
 from llmir_core.ir.core import Module, Op
 from llmir_core.ir.dims import SymDim, eval_dim
 from llmir_core.ir.types import DType, KVCacheType, TensorType, numpy_dtype
+
+from .verdicts import INCONCLUSIVE
 
 BASE_TOL = {DType.f64: 1e-9, DType.f32: 1e-4, DType.f16: 2e-2, DType.bf16: 8e-2}
 
@@ -85,6 +89,14 @@ def _close(x: Any, y: Any, tol: float) -> bool:
     return bool(np.allclose(a, b, rtol=tol, atol=tol * scale, equal_nan=True))
 
 
+def _max_abs(x: Any, y: Any) -> float:
+    if not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray) or x.shape != y.shape:
+        return float("inf")
+    if x.dtype.kind not in "fc" or not x.size:
+        return 0.0 if np.array_equal(x, y) else float("inf")
+    return float(np.nanmax(np.abs(y.astype(np.float64) - x.astype(np.float64))))
+
+
 def _where(op: Op | None) -> str:
     if op is None:
         return "a function argument"
@@ -145,7 +157,12 @@ def compare(
         bad = [i for i, (x, y) in enumerate(zip(ob, oa)) if not _close(y, x, tol)]
         if not bad:
             continue
-        details = [f"output #{bad[0]} differs on input: {label}, seed {seed}, dims {env}"]
+        x, y = ob[bad[0]], oa[bad[0]]
+        err = _max_abs(x, y)
+        details = [
+            f"output #{bad[0]} differs on input: {label}, seed {seed}, dims {env}: measured max "
+            f"|error| {err:.3g} (tolerance: rtol {tol:.2g} of the largest |output|)"
+        ]
         first = None
         for op in after.main.ops:
             for r in op.results:
@@ -171,12 +188,62 @@ def compare(
         return {
             "verdict": "not-equivalent",
             "method": "differential",
+            "measured": err,
             "details": details,
             "first_difference": first[0] if first else None,
             "input": inp,
             "input_desc": {"seed": seed, "dims": env, "scale": scale},
         }
     return {
-        "verdict": "equivalent",
-        "method": f"differential ({ran} seeded inputs, rtol {tol:.2g}{'; ' + why if why else ''})",
+        "verdict": INCONCLUSIVE,
+        "agree": True,
+        "method": f"differential ({ran} seeded inputs agree within rtol {tol:.2g}"
+        f"{'; ' + why if why else ''}; no proof)",
+    }
+
+
+def max_error(
+    before: Module, after: Module, input_range: tuple[float, float], trials: int = 3
+) -> dict[str, Any]:
+    """The largest |after - before| over the float outputs, on seeded inputs whose float
+    elements are uniform in `input_range` (the ranges a bound B is stated for): the measurement
+    that a claimed bound must not be below. Returns max_error, output, input, input_desc."""
+    worst: dict[str, Any] = {"max_error": 0.0, "output": None, "input": None, "input_desc": None}
+    lo, hi = input_range
+    for seed in range(trials):
+        dimv = (1, 3, 2)[seed % 3]
+        env = _dims_env(before, dimv)
+        inputs = make_inputs(before, env, seed, 1.0)
+        rng = np.random.default_rng(1000 + seed)
+        for k, v in list(inputs.items()):
+            if isinstance(v, np.ndarray) and v.dtype.kind == "f":
+                inputs[k] = np.asarray(rng.uniform(lo, hi, v.shape)).astype(v.dtype)
+        a_in = {a.name: inputs[x.name] for a, x in zip(after.main.args, before.main.args)}
+        ob = Interpreter(before).run(inputs)
+        oa = Interpreter(after).run(a_in)
+        for i, (x, y) in enumerate(zip(ob, oa)):
+            if not isinstance(x, np.ndarray) or x.dtype.kind != "f" or x.shape != np.shape(y):
+                continue
+            d = np.abs(np.asarray(y, np.float64) - x.astype(np.float64))
+            e = float(np.nanmax(d)) if d.size else 0.0
+            if np.isnan(d).any():
+                e = float("inf")
+            if e > worst["max_error"] or worst["input_desc"] is None:
+                worst = {
+                    "max_error": e,
+                    "output": i,
+                    "input": _describe(inputs, seed),
+                    "input_desc": {"seed": seed, "dims": env, "uniform": [lo, hi]},
+                }
+    return worst
+
+
+def _describe(inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    return {
+        k: (
+            v.tolist()
+            if isinstance(v, np.ndarray) and v.size <= 16
+            else f"seeded ({seed}), shape {getattr(v, 'shape', '?')}"
+        )
+        for k, v in inputs.items()
     }

@@ -14,6 +14,7 @@ and the result says which method gave it.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,8 +29,18 @@ from llmir_core.rewrite.library import RULES
 from llmir_core.rewrite.rule import RuleInstance
 from llmir_core.rewrite.terms import Match, build
 
+from .approx import (
+    Approx,
+    from_instance,
+    is_exact,
+    local_bound,
+    precondition,
+    rediscover,
+    rhs_value,
+)
 from .meaning import expands_in_tv
 from .solver import run_job
+from .verdicts import EQUIVALENT, INCONCLUSIVE, NOT_EQUIVALENT, WITHIN_BOUND
 
 
 def _attr_key(v: Any) -> str:
@@ -52,6 +63,7 @@ class Terms:
     expand: bool = True
     keep: list[Any] = field(default_factory=list)  # scratch functions stay alive: ids stay unique
     defs: dict[Any, Any] = field(default_factory=dict)  # decompositions, by op, attrs and types
+    base: str = ""  # the folder weight files are relative to (the module's being interned)
 
     def intern(self, symbol: str, children: tuple[int, ...]) -> int:
         key = (symbol, children)
@@ -77,6 +89,10 @@ class Terms:
                     self.of_value[id(r)] = t
                 return outs
         attrs = od.with_defaults(op.attrs) if od is not None else op.attrs
+        if op.name == "core.weight" and isinstance(attrs.get("file"), str):
+            # a weight file is named relative to its module's folder: the same bytes read from
+            # two folders are the same leaf
+            attrs = {**attrs, "file": os.path.normpath(os.path.join(self.base, attrs["file"]))}
         akey = ",".join(f"{k}={_attr_key(attrs[k])}" for k in sorted(attrs))
         outs = []
         for r in op.results:
@@ -108,15 +124,29 @@ class Terms:
             self.op(o)
         return [self.of_value[id(v)] for v in outs]
 
-    def function(self, fn: Function) -> dict[str, int]:
+    def function(
+        self, fn: Function, subst: dict[str, Callable[[Terms], int | None]] | None = None
+    ) -> dict[str, int]:
+        """Intern fn's values; `subst` replaces the term of a value (by name) by another, built
+        when the value is reached (the rhs of an approximate instance over the terms so far)."""
         names = {}
         for i, a in enumerate(fn.args):
             names[a.name] = self.arg(i, a)
         for op in fn.ops:
             self.op(op)
             for r in op.results:
+                make = (subst or {}).get(r.name)
+                t = make(self) if make is not None else None
+                if t is not None:
+                    self.of_value[id(r)] = t
                 names[r.name] = self.of_value[id(r)]
         return names
+
+    def value_term(self, scratch: Function, v: Value) -> int | None:
+        """The term of v, a value built in `scratch` over values already interned."""
+        for op in scratch.ops:
+            self.op(op)
+        return self.of_value.get(id(v))
 
 
 def signature_mismatch(a: Module, b: Module) -> str | None:
@@ -356,88 +386,259 @@ def _validate(
     seeds: int = 2,
     tol: float | None = None,
     tol_why: str = "",
+    input_range: tuple[float, float] = (-1.0, 1.0),
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
+
+    def done(res: dict[str, Any]) -> dict[str, Any]:
+        return {**res, "seconds": time.perf_counter() - t0}
+
     why = signature_mismatch(before, after)
     if why is not None:
         from . import kv_int8  # an int8 KV cache in place of f32 (kv-cache-int8 calibrated)
 
         scales = kv_int8.int8_interface(before, after) if differential else None
         if scales is not None:
-            return {**kv_int8.compare(before, after, scales), "seconds": time.perf_counter() - t0}
-        return {
-            "verdict": "not-equivalent",
-            "method": "signature",
-            "details": [why],
-            "seconds": time.perf_counter() - t0,
-            "signature": why,
-        }
-    tt = Terms()
+            return done(kv_int8.compare(before, after, scales))
+        return done(
+            {"verdict": NOT_EQUIVALENT, "method": "signature", "details": [why], "signature": why}
+        )
     fb, fa = before.main, after.main
-    nb = tt.function(fb)
-    outs_b = [tt.of_value[id(v)] for v in fb.outputs]
-    na = tt.function(fa)
-    outs_a = [tt.of_value[id(v)] for v in fa.outputs]
-    goals = [(x, y) for x, y in zip(outs_b, outs_a) if x != y]
+    exact, logged = _split(instances or [], fb, fa)
+    keep: list[Any] = []
+    found: list[Approx] = []
+    if instances is None:  # two files: find the instances (verify --against)
+        found = rediscover(before, after, RULES, keep)
+        logged = [a for a in found if not is_exact(a.rule)]
+    exact_found = [a for a in found if is_exact(a.rule)]
+    # 1. exact: congruence closure over the exact rule instances only
+    tt, goals, find, eqs = _decide(before, after, exact, {}, exact_found, keep)
     info: dict[str, Any] = {"terms": len(tt.nodes), "instances": len(instances or [])}
     if not goals:
-        return {
-            "verdict": "equivalent",
-            "method": "smt (hash-consed terms identical)",
-            "seconds": time.perf_counter() - t0,
-            **info,
-            "ops": per_op(tt, fb, fa, closure(tt.nodes, []), True),
-        }
-    eqs = []
-    for inst in instances or []:
-        e = _instance_eq(tt, inst, nb, na, fb, fa)
-        if e is not None:
-            eqs.append(e)
-    find = closure(tt.nodes, eqs)
+        return done(
+            {
+                "verdict": EQUIVALENT,
+                "method": "smt (hash-consed terms identical)",
+                **info,
+                "ops": per_op(tt, fb, fa, find, True),
+            }
+        )
     if all(find(a) == find(b) for a, b in goals):
-        return {
-            "verdict": "equivalent",
-            "method": "EUF (congruence closure over hash-consed terms + "
-            f"{len(eqs)} rule instances)",
-            "seconds": time.perf_counter() - t0,
-            **info,
-            "ops": per_op(tt, fb, fa, find, True),
-        }
+        return done(
+            {
+                "verdict": EQUIVALENT,
+                "method": "EUF (congruence closure over hash-consed terms + "
+                f"{len(eqs)} exact rule instances)",
+                **info,
+                "ops": per_op(tt, fb, fa, find, True),
+            }
+        )
+    # 2. approximate: the original with each approximate instance's root replaced by its rhs
+    approx = logged
+    if approx:
+        subst = {a.root.name: _rhs_maker(a, keep) for a in approx}
+        tt2, goals2, find2, eqs2 = _decide(before, after, exact, subst, exact_found, keep)
+        if all(find2(a) == find2(b) for a, b in goals2):
+            info["approximate_instances"] = len(approx)
+            res = within_bound(before, after, approx, input_range)
+            res.setdefault(
+                "structure",
+                f"EUF: the original with {len(approx)} approximate rule instances applied "
+                f"(+ {len(eqs2)} exact instances)",
+            )
+            return done({**info, **res, "ops": per_op(tt2, fb, fa, find2, True)})
+    # 3. z3 over the same EUF query (exact instances only)
     res = run_job(_euf_job, tt.nodes, eqs, goals, limit_s, limit_s=limit_s)
     info["smt"] = res["verdict"]
     if res["verdict"] == "unsat":
-        return {
-            "verdict": "equivalent",
-            "method": "smt (EUF over hash-consed terms + rule instances)",
-            "seconds": time.perf_counter() - t0,
-            **info,
-            "ops": per_op(tt, fb, fa, find, True),
-        }
+        return done(
+            {
+                "verdict": EQUIVALENT,
+                "method": "smt (EUF over hash-consed terms + exact rule instances)",
+                **info,
+                "ops": per_op(tt, fb, fa, find, True),
+            }
+        )
     info["ops"] = per_op(tt, fb, fa, find, False)
     if not differential:
-        v = "inconclusive"
-        return {
-            "verdict": v,
-            "method": "smt",
-            "details": [res.get("reason", "z3 could not show equivalence")],
-            "seconds": time.perf_counter() - t0,
-            **info,
-        }
+        return done(
+            {
+                "verdict": INCONCLUSIVE,
+                "method": "smt",
+                "details": [res.get("reason", "z3 could not show equivalence")],
+                **info,
+            }
+        )
+    # 4. differential: evidence or a counterexample, never a proof
     from .differential import compare
 
     d = compare(before, after, seeds=seeds, tol=tol, why=tol_why)
-    d["seconds"] = time.perf_counter() - t0
     d["smt"] = res["verdict"] if res["verdict"] != "sat" else "could not show equivalence"
-    if res["verdict"] == "inconclusive":
-        d.setdefault("details", []).insert(0, res.get("reason", ""))
-    return {**info, **d}
+    if d.get("agree"):
+        d["details"] = [
+            "no proof: SMT could not show equivalence and no bound was composed; the outputs "
+            "agree on the inputs tried"
+        ] + _measured_details(before, after, input_range)
+    return done({**info, **d})
+
+
+def _measured_details(before: Module, after: Module, input_range: tuple[float, float]) -> list[str]:
+    from .differential import max_error
+
+    try:
+        m = max_error(before, after, input_range)
+    except Exception:  # noqa: BLE001 - the measurement is extra information only
+        return []
+    return [f"measured max |error| {m['max_error']:.3g} (output #{m['output']})"]
+
+
+def _split(
+    instances: list[RuleInstance], fb: Function, fa: Function
+) -> tuple[list[RuleInstance], list[Approx]]:
+    """The exact instances (tag exact or reassociating, constant folds re-evaluated) and the
+    approximate ones, resolved to values."""
+    exact, approx = [], []
+    for inst in instances:
+        rule = RULES.get(inst.rule)
+        if rule is None or is_exact(rule):
+            exact.append(inst)
+            continue
+        a = from_instance(inst, rule, fb, fa)
+        if a is not None:
+            approx.append(a)
+    return exact, approx
+
+
+def _rhs_maker(a: Approx, keep: list[Any]) -> Callable[[Terms], int | None]:
+    def make(tt: Terms) -> int | None:
+        built = rhs_value(a, keep)
+        return None if built is None else tt.value_term(*built)
+
+    return make
+
+
+def _folder(m: Module) -> str:
+    return os.path.dirname(os.path.abspath(m.source)) if m.source else os.getcwd()
+
+
+def _decide(
+    before: Module,
+    after: Module,
+    exact: list[RuleInstance],
+    subst: dict[str, Callable[[Terms], int | None]],
+    found: list[Approx],
+    keep: list[Any],
+) -> tuple[Terms, list[tuple[int, int]], Callable[[int], int], list[tuple[int, int]]]:
+    """Intern both modules (the original with `subst` applied), add the exact instances'
+    equalities (logged, and `found` in the two files), close: (terms, output goals, the
+    closure, the equalities)."""
+    tt = Terms()
+    tt.keep.append(keep)
+    fb, fa = before.main, after.main
+    tt.base = _folder(after)
+    na = tt.function(fa)
+    tt.base = _folder(before)
+    nb = tt.function(fb, subst)
+    outs_b = [tt.of_value[id(v)] for v in fb.outputs]
+    outs_a = [tt.of_value[id(v)] for v in fa.outputs]
+    goals = [(x, y) for x, y in zip(outs_b, outs_a) if x != y]
+    eqs = []
+    for inst in exact if goals else []:
+        e = _instance_eq(tt, inst, nb, na, fb, fa)
+        if e is not None:
+            eqs.append(e)
+    for a in found if goals else []:
+        rhs = _rhs_maker(a, keep)(tt)
+        if rhs is not None:
+            eqs.append((tt.of_value[id(a.root)], rhs))
+    return tt, goals, closure(tt.nodes, eqs), eqs
+
+
+def within_bound(
+    before: Module, after: Module, approx: list[Approx], input_range: tuple[float, float]
+) -> dict[str, Any]:
+    """The verdict once the structure matches up to approximate instances: each instance's
+    precondition on the concrete weights, B composed over them (`error_bounds`), and the
+    measured error, which must not exceed B."""
+    from . import error_bounds as eb
+    from .differential import max_error
+
+    rb, ra = eb.Ranges(before, input_range), eb.Ranges(after, input_range)
+    for a in approx:
+        why = precondition(a, rb, ra)
+        if why is not None:
+            return {
+                "verdict": NOT_EQUIVALENT,
+                "method": "precondition of an approximate rule instance",
+                "details": [f"{a.rule.name} at {a.location}: its precondition fails: {why}"],
+                "first_difference": a.root.name,
+            }
+
+    def local_of(a: Approx) -> eb.LocalFn:
+        def f(err: Callable[[Value], float]) -> float:
+            a.local, a.how = local_bound(a, rb, ra, err)
+            return a.local
+
+        return f
+
+    comp = eb.compose(before, rb, {a.root.name: local_of(a) for a in approx})
+    fallback = sum(a.how.startswith("fallback") for a in approx)
+    bound_info = {
+        "bound": comp.bound,
+        "bound_is": "max |optimized - original| over the float outputs, for every input whose "
+        f"float elements lie in [{input_range[0]:g}, {input_range[1]:g}]",
+        "output_bounds": comp.outputs,
+        "rule_instances": [a.to_json() for a in approx],
+        "fallback_bounds": fallback,
+        "input_range": list(input_range),
+    }
+    try:
+        m = max_error(before, after, input_range)
+    except Exception as exc:  # noqa: BLE001 - cannot run: no measurement
+        return {
+            "verdict": INCONCLUSIVE,
+            "method": "bound composition",
+            "details": [f"the reference interpreter cannot run these modules: {exc}"],
+            **bound_info,
+        }
+    bound_info["measured"] = m["max_error"]
+    how = (
+        f"EUF + {len(approx)} approximate rule instances, B composed over them"
+        + (f" ({fallback} with fallback bounds)" if fallback else "")
+        + f"; measured {m['max_error']:.3g} <= B"
+    )
+    if comp.blocker is not None:
+        return {
+            "verdict": INCONCLUSIVE,
+            "method": "EUF + approximate rule instances; no finite bound",
+            "details": [
+                f"B = inf: {comp.blocker}",
+                f"measured max |error| {m['max_error']:.3g} (output #{m['output']})",
+            ],
+            **bound_info,
+        }
+    if m["max_error"] > comp.bound:
+        return {
+            "verdict": NOT_EQUIVALENT,
+            "method": "differential check of the composed bound",
+            "details": [
+                f"output #{m['output']}: measured |error| {m['max_error']:.6g} exceeds the "
+                f"composed bound B = {comp.bound:.6g} (a wrong bound or a wrong compile)",
+            ],
+            "input": m["input"],
+            "input_desc": m["input_desc"],
+            **bound_info,
+        }
+    return {"verdict": WITHIN_BOUND, "method": how, **bound_info}
 
 
 def validate_pass(
     before: Module, after: Module, instances: list[RuleInstance], pass_name: str
 ) -> dict[str, Any]:
     """A pass whose class declares `validation_rtol` rounds values on purpose (16-bit weight
-    storage): its differential check uses that relative tolerance, scaled by depth."""
+    storage): when SMT and the rule instances cannot show more, its differential check uses that
+    relative tolerance, scaled by depth, and the verdict is never `equivalent`: `within bound`
+    when a bound was composed, else `inconclusive` with the measured error."""
     from llmir_core.passes import PASSES
 
     rtol = getattr(PASSES.get(pass_name), "validation_rtol", None)

@@ -5,12 +5,16 @@ JSON.
 - `within-bound`: approximate: |after - before| <= B, B composed from the rules' own proved
   bounds over the applied instances and the declared input ranges (printed with the verdict);
 - `not-equivalent`: a counterexample input (and the pass/op/line where it applies);
-- `inconclusive`: neither could be shown (exit 3).
+- `inconclusive`: neither could be shown (exit 3); also when differential testing alone found
+  no difference: agreement on a few inputs is evidence, not a proof, so it is reported as
+  `inconclusive` with the measured error, never as `equivalent` or `within bound`.
 
-Never `equivalent` across an approximate rule.
+Never `equivalent` across an approximate rule. Every verdict carries the method that gave it.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from llmir_core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE
 
@@ -33,3 +37,27 @@ def label(verdict: str, bound: float | None = None) -> str:
     if verdict == WITHIN_BOUND:
         return "within bound " + ("?" if bound is None else f"{bound:.3g}")
     return verdict.replace("-", " ")
+
+
+def exit_code(verdict: str | None) -> int:
+    return EXIT_CODES.get(verdict or EQUIVALENT, EXIT_INCONCLUSIVE)
+
+
+def ok(verdict: str | None) -> bool:
+    """Whether the verdict lets a pipeline or a check pass (exit 0)."""
+    return exit_code(verdict) == 0
+
+
+def summary(res: dict[str, Any]) -> str:
+    """One line: the verdict (with B), then `(by METHOD)`; what B is follows on its own line
+    (`bound_line`)."""
+    return f"{label(res.get('verdict', INCONCLUSIVE), res.get('bound'))} (by {res.get('method')})"
+
+
+def bound_line(res: dict[str, Any]) -> str | None:
+    if res.get("verdict") != WITHIN_BOUND or res.get("bound") is None:
+        return None
+    text = f"B = {res['bound']:.6g}: {res.get('bound_is', 'max |error| over the outputs')}"
+    if res.get("measured") is not None:
+        text += f"; measured {res['measured']:.3g}"
+    return text

@@ -90,15 +90,20 @@ def test_build_is_optimize_o2_target_then_serialize(case: str, chdir_tmp: Path) 
         "-o",
         "l.llmir",
     )
-    assert r.exit_code == 0, r.output
     passes = json.loads(r.stdout)["passes"]
+    unproved = [p for p in passes if p["validation"]["verdict"] != "equivalent"]
+    assert r.exit_code == (3 if unproved else 0), r.output
     from llmir_core.backends import get_target
 
     lowering = [p.name for p in get_target("onnxruntime").lowering({})]
     assert "lower-ort-attention" in lowering and lowering[-1] == "lower-ort-module"
     assert [p["pass"] for p in passes][-len(lowering) :] == lowering  # -O2, then the target's
-    for p in passes:  # every step validated
-        assert p["validation"]["verdict"] == "equivalent", p
+    # every -O2 step proved; a lowering SMT cannot match (the tiny llama's weight-dtype and
+    # logits ones, biased QKV merges, requantized GGUF blocks) is checked by measurement only:
+    # inconclusive with the outputs agreeing, never `equivalent`, never `not equivalent`
+    for p in unproved:
+        assert p["pass"] in lowering and p["validation"]["verdict"] == "inconclusive", p
+        assert p["validation"]["agree"], p
     text = (chdir_tmp / "l.llmir").read_text()
     assert text.count("= ort.group_query_attention ") == layers
     assert 'target = "onnxruntime"' in text and "llm.scaled_dot_product_attention" not in text

@@ -22,6 +22,7 @@ from llmir_core.passes.base import clone_module
 from llmir_core.passes.manager import run_pipeline
 from llmir_core.runtime.ort_decoder import open_artifact
 from tests.conftest import run_cli
+from tests.decoder.tiny import UNPROVED_LOWERINGS, unproved_passes
 
 from .helpers import greedy, parity, rel
 
@@ -94,10 +95,13 @@ def test_optimize_then_build_is_identical(tiny_module: Any, tmp_path: Path) -> N
         "l.llmir",
         cwd=tmp_path,
     )
-    assert r.returncode == 0, r.stderr
+    # the rounding lowering is checked by measurement at its declared tolerance: inconclusive
+    # with its measured error (never `equivalent`), exit 3, the file written
+    assert r.returncode == 3 and unproved_passes(r.stderr) <= UNPROVED_LOWERINGS, r.stderr
+    assert "lower-ort-weight-dtype" in unproved_passes(r.stderr)
     assert "weight-dtype" in r.stdout and "stored in bf16" in r.stdout
-    # every lowering pass validates; the rounding one differentially at its declared tolerance
     assert "rounds weights: its declared tolerance" in r.stdout + r.stderr
+    assert "measured max |error|" in r.stderr
     for args, out in ((("l.llmir",), "a"), (("m.llmir", "--dtype", "bf16"), "b")):
         r = run_cli("build", *args, "-o", out, "-q", cwd=tmp_path)
         assert r.returncode == 0, r.stderr

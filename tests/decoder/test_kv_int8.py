@@ -124,8 +124,12 @@ def test_run_and_bench(kv8: Path) -> None:
 def test_verify_against_the_import_is_differential(kv8: Path) -> None:
     for f in ("c.llmir", "l.llmir"):
         r = run_cli("verify", f, "--against", "m.llmir", cwd=kv8)
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert "equivalent" in r.stdout and "differential over the int8 KV interface" in r.stdout
+        # a lossy step checked by measurement only: inconclusive (exit 3) with the measured
+        # errors, never `equivalent`
+        assert r.returncode == 3, r.stdout + r.stderr
+        assert "inconclusive" in r.stdout and "equivalent to" not in r.stdout
+        assert "differential over the int8 KV interface" in r.stdout
+        assert "measured max |logits error|" in r.stdout
 
 
 def test_a_wrong_scale_in_the_lowered_file_is_caught(kv8: Path) -> None:
@@ -137,7 +141,7 @@ def test_a_wrong_scale_in_the_lowered_file_is_caught(kv8: Path) -> None:
     (kv8 / "bad.llmir").write_text(text[:i] + "0.5" + text[j:])  # one channel's scale
     r = run_cli("verify", "bad.llmir", "--against", "c.llmir", cwd=kv8)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "not-equivalent" in r.stdout
+    assert "not equivalent" in r.stdout
 
 
 def test_int8_store_matches_onnxruntime() -> None:

@@ -404,7 +404,7 @@ def test_float_fusion_is_equivalent_to_the_unfused_lowering(dtype: str, tiny_mod
 
     fused, plain = lowered(True), lowered(False)
     assert 'epilogue = "swiglu"' in print_module(fused)
-    assert compare(plain, fused)["verdict"] == "equivalent"
+    assert compare(plain, fused).get("agree")
 
 
 @pytest.mark.parametrize("quant", ["int4", "int8"])
@@ -420,4 +420,4 @@ def test_fusion_is_equivalent_to_the_unfused_lowering(quant: str, tiny_module: A
     fused = lower(tiny_module, options=opts)
     plain = lower(tiny_module, options={**opts, "swiglu": False})
     assert 'epilogue = "swiglu"' in print_module(fused)
-    assert compare(plain, fused)["verdict"] == "equivalent"
+    assert compare(plain, fused).get("agree")

@@ -14,6 +14,7 @@ import pytest
 
 from llmir_core.ir.printer import print_module
 from tests.conftest import run_cli
+from tests.decoder.tiny import UNPROVED_LOWERINGS, unproved_passes
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -35,13 +36,16 @@ def lowered(tiny_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
         "l.llmir",
         cwd=d,
     )
-    assert r.returncode == 0, r.stderr
+    # two lowerings are checked by measurement only: inconclusive, exit 3, the file written
+    unproved = unproved_passes(r.stderr)
+    assert r.returncode == 3 and unproved and unproved <= UNPROVED_LOWERINGS, r.stderr
     assert "group-query-attention" in r.stdout and "packed QKV" in r.stdout
     assert "pipeline:              canonicalize," in r.stdout  # the report names what ran
     from llmir_core.backends import pipeline
 
-    # every pass validated: the -O2 preset and the lowering (what `llmir build` runs)
-    assert r.stdout.count("equivalent (") == len(pipeline()) > 4
+    # every other pass proved: the -O2 preset and the lowering (what `llmir build` runs)
+    timings = r.stdout.split("== pass timings ==")[1]
+    assert timings.count(" equivalent (") == len(pipeline()) - len(unproved) > 4
     return d
 
 
@@ -119,7 +123,7 @@ def test_swapped_weight_offset_is_caught(lowered: Path) -> None:
     (lowered / "bad_offset.llmir").write_text(bad)
     r = _cli("verify", "bad_offset.llmir", "--against", "m.llmir", cwd=lowered)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "not-equivalent" in r.stdout
+    assert "not equivalent" in r.stdout
     line = text[: a.start(1)].count("\n") + 1
     assert re.search(rf"optimized: core\.weight at bad_offset\.llmir:{line}:\d+", r.stdout), (
         r.stdout

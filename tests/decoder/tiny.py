@@ -217,3 +217,16 @@ def make_llama_folder(
         )
     (folder / "llmir_shape.json").write_text(json.dumps({**asdict(s), "seed": seed}))
     return folder
+
+
+# The onnxruntime lowerings that translation validation checks by measurement only (no proof, no
+# composed bound): `--verify-each` reports them `inconclusive` and exits 3 (docs/optimize.md,
+# "Verdicts"); every other pass of the pipeline must be `equivalent`.
+UNPROVED_LOWERINGS = frozenset({"lower-ort-weight-dtype", "lower-ort-logits"})
+
+
+def unproved_passes(stderr: str) -> set[str]:
+    """The passes `optimize --verify-each` reported inconclusive (its warnings on stderr)."""
+    import re
+
+    return set(re.findall(r"warning: pass '([\w-]+)' is not proved", stderr))

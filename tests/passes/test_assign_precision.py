@@ -60,7 +60,12 @@ def test_assign_precision_validates_and_stays_close(spec: str, low: DType, tol: 
     original = clone_module(m)
     res = run_pipeline(m, parse_pipeline(spec + ",canonicalize,cse,dce"), validator=validate_pass)
     assert res.failed_validation is None
-    assert all(r.validation and r.validation["verdict"] == "equivalent" for r in res.runs)
+    # rounding to the target type is approximate: assign-precision is `within bound B` (B
+    # composed over its instances, not below the measured error), the folds after it exact
+    v = res.runs[0].validation
+    assert v is not None and v["verdict"] == "within-bound", v
+    assert v["measured"] <= v["bound"] < float("inf")
+    assert all(r.validation and r.validation["verdict"] == "equivalent" for r in res.runs[1:])
     assert not verify(m)
     _placed(m)
     mm = [op for op in m.main.ops if op.name == "core.matmul"]

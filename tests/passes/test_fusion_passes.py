@@ -116,8 +116,11 @@ def test_O3_lifts_an_exported_block_and_validates_each_pass() -> None:
         sdpa.attrs["causal"] is True and sdpa.operands[1].type.shape[1] == 2
     )  # GQA: un-repeated k
     assert res.after.ops < res.before.ops / 2 and not verify(m)
-    assert compare(original, m)["verdict"] == "equivalent"
-    assert validate(original, m)["verdict"] == "equivalent"
+    assert compare(original, m).get("agree")
+    # without the passes' rule instances the lifted patterns cannot be matched: SMT shows
+    # nothing, and outputs that agree on a few inputs are evidence, not a proof
+    whole = validate(original, m)
+    assert whole["verdict"] == "inconclusive" and whole["agree"], whole
     inputs = make_inputs(original, {"batch": 2, "seq": 5}, seed=3, scale=1.0)
     inputs["pos"] = np.tile(np.arange(5), (2, 1)).astype(np.int64)
     np.testing.assert_allclose(run(m, inputs)[0], run(original, inputs)[0], rtol=1e-4, atol=1e-5)

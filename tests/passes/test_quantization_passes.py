@@ -88,7 +88,13 @@ def test_quantize_weights_on_a_decoder(tiny: Path, tmp_path: Path, spec: str) ->
     res = run_pipeline(
         m, parse_pipeline(spec.replace("}", f",weights_file={out}}}")), validator=validate_pass
     )
-    assert res.failed_validation is None and res.runs[0].validation["verdict"] == "equivalent"  # type: ignore[index]
+    # quantization is approximate: never `equivalent`; B is composed over the rule instances,
+    # finite, and not below the measured error
+    v = res.runs[0].validation
+    assert res.failed_validation is None and v is not None
+    assert v["verdict"] == "within-bound", v
+    assert 0 < v["measured"] <= v["bound"] < float("inf"), v
+    assert len(v["rule_instances"]) == 5 * TINY.layers + 1  # q, k, v, o, the gated MLP; the head
     # per layer q, k, v, o and the gated MLP's three projections, and the output head
     assert res.after.op_counts.get("llm.quantized_matmul", 0) == 7 * TINY.layers + 1
     # the f32 embedding table (a tenth of the parameters) is not a matmul weight and stays
