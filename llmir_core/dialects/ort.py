@@ -701,11 +701,32 @@ def _ref_nbits(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
     return y.astype(a.dtype)
 
 
+def nbits_qtype(bits: int, block: int, mode: str, scale_dtype: str = "f32") -> QuantType:
+    """The nbits format a requantizing op (`quantize` sym/asym) rounds its weight to."""
+    return QuantType(
+        "nbits",
+        bits,
+        block,
+        DType.f16 if scale_dtype == "f16" else DType.f32,
+        "none" if mode == "sym" else "int",
+    )
+
+
+def requantized(b: Any, w: Any, at: dict[str, Any]) -> list[Any]:
+    """`llm.quantize` of the float weight w to the op's blocks: [codes, scales(, zero points)]
+    (what the serializer stores for a requantizing op)."""
+    q = nbits_qtype(at["bits"], at["block_size"], at["quantize"], at.get("scale_dtype", "f32"))
+    return list(b.create("llm.quantize", [w], {"format": q}).results)
+
+
 def _dec_nbits(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
-    if at["quantize"] != "none":
-        raise OpVerifyError("a requantizing matmul_nbits has no exact decomposition")
+    """The op's meaning: a float b is a matmul (lossless packing); a packed b, or a float b
+    rounded to blocks (`quantize` sym/asym: `llm.quantize` first), is `llm.quantized_matmul`
+    over the codes, scales and zero points; then the epilogue."""
     if len(o) > 2:
         y = b.op("llm.quantized_matmul", *o)
+    elif at["quantize"] != "none":
+        y = b.op("llm.quantized_matmul", o[0], *requantized(b, o[1], at))
     else:
         y = b.op("core.matmul", o[0], o[1], transpose_b=True)
     return [_dec_epilogue(b, y, at.get("epilogue", "none"))]
@@ -928,9 +949,13 @@ def _ref_gbq(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
 
 
 def _dec_gbq(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
+    """A lookup in the table as stored: rounded to blocks along its rows first (`quantize`
+    sym: quantizing the table then gathering rows is gathering then quantizing them)."""
+    table = o[0]
     if at["quantize"] != "none":
-        raise OpVerifyError("a quantizing gather_block_quantized has no exact decomposition")
-    return [b.op("llm.embedding", o[0], o[1])]
+        parts = requantized(b, table, at)
+        table = b.op("llm.dequantize", *parts, dtype=table.type.dtype)
+    return [b.op("llm.embedding", table, o[1])]
 
 
 register(
