@@ -989,7 +989,7 @@ register(
         verifies="table is a 2-D float weight whose row length is a multiple of block_size, ids "
         "an integer tensor, bits is 4 or 8 and block_size a power of two >= 16; the result is "
         "[*ids.shape, hidden].",
-        no_smt="decodes packed blocks of a quantization format (bit fields, per-block scales)",
+        smt=encoding("target_smt", "ort_gather_block_quantized"),
         example="%h = ort.gather_block_quantized %table, %ids {bits = 8, block_size = 32} : "
         "(tensor<128x64xf32>, tensor<?batch x ?seq x i64>) -> tensor<?batch x ?seq x 64 x f32>",
     )

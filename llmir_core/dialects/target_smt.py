@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from llmir_core.smt.semantics import EncodeError, Encoder, STensor
+import z3
+
+from llmir_core.smt.semantics import Encoder, STensor, round_half_even, zero_at
 
 from . import core_smt, llm_smt
 
@@ -43,10 +45,12 @@ def _epilogue(enc: Encoder, y: STensor, attrs: At) -> STensor:
     if attrs.get("epilogue", "none") != "swiglu":
         return y
     n = y.shape[-1]
-    if not isinstance(n, int):
-        raise EncodeError('epilogue "swiglu" over a symbolic N is not encoded')
-    g, u = core_smt.split(enc, [y], {"axis": -1, "sizes": (n // 2, n // 2)})
-    return llm_smt.silu_mul(enc, [g, u], {})
+    if isinstance(n, int):
+        g, u = core_smt.split(enc, [y], {"axis": -1, "sizes": (n // 2, n // 2)})
+        return llm_smt.silu_mul(enc, [g, u], {})
+    h = n / 2  # a symbolic N = 2H: integer division of the z3 Int
+    shape = tuple(y.shape[:-1]) + (h,)
+    return STensor(shape, lambda i: enc.silu(y.f(i)) * y.f(i[:-1] + (i[-1] + h,)))
 
 
 def ort_matmul16(enc: Encoder, args: Args, attrs: At) -> STensor:
@@ -69,11 +73,37 @@ def ort_quick_gelu(enc: Encoder, args: Args, attrs: At) -> STensor:
     return enc.elementwise(lambda x: x * enc.sigmoid(x * a), args[0])
 
 
+def _requantized(enc: Encoder, w: STensor, attrs: At) -> list[STensor]:
+    """llm.quantize of a float weight to the op's blocks (its decomposition's first step)."""
+    from .ort import nbits_qtype
+
+    q = nbits_qtype(
+        attrs["bits"], attrs["block_size"], attrs["quantize"], attrs.get("scale_dtype", "f32")
+    )
+    return llm_smt.quantize(enc, [w], {"format": q})
+
+
 def ort_matmul_nbits(enc: Encoder, args: Args, attrs: At) -> STensor:
-    """a @ b^T for a float b stored losslessly; a packed or requantized b is not encoded."""
-    if len(args) > 2 or attrs["quantize"] != "none":
-        raise EncodeError("matmul_nbits over packed or requantized blocks is not encoded")
-    return _epilogue(enc, enc.matmul(args[0], args[1], transpose_b=True), attrs)
+    """As its decomposition: a @ b^T for a float b stored losslessly; over a packed b (codes,
+    scales, zero points) or a float b rounded to blocks first (`quantize` sym/asym: MLAS'
+    quantizer), llm.quantized_matmul; then the epilogue."""
+    a, b = args[0], args[1]
+    if len(args) > 2:
+        y = llm_smt.quantized_matmul(enc, args, {**attrs, "transpose_b": True})
+    elif attrs["quantize"] != "none":
+        y = llm_smt.quantized_matmul(enc, [a, *_requantized(enc, b, attrs)], {"transpose_b": True})
+    else:
+        y = enc.matmul(a, b, transpose_b=True)
+    return _epilogue(enc, y, attrs)
+
+
+def ort_gather_block_quantized(enc: Encoder, args: Args, attrs: At) -> STensor:
+    """Rows of the table as stored: rounded to blocks along its rows first (`quantize` sym)."""
+    table, ids = args
+    if attrs["quantize"] != "none":
+        parts = _requantized(enc, table, {**attrs, "quantize": "sym"})
+        table = llm_smt.nbits_values(enc, parts[0].qtype, parts)  # type: ignore[attr-defined]
+    return llm_smt.embedding(enc, [table, ids], {})
 
 
 # -- triton --------------------------------------------------------------------------------------
@@ -112,10 +142,31 @@ def triton_gated_matmul(enc: Encoder, args: Args, attrs: At) -> STensor:
 
 
 def triton_kv_append(enc: Encoder, args: Args, attrs: At) -> STensor:
-    """concat(past, new, axis=2); int8 storage (a scale per row of D values) is not encoded."""
+    """concat(past, new, axis=2); cache_dtype i8 stores each new row of D values as int8 codes
+    rint(x / s) with s = max|row| / 127 (1 for an all-zero row) and reads back codes * s."""
+    past, new = args
     if attrs["cache_dtype"] == "i8":
-        raise EncodeError("an int8 KV cache (codes and per-row scales) is not encoded")
-    return enc.concat(args, 2)
+        new = int8_rows(enc, new)
+    return enc.concat([past, new], 2)
+
+
+def int8_rows(enc: Encoder, x: STensor) -> STensor:
+    """x rounded to int8 per row of its last axis: rint(x / s) * s, s = max|row| / 127 (or 1)."""
+    last = x.rank - 1
+    amax = enc.reduce(STensor(x.shape, lambda i: z3.Abs(x.f(i))), (-1,), True, "max")
+
+    def f(i: Any) -> Any:
+        m = amax.f(zero_at(i, last))
+        s = z3.If(m == 0, z3.RealVal(1), m / 127)
+        return z3.ToReal(round_half_even(x.f(i) / s)) * s
+
+    return STensor(x.shape, f)
+
+
+def triton_q_matmul(enc: Encoder, args: Args, attrs: At) -> STensor:
+    """x @ dequantize(w)^T over nbits codes (GGUF q8_0/q4_0 blocks: not encoded, see
+    llm_smt.dequantize)."""
+    return llm_smt.quantized_matmul(enc, args, {**attrs, "transpose_b": True})
 
 
 def triton_attention(enc: Encoder, args: Args, attrs: At) -> STensor:
