@@ -238,3 +238,39 @@ def test_the_symmetric_bound_is_one_step_not_half() -> None:
     s.add(*hyps, z3.Abs(z3.ToReal(c) * step - x) > z3.Abs(step) / 2)  # more than s/2 off
     assert s.check() == z3.sat
     assert abs(s.model().eval(x / amax * 8 / (1 + d)).as_fraction()) > 7  # the clamped end
+
+
+PRE = (
+    "canonicalize,constant-fold,cse,dce,lift-activations,lift-rms-norm,fuse-matmul-transpose,"
+    "fuse-silu-mul,fuse-gated-mlp,merge-qkv,fuse-add-rms-norm,cse,dce,lower-ort-precision,"
+    "lower-ort-attention{quant=int4},lower-ort-norms"
+)
+
+
+def test_int4_lowering_validates_on_terms_through_matmul_nbits(tmp_path: Any) -> None:
+    """lower-ort-matmul{quant=int4} logs an nbits rule instance per requantizing op; validation
+    meets each op's expansion (llm.quantize, llm.quantized_matmul, the SwiGLU epilogue) on terms,
+    with no differential fallback. Without the instances it cannot. (llmir's kernel: the gated
+    MLP fused with the SwiGLU epilogue; MLAS' op-by-op MLP has no rule instance yet.)"""
+    from llmir_core.frontends.hf import import_hf
+    from llmir_core.passes.base import PassContext, clone_module
+    from llmir_core.passes.manager import run_pipeline
+    from llmir_core.passes.pipeline import parse_pipeline
+    from llmir_core.smt.tv import validate
+    from tests.decoder.tiny import TINY, make_llama_folder
+
+    m = import_hf(make_llama_folder(tmp_path / "llama", TINY))
+    m = run_pipeline(m, parse_pipeline(PRE)).module
+    before = clone_module(m)
+    ctx = PassContext()
+    (p,) = parse_pipeline("lower-ort-matmul{quant=int4,nbits_kernel=llmir}")
+    assert p.run(m, ctx)
+    rules = {i.rule for i in ctx.instances}
+    assert rules == {"nbits-int4-sym-matmul", "nbits-int4-sym-swiglu"}
+    res = validate(before, m, ctx.instances, differential=False)
+    assert res["verdict"] in ("equivalent", "within-bound"), res
+    rows = [r for r in res["ops"] if r["op"] == "ort.matmul_nbits"]
+    assert rows and all(r["validated_by"] == "smt" for r in rows), rows
+    assert sum(r["count"] for r in rows) == sum(o.name == "ort.matmul_nbits" for o in m.main.ops)
+    bare = validate(before, m, [], differential=False)
+    assert bare["verdict"] == "inconclusive", bare
