@@ -122,10 +122,10 @@ def rotary_embedding(enc: Encoder, args: Args, attrs: At) -> STensor:
 
 
 def scaled_dot_product_attention(enc: Encoder, args: Args, attrs: At) -> STensor:
+    """softmax(cap(q k^T * scale) + mask, masked keys at -inf) v, the softmax's denominator plus
+    softmax_eps; cap is softcap * tanh(s / softcap); causal (or a sliding window W) masks key j of
+    query i where j > p (or j <= p - W), p = i + Skv - Sq."""
     q, k, v = args[:3]
-    for key in ("softcap", "sliding_window", "softmax_eps"):
-        if attrs.get(key):
-            raise EncodeError(f"attention with {key} is not encoded")
     scale = attrs.get("scale", 0.0)
     if isinstance(scale, float):
         # the default scale is 1/sqrt(head_dim): rsqrt of the dim, with its defining lemma
@@ -142,14 +142,33 @@ def scaled_dot_product_attention(enc: Encoder, args: Args, attrs: At) -> STensor
         )
     s = enc.matmul(q, enc.transpose(k, (0, 1, 3, 2)))
     s = enc.elementwise(lambda a, b: a * b, s, STensor((), lambda i: scale))
+    cap = attrs.get("softcap", 0.0)
+    if cap:
+        c = z3.RealVal(cap)
+        s = enc.elementwise(lambda a: c * enc.uf("tanh")(a / c), s)
     if len(args) > 3:
         s = enc.op("core.add", [s, args[3]], {})[0]
-    if attrs.get("causal"):
+    window = attrs.get("sliding_window", 0)
+    if attrs.get("causal") or window:
         sq, skv = q.shape[2], k.shape[2]
         sc = s
-        # masked iff key j > i + Skv - Sq (the same normal form as an additive trilu mask)
-        s = STensor(sc.shape, lambda i: z3.If(i[3] - i[2] >= 1 + skv - sq, enc.neg_inf, sc.f(i)))
-    return enc.matmul(enc.softmax(s, -1), v)
+
+        def masked(i: Idx) -> Any:
+            # key j > i + Skv - Sq (the same normal form as an additive trilu mask)
+            late = i[3] - i[2] >= 1 + skv - sq
+            if not window:
+                return late
+            return z3.Or(late, i[3] - i[2] <= skv - sq - window)
+
+        s = STensor(sc.shape, lambda i: z3.If(masked(i), enc.neg_inf, sc.f(i)))
+    eps = attrs.get("softmax_eps", 0.0)
+    if not eps:
+        return enc.matmul(enc.softmax(s, -1), v)
+    mx = enc.reduce(s, (-1,), True, "max")
+    e = STensor(s.shape, lambda i: enc.exp(s.f(i) - mx.f(zero_at(i, 3))))
+    tot = enc.reduce(e, (-1,), True, "sum")
+    p = STensor(s.shape, lambda i: e.f(i) / (tot.f(zero_at(i, 3)) + z3.RealVal(eps)))
+    return enc.matmul(p, v)
 
 
 def quotient(a: Any, b: Any) -> Any:

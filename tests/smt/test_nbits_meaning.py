@@ -309,3 +309,26 @@ def test_shape_ops_over_symbolic_dims_agree_with_the_reference(
         for ix in np.ndindex(*sh):
             got[ix] = ev(got_t.f(tuple(z3.IntVal(i) for i in ix)))
         np.testing.assert_allclose(got, ref)
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"causal": True},
+        {"causal": True, "softcap": 30.0},
+        {"causal": True, "sliding_window": 2},
+        {"sliding_window": 3, "softmax_eps": 1.0},
+    ],
+)
+def test_attention_variants_agree_with_the_reference(attrs: dict[str, Any]) -> None:
+    """The default scale, soft-capping, a sliding window and softmax_eps (grouped-query)."""
+    rng = np.random.default_rng(8)
+    q = rng.standard_normal((1, 4, 3, 4))
+    k, v = rng.standard_normal((1, 2, 5, 4)), rng.standard_normal((1, 2, 5, 4))
+    od = get_op("llm.scaled_dot_product_attention")
+    assert od is not None
+    at = od.with_defaults(attrs)
+    leaves = {"q": q, "k": k, "v": v}
+    y = Encoder().op(od.name, [_leaf(n, a) for n, a in leaves.items()], at)[0]
+    got = _values(y, Eval(leaves))
+    np.testing.assert_allclose(got, od.reference([q, k, v], at), rtol=1e-9, atol=1e-12)
