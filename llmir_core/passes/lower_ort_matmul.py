@@ -210,6 +210,12 @@ class LowerOrtMatmul:
                 and last.operands[0] is op.operands[0]
             ):
                 log.whole.add(id(last))  # the op's own definition is this matmul of its x
+            if op.name == "llm.gated_mlp" and last is not None and id(op.operands[0]) in log.values:
+                mms = [o for o in new_ops if o.name == "core.matmul"]
+                if len(mms) == 3 and mms[2] is last:
+                    x, wg, wu, wd = op.operands
+                    act = str(op.attrs.get("activation", "silu"))
+                    log.mlp[id(last)] = (op.results[0].name, x, wg, wu, wd, act, mms[0], mms[1])
             self._splice(fn, op, new_ops, outs)
             changed = True
         return changed
@@ -496,6 +502,11 @@ class _Log:
     values: set[int]
     whole: set[int] = field(default_factory=set)
     gated: dict[int, tuple[str, Value, Value, Value, Value, Op]] = field(default_factory=dict)
+    # a gated MLP expanded op by op: its down matmul -> name, x, wg, wu, wd, activation, gate, up
+    mlp: dict[int, tuple[str, Value, Value, Value, Value, str, Op, Op]] = field(
+        default_factory=dict
+    )
+    lowered: dict[int, Op] = field(default_factory=dict)  # matmul -> its requantizing op
 
 
 def _fmt(op: Op) -> Any:
@@ -516,6 +527,28 @@ def _log_requant(ctx: PassContext, mm: Op, nb: Op, log: _Log) -> None:
     x, w = mm.operands
     root = mm.results[0]
     sym = nb.attrs["quantize"] == "sym"
+    log.lowered[id(mm)] = nb
+    mlp = log.mlp.get(id(mm))
+    if mlp is not None:
+        name, mx, wg, wu, wd, act, gate, up = mlp
+        parts = [log.lowered.get(id(gate)), log.lowered.get(id(up))]
+        if any(
+            p is None or p.attrs["quantize"] != nb.attrs["quantize"] or _fmt(p) != _fmt(nb)
+            for p in parts
+        ):
+            return
+        ctx.instances.append(
+            RuleInstance(
+                rule_name(int(nb.attrs["bits"]), sym, f"gated-mlp-{act}"),
+                name,
+                name,
+                {"x": mx.name, "wg": wg.name, "wu": wu.name, "wd": wd.name},
+                {},
+                {"format": _fmt(nb)},
+                value_loc(root),
+            )
+        )
+        return
     gated = log.gated.get(id(mm))
     if gated is not None:
         name, gx, wg, wu, wd, gu = gated

@@ -4,7 +4,8 @@ asym}` (or `ort.gather_block_quantized {quantize = sym}`), whose meaning is its 
 `llm.quantize` of the float weight to the op's `nbits` format, then `llm.quantized_matmul` over
 the codes, scales (and zero points), then the epilogue. Each rule states that step about the
 original op, with the weight's own codes (`llm.quantize(w)`) in the replacement, so translation
-validation meets the lowered op's expansion term for term.
+validation meets the lowered op's expansion term for term (a gated MLP: fused with the SwiGLU
+epilogue on llmir's kernel, or lowered op by op).
 
 They are `approximate`: the replacement rounds the weight. What is proved is the per-element
 error bound of the quantizer onnxruntime's MatMulNBits uses (MLAS, `llmir_core/quant/nbits.py`),
@@ -148,6 +149,26 @@ for _bits in BITS:
                 passes=("lower-ort-matmul",),
             )
         )
+        for _act in ("silu", "gelu", "gelu_tanh"):
+            _g = _qmm(V("x"), V("wg"), _sym)
+            if _act == "silu":
+                _ga = t("core.silu", _g)
+            else:
+                _ga = t("core.gelu", _g, approximate="none" if _act == "gelu" else "tanh")
+            _h = t("core.mul", _ga, _qmm(V("x"), V("wu"), _sym))
+            rule(
+                Rule(
+                    name=rule_name(_bits, _sym, f"gated-mlp-{_act}"),
+                    summary=f"a gated MLP ({_act}) ~ its three matmuls as quantized_matmuls over "
+                    f"the {_kind} of its weights (lowered op by op)",
+                    lhs=t("llm.gated_mlp", V("x"), V("wg"), V("wu"), V("wd"), activation=_act),
+                    rhs=_qmm(_h, V("wd"), _sym),
+                    sig={"x": "... s h", "wg": "f h", "wu": "f h", "wd": "h f"},
+                    tag="approximate",
+                    obligation=_bound(_bits, _sym),
+                    passes=("lower-ort-matmul",),
+                )
+            )
     _table = T("llm.dequantize", _codes(V("table"), True), {"dtype": A("dtype")})
     rule(
         Rule(

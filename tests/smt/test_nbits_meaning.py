@@ -247,11 +247,12 @@ PRE = (
 )
 
 
-def test_int4_lowering_validates_on_terms_through_matmul_nbits(tmp_path: Any) -> None:
+@pytest.mark.parametrize("kernel", ["llmir", "mlas"])
+def test_int4_lowering_validates_on_terms_through_matmul_nbits(tmp_path: Any, kernel: str) -> None:
     """lower-ort-matmul{quant=int4} logs an nbits rule instance per requantizing op; validation
     meets each op's expansion (llm.quantize, llm.quantized_matmul, the SwiGLU epilogue) on terms,
-    with no differential fallback. Without the instances it cannot. (llmir's kernel: the gated
-    MLP fused with the SwiGLU epilogue; MLAS' op-by-op MLP has no rule instance yet.)"""
+    with no differential fallback. Without the instances it cannot. llmir's kernel fuses the gated
+    MLP's first half with the SwiGLU epilogue; MLAS lowers it op by op."""
     from llmir_core.frontends.hf import import_hf
     from llmir_core.passes.base import PassContext, clone_module
     from llmir_core.passes.manager import run_pipeline
@@ -263,10 +264,11 @@ def test_int4_lowering_validates_on_terms_through_matmul_nbits(tmp_path: Any) ->
     m = run_pipeline(m, parse_pipeline(PRE)).module
     before = clone_module(m)
     ctx = PassContext()
-    (p,) = parse_pipeline("lower-ort-matmul{quant=int4,nbits_kernel=llmir}")
+    (p,) = parse_pipeline(f"lower-ort-matmul{{quant=int4,nbits_kernel={kernel}}}")
     assert p.run(m, ctx)
     rules = {i.rule for i in ctx.instances}
-    assert rules == {"nbits-int4-sym-matmul", "nbits-int4-sym-swiglu"}
+    mlp = "swiglu" if kernel == "llmir" else "gated-mlp-silu"
+    assert rules == {"nbits-int4-sym-matmul", f"nbits-int4-sym-{mlp}"}
     res = validate(before, m, ctx.instances, differential=False)
     assert res["verdict"] in ("equivalent", "within-bound"), res
     rows = [r for r in res["ops"] if r["op"] == "ort.matmul_nbits"]
