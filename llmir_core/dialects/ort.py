@@ -896,8 +896,7 @@ register(
         attrs=(_epilogue_attr(),),
         infer=_infer_matmul_s8,
         reference=_ref_matmul_s8,
-        no_smt="it rounds its weight and its activations (ranges computed at run time): "
-        "translation validation compares it differentially",
+        smt=encoding("target_smt", "ort_matmul_s8"),
         cost=_cost_qmm,
         verifies="a is an f32 tensor of rank >= 2 and b a 2-D f32 [N, K] weight whose K matches a's "
         'last dim; epilogue "swiglu" needs a static, even N.',

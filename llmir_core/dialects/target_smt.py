@@ -13,7 +13,7 @@ from typing import Any
 
 import z3
 
-from llmir_core.smt.semantics import Encoder, STensor, round_half_even, zero_at
+from llmir_core.smt.semantics import Encoder, STensor, clamp_int, round_half_even, zero_at
 
 from . import core_smt, llm_smt
 
@@ -176,3 +176,76 @@ def triton_attention(enc: Encoder, args: Args, attrs: At) -> STensor:
 
 def triton_argmax(enc: Encoder, args: Args, attrs: At) -> STensor:
     return core_smt.argmax(enc, args, {"axis": -1, "keepdims": False, "select_last_index": False})
+
+
+# -- llmir's int8 matmul (llmir_core/quant/s8.py) -------------------------------------------------
+
+S8_BLOCK, S8_GEMV_ROWS = 32, 4
+
+
+def _s8_weight(enc: Encoder, w: STensor) -> STensor:
+    """w [N, K] as the kernel stores it: codes clamp(rint(w / s), -127, 127) times the row's f32
+    scale s = max|row| / 127 (1 for a zero row)."""
+    f32 = enc.uf("round_f32")
+    amax = enc.reduce(STensor(w.shape, lambda i: z3.Abs(w.f(i))), (-1,), True, "max")
+
+    def f(i: Any) -> Any:
+        s0 = f32(amax.f((i[0], 0)) / 127)
+        s = z3.If(s0 > 0, s0, z3.RealVal(1))
+        q = clamp_int(round_half_even(f32(w.f(i) / s)), -127, 127)
+        return z3.ToReal(q) * s
+
+    return STensor(w.shape, f)
+
+
+def _s8_rows(enc: Encoder, x: STensor) -> STensor:
+    """The activations as the kernel rounds them per block of 32 columns (columns past K count
+    as 0): with at most 4 rows (M = the product of the leading dims), int8 codes
+    rint(x * f32(127 / amax)) times amax / 127; with more, 7-bit codes with a zero point over
+    [min(block, 0), max(block, 0)]."""
+    f32 = enc.uf("round_f32")
+    k_dim = x.shape[-1]
+    rows: Any = 1
+    for d in x.shape[:-1]:
+        rows = rows * d
+
+    def block(i: Any, kind: str) -> Any:
+        b0 = (i[-1] / S8_BLOCK) * S8_BLOCK
+
+        def val(j: Any) -> Any:
+            c = b0 + j
+            return z3.If(c < k_dim, x.f(tuple(i[:-1]) + (c,)), z3.RealVal(0))
+
+        if kind == "amax":
+            return enc.reduction("max", S8_BLOCK, lambda j: z3.Abs(val(j)))
+        return enc.reduction(kind, S8_BLOCK, val)
+
+    def gemv(i: Any) -> Any:
+        amax = block(i, "amax")
+        inv = z3.If(amax > 0, f32(127 / amax), z3.RealVal(0))
+        q = round_half_even(f32(x.f(i) * inv))
+        return z3.ToReal(q) * f32(amax / 127)
+
+    def prefill(i: Any) -> Any:
+        lo0, hi0 = block(i, "min"), block(i, "max")
+        lo = z3.If(lo0 < 0, lo0, z3.RealVal(0))
+        hi = z3.If(hi0 > 0, hi0, z3.RealVal(0))
+        span = f32(hi - lo)
+        live = span > 0
+        inv = z3.If(live, f32(127 / span), z3.RealVal(0))
+        z = clamp_int(round_half_even(f32(-lo * inv)), 0, 127)
+        q = clamp_int(round_half_even(f32(x.f(i) * inv)) + z, 0, 127)
+        return z3.If(live, z3.ToReal(q - z) * f32(span / 127), z3.RealVal(0))
+
+    if isinstance(rows, int):
+        return STensor(x.shape, gemv if rows <= S8_GEMV_ROWS else prefill)
+    return STensor(x.shape, lambda i: z3.If(rows <= S8_GEMV_ROWS, gemv(i), prefill(i)))
+
+
+def ort_matmul_s8(enc: Encoder, args: Args, attrs: At) -> STensor:
+    """a @ b^T with b rounded to int8 per output channel and a per 32 columns at run time (the
+    integer block sums scaled back equal the product of the dequantized values), then the
+    epilogue."""
+    a, b = args
+    y = enc.matmul(_s8_rows(enc, a), _s8_weight(enc, b), transpose_b=True)
+    return _epilogue(enc, y, attrs)

@@ -73,6 +73,8 @@ UNARY = {
     "sigmoid": lambda x: 1 / (1 + math.exp(-x)),
     "gelu_none": lambda x: _gelu(x, "none"),
     "gelu_tanh": lambda x: _gelu(x, "tanh"),
+    "round_f32": lambda x: float(np.float32(x)),
+    "round_f16": lambda x: float(np.float16(x)),
 }
 
 
