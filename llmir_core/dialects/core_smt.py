@@ -13,7 +13,6 @@ Imports z3 at the top: only the solver child and tests import this module.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -278,10 +277,14 @@ def split(enc: Encoder, args: Args, attrs: At) -> list[STensor]:
     sizes = attrs.get("sizes") or ()
     if not sizes:
         n, parts = x.shape[ax], attrs.get("num_outputs", 0)
-        if not isinstance(n, int) or not parts:
-            raise EncodeError("a split into equal parts of a symbolic dim is not encoded")
-        step = -(-n // parts)
-        sizes = tuple(min(step, n - j * step) for j in range(parts))
+        if not parts:
+            raise EncodeError("a split with neither sizes nor num_outputs has no parts")
+        if isinstance(n, int):
+            step = -(-n // parts)
+            sizes = tuple(min(step, n - j * step) for j in range(parts))
+        else:  # ceil(n / parts) each, the last the rest (z3 integer arithmetic)
+            step_ = (n + parts - 1) / parts
+            sizes = tuple(z3.If(step_ < n - j * step_, step_, n - j * step_) for j in range(parts))
     outs, off = [], 0
     for s in sizes:
         shape = tuple(s if i == ax else d for i, d in enumerate(x.shape))
@@ -305,11 +308,20 @@ def slice_(enc: Encoder, args: Args, attrs: At) -> STensor:
             shape[a] = len(range(lo, hi, step))
             starts[a], stride[a] = lo, step
             continue
-        if st != 1 or (isinstance(s0, int) and s0 < 0) or (isinstance(e, int) and e < 0):
-            raise EncodeError("a slice of a symbolic dim needs step 1 and non-negative bounds")
-        end = d if isinstance(e, int) and e >= 2**62 else e
-        shape[a] = end - s0
-        starts[a] = s0
+        if st == 1 and not (isinstance(s0, int) and s0 < 0) and not (isinstance(e, int) and e < 0):
+            end = d if isinstance(e, int) and e >= 2**62 else e
+            shape[a] = end - s0
+            starts[a] = s0
+            continue
+        if not isinstance(st, int) or st < 1:
+            raise EncodeError(
+                "a slice of a symbolic dim with a negative step is not encoded (its start "
+                "clamps to the dim's end, which is not known)"
+            )
+        lo = _sym_bound(d, s0)
+        hi = _sym_bound(d, e)
+        shape[a] = z3.If(hi > lo, (hi - lo + st - 1) / st, 0)
+        starts[a], stride[a] = lo, st
 
     def f(i: Idx) -> Any:
         return x.f(
@@ -320,6 +332,17 @@ def slice_(enc: Encoder, args: Args, attrs: At) -> STensor:
         )
 
     return STensor(tuple(shape), f)
+
+
+def _sym_bound(d: Any, v: Any) -> Any:
+    """A slice bound of a symbolic dim d as numpy clamps it for a positive step: v < 0 counts
+    from the end; the result lies in [0, d]."""
+    if isinstance(v, int) and v >= 2**62:
+        return d
+    if isinstance(v, int) and v >= 0:
+        return z3.If(d < v, d, z3.IntVal(v)) if v > 0 else z3.IntVal(0)
+    w = d + v
+    return z3.If(w < 0, z3.IntVal(0), w)
 
 
 def _py_slice(d: int, s: int, e: int, st: int) -> tuple[int, int, int]:
@@ -441,20 +464,25 @@ def reshape(enc: Encoder, args: Args, attrs: At) -> STensor:
             shape,
             lambda i: x.f(tuple(i[:at]) + (i[at] / inner, i[at] % inner) + tuple(i[at + 1 :])),
         )
-    if not all(isinstance(d, int) for d in x.shape):
-        raise EncodeError(
-            "only reshapes that merge two adjacent dims of symbolic shapes are encoded"
-        )
-    total = math.prod(x.shape)
-    want = [
-        x.shape[j] if d == 0 and not attrs.get("allowzero") else d
+    total: Any = 1
+    for d in x.shape:
+        total = total * d
+    want: list[Any] = [
+        x.shape[j] if isinstance(d, int) and d == 0 and not attrs.get("allowzero") else d
         for j, d in enumerate(attrs["shape"])
     ]
-    if not all(isinstance(d, int) for d in want):
-        raise EncodeError("a reshape to symbolic dims is not encoded")
-    if -1 in want:
-        known = math.prod(d for d in want if d != -1)
-        want[want.index(-1)] = total // known if known else 0
+    if any(isinstance(d, int) and d == -1 for d in want):
+        at_ = next(j for j, d in enumerate(want) if isinstance(d, int) and d == -1)
+        known: Any = 1
+        for j, d in enumerate(want):
+            if j != at_:
+                known = known * d
+        if isinstance(total, int) and isinstance(known, int):
+            want[at_] = total // known if known else 0
+        elif isinstance(known, int) and known == 0:
+            want[at_] = 0
+        else:  # symbolic: the quotient of the element count (integer division of z3 Ints)
+            want[at_] = total / known
     out = tuple(want)
     return STensor(out, lambda i: x.f(_unflatten(_linear(i, out), x.shape)))
 

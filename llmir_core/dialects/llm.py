@@ -924,8 +924,7 @@ register(
         reference=_ref_quantize,
         results=("packed", "scales", "zero_points"),
         variadic_results=True,
-        no_smt="rounds to integer codes packed in blocks; rules over it carry proved error "
-        "bounds (quant-*-error-bound) instead of equalities",
+        smt=encoding("llm_smt", "quantize"),
         verifies="x is a float tensor whose last dim splits into whole blocks of a quantizable format.",
         example="%p = llm.quantize %w {format = !quant.q4_0} : (tensor<128x64xf32>) -> tensor<128x64x!quant.q4_0>",
     )
@@ -1042,7 +1041,7 @@ register(
         attrs=(Attr("dtype", "dtype", DType.f32, doc="the result's float dtype"),),
         infer=_infer_dequantize,
         reference=lambda a, at: _dequant(a).astype(numpy_dtype(at["dtype"])),
-        no_smt="decodes packed blocks of a quantization format (bit fields, per-block scales)",
+        smt=encoding("llm_smt", "dequantize"),
         interval=ranges.iv_first,
         verifies="packed has a block-quantized dtype, scales/zero points are present exactly when the "
         "format keeps them outside the blocks and have the per-block shape, and dtype is a float.",
@@ -1106,8 +1105,7 @@ register(
         infer=_infer_qmatmul,
         reference=_ref_qmatmul,
         decompose=_dec_qmatmul,
-        no_smt="its weight is packed blocks of a quantization format; translation validation "
-        "expands it through its decomposition",
+        smt=encoding("llm_smt", "quantized_matmul"),
         interval=ranges.iv_matmul,
         cost=ranges.cost_matmul,
         verifies="x is a float tensor, w a 2-D block-quantized weight (with scales/zero points as its "

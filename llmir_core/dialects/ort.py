@@ -701,11 +701,32 @@ def _ref_nbits(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
     return y.astype(a.dtype)
 
 
+def nbits_qtype(bits: int, block: int, mode: str, scale_dtype: str = "f32") -> QuantType:
+    """The nbits format a requantizing op (`quantize` sym/asym) rounds its weight to."""
+    return QuantType(
+        "nbits",
+        bits,
+        block,
+        DType.f16 if scale_dtype == "f16" else DType.f32,
+        "none" if mode == "sym" else "int",
+    )
+
+
+def requantized(b: Any, w: Any, at: dict[str, Any]) -> list[Any]:
+    """`llm.quantize` of the float weight w to the op's blocks: [codes, scales(, zero points)]
+    (what the serializer stores for a requantizing op)."""
+    q = nbits_qtype(at["bits"], at["block_size"], at["quantize"], at.get("scale_dtype", "f32"))
+    return list(b.create("llm.quantize", [w], {"format": q}).results)
+
+
 def _dec_nbits(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
-    if at["quantize"] != "none":
-        raise OpVerifyError("a requantizing matmul_nbits has no exact decomposition")
+    """The op's meaning: a float b is a matmul (lossless packing); a packed b, or a float b
+    rounded to blocks (`quantize` sym/asym: `llm.quantize` first), is `llm.quantized_matmul`
+    over the codes, scales and zero points; then the epilogue."""
     if len(o) > 2:
         y = b.op("llm.quantized_matmul", *o)
+    elif at["quantize"] != "none":
+        y = b.op("llm.quantized_matmul", o[0], *requantized(b, o[1], at))
     else:
         y = b.op("core.matmul", o[0], o[1], transpose_b=True)
     return [_dec_epilogue(b, y, at.get("epilogue", "none"))]
@@ -875,8 +896,7 @@ register(
         attrs=(_epilogue_attr(),),
         infer=_infer_matmul_s8,
         reference=_ref_matmul_s8,
-        no_smt="it rounds its weight and its activations (ranges computed at run time): "
-        "translation validation compares it differentially",
+        smt=encoding("target_smt", "ort_matmul_s8"),
         cost=_cost_qmm,
         verifies="a is an f32 tensor of rank >= 2 and b a 2-D f32 [N, K] weight whose K matches a's "
         'last dim; epilogue "swiglu" needs a static, even N.',
@@ -928,9 +948,13 @@ def _ref_gbq(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
 
 
 def _dec_gbq(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
+    """A lookup in the table as stored: rounded to blocks along its rows first (`quantize`
+    sym: quantizing the table then gathering rows is gathering then quantizing them)."""
+    table = o[0]
     if at["quantize"] != "none":
-        raise OpVerifyError("a quantizing gather_block_quantized has no exact decomposition")
-    return [b.op("llm.embedding", o[0], o[1])]
+        parts = requantized(b, table, at)
+        table = b.op("llm.dequantize", *parts, dtype=table.type.dtype)
+    return [b.op("llm.embedding", table, o[1])]
 
 
 register(
@@ -964,7 +988,7 @@ register(
         verifies="table is a 2-D float weight whose row length is a multiple of block_size, ids "
         "an integer tensor, bits is 4 or 8 and block_size a power of two >= 16; the result is "
         "[*ids.shape, hidden].",
-        no_smt="decodes packed blocks of a quantization format (bit fields, per-block scales)",
+        smt=encoding("target_smt", "ort_gather_block_quantized"),
         example="%h = ort.gather_block_quantized %table, %ids {bits = 8, block_size = 32} : "
         "(tensor<128x64xf32>, tensor<?batch x ?seq x i64>) -> tensor<?batch x ?seq x 64 x f32>",
     )

@@ -262,7 +262,7 @@ register(
         ),
         infer=_checked(_infer_qmm, "block_m", "block_n", "block_k", "gemv_block_n", "gemv_block_k"),
         reference=lambda a, at: llm._ref_qmatmul(a, {"transpose_b": True}),
-        no_smt="its weight is packed blocks of a quantization format (GGUF q8_0/q4_0, nbits)",
+        smt=encoding("target_smt", "triton_q_matmul"),
         cost=ranges.cost_matmul,
         verifies="as llm.quantized_matmul with transpose_b; block sizes are powers of two.",
         example="%y = triton.q_matmul %x, %w : (tensor<?batch x ?seq x 64 x f32>, "

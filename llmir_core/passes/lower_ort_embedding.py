@@ -15,7 +15,9 @@ table, is rewritten when:
 
 Anything else (f32 builds, zero-point formats) keeps `llm.embedding`, a plain Gather.
 Invariant: a rewrite with `quantize = "none"` computes exactly what it replaced (its
-decomposition is the `llm.embedding`); a "sym" one differs by the reported rounding.
+decomposition is the `llm.embedding`); a "sym" one differs by the reported rounding: its
+meaning is the lookup in `llm.dequantize(llm.quantize(table))`, and it is logged as an instance
+of the approximate rule `nbits-int{4,8}-sym-embedding` (llmir_core/rewrite/nbits_rules.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import numpy as np
 
 from llmir_core.ir.core import Module, Op, Value
 from llmir_core.ir.types import DType
+from llmir_core.rewrite.nbits_rules import rule_name
+from llmir_core.rewrite.rule import RuleInstance, value_loc
 
 from .base import PassContext, erase_dead, replace_uses, scratch_builder
 from .ort_common import (
@@ -84,6 +88,7 @@ class LowerOrtEmbedding:
                     src = weight_src(g, op.operands[0])
                     assert src is not None
                     why += f", max abs error {embedding_error(src, nb, base, sd):.3g}"
+                    ctx.instances.append(_instance(op, y, nb, sd))
                 ctx.applied("gather-block-quantized", y, why)
                 i = next(i for i, o in enumerate(fn.ops) if o is op)
                 fn.ops[i:i] = new_ops
@@ -159,3 +164,20 @@ def embedding_error(s: WSrc, nb: NbitsFormat, base: str, scale_dtype: str = "f32
             err, float(np.abs(fake_quant(x, nb.bits, nb.block, "sym", scale_dtype) - x).max())
         )
     return err
+
+
+def _instance(op: Op, y: Value, nb: NbitsFormat, scale_dtype: str) -> RuleInstance:
+    """The rule instance of a "sym" lookup `y` in place of the llm.embedding `op`."""
+    from llmir_core.dialects.ort import nbits_qtype
+
+    table, ids = op.operands
+    root = op.results[0]
+    return RuleInstance(
+        rule_name(nb.bits, True, "embedding"),
+        root.name,
+        root.name,
+        {"table": table.name, "ids": ids.name},
+        {},
+        {"format": nbits_qtype(nb.bits, nb.block, "sym", scale_dtype), "dtype": tt(table).dtype},
+        value_loc(root),
+    )

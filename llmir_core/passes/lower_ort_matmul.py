@@ -52,14 +52,18 @@ computes what the op-by-op one does. MLAS (MatMulNBits / QGEMM) keeps the op-by-
 16-bit MLPs are expanded here and fused by lower-ort-weight-dtype (which picks their kernel).
 
 `core.silu` of f32 becomes `ort.quick_gelu` (alpha 1). Invariant: every exact op's
-decomposition is the op it replaced; requantizing ops are validated differentially.
+decomposition is the op it replaced. A requantizing `ort.matmul_nbits` (`quantize` sym/asym)
+means `llm.quantize` of its weight then `llm.quantized_matmul`: each one that replaces a matmul
+(or, with the SwiGLU epilogue and its down projection, a gated MLP) of the module as it was is
+logged as an instance of the approximate rule `nbits-int{4,8}-{sym,asym}-{matmul,swiglu}`
+(llmir_core/rewrite/nbits_rules.py), so translation validation reaches its verdict on terms.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, ClassVar
 
@@ -69,6 +73,8 @@ from llmir_core.dialects.registry import get_op
 from llmir_core.errors import InputError
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType
+from llmir_core.rewrite.nbits_rules import rule_name
+from llmir_core.rewrite.rule import RuleInstance, value_loc
 
 from .base import PassContext, erase_dead, scratch_builder, take_over
 from .ort_common import (
@@ -132,14 +138,16 @@ class LowerOrtMatmul:
         s8_why = cache(_s8_unavailable)  # asked on first use, once per run
         for fn in module.functions:
             levels: dict[int, int] = {}  # core.matmul op id -> its quantized_matmul's level
+            # which matmuls a requantizing op logs a rule instance for (see _log_requant)
+            log = _Log({id(o) for o in fn.ops}, {id(v) for v in fn.values()})
             if self.swiglu:
-                changed |= self._fuse_gated(fn, ctx, fmt, base, ev, s8_why)
-            changed |= self._expand(fn, levels)
+                changed |= self._fuse_gated(fn, ctx, fmt, base, ev, s8_why, log)
+            changed |= self._expand(fn, levels, log)
             g = Graph(fn)
             for op in list(fn.ops):
                 if op.name == "core.matmul":
                     level = levels.get(id(op), self.accuracy_level)
-                    changed |= self._matmul(fn, g, op, ctx, fmt, base, ev, level, s8_why)
+                    changed |= self._matmul(fn, g, op, ctx, fmt, base, ev, level, s8_why, log)
                 elif op.name == "core.silu" and tt(op.operands[0]).dtype == DType.f32:
                     b, new_ops = scratch_builder(fn, op.origin)
                     y = b.op("ort.quick_gelu", op.operands[0], alpha=1.0)
@@ -179,7 +187,7 @@ class LowerOrtMatmul:
             take_over(fn, old, new)
         erase_dead(fn, [op])
 
-    def _expand(self, fn: Function, levels: dict[int, int]) -> bool:
+    def _expand(self, fn: Function, levels: dict[int, int], log: _Log) -> bool:
         g = Graph(fn)
         changed = False
         for op in list(fn.ops):
@@ -195,6 +203,19 @@ class LowerOrtMatmul:
             level = int(op.attrs.get("accuracy_level", -1))
             if op.name == "llm.quantized_matmul" and level >= 0:  # kept from an imported node
                 levels.update({id(o): level for o in new_ops if o.name == "core.matmul"})
+            last = outs[0].owner if len(outs) == 1 else None
+            if (
+                last is not None
+                and last.name == "core.matmul"
+                and last.operands[0] is op.operands[0]
+            ):
+                log.whole.add(id(last))  # the op's own definition is this matmul of its x
+            if op.name == "llm.gated_mlp" and last is not None and id(op.operands[0]) in log.values:
+                mms = [o for o in new_ops if o.name == "core.matmul"]
+                if len(mms) == 3 and mms[2] is last:
+                    x, wg, wu, wd = op.operands
+                    act = str(op.attrs.get("activation", "silu"))
+                    log.mlp[id(last)] = (op.results[0].name, x, wg, wu, wd, act, mms[0], mms[1])
             self._splice(fn, op, new_ops, outs)
             changed = True
         return changed
@@ -207,6 +228,7 @@ class LowerOrtMatmul:
         base: str,
         ev: Evaluate,
         s8_why: Callable[[], str | None],
+        log: _Log,
     ) -> bool:
         """Each llm.gated_mlp (silu) whose gate and up projections would both run on llmir's
         kernel (ort.matmul_nbits {kernel = "llmir"} or ort.matmul_s8) becomes that op over
@@ -229,6 +251,8 @@ class LowerOrtMatmul:
             if h is None:
                 continue
             y = b.op("core.matmul", h, wd, transpose_b=True)
+            if h.owner is not None and h.owner.name == "ort.matmul_nbits" and id(x) in log.values:
+                log.gated[id(y.owner)] = (op.results[0].name, x, wg, wu, wd, h.owner)
             self._splice(fn, op, new_ops, [y])
             changed = True
         return changed
@@ -308,6 +332,7 @@ class LowerOrtMatmul:
         ev: Evaluate,
         level: int,
         s8_why: Callable[[], str | None],
+        log: _Log,
     ) -> bool:
         x, w = op.operands
         if op.attrs.get("transpose_a") or tt(x).dtype != DType.f32 or tt(x).rank < 2:
@@ -371,6 +396,8 @@ class LowerOrtMatmul:
             )
             how = "; ".join(self._describe(s, nb, base, ev) for s in srcs)
             ctx.applied("matmul-nbits", y, how + ("; llmir's kernel" if kernel else ""))
+            if y.owner is not None and mode != "none":
+                _log_requant(ctx, op, y.owner, log)
         else:
             y = b.op("ort.fused_matmul", x, w, transB=trans_b)
         self._splice(fn, op, new_ops, [y])
@@ -461,3 +488,97 @@ def check_int8_matmul(kind: str) -> None:
         raise InputError(
             f"unknown int8_matmul '{kind}'", hint=f"use one of: {', '.join(INT8_MATMUL)}"
         )
+
+
+@dataclass
+class _Log:
+    """What lower-ort-matmul may log a requantizing op's rule instance for: a matmul of the
+    module as it was (`ops`, over an operand `values` held), one that is the whole definition of
+    an op it expanded (`whole`), or the down projection of a gated MLP it fused (`gated`: the
+    MLP's name, x, wg, wu, wd and the gate/up op). Elsewhere the lowered op's operand is not the
+    original's, and no instance is logged (validation compares those differentially)."""
+
+    ops: set[int]
+    values: set[int]
+    whole: set[int] = field(default_factory=set)
+    gated: dict[int, tuple[str, Value, Value, Value, Value, Op]] = field(default_factory=dict)
+    # a gated MLP expanded op by op: its down matmul -> name, x, wg, wu, wd, activation, gate, up
+    mlp: dict[int, tuple[str, Value, Value, Value, Value, str, Op, Op]] = field(
+        default_factory=dict
+    )
+    lowered: dict[int, Op] = field(default_factory=dict)  # matmul -> its requantizing op
+
+
+def _fmt(op: Op) -> Any:
+    from llmir_core.dialects.ort import nbits_qtype
+
+    at = op.attrs
+    return nbits_qtype(
+        int(at["bits"]),
+        int(at["block_size"]),
+        str(at["quantize"]),
+        str(at.get("scale_dtype", "f32")),
+    )
+
+
+def _log_requant(ctx: PassContext, mm: Op, nb: Op, log: _Log) -> None:
+    """Log the instance of nbits-int{bits}-{sym,asym}-{matmul,swiglu} that `nb` (a requantizing
+    ort.matmul_nbits) applies in place of the matmul `mm` (its result's name is the root)."""
+    x, w = mm.operands
+    root = mm.results[0]
+    sym = nb.attrs["quantize"] == "sym"
+    log.lowered[id(mm)] = nb
+    mlp = log.mlp.get(id(mm))
+    if mlp is not None:
+        name, mx, wg, wu, wd, act, gate, up = mlp
+        parts = [log.lowered.get(id(gate)), log.lowered.get(id(up))]
+        if any(
+            p is None or p.attrs["quantize"] != nb.attrs["quantize"] or _fmt(p) != _fmt(nb)
+            for p in parts
+        ):
+            return
+        ctx.instances.append(
+            RuleInstance(
+                rule_name(int(nb.attrs["bits"]), sym, f"gated-mlp-{act}"),
+                name,
+                name,
+                {"x": mx.name, "wg": wg.name, "wu": wu.name, "wd": wd.name},
+                {},
+                {"format": _fmt(nb)},
+                value_loc(root),
+            )
+        )
+        return
+    gated = log.gated.get(id(mm))
+    if gated is not None:
+        name, gx, wg, wu, wd, gu = gated
+        if gu.attrs.get("quantize") != nb.attrs["quantize"] or _fmt(gu) != _fmt(nb) or wd is not w:
+            return
+        n = gu.operands[1].type.shape[0]  # type: ignore[union-attr]
+        if not isinstance(n, int):  # the epilogue needs a static N (its op verifies so)
+            return
+        ctx.instances.append(
+            RuleInstance(
+                rule_name(int(nb.attrs["bits"]), sym, "swiglu"),
+                name,
+                name,
+                {"x": gx.name, "wg": wg.name, "wu": wu.name, "wd": wd.name},
+                {},
+                {"format": _fmt(nb), "half": (n // 2,), "full": (n,)},
+                value_loc(root),
+            )
+        )
+        return
+    if id(x) not in log.values or not (id(mm) in log.ops or id(mm) in log.whole):
+        return
+    ctx.instances.append(
+        RuleInstance(
+            rule_name(int(nb.attrs["bits"]), sym, "matmul"),
+            root.name,
+            root.name,
+            {"x": x.name, "w": w.name},
+            {},
+            {"format": _fmt(nb)},
+            value_loc(root),
+        )
+    )

@@ -410,7 +410,7 @@ rule(
 
 # -- rules of the -O3 fusion and lifting passes, quantization and precision assignment ---------
 
-from . import fusion_rules, precision_rules, quant_rules  # noqa: E402,F401  (register into RULES)
+from . import fusion_rules, nbits_rules, precision_rules, quant_rules  # noqa: E402,F401  (register into RULES)
 
 # -- the certificate -------------------------------------------------------------------------
 

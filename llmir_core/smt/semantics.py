@@ -39,6 +39,14 @@ class MaskTensor(STensor):
     cond: Callable[[Idx], Any] = lambda i: z3.BoolVal(False)
 
 
+@dataclass
+class CodesTensor(STensor):
+    """Block-quantized data encoded by its integer codes (element [.., n, k]: the code of logical
+    element k of row n); `qtype` is its `QuantType` (which layout the codes follow)."""
+
+    qtype: Any = None
+
+
 class EncodeError(Exception):
     """The op has no element-level semantics here (the prover reports `unknown`)."""
 
@@ -367,3 +375,47 @@ def _is_square(e: Any) -> bool:
 # kept for the encoders written before the helpers were public
 _zero_at = zero_at
 _shift = shift
+
+
+# -- integer codes (quantized storage): rounding, bit fields ---------------------------------
+
+
+def floor_int(t: Any) -> Any:
+    """floor(t) as a z3 Int."""
+    return z3.ToInt(t)
+
+
+def round_half_away(t: Any) -> Any:
+    """C's roundf: the nearest integer, halves away from zero (MLAS' quantizer), a z3 Int."""
+    half = z3.RealVal(1) / 2
+    return z3.If(t >= 0, z3.ToInt(t + half), -z3.ToInt(half - t))
+
+
+def round_half_even(t: Any) -> Any:
+    """numpy's rint: the nearest integer, halves to even, a z3 Int."""
+    up = t + z3.RealVal(1) / 2
+    r = z3.ToInt(up)
+    tie = z3.ToReal(r) == up
+    return z3.If(z3.And(tie, r % 2 == 1), r - 1, r)
+
+
+def clamp_int(v: Any, lo: int, hi: int) -> Any:
+    return z3.If(v < lo, z3.IntVal(lo), z3.If(v > hi, z3.IntVal(hi), v))
+
+
+def bit_field(byte: Any, slot: Any, bits: int) -> Any:
+    """Code `slot` of a byte holding 8/bits codes lowest bits first (4 bits: slot 0 is the low
+    nibble, byte mod 16; slot 1 the high nibble, byte div 16), as integer arithmetic."""
+    if bits == 8:
+        return byte
+    return _shift_down(byte, slot, bits) % (1 << bits)
+
+
+def _shift_down(byte: Any, slot: Any, bits: int) -> Any:
+    """byte div 2^(bits * slot) for a slot in [0, 8/bits) (a z3 Int or a Python int)."""
+    if isinstance(slot, int):
+        return byte / (1 << (bits * slot))
+    out = byte
+    for j in range(8 // bits - 1, 0, -1):
+        out = z3.If(slot == j, byte / (1 << (bits * j)), out)
+    return out

@@ -289,6 +289,8 @@ def per_op(
                 how = "an operand already differs from the original's"
             elif od is not None and od.no_smt:
                 how = od.no_smt
+            elif op.attrs.get("quantize", "none") != "none":
+                how = "it rounds its weight to blocks (llm.quantize): no rule instance relates it to the original"
             else:
                 how = "its operands match the original's, its result has no equal term there"
         row = rows.setdefault(

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from llmir_core.backends.ort_decoder import build_decoder
-from llmir_core.dialects.opdef import OpVerifyError
 from llmir_core.dialects.ort import fake_quant
 from llmir_core.dialects.registry import get_op
 from llmir_core.frontends.hf import import_hf
@@ -67,10 +66,25 @@ def test_bad_attributes_are_named(attrs: dict[str, int], message: str) -> None:
     assert any(message in d.message for d in diags), [d.message for d in diags]
 
 
-def test_quantizing_lookup_has_no_exact_decomposition() -> None:
-    od = _gbq()
-    with pytest.raises(OpVerifyError, match="no exact decomposition"):
-        od.decompose(None, [None, None], {"quantize": "sym"})  # type: ignore[attr-defined]
+def test_quantizing_lookup_decomposes_to_the_lookup_in_the_quantized_table() -> None:
+    """Its meaning (what translation validation expands it to): llm.embedding of
+    llm.dequantize(llm.quantize(table)), equal to its reference."""
+    from llmir_core.builder import Builder
+    from llmir_core.interp import Interpreter
+    from llmir_core.ir.core import Function, Module, Value
+    from llmir_core.ir.types import DType, TensorType
+
+    od = get_op("ort.gather_block_quantized")
+    assert od is not None and od.decompose is not None
+    at = od.with_defaults({"bits": 4, "block_size": 32, "quantize": "sym", "scale_dtype": "f16"})
+    args = [Value("t", TensorType((10, 64), DType.f32)), Value("i", TensorType((2, 3), DType.i64))]
+    fn = Function("f", args)
+    fn.outputs = od.decompose(Builder(fn), args, at)
+    assert [o.name for o in fn.ops] == ["llm.quantize", "llm.dequantize", "llm.embedding"]
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((10, 64)).astype(np.float32), rng.integers(0, 10, (2, 3))]
+    got = Interpreter(Module()).run_function(fn, xs, {})[0]
+    np.testing.assert_array_equal(got, od.reference(xs, at))
 
 
 @pytest.mark.parametrize("scheme", ["q4_0", "q8_0"])
