@@ -43,7 +43,15 @@ SIBLINGS = {
 }
 
 # (rule, mutant description) -> why the mutant computes the same values (reviewed by hand)
-EQUIVALENT: dict[tuple[str, str], str] = {}
+# ("*" = any rule)
+EQUIVALENT: dict[tuple[str, str], str] = {
+    ("*", "drop to_device (keep operand 0)"): "llm.to_device moves a value to a device: its "
+    "elements are unchanged (only the tensor type's placement differs)",
+}
+
+
+def equivalent_because(rule: str, description: str) -> str | None:
+    return EQUIVALENT.get((rule, description)) or EQUIVALENT.get(("*", description))
 
 
 @dataclasses.dataclass(frozen=True)

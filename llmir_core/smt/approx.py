@@ -294,6 +294,8 @@ class RuleEncoding:
         leaves(rule.rhs, leaf_defs)
         if rule.bound is not None and rule.bound.magnitude is not None:
             leaves(rule.bound.magnitude, leaf_defs)
+        for name in case.get("__sig__", rule.sig):  # leaves the premise reads
+            leaf_defs.setdefault(name, V(name))
         tensors: dict[str, STensor] = {}
         for name, leaf in leaf_defs.items():
             if isinstance(leaf, C):

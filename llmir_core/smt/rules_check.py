@@ -61,14 +61,14 @@ def check_mutants(
 ) -> dict[str, Any]:
     """Prove `per_rule` mutants of each rule's rhs; every one must be refused (not proved) or be
     listed in `mutants.EQUIVALENT` with its reason."""
-    from llmir_core.rewrite.mutants import EQUIVALENT, sample
+    from llmir_core.rewrite.mutants import equivalent_because, sample
 
     rows: list[dict[str, Any]] = []
     for r in rules if rules is not None else list(RULES.values()):
         for m in sample(r, per_rule):
             v = prove(m.rule, limit_s, dtype_checks=False)
             refused = v.verdict != "proved"
-            reason = EQUIVALENT.get((r.name, m.description))
+            reason = equivalent_because(r.name, m.description)
             rows.append(
                 {
                     "rule": r.name,
