@@ -133,15 +133,18 @@ def mutants(rule: Rule) -> list[Mutant]:
     return out
 
 
-def sample(rule: Rule, per_rule: int) -> list[Mutant]:
-    """`per_rule` mutants spread over the operators (deterministic)."""
+def sample(rule: Rule, per_rule: int, start: int = 0) -> list[Mutant]:
+    """`per_rule` mutants spread over the operators, starting at the `start`-th operator kind
+    (deterministic; the suite rotates it by rule)."""
     ms = mutants(rule)
     by_kind: dict[str, list[Mutant]] = {}
     for m in ms:
         by_kind.setdefault(m.description.split(" ")[0], []).append(m)
     picked: list[Mutant] = []
+    kinds = sorted(by_kind)
+    kinds = kinds[start % len(kinds) :] + kinds[: start % len(kinds)] if kinds else kinds
     while len(picked) < per_rule and any(by_kind.values()):
-        for kind in sorted(by_kind):
+        for kind in kinds:
             if by_kind[kind] and len(picked) < per_rule:
                 picked.append(by_kind[kind].pop(0))
     return picked

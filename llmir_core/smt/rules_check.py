@@ -57,15 +57,15 @@ def write_certificate(verdicts: list[RuleVerdict], path: str = CERT_PATH) -> Non
 
 
 def check_mutants(
-    rules: list[Rule] | None = None, per_rule: int = 3, limit_s: float = 2.0
+    rules: list[Rule] | None = None, per_rule: int = 3, limit_s: float = 2.0, rotate: bool = False
 ) -> dict[str, Any]:
     """Prove `per_rule` mutants of each rule's rhs; every one must be refused (not proved) or be
     listed in `mutants.EQUIVALENT` with its reason."""
     from llmir_core.rewrite.mutants import equivalent_because, sample
 
     rows: list[dict[str, Any]] = []
-    for r in rules if rules is not None else list(RULES.values()):
-        for m in sample(r, per_rule):
+    for i, r in enumerate(rules if rules is not None else list(RULES.values())):
+        for m in sample(r, per_rule, i if rotate else 0):
             v = prove(m.rule, limit_s, dtype_checks=False)
             refused = v.verdict != "proved"
             reason = equivalent_because(r.name, m.description)
