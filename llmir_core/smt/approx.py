@@ -95,6 +95,9 @@ OPAQUE = frozenset(
 LIPSCHITZ = {"sigmoid": 0.25, "gelu_none": 1.13, "gelu_tanh": 1.13, "tanh": 1.0}
 RHO = tuple((1 + U) ** j - 1 for j in range(1, 5)) + (0.5, 1.0)
 ETA = (0.0, 2 * H, 4 * H)
+# tried in this order (the per-term bound of a product of two rounded values first): the first
+# that proves is lifted
+CANDIDATES = [(RHO[1], 0.0)] + [(r, e) for e in ETA for r in RHO if (r, e) != (RHO[1], 0.0)]
 
 
 def real(x: float) -> Any:
@@ -231,8 +234,9 @@ def facts(enc: ApproxEncoder, exprs: list[Any], rounds: int = 3) -> list[Any]:
             base = name.split("!")[0]
             if name in enc.app_lemma:
                 new += enc.app_lemma[name](app)
-            elif base == "sigmoid":
-                new.append(z3.And(app > 0, app < 1))
+            elif base == "sigmoid":  # and |silu(p)| = |p sigmoid(p)| <= |p|
+                p = app.arg(0)
+                new.append(z3.And(app > 0, app < 1, zabs(p * app) <= zabs(p)))
             elif base in ("gelu_none", "gelu_tanh", "tanh"):
                 new.append(zabs(app) <= zabs(app.arg(0)))
             elif base == "round":
@@ -492,30 +496,34 @@ def _reductions(exprs: list[Any]) -> list[Any]:
 
 def _lift(
     enc: ApproxEncoder, base: list[Any], a: Any, b: Any, c: Any, limit_ms: int
-) -> tuple[Any, str] | None:
-    """Prove |b_k - a_k| <= rho c_k + eta at a fresh k; return the lifted ground lemma."""
+) -> tuple[Any, str, bool]:
+    """Prove |b_k - a_k| <= rho c_k + eta at a fresh k; return the lifted ground lemma (None
+    when no candidate proves), its note, and whether a sub-query was undecided."""
     n = a.arg(0)
     k = z3.Int(f"lift!{a.get_id()}!{b.get_id()}")
     ak, bk, ck = (z3.substitute_vars(e.arg(1).body(), k) for e in (a, b, c))
     hyps = base + [0 <= k, k < n] + facts(enc, [ak, bk, ck])
     is_sum = a.decl().name() == "Sum"
-    for rho in RHO:
-        for eta in ETA:
-            s = z3.Solver()
-            s.set("timeout", limit_ms)
-            s.add(hyps)
-            s.add(z3.Not(z3.And(ck >= 0, zabs(bk - ak) <= real(rho) * ck + real(eta))))
-            if s.check() == z3.unsat:
-                slack = real(eta) * z3.ToReal(n) if is_sum else real(eta)
-                lemma = z3.And(zabs(b - a) <= real(rho) * c + slack, c >= 0)
-                s = z3.Solver()
-                s.set("timeout", limit_ms)
-                s.add(hyps)
-                s.add(z3.Not(zabs(ak) <= ck))
-                if s.check() == z3.unsat:  # then |Sum a| <= Sum c and |Max a| <= Max c too
-                    lemma = z3.And(lemma, zabs(a) <= c)
-                return lemma, f"per-term |b-a| <= {rho:.3g} c + {eta:.3g}"
-    return None
+    undecided = False
+
+    def holds(goal: Any) -> bool:
+        nonlocal undecided
+        s = z3.Solver()
+        s.set("timeout", limit_ms)
+        s.add(hyps)
+        s.add(z3.Not(goal))
+        r = s.check()
+        undecided |= r == z3.unknown
+        return r == z3.unsat
+
+    for rho, eta in CANDIDATES:
+        if holds(z3.And(ck >= 0, zabs(bk - ak) <= real(rho) * ck + real(eta))):
+            slack = real(eta) * z3.ToReal(n) if is_sum else real(eta)
+            lemma = z3.And(zabs(b - a) <= real(rho) * c + slack, c >= 0)
+            if holds(zabs(ak) <= ck):  # then |Sum a| <= Sum c and |Max a| <= Max c too
+                lemma = z3.And(lemma, zabs(a) <= c)
+            return lemma, f"per-term |b-a| <= {rho:.3g} c + {eta:.3g}", undecided
+    return None, "", undecided
 
 
 def prove_case(rule: Rule, batch: int, case: dict[str, Any], limit_s: float) -> dict[str, Any]:
@@ -555,13 +563,14 @@ def prove_case(rule: Rule, batch: int, case: dict[str, Any], limit_s: float) -> 
     base += [z3.And(0 <= i, i < d) for i, d in zip(idx, lhs.t.shape)]
     if rule.assume is not None:
         base += rule.assume({**re.syms, **re.dims})
-    limit_ms = max(200, int(limit_s * 1000 / 4))
+    limit_ms = max(500, int(limit_s * 1000 / 2))
     lifts: list[Any] = []
     notes: list[str] = []
     left = _reductions([lv])
     right = [r for r in _reductions([rv]) if not any(r.eq(x) for x in left)]
     mags = _reductions([mv])
     unlifted = 0
+    incomplete = False  # a lifting sub-query was undecided: a sat answer may be spurious
     for b in right:
         done = False
         for a in left:
@@ -570,10 +579,11 @@ def prove_case(rule: Rule, batch: int, case: dict[str, Any], limit_s: float) -> 
             for c in mags:
                 if not (c.decl().eq(b.decl()) and c.arg(0).eq(b.arg(0))):
                     continue
-                got = _lift(enc, base, a, b, c, limit_ms)
-                if got is not None:
-                    lifts.append(got[0])
-                    notes.append(got[1])
+                lemma, note, undecided = _lift(enc, base, a, b, c, limit_ms)
+                incomplete |= undecided
+                if lemma is not None:
+                    lifts.append(lemma)
+                    notes.append(note)
                     done = True
                     break
             if done:
@@ -581,11 +591,11 @@ def prove_case(rule: Rule, batch: int, case: dict[str, Any], limit_s: float) -> 
         unlifted += not done
     s = z3.Solver()
     s.set("timeout", int(limit_s * 1000))
-    s.add(base)
-    s.add(facts(enc, [lv, rv, mv] + lifts))
-    s.add(lifts)
+    s.add(base)  # the dims, the index and the rule's assumptions (the facts are true of the model)
     if s.check() == z3.unsat:
         return {"verdict": "vacuous", "reason": "the hypotheses cannot hold"}
+    s.add(facts(enc, [lv, rv, mv] + lifts))
+    s.add(lifts)
     same_shape = [
         z3.BoolVal(a == b) if isinstance(a, int) and isinstance(b, int) else (a == b)
         for a, b in zip(lhs.t.shape, rhs.t.shape)
@@ -620,9 +630,10 @@ def prove_case(rule: Rule, batch: int, case: dict[str, Any], limit_s: float) -> 
         "consts": {n: num(x) for n, x in re.syms.items()},
     }
     why = "the bound fails in the rounding model"
-    if unlifted:
-        why += f" ({unlifted} reduction(s) without a per-term bound: the model may be spurious)"
-    return {"verdict": "sat" if not unlifted else "unlifted", "reason": why, "model": model}
+    if unlifted or incomplete:
+        why += " (a reduction's per-term bound was not shown: the model may be spurious)"
+    spurious = unlifted or incomplete
+    return {"verdict": "unlifted" if spurious else "sat", "reason": why, "model": model}
 
 
 def approx_job(rule: Rule, limit_s: float) -> dict[str, Any]:
