@@ -77,7 +77,7 @@ def _nodes(term: Term, path: tuple[int, ...] = ()) -> Iterator[tuple[tuple[int, 
 
 
 def _edits(term: Term) -> Iterator[tuple[str, Term]]:
-    for path, node in _nodes(term):
+    for _path, node in _nodes(term):
         if isinstance(node, V):
             yield f"negate {node.name}", T("core.neg", (node,))
             yield f"double {node.name}", T("core.add", (node, node))
@@ -109,7 +109,6 @@ def _edits(term: Term) -> Iterator[tuple[str, Term]]:
             yield f"swap operands of {short}", T(node.op, args, node.attrs, node.result)
         for i, a in enumerate(node.args):
             yield f"drop {short} (keep operand {i})", a
-    del path
 
 
 def mutants(rule: Rule) -> list[Mutant]:

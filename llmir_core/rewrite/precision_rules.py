@@ -25,8 +25,8 @@ from typing import Any
 from llmir_core.dialects.registry import get_op
 from llmir_core.ir.types import DType, TensorType
 
-from .library import rule
 from .bounds import ROUND_H, ROUND_TINY, ROUND_U, ErrorBound, gamma, no_bound
+from .library import rule
 from .proof_obligations import equality
 from .rule import Rule
 from .terms import A, K, Match, T, Term, V, t

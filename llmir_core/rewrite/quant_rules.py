@@ -23,8 +23,8 @@ import numpy as np
 
 from llmir_core.ir.types import DType
 
-from .library import rule
 from .bounds import ErrorBound, no_bound
+from .library import rule
 from .rule import Rule
 from .terms import K, T, Term, V, t
 

@@ -373,10 +373,7 @@ class RuleEncoding:
         if not low or term.op in EXACT_IN_LOW:
             return [Side(o, cls, reps) for o in outs]
         r = self.round[NARROW]
-        return [
-            Side(STensor(o.shape, (lambda o: lambda i: r(o.f(i)))(o)), "low", frozenset({NARROW}))
-            for o in outs
-        ]
+        return [Side(_mapped(o, r), "low", frozenset({NARROW})) for o in outs]
 
     def _cast(self, x: Side, to: str) -> Side:
         if to == "?":
@@ -392,7 +389,7 @@ class RuleEncoding:
             )
             f = z3.Function(f"castint_{to}_{lo}_{hi}".replace("-", "m"), self.enc.R, self.enc.R)
             name = f.name()
-            self.enc.app_lemma[name] = lambda app, lo=lo, hi=hi: [
+            self.enc.app_lemma[name] = lambda app: [
                 z3.Implies(
                     z3.And(
                         z3.ToReal(z3.ToInt(app.arg(0))) == app.arg(0),
@@ -475,8 +472,16 @@ class RuleEncoding:
         outs = []
         for r in range(max(nres, term.result + 1)):
             g = z3.Function(f"op[{key}]{r}", z3.IntSort(), *[a.sort() for a in arrs], z3.RealSort())
-            outs.append(STensor((n,), (lambda g: lambda i: g(i[0], *arrs))(g)))
+            outs.append(_applied(n, g, arrs))
         return outs
+
+
+def _mapped(x: STensor, fn: Callable[[Any], Any]) -> STensor:
+    return STensor(x.shape, lambda i: fn(x.f(i)))
+
+
+def _applied(n: Any, g: Any, arrs: list[Any]) -> STensor:
+    return STensor((n,), lambda i: g(i[0], *arrs))
 
 
 def _has_a(v: Any) -> bool:
@@ -526,7 +531,9 @@ def _lift(
     return None, "", undecided
 
 
-def prove_case(rule: Rule, batch: int, case: dict[str, Any], limit_s: float) -> dict[str, Any]:
+def prove_case(  # noqa: C901 (one query: encode, lift the reductions, decide, report)
+    rule: Rule, batch: int, case: dict[str, Any], limit_s: float
+) -> dict[str, Any]:
     """One attribute case at one batch rank: unsat (the bound holds), sat or unknown."""
     assert rule.bound is not None
     try:

@@ -11,13 +11,13 @@ import pytest
 from llmir_core.ir.types import DType, QuantType
 from llmir_core.passes.quantize_weights import quantize_matrix
 from llmir_core.quant import quantize
-from llmir_core.weights import PackedArray
 from llmir_core.rewrite.bounds import ErrorBound
 from llmir_core.rewrite.library import RULES
 from llmir_core.rewrite.mutants import mutants
 from llmir_core.rewrite.terms import A, V, t
 from llmir_core.smt.prove import prove
 from llmir_core.smt.rules_check import check_mutants, lattice
+from llmir_core.weights import PackedArray
 
 
 def _verdict(rule_name: str, **changes: object) -> tuple[str, str]:
