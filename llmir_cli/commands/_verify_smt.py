@@ -15,7 +15,8 @@ from .._render import Ctx, handle_errors
 
 def verify_rules(ctx: Ctx, only: str | None, update: bool, timeout: float) -> None:
     from llmir_core.rewrite.library import RULES
-    from llmir_core.smt.rules_check import check_rules, write_certificate
+    from llmir_core.smt.rules_check import check_rules, lattice, verdict_json, write_certificate
+    from llmir_core.smt.verdicts import label
 
     with handle_errors(ctx):
         rules = [r for n, r in RULES.items() if only is None or only in n]
@@ -26,26 +27,58 @@ def verify_rules(ctx: Ctx, only: str | None, update: bool, timeout: float) -> No
             write_certificate(verdicts)
         if ctx.json:
             ctx.emit_json(
-                "verify-rules", {"ok": code == 0, "rules": [v.to_json() for v in verdicts]}
+                "verify-rules", {"ok": code == 0, "rules": [verdict_json(v) for v in verdicts]}
             )
         else:
             for v in verdicts:
+                word = label(lattice(v)).replace("within bound ?", "within bound")
                 extra = (
                     f" [{', '.join(f'{k}: {x}' for k, x in v.dtype_checks.items())}]"
                     if v.dtype_checks
                     else ""
                 )
-                line = f"{v.verdict:<12} {v.rule:<34} {v.tag:<14} {1000 * v.seconds:7.1f} ms{extra}"
-                ctx.result(line)
+                ctx.result(f"{word:<15} {v.rule:<44} {v.tag:<14} {1000 * v.seconds:7.1f} ms{extra}")
+                if v.bound and v.verdict == "proved":
+                    ctx.result(f"    {v.bound}")
                 if v.verdict != "proved":
-                    if v.detail:
-                        ctx.result(f"    {v.detail}")
+                    ctx.result(f"    {v.verdict}: {v.detail}" if v.detail else f"    {v.verdict}")
                     if v.counterexample:
                         ctx.result(f"    counterexample: {v.counterexample}")
-            n_ok = sum(v.verdict == "proved" for v in verdicts)
-            ctx.log(f"{n_ok}/{len(verdicts)} rules proved")
+            counts: dict[str, int] = {}
+            for v in verdicts:
+                counts[lattice(v)] = counts.get(lattice(v), 0) + 1
+            ctx.log(
+                ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                + f" ({len(verdicts)} rules)"
+            )
     if code:
         raise typer.Exit(code)
+
+
+def verify_mutants(ctx: Ctx, only: str | None, timeout: float) -> None:
+    from llmir_core.rewrite.library import RULES
+    from llmir_core.smt.rules_check import check_mutants
+
+    with handle_errors(ctx):
+        rules = [r for n, r in RULES.items() if only is None or only in n]
+        if not rules:
+            raise InputError(f"no rule matches {only!r}", hint="rules: " + ", ".join(RULES))
+        rep = check_mutants(rules, limit_s=min(timeout, 2.0))
+        if ctx.json:
+            ctx.emit_json("verify-mutants", {"ok": rep["survived_unexplained"] == 0, **rep})
+        else:
+            for row in rep["mutants"]:
+                if not row["refused"]:
+                    why = row["equivalent_because"] or "NOT EXPLAINED"
+                    ctx.result(f"survived  {row['rule']}: {row['mutant']} ({why})")
+            ctx.result(
+                f"{rep['generated']} mutants of {rep['rules']} rules: {rep['refused']} refused "
+                f"({rep['refuted']} refuted with a counterexample), "
+                f"{rep['survived_equivalent']} equivalent (listed), "
+                f"{rep['survived_unexplained']} survived unexplained"
+            )
+    if rep["survived_unexplained"]:
+        raise typer.Exit(EXIT_CHECK_FAILED)
 
 
 def verify_against(ctx: Ctx, file: Path, original: Path, timeout: float) -> None:

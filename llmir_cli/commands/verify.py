@@ -17,7 +17,8 @@ from .._render import handle_errors, make_ctx
 HELP = """Check a .llmir file: syntax, SSA, op signatures, attributes, types and weight references.
 
 Exit 0 when it verifies, 1 when it does not, 2 when the file cannot be read or parsed.
-With --rules: prove every rewrite rule (exit 0 all proved, 1 one refuted, 3 inconclusive).
+With --rules: prove every rewrite rule (exit 0 all equivalent or within their bound, 1 one not
+equivalent, 3 one inconclusive or unproved); --rules --mutants: every mutant must be refused.
 With --against ORIGINAL: translation validation, one verdict: `equivalent` (proved exact),
 `within bound B` (approximate rewrites: B, the max |error| of the outputs over inputs in [-1, 1],
 composed over the rule instances found, printed), `not equivalent` (an input and the op where they
@@ -52,6 +53,13 @@ def verify_cmd(
         str | None,
         typer.Option("--rule", help="With --rules: only rules whose name contains this."),
     ] = None,
+    mutants: Annotated[
+        bool,
+        typer.Option(
+            "--mutants",
+            help="With --rules: prove mechanical mutants of each rule's rhs; all must be refused.",
+        ),
+    ] = False,
     update_certificate: Annotated[
         bool,
         typer.Option(
@@ -87,6 +95,11 @@ def verify_cmd(
     if rules:
         from ._verify_smt import verify_rules
 
+        if mutants:
+            from ._verify_smt import verify_mutants
+
+            verify_mutants(ctx, rule_filter, timeout)
+            return
         verify_rules(ctx, rule_filter, update_certificate, timeout)
         return
     with handle_errors(ctx):

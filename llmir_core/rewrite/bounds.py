@@ -26,6 +26,18 @@ from .terms import Term
 
 UNIT_ROUNDOFF: dict[str, float] = {"f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8}
 
+# The prover's rounding model (`llmir_core.smt.prove_approx`), one for every target float:
+# round(x) = x (1 + d) + e with |d| <= ROUND_U (bf16's u, the largest) and |e| <= ROUND_H (f16's
+# half subnormal spacing, the largest), so |round(x) - x| <= ROUND_U * (|x| + ROUND_TINY).
+ROUND_U = 2.0**-8
+ROUND_H = 2.0**-25
+ROUND_TINY = ROUND_H / ROUND_U
+
+
+def gamma(n: int) -> float:
+    """(1 + u)^n - 1: the relative error of n roundings in a chain."""
+    return (1 + ROUND_U) ** n - 1
+
 
 @dataclass(frozen=True)
 class ErrorBound:
@@ -44,3 +56,8 @@ class ErrorBound:
         if self.abs:
             parts.append(f"{self.abs:.3g}")
         return "|rhs - lhs| <= " + (" + ".join(parts) or "0")
+
+
+def no_bound(why: str) -> ErrorBound:
+    """An approximate rule whose error bound is not stated (so not proved): `unproved`."""
+    return ErrorBound(rel=float("inf"), text=f"no bound proved: {why}")

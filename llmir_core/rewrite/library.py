@@ -13,7 +13,6 @@ from typing import Any
 
 from llmir_core.ir.core import Value
 from llmir_core.ir.types import TensorType
-from llmir_core.smt.obligations import quant_error_bound
 
 from .rule import Rule
 from .terms import A, C, K, Match, T, V, t
@@ -376,36 +375,6 @@ for _i, _w in enumerate(("wq", "wk", "wv")):
             passes=("merge-qkv",),
         )
     )
-
-
-# -- quantization (approximate: an error bound is proved instead of equality) ----------------
-
-
-for _bits, _levels in ((8, 127), (4, 7)):
-    rule(
-        Rule(
-            name=f"quant-int{_bits}-sym-error-bound",
-            summary=f"int{_bits} symmetric blockwise quantization: codes fit in +-{_levels}, error <= scale/2",
-            lhs=t("llm.dequantize", t("llm.quantize", V("x"))),
-            rhs=V("x"),
-            sig={"x": "n"},
-            tag="approximate",
-            obligation=quant_error_bound(_levels),
-            passes=("quantize-weights",),
-        )
-    )
-rule(
-    Rule(
-        name="kv-int8-per-head-error-bound",
-        summary="KV cache int8 with one scale per head and channel: codes fit in +-127, error <= scale/2",
-        lhs=t("llm.dequantize", t("llm.quantize", V("kv"))),
-        rhs=V("kv"),
-        sig={"kv": "h d"},
-        tag="approximate",
-        obligation=quant_error_bound(127),
-        passes=("kv-cache-int8",),
-    )
-)
 
 
 # -- rules of the -O3 fusion and lifting passes, quantization and precision assignment ---------

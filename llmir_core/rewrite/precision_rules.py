@@ -8,9 +8,10 @@ orig), "")`: every operand and result of the original op is a value of the origi
 translation validation rebuilds the replacement from the original's values and checks it
 completely. One rule per op kind, arity and result (`precision-<op>[-<n>][-r<i>]`), plus the
 weight reorders `precision-core-matmul-reorder-{nk,kn}` (a parameter matrix transposed at load
-time to the target's layout, transpose_b flipped). They are `approximate`: the proved lemma is
-the rounding bound of narrowing the operands (bf16 or narrower, unit roundoff u <= 2^-8:
-|prod of rounded - prod| <= ((1 + u)^2 - 1) |prod| per product term).
+time to the target's layout, transpose_b flipped). They are `approximate`: each states
+`|rhs - lhs| <= abs + rel * magnitude` (`_magnitude`) and `llmir verify --rules` proves it about
+the rule's own terms in the rounding model of `llmir_core.smt.prove_approx` (every target float: u <=
+2^-8), for D in {f32, f16, bf16} (the f32-class ops: D = f32; `_check` refuses other dtypes).
 
 canonicalize then folds the round trips between neighbouring ops, exactly:
 `to_device(to_device(x, ""), d, l) -> x` when x already is on d with layout l, and
@@ -24,10 +25,11 @@ from typing import Any
 from llmir_core.dialects.registry import get_op
 from llmir_core.ir.types import DType, TensorType
 
+from .bounds import ROUND_H, ROUND_TINY, ROUND_U, ErrorBound, gamma, no_bound
 from .library import rule
-from .proof_obligations import Obligation, equality, rounding_bound
+from .proof_obligations import equality
 from .rule import Rule
-from .terms import A, Match, T, Term, V, t
+from .terms import A, K, Match, T, Term, V, t
 
 # op kind -> class: "low" computes in the target's low precision, "f32" stays in f32 (norms,
 # softmax, reductions, exp/log, rotary, lookups), "follow" takes the low precision when its
@@ -117,11 +119,170 @@ def _attrs(kind: str) -> dict[str, Any]:
     return {a.name: A(a.name) for a in od.attrs}
 
 
-_LEMMA: Obligation = rounding_bound(7, 2)
+# -- what each precision rule proves (`llmir_core.smt.prove_approx`: the rounding model) ---------------
+
+INT_OPERANDS: dict[str, tuple[int, ...]] = {
+    "core.gather": (1,),
+    "llm.embedding": (1,),
+    "llm.rotary_embedding": (3,),
+}
+T_ = K(ROUND_TINY)
+# low-precision ops whose rounding error is not bounded here (reported unproved): a quotient by a
+# value near zero, attention (softmax of rounded scores), the gated MLP's nested reductions
+# a quotient's error grows without bound as the divisor nears zero: the div rule's premise is a
+# divisor of magnitude at least DIV_MIN (far above f16's subnormals, 2^-14)
+DIV_MIN = 2.0**-10
+NO_BOUND = {
+    "llm.scaled_dot_product_attention": "softmax of rounded scores: not bounded here",
+    "llm.gated_mlp": "nested reductions through the activation: not bounded here",
+    "llm.silu_mul": "the product of a rounded silu and a rounded value: z3 does not decide it "
+    "within a minute",
+}
+
+
+def _abs(x: Term) -> T:
+    return t("core.abs", x)
+
+
+def _pad(x: Term) -> T:
+    """|x| + tiny: a rounding's error is at most u * (|x| + tiny) (tiny covers subnormals)."""
+    return t("core.add", _abs(x), T_)
+
+
+def _magnitude(kind: str, n: int, lhs: T) -> tuple[Term | None, float, float]:
+    """(magnitude, rel, abs) of `|rhs - lhs| <= abs + rel * magnitude` for op kind `kind`."""
+    a = [V(f"a{i}") for i in range(n)]
+    cls = OP_CLASSES[kind]
+    if cls == "f32":  # computed in f32: only the cast back to the original dtype rounds
+        return None, ROUND_U, ROUND_H
+    if kind in NO_BOUND:
+        return None, float("inf"), 0.0
+    if kind in ("core.add", "core.sub"):
+        return t("core.add", _abs(a[0]), _abs(a[1])), gamma(4), 5 * ROUND_H
+    if kind == "core.mul":
+        return t("core.mul", _pad(a[0]), _pad(a[1])), gamma(4), 3 * ROUND_H
+    if kind == "core.div":
+        return t("core.div", _pad(a[0]), _abs(a[1])), gamma(5), 3 * ROUND_H
+    if kind in ("core.silu", "core.gelu", "core.tanh", "core.sigmoid", "core.relu"):
+        return t("core.add", _abs(a[0]), _abs(lhs)), gamma(3), 5 * ROUND_H
+    if kind == "llm.silu_mul":
+        gate = t("core.add", t("core.add", _abs(a[0]), _abs(t("core.silu", a[0]))), T_)
+        return t("core.mul", gate, _pad(a[1])), 6 * ROUND_U, 3 * ROUND_H
+    if kind == "core.reduce_max":
+        return t("core.reduce_max", _abs(a[0]), **lhs.attrs), gamma(2), 4 * ROUND_H
+    if kind == "core.matmul":
+        return t("core.matmul", _pad(a[0]), _pad(a[1]), **lhs.attrs), gamma(4), 3 * ROUND_H
+    if kind == "llm.linear":
+        mm = t("core.matmul", _pad(a[0]), _pad(a[1]), transpose_b=A("transpose_b"))
+        return (t("core.add", mm, _pad(a[2])) if n == 3 else mm), gamma(6), 4 * ROUND_H
+    if kind == "llm.quantized_matmul" and n >= 3:
+        deq = T("llm.dequantize", tuple(a[1:]), {})
+        mm = t("core.matmul", _pad(a[0]), _abs(deq), transpose_b=A("transpose_b"))
+        return mm, gamma(4), 3 * ROUND_H
+    # data movement and neg: each result element is one rounded operand element
+    return None, gamma(2), 3 * ROUND_H
+
+
+def _cases(kind: str, n: int) -> tuple[dict[str, Any], ...]:
+    """The attribute bindings proved: D (narrow) for float operands of low/follow ops, f32 for
+    the f32-class ops, the integer operands' own dtype; O (original) for the cast back."""
+    cls = OP_CLASSES[kind]
+    base: dict[str, Any] = {"__back": "O", "__dev": "cuda"}
+    for i in range(n):
+        base[f"__lay{i}"] = ""
+        if i in INT_OPERANDS.get(kind, ()):
+            base[f"__to{i}"] = "i64"
+        elif i not in MOVE_ONLY.get(kind, ()):
+            base[f"__to{i}"] = "f32" if cls == "f32" else "D"
+    if kind == "core.matmul":
+        return tuple(
+            {
+                **base,
+                "transpose_a": ta,
+                "transpose_b": tb,
+                "__sig__": {"a0": "... k m" if ta else "... m k", "a1": "n k" if tb else "k n"},
+            }
+            for ta in (False, True)
+            for tb in (False, True)
+        )
+    if kind == "llm.linear":
+        return tuple(
+            {
+                **base,
+                "activation": act,
+                "transpose_b": tb,
+                "__sig__": {"a0": "... m k", "a1": "n k" if tb else "k n", "a2": "n"},
+            }
+            for act in ("none", "relu", "silu", "gelu", "gelu_tanh")
+            for tb in (True, False)
+        )
+    if kind == "core.gelu":
+        return tuple({**base, "approximate": a} for a in ("none", "tanh"))
+    if kind == "llm.quantized_matmul":
+        sig = {"a0": "... m k", "a1": "n k", "a2": "n g", "a3": "n g"}
+        return ({**base, "transpose_b": True, "accuracy_level": -1, "__sig__": sig},)
+    return (base,)
+
+
+def _check(kind: str) -> Any:
+    """The proof covers target dtypes f32, f16 and bf16 (f32 only for the f32-class ops), and
+    quantized matmuls over [N, K] weights."""
+    allowed = ("f32",) if OP_CLASSES[kind] == "f32" else ("f32", "f16", "bf16")
+
+    def check(m: Match) -> str | None:
+        for key, v in m.attrs.items():
+            if key.startswith("__to") and isinstance(v, DType) and v.is_float:
+                if str(v) not in allowed:
+                    return f"{kind} in {v}: the proved bound covers {', '.join(allowed)}"
+        if kind == "llm.quantized_matmul" and not m.attrs.get("transpose_b", True):
+            return "the proved bound covers quantized weights in [N, K] layout (transpose_b)"
+        return None
+
+    return check
+
+
+def _div_check(arrays: dict[str, Any]) -> str | None:
+    import numpy as np
+
+    b = np.abs(np.asarray(arrays["a1"], np.float64))
+    if b.size and float(b.min()) < DIV_MIN:
+        return f"a divisor of magnitude {float(b.min()):.3g} is below {DIV_MIN:.3g}"
+    return None
+
+
+def _div_premise(kind: str) -> dict[str, Any]:
+    """core.div's bound holds for divisors of magnitude >= DIV_MIN: assumed in the proof (at the
+    divisor leaf's every element the proof reads), checked on concrete values by numeric_check."""
+    if kind != "core.div":
+        return {}
+
+    def premise(enc: Any, ts: dict[str, Any], dims: dict[str, Any]) -> dict[str, Any]:
+        import z3
+
+        from llmir_core.smt.semantics import STensor
+
+        b = ts["a1"]
+        g = z3.Function("divisor_a1", z3.RealSort(), z3.RealSort())
+        least = z3.RealVal(f"1/{int(1 / DIV_MIN)}")
+        enc.app_lemma["divisor_a1"] = lambda app: [
+            app == app.arg(0),
+            z3.Or(app >= least, app <= -least),
+        ]
+        return {"a1": STensor(b.shape, lambda i: g(b.f(i)))}
+
+    return {
+        "premise": premise,
+        "premise_text": f"|a1| >= {DIV_MIN:g}",
+        "numeric_check": _div_check,
+    }
 
 
 def _sig(n: int) -> dict[str, str]:
     return {f"a{i}": "... n" for i in range(n)}
+
+
+def _dtypes(kind: str, n: int) -> dict[str, str]:
+    return {f"a{i}": "i64" for i in INT_OPERANDS.get(kind, ()) if i < n}
 
 
 for _kind in OP_CLASSES:
@@ -130,28 +291,38 @@ for _kind in OP_CLASSES:
         _inner = T(_kind, tuple(prep(i, _kind) for i in range(_n)), _at)  # shared by the results
         for _r in range(results_of(_kind)):
             _core = T(_kind, _inner.args, _at, _r) if _r else _inner
+            _lhs = T(_kind, tuple(V(f"a{i}") for i in range(_n)), _at, _r)
+            _mag, _rel, _abs_err = _magnitude(_kind, _n, _lhs)
             rule(
                 Rule(
                     name=rule_name(_kind, _n, _r),
                     summary=f"{_kind} computed on the target device in the assigned precision",
-                    lhs=T(_kind, tuple(V(f"a{i}") for i in range(_n)), _at, _r),
+                    lhs=_lhs,
                     rhs=restore(_core),
                     sig=_sig(_n),
                     tag="approximate",
-                    obligation=_LEMMA,
+                    check=_check(_kind),
+                    bound=(
+                        no_bound(NO_BOUND[_kind])
+                        if _kind in NO_BOUND
+                        else ErrorBound(rel=_rel, abs=_abs_err, magnitude=_mag)
+                    ),
+                    proof_cases=_cases(_kind, _n),
+                    batch_ranks=(0,),
+                    dtypes=_dtypes(_kind, _n),
+                    **_div_premise(_kind),
                     passes=("assign-precision",),
                 )
             )
 
 for _layout, _tb in (("nk", True), ("kn", False)):
+    _lhs = t("core.matmul", V("a0"), V("a1"), transpose_a=A("transpose_a"), transpose_b=not _tb)
     rule(
         Rule(
             name=f"precision-core-matmul-reorder-{_layout}",
             summary=f"a matmul whose parameter matrix is transposed at load time to the target's "
             f"{_layout} layout (transpose_b = {str(_tb).lower()})",
-            lhs=t(
-                "core.matmul", V("a0"), V("a1"), transpose_a=A("transpose_a"), transpose_b=not _tb
-            ),
+            lhs=_lhs,
             rhs=restore(
                 t(
                     "core.matmul",
@@ -163,7 +334,25 @@ for _layout, _tb in (("nk", True), ("kn", False)):
             ),
             sig={"a0": "... m k", "a1": "k n" if _tb else "n k"},
             tag="approximate",
-            obligation=_LEMMA,
+            check=_check("core.matmul"),
+            bound=ErrorBound(
+                rel=gamma(4),
+                abs=3 * ROUND_H,
+                magnitude=t("core.matmul", _pad(V("a0")), _pad(V("a1")), **_lhs.attrs),
+            ),
+            proof_cases=tuple(
+                {
+                    **_cases("core.matmul", 2)[0],
+                    "transpose_a": ta,
+                    "transpose_b": not _tb,
+                    "__sig__": {
+                        "a0": "... k m" if ta else "... m k",
+                        "a1": "k n" if _tb else "n k",
+                    },
+                }
+                for ta in (False, True)
+            ),
+            batch_ranks=(0,),
             passes=("assign-precision",),
         )
     )
@@ -194,23 +383,6 @@ def _same_place(m: Match) -> str | None:
     return None
 
 
-def _narrow_lemma() -> Obligation:
-    """cast(cast(x, f32), D) = x for x in D: widening to f32 is exact and rounding to D is the
-    identity on D's values (r is any rounding: r(r(y)) = r(y))."""
-
-    def obligation() -> tuple[list[Any], Any, list[Any]]:
-        import z3
-
-        y = z3.Real("y")
-        r = z3.Function("round_D", z3.RealSort(), z3.RealSort())
-        widen = z3.Function("to_f32", z3.RealSort(), z3.RealSort())
-        x = r(y)
-        hyps = [r(r(y)) == r(y), widen(x) == x]
-        return hyps, r(widen(x)) == x, [y]
-
-    return obligation
-
-
 for _dt in (DType.f16, DType.bf16):
     _lhs = t("core.cast", t("core.cast", V("x"), to=DType.f32), to=_dt)
     rule(
@@ -221,7 +393,9 @@ for _dt in (DType.f16, DType.bf16):
             rhs=V("x"),
             sig={"x": "... n"},
             check=_narrow_roundtrip(_dt),
-            obligation=_narrow_lemma(),
+            bound=ErrorBound(
+                text="|rhs - lhs| <= 0 (rounding is the identity on the dtype's values)"
+            ),
             passes=("canonicalize",),
             dtypes={"x": str(_dt)},
         )

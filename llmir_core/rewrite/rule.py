@@ -10,8 +10,11 @@ assumptions `assume` (e.g. `eps > 0`); `llmir verify --rules` discharges it with
 - `exact`: equal over the reals and in floating point;
 - `reassociating`: equal over the reals; floating point may differ by rounding (checked per dtype
   with tolerance-based differential tests);
-- `approximate`: not equal (quantization): `obligation` states an error bound that is proved
-  instead.
+- `approximate`: not equal (rounding to a narrower float, quantization): `bound` states the
+  error bound `|rhs - lhs| <= abs + rel * magnitude` that is proved about the rule's own `lhs`
+  and `rhs` terms, with rounding made explicit (`llmir_core.smt.prove_approx`). `premise` states what
+  the proof assumes about the leaves (quantization codes within half a step of the weight) and
+  `numeric_check` checks that premise on concrete arrays (translation validation calls it).
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ from typing import Any
 
 from llmir_core.ir.core import Op, Value
 
+from .bounds import ErrorBound
 from .terms import Match, T, Term, fmt_term, leaves, match
 
 TAGS = ("exact", "reassociating", "approximate")
 
 CheckFn = Callable[[Match], "str | None"]
+# leaf name -> concrete array: None when the rule's premise holds on them, else the reason
+NumericCheck = Callable[[dict[str, Any]], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -42,14 +48,27 @@ class Rule:
     assume: Callable[[dict[str, Any]], list[Any]] | None = None  # z3 symbols -> assumptions
     proof_attrs: Callable[[int], dict[str, Any]] | None = None  # batch rank -> attr bindings
     batch_ranks: tuple[int, ...] = (0, 1)
-    obligation: Callable[[], Any] | None = None  # approximate rules: builds their own query
+    # exact rules whose encoding needs more than the base encoder: `proof_obligations.equality`
+    # over this rule's own lhs and rhs (the prover checks it is about them)
+    obligation: Callable[[], Any] | None = None
     passes: tuple[str, ...] = ()
     dtypes: dict[str, str] = field(default_factory=dict)  # leaf -> dtype in the proof instance
+    bound: ErrorBound | None = None  # approximate rules: |rhs - lhs| <= bound, proved
+    # attribute bindings, each proved (all must hold); for approximate rules
+    proof_cases: tuple[dict[str, Any], ...] = ()
+    # (solver child) encoder, leaf tensors, dims -> leaf tensors the proof rewrites by the premise
+    premise: Callable[[Any, dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None
+    premise_text: str = ""
+    numeric_check: NumericCheck | None = None
 
     def __post_init__(self) -> None:
         if self.tag not in TAGS:
             raise ValueError(f"rule {self.name}: tag must be one of {TAGS}")
         missing = set(leaves(self.lhs)) - set(self.sig)
+        if self.bound is not None and self.obligation is not None:
+            raise ValueError(
+                f"rule {self.name}: a bound is proved about lhs/rhs, not an obligation"
+            )
         if missing and self.obligation is None:
             raise ValueError(f"rule {self.name}: no signature for leaves {sorted(missing)}")
 
@@ -59,7 +78,7 @@ class Rule:
 
     @property
     def fingerprint(self) -> str:
-        """Identifies the statement that was proved (patterns, signature, tag)."""
+        """Identifies the statement that was proved (patterns, signature, tag, bound)."""
         body = "|".join(
             [
                 self.name,
@@ -68,6 +87,9 @@ class Rule:
                 self.tag,
                 repr(self.batch_ranks),
                 repr(sorted(self.dtypes.items())),
+                self.bound.describe() if self.bound is not None else "",
+                repr([sorted((k, repr(v)) for k, v in c.items()) for c in self.proof_cases]),
+                self.premise_text,
             ]
         )
         return hashlib.sha256(body.encode()).hexdigest()[:16]

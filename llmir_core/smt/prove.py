@@ -9,12 +9,15 @@ Verdicts: `proved` (unsat), `refuted` (sat, and the counterexample, replayed wit
 the reference interpreter, really shows a difference), `spurious` (sat, but neither the model nor
 random inputs at its shape show a difference: an artefact of the uninterpreted functions),
 `unknown` (z3 gave up or an op has no encoding), `inconclusive` (killed at the time limit),
-`vacuous` (the assumptions cannot hold). Approximate rules prove their own `obligation`.
+`vacuous` (the assumptions cannot hold), `unproved` (an approximate rule whose bound could not be
+shown, or an obligation not built from the rule's own terms). Approximate rules (`rule.bound`)
+prove `|rhs - lhs| <= bound` about their own terms with rounding explicit (`approx`).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +47,7 @@ class RuleVerdict:
     counterexample: dict[str, Any] | None = None
     per_rank: list[dict[str, Any]] = field(default_factory=list)
     dtype_checks: dict[str, str] = field(default_factory=dict)
+    bound: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +59,7 @@ class RuleVerdict:
             "detail": self.detail,
             "counterexample": self.counterexample,
             "dtype_checks": self.dtype_checks,
+            "bound": self.bound or None,
         }
 
 
@@ -343,7 +348,19 @@ def replay(
 
 def prove(rule: Rule, limit_s: float = 10.0, dtype_checks: bool = True) -> RuleVerdict:
     t0 = time.perf_counter()
+    if rule.bound is not None:
+        return _prove_bound(rule, limit_s, t0)
     if rule.obligation is not None:
+        terms = getattr(rule.obligation, "terms", None)
+        if terms is None or terms[0] != rule.lhs or terms[1] != rule.rhs:
+            return RuleVerdict(
+                rule.name,
+                "unproved",
+                time.perf_counter() - t0,
+                rule.tag,
+                "smt (obligation)",
+                "the obligation is not about the rule's own lhs and rhs",
+            )
         res = run_job(_obligation_job, rule, limit_s, limit_s=limit_s)
         verdict = {"unsat": "proved"}.get(res["verdict"], res["verdict"])
         detail = res.get("reason", "")
@@ -351,7 +368,7 @@ def prove(rule: Rule, limit_s: float = 10.0, dtype_checks: bool = True) -> RuleV
         if verdict == "sat":
             verdict = "refuted"
         return RuleVerdict(
-            rule.name, verdict, time.perf_counter() - t0, rule.tag, "smt (error bound)", detail, cex
+            rule.name, verdict, time.perf_counter() - t0, rule.tag, "smt", detail, cex
         )
     per: list[dict[str, Any]] = []
     final, detail, cex = "proved", "", None
@@ -412,6 +429,46 @@ def prove(rule: Rule, limit_s: float = 10.0, dtype_checks: bool = True) -> RuleV
     if dtype_checks and final == "proved" and rule.tag == "reassociating":
         out.dtype_checks = _dtype_checks(rule)
     return out
+
+
+def _prove_bound(rule: Rule, limit_s: float, t0: float) -> RuleVerdict:
+    """An approximate rule: |rhs - lhs| <= its bound, proved about its own terms
+    (`llmir_core.smt.prove_approx`); `refuted` when z3 shows the bound failing in the rounding model,
+    `unproved` when it could not decide (a reduction without a per-term bound)."""
+    from .prove_approx import approx_job
+
+    assert rule.bound is not None
+    if not math.isfinite(rule.bound.rel):
+        return RuleVerdict(
+            rule.name,
+            "unproved",
+            time.perf_counter() - t0,
+            rule.tag,
+            "none",
+            rule.bound.describe(),
+            bound=rule.bound.describe(),
+        )
+    cases = max(1, len(rule.proof_cases)) * len(rule.batch_ranks)
+    res = run_job(approx_job, rule, limit_s, limit_s=limit_s * cases + 2)
+    v = res["verdict"]
+    verdict = {"unsat": "proved", "sat": "refuted", "unlifted": "unproved"}.get(v, v)
+    detail = res.get("reason", "")
+    if verdict == "proved" and res.get("lifts"):
+        detail = "; ".join(res["lifts"])
+    cex = res.get("model")
+    if cex is not None and res.get("case") is not None:
+        cex = {**cex, "case": res["case"], "batch_rank": res.get("batch_rank")}
+    assert rule.bound is not None
+    return RuleVerdict(
+        rule.name,
+        verdict,
+        time.perf_counter() - t0,
+        rule.tag,
+        "smt (error bound, rounding model)",
+        detail,
+        cex,
+        bound=rule.bound.describe(),
+    )
 
 
 def _all_dims(rule: Rule, batch: int) -> list[str]:

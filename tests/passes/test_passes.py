@@ -149,7 +149,9 @@ def test_certificate_is_current() -> None:
     cert = load_certificate()
     stale = [n for n, r in RULES.items() if cert.get(n, {}).get("fingerprint") != r.fingerprint]
     assert not stale, f"rerun `llmir verify --rules --update-certificate` ({stale})"
-    assert all(is_proved(r) for r in RULES.values())
+    # every rule proved but the approximate ones listed unproved (tests/passes/test_rules_ci.py)
+    unproved = [n for n, r in RULES.items() if not is_proved(r)]
+    assert all(RULES[n].tag == "approximate" for n in unproved), unproved
 
 
 def test_decoder_O2_validates_each_pass_and_keeps_outputs() -> None:

@@ -24,7 +24,6 @@ from llmir_core.passes.manager import run_pipeline
 from llmir_core.passes.pipeline import parse_pipeline
 from llmir_core.passes.quantize_weights import quantize_matrix
 from llmir_core.rewrite.library import RULES
-from llmir_core.rewrite.proof_obligations import asym_quant_bound, sym_quant_bound
 from llmir_core.runtime.decoder import FunctionDecoder, cache_specs
 from llmir_core.smt.prove import prove
 from llmir_core.smt.tv import validate_pass
@@ -94,11 +93,12 @@ def test_quantize_weights_on_a_decoder(tiny: Path, tmp_path: Path, spec: str) ->
     assert res.failed_validation is None and v is not None
     assert v["verdict"] == "within-bound", v
     assert 0 < v["measured"] <= v["bound"] < float("inf"), v
-    assert len(v["rule_instances"]) == 5 * TINY.layers + 1  # q, k, v, o, the gated MLP; the head
-    # per layer q, k, v, o and the gated MLP's three projections, and the output head
-    assert res.after.op_counts.get("llm.quantized_matmul", 0) == 7 * TINY.layers + 1
-    # the f32 embedding table (a tenth of the parameters) is not a matmul weight and stays
-    assert res.after.param_bytes < res.before.param_bytes * (0.4 if "bits=8" in spec else 0.3)
+    # per layer q, k, v, o and the output head; the gated MLP's rules are unproved (issue 21:
+    # no bound through the activation), so its weights stay f32 by default
+    assert len(v["rule_instances"]) == 4 * TINY.layers + 1
+    assert res.after.op_counts.get("llm.quantized_matmul", 0) == 4 * TINY.layers + 1
+    assert res.after.op_counts.get("llm.gated_mlp", 0) == TINY.layers
+    assert res.after.param_bytes < res.before.param_bytes * 0.8
     assert not verify(m) and out.exists()
     details = [r.detail for r in res.ctx.rewrites]
     assert all("of the bound scale/2" in d and "output max|err|" in d for d in details)
@@ -139,45 +139,22 @@ def test_quantize_weights_rejects_a_block_that_does_not_divide(tiny: Path, tmp_p
         run_pipeline(_load(tiny), parse_pipeline("quantize-weights{block=24}"))
 
 
-def test_quantization_lemmas_and_their_mutants() -> None:
-    for name in (
-        "quantize-weights-int4-sym-matmul",
-        "quantize-weights-int8-asym-gated-mlp-silu",
-        "kv-cache-int8",
-    ):
+def test_quantization_bounds_are_about_the_rules_own_terms() -> None:
+    for name in ("quantize-weights-int4-sym-matmul", "kv-cache-int8"):
         assert prove(RULES[name], 10).verdict == "proved"
+    # the gated MLP's bound through the activation is not proved: unproved, not applied
+    assert prove(RULES["quantize-weights-int8-asym-gated-mlp-silu"], 10).verdict == "unproved"
     r = RULES["quantize-weights-int8-sym-matmul"]
-    # a scale that may be 1% off amax/127 lets the largest code reach 128: refuted
-    bad = dataclasses.replace(
-        r, name="mutant-scale", obligation=sym_quant_bound(127, scale_rel_err=0.01)
+    # a bound a quarter of a step: the premise allows half a step, so it fails
+    tight = dataclasses.replace(
+        r, name="mutant-bound", bound=dataclasses.replace(r.bound, rel=0.25, text="")
     )
-    assert prove(bad, 10).verdict == "refuted"
-    # asymmetric codes claimed to fit in 4 bits with the 8-bit range
-    bad = dataclasses.replace(r, name="mutant-asym", obligation=asym_quant_bound(255))
-    assert prove(bad, 10).verdict == "proved"  # the lemma itself is range-generic ...
-    from llmir_core.rewrite.proof_obligations import Obligation
-
-    def levels_mismatch() -> Obligation:
-        inner = asym_quant_bound(15)
-
-        def ob() -> Any:
-            hyps, goal, show = inner()
-            import z3
-
-            return (
-                hyps,
-                z3.And(goal, show[4] <= 7),
-                show,
-            )  # ... but a 15-level code does not fit 3 bits
-
-        return ob
-
-    assert (
-        prove(
-            dataclasses.replace(r, name="mutant-levels", obligation=levels_mismatch()), 10
-        ).verdict
-        == "refuted"
+    assert prove(tight, 10).verdict == "refuted"
+    # the replacement reading the weight through the wrong layout
+    swapped = dataclasses.replace(
+        r, name="mutant-layout", rhs=dataclasses.replace(r.rhs, attrs={"transpose_b": False})
     )
+    assert prove(swapped, 10).verdict != "proved"
 
 
 # -- KV cache ----------------------------------------------------------------------------------------
