@@ -62,9 +62,12 @@ def check_shard(
             f"{path}: metadata field '{SPLIT_NO}' or '{SPLIT_COUNT}' is missing: not a shard "
             f"of a {want_count}-file split model"
         )
-    if int(str(got_count)) != want_count or int(str(got_no)) != want_no:
+    for key, v in ((SPLIT_NO, got_no), (SPLIT_COUNT, got_count)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise InputError(f"{path}: metadata field '{key}' must be a whole number, got {v!r:.40}")
+    if got_count != want_count or got_no != want_no:
         raise InputError(
-            f"{path}: says shard {int(str(got_no)) + 1} of {int(str(got_count))}, expected "
+            f"{path}: says shard {got_no + 1} of {got_count}, expected "
             f"shard {want_no + 1} of {want_count}",
             hint="the shards come from different models",
         )

@@ -24,7 +24,7 @@ import numpy as np
 
 from llmir_core.builder import Builder
 from llmir_core.errors import InputError
-from llmir_core.fileio import reject_surrogates
+from llmir_core.fileio import read_text, reject_surrogates
 from llmir_core.ir.core import Module, Value
 from llmir_core.ir.types import DType, TensorType
 
@@ -499,7 +499,7 @@ def _token_ids(v: Any) -> tuple[int, ...]:
 def _chat_template(folder: Path) -> str | None:
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
+        return read_text(jinja)
     tc = folder / "tokenizer_config.json"
     if not tc.is_file():
         return None
