@@ -157,11 +157,14 @@ def load_tensor(path: str) -> np.ndarray:
     try:
         # memory-mapped first: a header declaring more data than the file holds fails here,
         # naming the file, instead of allocating the declared size
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        with np.errstate(over="raise"):  # a shape whose size overflows: FloatingPointError
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
         if isinstance(arr, np.memmap):
             arr = np.array(arr)
-    except (ValueError, OSError, EOFError, OverflowError, MemoryError) as exc:
-        if "mmap length" in str(exc) or isinstance(exc, (OverflowError, MemoryError)):
+    except (ValueError, OSError, EOFError, OverflowError, MemoryError, FloatingPointError) as exc:
+        if "mmap length" in str(exc) or isinstance(
+            exc, (OverflowError, MemoryError, FloatingPointError)
+        ):
             raise InputError(
                 f"{path}: truncated .npy file: its header declares more data than the file holds",
                 hint="save the tensor again with numpy.save",

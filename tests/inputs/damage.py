@@ -154,7 +154,7 @@ def _gguf_escape(b: bytes) -> bytes:  # the first key's length: past the end of 
     return b[:24] + struct.pack("<Q", 2**40) + b[32:]
 
 
-def _npy_huge(b: bytes) -> bytes:
+def npy_huge(b: bytes) -> bytes:
     return _npy_header(b, "(1099511627776, 16)")
 
 
@@ -281,7 +281,9 @@ def make_targets(files: Files) -> dict[str, Target]:  # noqa: C901 - one small c
 
         return setup
 
-    t["run --input .npy"] = Target("run --input .npy", tensor("npy"), huge=_npy_huge, escape=_npy_escape)
+    t["run --input .npy"] = Target(
+        "run --input .npy", tensor("npy"), huge=npy_huge, escape=_npy_escape
+    )
     t["run --input .pb"] = Target("run --input .pb", tensor("pb"), huge=_pb_huge)
 
     def hf(name: str) -> Callable[[Path], tuple[list[str], Path]]:
@@ -298,7 +300,12 @@ def make_targets(files: Files) -> dict[str, Target]:  # noqa: C901 - one small c
         return argv, f
 
     t["hf chat_template.jinja"] = Target("hf chat_template.jinja", jinja)
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+    for name in (
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ):
         t[f"hf {name}"] = Target(
             f"hf {name}",
             hf(name),

@@ -58,8 +58,11 @@ def changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
     left = sorted(set(after) - set(before))
     gone = sorted(set(before) - set(after))
     edited = sorted(k for k in before if k in after and before[k] != after[k])
-    return [f"{what}: {names[:4]}" for what, names in
-            (("left behind", left), ("removed", gone), ("changed", edited)) if names]
+    return [
+        f"{what}: {names[:4]}"
+        for what, names in (("left behind", left), ("removed", gone), ("changed", edited))
+        if names
+    ]
 
 
 def check_interrupted(code: int, err: str) -> list[str]:
