@@ -116,8 +116,8 @@ def run_case(target: Target, damage: Damage, work: Path) -> Outcome:
     code, _out, err = invoke(*argv)
     dt = time.perf_counter() - t0
     located = target.located and damage.edit is not None
-    # the file's path, or its name where the message names its folder (or the text naming it)
-    names = str(f) if str(f) in err or f.name not in err or str(work) not in err else f.name
+    # the file's path, or its name beside the path of its folder or of a file it names
+    names = str(f) if str(f) in err or f.name not in err or os.sep not in err else f.name
     if target.names and names not in err:
         names = str(f.parent / target.names)
     problems = check_outcome(code, err, names, located=located, left=listing(work), before=before)
@@ -177,6 +177,20 @@ def _pb_huge(b: bytes) -> bytes:
     t.ParseFromString(b)
     del t.dims[:]
     t.dims.extend([2**40, 16])
+    return t.SerializeToString()
+
+
+def _pb_escape(b: bytes) -> bytes:
+    """The tensor's data moved to external data at ../../etc/passwd."""
+    import onnx
+
+    t = onnx.TensorProto()
+    t.ParseFromString(b)
+    t.ClearField("raw_data")
+    t.data_location = onnx.TensorProto.EXTERNAL
+    for k, v in (("location", "../../etc/passwd"), ("offset", "0"), ("length", "128")):
+        e = t.external_data.add()
+        e.key, e.value = k, v
     return t.SerializeToString()
 
 
@@ -284,7 +298,7 @@ def make_targets(files: Files) -> dict[str, Target]:  # noqa: C901 - one small c
     t["run --input .npy"] = Target(
         "run --input .npy", tensor("npy"), huge=npy_huge, escape=_npy_escape
     )
-    t["run --input .pb"] = Target("run --input .pb", tensor("pb"), huge=_pb_huge)
+    t["run --input .pb"] = Target("run --input .pb", tensor("pb"), huge=_pb_huge, escape=_pb_escape)
 
     def hf(name: str) -> Callable[[Path], tuple[list[str], Path]]:
         def setup(work: Path) -> tuple[list[str], Path]:

@@ -19,6 +19,7 @@ from tests.inputs.damage import (
     Target,
     artifact_targets,
     damages,
+    flips,
     make_targets,
     npy_huge,
     reseal,
@@ -133,6 +134,35 @@ def test_npy_header_declaring_more_than_the_file_holds(files: Files, tmp_path: P
     code, _, err = invoke("run", str(tmp_path / "m.llmir"), "--input", f"x={x}")
     line = rejected(code, err, expect=2, names=f"{x}: truncated .npy file")
     assert "more data than the file holds" in line
+
+
+def test_npy_header_that_does_not_tokenize(files: Files, tmp_path: Path) -> None:
+    """Was exit 70 (tokenize.TokenError from numpy's header parser), from
+    `scripts/fuzz_readers.py --damage --full` (bit-flip seed 13)."""
+    files.copy_small(tmp_path)
+    x = tmp_path / "x.npy"
+    x.write_bytes(flips(13)(x.read_bytes()))
+    code, _, err = invoke("run", str(tmp_path / "m.llmir"), "--input", f"x={x}")
+    rejected(code, err, expect=2, names=f"{x}: not a readable .npy file")
+
+
+def test_pb_external_data_is_read_beside_the_pb(files: Files, tmp_path: Path) -> None:
+    """Was: read from the current folder, whatever folder the .pb is in."""
+    import onnx.numpy_helper
+
+    files.copy_small(tmp_path)
+    (tmp_path / "sub").mkdir()
+    t = onnx.numpy_helper.from_array(np.full((2, 16), 3, np.float32), "x")
+    (tmp_path / "sub" / "x.bin").write_bytes(t.raw_data)
+    t.ClearField("raw_data")
+    t.data_location = onnx.TensorProto.EXTERNAL
+    e = t.external_data.add()
+    e.key, e.value = "location", "x.bin"
+    (tmp_path / "sub" / "x.pb").write_bytes(t.SerializeToString())
+    argv = ["run", str(tmp_path / "m.llmir"), "--input", f"x={tmp_path / 'sub' / 'x.pb'}"]
+    code, out, err = invoke(*argv)  # the test's folder is not the current one
+    assert code == 0, err
+    assert "mean 48" in out, out
 
 
 def test_safetensors_symlink_loop(files: Files, tmp_path: Path) -> None:
