@@ -8,7 +8,6 @@ shown only with --debug.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import sys

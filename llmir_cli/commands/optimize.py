@@ -231,8 +231,8 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
         command = "llmir optimize " + shlex.quote(str(file))
         # weights a pass writes beside OUT go again when OUT is not written (an error, a pass
         # that did not validate): nothing of a failed run stays behind
-        side = new_files([getattr(p, "weights_file", "") for p in pipeline] if output else [])
-        with side.removed_on_error():
+        side_files = new_files([getattr(p, "weights_file", "") for p in pipeline] if output else [])
+        with side_files.removed_on_error():
             result = run_pipeline(
                 module,
                 pipeline,
@@ -252,7 +252,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                     text = print_module(result.module)
                 write_text_atomic(output, text)
         if failed is not None:
-            side.remove()
+            side_files.remove()
         if ctx.json:
             payload = {
                 "ok": failed is None,
