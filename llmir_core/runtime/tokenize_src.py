@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from llmir_core.errors import InputError
+from llmir_core.fileio import read_json, read_text
 
 from .tokenizer import Tokenizer, from_gguf_metadata, from_hf_file, load_tokenizer
 
@@ -34,11 +35,7 @@ def _hf_folder(folder: str) -> Tokenizer:
 def _artifact(folder: str) -> Tokenizer:
     from .textgen import load_artifact_tokenizer
 
-    try:
-        with open(os.path.join(folder, "manifest.json"), encoding="utf-8") as fh:
-            manifest = json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"{folder}/manifest.json: cannot read ({exc})") from None
+    manifest = read_json(os.path.join(folder, "manifest.json"))
     if not isinstance(manifest, dict) or not isinstance(manifest.get("decoder"), dict):
         raise InputError(
             f"{folder}: the artifact is not a decoder (its manifest has no decoder section), "
@@ -62,12 +59,7 @@ def _gguf(path: str) -> Tokenizer:
 def _llmir(path: str) -> Tokenizer:
     from llmir_core.ir.parser import parse_module
 
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    module = parse_module(text, path)
+    module = parse_module(read_text(path), path)
     module.source = os.path.abspath(path)
     return load_tokenizer(module)
 

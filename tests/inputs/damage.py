@@ -115,7 +115,7 @@ def run_case(target: Target, damage: Damage, work: Path) -> Outcome:
     t0 = time.perf_counter()
     code, _out, err = invoke(*argv)
     dt = time.perf_counter() - t0
-    located = target.located and damage.edit is not None
+    located = target.located and damage.edit is not None and f.stat().st_size > 0
     # the file's path, or its name beside the path of its folder or of a file it names
     names = str(f) if str(f) in err or f.name not in err or os.sep not in err else f.name
     if target.names and names not in err:
@@ -314,6 +314,31 @@ def make_targets(files: Files) -> dict[str, Target]:  # noqa: C901 - one small c
         return argv, f
 
     t["hf chat_template.jinja"] = Target("hf chat_template.jinja", jinja)
+
+    def tokenize(name: str, extra: list[str]) -> Callable[[Path], tuple[list[str], Path]]:
+        def setup(work: Path) -> tuple[list[str], Path]:
+            folder = files.copy_llama(work)
+            argv = ["tokenize", str(folder), "hello", *extra]
+            if "--jsonl" in extra:
+                (work / "p.jsonl").write_text('"hello"\n"two words"\n')
+                argv = ["tokenize", str(folder), "--jsonl", str(work / "p.jsonl")]
+            return argv, (work / name if name == "p.jsonl" else folder / name)
+
+        return setup
+
+    t["tokenize tokenizer.json"] = Target("tokenize tokenizer.json", tokenize("tokenizer.json", []))
+
+    def tokenize_llmir(work: Path) -> tuple[list[str], Path]:
+        from llmir_core.frontends import import_model, write_module
+
+        f = work / "d.llmir"
+        write_module(import_model(str(files.llama), out_path=str(f)), str(f))
+        return ["tokenize", str(f), "hello"], f
+
+    t["tokenize .llmir"] = Target("tokenize .llmir", tokenize_llmir, located=True)
+    t["tokenize --jsonl"] = Target(
+        "tokenize --jsonl", tokenize("p.jsonl", ["--jsonl"]), located=True
+    )
     for name in (
         "config.json",
         "tokenizer.json",
@@ -432,6 +457,26 @@ def artifact_targets(small_art: Path, llama_art: Path) -> dict[str, Target]:
 
         return setup
 
+    def prompts(work: Path) -> tuple[list[str], Path]:
+        shutil.copytree(llama_art, work / "art")
+        f = work / "prompts.txt"
+        f.write_text("first prompt\nsecond prompt\n")
+        return ["run", str(work / "art"), "--prompts-file", str(f), "-n", "1"], f
+
+    t["run --prompts-file"] = Target("run --prompts-file", prompts, located=True)
+
+    def tokenize_art(work: Path) -> tuple[list[str], Path]:
+        shutil.copytree(llama_art, work / "art")
+        return ["tokenize", str(work / "art"), "hello"], work / "art" / "manifest.json"
+
+    t["tokenize artifact manifest.json"] = Target("tokenize artifact manifest.json", tokenize_art)
+
+    def bench(work: Path) -> tuple[list[str], Path]:
+        shutil.copytree(llama_art, work / "art")
+        argv = ["bench", str(work / "art"), "--prompt-len", "2", "--gen-len", "1", "--runs", "1"]
+        return [*argv, "--warmup", "0", "--verify-artifact"], work / "art" / "model.onnx"
+
+    t["bench model.onnx (resealed)"] = Target("bench model.onnx (resealed)", bench, reseal=reseal)
     gen = ["--prompt", "ab", "-n", "1", "--verify-artifact"]
     tensors = ["--input", "x={work}/x.npy", "--verify-artifact"]
     for kind, src, argv in (("decoder artifact", llama_art, gen), ("artifact", small_art, tensors)):

@@ -76,6 +76,9 @@ FILE_TARGETS = [
     "onnx",
     "registry index",
     "llmir.lock (init)",
+    "tokenize tokenizer.json",
+    "tokenize .llmir",
+    "tokenize --jsonl",
 ]
 
 
@@ -121,6 +124,15 @@ def test_damaged_tensor_artifact_file(
     small_artifact: Path, llama_artifact: Path, name: str, tmp_path: Path
 ) -> None:
     _check(artifact_targets(small_artifact, llama_artifact)[f"artifact {name}"], tmp_path)
+
+
+@pytest.mark.parametrize(
+    "name", ["run --prompts-file", "tokenize artifact manifest.json", "bench model.onnx (resealed)"]
+)
+def test_damaged_file_other_artifact_commands(
+    small_artifact: Path, decoder_artifact: Path, name: str, tmp_path: Path
+) -> None:
+    _check(artifact_targets(small_artifact, decoder_artifact)[name], tmp_path)
 
 
 # -- the defects the matrix found, one test each -------------------------------------------
@@ -257,3 +269,28 @@ def test_reseal_keeps_the_manifest_valid(small_artifact: Path, tmp_path: Path) -
         "run", str(art), "--input", f"x={tmp_path / 'x.npy'}", "--verify-artifact"
     )
     assert code == 0, err
+
+
+@pytest.mark.parametrize("what", [".llmir", "--jsonl", "artifact manifest"])
+def test_tokenize_reads_text_as_utf8_with_a_location(
+    files: Files, llama_artifact: Path, what: str, tmp_path: Path
+) -> None:
+    """Was exit 70 (UnicodeDecodeError) for a .llmir or an artifact's manifest.json, and
+    `cannot read ('utf-8' codec ...)` with no line:col for a --jsonl file."""
+    bad = b'"hello"\n"tw\xffo"\n'
+    if what == ".llmir":
+        f = tmp_path / "m.llmir"
+        f.write_bytes(b"module @m {\n  \xff\n}\n")
+        argv, at = ["tokenize", str(f), "hello"], f"{f}:2:3"
+    elif what == "--jsonl":
+        f = tmp_path / "p.jsonl"
+        f.write_bytes(bad)
+        argv, at = ["tokenize", str(files.llama), "--jsonl", str(f)], f"{f}:2:4"
+    else:
+        art = tmp_path / "art"
+        shutil.copytree(llama_artifact, art)
+        f = art / "manifest.json"
+        f.write_bytes(b'{\n "x": "\xff"}')
+        argv, at = ["tokenize", str(art), "hello"], f"{f}:2:8"
+    code, _, err = invoke(*argv)
+    rejected(code, err, expect=2, names=f"{at}: not UTF-8 text")
