@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from llmir_core.errors import InputError
+from llmir_core.fileio import read_json
 from llmir_core.ir.types import DType
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -232,14 +233,7 @@ def _real_path(p: Path) -> str:
 
 
 def _open_sharded(index_path: Path) -> SafetensorsIndex:
-    try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{index_path}: file not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(
-            f"{index_path}: not a valid JSON index ({exc})", hint=_REDOWNLOAD
-        ) from None
+    index = read_json(index_path, hint=_REDOWNLOAD)
     wmap = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
         raise InputError(f"{index_path}: weight_map must be an object of tensor name -> shard file")

@@ -40,6 +40,7 @@ class Target:
     escape: Edit | None = None  # make a path inside the file point outside its folder
     reseal: Callable[[Path], None] | None = None  # run after the damage (an artifact's hashes)
     names: str = ""  # a file beside the damaged one that its errors may name instead
+    syntax: str = ""  # "json" or "toml": a damaged file that does not parse is located
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,8 @@ def run_case(target: Target, damage: Damage, work: Path) -> Outcome:
     t0 = time.perf_counter()
     code, _out, err = invoke(*argv)
     dt = time.perf_counter() - t0
-    located = target.located and damage.edit is not None and f.stat().st_size > 0
+    located = damage.edit is not None and f.stat().st_size > 0
+    located = located and (target.located or _unparsable(target.syntax, f))
     # the file's path, or its name beside the path of its folder or of a file it names
     names = str(f) if str(f) in err or f.name not in err or os.sep not in err else f.name
     if target.names and names not in err:
@@ -124,6 +126,20 @@ def run_case(target: Target, damage: Damage, work: Path) -> Outcome:
     if dt > CASE_SECONDS:
         problems.append(f"took {dt:.1f} s")
     return Outcome(code, err, dt, problems)
+
+
+def _unparsable(syntax: str, f: Path) -> bool:
+    """Does `f` fail to parse as `syntax` (then its error must carry file:line:col)?"""
+    if not syntax:
+        return False
+    import tomllib
+
+    try:
+        text = f.read_bytes().decode("utf-8")
+        json.loads(text) if syntax == "json" else tomllib.loads(text)
+    except (UnicodeDecodeError, ValueError, RecursionError):  # JSON/TOMLDecodeError: ValueError
+        return True
+    return False
 
 
 # -- the files ---------------------------------------------------------------------------------
@@ -313,7 +329,7 @@ def make_targets(files: Files) -> dict[str, Target]:  # noqa: C901 - one small c
         f.write_text("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}\n")
         return argv, f
 
-    t["hf chat_template.jinja"] = Target("hf chat_template.jinja", jinja)
+    t["hf chat_template.jinja"] = Target("hf chat_template.jinja", jinja, located=True)
 
     def tokenize(name: str, extra: list[str]) -> Callable[[Path], tuple[list[str], Path]]:
         def setup(work: Path) -> tuple[list[str], Path]:
@@ -326,7 +342,9 @@ def make_targets(files: Files) -> dict[str, Target]:  # noqa: C901 - one small c
 
         return setup
 
-    t["tokenize tokenizer.json"] = Target("tokenize tokenizer.json", tokenize("tokenizer.json", []))
+    t["tokenize tokenizer.json"] = Target(
+        "tokenize tokenizer.json", tokenize("tokenizer.json", []), syntax="json"
+    )
 
     def tokenize_llmir(work: Path) -> tuple[list[str], Path]:
         from llmir_core.frontends import import_model, write_module
@@ -348,6 +366,7 @@ def make_targets(files: Files) -> dict[str, Target]:  # noqa: C901 - one small c
         t[f"hf {name}"] = Target(
             f"hf {name}",
             hf(name),
+            syntax="json",
             huge=_json_edit(lambda v: {**v, "vocab_size": 2**62} if isinstance(v, dict) else v),
         )
     t["hf model.safetensors"] = Target(
@@ -371,6 +390,7 @@ def make_targets(files: Files) -> dict[str, Target]:  # noqa: C901 - one small c
     t["hf safetensors index"] = Target(
         "hf safetensors index",
         st_index,
+        syntax="json",
         escape=_json_edit(
             lambda v: {
                 **v,  # type: ignore[dict-item]
@@ -425,7 +445,7 @@ def make_targets(files: Files) -> dict[str, Target]:  # noqa: C901 - one small c
         shutil.copyfile(repo / "registry" / "index.json", reg / "index.json")
         return ["registry", "list", "--registry", str(reg), "--offline"], reg / "index.json"
 
-    t["registry index"] = Target("registry index", registry_index)
+    t["registry index"] = Target("registry index", registry_index, syntax="json")
 
     def lock(work: Path) -> tuple[list[str], Path]:
         proj = work / "proj"
@@ -436,7 +456,7 @@ def make_targets(files: Files) -> dict[str, Target]:  # noqa: C901 - one small c
     def lock_escape(b: bytes) -> bytes:
         return b.replace(b'path = "config.json"', b'path = "../../etc/passwd"')
 
-    t["llmir.lock (init)"] = Target("llmir.lock (init)", lock, escape=lock_escape)
+    t["llmir.lock (init)"] = Target("llmir.lock (init)", lock, escape=lock_escape, syntax="toml")
     return t
 
 
@@ -469,7 +489,9 @@ def artifact_targets(small_art: Path, llama_art: Path) -> dict[str, Target]:
         shutil.copytree(llama_art, work / "art")
         return ["tokenize", str(work / "art"), "hello"], work / "art" / "manifest.json"
 
-    t["tokenize artifact manifest.json"] = Target("tokenize artifact manifest.json", tokenize_art)
+    t["tokenize artifact manifest.json"] = Target(
+        "tokenize artifact manifest.json", tokenize_art, syntax="json"
+    )
 
     def bench(work: Path) -> tuple[list[str], Path]:
         shutil.copytree(llama_art, work / "art")
@@ -482,7 +504,10 @@ def artifact_targets(small_art: Path, llama_art: Path) -> dict[str, Target]:
     for kind, src, argv in (("decoder artifact", llama_art, gen), ("artifact", small_art, tensors)):
         for name in sorted(os.listdir(src)):
             t[f"{kind} {name}"] = Target(
-                f"{kind} {name}", art(src, name, argv), escape=_manifest_escape(name)
+                f"{kind} {name}",
+                art(src, name, argv),
+                escape=_manifest_escape(name),
+                syntax="json" if name == "manifest.json" else "",
             )
             if name != "manifest.json":  # the same damage behind a manifest that matches it
                 t[f"{kind} {name} (resealed)"] = Target(

@@ -294,3 +294,33 @@ def test_tokenize_reads_text_as_utf8_with_a_location(
         argv, at = ["tokenize", str(art), "hello"], f"{f}:2:8"
     code, _, err = invoke(*argv)
     rejected(code, err, expect=2, names=f"{at}: not UTF-8 text")
+
+
+@pytest.mark.parametrize(
+    "what",
+    ["config.json", "safetensors index", "registry index", "llmir.lock", "tokenize tokenizer.json"],
+)
+def test_text_that_does_not_parse_is_located(files: Files, what: str, tmp_path: Path) -> None:
+    """Were `not valid JSON (Expecting ...: line 2 column 1 (char 2))`, `not valid TOML: ...
+    (at line 2, column 1)`, `... 'utf-8' codec can't decode byte` and the tokenizers library's
+    `EOF while parsing ... at line 2 column 1`: the file named, the position only in prose."""
+    targets = make_targets(files)
+    name = {
+        "config.json": "hf config.json",
+        "safetensors index": "hf safetensors index",
+        "llmir.lock": "llmir.lock (init)",
+    }.get(what, what)
+    argv, f = targets[name].setup(tmp_path)
+    data = f.read_bytes()
+    if what == "registry index":
+        f.write_bytes(b'{\n  "x\xff": 1}')  # not UTF-8 at line 2, col 5
+        at = f"{f}:2:5"
+    elif what == "llmir.lock":
+        f.write_bytes(data + b"\n[[files]\n")  # an unclosed table header on the last line
+        at = f"{f}:{len(data.splitlines()) + 2}:"
+    else:
+        f.write_bytes(b"{\n")  # cut: the document ends at line 2, col 1
+        at = f"{f}:2:1"
+    code, _, err = invoke(*argv)
+    line = rejected(code, err, expect=2, names=at)
+    assert "line " not in line and "(char" not in line, line
