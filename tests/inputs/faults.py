@@ -9,7 +9,8 @@ SIGINT, at=n)` raises KeyboardInterrupt once at the n-th write, as llmir's SIGIN
 so a caller can place a fault at every eighth of a command's writes.
 
 It patches Python's file-opening and writing functions (builtins.open / io.open, which
-os.fdopen and pathlib use too; os.open, os.mkdir, os.write, os.pwrite, os.copy_file_range):
+os.fdopen and pathlib use too; os.open, os.mkdir, os.write, os.pwrite, os.sendfile, which
+shutil.copyfile uses, os.copy_file_range):
 no root, no tmpfs, no LD_PRELOAD, so it runs the same on a CI machine. Writes that bypass them
 (a C library writing on its own) are not seen; llmir writes every output file from Python.
 """
@@ -110,7 +111,7 @@ def disk_fault(root: Path, code: int, at: int = 0) -> Iterator[DiskFault]:
     """Install a DiskFault for the duration of the block (see the module's docstring)."""
     fault = DiskFault(root, code, at)
     real_open, real_os_open, real_mkdir = io.open, os.open, os.mkdir
-    real_write, real_pwrite = os.write, os.pwrite
+    real_write, real_pwrite, real_sendfile = os.write, os.pwrite, os.sendfile
     real_cfr = getattr(os, "copy_file_range", None)
 
     def fake_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
@@ -140,6 +141,10 @@ def disk_fault(root: Path, code: int, at: int = 0) -> Iterator[DiskFault]:
         fault.wrote(fd)
         return real_pwrite(fd, data, offset)
 
+    def fake_sendfile(dst: int, src: int, offset: Any, count: int) -> int:  # shutil.copyfile
+        fault.wrote(dst)
+        return real_sendfile(dst, src, offset, count)
+
     def fake_cfr(src: int, dst: int, count: int, *args: Any, **kwargs: Any) -> int:
         fault.wrote(dst)
         assert real_cfr is not None
@@ -152,10 +157,14 @@ def disk_fault(root: Path, code: int, at: int = 0) -> Iterator[DiskFault]:
         (os, "mkdir", fake_mkdir),
         (os, "write", fake_write),
         (os, "pwrite", fake_pwrite),
+        (os, "sendfile", fake_sendfile),
     ]
     if real_cfr is not None:
         patches.append((os, "copy_file_range", fake_cfr))
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    from llmir_core import interrupts
+
+    received = interrupts._received
     try:
         for obj, name, new in patches:
             setattr(obj, name, new)
@@ -163,6 +172,7 @@ def disk_fault(root: Path, code: int, at: int = 0) -> Iterator[DiskFault]:
     finally:
         for obj, name, old in saved:
             setattr(obj, name, old)
+        interrupts._received = received  # the process goes on: forget a simulated interrupt
 
 
 def eighths(n: int) -> list[int]:

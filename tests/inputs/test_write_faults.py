@@ -119,6 +119,29 @@ def test_init_interrupted_while_writing(inputs: Inputs, tmp_path: Path) -> None:
     assert ran >= 2 and not failures, failures
 
 
+@pytest.mark.parametrize("fault", ["ENOSPC", "SIGINT"])
+def test_a_pulled_file_copied_into_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """Was: a Ctrl-C during the copy of a mirror's file into the cache left its temp file."""
+    from llmir_core.errors import InputError
+    from llmir_core.registry.pull import link_or_copy
+
+    src = tmp_path / "blob"
+    src.write_bytes(b"x" * 100_000)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+
+    def no_link(a: object, b: object) -> None:  # another file system: copy, not link
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+
+    monkeypatch.setattr(os, "link", no_link)
+    want = KeyboardInterrupt if fault == "SIGINT" else InputError
+    with disk_fault(cache, FAULTS[fault], at=1), pytest.raises(want):
+        link_or_copy(src, cache / "model.safetensors")
+    assert listing(cache) == set()
+
+
 # -- output paths -------------------------------------------------------------------------------
 
 
