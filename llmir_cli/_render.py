@@ -8,7 +8,6 @@ shown only with --debug.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import sys
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
-from llmir_core.errors import EXIT_USAGE, Diagnostic, LlmirError
+from llmir_core.errors import DISK_ERRNO_HINTS, EXIT_USAGE, Diagnostic, LlmirError
 from llmir_core.interrupts import caused_by_interrupt
 
 from ._options import OutputFormat
@@ -146,9 +145,9 @@ def _report(ctx: Ctx, exc: BaseException) -> None:
             if exc.hint:
                 sys.stderr.write(f"hint: {exc.hint}\n")
         raise typer.Exit(exc.exit_code) from None
-    if isinstance(exc, OSError) and exc.errno in _ENVIRONMENT_ERRNOS:
+    if isinstance(exc, OSError) and exc.errno in DISK_ERRNO_HINTS:
         where = f"{exc.filename}: " if exc.filename else ""
-        sys.stderr.write(f"error: {where}{exc.strerror}\nhint: {_ENVIRONMENT_ERRNOS[exc.errno]}\n")
+        sys.stderr.write(f"error: {where}{exc.strerror}\nhint: {DISK_ERRNO_HINTS[exc.errno]}\n")
         raise typer.Exit(EXIT_USAGE) from None
     if isinstance(exc, MemoryError):
         sys.stderr.write("error: out of memory\nhint: try a smaller model or free memory\n")
@@ -156,18 +155,6 @@ def _report(ctx: Ctx, exc: BaseException) -> None:
     if not isinstance(exc, Exception):  # SystemExit, GeneratorExit: not errors to report
         raise exc
     _internal(ctx, exc)
-
-
-# errors of the machine, not of llmir: the disk is full or read-only, access is denied
-_ENVIRONMENT_ERRNOS = {
-    errno.ENOSPC: "free disk space, or write the output somewhere else",
-    errno.EDQUOT: "free space within your disk quota, or write the output somewhere else",
-    errno.EFBIG: "the file system cannot hold a file this large: write the output somewhere else",
-    errno.EROFS: "the file system is read-only: write the output somewhere else",
-    errno.EACCES: "check the permissions of the file and its folder",
-    errno.EPERM: "check the permissions of the file and its folder",
-    errno.EIO: "the disk reported an I/O error: check it, or use another one",
-}
 
 
 def _internal(ctx: Ctx, exc: BaseException) -> NoReturn:

@@ -6,6 +6,7 @@ Exit codes (the CLI contract): 0 ok, 1 check failed, 2 usage or input error,
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -13,6 +14,18 @@ EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INCONCLUSIVE = 3
 EXIT_INTERRUPTED = 130
+
+# errors of the machine, not of llmir (the disk is full or read-only, access is denied): exit 2
+# with what to do about each
+DISK_ERRNO_HINTS = {
+    errno.ENOSPC: "free disk space, or write the output somewhere else",
+    errno.EDQUOT: "free space within your disk quota, or write the output somewhere else",
+    errno.EFBIG: "the file system cannot hold a file this large: write the output somewhere else",
+    errno.EROFS: "the file system is read-only: write the output somewhere else",
+    errno.EACCES: "check the permissions of the file and its folder",
+    errno.EPERM: "check the permissions of the file and its folder",
+    errno.EIO: "the disk reported an I/O error: check it, or use another one",
+}
 
 
 class SourcePos(NamedTuple):

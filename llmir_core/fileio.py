@@ -13,13 +13,33 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from .errors import InputError
+from .errors import DISK_ERRNO_HINTS, InputError
+
+
+@contextlib.contextmanager
+def writing_output(path: str | os.PathLike[str], what: str = "output") -> Iterator[None]:
+    """A full, read-only or forbidden disk while the block writes `path` is one InputError
+    naming `path` (the OSError of a failed write names no file); other errors pass unchanged."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in DISK_ERRNO_HINTS:
+            raise
+        raise InputError(
+            f"{path}: cannot write the {what}: {exc.strerror}",
+            hint=DISK_ERRNO_HINTS[exc.errno] + "; nothing was written",
+        ) from None
 
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:  # type: ignore[type-arg]
-    """Yield a file handle; the target appears only if the block finishes without error."""
+    """Yield a file handle; the target appears only if the block finishes without error. A
+    symbolic link is written through (the file it points to is replaced, the link stays)."""
     target = Path(path)
+    if target.is_symlink():
+        target = Path(os.path.realpath(target))
+    if target.is_dir():
+        raise InputError(f"{path}: is a folder, expected a file path")
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(
@@ -54,6 +74,32 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+class NewFiles:
+    """Paths a command may create besides its output (that did not exist when it started):
+    `remove()` deletes those that were created, for a run whose output was not written."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+
+    def remove(self) -> None:
+        for p in self.paths:
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+
+    @contextlib.contextmanager
+    def removed_on_error(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException:
+            self.remove()
+            raise
+
+
+def new_files(paths: list[str]) -> NewFiles:
+    """The paths among `paths` (empty strings skipped) that do not exist yet."""
+    return NewFiles([p for p in dict.fromkeys(paths) if p and not os.path.lexists(p)])
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:

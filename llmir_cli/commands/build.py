@@ -10,6 +10,7 @@ import typer
 
 from llmir_core.backends import TARGETS, build, build_options
 from llmir_core.errors import EXIT_CHECK_FAILED, CheckFailed
+from llmir_core.fileio import writing_output
 from llmir_core.ir.parser import parse_file
 from llmir_core.verifier import verify
 
@@ -137,14 +138,15 @@ def build_cmd(
         )
         if opt_level is None and project is not None and "target" not in module.attrs:
             opt_level = project.opt_level  # a lowered module keeps the pipeline it was lowered by
-        manifest = build(
-            module,
-            str(output),
-            target,
-            source_path=str(file),
-            options=options or None,
-            opt_level=opt_level,
-        )
+        with writing_output(output, "artifact"):
+            manifest = build(
+                module,
+                str(output),
+                target,
+                source_path=str(file),
+                options=options or None,
+                opt_level=opt_level,
+            )
         dt = time.perf_counter() - t0
         if ctx.json:
             ctx.emit_json(

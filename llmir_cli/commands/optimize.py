@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from llmir_core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, InputError
-from llmir_core.fileio import write_text_atomic
+from llmir_core.fileio import new_files, write_text_atomic
 from llmir_core.ir.parser import parse_file
 from llmir_core.ir.printer import print_module
 from llmir_core.weights import rebase_weight_paths
@@ -234,24 +234,30 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
 
             validator = validate_pass
         command = "llmir optimize " + shlex.quote(str(file))
-        result = run_pipeline(
-            module,
-            pipeline,
-            allow_unproved=allow_unproved,
-            validator=validator,
-            dump_dir=str(dump_dir),
-            print_after=set(print_after or ()),
-            print_after_all=print_after_all,
-            command=command,
-        )
-        text = print_module(result.module)
-        failed = result.failed_validation
-        if output is not None and failed is None:
-            # weight paths are relative to the file's folder: keep them pointing at the same
-            # bytes when OUT is written somewhere else than IN
-            if rebase_weight_paths(result.module, str(output.resolve().parent)):
-                text = print_module(result.module)
-            write_text_atomic(output, text)
+        # weights a pass writes beside OUT go again when OUT is not written (an error, a pass
+        # that did not validate): nothing of a failed run stays behind
+        side_files = new_files([getattr(p, "weights_file", "") for p in pipeline] if output else [])
+        with side_files.removed_on_error():
+            result = run_pipeline(
+                module,
+                pipeline,
+                allow_unproved=allow_unproved,
+                validator=validator,
+                dump_dir=str(dump_dir),
+                print_after=set(print_after or ()),
+                print_after_all=print_after_all,
+                command=command,
+            )
+            text = print_module(result.module)
+            failed = result.failed_validation
+            if output is not None and failed is None:
+                # weight paths are relative to the file's folder: keep them pointing at the same
+                # bytes when OUT is written somewhere else than IN
+                if rebase_weight_paths(result.module, str(output.resolve().parent)):
+                    text = print_module(result.module)
+                write_text_atomic(output, text)
+        if failed is not None:
+            side_files.remove()
         if ctx.json:
             payload = {
                 "ok": failed is None and not result.inconclusive,

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from llmir_core.errors import InputError
+from llmir_core.fileio import read_text_lines
 
 from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
 from .._render import handle_errors, make_ctx
@@ -83,10 +84,7 @@ def tokenize_cmd(
             raise InputError("give TEXT or --jsonl FILE, not both")
         lines = None
         if jsonl is not None:
-            try:
-                lines = jsonl.read_text(encoding="utf-8").splitlines()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise InputError(f"{jsonl}: cannot read ({exc})") from None
+            lines = read_text_lines(jsonl)
         elif text is None:
             text = sys.stdin.read()
         tok = open_tokenizer(src)

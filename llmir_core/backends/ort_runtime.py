@@ -50,8 +50,9 @@ def _session(model: str | bytes, threads: int | None = None, custom_ops: Any = (
     try:
         return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types
+        where = f"{model}: " if isinstance(model, str) else ""  # a file names where it failed
         raise BuildError(
-            f"onnxruntime cannot load the model: {str(exc).strip().splitlines()[0]}"
+            f"{where}onnxruntime cannot load the model: {str(exc).strip().splitlines()[0]}"
         ) from None
 
 

@@ -188,15 +188,15 @@ class GGUFFile:
         self.tensors = {t.name: t for t in self.reader.tensors}
         self.tensor_paths: dict[str, str] = {}  # tensors of other shards -> their file
         self.shards = [self.path]
-        count = self.get("split.count")
-        if count is not None and int(count) > 1:
-            self._open_shards(int(count))
+        count = self.get_typed("split.count", int)
+        if count is not None and count > 1:
+            self._open_shards(count)
 
     def _open_shards(self, count: int) -> None:
         """Tensors of every shard of a split model (their data stays in their own file)."""
         from .gguf_split import SPLIT_TENSORS, check_shard, shard_paths
 
-        self.shards = shard_paths(self.path, int(self.get("split.no") or 0), count)
+        self.shards = shard_paths(self.path, self.get_typed("split.no", int) or 0, count)
         for no, p in enumerate(self.shards[1:], 1):
             reader = _open_reader(p)
             fields = reader.fields
@@ -211,10 +211,10 @@ class GGUFFile:
                     )
                 self.tensors[t.name] = t
                 self.tensor_paths[t.name] = p
-        want = self.get(SPLIT_TENSORS)
-        if want is not None and int(want) != len(self.tensors):
+        want = self.get_typed(SPLIT_TENSORS, int)
+        if want is not None and want != len(self.tensors):
             raise InputError(
-                f"{self.path}: metadata field '{SPLIT_TENSORS}' is {int(want)}, the "
+                f"{self.path}: metadata field '{SPLIT_TENSORS}' is {want}, the "
                 f"{count} shards hold {len(self.tensors)} tensors",
                 hint=_REDOWNLOAD,
             )
@@ -239,6 +239,15 @@ class GGUFFile:
                 f"{self.path}: metadata field '{key}' cannot be read ({exc})", hint=_REDOWNLOAD
             ) from None
         return v.item() if isinstance(v, np.generic) else v
+
+    def get_typed(self, key: str, kind: type) -> Any:
+        """`get`, where a value of another type (a crafted file) is an error naming the field;
+        an int field takes no bool."""
+        v = self.get(key)
+        if v is None or (isinstance(v, kind) and not (kind is int and isinstance(v, bool))):
+            return v
+        what = {int: "a whole number", str: "a string", list: "an array"}.get(kind, kind.__name__)
+        raise self.fail(key, f"must be {what}, got {type(v).__name__} {v!r:.40}")
 
     def req(self, key: str) -> Any:
         v = self.get(key)
@@ -756,8 +765,8 @@ def _check_tokenizer(g: GGUFFile) -> None:
 def special_ids(g: GGUFFile) -> tuple[tuple[int, ...], int | None]:
     """End-of-generation ids and the BOS id, by llama.cpp's rules (its defaults for absent keys)."""
     if not g.has("tokenizer.ggml.tokens"):
-        eos = [g.get("tokenizer.ggml.eos_token_id"), g.get("tokenizer.ggml.eot_token_id")]
-        bos = g.get("tokenizer.ggml.bos_token_id")
+        eos = [g.get_typed(f"tokenizer.ggml.{k}_token_id", int) for k in ("eos", "eot")]
+        bos = g.get_typed("tokenizer.ggml.bos_token_id", int)
         return tuple(dict.fromkeys(int(e) for e in eos if e is not None)), (
             int(bos) if bos is not None else None
         )
@@ -776,9 +785,11 @@ def special_ids(g: GGUFFile) -> tuple[tuple[int, ...], int | None]:
         "add_eos_token",
         "add_sep_token",
     )
-    meta = {
-        k: g.get("tokenizer.ggml." + k) for k in keys
-    }  # not the merges: a 128k vocabulary has 280k
+    kinds = {"model": str, "pre": str, "tokens": list}  # *_id: int; add_*: GGUF bool
+    meta = {  # not the merges: a 128k vocabulary has 280k
+        k: g.get_typed("tokenizer.ggml." + k, kinds.get(k, bool if k.startswith("add_") else int))
+        for k in keys
+    }
     st = special_tokens({k: v for k, v in meta.items() if v is not None})
     return st.eog_ids, st.bos_id
 

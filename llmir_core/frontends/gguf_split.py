@@ -62,12 +62,18 @@ def check_shard(
             f"{path}: metadata field '{SPLIT_NO}' or '{SPLIT_COUNT}' is missing: not a shard "
             f"of a {want_count}-file split model"
         )
-    if int(str(got_count)) != want_count or int(str(got_no)) != want_no:
+    no, count = _whole(path, SPLIT_NO, got_no), _whole(path, SPLIT_COUNT, got_count)
+    if count != want_count or no != want_no:
         raise InputError(
-            f"{path}: says shard {int(str(got_no)) + 1} of {int(str(got_count))}, expected "
-            f"shard {want_no + 1} of {want_count}",
+            f"{path}: says shard {no + 1} of {count}, expected shard {want_no + 1} of {want_count}",
             hint="the shards come from different models",
         )
+
+
+def _whole(path: str, key: str, v: object) -> int:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise InputError(f"{path}: metadata field '{key}' must be a whole number, got {v!r:.40}")
+    return v
 
 
 __all__ = ["shard_paths", "shard_name", "check_shard", "SPLIT_COUNT", "SPLIT_NO", "SPLIT_TENSORS"]

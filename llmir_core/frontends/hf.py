@@ -14,7 +14,6 @@ the model's meaning is an `InputError` naming the file and the field.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -24,7 +23,7 @@ import numpy as np
 
 from llmir_core.builder import Builder
 from llmir_core.errors import InputError
-from llmir_core.fileio import reject_surrogates
+from llmir_core.fileio import read_json, read_text
 from llmir_core.ir.core import Module, Value
 from llmir_core.ir.types import DType, TensorType
 
@@ -98,17 +97,8 @@ class _Cfg:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-        value = json.loads(text)
-        reject_surrogates(value, text, path)
-        return value
-    except FileNotFoundError:
-        raise InputError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc})") from None
-    except RecursionError:
-        raise InputError(f"{path}: not valid JSON (nested too deeply)") from None
+    """A JSON file's value; a syntax error or a byte that is not UTF-8 at `file:line:col`."""
+    return read_json(path)
 
 
 def read_config(folder: Path) -> _Cfg:
@@ -499,7 +489,7 @@ def _token_ids(v: Any) -> tuple[int, ...]:
 def _chat_template(folder: Path) -> str | None:
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
+        return read_text(jinja)
     tc = folder / "tokenizer_config.json"
     if not tc.is_file():
         return None

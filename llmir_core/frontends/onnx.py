@@ -972,7 +972,8 @@ def load_tensor_pb(path: str) -> np.ndarray:
             "no dtype for"
         )
     try:
-        arr = onnx.numpy_helper.to_array(t)
+        # external data lives beside the .pb (onnx refuses a location outside that folder)
+        arr = onnx.numpy_helper.to_array(t, base_dir=os.path.dirname(os.path.abspath(path)))
     except Exception as exc:
         raise InputError(f"{path}: cannot decode the tensor: {exc}") from None
     return np.asarray(arr).astype(numpy_dtype(ONNX_TO_DTYPE[t.data_type]), copy=False)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from llmir_core.errors import InputError
+from llmir_core.fileio import read_json
 from llmir_core.ir.types import DType
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -211,19 +212,28 @@ def open_index(path: str | os.PathLike[str]) -> SafetensorsIndex:
                 )
     if p.name.endswith(".index.json"):
         return _open_sharded(p)
-    tensors, meta = read_header(str(p.resolve()))
-    return SafetensorsIndex(tensors, [str(p.resolve())], meta)
+    real = _real_path(p)
+    tensors, meta = read_header(real)
+    return SafetensorsIndex(tensors, [real], meta)
+
+
+def _real_path(p: Path) -> str:
+    """The file a path leads to (a Hugging Face cache links into blobs/); a broken link or a
+    link loop is an error naming the path given."""
+    try:
+        real = p.resolve(strict=True)
+        if real.is_dir():
+            raise InputError(f"{p}: is a folder (via a symlink to {real}), expected a file")
+        return str(real)
+    except FileNotFoundError:
+        raise InputError(f"{p}: file not found (a broken symlink?)", hint=_REDOWNLOAD) from None
+    except (RuntimeError, OSError) as exc:  # RuntimeError: a loop, before Python 3.13
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "a symlink loop"
+        raise InputError(f"{p}: cannot follow the path: {why}") from None
 
 
 def _open_sharded(index_path: Path) -> SafetensorsIndex:
-    try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{index_path}: file not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(
-            f"{index_path}: not a valid JSON index ({exc})", hint=_REDOWNLOAD
-        ) from None
+    index = read_json(index_path, hint=_REDOWNLOAD)
     wmap = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
         raise InputError(f"{index_path}: weight_map must be an object of tensor name -> shard file")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from llmir_core.errors import Diagnostic, InputError, SourcePos
-from llmir_core.fileio import write_text_atomic
+from llmir_core.fileio import read_text, write_text_atomic
 
 from . import jsonpos
 from .home import llmir_home
@@ -218,12 +218,12 @@ def _from_file(
     path: Path, *, origin: str, kind: str, mirror: Path | None = None, label: str | None = None
 ) -> Index:
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_text(path)  # a byte that is not UTF-8: an error at file:line:col
+    except InputError as exc:
         raise InputError(
-            f"cannot read the registry index {path}: {exc}",
-            hint="check the path and its permissions",
-        ) from exc
+            f"cannot read the registry index: {exc.message}",
+            hint=exc.hint or "check the path and its permissions",
+        ) from None
     return _parse(
         text, label=label or str(path), origin=origin, kind=kind, path=path, mirror=mirror
     )

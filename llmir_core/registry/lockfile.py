@@ -139,6 +139,20 @@ def render_project(config: ProjectConfig) -> str:
     return "\n".join(lines)
 
 
+def toml_error_at(path: Path, text: str, exc: Exception) -> str:
+    """tomllib's message, '... (at line L, column C)' or '(at end of document)', as
+    `file:line:col: not valid TOML: ...`."""
+    msg = str(exc)
+    m = re.search(r" \(at line (\d+), column (\d+)\)$", msg)
+    if m:
+        line, col, msg = int(m[1]), int(m[2]), msg[: m.start()]
+    else:
+        msg = msg.removesuffix(" (at end of document)")
+        lines = text.split("\n")
+        line, col = len(lines), len(lines[-1]) + 1
+    return f"{path}:{line}:{col}: not valid TOML: {msg}"
+
+
 def _load(path: Path) -> dict[str, Any]:
     hint = f"restore it from version control, or {_RELOCK_HINT}"
     try:
@@ -148,7 +162,7 @@ def _load(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path}: not valid TOML: {exc}", hint=hint) from None
+        raise InputError(f"{toml_error_at(path, text, exc)}", hint=hint) from None
     except RecursionError:  # tomllib recurses per nested array or inline table
         raise InputError(f"{path}: not valid TOML: nested too deeply", hint=hint) from None
 

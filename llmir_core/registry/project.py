@@ -178,7 +178,7 @@ def write_files(directory: Path, contents: dict[str, str]) -> list[Path]:
         for name, tmp in staged.items():
             os.replace(tmp, directory / name)
             placed.append(name)
-    except OSError as exc:
+    except BaseException as exc:  # an OSError, or Ctrl-C: nothing half-written stays
         for tmp in staged.values():
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -189,6 +189,8 @@ def write_files(directory: Path, contents: dict[str, str]) -> list[Path]:
         for folder in created:  # deepest first
             with contextlib.suppress(OSError):
                 folder.rmdir()
+        if not isinstance(exc, OSError):
+            raise
         raise InputError(
             f"cannot write the project in {directory}: {exc.strerror or exc}",
             hint="check free disk space and the folder's permissions; nothing was written",

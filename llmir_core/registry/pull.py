@@ -635,9 +635,11 @@ def link_or_copy(src: Path, target: Path) -> None:
         except OSError:
             shutil.copyfile(real, tmp)
         os.replace(tmp, target)
-    except OSError as exc:
+    except BaseException as exc:  # an OSError, or Ctrl-C during a long copy: no temp file stays
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if not isinstance(exc, OSError):
+            raise
         raise InputError(
             f"cannot write {target}: {exc.strerror}",
             hint="check LLMIR_HOME's permissions and free space",

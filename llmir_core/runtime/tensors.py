@@ -8,8 +8,10 @@ symbolic dims bound consistently), so a wrong input gets one clear line instead 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -153,8 +155,20 @@ def load_tensor(path: str) -> np.ndarray:
 
         return load_tensor_pb(path)
     try:
-        arr = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
+        # memory-mapped first: a header declaring more data than the file holds fails here,
+        # naming the file, instead of allocating the declared size
+        with np.errstate(over="raise"):  # a shape whose size overflows: FloatingPointError
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        if isinstance(arr, np.memmap):
+            arr = np.array(arr)
+    except Exception as exc:  # numpy parses the header with ast/tokenize: many error types
+        if "mmap length" in str(exc) or isinstance(
+            exc, (OverflowError, MemoryError, FloatingPointError)
+        ):
+            raise InputError(
+                f"{path}: truncated .npy file: its header declares more data than the file holds",
+                hint="save the tensor again with numpy.save",
+            ) from None
         if "descr" in str(
             exc
         ):  # e.g. '<f1': an ml_dtypes float8 array numpy.save wrote but cannot read
@@ -210,31 +224,53 @@ def output_file_name(name: str, ext: str = ".npy") -> str:
 
 
 def write_outputs(outputs: Mapping[str, np.ndarray], out_dir: str) -> list[str]:
+    """Write each output as NAME.npy (NAME.pb for types .npy cannot carry) into out_dir, all or
+    nothing: on a failure the files written so far and any folder made for them are removed."""
+    made = _missing_folders(out_dir)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as exc:
+        _remove_folders(made)
+        raise InputError(f"{out_dir}: cannot create the output folder: {exc.strerror}") from None
+    paths: list[str] = []
+    try:
+        with contextlib.ExitStack() as stack:  # every temp file renamed into place at the end
+            for name, arr in outputs.items():
+                paths.append(_write_output(stack, name, np.asarray(arr), out_dir))
+    except BaseException:
+        _remove_folders(made)
+        raise
+    return paths
+
+
+def _write_output(stack: contextlib.ExitStack, name: str, a: np.ndarray, out_dir: str) -> str:
     from llmir_core.fileio import atomic_write
 
-    if not os.path.isdir(out_dir):
-        try:
-            os.makedirs(out_dir, exist_ok=True)
-        except OSError as exc:
-            raise InputError(
-                f"{out_dir}: cannot create the output folder: {exc.strerror}"
-            ) from None
-    paths = []
-    for name, arr in outputs.items():
-        a = np.asarray(arr)
-        if needs_pb(a):  # .npy cannot carry the type: an ONNX TensorProto keeps it
-            import onnx.numpy_helper
+    if needs_pb(a):  # .npy cannot carry the type: an ONNX TensorProto keeps it
+        import onnx.numpy_helper
 
-            p = os.path.join(out_dir, output_file_name(name, ".pb"))
-            data = onnx.numpy_helper.from_array(a, name).SerializeToString()
-            with atomic_write(p, "wb") as fh:
-                fh.write(data)
-        else:
-            p = os.path.join(out_dir, output_file_name(name))
-            with atomic_write(p, "wb") as fh:
-                np.save(fh, a, allow_pickle=False)
-        paths.append(p)
-    return paths
+        p = os.path.join(out_dir, output_file_name(name, ".pb"))
+        data = onnx.numpy_helper.from_array(a, name).SerializeToString()
+        stack.enter_context(atomic_write(p, "wb")).write(data)
+    else:
+        p = os.path.join(out_dir, output_file_name(name))
+        np.save(stack.enter_context(atomic_write(p, "wb")), a, allow_pickle=False)
+    return p
+
+
+def _missing_folders(path: str) -> list[str]:
+    """The folders os.makedirs(path) would create, deepest first."""
+    out = []
+    p = os.path.abspath(path)
+    while not os.path.exists(p) and p != os.path.dirname(p):
+        out.append(p)
+        p = os.path.dirname(p)
+    return out
+
+
+def _remove_folders(folders: list[str]) -> None:
+    if folders:  # the topmost one made, with everything in it
+        shutil.rmtree(folders[-1], ignore_errors=True)
 
 
 def summarize(outputs: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmir_core.errors import InputError
-from llmir_core.fileio import read_text_lines
+from llmir_core.fileio import read_text, read_text_lines
 from llmir_core.tracing import traced
 
 from .bench import BenchResult, run_bench
@@ -106,8 +106,7 @@ def load_artifact_tokenizer(art_dir: str, manifest: dict[str, Any]) -> Tokenizer
         )
     template = None
     if dec.get("chat_template"):
-        with open(os.path.join(art_dir, dec["chat_template"]), encoding="utf-8") as fh:
-            template = fh.read()
+        template = read_text(os.path.join(art_dir, dec["chat_template"]))
     backend = from_hf_file(os.path.join(art_dir, tok["file"]))
     return Tokenizer(
         backend, dec.get("bos_token_id"), tuple(dec.get("eos_token_ids") or ()), template

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from llmir_core.errors import InputError
+from llmir_core.fileio import read_text
 
 from .tokenizer import Tokenizer, from_gguf_metadata, from_hf_file, load_tokenizer
 
@@ -60,12 +61,7 @@ def _gguf(path: str) -> Tokenizer:
 def _llmir(path: str) -> Tokenizer:
     from llmir_core.ir.parser import parse_module
 
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    module = parse_module(text, path)
+    module = parse_module(read_text(path), path)
     module.source = os.path.abspath(path)
     return load_tokenizer(module)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmir_core.errors import InputError
+from llmir_core.fileio import read_json
 from llmir_core.interrupts import import_optional
 
 from .gguf_tokenizers import BUILDERS
@@ -73,7 +74,9 @@ def from_hf_file(path: str) -> Any:
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # its own Exception type, or a Rust panic (a BaseException)
-        raise InputError(f"{path}: not a valid tokenizer.json ({exc})") from None
+        read_json(path)  # not JSON or not UTF-8: the error at file:line:col, not the library's
+        said = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise InputError(f"{path}: not a valid tokenizer.json ({said})") from None
 
 
 def _spm_merges(

@@ -160,3 +160,52 @@ def _signal_self_then_answer() -> dict[str, object]:
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.05)
     return {"verdict": "proved"}
+
+
+BUILD_INTERRUPTED = """
+import os, signal, sys
+from llmir_cli.main import main
+
+where = sys.argv.pop()
+
+def interrupting(real):
+    def call(*args, **kwargs):  # a real SIGINT, delivered at this call (once)
+        setattr(os, real.__name__, real)
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+    return call
+
+names = {"weights": ["pwrite", "copy_file_range"], "swap": ["rename"]}[where]
+for name in names:
+    if hasattr(os, name):
+        setattr(os, name, interrupting(getattr(os, name)))
+sys.argv = ["llmir", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("where", ["weights", "swap"])
+def test_sigint_mid_build_leaves_nothing(tmp_path: Path, where: str) -> None:
+    """The signal lands while the artifact's weights are written, or right before the finished
+    temp folder is moved into place: exit 130, `interrupted`, and neither the output folder nor
+    its temp folder is left."""
+    import numpy as np
+
+    from tests.inputs.damage import TEXT
+
+    np.ones((16, 16), np.float32).tofile(tmp_path / "w.bin")
+    (tmp_path / "m.llmir").write_text(TEXT)
+    before = sorted(os.listdir(tmp_path))
+    argv = ["build", str(tmp_path / "m.llmir"), "-o", str(tmp_path / "out"), where]
+    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)}
+    p = subprocess.run(
+        [sys.executable, "-c", BUILD_INTERRUPTED, *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert p.returncode == 130, (p.returncode, p.stdout, p.stderr)
+    assert p.stderr == "interrupted\n", p.stderr
+    assert sorted(os.listdir(tmp_path)) == before

@@ -37,3 +37,17 @@ def llama_artifact(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     out = root / "llama.art"
     build_decoder(module, str(out))
     return out
+
+
+@pytest.fixture(scope="session")
+def llama_split(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny llama as a 3-shard split GGUF (m-0000N-of-00003.gguf); the folder."""
+    pytest.importorskip("gguf", reason="the gguf package is needed to write test files")
+    from safetensors.numpy import load_file
+
+    from tests.llm.gguf_convert import write_gguf
+
+    out = tmp_path_factory.mktemp("split")
+    state = load_file(str(llama_dir / "model.safetensors"))
+    write_gguf(llama_dir, state, out / "m.gguf", split_max_tensors=7)
+    return out

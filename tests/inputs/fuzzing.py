@@ -371,7 +371,8 @@ def make_readers(seeds: Seeds) -> dict[str, Reader]:
                 ["registry", "search", "qwen"],
             ]
         )
-        return [*cmd, "--registry", str(reg), "--offline"], str(reg / "index.json"), False
+        # an error names index.json, or the registry folder (a model the index does not list)
+        return [*cmd, "--registry", str(reg), "--offline"], str(reg), False
 
     readers["registry index"] = Reader("registry index", index)
 
