@@ -23,11 +23,12 @@ from llmir_core.ir.printer import print_module
 from llmir_core.passes.base import clone_module
 from llmir_core.passes.manager import run_pipeline
 from llmir_core.runtime.ort_decoder import open_artifact
+from tests.conftest import requires
 
 from .helpers import greedy, rel, same_decoding
 
 WHY = unavailable_reason()
-needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"llmir's custom op cannot run: {WHY}")
+needs_kernel = requires(None if WHY is None else f"llmir's custom op cannot run: {WHY}")
 MS = "com.microsoft"
 REPO = Path(__file__).resolve().parents[2]
 F32 = np.float32

@@ -21,12 +21,13 @@ from llmir_core.ir.printer import print_module
 from llmir_core.passes.base import clone_module
 from llmir_core.passes.manager import run_pipeline
 from llmir_core.runtime.ort_decoder import open_artifact
+from tests.conftest import requires
 
 from .helpers import greedy, llmir_session, parity, rel
 from .tiny import LlamaShape, make_llama_folder
 
 WHY = unavailable_reason()
-needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"llmir's custom op cannot run: {WHY}")
+needs_kernel = requires(None if WHY is None else f"llmir's custom op cannot run: {WHY}")
 
 
 def _session(w_shape: list[int], n: int | None, threads: int = 2) -> Any:

@@ -29,11 +29,12 @@ from llmir_core.passes.base import clone_module
 from llmir_core.passes.manager import run_pipeline
 from llmir_core.quant import nbits
 from llmir_core.runtime.ort_decoder import open_artifact
+from tests.conftest import requires
 
 from .helpers import greedy, rel
 
 WHY = unavailable_reason()
-needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"llmir's custom op cannot run: {WHY}")
+needs_kernel = requires(None if WHY is None else f"llmir's custom op cannot run: {WHY}")
 PROMPT = np.array([[1, 5, 9, 2, 7, 3]])
 F32 = np.float32
 

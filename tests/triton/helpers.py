@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pytest
 
-torch = pytest.importorskip(
-    "torch", reason="the triton kernels need torch (pip install 'llmir[gpu]')"
-)
-pytest.importorskip("triton", reason="the triton kernels need triton (pip install 'llmir[gpu]')")
+from tests.conftest import import_or_skip
+
+torch = import_or_skip("torch", "the triton kernels need torch (pip install 'llmir[gpu]')")
+import_or_skip("triton", "the triton kernels need triton (pip install 'llmir[gpu]')")
 
 from llmir_core.dialects.registry import get_op  # noqa: E402
 

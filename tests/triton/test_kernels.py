@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip(
-    "torch", reason="the triton kernels need torch (pip install 'llmir[gpu]')"
-)
-pytest.importorskip("triton", reason="the triton kernels need triton (pip install 'llmir[gpu]')")
+from tests.conftest import import_or_skip
+
+torch = import_or_skip("torch", "the triton kernels need torch (pip install 'llmir[gpu]')")
+import_or_skip("triton", "the triton kernels need triton (pip install 'llmir[gpu]')")
 
 from llmir_core.backends.triton.kernels import (  # noqa: E402
     decode_attention,
@@ -99,7 +99,7 @@ def test_matmul(dt: str, rows: int, act: str, gated: bool, bias: bool) -> None:
 
 
 def _gguf_rows(scheme: str, n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    gguf = pytest.importorskip("gguf")
+    gguf = import_or_skip("gguf", "the gguf package writes the blocks")
     w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
     qt = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}[scheme]
     raw = gguf.quants.quantize(w, qt)
