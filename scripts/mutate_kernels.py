@@ -43,15 +43,16 @@ T_DIR = "llmir_core/backends/triton/kernels/"
 # test selections (pytest node ids, relative to the repository root)
 _NORM = "tests/decoder/test_norm_kernel.py::"
 NORM = (
-    _NORM + "test_matches_onnxruntime",
     _NORM + "test_edge_rows_match_float64",
     _NORM + "test_default_epsilon",
+    _NORM + "test_matches_onnxruntime",
 )
 _ATT = "tests/decoder/test_attention_kernel.py::"
-ATTN = (
+ATTN = (  # the cases with every attribute first: -x stops at the first failure
+    _ATT + "test_partial_rotary_matches_onnxruntime",
     _ATT + "test_matches_onnxruntime",
     _ATT + "test_int8_caches_match_onnxruntime",
-    _ATT + "test_rotary_tail_matches_onnxruntime",
+    _ATT + "test_rotary_scalar_tail_matches_numpy",
 )
 NBITS = ("tests/decoder/test_nbits_kernel.py::test_kernel_matches_numpy",)
 S8 = ("tests/decoder/test_int8_llmir.py::test_kernel_matches_reference",)

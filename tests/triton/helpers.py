@@ -34,6 +34,23 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
 
+def max_err(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| / max |want|: the worst element (a Frobenius norm would spread one bad
+    element or row over the whole tensor)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert not np.isnan(got).any(), "NaN in the kernel's output"
+    return float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1e-30))
+
+
+def assert_elementwise(got: Any, want: Any, rtol: float, atol: Any = 0.0) -> None:
+    """|got - want| <= atol + rtol |want| for every element (atol a number or an array)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert not np.isnan(got).any(), "NaN in the kernel's output"
+    excess = np.abs(got - want) - (atol + rtol * np.abs(want))
+    i = np.unravel_index(int(np.argmax(excess)), excess.shape)
+    assert excess[i] <= 0, f"element {i}: got {got[i]!r}, want {want[i]!r}"
+
+
 def rand(shape: tuple[int, ...], dtype: str = "f32", seed: int = 0, scale: float = 1.0) -> Any:
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(shape, generator=g) * scale).to(TORCH[dtype])
