@@ -78,6 +78,7 @@ class Mutant:
     subset: bool = False  # in the CI subset
 
 
+# fmt: off
 M = Mutant
 MUTANTS: tuple[Mutant, ...] = (
     # -- norm.c ------------------------------------------------------------------------------
@@ -327,6 +328,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "gelu_tanh: cubic coefficient 0.0447"),
 )
 del M
+# fmt: on
 
 
 def select(names: Sequence[str] | None, subset: bool) -> list[Mutant]:
@@ -500,6 +502,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--output", type=Path, help="also write the JSON report here")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --output: keep the report's other mutants, replace those run now",
+    )
     p.add_argument("--jobs", type=int, default=1, help="mutants run at once (default 1)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant's tests")
     p.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
@@ -530,8 +537,16 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(r)
                 if a.format == "text":
                     print(f"{r.status:8} {r.name} ({r.seconds:.0f} s): {r.detail}", flush=True)
+    seconds = round(time.monotonic() - t0, 1)
+    if a.merge and a.output and a.output.is_file():
+        ran = {r.name for r in results}
+        old = json.loads(a.output.read_text())
+        kept = [Result(**m) for m in old["mutants"] if m["name"] not in ran]
+        seconds += float(old.get("seconds", 0.0))
+        order = {m.name: i for i, m in enumerate(MUTANTS)}
+        results = sorted(kept + results, key=lambda r: order.get(r.name, len(order)))
     report = summary(results)
-    report["seconds"] = round(time.monotonic() - t0, 1)
+    report["seconds"] = round(seconds, 1)
     text = json.dumps(report, indent=2) + "\n"
     if a.output:
         a.output.write_text(text)
@@ -539,8 +554,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(text)
     else:
         print(f"killed {report['kill_rate']} mutants in {report['seconds']:.0f} s")
-        for f, c in report["by_file"].items():  # type: ignore[union-attr]
-            print(f"  {f}: {c['killed']}/{c['total']}")
+        by_file: dict[str, dict[str, int]] = report["by_file"]  # type: ignore[assignment]
+        for name, c in by_file.items():
+            print(f"  {name}: {c['killed']}/{c['total']}")
     if report["error"]:
         return 2
     return 1 if report["survived"] else 0
