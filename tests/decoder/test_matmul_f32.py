@@ -69,7 +69,7 @@ def test_panel_kernel_matches_numpy(n: int, k: int) -> None:
         got = sess.run(None, {"x": x, "w": wp})[0]
         x64, w64 = x.astype(np.float64), w.astype(np.float64)
         assert got.shape == (m, n) and got.dtype == np.float32
-        assert_dot_close(got, x64 @ w64.T, np.abs(x64) @ np.abs(w64).T, 2e-6 * np.sqrt(k))
+        assert_dot_close(got, x64 @ w64.T, np.abs(x64) @ np.abs(w64).T, 5e-7 * np.sqrt(k))
 
 
 @needs_kernel

@@ -97,7 +97,7 @@ def test_kernel_matches_numpy(bits: int, f16: bool, zp: bool, n: int, k: int) ->
         int8 = m <= 4 or bits == 4
         xs = _int8_rows(x) if int8 else x.astype(np.float64)
         # only the f32 summation order differs from the kernel's own numerics, element by element
-        assert_dot_close(got, xs @ deq.T, np.abs(xs) @ np.abs(deq).T, 2e-6 * np.sqrt(k))
+        assert_dot_close(got, xs @ deq.T, np.abs(xs) @ np.abs(deq).T, 5e-7 * np.sqrt(k))
         # and int8 activations stay within their quantization error of the exact product
         assert rel(got, exact) <= (3e-2 if int8 else 1e-5)
 
