@@ -156,3 +156,23 @@ def llmir_session(graph: Any, threads: int) -> Any:
     so.intra_op_num_threads = threads
     register(so, ["llmir_ops"])
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def edge_rows(x: np.ndarray) -> np.ndarray:
+    """x [M, K] with, for M >= 5, row 1 all zero, row 2 tiny (1e-20) and row 3 huge (1e16): a
+    per-row error must show at every row's own size."""
+    if x.shape[0] >= 5:
+        x[1] = 0.0
+        x[2] *= 1e-20
+        x[3] *= 1e16
+    return x
+
+
+def assert_dot_close(got: np.ndarray, want: np.ndarray, scale: np.ndarray, rtol: float) -> None:
+    """|got - want| <= rtol * scale for every element, scale = |x| @ |w|^T (the size of a dot
+    product's rounding error): a zero row must be exactly zero, a tiny row is held to its own
+    size, and one wrong element cannot hide behind a global maximum."""
+    assert not np.isnan(got).any(), "NaN in the kernel's output"
+    excess = np.abs(got.astype(np.float64) - want) - rtol * scale
+    i = np.unravel_index(int(np.argmax(excess)), excess.shape)
+    assert excess[i] <= 0, f"element {i}: got {got[i]!r}, want {want[i]!r}, scale {scale[i]:.3g}"

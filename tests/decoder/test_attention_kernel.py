@@ -23,11 +23,12 @@ from llmir_core.ir.printer import print_module
 from llmir_core.passes.base import clone_module
 from llmir_core.passes.manager import run_pipeline
 from llmir_core.runtime.ort_decoder import open_artifact
+from tests.conftest import requires
 
 from .helpers import greedy, rel, same_decoding
 
 WHY = unavailable_reason()
-needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"llmir's custom op cannot run: {WHY}")
+needs_kernel = requires(None if WHY is None else f"llmir's custom op cannot run: {WHY}")
 MS = "com.microsoft"
 REPO = Path(__file__).resolve().parents[2]
 F32 = np.float32
@@ -96,11 +97,13 @@ def _compare(
     shared: bool = True,
     kv8: str = "",
     bias: bool = False,
+    rotary_dim: int = 0,
     **at: Any,
 ) -> float:
     """Worst |llmir - onnxruntime| over the outputs and KV buffers of a run of steps (tokens per
     step) on the same inputs, each kernel writing its own buffers. With `bias`, llmir's node
-    takes a qkv bias (input 14) and onnxruntime's the packed rows with the bias added."""
+    takes a qkv bias (input 14) and onnxruntime's the packed rows with the bias added;
+    `rotary_dim` (0: head_dim) rotates the first rotary_dim channels of each head."""
     import onnxruntime as ort
 
     rng = np.random.default_rng(heads * 100 + kv * 10 + d + batch)
@@ -115,7 +118,7 @@ def _compare(
     if kv8:
         shape = (1, kv, 1, d) if kv8 == "per_channel" else (1,)
         scales = {n: rng.uniform(0.01, 0.04, shape).astype(F32) for n in ("ks", "vs")}
-    ang = rng.standard_normal((cap, d // 2)).astype(F32)
+    ang = rng.standard_normal((cap, (rotary_dim or d) // 2)).astype(F32)
     n, worst = 0, 0.0
     for s in steps:
         widths = {"qkv": heads + 2 * kv} if packed else {"q": heads, "k": kv, "v": kv}
@@ -163,7 +166,12 @@ def _compare(
 @needs_kernel
 @pytest.mark.parametrize(
     "heads,kv,d,batch,packed,rotary,extra",
-    [
+    [  # non-default attributes first (a broken kernel fails early under -x)
+        (6, 2, 64, 1, True, True, {"softcap": 20.0, "scale": 0.3}),  # gemma2-style
+        (9, 3, 64, 1, True, True, {"local_window_size": 70, "softcap": 30.0}),
+        (4, 2, 32, 1, True, True, {"local_window_size": 5}),  # sliding window
+        (7, 1, 32, 2, True, True, {"local_window_size": 100}),
+        (3, 1, 64, 1, True, True, {"rotary_interleaved": 1}),  # rotary pairs
         (9, 3, 64, 1, True, True, {}),  # SmolLM2-135M: ratio 3
         (14, 2, 64, 1, True, True, {}),  # Qwen2.5-0.5B: ratio 7
         (7, 1, 32, 2, True, True, {}),  # ratio 7, batch 2, head_dim 32
@@ -171,11 +179,6 @@ def _compare(
         (9, 3, 32, 1, True, False, {}),  # no rotary
         (4, 2, 24, 1, True, False, {}),  # head_dim a multiple of 8, not of 16
         (4, 1, 128, 1, True, True, {}),  # head_dim 128
-        (3, 1, 64, 1, True, True, {"rotary_interleaved": 1}),  # rotary pairs
-        (6, 2, 64, 1, True, True, {"softcap": 20.0, "scale": 0.3}),  # gemma2-style
-        (4, 2, 32, 1, True, True, {"local_window_size": 5}),  # sliding window
-        (9, 3, 64, 1, True, True, {"local_window_size": 70, "softcap": 30.0}),
-        (7, 1, 32, 2, True, True, {"local_window_size": 100}),
     ],
 )
 def test_matches_onnxruntime(
@@ -187,6 +190,81 @@ def test_matches_onnxruntime(
     if batch > 1:  # onnxruntime takes a multi-token chunk after a prefix for batch 1 only
         steps = (300, 1, 1, 1)  # 301+ keys: decode split into key chunks
     assert _compare(heads, kv, d, batch, packed, rotary, steps, **extra) <= 1e-5
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "rd,extra",
+    [
+        (16, {}),  # the channels past rotary_dim are copied, not rotated
+        (48, {"rotary_interleaved": 1}),
+        (32, {"softcap": 5.0, "local_window_size": 9, "scale": 0.2}),  # every attribute at once
+    ],
+)
+def test_partial_rotary_matches_onnxruntime(rd: int, extra: dict[str, Any]) -> None:
+    steps = (7, 1, 1, 60, 1, 70, 1)
+    assert _compare(6, 2, 64, 1, True, True, steps, rotary_dim=rd, **extra) <= 1e-5
+
+
+def _rotate64(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool) -> np.ndarray:
+    """x [..., D] rotated on its first 2 * cos.shape[-1] channels (float64)."""
+    half = cos.shape[-1]
+    y = x.astype(np.float64).copy()
+    if interleaved:
+        x1, x2 = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]
+        y[..., 0 : 2 * half : 2], y[..., 1 : 2 * half : 2] = (
+            x1 * cos - x2 * sin,
+            x2 * cos + x1 * sin,
+        )
+    else:
+        x1, x2 = x[..., :half], x[..., half : 2 * half]
+        y[..., :half], y[..., half : 2 * half] = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    return y
+
+
+@needs_kernel
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_rotary_scalar_tail_matches_numpy(interleaved: int) -> None:
+    """rotary_dim 24 (12 pairs: 8 in a vector, 4 in the scalar tail), which onnxruntime's op
+    refuses (cos_cache width a multiple of 8): against a float64 numpy attention, element by
+    element, over a prompt and decode steps."""
+    heads, kv, d, rd, cap = 4, 2, 32, 24, 16
+    rng = np.random.default_rng(24 + interleaved)
+    sess = _session(DOMAIN, heads, kv, d, True, True, rotary_interleaved=interleaved)
+    ang = rng.standard_normal((cap, rd // 2))
+    cos, sin = np.cos(ang).astype(F32), np.sin(ang).astype(F32)
+    pk, pv = np.zeros((1, kv, cap, d), F32), np.zeros((1, kv, cap, d), F32)
+    keys, vals, n = np.zeros((kv, 0, d)), np.zeros((kv, 0, d)), 0
+    for s in (7, 1, 1):
+        qkv = rng.standard_normal((1, s, (heads + 2 * kv) * d)).astype(F32)
+        pos = np.arange(n, n + s)
+        feeds = {
+            "qkv": qkv, "pk": pk, "pv": pv, "seqlens": np.array([n + s - 1], np.int32),
+            "total": np.array(n + s, np.int32), "cos": cos, "sin": sin, "pos": pos[None],
+        }  # fmt: skip
+        out, pk, pv = sess.run(None, feeds)
+        rows = qkv[0].reshape(s, heads + 2 * kv, d)
+        c, sn = cos[pos][:, None], sin[pos][:, None]
+        q = _rotate64(rows[:, :heads], c, sn, bool(interleaved)) / np.sqrt(d)
+        keys = np.concatenate(
+            [
+                keys,
+                _rotate64(rows[:, heads : heads + kv], c, sn, bool(interleaved)).transpose(1, 0, 2),
+            ],
+            1,
+        )  # noqa: E501
+        vals = np.concatenate(
+            [vals, rows[:, heads + kv :].astype(np.float64).transpose(1, 0, 2)], 1
+        )  # noqa: E501
+        want = np.zeros((s, heads, d))
+        for h in range(heads):
+            sc = q[:, h] @ keys[h // (heads // kv)].T  # [s, n + s]
+            sc[np.arange(n + s)[None, :] > (n + np.arange(s))[:, None]] = -np.inf
+            p = np.exp(sc - sc.max(-1, keepdims=True))
+            want[:, h] = (p / p.sum(-1, keepdims=True)) @ vals[h // (heads // kv)]
+        assert np.abs(out[0] - want.reshape(s, heads * d)).max() <= 1e-5
+        assert np.abs(pk[0, :, : n + s] - keys).max() <= 1e-5
+        n += s
 
 
 @needs_kernel

@@ -16,11 +16,12 @@ from llmir_core.backends.ort_ext import DOMAIN, unavailable_reason
 from llmir_core.errors import InputError
 from llmir_core.ir.printer import print_module
 from llmir_core.runtime.ort_decoder import open_artifact
+from tests.conftest import requires
 
 from .helpers import ref_decoder, rel
 
 WHY = unavailable_reason()
-needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"llmir's custom op cannot run: {WHY}")
+needs_kernel = requires(None if WHY is None else f"llmir's custom op cannot run: {WHY}")
 LLMIR = {"quant": "int4", "nbits_kernel": "llmir"}
 
 

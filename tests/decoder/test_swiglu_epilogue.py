@@ -23,11 +23,12 @@ from llmir_core.dialects.registry import get_op
 from llmir_core.ir.printer import print_module
 from llmir_core.quant import nbits, s8
 from llmir_core.runtime.ort_decoder import open_artifact
+from tests.conftest import requires
 
 from .helpers import greedy, llmir_session, rel
 
 WHY = unavailable_reason()
-needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"llmir's custom op cannot run: {WHY}")
+needs_kernel = requires(None if WHY is None else f"llmir's custom op cannot run: {WHY}")
 F32 = np.float32
 PROMPT = np.random.default_rng(2).integers(3, 100, (1, 9))
 

@@ -128,7 +128,8 @@ def test_load_32_streaming_clients(tiny_artifact: Path) -> None:
     gen = TextGenerator(str(tiny_artifact), TextGenOptions(threads=1, max_new_tokens=16))
     want = {p: gen.generate(p).result.text for p in prompts}
 
-    async def one(c: Any, p: str) -> str | None:
+    async def one(c: Any, p: str) -> str | BaseException | None:
+        """The streamed text, None for a 429, or what else went wrong (counted below)."""
         try:
             stream = await c.completions.create(
                 model=srv.model.name, prompt=p, max_tokens=16, temperature=0, stream=True
@@ -136,8 +137,10 @@ def test_load_32_streaming_clients(tiny_artifact: Path) -> None:
             return "".join([ch.choices[0].text async for ch in stream if ch.choices])
         except openai.RateLimitError:
             return None
+        except Exception as exc:  # noqa: BLE001 - counted and reported by the assertion
+            return exc
 
-    async def wave() -> list[str | None]:
+    async def wave() -> list[str | BaseException | None]:
         async with openai.AsyncOpenAI(
             base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60
         ) as c:
@@ -148,9 +151,17 @@ def test_load_32_streaming_clients(tiny_artifact: Path) -> None:
         gc.collect()
         idle = _rss()
         got = asyncio.run(wave())
-        served = [(p, t) for p, t in zip(prompts, got) if t is not None]
-        assert len(served) >= 8 + 16 - 8  # at least the slots and most of the queue were served
-        assert all(t == want[p] for p, t in served)
+        done = [p for p, t in zip(prompts, got) if isinstance(t, str) and t == want[p]]
+        wrong = [p for p, t in zip(prompts, got) if isinstance(t, str) and t != want[p]]
+        limited = [p for p, t in zip(prompts, got) if t is None]
+        failed = [repr(t)[:80] for t in got if isinstance(t, BaseException)]
+        counts = (
+            f"{len(done)} completed, {len(limited)} got 429, {len(wrong)} streamed other text "
+            f"than the sequential run, {len(failed)} failed otherwise {failed[:3]}"
+        )
+        # every stream completes with the sequential text or is refused with a 429, and at
+        # least the 8 slots are served
+        assert len(done) + len(limited) == len(prompts) and len(done) >= 8, counts
         assert srv.model.scheduler.max_batch_seen > 1
         deadline = time.monotonic() + 10
         while srv.model.scheduler.active and time.monotonic() < deadline:

@@ -15,6 +15,7 @@ import pytest
 from llmir_core.errors import InputError
 from llmir_core.serve.app import STATIC_DIR
 from llmir_core.serve.playground import collect
+from tests.conftest import import_or_skip, skip_or_fail
 
 from .conftest import start_server
 
@@ -83,11 +84,9 @@ def test_static_files_ship_without_a_cdn() -> None:
 
 
 def _driver(tmp_path: Path) -> Any:
-    webdriver = pytest.importorskip(
-        "selenium.webdriver", reason="the test extra (selenium) is not installed"
-    )
+    webdriver = import_or_skip("selenium.webdriver", "the test extra (selenium) is not installed")
     if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        pytest.skip(
+        skip_or_fail(
             "Chromium is not installed (apt-get install -y chromium chromium-driver; .ci/run does)"
         )
     from selenium.webdriver.chrome.service import Service

@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pytest
 
-torch = pytest.importorskip(
-    "torch", reason="the triton kernels need torch (pip install 'llmir[gpu]')"
-)
-pytest.importorskip("triton", reason="the triton kernels need triton (pip install 'llmir[gpu]')")
+from tests.conftest import import_or_skip
+
+torch = import_or_skip("torch", "the triton kernels need torch (pip install 'llmir[gpu]')")
+import_or_skip("triton", "the triton kernels need triton (pip install 'llmir[gpu]')")
 
 from llmir_core.dialects.registry import get_op  # noqa: E402
 
@@ -33,6 +32,23 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     assert not np.isnan(got).any(), "NaN in the kernel's output"
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def max_err(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| / max |want|: the worst element (a Frobenius norm would spread one bad
+    element or row over the whole tensor)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert not np.isnan(got).any(), "NaN in the kernel's output"
+    return float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1e-30))
+
+
+def assert_elementwise(got: Any, want: Any, rtol: float, atol: Any = 0.0) -> None:
+    """|got - want| <= atol + rtol |want| for every element (atol a number or an array)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert not np.isnan(got).any(), "NaN in the kernel's output"
+    excess = np.abs(got - want) - (atol + rtol * np.abs(want))
+    i = np.unravel_index(int(np.argmax(excess)), excess.shape)
+    assert excess[i] <= 0, f"element {i}: got {got[i]!r}, want {want[i]!r}"
 
 
 def rand(shape: tuple[int, ...], dtype: str = "f32", seed: int = 0, scale: float = 1.0) -> Any:

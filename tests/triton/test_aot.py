@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch", reason="the triton kernels need torch (pip install 'llmir[gpu]')")
-pytest.importorskip("triton", reason="the triton kernels need triton (pip install 'llmir[gpu]')")
+from tests.conftest import import_or_skip
+
+import_or_skip("torch", "the triton kernels need torch (pip install 'llmir[gpu]')")
+import_or_skip("triton", "the triton kernels need triton (pip install 'llmir[gpu]')")
 
 from llmir_core.backends.triton import aot  # noqa: E402
 from llmir_core.errors import InputError  # noqa: E402

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip(
-    "torch", reason="the triton kernels need torch (pip install 'llmir[gpu]')"
-)
-pytest.importorskip("triton", reason="the triton kernels need triton (pip install 'llmir[gpu]')")
+from tests.conftest import import_or_skip
+
+torch = import_or_skip("torch", "the triton kernels need torch (pip install 'llmir[gpu]')")
+import_or_skip("triton", "the triton kernels need triton (pip install 'llmir[gpu]')")
 
 from llmir_core.backends.triton.kernels import (  # noqa: E402
     decode_attention,
@@ -23,7 +23,7 @@ from llmir_core.backends.triton.kernels import (  # noqa: E402
     sampling,
 )
 
-from .helpers import TOL, TORCH, np32, rand, ref, rel_err  # noqa: E402
+from .helpers import TOL, TORCH, assert_elementwise, max_err, np32, rand, ref  # noqa: E402
 
 
 @pytest.mark.parametrize("dt", ["f32", "f16"])
@@ -44,11 +44,35 @@ def test_rms_norm(dt: str, res: bool, offset: float) -> None:
         want, want_sum = ref(
             "llm.add_rms_norm", [np32(x), np32(r), np32(w)], eps=1e-5, offset=offset
         )
-        assert rel_err(np32(s), want_sum) < TOL[dt]  # the interpreter may round bf16 differently
+        assert max_err(np32(s), want_sum) < TOL[dt]  # the interpreter may round bf16 differently
         want = ref("llm.rms_norm", [np32(s), np32(w)], eps=1e-5, offset=offset)
     else:
         want = ref("llm.rms_norm", [np32(x), np32(w)], eps=1e-5, offset=offset)
-    assert rel_err(np32(y), want) < TOL[dt]
+    assert max_err(np32(y), want) < TOL[dt]
+
+
+def _rms64(s: np.ndarray, w: np.ndarray, eps: float, offset: float) -> np.ndarray:
+    s64 = s.astype(np.float64)
+    return s64 / np.sqrt((s64 * s64).mean(-1, keepdims=True) + eps) * (w + offset)
+
+
+@pytest.mark.parametrize("eps", [1e-2, 1e-6])
+@pytest.mark.parametrize("res,offset", [(False, 0.0), (True, 1.0)])
+def test_rms_norm_edge_rows(eps: float, res: bool, offset: float) -> None:
+    """All-zero, tiny (1e-20), huge (1e16) and eps-sized rows, element by element against
+    float64: eps decides the tiny rows and half of the eps-sized ones."""
+    x = rand((6, 40), "f32", 31)
+    x[0] = 0.0
+    x[1] *= 1e-20
+    x[2] *= 1e16
+    x[3] *= eps**0.5
+    x[4] *= eps**0.5 / 10
+    r, w = rand((6, 40), "f32", 32) * x.abs().amax(-1, keepdim=True), rand((40,), "f32", 33)
+    y, s = norm.rms_norm(x, w, r if res else None, eps=eps, offset=offset)
+    want_sum = np32(x) + np32(r) if res else np32(x)
+    if res:
+        np.testing.assert_array_equal(np32(s), want_sum)
+    assert_elementwise(np32(y), _rms64(want_sum, np32(w).astype(np.float64), eps, offset), 2e-6)
 
 
 @pytest.mark.parametrize(
@@ -66,11 +90,11 @@ def test_rotary(interleaved: bool, rd: int, pos_batch: int) -> None:
         interleaved=interleaved,
         rotary_dim=rd,
     )
-    assert rel_err(np32(got), want) < TOL["f32"]
+    assert max_err(np32(got), want) < TOL["f32"]
     # in place on a strided view (the heads of a [B, S, H, D] projection)
     y = x.transpose(1, 2).contiguous().transpose(1, 2)
     rotary.rotary(y, cos, sin, pos, interleaved=interleaved, rotary_dim=rd, out=y)
-    assert rel_err(np32(y), want) < TOL["f32"]
+    assert max_err(np32(y), want) < TOL["f32"]
 
 
 @pytest.mark.parametrize(
@@ -95,11 +119,40 @@ def test_matmul(dt: str, rows: int, act: str, gated: bool, bias: bool) -> None:
     want = ref("llm.linear", args, activation=act).astype(np.float64)
     if gated:
         want = want * ref("llm.linear", [np32(x), np32(wu)])
-    assert rel_err(np32(got), want) < 2 * TOL[dt]
+    assert max_err(np32(got), want) < 2 * TOL[dt]
+
+
+def _act64(y: np.ndarray, act: str) -> np.ndarray:
+    from math import erf
+
+    if act == "silu":
+        return y / (1.0 + np.exp(-y))
+    if act == "gelu":
+        return 0.5 * y * (1.0 + np.vectorize(erf)(y / np.sqrt(2.0)))
+    if act == "gelu_tanh":
+        return 0.5 * y * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (y + 0.044715 * y**3)))
+    return np.maximum(y, 0.0) if act == "relu" else y
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh", "relu"])
+@pytest.mark.parametrize("rows", [2, 40])  # the GEMV and the tiled kernel
+def test_matmul_activations_per_element(act: str, rows: int) -> None:
+    """x @ I^T is exact, so each epilogue is seen alone, element by element against float64 over
+    [-6, 6] (gated: act(x) * x)."""
+    x = torch.linspace(-6.0, 6.0, rows * 32).reshape(rows, 32)
+    eye = torch.eye(32)
+    for gated in (False, True):
+        got = matmul.matmul(x, eye, None, w_up=eye if gated else None, activation=act)
+        x64 = np32(x).astype(np.float64)
+        want = _act64(x64, act) * (x64 if gated else 1.0)
+        # 1 + tanh(z) cancels in f32 for z << 0: an absolute error of about ulp(1) |x| (|x|)
+        assert_elementwise(
+            np32(got), want, 1e-5, 1e-6 * np.abs(x64) * (np.abs(x64) if gated else 1)
+        )
 
 
 def _gguf_rows(scheme: str, n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    gguf = pytest.importorskip("gguf")
+    gguf = import_or_skip("gguf", "the gguf package writes the blocks")
     w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
     qt = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}[scheme]
     raw = gguf.quants.quantize(w, qt)
@@ -119,7 +172,7 @@ def test_gguf_quant_matmul(scheme: str, rows: int) -> None:
         x, torch.from_numpy(codes), torch.from_numpy(scales), bits=bits, qblock=32, gguf_order=True
     )
     want = np32(x).astype(np.float64) @ wd.astype(np.float64).T
-    assert rel_err(np32(got), want) < TOL["f32"]
+    assert max_err(np32(got), want) < TOL["f32"]
 
 
 def test_nbits_quant_matmul() -> None:
@@ -142,7 +195,7 @@ def test_nbits_quant_matmul() -> None:
             activation="silu",
         )
         want = ref("llm.linear", [np32(x), wd.astype(np.float32)], activation="silu")
-        assert rel_err(np32(got), want) < TOL["f32"]
+        assert max_err(np32(got), want) < TOL["f32"]
 
 
 @pytest.mark.parametrize("dt", ["f16", "int8"])
@@ -165,6 +218,16 @@ def test_kv_append(dt: str) -> None:
         np.testing.assert_array_equal(np32(cache[:, :, 5:9]), np32(new.half()))
 
 
+def test_kv_append_rounds_half_to_even() -> None:
+    """amax 127 gives scale 1: the halves in the row round to even, as numpy's rint does."""
+    row = torch.tensor([127.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, -126.5, 0.0])
+    cache = torch.zeros((1, 1, 4, 10), dtype=torch.int8)
+    scales = torch.zeros((1, 1, 4))
+    kv_cache.kv_append(row.reshape(1, 1, 1, 10), torch.tensor([[2]]), cache, scales)
+    assert float(scales[0, 0, 2]) == 1.0
+    assert cache[0, 0, 2].tolist() == np.rint(row.numpy()).astype(int).tolist()
+
+
 def _cache(b: int, hkv: int, cap: int, d: int, dt: str, seed: int) -> tuple:
     """(cache, scales, dequantized f32 numpy) for a random cache in dtype dt (int8: quantized)."""
     x = rand((b, hkv, cap, d), "f32", seed)
@@ -178,17 +241,18 @@ def _cache(b: int, hkv: int, cap: int, d: int, dt: str, seed: int) -> tuple:
 
 
 @pytest.mark.parametrize(
-    "dt,hq,hkv,p,window,softcap,split_k",
+    "dt,hq,hkv,p,window,softcap,split_k,scale",
     [
-        ("f32", 4, 4, 36, 0, 0.0, 3),
-        ("f16", 6, 2, 20, 0, 0.0, 2),
-        ("f32", 8, 2, 41, 7, 0.0, 4),
-        ("f32", 3, 1, 9, 0, 5.0, 1),
-        ("int8", 4, 2, 30, 0, 0.0, 2),
+        ("f32", 4, 4, 36, 0, 0.0, 3, 0.0),
+        ("f16", 6, 2, 20, 0, 0.0, 2, 0.0),
+        ("f32", 8, 2, 41, 7, 0.0, 4, 0.0),
+        ("f32", 3, 1, 9, 0, 5.0, 1, 0.0),
+        ("int8", 4, 2, 30, 0, 0.0, 2, 0.0),
+        ("f32", 6, 2, 40, 5, 3.0, 3, 0.6),  # every attribute at once
     ],
 )
 def test_decode_attention(
-    dt: str, hq: int, hkv: int, p: int, window: int, softcap: float, split_k: int
+    dt: str, hq: int, hkv: int, p: int, window: int, softcap: float, split_k: int, scale: float
 ) -> None:
     b, d, cap = 2, 16, 48
     qdt = "f32" if dt == "int8" else dt
@@ -203,6 +267,7 @@ def test_decode_attention(
         pos,
         k_scales=ks,
         v_scales=vs,
+        scale=scale,
         softcap=softcap,
         window=window,
         split_k=split_k,
@@ -216,22 +281,32 @@ def test_decode_attention(
             causal=True,
             sliding_window=window,
             softcap=softcap,
+            scale=scale,
         )
-        assert rel_err(np32(got[i : i + 1]), want) < (TOL[qdt] if dt != "int8" else 2e-5)
+        assert max_err(np32(got[i : i + 1]), want) < (TOL[qdt] if dt != "int8" else 2e-5)
 
 
 @pytest.mark.parametrize(
-    "dt,hq,hkv,sq,past,window,softcap,causal",
+    "dt,hq,hkv,sq,past,window,softcap,causal,scale",
     [
-        ("f32", 4, 2, 13, 5, 0, 0.0, True),
-        ("f16", 2, 2, 17, 0, 0, 0.0, True),
-        ("f32", 3, 1, 9, 4, 4, 20.0, True),
-        ("f32", 2, 1, 5, 3, 0, 0.0, False),
-        ("int8", 2, 1, 7, 2, 0, 0.0, True),
+        ("f32", 4, 2, 13, 5, 0, 0.0, True, 0.0),
+        ("f16", 2, 2, 17, 0, 0, 0.0, True, 0.0),
+        ("f32", 3, 1, 9, 4, 4, 20.0, True, 0.0),
+        ("f32", 2, 1, 5, 3, 0, 0.0, False, 0.0),
+        ("int8", 2, 1, 7, 2, 0, 0.0, True, 0.0),
+        ("f32", 6, 2, 20, 3, 6, 3.0, True, 0.6),  # every attribute at once, 2 query tiles
     ],
 )
 def test_prefill_attention(
-    dt: str, hq: int, hkv: int, sq: int, past: int, window: int, softcap: float, causal: bool
+    dt: str,
+    hq: int,
+    hkv: int,
+    sq: int,
+    past: int,
+    window: int,
+    softcap: float,
+    causal: bool,
+    scale: float,
 ) -> None:
     b, d, cap = 1, 16, 40
     qdt = "f32" if dt == "int8" else dt
@@ -247,6 +322,7 @@ def test_prefill_attention(
         k_scales=ks,
         v_scales=vs,
         causal=causal,
+        scale=scale,
         window=window,
         softcap=softcap,
         block_m=16,
@@ -258,8 +334,9 @@ def test_prefill_attention(
         causal=causal,
         sliding_window=window,
         softcap=softcap,
+        scale=scale,
     )
-    assert rel_err(np32(got), want) < (2 * TOL[qdt] if dt != "int8" else 2e-5)
+    assert max_err(np32(got), want) < (2 * TOL[qdt] if dt != "int8" else 2e-5)
 
 
 def test_argmax_first_of_ties() -> None:

@@ -11,8 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("torch", reason="the triton target needs torch (pip install 'llmir[gpu]')")
-pytest.importorskip("triton", reason="the triton target needs triton (pip install 'llmir[gpu]')")
+from tests.conftest import import_or_skip
+
+import_or_skip("torch", "the triton target needs torch (pip install 'llmir[gpu]')")
+import_or_skip("triton", "the triton target needs triton (pip install 'llmir[gpu]')")
 
 from llmir_core.backends import build, lower, lower_text  # noqa: E402
 from llmir_core.backends.triton import aot  # noqa: E402
