@@ -167,18 +167,39 @@ def _concrete(a: Approx, rb: eb.Ranges, ra: eb.Ranges) -> dict[str, Any]:
     return out
 
 
-def precondition(a: Approx, rb: eb.Ranges, ra: eb.Ranges) -> str | None:
-    """The instance's numeric precondition over its concrete leaves: None when it holds."""
+def precondition(a: Approx, rb: eb.Ranges, ra: eb.Ranges) -> tuple[str, str] | None:
+    """The instance's numeric precondition: None when it holds, else (kind, reason) with kind
+    `fails` (shown false on the concrete weights: a counterexample) or `unchecked` (a leaf is a
+    run-time value: the check ran on its interval's endpoints and could not show it holds)."""
     check = getattr(a.rule, "numeric_check", None)
     arrays = _concrete(a, rb, ra)
     if check is not None:
-        res = check(arrays)
-        return res if isinstance(res, str) else None
+        try:  # on the concrete leaves alone: a reason here is a counterexample
+            res = check(arrays)
+        except (KeyError, IndexError, TypeError, ValueError):  # it needs a run-time value
+            res = None
+        else:
+            return ("fails", res) if isinstance(res, str) else None
+        stand_ins = {}
+        for leaf, v in a.match.values.items():
+            if leaf not in arrays:
+                lo, hi = rb.iv.get(id(v), ra.iv.get(id(v), (-math.inf, math.inf)))
+                # the endpoints, and 0 where the range straddles it: the extremes of |x| too
+                pts = [lo, hi] + ([0.0] if lo <= 0.0 <= hi else [])
+                stand_ins[leaf] = np.array(pts, np.float64)
+        try:
+            res = check({**arrays, **stand_ins})
+        except Exception as exc:  # noqa: BLE001 - a check that needs a concrete value
+            res = f"it needs concrete values ({type(exc).__name__}: {exc})"
+        if not isinstance(res, str):
+            return None
+        names = ", ".join(f"%{a.match.values[k].name}" for k in sorted(stand_ins))
+        return "unchecked", f"{res} (over the range of the run-time value(s) {names})"
     if _is_quant(a.rule):
         for w, p in _quant_pairs(a.rule):
             _, why = _quant_half(a, arrays, w, p)
             if why is not None:
-                return why
+                return "fails", why
     return None
 
 

@@ -252,10 +252,12 @@ def _mul(op: Op, e: list[float], iv: list[Iv], r: Ranges) -> float:
 
 
 def _div(op: Op, e: list[float], iv: list[Iv], r: Ranges) -> float:
+    """|a'/b' - a/b| <= e_a / (lo - e_b) + max|a| e_b / (lo (lo - e_b)), lo = min |b| over a
+    divisor range of one sign, while e_b < lo (b' keeps its sign)."""
     lo = min(abs(iv[1][0]), abs(iv[1][1]))
-    if e[1] or iv[1][0] <= 0 <= iv[1][1] or lo == 0:
+    if iv[1][0] <= 0 <= iv[1][1] or lo == 0 or e[1] >= lo:
         return INF
-    return e[0] / lo
+    return e[0] / (lo - e[1]) + _absmax(iv[0]) * e[1] / (lo * (lo - e[1]))
 
 
 def _lipschitz(c: float) -> Rule:
@@ -406,6 +408,13 @@ def op_error(op: Op, errs: list[float], r: Ranges) -> tuple[float, str]:
     except Exception:  # noqa: BLE001 - an operand shape the rule does not cover
         lip = INF
     wide = op_range(op, [_widen(iv, x) for iv, x in zip(ivs, errs)])
+    if not all(math.isfinite(x) for x in wide) and op.results:
+        # the widened operands leave the op's domain (sqrt of a range reaching below 0: the
+        # interval rule gives up), while the error rule covers it: the result's own range widened
+        # by the rule's bound holds the perturbed result too
+        own = _widen(r.range(op.results[0]), lip)
+        if all(math.isfinite(x) for x in own):
+            wide = own
     diameter = wide[1] - wide[0]
     if diameter < lip:
         lip, how = diameter, "range"

@@ -567,13 +567,21 @@ def within_bound(
 
     rb, ra = eb.Ranges(before, input_range), eb.Ranges(after, input_range)
     for a in approx:
-        why = precondition(a, rb, ra)
-        if why is not None:
+        pre = precondition(a, rb, ra)
+        if pre is not None and pre[0] == "fails":
             return {
                 "verdict": NOT_EQUIVALENT,
                 "method": "precondition of an approximate rule instance",
-                "details": [f"{a.rule.name} at {a.location}: its precondition fails: {why}"],
+                "details": [f"{a.rule.name} at {a.location}: its precondition fails: {pre[1]}"],
                 "first_difference": a.root.name,
+            }
+        if pre is not None:
+            return {
+                "verdict": INCONCLUSIVE,
+                "method": "precondition of an approximate rule instance",
+                "details": [
+                    f"{a.rule.name} at {a.location}: its precondition is not shown: {pre[1]}"
+                ],
             }
 
     def local_of(a: Approx) -> eb.LocalFn:
