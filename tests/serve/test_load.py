@@ -61,7 +61,12 @@ def _requests(
             "valid chat",
             "/v1/chat/completions",
             json.dumps(
-                {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+                {
+                    "model": name,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 4,
+                    "temperature": 0,
+                }
             ),
             valid_ok,
         ),
