@@ -55,7 +55,7 @@ from .terms import A, K, T, Term, V, t
 BITS = (4, 8)
 F16_SCALE_REL = 2.0**-11  # an f32 scale rounded to f16 (the unit roundoff): the worse case
 BLOCK = 32  # the block size the proof cases and the numeric check cover
-SCALES = ("f16", "f32")
+SCALES = ("f32", "f16")
 ABS_SLACK = 2.0**-21  # per weight: f16 scales of tiny blocks are subnormal (absolute error 2^-25)
 F32_SLACK = 2.0**-9  # relative slack for the quantizer's f32 roundings
 # The matmul bound is stated as REL * (SCALE * sum_k |x_k| radius_k), REL the prover's first
