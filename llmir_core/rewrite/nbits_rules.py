@@ -26,8 +26,6 @@ They are `approximate` and state an `ErrorBound` proved about their own terms
 - bound: matmul `|rhs - lhs| <= sum_k |x[.., k]| (r max |w[n]| + a)` (the magnitude term, times
   1 + 2^-40: see REL);
   embedding `|rhs - lhs| <= r max |table| + a` (not a function of the ids).
-- the asymmetric matmul rules state no bound yet: the radius holds, but z3 does not decide the
-  lift through the packed zero points' reading in time (`unproved`, not applied by default);
 - the gated-MLP rules (swiglu, gated-mlp-<act>) state no bound (the quantization error through
   the activation has no per-term bound here, as for quantize-weights' gated-MLP rules): they are
   `unproved` and applied only with `--allow-unproved`.
@@ -178,12 +176,15 @@ def _table_radius(table: Term, r: float) -> T:
     return t("core.add", t("core.mul", top, K(r)), K(ABS_SLACK))
 
 
-def quantizer_premise(leaf: str, radius: Term, depth: int) -> Any:
+def quantizer_premise(leaf: str, radius: Term, depth: int, factor: str | None = None) -> Any:
     """(solver child) each weight is within `radius` of its dequantized code: a fact at every
     weight element the query reads, with the dequantized code the rhs's own term (llm.quantize's
     meaning for the proof case's format) and the radius the bound's own term. `depth`: how many
     reductions the rhs reads the weight inside (1 in a matmul's sum, 0 in a lookup), so the
-    fact's terms are built with the same bound indices (equal ASTs)."""
+    fact's terms are built with the same bound indices (equal ASTs). `factor`: the activation
+    leaf the weight is multiplied by in a contraction (its last index the weight's): the fact is
+    also stated times each such element the query reads, in the sum-of-monomials form the
+    contraction's body is simplified to (z3 then needs no nonlinear step to use it)."""
 
     def premise(enc: Any, ts: dict[str, Any], dims: dict[str, Any]) -> dict[str, Any]:
         import z3
@@ -203,6 +204,21 @@ def quantizer_premise(leaf: str, radius: Term, depth: int) -> Any:
             assert isinstance(term, T)
             return enc.op(term.op, [encode(a) for a in term.args], dict(term.attrs))[term.result]
 
+        def zabs(e: Any) -> Any:
+            return z3.If(e >= 0, e, -e)
+
+        weights: list[tuple[Any, Any, Any]] = []  # (weight element, its dequantized code, radius)
+        factors: list[Any] = []
+
+        def times(xa: Any, wa: Any, deq: Any, r: Any) -> list[Any]:
+            if not xa.arg(xa.num_args() - 1).eq(wa.arg(wa.num_args() - 1)):
+                return []
+
+            def som(e: Any) -> Any:
+                return z3.simplify(e, som=True)
+
+            return [zabs(som(xa * deq) - som(xa * wa)) <= som(zabs(xa) * r)]
+
         def lemma(app: Any) -> list[Any]:
             ix = tuple(app.arg(j) for j in range(app.num_args()))
             saved = enc._depth
@@ -214,10 +230,19 @@ def quantizer_premise(leaf: str, radius: Term, depth: int) -> Any:
                 r = rad.f(ix[len(ix) - rad.rank :]) if rad.rank else rad.f(())
             finally:
                 enc._depth = saved
-            err = deq - app
-            return [z3.If(err >= 0, err, -err) <= r]
+            weights.append((app, deq, r))
+            out = [zabs(deq - app) <= r]
+            for xa in factors:
+                out += times(xa, app, deq, r)
+            return out
+
+        def factor_lemma(app: Any) -> list[Any]:
+            factors.append(app)
+            return [f for wa, deq, r in weights for f in times(app, wa, deq, r)]
 
         enc.app_lemma[leaf] = lemma
+        if factor is not None:
+            enc.app_lemma[factor] = factor_lemma
         return {}
 
     return premise
@@ -266,9 +291,9 @@ def quantizer_check(leaf: str, bits: int, symmetric: bool, rows: bool) -> Any:
     return check
 
 
-def _matmul_proof(bits: int) -> dict[str, Any]:
-    """The symmetric matmul rule's bound, premise and check (Rule fields)."""
-    r = radius_rel(bits, True)
+def _matmul_proof(bits: int, sym: bool) -> dict[str, Any]:
+    """The matmul rule's bound, premise and check (Rule fields)."""
+    r = radius_rel(bits, sym)
     return {
         "bound": ErrorBound(
             rel=REL,
@@ -280,20 +305,12 @@ def _matmul_proof(bits: int) -> dict[str, Any]:
             ),
             text=f"|rhs - lhs| <= (1 + 2^-40) * sum_k |x[.., k]| * ({r:.6g} * max |w row| + 2^-21)",
         ),
-        "proof_cases": tuple({"format": f} for f in _formats(bits, True)),
-        "premise": quantizer_premise("w", _row_radius(V("w"), r), depth=1),
+        "proof_cases": tuple({"format": f} for f in _formats(bits, sym)),
+        "premise": quantizer_premise("w", _row_radius(V("w"), r), depth=1, factor="x"),
         "premise_text": f"|dequant(quantize(w)) - w| <= {r:.6g} * max |w row| + 2^-21 "
         "(MLAS' quantizer, block 32)",
-        "numeric_check": quantizer_check("w", bits, True, rows=True),
+        "numeric_check": quantizer_check("w", bits, sym, rows=True),
     }
-
-
-# The asymmetric per-weight radius holds (nbits_asym_bound, and quantizer_check on real weights),
-# but z3 does not decide the matmul's lift in time through the packed zero points' reading
-# (integer div/mod of the zero-point bytes): stated unproved, like the gated-MLP rules.
-_ASYM_UNPROVED: dict[str, Any] = {
-    "bound": no_bound("z3 does not decide the lift through the packed zero points in time")
-}
 
 
 for _bits in BITS:
@@ -308,7 +325,7 @@ for _bits in BITS:
                 rhs=_qmm(V("x"), V("w"), _sym),
                 sig={"x": "... m k", "w": "n k"},
                 tag="approximate",
-                **(_matmul_proof(_bits) if _sym else _ASYM_UNPROVED),
+                **_matmul_proof(_bits, _sym),
                 passes=("lower-ort-matmul",),
             )
         )

@@ -362,6 +362,8 @@ def test_matmul_s8_agrees_with_its_reference(rows: int, epilogue: str) -> None:
 NBITS_PROVED = [
     "nbits-int4-sym-matmul",
     "nbits-int8-sym-matmul",
+    "nbits-int4-asym-matmul",
+    "nbits-int8-asym-matmul",
     "nbits-int4-sym-embedding",
     "nbits-int8-sym-embedding",
 ]
