@@ -44,7 +44,7 @@ from llmir_core.rewrite.bounds import ROUND_H, ROUND_U
 from llmir_core.rewrite.rule import Rule
 from llmir_core.rewrite.terms import A, C, K, T, Term, V, leaves
 
-from .semantics import EncodeError, Encoder, STensor
+from .semantics import CodesTensor, EncodeError, Encoder, STensor
 
 U, H = ROUND_U, ROUND_H
 
@@ -120,6 +120,7 @@ class ApproxEncoder(Encoder):
         super().__init__()
         self.app_lemma: dict[str, Callable[[Any], list[Any]]] = {}
         self._n = 0
+        self.case: dict[str, Any] = {}  # the attribute case being proved (premises read it)
 
     def fresh_fn(self, base: str, *sorts: Any) -> Any:
         self._n += 1
@@ -161,6 +162,10 @@ class ApproxEncoder(Encoder):
     def op(
         self, name: str, args: Any, attrs: dict[str, Any], leaf_dtype: str = "f32"
     ) -> list[STensor]:
+        if name in ("llm.dequantize", "llm.quantized_matmul") and any(
+            isinstance(a, CodesTensor) and a.qtype is not None for a in args[:2]
+        ):  # codes of a known layout (llm.quantize's): the op's own meaning (llm_smt)
+            return super().op(name, args, attrs, leaf_dtype)
         if name == "llm.dequantize" and len(args) >= 2:
             return [self.dequant(args[0], args[1], args[2] if len(args) > 2 else None)]
         if name == "llm.quantized_matmul" and len(args) >= 3:
@@ -316,6 +321,7 @@ class RuleEncoding:
             tensors[name] = STensor(
                 shape, (lambda f, r: (lambda i: f(*i)) if r else (lambda i: f))(fn, len(names))
             )
+        self.enc.case = case
         if rule.premise is not None:
             tensors.update(rule.premise(self.enc, tensors, self.dims))
         self.leaves: dict[str, Side] = {}
@@ -362,7 +368,7 @@ class RuleEncoding:
         reps = frozenset.intersection(*[a.reps for a in floats]) if floats else frozenset()
         unbound = [k for k, v in at.items() if isinstance(v, A) or _has_a(v)]
         key = f"{term.op}|{sorted((k, repr(v)) for k, v in term.attrs.items())}"
-        if term.op in OPAQUE:
+        if term.op in OPAQUE and not (term.op == "llm.embedding" and not low):
             outs = self._opaque(term, key, args)
         elif term.op in MOVE and unbound:
             outs = [self._move(term, key, args)]
