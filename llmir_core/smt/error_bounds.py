@@ -35,7 +35,7 @@ import numpy as np
 
 from llmir_core.dialects import ranges as rg
 from llmir_core.interp import Interpreter
-from llmir_core.ir.core import Module, Op, Value
+from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType, QuantType, TensorType
 from llmir_core.rewrite.bounds import UNIT_ROUNDOFF
 
@@ -70,6 +70,7 @@ class Ranges:
     input_range: Iv = (-1.0, 1.0)
     iv: dict[int, Iv] = field(default_factory=dict)  # id(Value) -> range
     arr: dict[int, Any] = field(default_factory=dict)  # id(Value) -> ndarray / PackedArray
+    _depth: int = 0  # decompositions being followed (ranges of fused and target ops)
 
     def __post_init__(self) -> None:
         fn = self.module.main
@@ -96,6 +97,16 @@ class Ranges:
                     self.iv[id(r)] = _range_of(o)
                 return
         rng = op_range(op, ins)
+        if not all(math.isfinite(x) for x in rng) and self._depth < MAX_DEPTH:
+            self._depth += 1
+            try:  # a fused or target op: the range its definition computes
+                d = _decomposed(op, self)
+            finally:
+                self._depth -= 1
+            if d is not None:
+                for res, o in zip(op.results, d[1]):
+                    self.iv[id(res)] = d[2].range(o)
+                return
         w = self.value(op.operands[1]) if op.name == "core.matmul" else None
         if w is not None and w.ndim == 2 and not op.attrs.get("transpose_a"):
             m = _absmax(ins[0]) * row_norm(w, bool(op.attrs.get("transpose_b")))
@@ -396,7 +407,7 @@ _RULES: dict[str, Rule] = {
 }
 
 
-def op_error(op: Op, errs: list[float], r: Ranges) -> tuple[float, str]:
+def op_error(op: Op, errs: list[float], r: Ranges, depth: int = 0) -> tuple[float, str]:
     """(error bound of op's results given its operands' errors, the rule used)."""
     if not any(errs):
         return 0.0, "exact"
@@ -407,6 +418,10 @@ def op_error(op: Op, errs: list[float], r: Ranges) -> tuple[float, str]:
         lip = rule(op, errs, ivs, r) if rule is not None else INF
     except Exception:  # noqa: BLE001 - an operand shape the rule does not cover
         lip = INF
+    if rule is None and depth < MAX_DEPTH:
+        through = _through_decomposition(op, errs, r, depth + 1)
+        if through is not None:  # its ops' own rounding is already counted there
+            return (INF if math.isnan(through) else through), "decomposition"
     wide = op_range(op, [_widen(iv, x) for iv, x in zip(ivs, errs)])
     if not all(math.isfinite(x) for x in wide) and op.results:
         # the widened operands leave the op's domain (sqrt of a range reaching below 0: the
@@ -418,11 +433,59 @@ def op_error(op: Op, errs: list[float], r: Ranges) -> tuple[float, str]:
     diameter = wide[1] - wide[0]
     if diameter < lip:
         lip, how = diameter, "range"
-    if rule is None and how != "range":
+    if rule is None and how == "rule":
         return INF, "no rule"
     rounding = 2.0 * max(_u(res.type) for res in op.results) * _absmax(wide) if op.results else 0.0
     out = lip + rounding
     return (INF if math.isnan(out) else out), how
+
+
+MAX_DEPTH = 4  # nested decompositions followed by op_error
+
+
+def _decomposed(op: Op, r: Ranges) -> tuple[Function, list[Value], Ranges] | None:
+    """op's decomposition (its definition) over fresh arguments, with the ranges and constants
+    of op's operands flowed through it. None when it has none at these types."""
+    from llmir_core.builder import Builder
+    from llmir_core.dialects.registry import get_op
+
+    od = get_op(op.name)
+    if od is None or od.decompose is None:
+        return None
+    fn = Function(f"{op.name}.def", [Value(f"a{i}", v.type) for i, v in enumerate(op.operands)])
+    try:
+        outs = od.decompose(Builder(fn), fn.args, od.with_defaults(op.attrs))
+    except Exception:  # noqa: BLE001 - no decomposition at these types
+        return None
+    if not outs:
+        return None
+    sub = Ranges.__new__(Ranges)
+    sub.module, sub.input_range, sub.iv, sub.arr = r.module, r.input_range, {}, {}
+    sub._depth = r._depth
+    for a, v in zip(fn.args, op.operands):
+        sub.iv[id(a)] = r.range(v)
+        if id(v) in r.arr:
+            sub.arr[id(a)] = r.arr[id(v)]
+    it = Interpreter(r.module)
+    for o in fn.ops:
+        sub.visit(o, it)
+    return fn, list(outs), sub
+
+
+def _through_decomposition(op: Op, errs: list[float], r: Ranges, depth: int) -> float | None:
+    """The error of an op without a rule of its own (a fused or target op) through its
+    decomposition, its definition: the operands' ranges, constants and errors flow through the
+    ops it stands for. None when it has none."""
+    d = _decomposed(op, r)
+    if d is None:
+        return None
+    fn, outs, sub = d
+    err: dict[int, float] = {id(a): e for a, e in zip(fn.args, errs)}
+    for o in fn.ops:
+        e, _ = op_error(o, [err.get(id(v), 0.0) for v in o.operands], sub, depth)
+        for res in o.results:
+            err[id(res)] = e
+    return max(err.get(id(v), 0.0) for v in outs)
 
 
 @dataclass

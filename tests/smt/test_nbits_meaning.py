@@ -276,11 +276,13 @@ def test_int4_lowering_validates_on_terms_through_matmul_nbits(tmp_path: Any, ke
     mlp = "swiglu" if kernel == "llmir" else "gated-mlp-silu"
     assert rules == {"nbits-int4-sym-matmul", f"nbits-int4-sym-{mlp}"}
     res = validate(before, m, ctx.instances, differential=False)
-    # the structure matches; B is composed from the rules' proved bounds (the first projection's
-    # is finite), but is inf past ort.group_query_attention, which has no error rule yet
+    # the structure matches; B is composed from the rules' proved bounds (the projections' are
+    # finite, errors flow through ort.group_query_attention's definition), but the gated MLP's
+    # rule is unproved (no bound through the activation yet): B = inf there
     assert res["verdict"] in ("within-bound", "inconclusive"), res
     if res["verdict"] == "inconclusive":
-        assert res["details"][0].startswith("B = inf: ort.group_query_attention"), res
+        assert res["details"][0].startswith("B = inf: %"), res
+        assert "an approximate rule instance without a bound" in res["details"][0], res
     local = [r["local_bound"] for r in res["rule_instances"] if r["rule"].endswith("-matmul")]
     assert math.isfinite(local[0]) and local[0] > 0, res["rule_instances"]
     rows = [r for r in res["ops"] if r["op"] == "ort.matmul_nbits"]
@@ -449,3 +451,25 @@ def test_the_check_sees_corrupted_codes(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(nbits_mod, "quantize", corrupted)
     assert "from its dequantized code" in (check({"table": table}) or "")
+
+
+def test_errors_flow_through_a_target_ops_definition(tmp_path: Any, monkeypatch: Any) -> None:
+    """ort.group_query_attention has no error rule of its own: its operands' errors and ranges
+    flow through its decomposition (rotary, attention), so B stays finite past it; without the
+    decomposition the same error is unbounded."""
+    from llmir_core.frontends.hf import import_hf
+    from llmir_core.passes.manager import run_pipeline
+    from llmir_core.passes.pipeline import parse_pipeline
+    from llmir_core.smt import error_bounds as eb
+    from tests.decoder.tiny import TINY, make_llama_folder
+
+    m = import_hf(make_llama_folder(tmp_path / "llama", TINY))
+    m = run_pipeline(m, parse_pipeline(PRE)).module
+    gqa = next(op for op in m.main.ops if op.name == "ort.group_query_attention")
+    r = eb.Ranges(m)
+    assert all(math.isfinite(x) for x in r.range(gqa.results[0]))  # its definition's range
+    errs = [0.1] + [0.0] * (len(gqa.operands) - 1)
+    e, how = eb.op_error(gqa, errs, r)
+    assert how == "decomposition" and 0.1 <= e < math.inf, (e, how)
+    monkeypatch.setattr(eb, "_decomposed", lambda op, r: None)
+    assert eb.op_error(gqa, errs, eb.Ranges(m))[0] == math.inf
