@@ -109,7 +109,7 @@ def test_errors(vocab_gguf: tuple[Path, Any], tiny_dir: Path, tmp_path: Path) ->
             ("tokenize", path, "--jsonl", tmp_path / "ids.jsonl", "--decode"),
             "ids.jsonl:2:1: token id 99999",
         ),
-        (("tokenize", path, "--jsonl", tmp_path / "missing.jsonl"), "missing.jsonl: cannot read"),
+        (("tokenize", path, "--jsonl", tmp_path / "missing.jsonl"), "missing.jsonl: no such file"),
         (("tokenize", path, "x", "--jsonl", tmp_path / "bad.jsonl"), "not both"),
     ]
     for args, msg in cases:
