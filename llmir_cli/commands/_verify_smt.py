@@ -8,7 +8,14 @@ import typer
 
 from llmir_core.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, CheckFailed, InputError
 from llmir_core.ir.parser import parse_file
-from llmir_core.smt.verdicts import NOT_EQUIVALENT, bound_line, exit_code, label, ok
+from llmir_core.smt.verdicts import (
+    NOT_EQUIVALENT,
+    bound_line,
+    exit_code,
+    instance_lines,
+    label,
+    ok,
+)
 
 from .._render import Ctx, handle_errors
 
@@ -116,11 +123,8 @@ def verify_against(ctx: Ctx, file: Path, original: Path, timeout: float) -> None
         line = bound_line(res)
         if line:
             ctx.result(f"  {line}")
-        for row in res.get("rule_instances", []):
-            ctx.result(
-                f"    {row['rule']} at {row['location']}: local bound {row['local_bound']:.3g} "
-                f"({row['bound_from']})"
-            )
+        for line in instance_lines(res):
+            ctx.result(f"    {line}")
         for line in res.get("details", []):
             ctx.result(f"  {line}")
         if res.get("input") and verdict == NOT_EQUIVALENT:

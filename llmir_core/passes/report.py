@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmir_core.smt.verdicts import bound_line, summary
+from llmir_core.smt.verdicts import bound_line, instance_lines, summary
 
 from .manager import PipelineResult
 
@@ -58,11 +58,7 @@ def format_report(res: PipelineResult) -> str:
             bl = bound_line(v)
             if bl:
                 lines.append(f"    {bl}")
-            for row in v.get("rule_instances", []):
-                lines.append(
-                    f"    {row['rule']} at {row['location']}: local bound "
-                    f"{row['local_bound']:.3g} ({row['bound_from']})"
-                )
+            lines += [f"    {line}" for line in instance_lines(v)]
             for row in v.get("ops", []):  # the ops not shown equal to the input's terms
                 if row["validated_by"] == "differential":
                     lines.append(f"    differential: {row['op']} x{row['count']}: {row['how']}")

@@ -61,3 +61,13 @@ def bound_line(res: dict[str, Any]) -> str | None:
     if res.get("measured") is not None:
         text += f"; measured {res['measured']:.3g}"
     return text
+
+
+def instance_lines(res: dict[str, Any]) -> list[str]:
+    """One line per approximate rule instance of a `within bound` verdict: where, and its local
+    bound with where that bound came from."""
+    return [
+        f"{row['rule']} at {row['location']}: local bound {row['local_bound']:.3g} "
+        f"({row['bound_from']})"
+        for row in res.get("rule_instances", [])
+    ]
