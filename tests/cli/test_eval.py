@@ -130,7 +130,7 @@ def test_perplexity_equals_a_direct_computation(models: Models, with_bos: bool) 
     want = direct_nll(path, ids, 40, 15, 1 if with_bos else None)
     assert rep.scored_tokens == len(want) == (150 if with_bos else 149)
     assert rep.target_metrics["nll_mean"] == pytest.approx(float(np.mean(want)), rel=1e-9)
-    assert rep.target_metrics["perplexity"] == pytest.approx(math.exp(np.mean(want)), rel=1e-9)
+    assert rep.target_metrics["perplexity"] == pytest.approx(math.exp(np.mean(want)), rel=1e-8)
     assert seen == [(k, rep.windows) for k in range(1, rep.windows + 1)]
     assert (rep.ctx, rep.stride, rep.bos_id) == (40, 15, 1 if with_bos else None)
 
@@ -146,18 +146,25 @@ def test_the_artifact_gives_the_interpreters_perplexity(models: Models) -> None:
     assert a.comparison["top1_agreement"] == 1.0
 
 
-def test_kl_is_the_textbook_formula() -> None:
+@pytest.mark.parametrize("spread", [3.0, 1e-3])  # far apart, and as close as two builds
+def test_kl_is_the_textbook_formula(spread: float) -> None:
     rng = np.random.default_rng(3)
-    tgt, ref = rng.standard_normal((70, 50)) * 3, rng.standard_normal((70, 50)) * 3
-    targets = rng.integers(0, 50, 70)
+    tgt = (rng.standard_normal((70, 5000)) * 3).astype(np.float32)
+    ref = (tgt + rng.standard_normal((70, 5000)) * spread).astype(np.float32)
+    targets = rng.integers(0, 5000, 70)
     s = TokenScores()
-    s.add(tgt, ref, targets)  # 70 rows: two chunks of ROW_CHUNK = 64
-    p = np.exp(ref) / np.exp(ref).sum(-1, keepdims=True)
-    q = np.exp(tgt) / np.exp(tgt).sum(-1, keepdims=True)
-    np.testing.assert_allclose(np.concatenate(s.kl), (p * np.log(p / q)).sum(-1), rtol=1e-10)
+    s.add(tgt, ref, targets)  # 70 rows: three chunks of ROW_CHUNK = 32
+    t64, r64 = tgt.astype(np.float64), ref.astype(np.float64)
+    p = np.exp(r64) / np.exp(r64).sum(-1, keepdims=True)
+    q = np.exp(t64) / np.exp(t64).sum(-1, keepdims=True)
+    kl = (p * np.log(p / q)).sum(-1)
+    assert kl.min() > (0.5 if spread > 1 else 1e-7)
+    # float64 throughout: a KL of 1e-7 comes out to 7 digits, not float32's noise
+    np.testing.assert_allclose(np.concatenate(s.kl), kl, rtol=1e-7)
     np.testing.assert_array_equal(np.concatenate(s.agree), p.argmax(-1) == q.argmax(-1))
-    np.testing.assert_allclose(np.concatenate(s.target), np.log(q[np.arange(70), targets]))
-    np.testing.assert_allclose(np.concatenate(s.reference), np.log(p[np.arange(70), targets]))
+    lq, lp = np.log(q[np.arange(70), targets]), np.log(p[np.arange(70), targets])
+    np.testing.assert_allclose(np.concatenate(s.target), lq, rtol=1e-12)
+    np.testing.assert_allclose(np.concatenate(s.reference), lp, rtol=1e-12)
 
 
 KEYS = {"schema_version", "kind", "ok", "text", "target", "reference", "comparison",
