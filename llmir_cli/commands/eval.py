@@ -115,13 +115,13 @@ def _table(ctx: Ctx, data: dict[str, Any]) -> None:
     if ref is not None and cmp is not None:
         t.add_row("reference", f"{ref['path']} ({ref['runtime']})")
         t.add_row("reference perplexity", f"{ref['perplexity']:.4f}")
-        t.add_row("perplexity difference", f"{cmp['perplexity_diff']:+.4f}")
+        t.add_row("perplexity difference", f"{cmp['perplexity_diff']:+.4g}")
         t.add_row("perplexity ratio", f"{cmp['perplexity_ratio']:.5f}")
-        t.add_row("mean KL divergence", f"{cmp['kl_mean']:.6f} ± {cmp['kl_stderr']:.6f}")
-        t.add_row("99th percentile KL", f"{cmp['kl_p99']:.6f}")
-        t.add_row("max KL", f"{cmp['kl_max']:.6f}")
+        t.add_row("mean KL divergence", f"{cmp['kl_mean']:.4g} ± {cmp['kl_stderr']:.2g}")
+        t.add_row("99th percentile KL", f"{cmp['kl_p99']:.4g}")
+        t.add_row("max KL", f"{cmp['kl_max']:.4g}")
         t.add_row("top-1 agreement", f"{100 * cmp['top1_agreement']:.2f} %")
-        t.add_row("mean log-prob difference", f"{cmp['logprob_diff_mean']:+.6f}")
+        t.add_row("mean log-prob difference", f"{cmp['logprob_diff_mean']:+.4g}")
     ctx.out.print(t)
 
 

@@ -132,12 +132,31 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-def token_logprobs(model: ScoringModel | Scorer, ids: Sequence[int], start: int = 0) -> np.ndarray:
+def as_scorer(model: ScoringModel | Scorer | Any) -> Scorer:
+    """The scorer of a ScoringModel, a Scorer as is, a path (`open_model(path, stepwise=True)`),
+    or a decoder (reset/forward: an `OrtDecoder` from `open_artifact`, a `FunctionDecoder`);
+    a decoder of a last-position-logits artifact is scored one position at a time."""
+    if isinstance(model, ScoringModel):
+        return model.scorer
+    if isinstance(model, (str, os.PathLike)):
+        return open_model(os.fspath(model), stepwise=True).scorer
+    if isinstance(model, Scorer):
+        return model
+    if hasattr(model, "forward") and hasattr(model, "reset"):
+        manifest = getattr(model, "manifest", None) or {}
+        last = (manifest.get("decoder") or {}).get("logits") == "last"
+        name = "onnxruntime" if manifest else "reference"
+        return DecoderScorer(model, name, last_only=last, stepwise=True)
+    raise TypeError(f"cannot score with {type(model).__name__}")
+
+
+def token_logprobs(
+    model: ScoringModel | Scorer | Any, ids: Sequence[int], start: int = 0
+) -> np.ndarray:
     """Log-softmax rows of every position from `start`: float64 [len(ids) - start, vocab], row r
     the log-probabilities of the token after ids[:start + r + 1]. The last row predicts past the
-    sequence; `chosen_logprobs` drops it."""
-    scorer = model.scorer if isinstance(model, ScoringModel) else model
-    return log_softmax(scorer.logits(ids, start))
+    sequence; `chosen_logprobs` drops it. `model`: anything `as_scorer` takes."""
+    return log_softmax(as_scorer(model).logits(ids, start))
 
 
 def chosen_logprobs(rows: np.ndarray, ids: Sequence[int], start: int = 0) -> np.ndarray:
@@ -262,6 +281,7 @@ __all__ = [
     "ScoringModel",
     "DecoderScorer",
     "adds_bos",
+    "as_scorer",
     "log_softmax",
     "token_logprobs",
     "chosen_logprobs",

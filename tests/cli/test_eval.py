@@ -146,6 +146,13 @@ def test_the_artifact_gives_the_interpreters_perplexity(models: Models) -> None:
     assert a.comparison["top1_agreement"] == 1.0
 
 
+def test_a_llmir_target_can_run_built_for_onnxruntime(models: Models) -> None:
+    args = ("--text", TEXT, "--max-tokens", 200, "--ctx", 64, "--against", models.f32)
+    out = _eval_json(models.llmir, "--backend", "onnxruntime", *args)
+    assert out["target"]["runtime"] == "onnxruntime"  # a temporary --logits all build
+    assert out["comparison"]["kl_mean"] < 1e-9 and out["comparison"]["top1_agreement"] == 1.0
+
+
 @pytest.mark.parametrize("spread", [3.0, 1e-3])  # far apart, and as close as two builds
 def test_kl_is_the_textbook_formula(spread: float) -> None:
     rng = np.random.default_rng(3)
@@ -231,20 +238,52 @@ def test_the_table(models: Models) -> None:
         "--against",
         models.llmir,
     )
-    assert "\x1b[" not in r.stdout and "Traceback" not in r.output
+    assert "\x1b[" not in r.stdout and r.stderr == ""  # no colour, no progress bar in a pipe
     for label in ("perplexity", "reference perplexity", "mean KL divergence", "99th percentile KL",
                   "top-1 agreement", "mean log-prob difference", "199 tokens scored in 6 windows"):  # fmt: skip
         assert label in r.stdout, label
     assert "(reference)" in r.stdout  # the .llmir reference ran on the interpreter
 
 
+def test_the_progress_bar_is_drawn_on_a_terminal_only() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from llmir_cli._render import make_ctx
+    from llmir_cli.commands.eval import _progress
+
+    ctx, buf = make_ctx(), StringIO()
+    ctx.__dict__["err"] = Console(file=buf, force_terminal=True, width=100)  # a terminal
+    with _progress(ctx) as update:
+        assert update is not None
+        update(1, 3)
+        update(3, 3)
+    assert "windows" in buf.getvalue() and "3/3" in buf.getvalue()
+    quiet = make_ctx(quiet=True)
+    quiet.__dict__["err"] = Console(file=StringIO(), force_terminal=True)
+    with _progress(quiet) as none:
+        assert none is None
+    with _progress(make_ctx()) as piped:  # stderr is not a terminal under pytest
+        assert piped is None
+
+
 def test_a_last_position_build_scores_step_by_step_for_the_scoring_api(models: Models) -> None:
+    from llmir_core.runtime.ort_decoder import open_artifact
+
     full = open_model(str(models.f32))
     step = open_model(str(models.last), stepwise=True)
     ids = _text_ids(full, 20)
     a, b = token_logprobs(full, ids, 5), token_logprobs(step, ids, 5)
     assert a.shape == b.shape == (15, TINY.vocab)
     np.testing.assert_allclose(a, b, atol=1e-4)
+    # a path, or a decoder the caller opened, goes as is (serve's echo has an open decoder)
+    np.testing.assert_allclose(token_logprobs(str(models.last), ids, 5), b, atol=1e-6)
+    np.testing.assert_allclose(
+        token_logprobs(open_artifact(str(models.last)), ids, 5), b, atol=1e-6
+    )
+    with pytest.raises(InputError, match="the last position's logits only"):
+        open_model(str(models.last)).scorer.logits(ids)
     lp = chosen_logprobs(a, ids, 5)
     assert lp.shape == (14,) and lp[0] == a[0, ids[6]]
     top = top_logprobs(a[0], 3)
@@ -258,6 +297,44 @@ def test_against_a_hugging_face_folder_run_by_transformers(models: Models) -> No
     )
     assert out["reference"]["runtime"] == "transformers"
     assert out["comparison"]["kl_mean"] < 1e-6 and out["comparison"]["top1_agreement"] == 1.0
+
+
+def _gguf_of(folder: Path, out: Path) -> Path:
+    """The HF folder's weights (F32) and its tokenizer's vocabulary as a GGUF file."""
+    from safetensors.numpy import load_file
+
+    from tests.llm.gguf_convert import write_gguf
+
+    tj = json.loads((folder / "tokenizer.json").read_text())
+    vocab = {**tj["model"]["vocab"], **{a["content"]: a["id"] for a in tj["added_tokens"]}}
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    special = {a["id"] for a in tj["added_tokens"]}
+    tok = {
+        "model": "gpt2",
+        "pre": "gpt-2",
+        "tokens": tokens,
+        "token_type": [3 if i in special else 1 for i in range(len(tokens))],
+        # (a merge with a space cannot be written as GGUF's "a b"; llama.cpp is given ids only)
+        "merges": [" ".join(m) for m in tj["model"]["merges"] if " " not in "".join(m)],
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "add_bos_token": False,
+    }
+    write_gguf(folder, load_file(str(folder / "model.safetensors")), out, "F32", tokenizer=tok)
+    return out
+
+
+def test_against_a_gguf_run_by_llama_cpp(models: Models) -> None:
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra)")
+    gguf = _gguf_of(models.hf, models.root / "tiny.gguf")
+    ref = open_model(str(gguf))
+    assert ref.tokenizer is not None  # so the vocabularies were compared, not only the widths
+    out = _eval_json(
+        models.f32, "--text", TEXT, "--max-tokens", 300, "--ctx", 64, "--against", gguf
+    )
+    assert out["reference"]["runtime"] == "llama.cpp"
+    c = out["comparison"]
+    assert c["kl_mean"] < 1e-6 and c["top1_agreement"] == 1.0  # the same f32 weights
 
 
 # -- errors: one line, exit 2, no traceback --------------------------------------------------------
