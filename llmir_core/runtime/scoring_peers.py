@@ -10,7 +10,9 @@ an InputError naming the package to install.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -31,6 +33,21 @@ def _tokenizer_or_none(path: str) -> Tokenizer | None:
         return open_tokenizer(path)
     except InputError:
         return None
+
+
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 sent to /dev/null for the block (C code writes there directly)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 class LlamaCppScorer:
@@ -56,16 +73,20 @@ class LlamaCppScorer:
     def _load(self, n: int) -> Any:
         if self.llm is None or n > self.n_ctx:
             self.llm = None  # free the old context first
-            self.llm = self.lib.Llama(
-                model_path=self.path,
-                n_ctx=n,
-                n_batch=n,
-                n_ubatch=n,
-                logits_all=True,
-                n_threads=self.threads,
-                n_threads_batch=self.threads,
-                verbose=False,
-            )
+            try:
+                with _quiet_stderr():  # llama.cpp logs from C as it makes the context
+                    self.llm = self.lib.Llama(
+                        model_path=self.path,
+                        n_ctx=n,
+                        n_batch=n,
+                        n_ubatch=n,
+                        logits_all=True,
+                        n_threads=self.threads,
+                        n_threads_batch=self.threads,
+                        verbose=False,
+                    )
+            except (ValueError, RuntimeError) as exc:
+                raise InputError(f"{self.path}: llama.cpp cannot load the model: {exc}") from None
             self.n_ctx = n
         return self.llm
 

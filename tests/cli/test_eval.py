@@ -335,6 +335,11 @@ def test_against_a_gguf_run_by_llama_cpp(models: Models) -> None:
     assert out["reference"]["runtime"] == "llama.cpp"
     c = out["comparison"]
     assert c["kl_mean"] < 1e-6 and c["top1_agreement"] == 1.0  # the same f32 weights
+    bad = models.root / "bad.gguf"
+    bad.write_bytes(b"GGUF but not a model")
+    assert _fails(str(models.f32), "--text", TEXT, "--against", bad) == (
+        f"error: {bad}: llama.cpp cannot load the model: Failed to load model from file: {bad}"
+    )
 
 
 # -- errors: one line, exit 2, no traceback --------------------------------------------------------
