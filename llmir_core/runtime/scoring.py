@@ -71,7 +71,7 @@ def adds_bos(tok: Tokenizer) -> int | None:
     probe = "The"
     plain = tok.encode(probe, add_special_tokens=False)
     full = tok.encode(probe, add_special_tokens=True)
-    if len(full) > len(plain) and full[len(full) - len(plain) :] == plain:
+    if len(full) > len(plain) and full[1 : 1 + len(plain)] == plain:  # "<s> $A" or "<s> $A </s>"
         return int(full[0])
     return None
 

@@ -146,6 +146,22 @@ def test_the_artifact_gives_the_interpreters_perplexity(models: Models) -> None:
     assert a.comparison["top1_agreement"] == 1.0
 
 
+def test_the_bos_is_what_the_tokenizer_puts_first(models: Models) -> None:
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import processors
+
+    from llmir_core.runtime.scoring import adds_bos
+    from llmir_core.runtime.tokenizer import Tokenizer
+
+    backend = Backend.from_file(str(models.hf / "tokenizer.json"))
+    assert adds_bos(Tokenizer(backend, bos_id=1)) is None  # a BOS id the tokenizer does not add
+    for single, bos in (("<|im_start|> $A", 1), ("<|im_start|> $A <|im_end|>", 1), ("$A <|im_end|>", None)):  # fmt: skip
+        backend.post_processor = processors.TemplateProcessing(
+            single=single, special_tokens=[("<|im_start|>", 1), ("<|im_end|>", 2)]
+        )
+        assert adds_bos(Tokenizer(backend)) == bos, single
+
+
 def test_a_llmir_target_can_run_built_for_onnxruntime(models: Models) -> None:
     args = ("--text", TEXT, "--max-tokens", 200, "--ctx", 64, "--against", models.f32)
     out = _eval_json(models.llmir, "--backend", "onnxruntime", *args)
