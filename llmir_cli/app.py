@@ -39,6 +39,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Build a .llmir module into an artifact folder for a runtime.",
     ),
     "run": ("llmir_cli.commands.run", "Run a model: generate text, or run it on input tensors."),
+    "eval": (
+        "llmir_cli.commands.eval",
+        "Measure perplexity on a text, and KL divergence to a reference.",
+    ),
     "bench": (
         "llmir_cli.commands.bench",
         "Measure prefill and decode speed of a decoder artifact.",
