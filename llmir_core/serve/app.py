@@ -1,7 +1,8 @@
 """The HTTP side of `llmir serve`: an OpenAI-compatible API on starlette (imported lazily).
 
 Routes: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` (JSON, or
-server-sent events with `stream: true`, the last chunk carrying `usage`), `GET /health`,
+server-sent events with `stream: true`, the last chunk carrying `usage`; completions take
+several prompts, one choice each, and `logprobs` / `echo`: see `schemas`), `GET /health`,
 `GET /metrics` (Prometheus text), and the Playground: `GET /` with its static files and
 `GET /api/playground` (the artifact's IR, report, pass diffs and bench results).
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import time
@@ -30,6 +32,7 @@ from typing import Any
 
 from llmir_core.runtime.sampling import Sampler, SamplingConfig
 
+from .logprobs import legacy_logprobs
 from .model import ServedModel
 from .prepare import prepare
 from .scheduler import Completion, GenRequest, QueueFull, ShuttingDown, Ticket
@@ -199,8 +202,8 @@ def create_app(  # noqa: C901 (one nested handler per route)
         except ShuttingDown:
             raise _shutting_down() from None
         try:
-            p, ids = await pool.run(lambda: prepare(model, raw, chat), prepare_timeout)
-            return await _start(request, p, ids, chat, ticket)
+            p, prompts = await pool.run(lambda: prepare(model, raw, chat), prepare_timeout)
+            return await _start(request, p, prompts, chat, ticket)
         except JobTimeout:
             raise APIError(
                 500,
@@ -212,54 +215,97 @@ def create_app(  # noqa: C901 (one nested handler per route)
             ticket.release()  # a no-op once the request is queued
 
     async def _start(
-        request: Request, p: GenParams, ids: list[int], chat: bool, ticket: Ticket
+        request: Request, p: GenParams, prompts: list[list[int]], chat: bool, ticket: Ticket
     ) -> Response:
-        max_tokens = min(p.max_tokens or model.max_context, model.max_context - len(ids))
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        events: asyncio.Queue[tuple[str, int, Any]] = asyncio.Queue()
 
-        def put(kind: str, value: Any) -> None:
+        def put(kind: str, index: int, value: Any) -> None:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
-                loop.call_soon_threadsafe(events.put_nowait, (kind, value))
+                loop.call_soon_threadsafe(events.put_nowait, (kind, index, value))
 
-        sampler = Sampler(SamplingConfig(temperature=p.temperature, top_p=p.top_p, seed=p.seed))
-        req = GenRequest(
-            ids,
-            max_tokens,
-            sampler,
-            lambda s: put("text", s),
-            lambda r: put("done", r),
-            stop=p.stop,
-            eos_ids=model.eos_ids,
-        )
-        try:
-            sched.submit(req, ticket)
-        except QueueFull as exc:
-            raise _busy(exc) from None
-        except ShuttingDown:
-            raise _shutting_down() from None
+        reqs: list[GenRequest] = []
+        for i, ids in enumerate(prompts):
+            wanted = model.max_context if p.max_tokens is None else p.max_tokens
+            sampler = Sampler(SamplingConfig(temperature=p.temperature, top_p=p.top_p, seed=p.seed))
+            req = GenRequest(
+                ids,
+                min(wanted, model.max_context - len(ids)),
+                sampler,
+                functools.partial(put, "text", i),
+                functools.partial(put, "done", i),
+                stop=p.stop,
+                eos_ids=model.eos_ids,
+                logprobs=p.logprobs,
+                echo_logprobs=p.echo and p.logprobs is not None,
+            )
+            try:
+                sched.submit(req, ticket if i == 0 else None)
+            except (QueueFull, ShuttingDown) as exc:
+                for r in reqs:
+                    sched.cancel(r)
+                if isinstance(exc, ShuttingDown):
+                    raise _shutting_down() from None
+                raise _busy(exc) from None
+            reqs.append(req)
         rid = new_id("chatcmpl" if chat else "cmpl")
-        if p.stream:
+        if p.stream:  # one prompt (schemas refuses stream with several)
             return StreamingResponse(
-                _sse(rid, p.model, chat, req, events),
+                _sse(rid, p.model, chat, reqs[0], events),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        return await _whole(request, rid, p.model, chat, req, events)
+        results = await _whole(request, reqs, events)
+        if results is None:
+            return Response(status_code=499)
+        use = usage(sum(r.prompt_tokens for r in results), sum(len(r.token_ids) for r in results))
+        if chat or (len(results) == 1 and not p.echo and p.logprobs is None):
+            res = results[0]
+            return JSONResponse(
+                completion_body(rid, p.model, res.text, res.finish_reason, use, chat)
+            )
+        choices = await pool.run(lambda: _choices(p, prompts, results), prepare_timeout)
+        return JSONResponse(completion_body(rid, p.model, "", "", use, False, choices))
+
+    def _choices(
+        p: GenParams, prompts: list[list[int]], results: list[Completion]
+    ) -> list[dict[str, Any]]:
+        """A completion's choices with the prompt echoed and log-probs when asked."""
+        out = []
+        for i, (ids, res) in enumerate(zip(prompts, results)):
+            given = p.prompts[i] if i < len(p.prompts) else None
+            echoed = (given if isinstance(given, str) else model.decode(ids)) if p.echo else ""
+            lp = None
+            if p.logprobs is not None:
+                lp = legacy_logprobs(
+                    model.decode_special,
+                    model.special_ids,
+                    ids,
+                    res.prompt_logprobs,
+                    res.logprobs or [],
+                    len(echoed) if p.echo else None,
+                )
+            out.append(
+                {
+                    "index": i,
+                    "text": echoed + res.text,
+                    "finish_reason": res.finish_reason,
+                    "logprobs": lp,
+                }
+            )
+        return out
 
     async def _whole(
-        request: Request,
-        rid: str,
-        name: str,
-        chat: bool,
-        req: GenRequest,
-        events: asyncio.Queue[tuple[str, Any]],
-    ) -> Response:
-        async def done() -> Any:
-            while True:
-                kind, value = await events.get()
+        request: Request, reqs: list[GenRequest], events: asyncio.Queue[tuple[str, int, Any]]
+    ) -> list[Completion] | None:
+        """Every request's completion (None: the client went away; the requests are cancelled)."""
+        results: dict[int, Any] = {}
+
+        async def done() -> None:
+            while len(results) < len(reqs):
+                kind, index, value = await events.get()
                 if kind == "done":
-                    return value
+                    results[index] = value
 
         async def gone() -> None:
             while (await request.receive())["type"] != "http.disconnect":
@@ -272,27 +318,23 @@ def create_app(  # noqa: C901 (one nested handler per route)
             watcher.cancel()
             if not waiter.done():
                 waiter.cancel()
-                sched.cancel(req)
+                for r in reqs:
+                    sched.cancel(r)
         if waiter.cancelled():
-            return Response(status_code=499)
-        res = waiter.result()
-        if not isinstance(res, Completion):
+            return None
+        failed = next((v for v in results.values() if not isinstance(v, Completion)), None)
+        if failed is not None:
             raise APIError(
-                500, f"generation failed: {res}", type="server_error", code="internal_error"
+                500, f"generation failed: {failed}", type="server_error", code="internal_error"
             )
-        return JSONResponse(
-            completion_body(
-                rid,
-                name,
-                res.text,
-                res.finish_reason,
-                usage(res.prompt_tokens, len(res.token_ids)),
-                chat,
-            )
-        )
+        return [results[i] for i in range(len(reqs))]
 
     async def _sse(
-        rid: str, name: str, chat: bool, req: GenRequest, events: asyncio.Queue[tuple[str, Any]]
+        rid: str,
+        name: str,
+        chat: bool,
+        req: GenRequest,
+        events: asyncio.Queue[tuple[str, int, Any]],
     ) -> AsyncIterator[str]:
         created = int(time.time())
         finished = False
@@ -300,7 +342,7 @@ def create_app(  # noqa: C901 (one nested handler per route)
             if chat:
                 yield _event(chunk_body(rid, name, created, "", None, True, first=True))
             while True:
-                kind, value = await events.get()
+                kind, _, value = await events.get()
                 if kind == "text":
                     yield _event(chunk_body(rid, name, created, value, None, chat))
                     continue

@@ -91,6 +91,15 @@ class ServedModel:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def decode_special(self, ids: list[int]) -> str:
+        """The text of ids with special tokens written out (the `logprobs` tokens' texts)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    @functools.cached_property
+    def special_ids(self) -> frozenset[int]:
+        added = self.tokenizer.backend.get_added_tokens_decoder()
+        return frozenset(i for i, t in added.items() if t.special)
+
 
 def open_served_model(
     art_dir: str,
