@@ -4,16 +4,23 @@ log-softmax, the chosen tokens' entries."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 
-def all_logits(art: Path, ids: list[int]) -> np.ndarray:
-    """logits [len(ids), vocab] of one forward of ids (art built with every position's logits)."""
+@functools.cache
+def _decoder(art: Path) -> Any:
     from llmir_core.runtime.ort_decoder import open_artifact
 
-    dec = open_artifact(str(art), threads=1)
+    return open_artifact(str(art), threads=1)
+
+
+def all_logits(art: Path, ids: list[int]) -> np.ndarray:
+    """logits [len(ids), vocab] of one forward of ids (art built with every position's logits)."""
+    dec = _decoder(art)
     dec.reset(1)
     out = np.asarray(dec.forward(np.asarray([ids], dtype=np.int64)))[0]
     assert out.shape[0] == len(ids), "the artifact keeps only the last position's logits"

@@ -117,7 +117,9 @@ def test_echo_with_max_tokens_zero_and_without_logprobs(srv: Running, full_artif
     assert choice["text"] == prompt and choice["finish_reason"] == "length"
     lp = choice["logprobs"]
     assert lp["top_logprobs"] == [None] + [{}] * (len(ids) - 1)
-    np.testing.assert_allclose(lp["token_logprobs"][1:], token_logprobs(full_artifact, ids), atol=TOL)
+    np.testing.assert_allclose(
+        lp["token_logprobs"][1:], token_logprobs(full_artifact, ids), atol=TOL
+    )
     assert data["usage"]["completion_tokens"] == 0
     # echo alone: the prompt, then the completion the same request gives without echo
     plain = ok(srv, prompt=prompt, max_tokens=4, temperature=0)["choices"][0]
@@ -150,9 +152,7 @@ def test_echo_with_max_tokens_zero_and_without_logprobs(srv: Running, full_artif
         ({"prompt": [1, True]}, "invalid_type", "prompt[0]"),
     ],
 )
-def test_bad_scoring_requests(
-    served: Running, body: dict[str, Any], code: str, param: str
-) -> None:
+def test_bad_scoring_requests(served: Running, body: dict[str, Any], code: str, param: str) -> None:
     status, data = post(served, **{"prompt": "hi", **body})
     expect(status, data, 400, code, param)
     assert "\n" not in data["error"]["message"]
@@ -176,7 +176,9 @@ def test_score_and_legacy_object() -> None:
     rows = np.array([[0.0, 1.0, 2.0], [3.0, 3.0, -1.0]], dtype=np.float32)
     got = score(rows, [0, 2], 2)
     want = log_softmax(rows)
-    assert got[0].logprob == pytest.approx(want[0, 0]) and got[1].logprob == pytest.approx(want[1, 2])
+    assert got[0].logprob == pytest.approx(want[0, 0]) and got[1].logprob == pytest.approx(
+        want[1, 2]
+    )
     assert [t for t, _ in got[0].top] == [2, 1] and [t for t, _ in got[1].top] == [0, 1]
     texts = {0: "<s>", 1: "a", 2: "b"}
 
