@@ -2,16 +2,17 @@
 
 Routes: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` (JSON, or
 server-sent events with `stream: true`, the last chunk carrying `usage`; completions take
-several prompts, one choice each, and `logprobs` / `echo`: see `schemas`), `GET /health`,
+several prompts, one choice each, and `logprobs` / `echo`: see `schemas`), vLLM's tokenizer
+endpoints `POST /tokenize`, `POST /detokenize`, `GET /tokenizer_info` (`tokenize`), `GET /health`,
 `GET /metrics` (Prometheus text), and the Playground: `GET /` with its static files and
 `GET /api/playground` (the artifact's IR, report, pass diffs and bench results).
 
 Errors have OpenAI's body, `{"error": {"message", "type", "param", "code"}}`: 400 bad JSON or
 parameter values, prompts over the context and chat templates that fail, 401 a missing or wrong
-API key (compared in constant time; `/v1/*` and `/api/*` only), 404 unknown model or route, 405
-wrong method, 413 oversize body, 429 full queue (with `Retry-After`), 500 an internal error,
-503 while shutting down. A client that disconnects cancels its request, and its KV slot is
-freed at the next scheduler step.
+API key (compared in constant time; `/v1/*`, `/api/*` and the tokenizer endpoints only), 404
+unknown model or route, 405 wrong method, 413 oversize body, 429 full queue (with
+`Retry-After`), 500 an internal error, 503 while shutting down. A client that disconnects
+cancels its request, and its KV slot is freed at the next scheduler step.
 
 The event loop only moves bytes: a generation request takes its place in the queue first
 (429 when there is none), then its body is parsed, its chat template rendered and its prompt
@@ -37,15 +38,20 @@ from .model import ServedModel
 from .prepare import prepare
 from .scheduler import Completion, GenRequest, QueueFull, ShuttingDown, Ticket
 from .schemas import APIError, GenParams, chunk_body, completion_body, new_id, usage
+from .tokenize import detokenize, tokenize, tokenizer_info
 from .workers import JobTimeout, Workers
 
 STATIC_DIR = Path(__file__).parent / "static"
+TOKENIZER_ROUTES = ("/tokenize", "/detokenize", "/tokenizer_info")
 MAX_BODY = 1 << 20  # bytes
 ROUTES = (
     "/",
     "/v1/models",
     "/v1/completions",
     "/v1/chat/completions",
+    "/tokenize",
+    "/detokenize",
+    "/tokenizer_info",
     "/health",
     "/metrics",
     "/api/playground",
@@ -112,7 +118,8 @@ class _Guard:
             await send(message)
 
         try:
-            if self.key is not None and (path.startswith("/v1/") or path.startswith("/api/")):
+            guarded = path.startswith(("/v1/", "/api/")) or path in TOKENIZER_ROUTES
+            if self.key is not None and guarded:
                 given = dict(scope["headers"]).get(b"authorization", b"")
                 if not hmac.compare_digest(given, self.key):
                     err = APIError(
@@ -362,6 +369,24 @@ def create_app(  # noqa: C901 (one nested handler per route)
             if not finished:
                 sched.cancel(req)
 
+    async def tokenizer_route(request: Request) -> Response:
+        """/tokenize, /detokenize (on a worker thread) and /tokenizer_info."""
+        path = request.url.path
+        if path == "/tokenizer_info":
+            return JSONResponse(tokenizer_info(model))
+        raw = await read_body(request, max_body)
+        job = tokenize if path == "/tokenize" else detokenize
+        try:
+            answer = await pool.run(lambda: job(model, raw), prepare_timeout)
+        except JobTimeout:
+            raise APIError(
+                500,
+                f"{path} took more than {prepare_timeout:g} s",
+                type="server_error",
+                code="internal_error",
+            ) from None
+        return JSONResponse(answer)
+
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)
 
@@ -418,6 +443,9 @@ def create_app(  # noqa: C901 (one nested handler per route)
         Route("/metrics", metrics),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/tokenize", tokenizer_route, methods=["POST"]),
+        Route("/detokenize", tokenizer_route, methods=["POST"]),
+        Route("/tokenizer_info", tokenizer_route),
         Route("/api/playground", info),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]

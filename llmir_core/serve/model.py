@@ -65,7 +65,8 @@ class ServedModel:
     def eos_ids(self) -> tuple[int, ...]:
         return tuple(self.tokenizer.eos_ids)
 
-    def _token(self, tid: int | None) -> str | None:
+    def token_text(self, tid: int | None) -> str | None:
+        """The token's text as the vocabulary stores it (None for None or an unknown id)."""
         if tid is None:
             return None
         tok = self.tokenizer.backend.id_to_token(int(tid))
@@ -83,8 +84,8 @@ class ServedModel:
         return render_chat(
             tpl,
             messages,
-            bos_token=self._token(self.tokenizer.bos_id),
-            eos_token=self._token(eos),
+            bos_token=self.token_text(self.tokenizer.bos_id),
+            eos_token=self.token_text(eos),
             timeout=self.template_timeout,
         )
 

@@ -34,13 +34,13 @@ def _samples(out: Path, task: str) -> list[dict[str, Any]]:
 
 
 def test_lm_eval_scores_llmir_serve(
-    served_full: Running, full_artifact: Path, tiny_dir: Path, tmp_path: Path
+    served_full: Running, full_artifact: Path, tmp_path: Path
 ) -> None:
+    # lm-eval finds the server's /tokenizer_info and /tokenize and tokenizes through them (its
+    # `remote` backend); `tokenizer=HF_FOLDER,tokenizer_backend=huggingface` gives the same ids
+    # (tests/serve/test_logprobs_tokenize.py)
     url = served_full.url + "/v1/completions"
-    model_args = (
-        f"model={served_full.model.name},base_url={url},tokenizer={tiny_dir},"
-        "tokenizer_backend=huggingface,tokenized_requests=True,max_retries=1"
-    )
+    model_args = f"model={served_full.model.name},base_url={url},max_retries=1"
     out = tmp_path / "out"
     env = {
         **os.environ,
@@ -73,6 +73,7 @@ def test_lm_eval_scores_llmir_serve(
         cmd, cwd=TASKS, env=env, capture_output=True, text=True, timeout=300, check=False
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Using remote tokenizer backend" in proc.stderr, proc.stderr[-3000:]
 
     tok = served_full.model.tokenizer
     choice = _samples(out, "llmir_tiny_choice")
