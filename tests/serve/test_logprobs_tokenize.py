@@ -82,3 +82,20 @@ def test_tokenizer_endpoints_need_the_api_key(tiny_artifact: Path) -> None:
         assert got == 200 and data["tokens"] == srv.model.encode_text("hi")
     finally:
         srv.stop()
+
+
+def test_connections_send_without_delay() -> None:
+    """lm-eval (requests) keeps its connection alive: without TCP_NODELAY every request after
+    the first waited ~40 ms for the client's delayed ACK (tokenizing 14 requests took 1.3 s)."""
+    import socket
+
+    from llmir_core.serve.server import bind
+
+    sock = bind("127.0.0.1", 0)
+    client = socket.create_connection(sock.getsockname())
+    conn, _ = sock.accept()
+    try:
+        assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        for s in (conn, client, sock):
+            s.close()
