@@ -231,6 +231,15 @@ def create_app(  # noqa: C901 (one nested handler per route)
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
                 loop.call_soon_threadsafe(events.put_nowait, (kind, index, value))
 
+        room = sched.decoder.slots + sched.max_queue
+        if len(prompts) > room:  # it could never be admitted whole: not a 429 to retry
+            raise APIError(
+                400,
+                f"{len(prompts)} prompts in one request, but the server holds at most {room} "
+                "(--max-batch + --max-queue): send fewer at once",
+                param="prompt",
+                code="invalid_value",
+            )
         reqs: list[GenRequest] = []
         for i, ids in enumerate(prompts):
             wanted = model.max_context if p.max_tokens is None else p.max_tokens

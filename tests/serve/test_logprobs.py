@@ -158,6 +158,13 @@ def test_bad_scoring_requests(served: Running, body: dict[str, Any], code: str, 
     assert "\n" not in data["error"]["message"]
 
 
+def test_more_prompts_than_the_server_holds(served: Running) -> None:
+    room = served.model.decoder.slots + served.model.scheduler.max_queue
+    status, data = post(served, prompt=[[5, 6]] * (room + 1), max_tokens=1)
+    expect(status, data, 400, "invalid_value", "prompt")
+    assert f"at most {room}" in data["error"]["message"]
+
+
 def test_chat_refuses_logprobs(served: Running) -> None:
     m = served.model.name
     for extra in ({"logprobs": True}, {"top_logprobs": 2}, {"echo": True}):
