@@ -255,6 +255,8 @@ def create_app(  # noqa: C901 (one nested handler per route)
                 logprobs=p.logprobs,
                 echo_logprobs=p.echo and p.logprobs is not None,
             )
+            # a text event carries how many tokens have log-probs by then (a stream sends them)
+            req.on_text = functools.partial(_text_event, put, i, req)
             try:
                 sched.submit(req, ticket if i == 0 else None)
             except (QueueFull, ShuttingDown) as exc:
@@ -267,7 +269,7 @@ def create_app(  # noqa: C901 (one nested handler per route)
         rid = new_id("chatcmpl" if chat else "cmpl")
         if p.stream:  # one prompt (schemas refuses stream with several)
             return StreamingResponse(
-                _sse(rid, p.model, chat, reqs[0], events),
+                _sse(rid, p.model, chat, reqs[0], events, p.logprobs is not None),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -345,28 +347,47 @@ def create_app(  # noqa: C901 (one nested handler per route)
             )
         return [results[i] for i in range(len(reqs))]
 
+    def _chunk_logprobs(req: GenRequest, sent: int, upto: int, at: int) -> dict[str, Any]:
+        """The `logprobs` of generated tokens [sent, upto) of a stream, offsets from `at`."""
+        context = [*req.prompt_ids, *(e.token for e in req.gen_lp[:sent])]
+        lp = legacy_logprobs(
+            model.decode_special, model.special_ids, context, None, req.gen_lp[sent:upto]
+        )
+        lp["text_offset"] = [at + o for o in lp["text_offset"]]
+        return lp
+
     async def _sse(
         rid: str,
         name: str,
         chat: bool,
         req: GenRequest,
         events: asyncio.Queue[tuple[str, int, Any]],
+        logprobs: bool = False,
     ) -> AsyncIterator[str]:
         created = int(time.time())
         finished = False
+        sent = at = 0  # tokens whose log-probs went out; characters of text sent
         try:
             if chat:
                 yield _event(chunk_body(rid, name, created, "", None, True, first=True))
             while True:
                 kind, _, value = await events.get()
                 if kind == "text":
-                    yield _event(chunk_body(rid, name, created, value, None, chat))
+                    piece, upto = value
+                    lp = _chunk_logprobs(req, sent, upto, at) if logprobs else None
+                    sent, at = upto, at + len(piece)
+                    yield _event(chunk_body(rid, name, created, piece, None, chat, logprobs=lp))
                     continue
                 finished = True
                 if isinstance(value, Completion):
                     use = usage(value.prompt_tokens, len(value.token_ids))
+                    lp = None
+                    if logprobs:  # an end-of-sequence token's, or none
+                        lp = _chunk_logprobs(req, sent, len(req.gen_lp), at)
                     yield _event(
-                        chunk_body(rid, name, created, None, value.finish_reason, chat, use)
+                        chunk_body(
+                            rid, name, created, None, value.finish_reason, chat, use, logprobs=lp
+                        )
                     )
                 else:
                     yield _event(
@@ -468,6 +489,12 @@ def create_app(  # noqa: C901 (one nested handler per route)
         },
     )
     return _Guard(app, model, api_key)
+
+
+def _text_event(put: Any, index: int, req: GenRequest, piece: str) -> None:
+    """A request's text callback (on the scheduler thread, right after the token's log-probs
+    are recorded): the piece and how many generated tokens have log-probs so far."""
+    put("text", index, (piece, len(req.gen_lp)))
 
 
 def _event(body: dict[str, Any]) -> str:

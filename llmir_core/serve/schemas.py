@@ -9,8 +9,8 @@ Completions also take OpenAI's legacy scoring parameters: `prompt` as a string, 
 ids, or a list of either (one choice per prompt), `logprobs` (0..`MAX_LOGPROBS` alternatives per
 token) and `echo` (the prompt comes back in the text, with its tokens' log-probabilities when
 `logprobs` is set; `max_tokens` 0 is allowed then). A parameter the server does not act on is a
-400 `unsupported_parameter`, never silently ignored: `logprobs` on chat, `stream` with
-`logprobs`, `echo` or several prompts, and `best_of`, `suffix`, `logit_bias`,
+400 `unsupported_parameter`, never silently ignored: `logprobs` on chat, `stream` with `echo`
+or several prompts (a stream's chunks carry their tokens' log-probs), and `best_of`, `suffix`, `logit_bias`,
 `presence_penalty`, `frequency_penalty` other than their defaults.
 """
 
@@ -221,11 +221,7 @@ def parse_completion(body: Any) -> GenParams:
     if p.max_tokens == 0 and not p.echo:
         raise bad("max_tokens", "'max_tokens' must be >= 1 (0 only with 'echo': true), got 0")
     if p.stream:
-        for name, on in (
-            ("logprobs", p.logprobs is not None),
-            ("echo", p.echo),
-            ("prompt", len(p.prompts) > 1),
-        ):
+        for name, on in (("echo", p.echo), ("prompt", len(p.prompts) > 1)):
             if on:
                 what = "several prompts" if name == "prompt" else f"'{name}'"
                 raise bad(
@@ -348,6 +344,7 @@ def chunk_body(
     chat: bool,
     use: dict[str, int] | None = None,
     first: bool = False,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     if chat:
         delta: dict[str, Any] = (
@@ -362,7 +359,7 @@ def chunk_body(
             "logprobs": None,
         }
     else:
-        choice = {"index": 0, "text": piece or "", "finish_reason": finish, "logprobs": None}
+        choice = {"index": 0, "text": piece or "", "finish_reason": finish, "logprobs": logprobs}
     body: dict[str, Any] = {
         "id": rid,
         "object": "chat.completion.chunk" if chat else "text_completion",

@@ -127,6 +127,36 @@ def test_echo_with_max_tokens_zero_and_without_logprobs(srv: Running, full_artif
     assert echoed["text"] == prompt + plain["text"] and echoed["logprobs"] is None
 
 
+def stream(srv: Running, **body: Any) -> list[dict[str, Any]]:
+    """The chunks of a streamed completion."""
+    import urllib.request
+
+    req = urllib.request.Request(
+        srv.url + "/v1/completions",
+        json.dumps({"model": srv.model.name, "stream": True, **body}).encode(),
+        {"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        lines = resp.read().decode().splitlines()
+    data = [ln.removeprefix("data: ") for ln in lines if ln.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(d) for d in data[:-1]]
+
+
+def test_streamed_logprobs_equal_the_whole_answer(served: Running) -> None:
+    body = {"prompt": "Once upon a time", "logprobs": 2, "max_tokens": 12, "temperature": 0}
+    whole = ok(served, **body)["choices"][0]
+    chunks = [c["choices"][0] for c in stream(served, **body)]
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+    assert chunks[-1]["finish_reason"] == whole["finish_reason"]
+    got: dict[str, list[Any]] = {k: [] for k in whole["logprobs"]}
+    for c in chunks:
+        assert c["logprobs"] is not None
+        for k, v in c["logprobs"].items():
+            got[k] += v
+    assert got == whole["logprobs"]
+
+
 @pytest.mark.parametrize(
     ("body", "code", "param"),
     [
@@ -135,7 +165,6 @@ def test_echo_with_max_tokens_zero_and_without_logprobs(srv: Running, full_artif
         ({"logprobs": True}, "invalid_type", "logprobs"),
         ({"echo": "yes"}, "invalid_type", "echo"),
         ({"max_tokens": 0}, "invalid_value", "max_tokens"),
-        ({"stream": True, "logprobs": 1}, "unsupported_parameter", "logprobs"),
         ({"stream": True, "echo": True}, "unsupported_parameter", "echo"),
         ({"stream": True, "prompt": ["a", "b"]}, "unsupported_parameter", "prompt"),
         ({"n": 2}, "invalid_value", "n"),
