@@ -227,3 +227,17 @@ def test_score_and_legacy_object() -> None:
     assert obj["text_offset"] == [0, 0, 1]
     assert obj["token_logprobs"][0] is None and obj["top_logprobs"][0] is None
     assert obj["top_logprobs"][1] == {"b": pytest.approx(want[0, 2])}
+
+
+def test_the_openai_client_reads_the_logprobs(served: Running) -> None:
+    openai = pytest.importorskip("openai", reason="the test extra (openai) is not installed")
+    c = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+    got = c.completions.create(
+        model=served.model.name, prompt=IDS[:6], echo=True, logprobs=2, max_tokens=1, temperature=0
+    )
+    raw = ok(served, prompt=IDS[:6], echo=True, logprobs=2, max_tokens=1, temperature=0)
+    lp = got.choices[0].logprobs
+    assert lp is not None
+    assert lp.token_logprobs == raw["choices"][0]["logprobs"]["token_logprobs"]
+    assert lp.top_logprobs == raw["choices"][0]["logprobs"]["top_logprobs"]
+    assert lp.tokens == raw["choices"][0]["logprobs"]["tokens"]
