@@ -8,10 +8,10 @@ API uses for the same mistake. Defaults follow OpenAI's: temperature 1, top_p 1,
 Completions also take OpenAI's legacy scoring parameters: `prompt` as a string, a list of token
 ids, or a list of either (one choice per prompt), `logprobs` (0..`MAX_LOGPROBS` alternatives per
 token) and `echo` (the prompt comes back in the text, with its tokens' log-probabilities when
-`logprobs` is set; `max_tokens` 0 is allowed then). A parameter the server does not act on is a
-400 `unsupported_parameter`, never silently ignored: `logprobs` on chat, `stream` with `echo`
-or several prompts (a stream's chunks carry their tokens' log-probs), and `best_of`, `suffix`, `logit_bias`,
-`presence_penalty`, `frequency_penalty` other than their defaults.
+`logprobs` is set; `max_tokens` 0 is allowed then); a stream's chunks carry their tokens'
+log-probs. A parameter the server does not act on is a 400 `unsupported_parameter`, never
+silently ignored: `logprobs` on chat, `stream` with `echo` or several prompts, and `best_of`,
+`suffix`, `logit_bias`, `presence_penalty`, `frequency_penalty` other than their defaults.
 """
 
 from __future__ import annotations
@@ -62,8 +62,7 @@ def bad(param: str, message: str, code: str = "invalid_value") -> APIError:
 @dataclass
 class GenParams:
     model: str
-    prompt: str | None = None  # completions: the first prompt given as text (else None)
-    prompts: list[str | list[int]] = field(default_factory=list)  # completions: every prompt
+    prompts: list[str | list[int]] = field(default_factory=list)  # completions: text or ids
     messages: list[dict[str, str]] | None = None  # chat
     max_tokens: int | None = None
     temperature: float = 1.0
@@ -210,7 +209,6 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
 def parse_completion(body: Any) -> GenParams:
     p = _common(body)
     p.prompts = _prompts(body.get("prompt"))
-    p.prompt = p.prompts[0] if isinstance(p.prompts[0], str) else None
     p.logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS)
     echo = body.get("echo", False)
     if not isinstance(echo, bool) and echo is not None:

@@ -38,7 +38,8 @@ def ok(srv: Running, **body: Any) -> dict[str, Any]:
 @pytest.fixture(params=["full", "last"])
 def srv(request: pytest.FixtureRequest) -> Running:
     """The server on the `--logits all` artifact, or on the default last-position one."""
-    return request.getfixturevalue("served_full" if request.param == "full" else "served")  # type: ignore[no-any-return]
+    srv: Running = request.getfixturevalue("served_full" if request.param == "full" else "served")
+    return srv
 
 
 def test_echo_logprobs_equal_a_direct_log_softmax(srv: Running, full_artifact: Path) -> None:
