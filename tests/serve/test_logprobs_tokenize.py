@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import import_or_skip
+
 from .conftest import Running, start_server
 from .test_bad_input import call, expect
 
@@ -15,7 +17,7 @@ TEXT = "Question: How many legs does a cat have?\nAnswer: four"
 
 
 def test_tokenize_equals_the_hugging_face_tokenizer(served: Running, tiny_dir: Path) -> None:
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    transformers = import_or_skip("transformers", "the test extra (transformers) is not installed")
     hf = transformers.AutoTokenizer.from_pretrained(str(tiny_dir))
     m = served.model
     for special in (False, True):
