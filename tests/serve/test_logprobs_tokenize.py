@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,3 +102,28 @@ def test_connections_send_without_delay() -> None:
     finally:
         for s in (conn, client, sock):
             s.close()
+
+
+def test_tokenize_adds_special_tokens_only_when_asked() -> None:
+    """With a tokenizer that puts a BOS in front (the tiny one adds none)."""
+    from types import SimpleNamespace
+
+    from tokenizers import processors
+
+    from llmir_core.runtime.tokenizer import Tokenizer
+    from llmir_core.serve.tokenize import tokenize
+    from tests.decoder.tiny import make_tokenizer
+
+    backend: Any = make_tokenizer(128)
+    backend.post_processor = processors.TemplateProcessing(
+        single="<|im_start|> $A", special_tokens=[("<|im_start|>", 1)]
+    )
+    model = SimpleNamespace(name="m", max_context=64, tokenizer=Tokenizer(backend, 1, (2,)))
+    plain = backend.encode("hi", add_special_tokens=False).ids
+    for body, want in (
+        ({"prompt": "hi"}, [1, *plain]),
+        ({"prompt": "hi", "add_special_tokens": True}, [1, *plain]),
+        ({"prompt": "hi", "add_special_tokens": False}, plain),
+    ):
+        got = tokenize(model, json.dumps(body).encode())  # type: ignore[arg-type]
+        assert got == {"count": len(want), "max_model_len": 64, "tokens": want}
