@@ -16,16 +16,18 @@ from .._render import handle_errors, make_ctx
 
 HELP = """Serve a decoder artifact over HTTP with OpenAI's API, and the Playground at /.
 
-Endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (the model's chat
-template; stream: true gives server-sent events ending with usage), GET /health, GET /metrics
-(Prometheus). Requests decode together: up to --max-batch sequences share one forward per
-token (continuous batching), prompts prefill in chunks of --prefill-chunk tokens between decode
-steps, and up to --max-queue more wait (then HTTP 429 with Retry-After). A client that
-disconnects frees its slot. SIGTERM or Ctrl-C finishes the requests in flight, refuses new ones,
-and exits 0 (130 after Ctrl-C).
+Endpoints: GET /v1/models, POST /v1/completions (logprobs and echo score text, as
+lm-evaluation-harness's local-completions model asks; build with --logits all to score prompts
+in one forward each), POST /v1/chat/completions (the model's chat template; stream: true gives
+server-sent events ending with usage), POST /tokenize and /detokenize, GET /tokenizer_info,
+GET /health, GET /metrics (Prometheus). Requests decode together: up to --max-batch sequences
+share one forward per token (continuous batching), prompts prefill in chunks of --prefill-chunk
+tokens between decode steps, and up to --max-queue more wait (then HTTP 429 with Retry-After).
+A client that disconnects frees its slot. SIGTERM or Ctrl-C finishes the requests in flight,
+refuses new ones, and exits 0 (130 after Ctrl-C).
 
-Binds 127.0.0.1 unless --host says otherwise. With --api-key (or LLMIR_API_KEY) /v1/* and
-/api/* need `Authorization: Bearer KEY`.
+Binds 127.0.0.1 unless --host says otherwise. With --api-key (or LLMIR_API_KEY) /v1/*, /api/*
+and the tokenizer endpoints need `Authorization: Bearer KEY`.
 
 Hostile input is bounded: bodies over 1 MiB are 413; a prompt longer in bytes than the context
 could hold is 400 before it is tokenized; parsing, chat templates and tokenizing run on worker

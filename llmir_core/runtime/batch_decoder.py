@@ -5,6 +5,9 @@ own length. `prefill(slot, ids, start)` runs a chunk of one sequence's prompt af
 `start` cached tokens; `decode(slots, ids, positions)` runs one token for each of several
 sequences in one forward and returns one logits row per sequence. A slot is reused by the next
 sequence without clearing: its rows past the new sequence's length are never read.
+`prefill_rows` is `prefill` returning every position's logits (prompt log-probabilities): one
+forward on an artifact built with `--logits all`, else one forward per token (each forward's
+last row is that token's).
 
 - `OrtBatchDecoder` runs a decoder artifact (`llmir_core.backends.ort_decoder`) built with
   `kv_cache: shared_buffer`. The graph computes GroupQueryAttention's `seqlens_k` per batch row
@@ -43,6 +46,10 @@ class BatchDecoder(Protocol):
 
     def prefill(self, slot: int, ids: Sequence[int], start: int) -> np.ndarray:
         """Run `ids` after the slot's first `start` tokens; return the last logits row [vocab]."""
+        ...
+
+    def prefill_rows(self, slot: int, ids: Sequence[int], start: int) -> np.ndarray:
+        """`prefill`, returning the logits of every position of ids [len(ids), vocab]."""
         ...
 
     def decode(
@@ -123,8 +130,16 @@ class OrtBatchDecoder:
             self._bindings[key] = io
         return io
 
-    def _run(self, io: Any, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        rows = ids.shape[1] if self.manifest["decoder"].get("logits") != "last" else 1
+    @property
+    def every_position(self) -> bool:
+        """Whether the artifact computes every position's logits (built with `--logits all`)."""
+        return self.manifest["decoder"].get("logits") != "last"
+
+    def _run(
+        self, io: Any, ids: np.ndarray, positions: np.ndarray, every: bool = False
+    ) -> np.ndarray:
+        """Logits [batch, vocab] of each row's last position (every: [batch, seq, vocab])."""
+        rows = ids.shape[1] if self.every_position else 1
         logits = np.empty((ids.shape[0], rows, self.vocab), np.float32)
         io.bind_cpu_input("input_ids", ids)
         io.bind_cpu_input("positions", positions)
@@ -133,7 +148,7 @@ class OrtBatchDecoder:
             self.sess.run_with_iobinding(io)
         except Exception as exc:
             raise InputError(f"onnxruntime failed: {str(exc).strip().splitlines()[0]}") from None
-        return logits[:, -1]
+        return logits if every else logits[:, -1]
 
     def _check(self, end: int) -> None:
         if end > self.max_context:
@@ -144,6 +159,15 @@ class OrtBatchDecoder:
         arr = np.asarray([list(ids)], dtype=np.int64)
         pos = np.arange(start, start + len(ids), dtype=np.int64)[None]
         logits: np.ndarray = self._run(self._binding(slot, 1), arr, pos)[0]
+        return logits
+
+    def prefill_rows(self, slot: int, ids: Sequence[int], start: int) -> np.ndarray:
+        if not self.every_position:
+            return np.stack([self.prefill(slot, [t], start + i) for i, t in enumerate(ids)])
+        self._check(start + len(ids))
+        arr = np.asarray([list(ids)], dtype=np.int64)
+        pos = np.arange(start, start + len(ids), dtype=np.int64)[None]
+        logits: np.ndarray = self._run(self._binding(slot, 1), arr, pos, every=True)[0]
         return logits
 
     def decode(
@@ -182,6 +206,9 @@ class SerialBatchDecoder:
             raise InputError(f"slot {slot} holds {d.length} tokens, not {start}")
         logits: np.ndarray = np.asarray(d.forward(np.asarray([list(ids)], dtype=np.int64)))[0, -1]
         return logits
+
+    def prefill_rows(self, slot: int, ids: Sequence[int], start: int) -> np.ndarray:
+        return np.stack([self.prefill(slot, [t], start + i) for i, t in enumerate(ids)])
 
     def decode(
         self, slots: Sequence[int], ids: Sequence[int], positions: Sequence[int]

@@ -65,7 +65,8 @@ class ServedModel:
     def eos_ids(self) -> tuple[int, ...]:
         return tuple(self.tokenizer.eos_ids)
 
-    def _token(self, tid: int | None) -> str | None:
+    def token_text(self, tid: int | None) -> str | None:
+        """The token's text as the vocabulary stores it (None for None or an unknown id)."""
         if tid is None:
             return None
         tok = self.tokenizer.backend.id_to_token(int(tid))
@@ -83,13 +84,22 @@ class ServedModel:
         return render_chat(
             tpl,
             messages,
-            bos_token=self._token(self.tokenizer.bos_id),
-            eos_token=self._token(eos),
+            bos_token=self.token_text(self.tokenizer.bos_id),
+            eos_token=self.token_text(eos),
             timeout=self.template_timeout,
         )
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def decode_special(self, ids: list[int]) -> str:
+        """The text of ids with special tokens written out (the `logprobs` tokens' texts)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    @functools.cached_property
+    def special_ids(self) -> frozenset[int]:
+        added = self.tokenizer.backend.get_added_tokens_decoder()
+        return frozenset(i for i, t in added.items() if t.special)
 
 
 def open_served_model(

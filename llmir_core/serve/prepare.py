@@ -10,7 +10,9 @@
    messages' text is bounded before the template renders, the rendered text after.
 4. The chat template renders within its limits (`llmir_core.runtime.chat_template`); any
    template error is 400 `invalid_prompt` naming `messages`.
-5. The prompt is tokenized and its length checked against the context.
+5. The prompt is tokenized and its length checked against the context. A completion's prompt
+   given as token ids is taken as it is (no BOS added), each id checked against the vocabulary;
+   a list of prompts is checked one by one, errors naming `prompt[i]`.
 """
 
 from __future__ import annotations
@@ -66,10 +68,23 @@ def _check_bytes(model: ServedModel, text_bytes: int, param: str, what: str) -> 
         )
 
 
-def prompt_ids(model: ServedModel, p: GenParams, chat: bool) -> list[int]:
-    """The prompt's token ids, bounded as the module docstring says."""
-    param = "messages" if chat else "prompt"
-    if chat:
+def prompt_ids(
+    model: ServedModel,
+    p: GenParams,
+    chat: bool,
+    prompt: str | list[int] | None = None,
+    param: str = "",
+) -> list[int]:
+    """The prompt's token ids (chat: the messages'; else `prompt`, a completion's one prompt),
+    bounded as the module docstring says."""
+    param = param or ("messages" if chat else "prompt")
+    if isinstance(prompt, list):
+        vocab = model.decoder.vocab
+        bad_id = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad_id is not None:
+            raise bad(param, f"token id {bad_id} is out of the vocabulary [0, {vocab})")
+        ids = list(prompt)
+    elif chat:
         messages = p.messages or []
         size = sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in messages)
         _check_bytes(model, size, param, "messages' text")
@@ -80,7 +95,7 @@ def prompt_ids(model: ServedModel, p: GenParams, chat: bool) -> list[int]:
         _check_bytes(model, len(text.encode("utf-8", "surrogatepass")), param, "rendered chat")
         ids = model.tokenizer.encode(text, add_special_tokens=False)
     else:
-        text = p.prompt or ""
+        text = prompt or ""
         _check_bytes(model, len(text.encode("utf-8", "surrogatepass")), param, "prompt")
         ids = model.encode_text(text)
     if not ids:
@@ -92,8 +107,9 @@ def prompt_ids(model: ServedModel, p: GenParams, chat: bool) -> list[int]:
     return ids
 
 
-def prepare(model: ServedModel, raw: bytes, chat: bool) -> tuple[GenParams, list[int]]:
-    """Parse, check and encode one request (the server's worker threads run this)."""
+def prepare(model: ServedModel, raw: bytes, chat: bool) -> tuple[GenParams, list[list[int]]]:
+    """Parse, check and encode one request (the server's worker threads run this): its
+    parameters and each prompt's token ids (chat: one)."""
     body = parse_body(raw)
     p = parse_chat(body) if chat else parse_completion(body)
     if p.model != model.name:
@@ -103,7 +119,13 @@ def prepare(model: ServedModel, raw: bytes, chat: bool) -> tuple[GenParams, list
             param="model",
             code="model_not_found",
         )
-    return p, prompt_ids(model, p, chat)
+    if chat:
+        return p, [prompt_ids(model, p, True)]
+    many = len(p.prompts) > 1
+    return p, [
+        prompt_ids(model, p, False, one, f"prompt[{i}]" if many else "prompt")
+        for i, one in enumerate(p.prompts)
+    ]
 
 
 __all__ = ["prepare", "parse_body", "prompt_ids", "MAX_INT_DIGITS"]

@@ -15,6 +15,12 @@ those of `llmir run` (`llmir_core.runtime.generate`), so a request gets the toke
 alone with the same seed. The waiting queue is bounded (`QueueFull`); after `close()` new
 requests are refused (`ShuttingDown`) and the loop ends once the admitted ones finish.
 
+Log-probabilities (`/v1/completions`' `logprobs`, `echo`): a request with `logprobs` set gets
+each generated token's log-probability and top alternatives (an end-of-sequence token's too);
+with `echo_logprobs` also each prompt token's after the first. Such a prompt is prefilled in
+chunks of at most `chunk` tokens even alone (every row of logits is kept for a chunk), through
+`BatchDecoder.prefill_rows`. `max_tokens` 0 ends a request after its prefill.
+
 A request takes its place in the queue before its prompt is parsed, rendered and tokenized
 (`reserve()`, on the server's worker threads), so that work counts against the same limit:
 `submit(req, ticket)` turns the reservation into a waiting request, `ticket.release()` gives
@@ -36,6 +42,7 @@ from llmir_core.runtime.batch_decoder import BatchDecoder
 from llmir_core.runtime.generate import TextStream
 from llmir_core.runtime.sampling import Sampler
 
+from .logprobs import TokenLogprob, score
 from .metrics import Metrics
 
 
@@ -71,6 +78,8 @@ class Completion:
     stop_reason: str  # eos | stop_string | length | context
     ttft_s: float
     token_times: list[float]  # monotonic time of each generated token
+    prompt_logprobs: list[TokenLogprob] | None = None  # prompt_ids[1:]'s, when asked for
+    logprobs: list[TokenLogprob] | None = None  # the generated tokens' (and an eos'), when asked
 
 
 @dataclass
@@ -85,6 +94,8 @@ class GenRequest:
     on_done: Callable[[Completion | BaseException], None]
     stop: tuple[str, ...] = ()
     eos_ids: tuple[int, ...] = ()
+    logprobs: int | None = None  # alternatives per token; None: no log-probabilities
+    echo_logprobs: bool = False  # the prompt tokens' log-probabilities too (needs logprobs)
     arrived: float = field(default_factory=time.monotonic)
     cancelled: bool = False
     # scheduler state
@@ -93,6 +104,8 @@ class GenRequest:
     ids: list[int] = field(default_factory=list)
     stream: TextStream | None = None
     token_times: list[float] = field(default_factory=list)
+    prompt_lp: list[TokenLogprob] = field(default_factory=list)
+    gen_lp: list[TokenLogprob] = field(default_factory=list)
 
 
 class Scheduler:
@@ -231,12 +244,22 @@ class Scheduler:
         if pre is not None:
             # chunks only bound the stall of sequences that decode: with none, prefill it all
             decoding = any(r.ids and not r.cancelled for r in self.active)
-            part = pre.prompt_ids[pre.cached : pre.cached + self.chunk if decoding else None]
-            logits = self.decoder.prefill(pre.slot, part, pre.cached)
+            whole = not decoding and not pre.echo_logprobs
+            part = pre.prompt_ids[pre.cached : None if whole else pre.cached + self.chunk]
+            if pre.echo_logprobs:
+                rows = self.decoder.prefill_rows(pre.slot, part, pre.cached)
+                nxt = pre.prompt_ids[pre.cached + 1 : pre.cached + len(part) + 1]
+                pre.prompt_lp += score(rows, nxt, pre.logprobs or 0)
+                logits = rows[-1]
+            else:
+                logits = self.decoder.prefill(pre.slot, part, pre.cached)
             pre.cached += len(part)
             self.metrics.prompt(len(part))
             if pre.cached == len(pre.prompt_ids):
-                self._emit(pre, logits)
+                if pre.max_tokens > 0:
+                    self._emit(pre, logits)
+                else:
+                    self._finish(pre, "length")
         ready = [
             r for r in self.active if r.cached == len(r.prompt_ids) and r.ids and not r.cancelled
         ]
@@ -255,6 +278,8 @@ class Scheduler:
         """Sample req's next token from logits, stream it, and finish req when a stop rule says so."""
         assert req.stream is not None
         tok = req.sampler.pick(logits, [*req.prompt_ids, *req.ids])
+        if req.logprobs is not None:
+            req.gen_lp += score(logits, [tok], req.logprobs)
         now = time.monotonic()
         if not req.token_times:
             self.metrics.first_token(now - req.arrived)
@@ -296,6 +321,8 @@ class Scheduler:
                 why,
                 ttft,
                 list(req.token_times),
+                list(req.prompt_lp) if req.echo_logprobs else None,
+                list(req.gen_lp) if req.logprobs is not None else None,
             )
         )
 

@@ -4,6 +4,14 @@
 raise `APIError` with the status code, error type, offending parameter and code that OpenAI's
 API uses for the same mistake. Defaults follow OpenAI's: temperature 1, top_p 1, n 1; `max_tokens`
 16 for completions and the rest of the context for chat.
+
+Completions also take OpenAI's legacy scoring parameters: `prompt` as a string, a list of token
+ids, or a list of either (one choice per prompt), `logprobs` (0..`MAX_LOGPROBS` alternatives per
+token) and `echo` (the prompt comes back in the text, with its tokens' log-probabilities when
+`logprobs` is set; `max_tokens` 0 is allowed then); a stream's chunks carry their tokens'
+log-probs. A parameter the server does not act on is a 400 `unsupported_parameter`, never
+silently ignored: `logprobs` on chat, `stream` with `echo` or several prompts, and `best_of`,
+`suffix`, `logit_bias`, `presence_penalty`, `frequency_penalty` other than their defaults.
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+MAX_LOGPROBS = 20  # alternatives per token a request may ask for (vLLM's default cap)
 
 
 class APIError(Exception):
@@ -52,7 +62,7 @@ def bad(param: str, message: str, code: str = "invalid_value") -> APIError:
 @dataclass
 class GenParams:
     model: str
-    prompt: str | None = None  # completions
+    prompts: list[str | list[int]] = field(default_factory=list)  # completions: text or ids
     messages: list[dict[str, str]] | None = None  # chat
     max_tokens: int | None = None
     temperature: float = 1.0
@@ -60,6 +70,8 @@ class GenParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stream: bool = False
+    logprobs: int | None = None  # completions: alternatives per token (None: no log-probs)
+    echo: bool = False  # completions: the prompt comes back (with log-probs if asked)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -131,7 +143,7 @@ def _common(body: Any) -> GenParams:
     if n is not None and n != 1:
         raise bad("n", f"only n=1 is supported, got {n}")
     mt = _int(body, "max_completion_tokens", 1)
-    p.max_tokens = _int(body, "max_tokens", 1) if mt is None else mt
+    p.max_tokens = _int(body, "max_tokens", 0) if mt is None else mt
     stop = body.get("stop")
     if isinstance(stop, str):
         p.stop = (stop,)
@@ -143,27 +155,79 @@ def _common(body: Any) -> GenParams:
     if not isinstance(stream, bool) and stream is not None:
         raise bad("stream", f"'stream' must be a boolean, got {stream!r}", "invalid_type")
     p.stream = bool(stream)
-    for name in ("logprobs", "echo"):
-        if body.get(name):
-            raise bad(name, f"'{name}' is not supported by this server", "unsupported_parameter")
+    _unsupported(body)
     p.extra = {k: v for k, v in body.items() if k not in _KNOWN}
     return p
 
 
+# parameters the server does not act on, with the value that means "off"
+_OFF: dict[str, tuple[Any, ...]] = {
+    "best_of": (1,),
+    "suffix": ("",),
+    "logit_bias": ({},),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "top_logprobs": (),  # chat's; completions take `logprobs`
+}
+
+
+def _unsupported(body: dict[str, Any]) -> None:
+    for name, off in _OFF.items():
+        v = body.get(name)
+        if v is not None and not any(v == o and type(v) is type(o) for o in off):
+            raise bad(name, f"'{name}' is not supported by this server", "unsupported_parameter")
+
+
+def _prompts(prompt: Any) -> list[str | list[int]]:
+    """`prompt` as a list of prompts: a string, a list of token ids, or a list of either."""
+    expected = "'prompt' must be a string, a list of token ids, or a list of those"
+
+    def ids(v: list[Any]) -> bool:
+        return bool(v) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and ids(prompt):
+        return [list(prompt)]
+    if isinstance(prompt, list) and prompt:
+        out: list[str | list[int]] = []
+        for i, one in enumerate(prompt):
+            if isinstance(one, str):
+                out.append(one)
+            elif isinstance(one, list) and ids(one):
+                out.append(list(one))
+            else:
+                raise bad(
+                    f"prompt[{i}]", f"{expected} (prompt[{i}] is {one!r:.40})", "invalid_type"
+                )
+        return out
+    raise bad(
+        "prompt", expected, "missing_required_parameter" if prompt is None else "invalid_type"
+    )
+
+
 def parse_completion(body: Any) -> GenParams:
     p = _common(body)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise bad(
-            "prompt",
-            "'prompt' must be a string (or a list of one string)",
-            "missing_required_parameter" if prompt is None else "invalid_type",
-        )
-    p.prompt = prompt
+    p.prompts = _prompts(body.get("prompt"))
+    p.logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS)
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool) and echo is not None:
+        raise bad("echo", f"'echo' must be a boolean, got {echo!r:.40}", "invalid_type")
+    p.echo = bool(echo)
     if p.max_tokens is None:
         p.max_tokens = 16
+    if p.max_tokens == 0 and not p.echo:
+        raise bad("max_tokens", "'max_tokens' must be >= 1 (0 only with 'echo': true), got 0")
+    if p.stream:
+        for name, on in (("echo", p.echo), ("prompt", len(p.prompts) > 1)):
+            if on:
+                what = "several prompts" if name == "prompt" else f"'{name}'"
+                raise bad(
+                    name,
+                    f"'stream' with {what} is not supported by this server: send it without "
+                    "'stream'",
+                    "unsupported_parameter",
+                )
     return p
 
 
@@ -187,6 +251,16 @@ def _content(m: dict[str, Any], i: int) -> str:
 
 def parse_chat(body: Any) -> GenParams:
     p = _common(body)
+    for name in ("logprobs", "top_logprobs", "echo"):
+        if body.get(name) not in (None, False):
+            raise bad(
+                name,
+                f"'{name}' is not supported on chat completions by this server "
+                "(/v1/completions takes 'logprobs' and 'echo')",
+                "unsupported_parameter",
+            )
+    if p.max_tokens == 0:
+        raise bad("max_tokens", "'max_tokens' must be >= 1, got 0")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad(
@@ -227,23 +301,34 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def completion_body(
-    rid: str, model: str, text: str, finish: str, use: dict[str, int], chat: bool
+    rid: str,
+    model: str,
+    text: str,
+    finish: str,
+    use: dict[str, int],
+    chat: bool,
+    more: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    if chat:
+    """The whole answer; `more`: the choices of a completion with several prompts or log-probs
+    (`text` and `finish` are then unused)."""
+    if more is not None:
+        choices = more
+    elif chat:
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
             "finish_reason": finish,
             "logprobs": None,
         }
+        choices = [choice]
     else:
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        choices = [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
     return {
         "id": rid,
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [choice],
+        "choices": choices,
         "usage": use,
     }
 
@@ -257,6 +342,7 @@ def chunk_body(
     chat: bool,
     use: dict[str, int] | None = None,
     first: bool = False,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     if chat:
         delta: dict[str, Any] = (
@@ -271,7 +357,7 @@ def chunk_body(
             "logprobs": None,
         }
     else:
-        choice = {"index": 0, "text": piece or "", "finish_reason": finish, "logprobs": None}
+        choice = {"index": 0, "text": piece or "", "finish_reason": finish, "logprobs": logprobs}
     body: dict[str, Any] = {
         "id": rid,
         "object": "chat.completion.chunk" if chat else "text_completion",
@@ -287,6 +373,7 @@ def chunk_body(
 __all__ = [
     "APIError",
     "GenParams",
+    "MAX_LOGPROBS",
     "parse_completion",
     "parse_chat",
     "completion_body",

@@ -22,10 +22,15 @@ from .model import ServedModel
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (so a busy port is one clear error, and port 0 picks a free one)."""
+    """A listening socket (so a busy port is one clear error, and port 0 picks a free one).
+
+    TCP_NODELAY, which accepted connections inherit: without it a keep-alive client (requests,
+    httpx, lm-eval) waits for its delayed ACK, about 40 ms, on every request after the first,
+    because the response goes out in two writes (measured: 44 ms -> 1.5 ms per /health)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:

@@ -95,3 +95,20 @@ def served(tiny_artifact: Path) -> Iterator[Running]:  # noqa: F811
     run = start_server(tiny_artifact, max_batch=8, max_queue=8, chunk=8)
     yield run
     run.stop()
+
+
+@pytest.fixture(scope="session")
+def full_artifact(tiny_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+    """The tiny model built with every position's logits (`llmir build --logits all`)."""
+    from llmir_core.backends.ort_decoder import build_decoder
+
+    out = tmp_path_factory.mktemp("art_full") / "llama"
+    build_decoder(tiny_module, str(out), last_logits=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def served_full(full_artifact: Path) -> Iterator[Running]:
+    run = start_server(full_artifact, max_batch=4, max_queue=8, chunk=8)
+    yield run
+    run.stop()
