@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from llmir_core.runtime.scoring import log_softmax, top_logprobs
+
 WINDOW = 8  # tokens decoded together at most, besides the one of context
 
 
@@ -32,26 +34,14 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...]  # the k likeliest tokens, likeliest first
 
 
-def log_softmax(rows: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax in float64: x - max - log(sum(exp(x - max)))."""
-    x = np.asarray(rows, dtype=np.float64)
-    shifted = x - x.max(axis=-1, keepdims=True)
-    out: np.ndarray = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-    return out
-
-
 def score(rows: np.ndarray, ids: Sequence[int], k: int) -> list[TokenLogprob]:
-    """rows[i] are the logits that predict ids[i]: its log-probability and the top k."""
+    """rows[i] are the logits that predict ids[i]: its log-probability and the top k (the same
+    log-softmax and ordering as `llmir eval`, llmir_core/runtime/scoring.py)."""
     logp = log_softmax(np.atleast_2d(rows)[: len(ids)])
-    out = []
-    for row, tok in zip(logp, ids):
-        top: tuple[tuple[int, float], ...] = ()
-        if k > 0:
-            best = np.argpartition(-row, min(k, row.size) - 1)[:k]
-            best = best[np.lexsort((best, -row[best]))]  # likeliest first, ties by id
-            top = tuple((int(i), float(row[i])) for i in best)
-        out.append(TokenLogprob(int(tok), float(row[int(tok)]), top))
-    return out
+    return [
+        TokenLogprob(int(tok), float(row[int(tok)]), tuple(top_logprobs(row, k)))
+        for row, tok in zip(logp, ids)
+    ]
 
 
 def _stable(text: str) -> str:

@@ -28,15 +28,20 @@ def all_logits(art: Path, ids: list[int]) -> np.ndarray:
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
+    """An independent numpy log-softmax (the serve and scoring code have their own)."""
     x = np.asarray(x, dtype=np.float64)
     m = x.max(axis=-1, keepdims=True)
     return x - m - np.log(np.sum(np.exp(x - m), axis=-1, keepdims=True))
 
 
 def token_logprobs(art: Path, ids: list[int]) -> np.ndarray:
-    """log P(ids[i] | ids[:i]) for i in 1..len(ids)-1."""
-    lp = log_softmax(all_logits(art, ids))
-    return np.array([lp[i - 1, ids[i]] for i in range(1, len(ids))])
+    """log P(ids[i] | ids[:i]) for i in 1..len(ids)-1, as `llmir eval` computes them
+    (llmir_core/runtime/scoring.py over one whole-sequence forward)."""
+    from llmir_core.runtime import scoring
+
+    rows = scoring.token_logprobs(_decoder(art), ids)
+    assert rows.shape[0] == len(ids), "the artifact keeps only the last position's logits"
+    return scoring.chosen_logprobs(rows, ids)
 
 
 def greedy(art: Path, ids: list[int], steps: int, eos: tuple[int, ...] = ()) -> list[int]:
