@@ -225,6 +225,8 @@ def dequantize(data: np.ndarray, scheme: str, shape: tuple[int, ...]) -> np.ndar
     want = packed_nbytes(scheme, tuple(shape))
     if raw.size != want:
         raise ValueError(f"{scheme} data of shape {list(shape)} needs {want} bytes, got {raw.size}")
+    if raw.size == 0:  # no blocks (a zero dim)
+        return np.zeros(shape, _F32)
     _, nbytes = BLOCKS[scheme]
     return _DEQUANT[scheme](raw.reshape(-1, nbytes)).astype(_F32, copy=False).reshape(shape)
 

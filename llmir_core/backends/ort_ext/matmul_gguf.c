@@ -11,9 +11,11 @@
  * Each format has one `unpack` (a block -> its int8 codes in element order, one f32 scale and
  * one f32 min per 16 elements, x = scale * code - min); the scales and mins are the products
  * gguf.quants.dequantize forms (d * sub-scale, dmin * sub-min) in f32, so
- * - the exact dequantizer (`deq_block`: scale * code, then minus min, both rounded to f32, in that
- *   order: kept apart from FMA contraction by `KEEP`) is bit-identical to gguf's; it is exported
- *   as `llmir_gguf_dequant` and used by the prefill;
+ * - the exact dequantizer (`deq_block`: scale * code, then minus min, in f32) is bit-identical to
+ *   gguf's: every product in it is exact in f32 (an f16 scale's 11 significant bits times at
+ *   most 13 bits of sub-scale and code), so its one rounding is the subtraction's, and FMA
+ *   contraction (-ffp-contract) cannot change a bit. Exported as `llmir_gguf_dequant`; the
+ *   prefill uses it;
  * - decode (M <= GEMV_ROWS rows of X): each X row is quantized once per call to int8 per 32
  *   elements (llmir_quant32: max |x| / 127, round half to even; what llama.cpp's q8 activations
  *   and MatMulNBits' accuracy_level 4 do); every weight block is unpacked once for the M rows and
@@ -44,9 +46,6 @@
 #define MAX_ELEMS 256 /* the largest block */
 
 #define ALWAYS static inline __attribute__((always_inline))
-/* v becomes opaque to the optimizer: a product kept apart from the add or subtract that follows
- * (no FMA contraction), so that each f32 operation rounds as gguf's numpy code does */
-#define KEEP(v) __asm__("" : "+x"(v))
 
 enum {
     F_Q4_0, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0, F_Q2_K, F_Q3_K, F_Q4_K, F_Q5_K, F_Q6_K,
@@ -247,7 +246,7 @@ ALWAYS void unpack(const int f, const uint8_t *s, int8_t *q, float *sc, float *m
 
 /* -- the exact dequantizer ------------------------------------------------------------------- */
 
-/* block s of format f -> dst[elems]: sc * q rounded, then minus mn rounded (gguf's order) */
+/* block s of format f -> dst[elems]: sc * q (exact), minus mn rounded to f32 (gguf's values) */
 ALWAYS void deq_block(const int f, const uint8_t *s, float *dst) {
     int8_t q[MAX_ELEMS] __attribute__((aligned(32)));
     float sc[16], mn[16];
@@ -256,12 +255,7 @@ ALWAYS void deq_block(const int f, const uint8_t *s, float *dst) {
     for (int i = 0; i < E; i += 8) {
         __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));
         __m256 x = _mm256_mul_ps(_mm256_set1_ps(sc[i / 16]), c);
-        if (FMT[f].has_min) {
-            __m256 m = _mm256_set1_ps(mn[i / 16]);
-            KEEP(x);
-            KEEP(m);
-            x = _mm256_sub_ps(x, m);
-        }
+        if (FMT[f].has_min) x = _mm256_sub_ps(x, _mm256_set1_ps(mn[i / 16]));
         _mm256_storeu_ps(dst + i, x);
     }
 }
