@@ -299,6 +299,7 @@ typedef struct GgJob {
     int8_t *xq; /* [M, K] codes */
     float *dx;  /* [M, K/32] the blocks' scales */
     float *xs;  /* [M, K/16] d_x * the sum of each 16 codes */
+    float *xs32; /* [M, K/32] d_x * the sum of each 32 codes */
 } GgJob;
 
 static void quantize_rows(GgJob *j) {
@@ -312,6 +313,7 @@ static void quantize_rows(GgJob *j) {
             j->dx[m * nb + b] = d;
             j->xs[(m * nb + b) * 2] = d * (float)s0;
             j->xs[(m * nb + b) * 2 + 1] = d * (float)s1;
+            j->xs32[m * nb + b] = d * (float)(s0 + s1);
         }
 }
 
@@ -364,13 +366,115 @@ ALWAYS void gemv_row(const GgJob *j, int64_t n, const int f, const int MM) {
         j->y[m * j->ldy + n] = llmir_hsum(acc[m]) - (hm ? llmir_hsum(macc[m]) : 0.0f);
 }
 
+/* q4_k / q5_k, codes kept in registers: the 8 six-bit scales and mins unpacked as 4-byte words,
+ * scale * d_x for the 8 sub-blocks as one vector, two accumulators per X row (the FMA chain) */
+ALWAYS void gemv_row_k45(const GgJob *j, int64_t n, const int q5, const int MM) {
+    const int64_t nb = j->K / 32, blocks = j->K / 256, bytes = q5 ? 176 : 144;
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256 acc[GEMV_ROWS], acc2[GEMV_ROWS], macc[GEMV_ROWS];
+    for (int m = 0; m < MM; m++) acc[m] = acc2[m] = macc[m] = _mm256_setzero_ps();
+    const uint8_t *w = j->w + n * j->rb;
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *s = w + b * bytes, *qs = s + (q5 ? 48 : 16);
+        uint32_t u[3];
+        memcpy(u, s + 4, 12);
+        const uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
+        uint64_t scs = (u[0] & k6) | (uint64_t)((u[2] & k4) | ((u[0] >> 6) & k2) << 4) << 32;
+        uint64_t mns = (u[1] & k6) | (uint64_t)(((u[2] >> 4) & k4) | ((u[1] >> 6) & k2) << 4) << 32;
+        __m256 sc8 = _mm256_mul_ps(_mm256_set1_ps(h2f(s)),
+                                   _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)scs))));
+        __m256 mn8 = _mm256_mul_ps(_mm256_set1_ps(h2f(s + 2)),
+                                   _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mns))));
+        __m256 sd[GEMV_ROWS];
+        for (int m = 0; m < MM; m++) {
+            sd[m] = _mm256_mul_ps(sc8, _mm256_loadu_ps(j->dx + m * nb + b * 8));
+            macc[m] = _mm256_fmadd_ps(mn8, _mm256_loadu_ps(j->xs32 + m * nb + b * 8), macc[m]);
+        }
+        __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(s + 16)) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (q5) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+            }
+            for (int m = 0; m < MM; m++) {
+                const int8_t *x = j->xq + m * j->K + b * 256 + 64 * c;
+                __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), ones16);
+                __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), ones16);
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0),
+                                         _mm256_permutevar8x32_ps(sd[m], _mm256_set1_epi32(2 * c)), acc[m]);
+                acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1),
+                                          _mm256_permutevar8x32_ps(sd[m], _mm256_set1_epi32(2 * c + 1)), acc2[m]);
+            }
+        }
+    }
+    for (int m = 0; m < MM; m++)
+        j->y[m * j->ldy + n] = llmir_hsum(_mm256_add_ps(acc[m], acc2[m])) - llmir_hsum(macc[m]);
+}
+
+/* q6_k, codes kept in registers and taken unsigned (0..63): x = sc * q - 32 * sc, the offset
+ * entering as a min (32 * sc, times d_x * the sum of 16 x codes) */
+ALWAYS void gemv_row_q6k(const GgJob *j, int64_t n, const int MM) {
+    const int64_t nb = j->K / 32, blocks = j->K / 256;
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), ones16 = _mm256_set1_epi16(1);
+    const __m256i lo_half = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), hi_half = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+    __m256 acc[GEMV_ROWS], acc2[GEMV_ROWS], macc[GEMV_ROWS];
+    for (int m = 0; m < MM; m++) acc[m] = acc2[m] = macc[m] = _mm256_setzero_ps();
+    const uint8_t *w = j->w + n * j->rb;
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *s = w + b * 210;
+        const __m256 d = _mm256_set1_ps(h2f(s + 208));
+        __m256 sa = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + 192)))));
+        __m256 sb = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + 200)))));
+        __m256 sda[GEMV_ROWS], sdb[GEMV_ROWS]; /* per 16: scale * d_x of its 32-block */
+        for (int m = 0; m < MM; m++) {
+            __m256 dx = _mm256_loadu_ps(j->dx + m * nb + b * 8);
+            sda[m] = _mm256_mul_ps(sa, _mm256_permutevar8x32_ps(dx, lo_half));
+            sdb[m] = _mm256_mul_ps(sb, _mm256_permutevar8x32_ps(dx, hi_half));
+            const float *xs = j->xs + (m * nb + b * 8) * 2;
+            macc[m] = _mm256_fmadd_ps(sa, _mm256_loadu_ps(xs), macc[m]);
+            macc[m] = _mm256_fmadd_ps(sb, _mm256_loadu_ps(xs + 8), macc[m]);
+        }
+        for (int h = 0; h < 2; h++) {
+            __m256i a = _mm256_loadu_si256((const __m256i *)(s + 64 * h));
+            __m256i bq = _mm256_loadu_si256((const __m256i *)(s + 64 * h + 32));
+            __m256i hq = _mm256_loadu_si256((const __m256i *)(s + 128 + 32 * h));
+            __m256i low[4] = {_mm256_and_si256(a, m4), _mm256_and_si256(bq, m4),
+                              _mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
+                              _mm256_and_si256(_mm256_srli_epi16(bq, 4), m4)};
+            for (int k = 0; k < 4; k++) {
+                const int u = 4 * h + k; /* the 32-block: scales 2u, 2u + 1 */
+                __m256i c = _mm256_or_si256(low[k], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hq, 2 * k), m2), 4));
+                const __m256i pick = _mm256_setr_epi32(2 * (u % 4), 2 * (u % 4), 2 * (u % 4), 2 * (u % 4),
+                                                       2 * (u % 4) + 1, 2 * (u % 4) + 1, 2 * (u % 4) + 1, 2 * (u % 4) + 1);
+                for (int m = 0; m < MM; m++) {
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(j->xq + m * j->K + b * 256 + 32 * u));
+                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(c, x), ones16);
+                    __m256 sc2 = _mm256_permutevar8x32_ps(u < 4 ? sda[m] : sdb[m], pick);
+                    if (k & 1) acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc2, acc2[m]);
+                    else acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc2, acc[m]);
+                }
+            }
+        }
+    }
+    for (int m = 0; m < MM; m++)
+        j->y[m * j->ldy + n] = llmir_hsum(_mm256_add_ps(acc[m], acc2[m])) - 32.0f * llmir_hsum(macc[m]);
+}
+
+#define ROW_KERNEL(F, MM)                                          \
+    if (F == F_Q4_K) gemv_row_k45(j, n, 0, MM);                    \
+    else if (F == F_Q5_K) gemv_row_k45(j, n, 1, MM);               \
+    else if (F == F_Q6_K) gemv_row_q6k(j, n, MM);                  \
+    else gemv_row(j, n, F, MM);
+
 #define GEMV_FMT(F) \
     static void gemv_##F(const GgJob *j, int64_t n0, int64_t n1) { \
         for (int64_t n = n0; n < n1; n++) switch (j->M) { \
-            case 1: gemv_row(j, n, F, 1); break; \
-            case 2: gemv_row(j, n, F, 2); break; \
-            case 3: gemv_row(j, n, F, 3); break; \
-            default: gemv_row(j, n, F, 4); break; \
+            case 1: ROW_KERNEL(F, 1) break; \
+            case 2: ROW_KERNEL(F, 2) break; \
+            case 3: ROW_KERNEL(F, 3) break; \
+            default: ROW_KERNEL(F, 4) break; \
             } \
     }
 GEMV_FMT(F_Q4_0) GEMV_FMT(F_Q4_1) GEMV_FMT(F_Q5_0) GEMV_FMT(F_Q5_1) GEMV_FMT(F_Q8_0)
@@ -491,7 +595,7 @@ static OrtStatus *gg_compute(void *kp, OrtKernelContext *ctx) {
         !llmir_mul_ok(M, K, &bytes) || !llmir_mul_ok(bytes, 4, &bytes))
         return gg_error(api, "ai.llmir MatMulGGUF: X and W are too large");
     GgJob j = {(const float *)x, (const uint8_t *)w, (float *)y, M, N, K, wd[1], N, f, 0,
-               NULL, NULL, NULL};
+               NULL, NULL, NULL, NULL};
     float *full = NULL; /* the epilogue: the [M, N] product first */
     if (swiglu) {
         full = (float *)aligned_alloc(32, ((size_t)(M * N) * sizeof(float) + 31) & ~(size_t)31);
@@ -502,9 +606,9 @@ static OrtStatus *gg_compute(void *kp, OrtKernelContext *ctx) {
     if (M > GEMV_ROWS) {
         st = pfor(ctx, gemm_task, (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS)), 0, &j);
     } else {
-        /* one buffer: xq (M*K bytes), dx (M*K/32 floats), xs (M*K/16 floats) */
+        /* one buffer: xq (M*K bytes), dx (M*K/32 floats), xs (M*K/16), xs32 (M*K/32) */
         size_t xq_bytes = ((size_t)(M * K) + 31) & ~(size_t)31;
-        char *buf = (char *)aligned_alloc(32, xq_bytes + (((size_t)(M * K) / 32 * 12 + 31) & ~(size_t)31));
+        char *buf = (char *)aligned_alloc(32, xq_bytes + (((size_t)(M * K) / 32 * 16 + 31) & ~(size_t)31));
         if (!buf) {
             free(full);
             return llmir_error(api, ORT_FAIL, "ai.llmir MatMulGGUF: out of memory");
@@ -512,6 +616,7 @@ static OrtStatus *gg_compute(void *kp, OrtKernelContext *ctx) {
         j.xq = (int8_t *)buf;
         j.dx = (float *)(buf + xq_bytes);
         j.xs = j.dx + M * K / 32;
+        j.xs32 = j.xs + M * K / 16;
         quantize_rows(&j);
         int64_t chunk = ((N + GEMV_TASKS - 1) / GEMV_TASKS + 3) & ~(int64_t)3;
         j.chunk = (int)(chunk < 16 ? 16 : chunk);
