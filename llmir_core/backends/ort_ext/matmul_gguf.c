@@ -106,6 +106,14 @@ ALWAYS __m256i bit16s(const uint8_t *p) {
 
 static inline void store32(int8_t *q, __m256i c) { _mm256_store_si256((__m256i *)q, c); }
 
+/* dst[0..16) = d * the 16 bytes of v (signed or unsigned) */
+ALWAYS void store16f(float *dst, float d, __m128i v, const int is_signed) {
+    __m256i a = is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
+    __m256i b = is_signed ? _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)) : _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8));
+    _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(a)));
+    _mm256_storeu_ps(dst + 8, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(b)));
+}
+
 /* q4_k / q5_k: the 12-byte field of 8 six-bit scales and 8 six-bit mins */
 static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
     if (j < 4) {
@@ -117,8 +125,9 @@ static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
 }
 
 /* Block s of format f -> codes q[elems] (aligned 32), per 16 elements sc[] and mn[] with
- * x = sc * q - mn (mn written only for the formats with mins). The f32 products are gguf's. */
-ALWAYS void unpack(const int f, const uint8_t *s, int8_t *q, float *sc, float *mn) {
+ * x = sc * q - mn (mn written only for the formats with mins). The f32 products are gguf's.
+ * gemv: q3_k's codes taken unsigned (q + 4, 0..7) with mn = 4 * sc (the GEMV's form). */
+ALWAYS void unpack(const int f, const uint8_t *s, int8_t *q, float *sc, float *mn, const int gemv) {
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
     switch (f) {
     case F_Q4_0:
@@ -153,10 +162,9 @@ ALWAYS void unpack(const int f, const uint8_t *s, int8_t *q, float *sc, float *m
             for (int t = 0; t < 4; t++)
                 store32(q + 128 * h + 32 * t, _mm256_and_si256(_mm256_srli_epi16(v, 2 * t), m2));
         }
-        for (int j = 0; j < 16; j++) {
-            sc[j] = d * (float)(s[j] & 15);
-            mn[j] = dmin * (float)(s[j] >> 4);
-        }
+        const __m128i v = _mm_loadu_si128((const __m128i *)s), n4 = _mm_set1_epi8(15);
+        store16f(sc, d, _mm_and_si128(v, n4), 0);
+        store16f(mn, dmin, _mm_and_si128(_mm_srli_epi16(v, 4), n4), 0);
         break;
     }
     case F_Q3_K: { /* hmask[32] | qs[64] | scales[12] | d; element 32i + l: bit i of hmask[l] */
@@ -169,15 +177,24 @@ ALWAYS void unpack(const int f, const uint8_t *s, int8_t *q, float *sc, float *m
                 __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v, 2 * t), m2);
                 __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, i), one);
                 /* a cleared hmask bit subtracts 4 */
-                store32(q + 32 * i, _mm256_sub_epi8(lo, _mm256_slli_epi16(_mm256_xor_si256(hb, one), 2)));
+                if (gemv) store32(q + 32 * i, _mm256_or_si256(lo, _mm256_slli_epi16(hb, 2)));
+                else store32(q + 32 * i, _mm256_sub_epi8(lo, _mm256_slli_epi16(_mm256_xor_si256(hb, one), 2)));
             }
         }
-        const uint8_t *b = s + 96;
-        for (int j = 0; j < 16; j++) {
-            int low = j < 8 ? b[j] & 15 : b[j - 8] >> 4;
-            int high = (b[8 + j % 4] >> (2 * (j / 4))) & 3;
-            sc[j] = d * (float)((low | high << 4) - 32);
-        }
+        /* 16 six-bit scales: low 4 bits j < 8: b[j] & 15, else b[j - 8] >> 4; high 2 bits: bits
+         * 2 (j / 4) of b[8 + j % 4]; minus 32 */
+        uint32_t a[4], t;
+        memcpy(a, s + 96, 12);
+        const uint32_t k4 = 0x0f0f0f0f, k2 = 0x03030303;
+        t = a[2];
+        a[2] = ((a[0] >> 4) & k4) | ((t >> 4) & k2) << 4;
+        a[3] = ((a[1] >> 4) & k4) | ((t >> 6) & k2) << 4;
+        a[0] = (a[0] & k4) | (t & k2) << 4;
+        a[1] = (a[1] & k4) | ((t >> 2) & k2) << 4;
+        store16f(sc, d, _mm_sub_epi8(_mm_loadu_si128((const __m128i *)a), _mm_set1_epi8(32)), 1);
+        if (gemv)
+            for (int i = 0; i < 16; i += 8)
+                _mm256_storeu_ps(mn + i, _mm256_mul_ps(_mm256_set1_ps(4.0f), _mm256_loadu_ps(sc + i)));
         break;
     }
     case F_Q4_K:
@@ -250,7 +267,7 @@ ALWAYS void unpack(const int f, const uint8_t *s, int8_t *q, float *sc, float *m
 ALWAYS void deq_block(const int f, const uint8_t *s, float *dst) {
     int8_t q[MAX_ELEMS] __attribute__((aligned(32)));
     float sc[16], mn[16];
-    unpack(f, s, q, sc, mn);
+    unpack(f, s, q, sc, mn, 0);
     const int E = FMT[f].elems;
     for (int i = 0; i < E; i += 8) {
         __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));
@@ -326,16 +343,17 @@ ALWAYS __m256i dot32(__m256i w, __m256i x, const int uns) {
 
 /* y[m, n] for the MM (= M) rows of X and weight row n of format f */
 ALWAYS void gemv_row(const GgJob *j, int64_t n, const int f, const int MM) {
-    const int E = FMT[f].elems, U = E / 32, S = E / 16, uns = FMT[f].uns, hm = FMT[f].has_min;
+    const int q3 = f == F_Q3_K; /* unsigned codes, the offset as a min */
+    const int E = FMT[f].elems, U = E / 32, S = E / 16, uns = FMT[f].uns || q3, hm = FMT[f].has_min || q3;
     const int64_t nb = j->K / 32, blocks = j->K / E;
     const __m256i idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     int8_t q[MAX_ELEMS] __attribute__((aligned(32)));
     float sc[16], mn[16];
-    __m256 acc[GEMV_ROWS], macc[GEMV_ROWS];
-    for (int m = 0; m < MM; m++) acc[m] = macc[m] = _mm256_setzero_ps();
+    __m256 acc[GEMV_ROWS], acc2[GEMV_ROWS], macc[GEMV_ROWS];
+    for (int m = 0; m < MM; m++) acc[m] = acc2[m] = macc[m] = _mm256_setzero_ps();
     const uint8_t *w = j->w + n * j->rb;
     for (int64_t b = 0; b < blocks; b++) {
-        unpack(f, w + b * FMT[f].bytes, q, sc, mn);
+        unpack(f, w + b * FMT[f].bytes, q, sc, mn, 1);
         for (int u = 0; u < U; u++) {
             __m256i wv = _mm256_load_si256((const __m256i *)(q + 32 * u));
             /* [sc of the first 16 x4, of the second 16 x4] */
@@ -344,8 +362,9 @@ ALWAYS void gemv_row(const GgJob *j, int64_t n, const int f, const int MM) {
             for (int m = 0; m < MM; m++) {
                 const int64_t ub = m * nb + b * U + u;
                 __m256i xv = _mm256_loadu_si256((const __m256i *)(j->xq + ub * 32));
-                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(wv, xv, uns)),
-                                         _mm256_mul_ps(s2, _mm256_broadcast_ss(j->dx + ub)), acc[m]);
+                __m256 t = _mm256_mul_ps(s2, _mm256_broadcast_ss(j->dx + ub));
+                if (u & 1) acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(wv, xv, uns)), t, acc2[m]);
+                else acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(wv, xv, uns)), t, acc[m]);
             }
         }
         if (hm) {
@@ -363,7 +382,49 @@ ALWAYS void gemv_row(const GgJob *j, int64_t n, const int f, const int MM) {
         }
     }
     for (int m = 0; m < MM; m++)
-        j->y[m * j->ldy + n] = llmir_hsum(acc[m]) - (hm ? llmir_hsum(macc[m]) : 0.0f);
+        j->y[m * j->ldy + n] = llmir_hsum(_mm256_add_ps(acc[m], acc2[m])) - (hm ? llmir_hsum(macc[m]) : 0.0f);
+}
+
+/* a 32-element block (q4_0 q4_1 q5_0 q5_1 q8_0 iq4_nl) as codes in a register, x = *d * q - *mn:
+ * q4_0 / q5_0 taken unsigned with their offset as the min (8 d, 16 d) */
+ALWAYS __m256i codes32(const int f, const uint8_t *s, float *d, float *mn) {
+    *d = h2f(s);
+    switch (f) {
+    case F_Q4_0: *mn = 8.0f * *d; return nibbles16(s + 2);
+    case F_Q4_1: *mn = -h2f(s + 2); return nibbles16(s + 4);
+    case F_Q5_0: *mn = 16.0f * *d; return _mm256_or_si256(nibbles16(s + 6), bit16s(s + 2));
+    case F_Q5_1: *mn = -h2f(s + 2); return _mm256_or_si256(nibbles16(s + 8), bit16s(s + 4));
+    case F_IQ4_NL: *mn = 0.0f; return _mm256_shuffle_epi8(iq4_grid(), nibbles16(s + 2));
+    default: *mn = 0.0f; return _mm256_loadu_si256((const __m256i *)(s + 2)); /* q8_0 */
+    }
+}
+
+/* 32-element formats: blocks in pairs on two accumulators per X row (the FMA chain) */
+ALWAYS void gemv_row32(const GgJob *j, int64_t n, const int f, const int MM) {
+    const int64_t nb = j->K / 32, bytes = FMT[f].bytes;
+    const int signed_codes = f == F_Q8_0 || f == F_IQ4_NL, mins = !signed_codes;
+    __m256 acc[2][GEMV_ROWS];
+    __m128 macc[2][GEMV_ROWS];
+    for (int m = 0; m < MM; m++)
+        acc[0][m] = acc[1][m] = _mm256_setzero_ps(), macc[0][m] = macc[1][m] = _mm_setzero_ps();
+    const uint8_t *w = j->w + n * j->rb;
+    for (int64_t b = 0; b < nb; b += 2) {
+        for (int h = 0; h < 2; h++) {
+            if (h == 1 && b + 1 == nb) break;
+            float d, mn;
+            __m256i c = codes32(f, w + (b + h) * bytes, &d, &mn);
+            for (int m = 0; m < MM; m++) {
+                const int64_t ub = m * nb + b + h;
+                __m256i x = _mm256_loadu_si256((const __m256i *)(j->xq + ub * 32));
+                acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(c, x, !signed_codes)),
+                                            _mm256_set1_ps(d * j->dx[ub]), acc[h][m]);
+                if (mins) macc[h][m] = _mm_fmadd_ss(_mm_set_ss(mn), _mm_set_ss(j->xs32[ub]), macc[h][m]);
+            }
+        }
+    }
+    for (int m = 0; m < MM; m++)
+        j->y[m * j->ldy + n] = llmir_hsum(_mm256_add_ps(acc[0][m], acc[1][m])) -
+                               (mins ? _mm_cvtss_f32(_mm_add_ss(macc[0][m], macc[1][m])) : 0.0f);
 }
 
 /* q4_k / q5_k, codes kept in registers: the 8 six-bit scales and mins unpacked as 4-byte words,
@@ -466,6 +527,7 @@ ALWAYS void gemv_row_q6k(const GgJob *j, int64_t n, const int MM) {
     if (F == F_Q4_K) gemv_row_k45(j, n, 0, MM);                    \
     else if (F == F_Q5_K) gemv_row_k45(j, n, 1, MM);               \
     else if (F == F_Q6_K) gemv_row_q6k(j, n, MM);                  \
+    else if (FMT[F].elems == 32) gemv_row32(j, n, F, MM);          \
     else gemv_row(j, n, F, MM);
 
 #define GEMV_FMT(F) \
