@@ -116,3 +116,11 @@ def test_kernel_dequant_refuses_bad_arguments() -> None:
     assert _c_dequant("q4_k", raw, -1, 256)[0] == 2
     rc, out = _c_dequant("q4_k", raw, 0, 256)
     assert rc == 0 and out.size == 0
+
+
+@pytest.mark.parametrize("scheme", FORMATS)
+def test_numpy_empty_tensors(scheme: str) -> None:
+    elems = gguf_blocks.BLOCKS[scheme][0]
+    for shape in ((0, elems), (3, 0), (2, 0, elems)):
+        out = gguf_blocks.dequantize(np.zeros(0, np.uint8), scheme, shape)
+        assert out.shape == shape and out.dtype == np.float32

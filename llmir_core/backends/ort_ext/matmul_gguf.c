@@ -21,8 +21,12 @@
  *   and MatMulNBits' accuracy_level 4 do); every weight block is unpacked once for the M rows and
  *   each 32 codes take an integer dot product (vpmaddubsw: unsigned codes straight, signed ones
  *   with the sign trick; vpmaddwd) scaled by [scale of the first 16, of the second 16] * d_x; the
- *   mins enter as min * d_x * (sum of the 16 x codes). Numerically: X rounded to int8 per block
- *   times the exact weights, summed in f32.
+ *   mins enter as min * d_x * (sum of the 16 or 32 x codes), and so do the fixed offsets of
+ *   q4_0 / q5_0 / q3_k / q6_k, whose codes are taken unsigned. q4_k / q5_k / q6_k and the
+ *   32-element formats have their own loops with the codes in registers (gemv_row_k45,
+ *   gemv_row_q6k, gemv_row32); q2_k / q3_k / iq4_xs go through unpack (gemv_row). Numerically:
+ *   X rounded to int8 per block times the exact weights, summed in f32 (the order differs from
+ *   a dequantize-then-dot only by f32 rounding).
  * - prefill (larger M): for each panel of 16 weight rows and 256 columns the rows are
  *   dequantized exactly (deq_block) and transposed into an f32 [256][16] panel multiplied into
  *   6-row blocks of X by llmir_micro_6x16 (f32_gemm.h): f32 activations and accumulation.
