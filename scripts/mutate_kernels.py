@@ -55,6 +55,10 @@ ATTN = (  # the cases with every attribute first: -x stops at the first failure
     _ATT + "test_rotary_scalar_tail_matches_numpy",
 )
 NBITS = ("tests/decoder/test_nbits_kernel.py::test_kernel_matches_numpy",)
+GGUF = (
+    "tests/kernels/test_gguf_kernel.py::test_kernel_matches_numpy",
+    "tests/quant/test_gguf_dequant.py::test_kernel_dequant_matches_gguf",
+)
 S8 = ("tests/decoder/test_int8_llmir.py::test_kernel_matches_reference",)
 F32 = ("tests/decoder/test_matmul_f32.py::test_panel_kernel_matches_numpy",)
 M16 = ("tests/decoder/test_matmul16.py::test_kernel_matches_reference",)
@@ -215,6 +219,32 @@ MUTANTS: tuple[Mutant, ...] = (
     M("nbits-deq8-block-index", C_DIR + "matmul_nbits.c",
       "const int64_t b = k / QB;", "const int64_t b = k / QB / 2;",
       NBITS, "8-bit prefill: the scale of the wrong block"),
+    # -- matmul_gguf.c ------------------------------------------------------------------------
+    M("gguf-k45-drop-mins", C_DIR + "matmul_gguf.c",
+      "llmir_hsum(_mm256_add_ps(acc[m], acc2[m])) - llmir_hsum(macc[m]);",
+      "llmir_hsum(_mm256_add_ps(acc[m], acc2[m]));",
+      GGUF, "q4_k / q5_k decode: the super-block mins dropped"),
+    M("gguf-k45-high-scale", C_DIR + "matmul_gguf.c",
+      "_mm256_set1_epi32(2 * c + 1)), acc2[m]);", "_mm256_set1_epi32(2 * c)), acc2[m]);",
+      GGUF, "q4_k / q5_k decode: the high-nibble sub-block takes the low one's scale"),
+    M("gguf-q6k-offset", C_DIR + "matmul_gguf.c",
+      "- 32.0f * llmir_hsum(macc[m]);", "- 31.0f * llmir_hsum(macc[m]);",
+      GGUF, "q6_k decode: codes offset by 31, not 32"),
+    M("gguf-q6k-scales-unsigned", C_DIR + "matmul_gguf.c",
+      "sc[j] = d * (float)(int8_t)s[192 + j];", "sc[j] = d * (float)s[192 + j];",
+      GGUF, "q6_k dequantizer: the int8 sub-scales read unsigned"),
+    M("gguf-iq4-grid", C_DIR + "matmul_gguf.c",
+      "89, 113);", "89, 112);",
+      GGUF, "iq4_nl / iq4_xs: one entry of the non-linear grid (high lane) off by one"),
+    M("gguf-q5-fifth-bit", C_DIR + "matmul_gguf.c",
+      "_mm256_set1_epi8(0x10));", "_mm256_set1_epi8(0x08));",
+      GGUF, "q5_0 / q5_1: the fifth bit worth 8"),
+    M("gguf-row32-odd-blocks", C_DIR + "matmul_gguf.c",
+      "if (h == 1 && b + 1 == nb) break;", "if (h == 1) break;",
+      GGUF, "32-element decode: every second block skipped"),
+    M("gguf-prefill-k-chunks", C_DIR + "matmul_gguf.c",
+      "mr, nr, kc, k0 != 0);", "mr, nr, kc, 0);",
+      GGUF, "prefill: a later 256-column chunk overwrites the earlier ones"),
     # -- matmul_s8.c --------------------------------------------------------------------------
     M("s8-row-interleave", C_DIR + "matmul_s8.c",
       "+ (r & 3) * S8_QB + (k & 31);", "+ (r & 1) * S8_QB + (k & 31);",
