@@ -20,6 +20,11 @@ of the block. Byte layouts of one block (all multi-byte fields little-endian, `f
                            fifth bit of element j of sub-block i
   q6_k  (256, 210 B):      ql[128] | qh[64] | scales:i8[16] | d:f16; q = (low 4 | high 2 << 4) - 32,
                            x = (d * scale) * q over 16 sub-blocks of 16
+  iq4_nl (32, 18 B):       d:f16 | qs[16]            x = d * KVALUES[nibble] (nibbles as q4_0)
+  iq4_xs (256, 136 B):     d:f16 | scales_h:u16 | scales_l[4] | qs[128]; 8 sub-blocks of 32,
+                           scale j = (low nibble j of scales_l | bits 2j..2j+1 of scales_h << 4)
+                           - 32; sub-block j = the low, then the high nibbles of qs[16j..16j+15];
+                           x = (d * scale) * KVALUES[nibble]
 
 Decoding is bit-exact with `gguf.quants.dequantize` (the same float32 operations in the same
 order). `quantize` implements q4_0, q4_1, q5_0, q5_1 and q8_0 bit-exactly with
@@ -42,8 +47,14 @@ BLOCKS: dict[str, tuple[int, int]] = {
     "q4_k": (256, 144),
     "q5_k": (256, 176),
     "q6_k": (256, 210),
+    "iq4_nl": (32, 18),
+    "iq4_xs": (256, 136),
 }
 QUANTIZABLE = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
+# the 16 values of the iq4_nl / iq4_xs non-linear 4-bit grid
+KVALUES = np.array(
+    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8
+)
 
 _F32 = np.float32
 
@@ -163,6 +174,23 @@ def _dq_q6_k(b: np.ndarray) -> np.ndarray:
     return (dl * q.reshape(n, 16, 16).astype(_F32)).reshape(n, 256)
 
 
+def _dq_iq4_nl(b: np.ndarray) -> np.ndarray:
+    return _f16(b[:, :2]) * KVALUES[_nibbles(b[:, 2:])].astype(_F32)
+
+
+def _dq_iq4_xs(b: np.ndarray) -> np.ndarray:
+    n = b.shape[0]
+    d = _f16(b[:, :2])
+    sh = np.ascontiguousarray(b[:, 2:4]).view("<u2")  # [n, 1]
+    sl = b[:, 4:8]
+    low = np.stack([sl & 0x0F, sl >> 4], axis=2).reshape(n, 8)
+    high = ((sh >> (2 * np.arange(8, dtype=np.uint16))) & 3).astype(np.uint8)
+    sc = (low | (high << 4)).astype(np.int8) - np.int8(32)
+    dl = (d * sc.astype(_F32))[:, :, None]
+    q = KVALUES[_nibbles(b[:, 8:])].astype(_F32).reshape(n, 8, 32)
+    return (dl * q).reshape(n, 256)
+
+
 _DEQUANT = {
     "q4_0": _dq_q4_0,
     "q4_1": _dq_q4_1,
@@ -174,6 +202,8 @@ _DEQUANT = {
     "q4_k": _dq_q4_k,
     "q5_k": _dq_q5_k,
     "q6_k": _dq_q6_k,
+    "iq4_nl": _dq_iq4_nl,
+    "iq4_xs": _dq_iq4_xs,
 }
 
 
@@ -195,6 +225,8 @@ def dequantize(data: np.ndarray, scheme: str, shape: tuple[int, ...]) -> np.ndar
     want = packed_nbytes(scheme, tuple(shape))
     if raw.size != want:
         raise ValueError(f"{scheme} data of shape {list(shape)} needs {want} bytes, got {raw.size}")
+    if raw.size == 0:  # no blocks (a zero dim)
+        return np.zeros(shape, _F32)
     _, nbytes = BLOCKS[scheme]
     return _DEQUANT[scheme](raw.reshape(-1, nbytes)).astype(_F32, copy=False).reshape(shape)
 

@@ -87,8 +87,8 @@ def test_k_quant_dequantize_matches_gguf_bit_exact(scheme: str) -> None:
 def test_block_table_matches_types_module() -> None:
     from llmir_core.ir.types import GGUF_BLOCK_BYTES
 
-    for scheme, (elems, nbytes) in gguf_blocks.BLOCKS.items():
-        q = GGUF_QUANTS[scheme]
+    for scheme, q in GGUF_QUANTS.items():  # every IR scheme has its block table entry
+        elems, nbytes = gguf_blocks.BLOCKS[scheme]
         assert (q.super_block or q.block, GGUF_BLOCK_BYTES[scheme]) == (elems, nbytes)
         assert (elems, nbytes) == tuple(gguf_quants.GGML_QUANT_SIZES[_gtype(scheme)])
 

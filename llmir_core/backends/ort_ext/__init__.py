@@ -1,6 +1,7 @@
 """llmir's onnxruntime custom-op library (domain `ai.llmir`): matmul kernels that read weights
 in their stored format (`ort.matmul16`: f32 x 16-bit weights; `ort.matmul_nbits` with
-`kernel = "llmir"`: f32 x 4/8-bit blocks, matmul_nbits.c).
+`kernel = "llmir"`: f32 x 4/8-bit blocks, matmul_nbits.c; `ort.matmul_gguf`: f32 x GGUF blocks
+as stored in the file, matmul_gguf.c, which also exports `llmir_gguf_dequant`).
 
 The C sources next to this file (register.c holds the entry point, each other *.c one op family,
 ort_abi.h the onnxruntime ABI, f32_gemm.h shared kernels) are compiled into one shared library on
@@ -42,6 +43,22 @@ ALIASES = ("matmul16",)  # names older manifests recorded for the same library
 DOMAIN = "ai.llmir"
 OP_NAMES = {"f16": "MatMulF16", "bf16": "MatMulBf16", "f32": "MatMulF32"}
 NBITS_OP_NAMES = {4: "MatMulNBitsQ4", 8: "MatMulNBitsQ8"}  # ort.matmul_nbits {kernel = "llmir"}
+GGUF_OP_NAME = "MatMulGGUF"  # ort.matmul_gguf: X f32 [..., K], W uint8 [N, row_bytes], `format`
+# the block formats MatMulGGUF and llmir_gguf_dequant take (llmir_core.quant.gguf_blocks names)
+GGUF_FORMATS = (
+    "q4_0",
+    "q4_1",
+    "q5_0",
+    "q5_1",
+    "q8_0",
+    "q2_k",
+    "q3_k",
+    "q4_k",
+    "q5_k",
+    "q6_k",
+    "iq4_nl",
+    "iq4_xs",
+)
 HERE = Path(__file__).parent
 # compiled together: register.c and one file per op family
 SOURCES = tuple(sorted(HERE.glob("*.c")))
@@ -266,6 +283,8 @@ def register(so: Any, names: Sequence[str]) -> None:
 __all__ = [
     "ALIASES",
     "DOMAIN",
+    "GGUF_FORMATS",
+    "GGUF_OP_NAME",
     "LIBRARY",
     "NBITS_OP_NAMES",
     "OP_NAMES",

@@ -12,6 +12,7 @@ OrtStatus *llmir_add_matmul_s8(const OrtApi *api, OrtCustomOpDomain *domain);
 OrtStatus *llmir_add_attention(const OrtApi *api, OrtCustomOpDomain *domain);
 OrtStatus *llmir_add_matmul_f32(const OrtApi *api, OrtCustomOpDomain *domain);
 OrtStatus *llmir_add_norm(const OrtApi *api, OrtCustomOpDomain *domain);
+OrtStatus *llmir_add_matmul_gguf(const OrtApi *api, OrtCustomOpDomain *domain);
 
 static const AddOpsFn ADDERS[] = {
     llmir_add_matmul16,
@@ -20,6 +21,7 @@ static const AddOpsFn ADDERS[] = {
     llmir_add_attention,
     llmir_add_matmul_f32,
     llmir_add_norm,
+    llmir_add_matmul_gguf,
 };
 
 OrtStatus *RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {

@@ -1,5 +1,5 @@
 """Hostile cases of llmir's matmul kernels (MatMulF16/Bf16/F32, the panel layout, MatMulS8,
-MatMulNBitsQ4/Q8) and the MatMulNBits reproductions of issue 24."""
+MatMulNBitsQ4/Q8, MatMulGGUF) and the MatMulNBits reproductions of issue 24."""
 
 from __future__ import annotations
 
@@ -114,6 +114,30 @@ def _nbits_ref(bits: int) -> Callable[[np.ndarray, Feeds], np.ndarray]:
     return ref
 
 
+def _gguf_weights(scheme: str) -> Callable[[np.random.Generator, int, int], Feeds]:
+    def make(rng: np.random.Generator, n: int, k: int) -> Feeds:
+        from tests.quant.blocks import random_rows
+
+        return {"w": random_rows(rng, scheme, n, k)}
+
+    return make
+
+
+def _gguf_ref(scheme: str) -> Callable[[np.ndarray, Feeds], np.ndarray]:
+    def ref(x: np.ndarray, f: Feeds) -> np.ndarray:
+        from llmir_core.quant import gguf_blocks
+
+        w, (elems, nbytes) = f["w"], gguf_blocks.BLOCKS[scheme]
+        if w.ndim != 2 or w.shape[1] % nbytes or x.shape[-1] != w.shape[1] // nbytes * elems:
+            raise ValueError("W is not [N, row_bytes] of whole blocks for X's K")
+        k = x.shape[-1]
+        deq = gguf_blocks.dequantize(w, scheme, (w.shape[0], k))
+        m = int(np.prod(x.shape[:-1]))
+        return (_int8_rows(x) if m <= 4 and k else _f(x)) @ _f(deq).T
+
+    return ref
+
+
 def _s8_weights(rng: np.random.Generator, n: int, k: int) -> Feeds:
     from llmir_core.quant import s8
 
@@ -173,6 +197,18 @@ def _mat_ops() -> list[MatOp]:
                 2e-5,
             )
         )
+    # GGUF blocks as stored: the shared cases in q5_1 (32-element blocks with mins, so K = 64
+    # works), the format-specific ones in _gguf_cases
+    ops.append(
+        MatOp(
+            "MatMulGGUF[q5_1]",
+            [("x", T.FLOAT), ("w", T.UINT8)],
+            _gguf_weights("q5_1"),
+            _gguf_ref("q5_1"),
+            2e-5,
+            attrs=lambda n: {"format": "q5_1"},
+        )
+    )
     return ops
 
 
@@ -196,7 +232,7 @@ def _mat_scenario(
 ) -> Scenario:
     """Calls on one session: X of each shape times a fresh weight of N rows (K: X's last dim)."""
     panel_n = shapes[0][1] if mo.op.endswith("[panel16]") else None
-    at = {**mo.attrs(panel_n or 0), **(attrs or {})} if panel_n is not None else dict(attrs or {})
+    at = {**mo.attrs(panel_n or 0), **(attrs or {})}
     op = mo.op.split("[")[0]
     names = mo.inputs
     ref_fn = _panel_ref(panel_n) if panel_n is not None else mo.ref
@@ -345,6 +381,8 @@ def _mat_cases(mo: MatOp) -> list[Case]:
         out += _panel_cases(mo)
     if nb:
         out += _quant_cases(mo)
+    if mo.op.startswith("MatMulGGUF"):
+        out += _gguf_cases(mo)
     return out
 
 
@@ -490,6 +528,68 @@ def _nbits_nozp(mo: MatOp, rng: np.random.Generator) -> Scenario:
 
     s.graph = _graph(mo.op, [("x", T.FLOAT), ("b", T.UINT8), ("s", T.FLOAT)], ["y"])
     return s
+
+
+def _gguf_cases(mo: MatOp) -> list[Case]:
+    """Every other format (K-quants at K = 512), and W / format attributes that do not fit."""
+    from onnx import TensorProto as T
+
+    def fmt(scheme: str, shapes: list[tuple[tuple[int, ...], int, str]], **kw: Any) -> Any:
+        other = MatOp(
+            f"MatMulGGUF[{scheme}]",
+            [("x", T.FLOAT), ("w", T.UINT8)],
+            _gguf_weights(scheme),
+            _gguf_ref(scheme),
+            2e-5,
+            attrs=lambda n: {"format": scheme},
+        )
+        return lambda rng: _mat_scenario(other, rng, shapes, **kw)
+
+    def nan_scale(w: Feeds) -> None:
+        w["w"][0, 0:2] = np.array([np.nan], np.float16).view(np.uint8)  # q4_k's d of row 0
+
+    def bad_format(name: str) -> Any:
+        return lambda rng: _mat_scenario(mo, rng, [((1, 64), 16, "error")], attrs={"format": name})
+
+    cases = [
+        (
+            f"valid-{s}",
+            fmt(s, [((1, 512), 40, "ref"), ((3, 512), 40, "ref"), ((9, 512), 40, "ref")]),
+        )
+        for s in (
+            "q4_0",
+            "q5_0",
+            "q8_0",
+            "q2_k",
+            "q3_k",
+            "q4_k",
+            "q5_k",
+            "q6_k",
+            "iq4_nl",
+            "iq4_xs",
+        )
+    ]
+    cases += [
+        (
+            "nan-scale-in-weight",
+            fmt("q4_k", [((1, 256), 20, "ref"), ((6, 256), 20, "ref")], w_fill=nan_scale),
+        ),
+        (
+            "k-not-whole-super-blocks",
+            fmt("q6_k", [((1, 288), 20, "error")], mutate=lambda w: {"w": w["w"][:, :-1].copy()}),
+        ),
+        (
+            "row-bytes-not-whole-blocks",
+            lambda rng: _mat_scenario(
+                mo, rng, [((1, 64), 16, "error")], mutate=lambda w: {"w": w["w"][:, :-3].copy()}
+            ),
+        ),
+        ("format-unknown", bad_format("q7_k")),
+        ("format-upper-case", bad_format("Q5_1")),
+        ("format-long-string", bad_format("q5_1" * 300)),
+        ("format-empty", bad_format("")),
+    ]
+    return [Case(mo.op, n, m) for n, m in cases]
 
 
 # -- the MatMulNBits reproductions (issue 24) ------------------------------------------------

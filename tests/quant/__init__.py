@@ -1,0 +1,1 @@
+"""Tests of llmir_core.quant."""
