@@ -17,11 +17,11 @@ from llmir_core.verifier import verify
 from .._options import (
     AccuracyLevelOpt,
     AttentionKernelOpt,
-    GgufKernelsOpt,
     DebugOpt,
     F32MatmulOpt,
     FormatOpt,
     GenericOpt,
+    GgufKernelsOpt,
     Int8MatmulOpt,
     LogitsOpt,
     MaxLenOpt,

@@ -20,11 +20,11 @@ from llmir_core.weights import rebase_weight_paths
 from .._options import (
     AccuracyLevelOpt,
     AttentionKernelOpt,
-    GgufKernelsOpt,
     DebugOpt,
     F32MatmulOpt,
     FormatOpt,
     GenericOpt,
+    GgufKernelsOpt,
     Int8MatmulOpt,
     LogitsOpt,
     MaxLenOpt,

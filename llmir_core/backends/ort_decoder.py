@@ -1045,7 +1045,7 @@ def _emit_matmul_nbits(D: DecoderSerializer, op: Op) -> bool:
 
 def _emit_matmul_gguf(D: DecoderSerializer, op: Op) -> bool:
     """ort.matmul_gguf -> ai.llmir MatMulGGUF (X, W = the GGUF rows as stored, `format`)."""
-    from .ort_ext import DOMAIN
+    from .ort_ext import DOMAIN, GGUF_OP_NAME
 
     fmt = str(op.attrs["format"])
     srcs = D.weight(op.operands[1])
@@ -1057,7 +1057,7 @@ def _emit_matmul_gguf(D: DecoderSerializer, op: Op) -> bool:
         )
     w = D.w.gguf_rows(srcs, _label(op, "weight"))
     x = D.name(op.operands[0])
-    D.bind(op.results[0], D.L.one("MatMulGGUF", x, w, domain=DOMAIN, format=fmt))
+    D.bind(op.results[0], D.L.one(GGUF_OP_NAME, x, w, domain=DOMAIN, format=fmt))
     return True
 
 
