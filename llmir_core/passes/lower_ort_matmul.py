@@ -10,8 +10,9 @@ weights, the packed QKV) becomes:
   kernel (ai.llmir MatMulGGUF), exact, no requantization ("kept exactly" in the report). A
   row-concatenation of such tensors of one format is one op; gated MLPs over them are not fused
   (the kernel has no epilogue). Only when asked (`quant` int4/int8, or option `gguf_kernels =
-  requant`), or where llmir's custom ops do not build here (then `ort.fused_matmul` over the
-  exactly dequantized weight), do they take the forms below;
+  requant`), or where llmir's custom ops do not build here or an accuracy_level below 4 asks
+  for f32 activations (then q6_k/q3_k take MatMulNBits' exact blocks of 16, the others
+  `ort.fused_matmul` over the exactly dequantized weight), do they take the forms below;
 - `ort.matmul_nbits` when W is stored in blocks: GGUF q4_0/q8_0/q5_0 (and with gguf_kernels =
   requant q6_k/q3_k, to blocks of 16) and nbits weights are repacked losslessly (`quantize =
   "none"`), GGUF q4_1/q5_1/q2_k/q4_k/q5_k/iq4_nl/iq4_xs are requantized when asked to blocks
@@ -81,6 +82,7 @@ from llmir_core.dialects.registry import get_op
 from llmir_core.errors import InputError
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType
+from llmir_core.quant.gguf_repack import LOSSLESS
 from llmir_core.rewrite.nbits_rules import rule_name
 from llmir_core.rewrite.rule import RuleInstance, value_loc
 
@@ -358,8 +360,10 @@ class LowerOrtMatmul:
             return False
         trans_b = bool(op.attrs.get("transpose_b"))
         b, new_ops = scratch_builder(fn, op.origin)
-        if any(gguf_exact_format(s, fmt, self.gguf_kernels) for s in srcs):
-            y = self._gguf(b, x, w, srcs, trans_b, ctx, s8_why)
+        if any(gguf_exact_format(s, fmt, self.gguf_kernels) for s in srcs) and not (
+            level != 4 and all(s.scheme in LOSSLESS for s in srcs)
+        ):  # (f32 activations: q6_k/q3_k take MatMulNBits' exact blocks of 16, below)
+            y = self._gguf(b, x, w, srcs, trans_b, ctx, s8_why, level)
             self._splice(fn, op, new_ops, [y])
             return True
         if (
@@ -432,15 +436,20 @@ class LowerOrtMatmul:
         trans_b: bool,
         ctx: PassContext,
         s8_why: Callable[[], str | None],
+        level: int,
     ) -> Value:
         """x @ w^T over GGUF blocks read in place (`ort.matmul_gguf`): one format for the whole
         weight (a row-concatenation of tensors of one format is their rows, concatenated). Where
-        that cannot be (another format in the concatenation, a weight not transposed, or llmir's
-        custom ops do not build here), `ort.fused_matmul` over the exactly dequantized f32 weight."""
+        that cannot be (another format in the concatenation, a weight not transposed, f32
+        activations asked for by an accuracy_level below 4 (MatMulGGUF rounds decode rows to
+        int8), or llmir's custom ops do not build here), `ort.fused_matmul` over the exactly
+        dequantized f32 weight."""
         labels = ", ".join(s.label for s in srcs)
         schemes = {s.scheme for s in srcs}
         why = None
-        if not trans_b:
+        if level != 4:
+            why = f"accuracy_level {level} asks for f32 activations"
+        elif not trans_b:
             why = "the weight is not used transposed"
         elif len(schemes) != 1 or any(s.kind != "gguf" for s in srcs):
             why = "a row-concatenation of weights in different formats"
