@@ -1057,7 +1057,7 @@ def _emit_matmul_gguf(D: DecoderSerializer, op: Op) -> bool:
         )
     w = D.w.gguf_rows(srcs, _label(op, "weight"))
     x = D.name(op.operands[0])
-    D.bind(op.results[0], D.L.one(GGUF_OP_NAME, x, w, domain=DOMAIN, format=fmt))
+    D.bind(op.results[0], D.L.one(GGUF_OP_NAME, x, w, domain=DOMAIN, format=fmt, **_epi(op)))
     return True
 
 

@@ -833,7 +833,7 @@ def _infer_gguf(ctx: InferCtx) -> list[Type]:
         not isinstance(k, int) or k % block == 0,
         f"K = {k} is not a multiple of {fmt}'s {block}-element blocks",
     )
-    return [like(a, (*a.shape[:-1], n))]
+    return [_epilogue_out(a, n, ctx["epilogue"])]
 
 
 def gguf_weight_problem(w: Any, fmt: str) -> str | None:
@@ -857,7 +857,10 @@ def gguf_weight_problem(w: Any, fmt: str) -> str | None:
 
 def _ref_gguf(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
     a, w = args
-    return (a.astype(_F64) @ np.asarray(w, _F64).T).astype(a.dtype)
+    y = a.astype(_F64) @ np.asarray(w, _F64).T
+    if at.get("epilogue", "none") == "swiglu":
+        y = _swiglu64(y)
+    return y.astype(a.dtype)
 
 
 register(
@@ -877,7 +880,9 @@ register(
         "decomposes to a matmul. At run time the kernel rounds the rows of a to int8 per "
         "32-block when there are at most 4 of them (decode), the activation precision of "
         "MatMulNBits' accuracy_level 4 and of llmir's nbits kernel, and takes f32 rows "
-        "otherwise; the products are summed in f32.",
+        'otherwise; the products are summed in f32. epilogue "swiglu": b is [W_gate; W_up] '
+        "(both of the format) and the result is silu(a @ W_gate^T) * (a @ W_up^T), half of N "
+        "wide.",
         operands=(
             Operand("a", doc="[..., K] f32"),
             Operand("b", doc="[N, K] f32: llm.dequantize of the stored GGUF tensor"),
@@ -889,17 +894,25 @@ register(
                 choices=GGUF_FORMATS,
                 doc="the stored tensor's GGUF block format (gguf_blocks scheme name)",
             ),
+            _epilogue_attr(),
         ),
         infer=_infer_gguf,
         reference=_ref_gguf,
-        decompose=lambda b, o, at: [b.op("core.matmul", o[0], o[1], transpose_b=True)],
+        decompose=lambda b, o, at: [
+            _dec_epilogue(
+                b,
+                b.op("core.matmul", o[0], o[1], transpose_b=True),
+                at.get("epilogue", "none"),
+            )
+        ],
         smt=encoding("target_smt", "ort_matmul_gguf"),
-        interval=ranges.iv_matmul,
-        cost=ranges.cost_matmul,
+        interval=_iv_weight_matmul,
+        cost=_cost_qmm,
         verifies="a is an f32 tensor of rank >= 2, b a 2-D f32 [N, K] weight whose K matches a's "
         "last dim and is a multiple of the format's block (256 elements for k-quants and iq4_xs, "
-        "else 32); the module verifier also checks that b is the llm.dequantize of a tensor "
-        "stored in that format.",
+        'else 32); epilogue "swiglu" needs a static, even N; the module verifier also checks '
+        "that b is the llm.dequantize of a tensor stored in that format (or a row-concatenation "
+        "of such).",
         example='%y = ort.matmul_gguf %x, %w {format = "q4_k"} : (tensor<?batch x ?seq x 256 x f32>, '
         "tensor<8x256xf32>) -> tensor<?batch x ?seq x 8 x f32>",
     )

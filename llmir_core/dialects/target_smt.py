@@ -98,8 +98,9 @@ def ort_matmul_nbits(enc: Encoder, args: Args, attrs: At) -> STensor:
 
 
 def ort_matmul_gguf(enc: Encoder, args: Args, attrs: At) -> STensor:
-    """a @ b^T: b is the exact dequantized GGUF weight (the op does not round it)."""
-    return enc.matmul(args[0], args[1], transpose_b=True)
+    """a @ b^T: b is the exact dequantized GGUF weight (the op does not round it); then the
+    epilogue."""
+    return _epilogue(enc, enc.matmul(args[0], args[1], transpose_b=True), attrs)
 
 
 def ort_gather_block_quantized(enc: Encoder, args: Args, attrs: At) -> STensor:

@@ -8,8 +8,9 @@ weights, the packed QKV) becomes:
 - `ort.matmul_gguf` when W is a GGUF tensor in any other format than q4_0/q8_0/q5_0 (q4_1,
   q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs): its blocks are read in place by llmir's
   kernel (ai.llmir MatMulGGUF), exact, no requantization ("kept exactly" in the report). A
-  row-concatenation of such tensors of one format is one op; gated MLPs over them are not fused
-  (the kernel has no epilogue). Only when asked (`quant` int4/int8, or option `gguf_kernels =
+  row-concatenation of such tensors of one format is one op (its rows, concatenated); a gated
+  MLP whose gate and up share one such format takes the SwiGLU epilogue (below), one whose gate
+  and up differ stays op by op. Only when asked (`quant` int4/int8, or option `gguf_kernels =
   requant`), or where llmir's custom ops do not build here or an accuracy_level below 4 asks
   for f32 activations (then q6_k/q3_k take MatMulNBits' exact blocks of 16, the others
   `ort.fused_matmul` over the exactly dequantized weight), do they take the forms below;
@@ -52,8 +53,8 @@ docs/perf.md), except that an `llm.quantized_matmul` carrying its own level (an 
 MatMulNBits) keeps it.
 
 First of all (option `swiglu`, on by default), each `llm.gated_mlp` (silu) whose gate and up
-projections would both run on llmir's kernel (`ort.matmul_nbits {kernel = "llmir"}` or
-`ort.matmul_s8`) becomes that op over `core.concat(w_gate, w_up, axis 0)` with
+projections would both run on llmir's kernel (`ort.matmul_nbits {kernel = "llmir"}`,
+`ort.matmul_s8`, or `ort.matmul_gguf` for gate and up of one GGUF format) becomes that op over `core.concat(w_gate, w_up, axis 0)` with
 `epilogue = "swiglu"` (silu(gate) * up computed in the kernel, half as wide), then the down
 projection: one op and one weight stream instead of two matmuls, ort.quick_gelu and core.mul.
 Blocks and per-row scales of the concatenation are those of each weight, so the fused module
@@ -290,8 +291,22 @@ class LowerOrtMatmul:
         """The gate/up matmul with the SwiGLU epilogue on llmir's kernel, or None (then the
         gated MLP is expanded and lowered op by op)."""
         labels = ", ".join(s.label for s in srcs)
-        if any(gguf_exact_format(s, fmt, self.gguf_kernels) for s in srcs):
-            return None  # GGUF blocks read in place: llmir's MatMulGGUF has no epilogue
+        exact = {gguf_exact_format(s, fmt, self.gguf_kernels) for s in srcs}
+        if exact != {None}:  # GGUF blocks read in place: one MatMulGGUF of one format, or none
+            if len(exact) != 1 or self.accuracy_level != 4 or s8_why() is not None:
+                return None
+            gf = str(exact.pop())
+            y = b.op("ort.matmul_gguf", x, w, format=gf, epilogue="swiglu")
+            ctx.applied(
+                "matmul-swiglu",
+                y,
+                "; ".join(
+                    f"{s.label}: {gf} kept exactly (GGUF blocks read in place by llmir's kernel)"
+                    for s in srcs
+                )
+                + "; one matmul over [gate; up] with the SwiGLU epilogue on llmir's kernel",
+            )
+            return y
         if (
             fmt is not None and fmt.bits == 8 and not fmt.asym and self.int8_matmul != "nbits"
         ):  # int8: ort.matmul_s8 or nothing (QGEMM keeps the op-by-op form)
