@@ -126,6 +126,16 @@ AttentionKernelOpt = Annotated[
         show_default=False,
     ),
 ]
+GgufKernelsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gguf-kernels",
+        help="Decoders from GGUF: 'exact' (default: every block format runs as stored, read in "
+        "place by llmir's kernel) or 'requant' (the faster form: k-quants and the _1 formats "
+        "requantized to int4/int8 blocks, their error in the report).",
+        show_default=False,
+    ),
+]
 GenericOpt = Annotated[
     bool,
     typer.Option(

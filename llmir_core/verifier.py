@@ -198,6 +198,22 @@ class _Checker:
                 )
         if op.name == "core.weight":
             self.check_weight(op)
+        elif op.name == "ort.matmul_gguf":
+            self.check_gguf_weight(op, str(attrs["format"]))
+
+    def check_gguf_weight(self, op: Op, fmt: str) -> None:
+        """ort.matmul_gguf's weight, where the function computes it, is the llm.dequantize of a
+        tensor stored in the op's format (the serializer writes those bytes as they are)."""
+        from llmir_core.dialects.ort import gguf_weight_problem
+
+        got = gguf_weight_problem(op.operands[1], fmt)
+        if got is not None:
+            self.error(
+                f'ort.matmul_gguf {{format = "{fmt}"}}: weight %{op.operands[1].name} must be '
+                f"the llm.dequantize of a !quant.{fmt} tensor, got {got}",
+                op.pos,
+                op.origin,
+            )
 
     def check_attrs(self, op: Op, opdef: OpDef) -> bool:
         ok = True

@@ -21,6 +21,7 @@ from .._options import (
     F32MatmulOpt,
     FormatOpt,
     GenericOpt,
+    GgufKernelsOpt,
     Int8MatmulOpt,
     LogitsOpt,
     MaxLenOpt,
@@ -96,6 +97,7 @@ def build_cmd(
     int8_matmul: Int8MatmulOpt = None,
     f32_matmul: F32MatmulOpt = None,
     attention_kernel: AttentionKernelOpt = None,
+    gguf_kernels: GgufKernelsOpt = None,
     generic: GenericOpt = False,
     fmt: FormatOpt = OutputFormat.human,
     quiet: QuietOpt = False,
@@ -135,6 +137,7 @@ def build_cmd(
             int8_matmul=int8_matmul,
             f32_matmul=f32_matmul,
             attention_kernel=attention_kernel,
+            gguf_kernels=gguf_kernels,
         )
         if opt_level is None and project is not None and "target" not in module.attrs:
             opt_level = project.opt_level  # a lowered module keeps the pipeline it was lowered by

@@ -24,6 +24,7 @@ from .._options import (
     F32MatmulOpt,
     FormatOpt,
     GenericOpt,
+    GgufKernelsOpt,
     Int8MatmulOpt,
     LogitsOpt,
     MaxLenOpt,
@@ -120,6 +121,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
     int8_matmul: Int8MatmulOpt = None,
     f32_matmul: F32MatmulOpt = None,
     attention_kernel: AttentionKernelOpt = None,
+    gguf_kernels: GgufKernelsOpt = None,
     generic: GenericOpt = False,
     allow_unproved: Annotated[
         bool,
@@ -169,6 +171,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                 ("--int8-matmul", int8_matmul is not None),
                 ("--f32-matmul", f32_matmul is not None),
                 ("--attention-kernel", attention_kernel is not None),
+                ("--gguf-kernels", gguf_kernels is not None),
                 ("--generic", generic),
             )
             if given
@@ -205,6 +208,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                 int8_matmul=int8_matmul,
                 f32_matmul=f32_matmul,
                 attention_kernel=attention_kernel,
+                gguf_kernels=gguf_kernels,
             )
             if passes is None:  # what `llmir build` runs for this -O and these options
                 pipeline = backends.pipeline(target, options, level)

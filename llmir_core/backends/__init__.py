@@ -69,12 +69,14 @@ def build_options(
     int8_matmul: str | None = None,
     f32_matmul: str | None = None,
     attention_kernel: str | None = None,
+    gguf_kernels: str | None = None,
 ) -> dict[str, Any]:
     """The lowering options the build flags give (only those given), checked against the module:
     --quant, --max-len, --accuracy-level, --logits, --dtype, --prepack, --int8-matmul and
     --f32-matmul, --attention-kernel apply to onnxruntime decoder lowerings only. --f32-matmul
     llmir|mlas is the option `f32_matmul` = auto|ort (lower-ort-weight-dtype's `f32_kernel`);
-    --attention-kernel is lower-ort-attention's `attention_kernel`."""
+    --attention-kernel is lower-ort-attention's `attention_kernel`; --gguf-kernels is
+    `gguf_kernels` (lower-ort-matmul and lower-ort-attention)."""
     from llmir_core.passes.ort_common import is_decoder
 
     if logits not in (None, "last", "all"):
@@ -95,6 +97,10 @@ def build_options(
                 hint="auto: llmir's attention where it runs (the default); llmir: always "
                 "(an error where it cannot); onnxruntime: com.microsoft GroupQueryAttention",
             )
+    if gguf_kernels is not None:
+        from llmir_core.passes.ort_common import check_gguf_kernels
+
+        check_gguf_kernels(gguf_kernels)
     given: dict[str, Any] = {
         k: v
         for k, v in (
@@ -107,13 +113,14 @@ def build_options(
             ("int8_matmul", int8_matmul),
             ("f32_matmul", None if f32_matmul is None else F32_MATMUL[f32_matmul]),
             ("attention_kernel", attention_kernel),
+            ("gguf_kernels", gguf_kernels),
         )
         if v is not None
     }
     if given and (target != "onnxruntime" or generic or not is_decoder(module)):
         raise InputError(
             "--quant, --max-len, --accuracy-level, --logits, --dtype, --prepack, --int8-matmul, "
-            "--f32-matmul and --attention-kernel apply to decoder builds only",
+            "--f32-matmul, --attention-kernel and --gguf-kernels apply to decoder builds only",
             hint="import an LLM (HF folder or GGUF) to get a decoder module",
         )
     if int8_matmul is not None:

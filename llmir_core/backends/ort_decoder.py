@@ -12,6 +12,10 @@ passes (llmir_core/passes/lower_ort_*.py) to its ONNX node(s), with no pattern m
 - `ort.matmul_nbits` -> MatMulNBits, its logical weight packed into blocks (GGUF and GPTQ/AWQ/
   compressed-tensors checkpoints repacked, nbits passed through, float weights quantized as the
   op's `quantize` says: the lowering pass made the choice, the manifest lists it);
+- `ort.matmul_gguf` -> ai.llmir MatMulGGUF (llmir's kernel) over the GGUF tensor's rows exactly
+  as the file stores them (uint8 [N, row_bytes], copied byte for byte into the data file: the
+  artifact stays self-contained, and onnxruntime reads external data only inside the model's
+  folder, so it cannot reference the GGUF file in place);
 - `ort.fused_matmul` -> FusedMatMul; `ort.(skip_)simplified_layer_norm` ->
   (Skip)SimplifiedLayerNormalization; `ort.quick_gelu` -> QuickGelu;
 - `llm.embedding` -> Gather over the streamed table; `ort.gather_block_quantized` ->
@@ -67,7 +71,7 @@ from llmir_core.passes.ort_common import (
 )
 from llmir_core.quant import gguf_blocks, int32_packed, nbits
 from llmir_core.quant.gguf_repack import LOSSLESS, REQUANT, repack_gguf
-from llmir_core.weights import load_weight, resolve_path
+from llmir_core.weights import expected_nbytes, load_weight, resolve_path
 
 from .ort import (
     ARTIFACT_FORMAT,
@@ -103,6 +107,7 @@ _CHUNK = 32 << 20  # bytes of f32 rows processed at once when a weight is transf
 @dataclass
 class _QuantLog:
     lossless: dict[str, int] = field(default_factory=dict)  # format -> tensors
+    exact: dict[str, int] = field(default_factory=dict)  # format -> tensors read as stored
     requantized: list[dict[str, Any]] = field(default_factory=list)
     quantized: dict[str, int] = field(default_factory=dict)
     passthrough: int = 0
@@ -289,6 +294,30 @@ class _Weights:
             q.block,
             (src.rows, src.cols),
         )
+
+    # -- GGUF rows as stored (ai.llmir MatMulGGUF) -------------------------------------
+    def gguf_rows(self, srcs: list[WSrc], name: str) -> str:
+        """The row-concatenation of GGUF tensors of one format as one uint8 [rows, row_bytes]
+        initializer: each tensor's bytes copied from its file as they are (no decoding)."""
+        key = ("gguf_rows", tuple(id(s.value) for s in srcs))
+        if key in self.names:
+            return str(self.names[key])
+        rows = sum(s.rows for s in srcs)
+        nbytes = 0
+        off = self.data.start(True)
+        for s in srcs:
+            assert s.op is not None and s.scheme is not None
+            t = _weight_type(s.op)
+            n = expected_nbytes(t)
+            assert n is not None  # a static 2-D weight
+            self.data.copy(
+                resolve_path(s.op.attrs["file"], self.base_dir), int(s.op.attrs.get("offset", 0)), n
+            )
+            nbytes += n
+            self.log.exact[s.scheme] = self.log.exact.get(s.scheme, 0) + 1
+        out = self._init(name + ".gguf", TensorProto.UINT8, [rows, nbytes // rows], off, nbytes)
+        self.names[key] = out
+        return out
 
     # -- MatMulNBits ---------------------------------------------------------------
     def nbits(
@@ -1014,6 +1043,24 @@ def _emit_matmul_nbits(D: DecoderSerializer, op: Op) -> bool:
     return True
 
 
+def _emit_matmul_gguf(D: DecoderSerializer, op: Op) -> bool:
+    """ort.matmul_gguf -> ai.llmir MatMulGGUF (X, W = the GGUF rows as stored, `format`)."""
+    from .ort_ext import DOMAIN, GGUF_OP_NAME
+
+    fmt = str(op.attrs["format"])
+    srcs = D.weight(op.operands[1])
+    bad = [s.label for s in srcs if s.kind != "gguf" or s.scheme != fmt]
+    if bad:
+        raise BuildError(
+            f'ort.matmul_gguf {{format = "{fmt}"}}: weight {", ".join(bad)} is not a GGUF '
+            f"tensor stored as {fmt}"
+        )
+    w = D.w.gguf_rows(srcs, _label(op, "weight"))
+    x = D.name(op.operands[0])
+    D.bind(op.results[0], D.L.one(GGUF_OP_NAME, x, w, domain=DOMAIN, format=fmt, **_epi(op)))
+    return True
+
+
 def _emit_dynamic_quantize_matmul(D: DecoderSerializer, op: Op) -> bool:
     srcs = D.weight(op.operands[1])
     b, s, z = D.w.qgemm(srcs, str(op.attrs.get("weights", "s8pair")), _label(op, "weight"))
@@ -1189,6 +1236,7 @@ _EMIT = {
     "ort.skip_simplified_layer_norm": _emit_norm,
     "ort.fused_matmul": _emit_fused_matmul,
     "ort.matmul_nbits": _emit_matmul_nbits,
+    "ort.matmul_gguf": _emit_matmul_gguf,
     "ort.matmul16": _emit_matmul16,
     "ort.matmul_f32": _emit_matmul_f32,
     "ort.dynamic_quantize_matmul": _emit_dynamic_quantize_matmul,
@@ -1265,6 +1313,7 @@ def build_decoder(
     quant_block: int = 32,
     last_logits: bool = LAST_LOGITS,
     source_path: str | None = None,
+    gguf_kernels: str | None = None,
 ) -> dict[str, Any]:
     """Lower a decoder module for onnxruntime and write its artifact (= `llmir build` with these
     options); return the manifest.
@@ -1275,6 +1324,7 @@ def build_decoder(
       quantizes float weights (block `quant_block`; GGUF-quantized weights keep their format
       regardless). last_logits: logits only for the last position ([batch, 1, vocab]: what
       generation reads; lower-ort-logits), else for every position (perplexity, tensors).
+      gguf_kernels: exact (GGUF blocks read in place, the default) or requant.
     """
     if not is_decoder(module):
         raise InputError(
@@ -1293,6 +1343,8 @@ def build_decoder(
     }
     if max_len is not None:
         options["max_len"] = max_len
+    if gguf_kernels is not None:
+        options["gguf_kernels"] = gguf_kernels
     return build(module, out_dir, "onnxruntime", source_path=source_path, options=options)
 
 
@@ -1408,6 +1460,7 @@ def _manifest(
             "block": D.quant.block if D.quant else None,
             "symmetric": (not D.quant.asym) if D.quant else None,
             "gguf_lossless": dict(sorted(D.log.lossless.items())),
+            "gguf_exact": dict(sorted(D.log.exact.items())),
             "gguf_requantized": D.log.requantized,
             "quantized": dict(sorted(D.log.quantized.items())),
             "nbits_passthrough": D.log.passthrough,

@@ -36,6 +36,7 @@ _OPTIONS = (
     "f32_matmul",
     "swiglu",
     "nbits_scales",
+    "gguf_kernels",
 )
 # ops with a definition the generic lowering cannot express in ONNX
 _REASONS = {
@@ -120,7 +121,12 @@ class OrtTarget:
             LowerOrtWeightDtype,
             parse_weight_dtype,
         )
-        from llmir_core.passes.ort_common import ACCURACY_LEVEL, LAST_LOGITS, PREPACK
+        from llmir_core.passes.ort_common import (
+            ACCURACY_LEVEL,
+            GGUF_KERNEL,
+            LAST_LOGITS,
+            PREPACK,
+        )
 
         unknown = sorted(set(options) - set(_OPTIONS))
         if unknown:
@@ -134,6 +140,7 @@ class OrtTarget:
         last = bool(options.get("last_logits", LAST_LOGITS))
         dtype = str(options.get("dtype") or "")
         parse_weight_dtype(dtype)
+        gguf = str(options.get("gguf_kernels") or GGUF_KERNEL)
         module = LowerOrtModule(
             quant,
             block,
@@ -149,7 +156,7 @@ class OrtTarget:
         return [
             LowerOrtPrecision(),
             LowerOrtAttention(
-                quant, block, str(options.get("attention_kernel") or ATTENTION_KERNEL[0])
+                quant, block, str(options.get("attention_kernel") or ATTENTION_KERNEL[0]), gguf
             ),
             LowerOrtNorms(str(options.get("norm_kernel") or NORM_KERNEL[0])),
             LowerOrtMoe(quant, block, level),
@@ -161,6 +168,7 @@ class OrtTarget:
                 str(options.get("nbits_kernel") or NBITS_KERNEL[0]),
                 bool(options.get("swiglu", True)),
                 str(options.get("nbits_scales") or "f16"),
+                gguf,
             ),
             LowerOrtEmbedding(quant, block),
             # f32 weights: llmir's MatMulF32 reads them in place, stored in 16-row panels, where

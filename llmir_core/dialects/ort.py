@@ -788,6 +788,137 @@ register(
 )
 
 
+# -- GGUF blocks read in place ----------------------------------------------------------------------
+
+# ort.matmul_gguf's `format`: the GGUF block formats llmir's kernel (ai.llmir MatMulGGUF) reads
+GGUF_FORMATS = (
+    "q4_0",
+    "q4_1",
+    "q5_0",
+    "q5_1",
+    "q8_0",
+    "q2_k",
+    "q3_k",
+    "q4_k",
+    "q5_k",
+    "q6_k",
+    "iq4_nl",
+    "iq4_xs",
+)
+
+
+def gguf_block_elems(fmt: str) -> int:
+    """Elements one stored block of GGUF format `fmt` covers along a row (256 for k-quants)."""
+    from llmir_core.ir.types import GGUF_QUANTS
+
+    q = GGUF_QUANTS[fmt]
+    return q.super_block or q.block
+
+
+def _infer_gguf(ctx: InferCtx) -> list[Type]:
+    a, w = float_tensor(ctx, 0, "a"), tensor_arg(ctx, 1, "b")
+    _need(a.rank >= 2 and a.dtype == DType.f32, f"a must be an f32 tensor of rank >= 2, got {a}")
+    _need(
+        w.rank == 2 and w.dtype == DType.f32,
+        f"b must be the 2-D [N, K] f32 weight (llm.dequantize of the stored GGUF tensor), got {w}",
+    )
+    n, k = w.shape
+    _need(
+        k == a.shape[-1] or not (isinstance(k, int) and isinstance(a.shape[-1], int)),
+        f"contraction dims differ: a has {a.shape[-1]}, b {k}",
+    )
+    fmt = ctx["format"]
+    block = gguf_block_elems(fmt)
+    _need(
+        not isinstance(k, int) or k % block == 0,
+        f"K = {k} is not a multiple of {fmt}'s {block}-element blocks",
+    )
+    return [_epilogue_out(a, n, ctx["epilogue"])]
+
+
+def gguf_weight_problem(w: Any, fmt: str) -> str | None:
+    """Why the value w is not what ort.matmul_gguf {format = fmt} reads (the llm.dequantize of a
+    tensor stored as !quant.<fmt>, or a row-concatenation of such), or None. A value with no
+    producer (a function argument) has nothing stored to check."""
+    src = w.owner
+    if src is None:
+        return None
+    if src.name == "core.concat" and src.attrs.get("axis") == 0:
+        for part in src.operands:
+            why = gguf_weight_problem(part, fmt) if part.owner is not None else "an argument"
+            if why is not None:
+                return why
+        return None
+    q = getattr(src.operands[0].type, "dtype", None) if src.operands else None
+    if src.name == "llm.dequantize" and isinstance(q, QuantType) and q.scheme == fmt:
+        return None
+    return f"llm.dequantize of {q}" if src.name == "llm.dequantize" else src.name
+
+
+def _ref_gguf(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
+    a, w = args
+    y = a.astype(_F64) @ np.asarray(w, _F64).T
+    if at.get("epilogue", "none") == "swiglu":
+        y = _swiglu64(y)
+    return y.astype(a.dtype)
+
+
+register(
+    OpDef(
+        name="ort.matmul_gguf",
+        summary="llmir's onnxruntime custom op (ai.llmir MatMulGGUF, llmir_core/backends/ort_ext): "
+        "a @ b^T where b is a GGUF tensor run as stored: the serializer writes the tensor's rows "
+        "exactly as the file holds them (uint8 [N, row_bytes]) and the kernel decodes its blocks "
+        "in place. b is the logical [N, K] f32 weight, the `llm.dequantize` of a stored "
+        "`!quant.<format>` tensor, so the op's value is the product with exactly the block "
+        "format's dequantized weight (llmir_core/quant/gguf_blocks.py, bit-identical with "
+        "gguf.quants.dequantize): q4_0/q5_0/q8_0 d * q; q4_1/q5_1 d * q + m; q2_k/q4_k/q5_k "
+        "(d * sc) * q - (dmin * m) with 6-bit (q2_k: 4-bit) sub-block scales and mins in "
+        "256-element super-blocks; q3_k/q6_k (d * sc) * q with signed sub-block scales; "
+        "iq4_nl/iq4_xs d * kvalues[q] (the non-linear 16-entry table; iq4_xs with 6-bit "
+        "sub-block scales, offset 32). No rounding of the weight: the op is exact and "
+        "decomposes to a matmul. At run time the kernel rounds the rows of a to int8 per "
+        "32-block when there are at most 4 of them (decode), the activation precision of "
+        "MatMulNBits' accuracy_level 4 and of llmir's nbits kernel, and takes f32 rows "
+        'otherwise; the products are summed in f32. epilogue "swiglu": b is [W_gate; W_up] '
+        "(both of the format) and the result is silu(a @ W_gate^T) * (a @ W_up^T), half of N "
+        "wide.",
+        operands=(
+            Operand("a", doc="[..., K] f32"),
+            Operand("b", doc="[N, K] f32: llm.dequantize of the stored GGUF tensor"),
+        ),
+        attrs=(
+            Attr(
+                "format",
+                "str",
+                choices=GGUF_FORMATS,
+                doc="the stored tensor's GGUF block format (gguf_blocks scheme name)",
+            ),
+            _epilogue_attr(),
+        ),
+        infer=_infer_gguf,
+        reference=_ref_gguf,
+        decompose=lambda b, o, at: [
+            _dec_epilogue(
+                b,
+                b.op("core.matmul", o[0], o[1], transpose_b=True),
+                at.get("epilogue", "none"),
+            )
+        ],
+        smt=encoding("target_smt", "ort_matmul_gguf"),
+        interval=_iv_weight_matmul,
+        cost=_cost_qmm,
+        verifies="a is an f32 tensor of rank >= 2, b a 2-D f32 [N, K] weight whose K matches a's "
+        "last dim and is a multiple of the format's block (256 elements for k-quants and iq4_xs, "
+        'else 32); epilogue "swiglu" needs a static, even N; the module verifier also checks '
+        "that b is the llm.dequantize of a tensor stored in that format (or a row-concatenation "
+        "of such).",
+        example='%y = ort.matmul_gguf %x, %w {format = "q4_k"} : (tensor<?batch x ?seq x 256 x f32>, '
+        "tensor<8x256xf32>) -> tensor<?batch x ?seq x 8 x f32>",
+    )
+)
+
+
 _QGEMM_WEIGHTS = ("s8pair", "u8")
 
 
@@ -1169,4 +1300,4 @@ register(
 )
 
 
-__all__ = ["fake_quant", "kv_int8_codes"]
+__all__ = ["fake_quant", "kv_int8_codes", "GGUF_FORMATS", "gguf_block_elems", "gguf_weight_problem"]

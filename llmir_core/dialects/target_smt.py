@@ -97,6 +97,12 @@ def ort_matmul_nbits(enc: Encoder, args: Args, attrs: At) -> STensor:
     return _epilogue(enc, y, attrs)
 
 
+def ort_matmul_gguf(enc: Encoder, args: Args, attrs: At) -> STensor:
+    """a @ b^T: b is the exact dequantized GGUF weight (the op does not round it); then the
+    epilogue."""
+    return _epilogue(enc, enc.matmul(args[0], args[1], transpose_b=True), attrs)
+
+
 def ort_gather_block_quantized(enc: Encoder, args: Args, attrs: At) -> STensor:
     """Rows of the table as stored: rounded to blocks along its rows first (`quantize` sym)."""
     table, ids = args

@@ -225,6 +225,9 @@ GGUF_QUANTS: dict[str, QuantType] = {
     "q4_k": QuantType("q4_k", 4, 32, DType.f16, "min", 256),
     "q5_k": QuantType("q5_k", 5, 32, DType.f16, "min", 256),
     "q6_k": QuantType("q6_k", 6, 16, DType.f16, "none", 256),
+    # 4-bit codes indexing a fixed non-linear table of 16 values, times the block scale
+    "iq4_nl": QuantType("iq4_nl", 4, 32, DType.f16, "none"),
+    "iq4_xs": QuantType("iq4_xs", 4, 32, DType.f16, "none", 256),
 }
 # bytes per block (GGUF's own type_size), over `super_block or block` elements
 GGUF_BLOCK_BYTES = {
@@ -238,6 +241,8 @@ GGUF_BLOCK_BYTES = {
     "q4_k": 144,
     "q5_k": 176,
     "q6_k": 210,
+    "iq4_nl": 18,
+    "iq4_xs": 136,
 }
 
 ElemType = Union[DType, QuantType]

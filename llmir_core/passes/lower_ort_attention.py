@@ -47,10 +47,12 @@ from llmir_core.rewrite.terms import Match, V, match
 
 from .base import PassContext, erase_dead, scratch_builder, take_over
 from .ort_common import (
+    GGUF_KERNEL,
     Evaluate,
     Graph,
     cache_args,
     declare_ort,
+    gguf_exact_format,
     is_decoder,
     nbits_format,
     packed_src,
@@ -228,6 +230,7 @@ class LowerOrtAttention:
     quant: str = ""
     quant_block: int = 32
     attention_kernel: str = ATTENTION_KERNEL[0]
+    gguf_kernels: str = GGUF_KERNEL  # GGUF tensors ort.matmul_gguf reads pack in one format only
 
     def _kernel(self, attrs: dict[str, object], head_dim: int, sdpa: Op) -> str | None:
         """`llmir` when the op runs on llmir's kernel, else None (com.microsoft's op)."""
@@ -514,6 +517,9 @@ class LowerOrtAttention:
             return None
         fmts = {nbits_format(s, fmt, ev) for s in srcs if s is not None}  # type: ignore[arg-type]
         if len(fmts) != 1:
+            return None
+        exact = [gguf_exact_format(s, fmt, self.gguf_kernels) for s in srcs if s is not None]  # type: ignore[arg-type]
+        if any(exact) and len(set(exact)) != 1:  # ort.matmul_gguf reads one format
             return None
         return [p[0] for p in projs], biases, x, [o for p in projs for o in p[4]]  # type: ignore[index,misc]
 

@@ -13,7 +13,10 @@ table, is rewritten when:
 - else the build quantizes float weights (`--quant int4|int8`, symmetric): the rows are rounded
   to those blocks (`quantize = "sym"`; the report gives the max abs error).
 
-Anything else (f32 builds, zero-point formats) keeps `llm.embedding`, a plain Gather.
+Anything else (f32 builds, GGUF formats with mins or a non-linear table: q4_1, q5_1, q2_k,
+q4_k, q5_k, iq4_nl, iq4_xs) keeps `llm.embedding`, a plain Gather over the exactly dequantized
+table: an untied GGUF table is never requantized (a tied one shares the head's blocks, which
+are requantized only when `--quant` or `gguf_kernels = requant` asks).
 Invariant: a rewrite with `quantize = "none"` computes exactly what it replaced (its
 decomposition is the `llm.embedding`); a "sym" one differs by the reported rounding: its
 meaning is the lookup in `llm.dequantize(llm.quantize(table))`, and it is logged as an instance
@@ -123,7 +126,12 @@ class LowerOrtEmbedding:
         if src.kind == "gguf":
             own = nbits_format(src, None)
             if own is not None and not own.asym and quantize_mode(src, own) == "none":
-                return own, "none", f"{src.label}: {src.scheme} blocks repacked losslessly"
+                return (
+                    own,
+                    "none",
+                    f"{src.label}: {src.scheme} kept exactly (repacked losslessly to int"
+                    f"{own.bits} block {own.block})",
+                )
             return None
         if src.kind in ("f32", "cast") and fmt is not None and not fmt.asym:
             if src.cols % fmt.block:

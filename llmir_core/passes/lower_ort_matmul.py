@@ -5,10 +5,20 @@ First the composite ops over constant weights are expanded through their own def
 `core.matmul(x, W)` of an f32 activation by a static 2-D weight (or a row-concatenation of
 weights, the packed QKV) becomes:
 
-- `ort.matmul_nbits` when W is stored in blocks: GGUF q4_0/q8_0/q5_0/q6_k/q3_k and nbits
-  weights are repacked losslessly (`quantize = "none"`), GGUF q4_1/q5_1/q2_k/q4_k/q5_k are
-  requantized to blocks with zero points (the report gives the max error), and f32 weights are
-  quantized when `quant` is int4/int8 (`quantize = "sym"`). Packed checkpoint weights (GPTQ,
+- `ort.matmul_gguf` when W is a GGUF tensor in any other format than q4_0/q8_0/q5_0 (q4_1,
+  q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs): its blocks are read in place by llmir's
+  kernel (ai.llmir MatMulGGUF), exact, no requantization ("kept exactly" in the report). A
+  row-concatenation of such tensors of one format is one op (its rows, concatenated); a gated
+  MLP whose gate and up share one such format takes the SwiGLU epilogue (below), one whose gate
+  and up differ stays op by op. Only when asked (`quant` int4/int8, or option `gguf_kernels =
+  requant`), or where llmir's custom ops do not build here or an accuracy_level below 4 asks
+  for f32 activations (then q6_k/q3_k take MatMulNBits' exact blocks of 16, the others
+  `ort.fused_matmul` over the exactly dequantized weight), do they take the forms below;
+- `ort.matmul_nbits` when W is stored in blocks: GGUF q4_0/q8_0/q5_0 (and with gguf_kernels =
+  requant q6_k/q3_k, to blocks of 16) and nbits weights are repacked losslessly (`quantize =
+  "none"`), GGUF q4_1/q5_1/q2_k/q4_k/q5_k/iq4_nl/iq4_xs are requantized when asked to blocks
+  with zero points (the report gives the max error), and f32 weights are quantized when `quant`
+  is int4/int8 (`quantize = "sym"`). Packed checkpoint weights (GPTQ,
   AWQ, compressed-tensors) repack losslessly when they have 4 or 8 bits, power-of-two groups
   of consecutive columns and zero points that fit; otherwise (act-order g_idx, 2 bits, other
   group sizes) they are requantized with zero points and the report gives the reason and the
@@ -43,8 +53,8 @@ docs/perf.md), except that an `llm.quantized_matmul` carrying its own level (an 
 MatMulNBits) keeps it.
 
 First of all (option `swiglu`, on by default), each `llm.gated_mlp` (silu) whose gate and up
-projections would both run on llmir's kernel (`ort.matmul_nbits {kernel = "llmir"}` or
-`ort.matmul_s8`) becomes that op over `core.concat(w_gate, w_up, axis 0)` with
+projections would both run on llmir's kernel (`ort.matmul_nbits {kernel = "llmir"}`,
+`ort.matmul_s8`, or `ort.matmul_gguf` for gate and up of one GGUF format) becomes that op over `core.concat(w_gate, w_up, axis 0)` with
 `epilogue = "swiglu"` (silu(gate) * up computed in the kernel, half as wide), then the down
 projection: one op and one weight stream instead of two matmuls, ort.quick_gelu and core.mul.
 Blocks and per-row scales of the concatenation are those of each weight, so the fused module
@@ -73,18 +83,22 @@ from llmir_core.dialects.registry import get_op
 from llmir_core.errors import InputError
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType
+from llmir_core.quant.gguf_repack import LOSSLESS
 from llmir_core.rewrite.nbits_rules import rule_name
 from llmir_core.rewrite.rule import RuleInstance, value_loc
 
 from .base import PassContext, erase_dead, scratch_builder, take_over
 from .ort_common import (
     ACCURACY_LEVEL,
+    GGUF_KERNEL,
     Evaluate,
     Graph,
     NbitsFormat,
     WSrc,
     check_accuracy_level,
+    check_gguf_kernels,
     declare_ort,
+    gguf_exact_format,
     is_decoder,
     nbits_format,
     packed_lossless,
@@ -109,7 +123,8 @@ _FLOAT_SRC = ("f32", "cast", "eval")
 class LowerOrtMatmul:
     name: ClassVar[str] = "lower-ort-matmul"
     summary: ClassVar[str] = (
-        "matmuls by constant weights -> ort.matmul_nbits (GGUF repack, int4/int8) / ort.fused_matmul"
+        "matmuls by constant weights -> ort.matmul_gguf (GGUF blocks in place) / ort.matmul_nbits "
+        "(GGUF repack, int4/int8) / ort.fused_matmul"
     )
     quant: str = ""
     quant_block: int = 32
@@ -118,6 +133,7 @@ class LowerOrtMatmul:
     nbits_kernel: str = NBITS_KERNEL[0]
     swiglu: bool = True
     nbits_scales: str = NBITS_SCALES[0]
+    gguf_kernels: str = GGUF_KERNEL
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         if not is_decoder(module):  # other modules keep the generic op-by-op build
@@ -126,6 +142,7 @@ class LowerOrtMatmul:
         check_accuracy_level(self.accuracy_level)
         check_int8_matmul(self.int8_matmul)
         check_nbits_kernel(self.nbits_kernel)
+        check_gguf_kernels(self.gguf_kernels)
         if self.nbits_scales not in NBITS_SCALES:
             raise InputError(
                 f"unknown nbits_scales '{self.nbits_scales}'",
@@ -274,6 +291,22 @@ class LowerOrtMatmul:
         """The gate/up matmul with the SwiGLU epilogue on llmir's kernel, or None (then the
         gated MLP is expanded and lowered op by op)."""
         labels = ", ".join(s.label for s in srcs)
+        exact = {gguf_exact_format(s, fmt, self.gguf_kernels) for s in srcs}
+        if exact != {None}:  # GGUF blocks read in place: one MatMulGGUF of one format, or none
+            if len(exact) != 1 or self.accuracy_level != 4 or s8_why() is not None:
+                return None
+            gf = str(exact.pop())
+            y = b.op("ort.matmul_gguf", x, w, format=gf, epilogue="swiglu")
+            ctx.applied(
+                "matmul-swiglu",
+                y,
+                "; ".join(
+                    f"{s.label}: {gf} kept exactly (GGUF blocks read in place by llmir's kernel)"
+                    for s in srcs
+                )
+                + "; one matmul over [gate; up] with the SwiGLU epilogue on llmir's kernel",
+            )
+            return y
         if (
             fmt is not None and fmt.bits == 8 and not fmt.asym and self.int8_matmul != "nbits"
         ):  # int8: ort.matmul_s8 or nothing (QGEMM keeps the op-by-op form)
@@ -342,6 +375,12 @@ class LowerOrtMatmul:
             return False
         trans_b = bool(op.attrs.get("transpose_b"))
         b, new_ops = scratch_builder(fn, op.origin)
+        if any(gguf_exact_format(s, fmt, self.gguf_kernels) for s in srcs) and not (
+            level != 4 and all(s.scheme in LOSSLESS for s in srcs)
+        ):  # (f32 activations: q6_k/q3_k take MatMulNBits' exact blocks of 16, below)
+            y = self._gguf(b, x, w, srcs, trans_b, ctx, s8_why, level)
+            self._splice(fn, op, new_ops, [y])
+            return True
         if (
             fmt is not None
             and fmt.bits == 8
@@ -403,6 +442,50 @@ class LowerOrtMatmul:
         self._splice(fn, op, new_ops, [y])
         return True
 
+    def _gguf(
+        self,
+        b: Any,
+        x: Value,
+        w: Value,
+        srcs: list[WSrc],
+        trans_b: bool,
+        ctx: PassContext,
+        s8_why: Callable[[], str | None],
+        level: int,
+    ) -> Value:
+        """x @ w^T over GGUF blocks read in place (`ort.matmul_gguf`): one format for the whole
+        weight (a row-concatenation of tensors of one format is their rows, concatenated). Where
+        that cannot be (another format in the concatenation, a weight not transposed, f32
+        activations asked for by an accuracy_level below 4 (MatMulGGUF rounds decode rows to
+        int8), or llmir's custom ops do not build here), `ort.fused_matmul` over the exactly
+        dequantized f32 weight."""
+        labels = ", ".join(s.label for s in srcs)
+        schemes = {s.scheme for s in srcs}
+        why = None
+        if level != 4:
+            why = f"accuracy_level {level} asks for f32 activations"
+        elif not trans_b:
+            why = "the weight is not used transposed"
+        elif len(schemes) != 1 or any(s.kind != "gguf" for s in srcs):
+            why = "a row-concatenation of weights in different formats"
+        else:
+            why = s8_why()
+        if why is None:
+            fmt = str(schemes.pop())
+            y = b.op("ort.matmul_gguf", x, w, format=fmt)
+            ctx.applied(
+                "matmul-gguf",
+                y,
+                "; ".join(
+                    f"{s.label}: {fmt} kept exactly (GGUF blocks read in place by llmir's kernel)"
+                    for s in srcs
+                ),
+            )
+            return y
+        y = b.op("ort.fused_matmul", x, w, transB=trans_b)
+        ctx.applied("fused-matmul", y, f"{labels}: GGUF blocks dequantized exactly to f32 ({why})")
+        return y
+
     def _describe(self, s: WSrc, nb: NbitsFormat, base: str, ev: Evaluate) -> str:
         tag = f"int{nb.bits} block {nb.block}"
         if s.kind == "nbits":
@@ -416,7 +499,7 @@ class LowerOrtMatmul:
                 f"max abs error {_packed_requant_error(s, nb, base, ev):.3g}"
             )
         if s.kind == "gguf" and quantize_mode(s, nb) == "none":
-            return f"{s.label}: {s.scheme} repacked losslessly to {tag}"
+            return f"{s.label}: {s.scheme} kept exactly (repacked losslessly to {tag})"
         if s.kind == "gguf":
             return (
                 f"{s.label}: {s.scheme} requantized to {tag}{' with zero points' * nb.asym}, "

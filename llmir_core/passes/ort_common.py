@@ -15,7 +15,7 @@ import numpy as np
 
 from llmir_core.errors import InputError
 from llmir_core.ir.core import Function, Module, Op, Value
-from llmir_core.ir.types import DType, QuantType, TensorType
+from llmir_core.ir.types import GGUF_QUANTS, DType, QuantType, TensorType
 from llmir_core.quant import int32_packed
 from llmir_core.quant.gguf_repack import LOSSLESS, REQUANT
 
@@ -29,6 +29,14 @@ TARGET = "onnxruntime"
 # peak RSS ~ the file; decode and prefill slower). Measured in docs/load.md.
 PREPACK_MODES = ("session", "none")
 PREPACK = "session"
+# How GGUF tensors outside NBITS_GGUF run (option `gguf_kernels`): "exact" = ort.matmul_gguf, the
+# stored blocks read in place by llmir's kernel; "requant" = the faster MatMulNBits form
+# (q4_1/q5_1/q2_k/q4_k/q5_k/iq4 requantized to blocks with zero points, q3_k/q6_k repacked to
+# blocks of 16), whose error the report gives.
+GGUF_KERNELS = ("exact", "requant")
+GGUF_KERNEL = GGUF_KERNELS[0]
+# GGUF formats that repack losslessly to MatMulNBits' 32-element blocks: they keep that kernel
+NBITS_GGUF = ("q4_0", "q8_0", "q5_0")
 
 
 # -- what is a decoder ---------------------------------------------------------------------------
@@ -109,6 +117,25 @@ def parse_quant(quant: str | None, block: int = 32, symmetric: bool = True) -> N
     if block < 16 or block & (block - 1):
         raise InputError(f"quantization block size must be a power of two >= 16, got {block}")
     return NbitsFormat(4 if quant == "int4" else 8, block, not symmetric)
+
+
+def check_gguf_kernels(kind: str) -> None:
+    if kind not in GGUF_KERNELS:
+        raise InputError(
+            f"unknown gguf_kernels '{kind}'",
+            hint="exact: GGUF blocks read in place by llmir's kernel (the default); requant: "
+            "the faster requantized MatMulNBits form (the report gives its error)",
+        )
+
+
+def gguf_exact_format(src: WSrc, quant: NbitsFormat | None, gguf_kernels: str) -> str | None:
+    """The GGUF format `ort.matmul_gguf` reads src in, or None: src is not a GGUF tensor, its
+    format repacks losslessly to 32-element MatMulNBits blocks (NBITS_GGUF), or the build asked
+    for requantization (`--quant`, or gguf_kernels = requant)."""
+    if src.kind != "gguf" or quant is not None or gguf_kernels != "exact":
+        return None
+    scheme = src.scheme
+    return None if scheme in NBITS_GGUF else scheme
 
 
 def check_accuracy_level(level: int) -> None:
@@ -216,7 +243,7 @@ def weight_src(g: Graph, v: Value) -> WSrc | None:
         src = op.operands[0].owner
         q = tt(op.operands[0]).dtype
         if src is not None and src.name == "core.weight" and isinstance(q, QuantType):
-            if q.scheme in LOSSLESS or q.scheme in REQUANT:
+            if q.scheme in GGUF_QUANTS:
                 return WSrc(v, "gguf", src, rows, cols)
             if q.scheme == "nbits":
                 return WSrc(v, "nbits", src, rows, cols, tuple(op.operands[1:]))
@@ -248,7 +275,7 @@ def packed_src(g: Graph, w: Value, extra: list[Value]) -> WSrc | None:
         return WSrc(w, "nbits", wop, rows, cols, tuple(extra))
     if q.scheme in int32_packed.SCHEMES:
         return WSrc(w, "packed", wop, rows, cols, tuple(extra))
-    if q.scheme in LOSSLESS or q.scheme in REQUANT:
+    if q.scheme in GGUF_QUANTS:
         return WSrc(w, "gguf", wop, rows, cols)
     return None
 
@@ -428,4 +455,9 @@ __all__ = [
     "check_prepack",
     "PREPACK",
     "PREPACK_MODES",
+    "GGUF_KERNELS",
+    "GGUF_KERNEL",
+    "NBITS_GGUF",
+    "check_gguf_kernels",
+    "gguf_exact_format",
 ]

@@ -25,6 +25,8 @@ REQUANT: dict[str, tuple[int, int]] = {
     "q2_k": (4, 16),
     "q5_1": (8, 32),
     "q5_k": (8, 32),
+    "iq4_nl": (4, 32),
+    "iq4_xs": (4, 32),
 }
 
 

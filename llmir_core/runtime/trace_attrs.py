@@ -42,7 +42,10 @@ def manifest_attrs(manifest: Mapping[str, Any], art_dir: str | None = None) -> d
         )
         or None,
         "llmir.quantization": quant.get("f32_weights"),
-        "llmir.quantization.gguf": sorted(quant.get("gguf_lossless") or {}) or None,
+        "llmir.quantization.gguf": sorted(
+            {**(quant.get("gguf_lossless") or {}), **(quant.get("gguf_exact") or {})}
+        )
+        or None,
         "llmir.accuracy_level": dec.get("accuracy_level"),
         "llmir.kv_cache": dec.get("kv_cache"),
         "llmir.layers": dec.get("layers"),

@@ -67,6 +67,8 @@ def random_blocks(scheme: str, shape: tuple[int, ...], rng: np.random.Generator)
         raw[:, 0:2], raw[:, 2:4] = d(1e-3), d(1e-3)
     elif scheme == "q2_k":
         raw[:, 80:82], raw[:, 82:84] = d(2e-3), d(2e-3)
+    elif scheme in ("iq4_nl", "iq4_xs"):  # d * table value (up to 127; iq4_xs times up to 32)
+        raw[:, 0:2] = d(2e-3 if scheme == "iq4_nl" else 1e-4)
     else:  # the 32-element formats start with d (and m for the _1 variants)
         raw[:, 0:2] = d(1e-2)
         if scheme in ("q4_1", "q5_1"):

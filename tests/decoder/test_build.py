@@ -235,7 +235,7 @@ def test_requantized_formats_report_their_error(tmp_path: Path) -> None:
         tmp_path / "blob.bin",
         lambda name: "q4_k" if "gate_proj" in name else ("q5_1" if "up_proj" in name else None),
     )
-    man = build_decoder(module, str(tmp_path / "a"), accuracy_level=1)
+    man = build_decoder(module, str(tmp_path / "a"), accuracy_level=1, gguf_kernels="requant")
     req = man["decoder"]["quant"]["gguf_requantized"]
     assert {(r["from"], r["to"]) for r in req} == {("q4_k", "int4"), ("q5_1", "int8")} and len(
         req

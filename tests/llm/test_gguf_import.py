@@ -133,6 +133,38 @@ def test_every_tensor_type(tiny_model: Any, tmp_path: Path) -> None:
     assert seen == {"Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "Q4_1", "Q5_0", "Q5_1"}
 
 
+def test_iq4_tensor_types(tiny_model: Any, tmp_path: Path) -> None:
+    """IQ4_NL and IQ4_XS tensors import as !quant.iq4_nl / !quant.iq4_xs; each decodes bit for
+    bit as gguf.quants.dequantize does, and the logits match transformers on the decoded values."""
+    from tests.quant.blocks import random_rows
+
+    rng = np.random.default_rng(5)
+    raw = {
+        "blk.0.attn_output.weight": (random_rows(rng, "iq4_nl", 256, 256), "IQ4_NL"),
+        "blk.0.ffn_down.weight": (random_rows(rng, "iq4_xs", 256, 256), "IQ4_XS"),
+    }
+    ref = convert(tiny_model, "llama-wide", tmp_path / "m.gguf", {"*": "F16"}, raw=raw)
+    module = import_gguf(tmp_path / "m.gguf")
+    assert verify(module) == []
+    assert {
+        str(op.results[0].type.dtype)
+        for op in module.main.ops
+        if op.name == "core.weight" and isinstance(op.results[0].type.dtype, QuantType)
+    } == {"!quant.iq4_nl", "!quant.iq4_xs"}
+    interp = Interpreter(module)
+    interp.trace = []
+    check_parity_once(interp, module, ref)
+    by_name = {t.name: t for t in gguf.GGUFReader(str(tmp_path / "m.gguf")).tensors}
+    seen = set()
+    for op, outs in interp.trace:
+        if op.name == "llm.dequantize":
+            t = by_name[op.operands[0].owner.attrs["name"]]
+            want = gguf.quants.dequantize(t.data, t.tensor_type)
+            assert outs[0].tobytes() == np.asarray(want, np.float32).tobytes(), t.name
+            seen.add(t.tensor_type.name)
+    assert seen == {"IQ4_NL", "IQ4_XS"}
+
+
 def check_parity_once(interp: Interpreter, module: Any, model: Any) -> None:
     p = np.random.default_rng(3).integers(3, VOCAB, (1, 7))
     feeds = {"input_ids": p, "positions": np.arange(7, dtype=np.int64)[None]}
@@ -209,13 +241,14 @@ def test_unknown_tensor_type(small_gguf: Path) -> None:
 
 def test_unsupported_tensor_type(small_gguf: Path) -> None:
     _patch_type(
-        small_gguf, "blk.0.attn_q.weight", int(gguf.GGMLQuantizationType.IQ4_NL)
-    )  # same size as Q4_0
+        small_gguf, "blk.0.attn_q.weight", int(gguf.GGMLQuantizationType.MXFP4)
+    )  # 17 bytes a 32-block: within the Q4_0 tensor's 18
     with pytest.raises(
         InputError,
-        match=r"tensor 'blk\.0\.attn_q\.weight' has type IQ4_NL, which llmir does not support",
-    ):
+        match=r"tensor 'blk\.0\.attn_q\.weight' has type MXFP4, which llmir does not support",
+    ) as err:
         import_gguf(small_gguf)
+    assert "Q4_K" in str(err.value.hint) and "IQ4_NL, IQ4_XS" in str(err.value.hint)
 
 
 def _minimal(path: Path, arch: str, tokenizer: bool = True) -> None:
