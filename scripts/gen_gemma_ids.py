@@ -3,8 +3,9 @@ Q4_K_M file) over varied strings, the independent reference tests/realmodel/test
 holds llmir's tokenizer to.
 
 llama.cpp tokenizes through llama-cpp-python (`Llama(path, vocab_only=True).tokenize(text,
-add_bos=True, special=False)`, what llama.cpp's own tools do with a prompt); the file records its
-version and the GGUF's sha256. Run it again after changing STRINGS:
+add_bos=True, special=True)`: control-token text such as `<start_of_turn>` becomes the control
+token, as in llama.cpp's own prompt handling and in llmir's `encode`, which chat templates rely
+on); the file records its version and the GGUF's sha256. Run it again after changing STRINGS:
 
     python scripts/gen_gemma_ids.py [--gguf FILE]   # default: assembled from the PyPI package
 """
@@ -40,7 +41,8 @@ STRINGS: list[str] = [
     "URL https://example.com/path?q=a+b&x=1#frag and email a.b@c.org",
     "CamelCaseIdentifiers snake_case_names kebab-case-words SCREAMING_CASE",
     "    indented    with    runs     of     spaces",
-    "<start_of_turn>user is text here, not a control token<end_of_turn>",
+    "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
+    "a <bos> or <eos> mid-text, and <unused0> too",
     "",
 ]
 
@@ -59,17 +61,19 @@ def main() -> None:
     digest = hashlib.sha256(a.gguf.read_bytes()).hexdigest()
     llm = llama_cpp.Llama(model_path=str(a.gguf), vocab_only=True, verbose=False)
     cases = [
-        {"text": s, "ids": llm.tokenize(s.encode("utf-8"), add_bos=True, special=False)}
+        {"text": s, "ids": llm.tokenize(s.encode("utf-8"), add_bos=True, special=True)}
         for s in STRINGS
     ]
     doc = {
-        "about": "llama.cpp's token ids (add_bos=True, special=False) for Gemma 3 270M; "
+        "about": "llama.cpp's token ids (add_bos=True, special=True) for Gemma 3 270M; "
         "written by scripts/gen_gemma_ids.py",
         "llama_cpp_python": llama_cpp.__version__,
         "gguf_sha256": digest,
         "cases": cases,
     }
-    a.out.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    head = json.dumps({k: v for k, v in doc.items() if k != "cases"}, ensure_ascii=False, indent=1)
+    rows = ",\n".join("  " + json.dumps(c, ensure_ascii=False) for c in cases)
+    a.out.write_text(f'{head[:-2]},\n "cases": [\n{rows}\n ]\n}}\n', encoding="utf-8")
     print(f"{a.out}: {len(cases)} strings, llama-cpp-python {llama_cpp.__version__}")
 
 

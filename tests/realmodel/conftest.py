@@ -20,7 +20,7 @@ from . import cache
 
 # variant name -> `llmir build` flags (each built on first use)
 BUILDS: dict[str, tuple[str, ...]] = {
-    "exact": (),
+    "exact": ("--logits", "all"),  # the default lowering (GGUF blocks as stored), every position
 }
 
 
