@@ -396,7 +396,7 @@ class LowerOrtMatmul:
                 **self._scales(mode, kernel),
             )
             how = "; ".join(self._describe(s, nb, base, ev) for s in srcs)
-            if self._s8_fallback(fmt, srcs) and (why := s8_why()):
+            if _s8_fallback(self.int8_matmul, fmt, srcs) and (why := s8_why()):
                 how += f" (int8_matmul=llmir: {why}; blocks, not per-tensor QGEMM activations)"
             ctx.applied("matmul-nbits", y, how + ("; llmir's kernel" if kernel else ""))
             if y.owner is not None and mode != "none":
@@ -405,19 +405,6 @@ class LowerOrtMatmul:
             y = b.op("ort.fused_matmul", x, w, transB=trans_b)
         self._splice(fn, op, new_ops, [y])
         return True
-
-    def _s8_fallback(self, fmt: NbitsFormat | None, srcs: list[WSrc]) -> bool:
-        """An int8 matmul of float weights that asked for llmir's MatMulS8 (the default): where
-        the library cannot run, it takes int8 blocks (activations rounded per block), not QGEMM
-        (one uint8 range per activation tensor: ~60x the KL divergence on Gemma 3 270M,
-        docs/real-weights.md)."""
-        return (
-            fmt is not None
-            and fmt.bits == 8
-            and not fmt.asym
-            and self.int8_matmul == "llmir"
-            and all(s.kind in _FLOAT_SRC for s in srcs)
-        )
 
     def _describe(self, s: WSrc, nb: NbitsFormat, base: str, ev: Evaluate) -> str:
         tag = f"int{nb.bits} block {nb.block}"
@@ -497,6 +484,20 @@ def _s8_unavailable() -> str | None:
 
     why = build_problem()
     return None if why is None else f"llmir's custom ops are unavailable here: {why}"
+
+
+def _s8_fallback(int8_matmul: str, fmt: NbitsFormat | None, srcs: list[WSrc]) -> bool:
+    """An int8 matmul of float weights that asked for llmir's MatMulS8 (the default): where the
+    library cannot run, it takes int8 blocks (activations rounded per block), not QGEMM (one
+    uint8 range per activation tensor: ~60x the KL divergence on Gemma 3 270M,
+    docs/real-weights.md)."""
+    return (
+        fmt is not None
+        and fmt.bits == 8
+        and not fmt.asym
+        and int8_matmul == "llmir"
+        and all(s.kind in _FLOAT_SRC for s in srcs)
+    )
 
 
 def check_int8_matmul(kind: str) -> None:
