@@ -21,6 +21,7 @@ from . import cache
 # variant name -> `llmir build` flags (each built on first use)
 BUILDS: dict[str, tuple[str, ...]] = {
     "exact": ("--logits", "all"),  # the default lowering (GGUF blocks as stored), every position
+    "int8": ("--logits", "all", "--quant", "int8"),  # Q4_K/Q6_K requantized (test_eval.py)
 }
 
 
@@ -46,20 +47,22 @@ def gemma_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
-def llmir_cli(shared_dir: Path, _ext_cache: Path) -> Callable[..., None]:
+def llmir_cli(shared_dir: Path, _ext_cache: Path) -> Callable[..., str]:
     """Run `llmir ARGS` (as a user would), with this session's LLMIR_HOME and custom-op cache
-    (session fixtures start before the per-test isolated home is set); assert it succeeds."""
+    (session fixtures start before the per-test isolated home is set); assert it succeeds and
+    return its stdout."""
     env = {"LLMIR_HOME": str(shared_dir / "home"), "LLMIR_EXT_CACHE": str(_ext_cache)}
 
-    def cli(*args: str) -> None:
+    def cli(*args: str) -> str:
         res = run_cli(*args, env=env)
         assert res.returncode == 0, f"llmir {' '.join(args)} failed:\n{res.stderr}"
+        return res.stdout
 
     return cli
 
 
 @pytest.fixture(scope="session")
-def gemma_llmir(gemma_gguf: Path, shared_dir: Path, llmir_cli: Callable[..., None]) -> Path:
+def gemma_llmir(gemma_gguf: Path, shared_dir: Path, llmir_cli: Callable[..., str]) -> Path:
     """`llmir import` of the file (its weights read from the cached GGUF by offset)."""
     return cache.once(
         shared_dir / "gemma3.llmir", lambda p: llmir_cli("import", str(gemma_gguf), "-o", str(p))
@@ -68,7 +71,7 @@ def gemma_llmir(gemma_gguf: Path, shared_dir: Path, llmir_cli: Callable[..., Non
 
 @pytest.fixture(scope="session")
 def gemma_artifact(
-    gemma_llmir: Path, shared_dir: Path, llmir_cli: Callable[..., None]
+    gemma_llmir: Path, shared_dir: Path, llmir_cli: Callable[..., str]
 ) -> Callable[[str], Path]:
     """`gemma_artifact(variant)`: the artifact `llmir build` makes with BUILDS[variant]."""
 
