@@ -99,7 +99,7 @@ Int8MatmulOpt = Annotated[
         "--int8-matmul",
         help="Decoders with --quant int8: the int8 matmul kernel, 'llmir' (default: llmir's own "
         "kernel reading the int8 weights in place, where its library builds; else "
-        "'qgemm-s8pair'), 'qgemm-s8pair' (onnxruntime's DynamicQuantizeMatMul, prepacked at "
+        "'nbits'), 'qgemm-s8pair' (onnxruntime's DynamicQuantizeMatMul, prepacked at "
         "load), 'qgemm-u8' or 'nbits' (MatMulNBits blocks).",
         show_default=False,
     ),

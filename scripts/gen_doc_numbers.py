@@ -343,6 +343,41 @@ def nbits_kernels(src: str) -> str:
     )
 
 
+def int8_activation_error(src: str) -> str:
+    """benchmarks/int8_activation_error.py: each int8 path's logits against the interpreter."""
+    d = _load(src)
+    c = d["config"]
+
+    def cells(v: dict[str, Any]) -> list[str]:
+        return [
+            f"{v['max_abs_logit_diff']:.3g}",
+            f"{v['mean_kl']:.2e}",
+            f"{v['max_kl']:.2e}",
+            f"{100 * v['top1_agree']:.0f}%",
+        ]
+
+    def build(r: dict[str, Any]) -> str:
+        flags, _, env = r["flags"].partition(" (")
+        return r["variant"] + (f" (`{flags}`" + (f", {env}" if env else ")") if flags else "")
+
+    rows = [
+        [build(r)] + cells(r["prefill_vs_reference"]) + cells(r["decode_vs_reference"])
+        for r in d["rows"]
+    ]
+    head = [
+        "build",
+        *(
+            f"{p} {h}"
+            for p in ("prefill", "decode")
+            for h in ("max abs diff", "mean KL", "max KL", "top-1")
+        ),
+    ]
+    return (
+        f"\n\n{c['prompt_tokens']} prompt tokens, {c['threads']} threads, {c['cpu']}, "
+        f"onnxruntime {c['onnxruntime']}:\n\n" + _table(head, rows) + "\n\n"
+    )
+
+
 def attention_kernels(src: str) -> str:
     d = _load(src)
     rows = []
@@ -512,6 +547,10 @@ RENDERERS: dict[str, tuple[str, Renderer]] = {
     "llm-import": ("benchmarks/results/llm_import.json", llm_import),
     "onnx-import-build": ("benchmarks/results/onnx_import_build.json", onnx_import_build),
     "f16-vs-peers": ("benchmarks/results/f16_vs_peers.json", f16_vs_peers),
+    "int8-activation-error": (
+        "benchmarks/results/int8_activation_error.json",
+        int8_activation_error,
+    ),
 }
 
 

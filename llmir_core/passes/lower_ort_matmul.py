@@ -27,9 +27,11 @@ weights, the packed QKV) becomes:
   an f32 (or f16/bf16) weight with no other use, where llmir's custom-op library builds here
   (checked on first use): llmir's own kernel (ai.llmir MatMulS8) reads int8 weights per output
   channel in place (no prepacking at load) and rounds activations per 32 columns at run time.
-  Where the library cannot build, `qgemm-s8pair` instead, and the report says why;
-- `ort.dynamic_quantize_matmul` when `int8_matmul` is `qgemm-s8pair` or `qgemm-u8` (or the
-  library is missing): int8 weights per output channel and activations quantized per tensor at
+  Where the library cannot build, int8 blocks (`ort.matmul_nbits`, onnxruntime's MatMulNBits:
+  activations rounded per block at accuracy_level 4) instead, and the report says why: QGEMM's
+  per-tensor activations lose far more on real models (docs/real-weights.md);
+- `ort.dynamic_quantize_matmul` when `int8_matmul` is `qgemm-s8pair` or `qgemm-u8`:
+  int8 weights per output channel and activations quantized per tensor at
   run time (MLAS QGEMM; the op's `weights` attribute says how the codes are stored,
   llmir_core/quant/qgemm.py). A weight tied to the embedding stays `ort.matmul_nbits` (the
   lookup shares its blocks); `int8_matmul = nbits` keeps every int8 weight in blocks. See
@@ -401,21 +403,20 @@ class LowerOrtMatmul:
                 )
                 self._splice(fn, op, new_ops, [y])
                 return True
-            kind = "s8pair" if self.int8_matmul == "llmir" else self.int8_matmul.split("-", 1)[1]
-            why = s8_why() if self.int8_matmul == "llmir" else None
-            y = b.op("ort.dynamic_quantize_matmul", x, w, weights=kind)
-            ctx.applied(
-                "dynamic-quantize-matmul",
-                y,
-                "; ".join(
-                    f"{s.label}: f32 quantized to int8 per output channel ({kind}), "
-                    "activations to uint8 per tensor at run time"
-                    for s in srcs
+            if self.int8_matmul != "llmir":  # QGEMM only when asked (llmir: int8 blocks below)
+                kind = self.int8_matmul.split("-", 1)[1]
+                y = b.op("ort.dynamic_quantize_matmul", x, w, weights=kind)
+                ctx.applied(
+                    "dynamic-quantize-matmul",
+                    y,
+                    "; ".join(
+                        f"{s.label}: f32 quantized to int8 per output channel ({kind}), "
+                        "activations to uint8 per tensor at run time"
+                        for s in srcs
+                    ),
                 )
-                + (f" (int8_matmul=llmir: {why})" if why else ""),
-            )
-            self._splice(fn, op, new_ops, [y])
-            return True
+                self._splice(fn, op, new_ops, [y])
+                return True
         fmts = {nbits_format(s, fmt, ev) for s in srcs} if trans_b else {None}
         nb = fmts.pop() if len(fmts) == 1 else None
         if nb is not None and srcs[0].cols % nb.block == 0:
@@ -434,6 +435,8 @@ class LowerOrtMatmul:
                 **self._scales(mode, kernel),
             )
             how = "; ".join(self._describe(s, nb, base, ev) for s in srcs)
+            if _s8_fallback(self.int8_matmul, fmt, srcs) and (why := s8_why()):
+                how += f" (int8_matmul=llmir: {why}; blocks, not per-tensor QGEMM activations)"
             ctx.applied("matmul-nbits", y, how + ("; llmir's kernel" if kernel else ""))
             if y.owner is not None and mode != "none":
                 _log_requant(ctx, op, y.owner, log)
@@ -564,6 +567,20 @@ def _s8_unavailable() -> str | None:
 
     why = build_problem()
     return None if why is None else f"llmir's custom ops are unavailable here: {why}"
+
+
+def _s8_fallback(int8_matmul: str, fmt: NbitsFormat | None, srcs: list[WSrc]) -> bool:
+    """An int8 matmul of float weights that asked for llmir's MatMulS8 (the default): where the
+    library cannot run, it takes int8 blocks (activations rounded per block), not QGEMM (one
+    uint8 range per activation tensor: ~60x the KL divergence on Gemma 3 270M,
+    docs/real-weights.md)."""
+    return (
+        fmt is not None
+        and fmt.bits == 8
+        and not fmt.asym
+        and int8_matmul == "llmir"
+        and all(s.kind in _FLOAT_SRC for s in srcs)
+    )
 
 
 def check_int8_matmul(kind: str) -> None:

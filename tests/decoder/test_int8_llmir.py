@@ -107,16 +107,17 @@ def test_int8_build_with_llmir_kernel(tiny_module: Any, tmp_path: Path) -> None:
     assert greedy(dec, PROMPT[0].tolist(), 6) == greedy(ref, PROMPT[0].tolist(), 6)
 
 
-def test_without_the_library_the_lowering_keeps_qgemm(
+def test_without_the_library_the_lowering_takes_int8_blocks(
     tiny_module: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Not QGEMM's per-tensor activations, which lose far more on real models
+    (docs/real-weights.md): MatMulNBits int8 blocks, activations rounded per block."""
     monkeypatch.setenv(DISABLE_ENV, "1")
     low = lower(tiny_module, options={"quant": "int8"})
-    assert not _ops(low, "ort.matmul_s8")
-    dq = _ops(low, "ort.dynamic_quantize_matmul")
-    assert dq and {op.attrs["weights"] for op in dq} == {"s8pair"}
-    text = print_module(low)
-    assert "ort.dynamic_quantize_matmul" in text
+    assert not _ops(low, "ort.matmul_s8") and not _ops(low, "ort.dynamic_quantize_matmul")
+    nb = _ops(low, "ort.matmul_nbits")
+    assert nb and {(op.attrs["bits"], op.attrs["block_size"]) for op in nb} == {(8, 32)}
+    assert {op.attrs["accuracy_level"] for op in nb} == {4}
 
 
 @needs_kernel

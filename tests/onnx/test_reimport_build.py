@@ -1,5 +1,6 @@
 """`llmir import` of the model.onnx llmir builds for a decoder (com.microsoft GroupQueryAttention
-with packed QKV and rotary, SkipSimplifiedLayerNormalization, MatMulNBits for int4, DynamicQuantizeMatMul for int8): the
+with packed QKV and rotary, SkipSimplifiedLayerNormalization, MatMulNBits for int4 and int8,
+DynamicQuantizeMatMul for int8 through QGEMM): the
 re-imported module gives onnxruntime's outputs on the original for prompt, decode and continued
 prefill."""
 
@@ -38,19 +39,27 @@ def _feeds(model: onnx.ModelProto, b: int, s: int, past: int) -> dict[str, np.nd
     return feeds
 
 
-@pytest.mark.parametrize("quant", [None, "int4", "int8"], ids=["f32", "int4", "int8"])
+@pytest.mark.parametrize("quant", [None, "int4", "int8", "int8-qgemm"], ids=str)
 def test_reimported_build_matches_onnxruntime(
     tiny: tuple, tmp_path: Path, quant: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from llmir_core.backends import build
+
     module, _ = tiny
-    monkeypatch.setenv("LLMIR_NO_CUSTOM_OPS", "1")  # int8: QGEMM (MatMulS8: test_int8_llmir.py)
-    build_decoder(module, str(tmp_path / "art"), quant=quant, accuracy_level=1)
+    # int8: MatMulNBits blocks where llmir's MatMulS8 cannot run (test_int8_llmir.py checks it),
+    # QGEMM when asked
+    monkeypatch.setenv("LLMIR_NO_CUSTOM_OPS", "1")
+    if quant == "int8-qgemm":
+        opts = {"quant": "int8", "int8_matmul": "qgemm-s8pair", "accuracy_level": 1}
+        build(module, str(tmp_path / "art"), "onnxruntime", options=opts)
+    else:
+        build_decoder(module, str(tmp_path / "art"), quant=quant, accuracy_level=1)
     path = str(tmp_path / "art" / "model.onnx")
     proto = onnx.load(path, load_external_data=False)
     ops = {n.op_type for n in proto.graph.node}
     assert {"GroupQueryAttention", "SkipSimplifiedLayerNormalization"} <= ops
-    assert ("MatMulNBits" in ops) == (quant == "int4")
-    assert ("DynamicQuantizeMatMul" in ops) == (quant == "int8")
+    assert ("MatMulNBits" in ops) == (quant in ("int4", "int8"))
+    assert ("DynamicQuantizeMatMul" in ops) == (quant == "int8-qgemm")
     assert all(
         n.input[1] == "" for n in proto.graph.node if n.op_type == "GroupQueryAttention"
     )  # packed
