@@ -70,7 +70,12 @@ class OrtBatchDecoder:
         threads: int | None = None,
         max_context: int | None = None,
     ) -> None:
-        from .ort_decoder import artifact_session_options, load_decoder_manifest, resolve_threads
+        from .ort_decoder import (
+            artifact_session_options,
+            load_decoder_manifest,
+            release_freed_heap,
+            resolve_threads,
+        )
 
         if slots < 1:
             raise InputError(f"--max-batch must be >= 1, got {slots}")
@@ -105,6 +110,7 @@ class OrtBatchDecoder:
             raise InputError(
                 f"{path}: onnxruntime cannot load the model: {str(exc).strip().splitlines()[0]}"
             ) from None
+        release_freed_heap()
         self._caches: list[dict[str, Any]] = list(dec["cache"])
         self._logits_name = self.sess.get_outputs()[0].name
         self.buffers = [
