@@ -1,5 +1,5 @@
 """GGUF tensors run as stored (`ort.matmul_gguf` -> ai.llmir MatMulGGUF): a decoder whose
-projections are GGUF tensors in every block format outside q4_0/q5_0/q8_0 builds with one
+projections are GGUF tensors in every block format outside q4_0/q8_0 builds with one
 MatMulGGUF per tensor over the file's own bytes, its logits match the reference interpreter of
 the unlowered module, the optimize report says "kept exactly", translation validation finds the
 lowering equivalent, and requantization happens only when asked (`--gguf-kernels requant`,
@@ -237,3 +237,38 @@ def test_gated_mlp_of_one_format_takes_the_swiglu_epilogue(tmp_path: Path) -> No
     assert v.returncode == 3 and ": inconclusive to" in v.stdout, v.stdout + v.stderr
     assert "3 seeded inputs agree" in v.stdout
     assert "ort.matmul_gguf x3: smt, expanded through its decomposition" in v.stdout
+
+
+def test_q5_0_runs_as_stored_with_packed_qkv_and_the_epilogue(tmp_path: Path) -> None:
+    """q5_0 (Gemma's attn_q/k, ffn_gate/up in Q4_K_M) is read as stored, 5.5 bits a weight, not
+    repacked to int8 blocks: Q/K/V of the one format are one op over their rows, gate and up one
+    op with the SwiGLU epilogue; `--gguf-kernels requant` keeps the lossless int8 repack."""
+    shape = LlamaShape(hidden=256, intermediate=256, heads=4, kv_heads=2, layers=1)
+    module = import_hf(
+        make_llama_folder(tmp_path / "m", shape, tokenizer=False), require_tokenizer=False
+    )
+    quantize_weights(module, tmp_path / "b.bin", lambda n: "q5_0" if "proj" in n else None)
+    src = tmp_path / "m.llmir"
+    src.write_text(print_module(module))
+    module = _module(src)
+
+    def mm(options: dict[str, str]) -> list[tuple[str, Any, Any]]:
+        ops = lower(module, options={"nbits_kernel": "llmir", **options}).main.ops
+        return [
+            (op.name, op.attrs.get("format"), op.attrs.get("epilogue"))
+            for op in ops
+            if op.name in ("ort.matmul_gguf", "ort.matmul_nbits")
+        ]
+
+    assert mm({}) == [
+        ("ort.matmul_gguf", "q5_0", None),  # [q; k; v]
+        ("ort.matmul_gguf", "q5_0", None),
+        ("ort.matmul_gguf", "q5_0", "swiglu"),
+        ("ort.matmul_gguf", "q5_0", None),
+    ]
+    assert mm({"gguf_kernels": "requant"}) == [
+        ("ort.matmul_nbits", None, None),
+        ("ort.matmul_nbits", None, None),
+        ("ort.matmul_nbits", None, "swiglu"),
+        ("ort.matmul_nbits", None, None),
+    ]
