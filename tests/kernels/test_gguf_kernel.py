@@ -85,6 +85,19 @@ def test_kernel_matches_numpy(scheme: str, k: int) -> None:
         _check(scheme, sess.run(None, {"x": x, "w": rows})[0], x, rows)
 
 
+@pytest.mark.parametrize("scheme", FORMATS)
+def test_avx2_prefill_matches_numpy(scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LLMIR_NO_VNNI=1 (read when the session creates the kernel): the AVX2 prefill tiles, with
+    their int16 partial sums and the sign trick for 8-bit codes, on a CPU that has VNNI too."""
+    monkeypatch.setenv("LLMIR_NO_VNNI", "1")
+    rng = np.random.default_rng(FORMATS.index(scheme) + 99)
+    rows = random_rows(rng, scheme, 37, 512)
+    sess = _session({"format": scheme})
+    x = rng.standard_normal((9, 512)).astype(F32)
+    x[2, :32] *= 40  # a block of large values: the codes reach +-127
+    _check(scheme, sess.run(None, {"x": x, "w": rows})[0], x, rows)
+
+
 @pytest.mark.parametrize("scheme", ["q4_k", "q6_k", "q5_1", "iq4_xs"])
 def test_threads_give_the_same_bits(scheme: str) -> None:
     rng = np.random.default_rng(5)

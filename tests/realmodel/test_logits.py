@@ -94,7 +94,9 @@ def test_prefill_logits_equal_interpreter(reference: np.ndarray, decoder: Any) -
     for i in range(PROMPT.shape[1]):
         close(f"prefill position {i}", got[i], reference[i], PREFILL_MAX, PREFILL_POS_MEAN)
     mean = float(np.abs(got - reference).mean())
-    assert mean <= PREFILL_MEAN, f"prefill: mean |logit - reference| {mean:.4g}; bound {PREFILL_MEAN}"
+    assert mean <= PREFILL_MEAN, (
+        f"prefill: mean |logit - reference| {mean:.4g}; bound {PREFILL_MEAN}"
+    )
 
 
 def test_decode_logits_close_to_interpreter(reference: np.ndarray, decoder: Any) -> None:
