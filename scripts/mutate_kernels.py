@@ -59,6 +59,7 @@ GGUF = (
     "tests/kernels/test_gguf_kernel.py::test_kernel_matches_numpy",
     "tests/quant/test_gguf_dequant.py::test_kernel_dequant_matches_gguf",
 )
+GGUF_AVX2 = ("tests/kernels/test_gguf_kernel.py::test_avx2_prefill_matches_numpy",)
 S8 = ("tests/decoder/test_int8_llmir.py::test_kernel_matches_reference",)
 F32 = ("tests/decoder/test_matmul_f32.py::test_panel_kernel_matches_numpy",)
 M16 = ("tests/decoder/test_matmul16.py::test_kernel_matches_reference",)
@@ -242,9 +243,15 @@ MUTANTS: tuple[Mutant, ...] = (
     M("gguf-row32-odd-blocks", C_DIR + "matmul_gguf.c",
       "if (h == 1 && b + 1 == nb) break;", "if (h == 1) break;",
       GGUF, "32-element decode: every second block skipped"),
-    M("gguf-prefill-k-chunks", C_DIR + "matmul_gguf.c",
-      "mr, nr, kc, k0 != 0);", "mr, nr, kc, 0);",
-      GGUF, "prefill: a later 256-column chunk overwrites the earlier ones"),
+    M("gguf-prefill-offset-half", C_DIR + "matmul_gguf.c",
+      "off * (s16 ? xi[h] : xi[0] + xi[1])", "off * (s16 ? xi[h] : xi[0])",
+      GGUF, "int8 prefill: the code offset times the first 16 x codes' sum only"),
+    M("gguf-prefill-drop-mins", C_DIR + "matmul_gguf.c",
+      "acc[r][1] = _mm256_fnmadd_ps(_mm256_loadu_ps(mp + 8), xs, acc[r][1]);", "",
+      GGUF, "int8 prefill: the mins of rows 8-15 of a panel dropped"),
+    M("gguf-prefill-avx2-no-sign-trick", C_DIR + "matmul_gguf.c",
+      "wide ? _mm256_abs_epi8(w0) : w0", "w0",
+      GGUF_AVX2, "int8 prefill on AVX2: 8-bit codes taken unsigned"),
     # -- matmul_s8.c --------------------------------------------------------------------------
     M("s8-row-interleave", C_DIR + "matmul_s8.c",
       "+ (r & 3) * S8_QB + (k & 31);", "+ (r & 1) * S8_QB + (k & 31);",

@@ -878,9 +878,10 @@ register(
         "iq4_nl/iq4_xs d * kvalues[q] (the non-linear 16-entry table; iq4_xs with 6-bit "
         "sub-block scales, offset 32). No rounding of the weight: the op is exact and "
         "decomposes to a matmul. At run time the kernel rounds the rows of a to int8 per "
-        "32-block when there are at most 4 of them (decode), the activation precision of "
-        "MatMulNBits' accuracy_level 4 and of llmir's nbits kernel, and takes f32 rows "
-        'otherwise; the products are summed in f32. epilogue "swiglu": b is [W_gate; W_up] '
+        "32-block (decode and prefill alike), the activation precision of MatMulNBits' "
+        "accuracy_level 4, of llmir's nbits kernel and of llama.cpp's quantized matmuls; the "
+        "block dot products are integers, scaled and summed in f32. epilogue "
+        '"swiglu": b is [W_gate; W_up] '
         "(both of the format) and the result is silu(a @ W_gate^T) * (a @ W_up^T), half of N "
         "wide.",
         operands=(

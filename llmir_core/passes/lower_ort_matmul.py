@@ -5,7 +5,7 @@ First the composite ops over constant weights are expanded through their own def
 `core.matmul(x, W)` of an f32 activation by a static 2-D weight (or a row-concatenation of
 weights, the packed QKV) becomes:
 
-- `ort.matmul_gguf` when W is a GGUF tensor in any other format than q4_0/q8_0/q5_0 (q4_1,
+- `ort.matmul_gguf` when W is a GGUF tensor in any other format than q4_0/q8_0 (q4_1, q5_0,
   q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs): its blocks are read in place by llmir's
   kernel (ai.llmir MatMulGGUF), exact, no requantization ("kept exactly" in the report). A
   row-concatenation of such tensors of one format is one op (its rows, concatenated); a gated
@@ -14,8 +14,8 @@ weights, the packed QKV) becomes:
   requant`), or where llmir's custom ops do not build here or an accuracy_level below 4 asks
   for f32 activations (then q6_k/q3_k take MatMulNBits' exact blocks of 16, the others
   `ort.fused_matmul` over the exactly dequantized weight), do they take the forms below;
-- `ort.matmul_nbits` when W is stored in blocks: GGUF q4_0/q8_0/q5_0 (and with gguf_kernels =
-  requant q6_k/q3_k, to blocks of 16) and nbits weights are repacked losslessly (`quantize =
+- `ort.matmul_nbits` when W is stored in blocks: GGUF q4_0/q8_0 (and with gguf_kernels =
+  requant q5_0 to int8 blocks, q6_k/q3_k to blocks of 16) and nbits weights are repacked losslessly (`quantize =
   "none"`), GGUF q4_1/q5_1/q2_k/q4_k/q5_k/iq4_nl/iq4_xs are requantized when asked to blocks
   with zero points (the report gives the max error), and f32 weights are quantized when `quant`
   is int4/int8 (`quantize = "sym"`). Packed checkpoint weights (GPTQ,

@@ -35,8 +35,10 @@ PREPACK = "session"
 # blocks of 16), whose error the report gives.
 GGUF_KERNELS = ("exact", "requant")
 GGUF_KERNEL = GGUF_KERNELS[0]
-# GGUF formats that repack losslessly to MatMulNBits' 32-element blocks: they keep that kernel
-NBITS_GGUF = ("q4_0", "q8_0", "q5_0")
+# GGUF formats that keep MatMulNBits (lossless 32-element blocks, its tuned kernels). q5_0 would
+# repack losslessly too, but to int8 codes (9 bits a weight against its stored 5.5): it runs as
+# stored on MatMulGGUF (fewer bytes a token), like the other formats
+NBITS_GGUF = ("q4_0", "q8_0")
 
 
 # -- what is a decoder ---------------------------------------------------------------------------

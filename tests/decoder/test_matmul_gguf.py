@@ -1,5 +1,5 @@
 """GGUF tensors run as stored (`ort.matmul_gguf` -> ai.llmir MatMulGGUF): a decoder whose
-projections are GGUF tensors in every block format outside q4_0/q5_0/q8_0 builds with one
+projections are GGUF tensors in every block format outside q4_0/q8_0 builds with one
 MatMulGGUF per tensor over the file's own bytes, its logits match the reference interpreter of
 the unlowered module, the optimize report says "kept exactly", translation validation finds the
 lowering equivalent, and requantization happens only when asked (`--gguf-kernels requant`,
@@ -98,10 +98,11 @@ def test_every_format_runs_as_stored(gguf_file: Path, tmp_path: Path) -> None:
     ref, dec = ref_decoder(module), open_artifact(str(tmp_path / "a"))
     ref.reset(1)
     dec.reset(1)
-    # more than 4 rows a call: the kernel's f32 path over the exact weights, as the reference
+    # more than 4 rows a call (prefill): activations rounded to int8 per 32 columns as at decode
+    # (measured 0.039, 0.157, 0.030 over these random-bit blocks)
     for chunk in (PROMPT, PROMPT[:, :5] + 7, PROMPT[:, 3:9]):
         a, b = ref.forward(chunk), dec.forward(chunk)
-        assert rel(b, a[:, -1:]) <= 1e-4
+        assert rel(b, a[:, -1:]) <= 0.3
     # one row (decode): activations rounded to int8 per 32 columns (accuracy_level 4's
     # numerics, checked op by op against numpy in tests/kernels/test_gguf_kernel.py); over these
     # random-bit blocks that moves the logits by up to ~4% per format, ~10% over all of them
@@ -109,6 +110,14 @@ def test_every_format_runs_as_stored(gguf_file: Path, tmp_path: Path) -> None:
         tok = a[:, -1].argmax(-1)[:, None]
         a, b = ref.forward(tok), dec.forward(tok)
         assert rel(b, a) <= 0.2
+    # prefill and decode round the same rows the same way: a prompt prefilled at once and fed one
+    # token at a time give the same logits up to f32 summation order (measured 1.4e-07)
+    dec.reset(1)
+    once = dec.forward(PROMPT)
+    dec.reset(1)
+    for i in range(PROMPT.shape[1]):
+        step = dec.forward(PROMPT[:, i : i + 1])
+    assert rel(step, once) <= 1e-5
 
 
 def _same_bytes_as_the_file(art: Path, src: Path) -> None:
@@ -191,7 +200,7 @@ def test_requant_option_builds_the_requantized_form(gguf_file: Path, tmp_path: P
 @needs_kernel
 def test_gated_mlp_of_one_format_takes_the_swiglu_epilogue(tmp_path: Path) -> None:
     """Gate and up both q4_k: one MatMulGGUF over [gate; up] with the SwiGLU epilogue (the
-    node attribute), exact on prefill rows, validated equivalent to the unlowered module."""
+    node attribute), close to the reference on prefill rows, validated equivalent to the unlowered module."""
     shape = LlamaShape(hidden=256, intermediate=256, heads=4, kv_heads=2, layers=1)
     module = import_hf(
         make_llama_folder(tmp_path / "m", shape, tokenizer=False), require_tokenizer=False
@@ -227,7 +236,8 @@ def test_gated_mlp_of_one_format_takes_the_swiglu_epilogue(tmp_path: Path) -> No
     ref, dec = ref_decoder(module), open_artifact(str(tmp_path / "a"))
     ref.reset(1)
     dec.reset(1)
-    assert rel(dec.forward(PROMPT), ref.forward(PROMPT)[:, -1:]) <= 1e-4
+    # prefill rows rounded to int8 per 32 columns (measured 0.013)
+    assert rel(dec.forward(PROMPT), ref.forward(PROMPT)[:, -1:]) <= 0.03
     out = tmp_path / "opt.llmir"
     r = run_cli("optimize", str(src), "--target", "onnxruntime", "-o", str(out))
     assert r.returncode == 0, r.stderr
@@ -237,3 +247,38 @@ def test_gated_mlp_of_one_format_takes_the_swiglu_epilogue(tmp_path: Path) -> No
     assert v.returncode == 3 and ": inconclusive to" in v.stdout, v.stdout + v.stderr
     assert "3 seeded inputs agree" in v.stdout
     assert "ort.matmul_gguf x3: smt, expanded through its decomposition" in v.stdout
+
+
+def test_q5_0_runs_as_stored_with_packed_qkv_and_the_epilogue(tmp_path: Path) -> None:
+    """q5_0 (Gemma's attn_q/k, ffn_gate/up in Q4_K_M) is read as stored, 5.5 bits a weight, not
+    repacked to int8 blocks: Q/K/V of the one format are one op over their rows, gate and up one
+    op with the SwiGLU epilogue; `--gguf-kernels requant` keeps the lossless int8 repack."""
+    shape = LlamaShape(hidden=256, intermediate=256, heads=4, kv_heads=2, layers=1)
+    module = import_hf(
+        make_llama_folder(tmp_path / "m", shape, tokenizer=False), require_tokenizer=False
+    )
+    quantize_weights(module, tmp_path / "b.bin", lambda n: "q5_0" if "proj" in n else None)
+    src = tmp_path / "m.llmir"
+    src.write_text(print_module(module))
+    module = _module(src)
+
+    def mm(options: dict[str, str]) -> list[tuple[str, Any, Any]]:
+        ops = lower(module, options={"nbits_kernel": "llmir", **options}).main.ops
+        return [
+            (op.name, op.attrs.get("format"), op.attrs.get("epilogue"))
+            for op in ops
+            if op.name in ("ort.matmul_gguf", "ort.matmul_nbits")
+        ]
+
+    assert mm({}) == [
+        ("ort.matmul_gguf", "q5_0", None),  # [q; k; v]
+        ("ort.matmul_gguf", "q5_0", None),
+        ("ort.matmul_gguf", "q5_0", "swiglu"),
+        ("ort.matmul_gguf", "q5_0", None),
+    ]
+    assert mm({"gguf_kernels": "requant"}) == [
+        ("ort.matmul_nbits", None, None),
+        ("ort.matmul_nbits", None, None),
+        ("ort.matmul_nbits", None, "swiglu"),
+        ("ort.matmul_nbits", None, None),
+    ]

@@ -4,9 +4,11 @@ on the file's dequantized weights (the meaning of the imported module), element 
 The prompt is 8 real token ids; the artifact is built with `--logits all`. Two shapes of llmir's
 kernels meet real activations, through all 18 layers and the 262k-wide tied lm_head:
 
-- prefill (many rows): the GGUF blocks are decoded into f32 panels and multiplied in f32, so
-  every position's logits equal the interpreter's up to f32 summation order. Measured max
-  |difference| 3.1e-05 over 8 x 262144 logits; bound PREFILL_ATOL (30x margin).
+- prefill (many rows): MatMulGGUF rounds the activations to int8 per 32 columns as at decode
+  (integer block dots, what llama.cpp's prefill does too); the Q8_0 tensors (MatMulNBitsQ8) take
+  f32 rows. Measured max |difference| 0.16-0.66 per position, mean 0.025-0.186 per position and
+  0.097 over all 8 x 262144 logits; the bounds PREFILL_MAX, PREFILL_POS_MEAN and PREFILL_MEAN
+  leave 2x margin. (With f32 prefill rows the difference was 3.1e-05.)
 - decode (one row): position 0 from a 1-token prefill, position 7 as a decode step after a
   7-token prefill (the KV cache read back). At one row llmir's block-quantized matmuls round the
   activations to int8 per 32 columns (as llama.cpp's quantized dot products do), so the logits
@@ -33,7 +35,9 @@ from . import cache
 IDS = Path(__file__).resolve().parent.parent / "data" / "gemma3_ids.json"
 # "The capital of France is Paris." (llama.cpp's ids: a case of IDS)
 PROMPT = np.array([[2, 818, 5279, 529, 7001, 563, 9079, 236761]], np.int64)
-PREFILL_ATOL = 1e-3  # per element
+PREFILL_MAX = 1.3  # per element
+PREFILL_POS_MEAN = 0.37  # mean over the vocabulary, per position
+PREFILL_MEAN = 0.2  # mean over the 8 positions and the vocabulary
 DECODE_MAX = 0.8  # per element
 DECODE_MEAN = 0.17  # mean over the vocabulary
 
@@ -88,7 +92,11 @@ def test_prefill_logits_equal_interpreter(reference: np.ndarray, decoder: Any) -
     got = np.asarray(decoder.forward(PROMPT))[0]
     assert got.shape == reference.shape
     for i in range(PROMPT.shape[1]):
-        close(f"prefill position {i}", got[i], reference[i], PREFILL_ATOL, PREFILL_ATOL)
+        close(f"prefill position {i}", got[i], reference[i], PREFILL_MAX, PREFILL_POS_MEAN)
+    mean = float(np.abs(got - reference).mean())
+    assert mean <= PREFILL_MEAN, (
+        f"prefill: mean |logit - reference| {mean:.4g}; bound {PREFILL_MEAN}"
+    )
 
 
 def test_decode_logits_close_to_interpreter(reference: np.ndarray, decoder: Any) -> None:

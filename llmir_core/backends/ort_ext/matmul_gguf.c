@@ -14,11 +14,10 @@
  * - the exact dequantizer (`deq_block`: scale * code, then minus min, in f32) is bit-identical to
  *   gguf's: every product in it is exact in f32 (an f16 scale's 11 significant bits times at
  *   most 13 bits of sub-scale and code), so its one rounding is the subtraction's, and FMA
- *   contraction (-ffp-contract) cannot change a bit. Exported as `llmir_gguf_dequant`; the
- *   prefill uses it;
- * - decode (M <= GEMV_ROWS rows of X): each X row is quantized once per call to int8 per 32
- *   elements (llmir_quant32: max |x| / 127, round half to even; what llama.cpp's q8 activations
- *   and MatMulNBits' accuracy_level 4 do); every weight block is unpacked once for the M rows and
+ *   contraction (-ffp-contract) cannot change a bit. Exported as `llmir_gguf_dequant`;
+ * - every call quantizes each X row once to int8 per 32 elements (llmir_quant32: max |x| / 127,
+ *   round half to even; what llama.cpp's q8 activations and MatMulNBits' accuracy_level 4 do);
+ * - decode (M <= GEMV_ROWS rows of X): every weight block is unpacked once for the M rows and
  *   each 32 codes take an integer dot product (vpmaddubsw: unsigned codes straight, signed ones
  *   with the sign trick; vpmaddwd) scaled by [scale of the first 16, of the second 16] * d_x; the
  *   mins enter as min * d_x * (sum of the 16 or 32 x codes), and so do the fixed offsets of
@@ -27,9 +26,12 @@
  *   gemv_row_q6k, gemv_row32); q2_k / q3_k / iq4_xs go through unpack (gemv_row). Numerically:
  *   X rounded to int8 per block times the exact weights, summed in f32 (the order differs from
  *   a dequantize-then-dot only by f32 rounding).
- * - prefill (larger M): for each panel of 16 weight rows and 256 columns the rows are
- *   dequantized exactly (deq_block) and transposed into an f32 [256][16] panel multiplied into
- *   6-row blocks of X by llmir_micro_6x16 (f32_gemm.h): f32 activations and accumulation.
+ * - prefill (larger M): panels of 16 weight rows unpacked once into unsigned int8 codes with
+ *   their scales and mins, tiles of 4 X rows taking integer block dots (AVX-512 VNNI's vpdpbusd
+ *   where the CPU has it, else vpmaddubsw / vpmaddwd; see "prefill: int8 activations"): decode's
+ *   numerics, so a prompt prefilled at once and fed token by token agree up to f32 summation
+ *   order. Measured (benchmarks/gguf_kernels.py, M = 128, 1 thread): ~2x the exact f32 panels
+ *   it replaced with VNNI; on AVX2 1.1-1.4x, except q6_k (0.85x).
  * Rows (decode) and panels (prefill) are split over onnxruntime's intra-op pool; each output is
  * summed by one task in a fixed order: the same bits at any thread count. AVX2 + FMA + F16C.
  *
@@ -46,7 +48,6 @@
 #define GEMV_ROWS 4   /* X rows up to which the int8-activation GEMV runs */
 #define GEMV_TASKS 32 /* parallel tasks per GEMV */
 #define GEMM_PANELS 2 /* panels of NR weight rows per parallel task (prefill) */
-#define GK 256        /* columns per dequantized panel (prefill): a multiple of every block */
 #define MAX_ELEMS 256 /* the largest block */
 
 #define ALWAYS static inline __attribute__((always_inline))
@@ -321,6 +322,9 @@ typedef struct GgJob {
     float *dx;  /* [M, K/32] the blocks' scales */
     float *xs;  /* [M, K/16] d_x * the sum of each 16 codes */
     float *xs32; /* [M, K/32] d_x * the sum of each 32 codes */
+    int32_t *xi; /* [M, K/16] the sum of each 16 codes (prefill) */
+    int vnni;    /* prefill: AVX-512 VNNI's vpdpbusd for the block dots */
+    int *failed; /* prefill: set when a task cannot allocate its panel */
 } GgJob;
 
 static void quantize_rows(GgJob *j) {
@@ -335,6 +339,8 @@ static void quantize_rows(GgJob *j) {
             j->xs[(m * nb + b) * 2] = d * (float)s0;
             j->xs[(m * nb + b) * 2 + 1] = d * (float)s1;
             j->xs32[m * nb + b] = d * (float)(s0 + s1);
+            j->xi[(m * nb + b) * 2] = s0;
+            j->xi[(m * nb + b) * 2 + 1] = s1;
         }
 }
 
@@ -559,36 +565,197 @@ static void gemv_task(void *p, size_t i) {
     GEMV[j->fmt](j, n0, n1 < j->N ? n1 : j->N);
 }
 
-/* -- prefill: exact f32 panels ---------------------------------------------------------------- */
+/* -- prefill: int8 activations ------------------------------------------------------------- *
+ * X is quantized as for decode (llmir_quant32 per 32-block; the code sums per 16 kept as
+ * integers). For each panel of 16 weight rows (the whole of K) the blocks are unpacked once into
+ * unsigned codes u = q + off (off: the format's fixed offset, 0 for the formats with mins) laid
+ * out [32-block][8 groups of 4][16 rows][4 codes], with the panel's f32 scales and mins per 16
+ * elements [32-block][2][16]. A tile of 4 X rows then takes, per 32-block (or per 16 where the
+ * scales are per 16), integer dots of the broadcast 4 x codes with the 16 rows' codes:
+ * - with AVX-512 VNNI (checked at run time), vpdpbusd straight into int32;
+ * - else vpmaddubsw summed in int16 over as many groups as cannot saturate (8 for codes < 16,
+ *   4 for < 32, 2 for < 64), then vpmaddwd to int32; 8-bit codes (q8_0, iq4) stay signed and
+ *   take the sign trick, one group at a time (|sum| <= 2 * 128 * 127);
+ * minus off * (the x code sum), times scale_w * d_x in one f32 FMA per 8 rows, minus
+ * min_w * d_x * (the x code sum) for the formats with mins: decode's numerics, summed in another
+ * order. Panels are split over the pool; each output is one task's, in a fixed order. */
 
-static void gemm_task(void *p, size_t i) {
-    const GgJob *j = (const GgJob *)p;
-    const int E = FMT[j->fmt].elems, B = FMT[j->fmt].bytes;
-    float rows[NR][GK] __attribute__((aligned(32)));
-    float panel[GK * NR] __attribute__((aligned(32)));
-    for (int q = 0; q < GEMM_PANELS; q++) {
-        const int64_t n0 = ((int64_t)i * GEMM_PANELS + q) * NR;
-        if (n0 >= j->N) return;
-        const int nr = j->N - n0 < NR ? (int)(j->N - n0) : NR;
-        for (int64_t k0 = 0; k0 < j->K; k0 += GK) {
-            const int kc = j->K - k0 < GK ? (int)(j->K - k0) : GK; /* whole blocks */
-            for (int r = 0; r < NR; r++) {
-                if (r < nr) DEQ[j->fmt](j->w + (n0 + r) * j->rb + k0 / E * B, kc / E, rows[r]);
-                else memset(rows[r], 0, sizeof rows[r]);
+#define I8_MR 4 /* X rows per tile */
+
+/* the offset that makes format f's codes unsigned for vpmaddubsw / vpdpbusd */
+static int code_offset(int f, int vnni) {
+    switch (f) {
+    case F_Q4_0: return 8;
+    case F_Q5_0: return 16;
+    case F_Q3_K: return 4;
+    case F_Q6_K: return 32;
+    case F_Q8_0:
+    case F_IQ4_NL:
+    case F_IQ4_XS: return vnni ? 128 : 0; /* AVX2: signed codes, the sign trick */
+    default: return 0;
+    }
+}
+
+/* c += the 4-code dot products of unsigned a and signed b per int32 lane (AVX-512 VNNI; as asm,
+ * so this file needs no AVX-512 compiler target: it runs only where the CPU has it) */
+ALWAYS __m256i dpbusd(__m256i c, __m256i a, __m256i b) {
+    __asm__("%{evex%} vpdpbusd %2, %1, %0" : "+x"(c) : "x"(a), "x"(b));
+    return c;
+}
+
+/* rows n0 .. n0 + nr of W -> the panel: pw codes, ps scales, pm mins (see above) */
+static void i8_pack_panel(const GgJob *j, int64_t n0, int nr, int off, uint8_t *pw, float *ps, float *pm) {
+    const int f = j->fmt, E = FMT[f].elems, B = FMT[f].bytes, U = E / 32, hm = FMT[f].has_min;
+    const int64_t blocks = j->K / E;
+    int8_t q[NR][MAX_ELEMS] __attribute__((aligned(32)));
+    float sc[NR][16], mn[NR][16];
+    const __m256i o = _mm256_set1_epi8((char)off);
+    for (int64_t wb = 0; wb < blocks; wb++) {
+        for (int r = 0; r < NR; r++) {
+            if (r < nr) {
+                unpack(f, j->w + (n0 + r) * j->rb + wb * B, q[r], sc[r], mn[r], 0);
+            } else {
+                memset(q[r], 0, (size_t)E);
+                memset(sc[r], 0, sizeof sc[r]);
+                memset(mn[r], 0, sizeof mn[r]);
             }
-            for (int c0 = 0; c0 < NR; c0 += 8)
-                for (int k = 0; k < kc; k += 8) {
-                    __m256 r8[8];
-                    for (int c = 0; c < 8; c++) r8[c] = _mm256_load_ps(rows[c0 + c] + k);
-                    llmir_transpose8_store(r8, panel + k * NR + c0, NR);
-                }
-            for (int64_t m0 = 0; m0 < j->M; m0 += MR) {
-                const int mr = j->M - m0 < MR ? (int)(j->M - m0) : MR;
-                llmir_micro_6x16(j->x + m0 * j->K + k0, j->K, j->y + m0 * j->ldy + n0, j->ldy, panel,
-                                 mr, nr, kc, k0 != 0);
+        }
+        for (int u = 0; u < U; u++) {
+            const int64_t b = wb * U + u;
+            for (int h = 0; h < 2; h++) {
+                __m256 r8[8];
+                for (int i = 0; i < 8; i++)
+                    r8[i] = _mm256_castsi256_ps(
+                        _mm256_add_epi8(_mm256_load_si256((const __m256i *)(q[h * 8 + i] + 32 * u)), o));
+                llmir_transpose8_store(r8, (float *)(pw + b * 512 + h * 32), 16);
+            }
+            for (int r = 0; r < NR; r++) {
+                ps[b * 32 + r] = sc[r][2 * u], ps[b * 32 + 16 + r] = sc[r][2 * u + 1];
+                if (hm) pm[b * 32 + r] = mn[r][2 * u], pm[b * 32 + 16 + r] = mn[r][2 * u + 1];
             }
         }
     }
+}
+
+/* Y[m0 .. m0 + mr, n0 .. n0 + nr] from the panel */
+ALWAYS void i8_tile(const GgJob *j, const uint8_t *pw, const float *ps, const float *pm, int64_t m0,
+                    int mr, int64_t n0, int nr, const int f, const int vnni) {
+    const int64_t nb = j->K / 32, K = j->K;
+    const int s16 = f == F_Q2_K || f == F_Q3_K || f == F_Q6_K, hm = FMT[f].has_min;
+    const int wide = !vnni && (f == F_Q8_0 || f == F_IQ4_NL || f == F_IQ4_XS);
+    const int span = wide ? 1 : f == F_Q6_K ? 2 : (f == F_Q5_0 || f == F_Q5_1 || f == F_Q5_K) ? 4 : 8;
+    const int off = code_offset(f, vnni);
+    int64_t ri[I8_MR]; /* the X rows (past mr: row m0 again, not stored) */
+    for (int r = 0; r < I8_MR; r++) ri[r] = m0 + (r < mr ? r : 0);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[I8_MR][2];
+    for (int r = 0; r < I8_MR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = pw + b * 512;
+        for (int h = 0; h < (s16 ? 2 : 1); h++) {
+            const int g0 = s16 ? 4 * h : 0, g1 = s16 ? g0 + 4 : 8;
+            __m256i c[I8_MR][2];
+            for (int r = 0; r < I8_MR; r++) c[r][0] = c[r][1] = _mm256_setzero_si256();
+            for (int gs = g0; gs < g1; gs += (vnni ? 8 : span)) {
+                __m256i t[I8_MR][2];
+                for (int r = 0; r < I8_MR; r++) t[r][0] = t[r][1] = _mm256_setzero_si256();
+                const int ge = vnni || gs + span > g1 ? g1 : gs + span;
+                for (int g = gs; g < ge; g++) {
+                    __m256i w0 = _mm256_load_si256((const __m256i *)(wb + g * 64));
+                    __m256i w1 = _mm256_load_si256((const __m256i *)(wb + g * 64 + 32));
+                    __m256i a0 = wide ? _mm256_abs_epi8(w0) : w0, a1 = wide ? _mm256_abs_epi8(w1) : w1;
+                    for (int r = 0; r < I8_MR; r++) {
+                        int32_t v;
+                        memcpy(&v, j->xq + ri[r] * K + b * 32 + g * 4, 4);
+                        __m256i xb = _mm256_set1_epi32(v);
+                        if (vnni) {
+                            c[r][0] = dpbusd(c[r][0], w0, xb);
+                            c[r][1] = dpbusd(c[r][1], w1, xb);
+                        } else if (wide) {
+                            t[r][0] = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(xb, w0));
+                            t[r][1] = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(xb, w1));
+                        } else {
+                            t[r][0] = _mm256_add_epi16(t[r][0], _mm256_maddubs_epi16(w0, xb));
+                            t[r][1] = _mm256_add_epi16(t[r][1], _mm256_maddubs_epi16(w1, xb));
+                        }
+                    }
+                }
+                if (!vnni)
+                    for (int r = 0; r < I8_MR; r++) {
+                        c[r][0] = _mm256_add_epi32(c[r][0], _mm256_madd_epi16(t[r][0], ones));
+                        c[r][1] = _mm256_add_epi32(c[r][1], _mm256_madd_epi16(t[r][1], ones));
+                    }
+            }
+            const float *sp = ps + b * 32 + 16 * h, *mp = pm + b * 32 + 16 * h;
+            const __m256 s0 = _mm256_loadu_ps(sp), s1 = _mm256_loadu_ps(sp + 8);
+            for (int r = 0; r < I8_MR; r++) {
+                const int32_t *xi = j->xi + (ri[r] * nb + b) * 2;
+                if (off) {
+                    __m256i z = _mm256_set1_epi32(off * (s16 ? xi[h] : xi[0] + xi[1]));
+                    c[r][0] = _mm256_sub_epi32(c[r][0], z);
+                    c[r][1] = _mm256_sub_epi32(c[r][1], z);
+                }
+                const __m256 d = _mm256_set1_ps(j->dx[ri[r] * nb + b]);
+                acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c[r][0]), _mm256_mul_ps(s0, d), acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c[r][1]), _mm256_mul_ps(s1, d), acc[r][1]);
+                if (hm) {
+                    const __m256 xs = _mm256_set1_ps(s16 ? j->xs[(ri[r] * nb + b) * 2 + h] : j->xs32[ri[r] * nb + b]);
+                    acc[r][0] = _mm256_fnmadd_ps(_mm256_loadu_ps(mp), xs, acc[r][0]);
+                    acc[r][1] = _mm256_fnmadd_ps(_mm256_loadu_ps(mp + 8), xs, acc[r][1]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < mr; r++) {
+        float *y = j->y + (m0 + r) * j->ldy + n0;
+        if (nr == NR) {
+            _mm256_storeu_ps(y, acc[r][0]);
+            _mm256_storeu_ps(y + 8, acc[r][1]);
+            continue;
+        }
+        float t[NR];
+        _mm256_storeu_ps(t, acc[r][0]);
+        _mm256_storeu_ps(t + 8, acc[r][1]);
+        for (int c = 0; c < nr; c++) y[c] = t[c];
+    }
+}
+
+#define I8_TILES(F)                                                                                \
+    static void i8_tiles_##F(const GgJob *j, const uint8_t *pw, const float *ps, const float *pm, \
+                             int64_t n0, int nr) {                                                 \
+        for (int64_t m0 = 0; m0 < j->M; m0 += I8_MR) {                                             \
+            const int mr = j->M - m0 < I8_MR ? (int)(j->M - m0) : I8_MR;                          \
+            if (j->vnni) i8_tile(j, pw, ps, pm, m0, mr, n0, nr, F, 1);                             \
+            else i8_tile(j, pw, ps, pm, m0, mr, n0, nr, F, 0);                                     \
+        }                                                                                          \
+    }
+I8_TILES(F_Q4_0) I8_TILES(F_Q4_1) I8_TILES(F_Q5_0) I8_TILES(F_Q5_1) I8_TILES(F_Q8_0)
+I8_TILES(F_Q2_K) I8_TILES(F_Q3_K) I8_TILES(F_Q4_K) I8_TILES(F_Q5_K) I8_TILES(F_Q6_K)
+I8_TILES(F_IQ4_NL) I8_TILES(F_IQ4_XS)
+
+typedef void (*I8TilesFn)(const GgJob *, const uint8_t *, const float *, const float *, int64_t, int);
+static const I8TilesFn I8_TILES_OF[F_COUNT] = {
+    i8_tiles_F_Q4_0, i8_tiles_F_Q4_1, i8_tiles_F_Q5_0, i8_tiles_F_Q5_1, i8_tiles_F_Q8_0, i8_tiles_F_Q2_K,
+    i8_tiles_F_Q3_K, i8_tiles_F_Q4_K, i8_tiles_F_Q5_K, i8_tiles_F_Q6_K, i8_tiles_F_IQ4_NL, i8_tiles_F_IQ4_XS,
+};
+
+static void i8_gemm_task(void *p, size_t i) {
+    const GgJob *j = (const GgJob *)p;
+    const int64_t nb = j->K / 32;
+    uint8_t *pw = (uint8_t *)aligned_alloc(32, (size_t)nb * (512 + 2 * 32 * sizeof(float)));
+    if (!pw) {
+        __atomic_store_n(j->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    float *ps = (float *)(pw + nb * 512), *pm = ps + nb * 32;
+    for (int q = 0; q < GEMM_PANELS; q++) {
+        const int64_t n0 = ((int64_t)i * GEMM_PANELS + q) * NR;
+        if (n0 >= j->N) break;
+        const int nr = j->N - n0 < NR ? (int)(j->N - n0) : NR;
+        i8_pack_panel(j, n0, nr, code_offset(j->fmt, j->vnni), pw, ps, pm);
+        I8_TILES_OF[j->fmt](j, pw, ps, pm, n0, nr);
+    }
+    free(pw);
 }
 
 /* -- the custom op ---------------------------------------------------------------------------- */
@@ -596,6 +763,7 @@ static void gemm_task(void *p, size_t i) {
 typedef struct GgKernel {
     const OrtApi *api;
     int fmt, epilogue; /* fmt: F_BAD when the attribute is absent or unknown */
+    int vnni;          /* the CPU has AVX-512 VNNI (and VL), and LLMIR_NO_VNNI is unset */
 } GgKernel;
 
 static void *gg_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info) {
@@ -603,6 +771,9 @@ static void *gg_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernel
     GgKernel *k = (GgKernel *)malloc(sizeof(GgKernel));
     if (!k) return NULL;
     k->api = api, k->fmt = F_BAD, k->epilogue = llmir_epilogue_attr(api, info);
+    const char *no = getenv("LLMIR_NO_VNNI"); /* tests: the AVX2 path on a VNNI machine */
+    k->vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+              !(no && no[0] && strcmp(no, "0") != 0);
     char buf[16];
     size_t size = sizeof buf;
     OrtStatus *st = API(api, I_KernelInfoGetAttribute_string, KernelInfoGetAttrStringFn)(
@@ -661,7 +832,7 @@ static OrtStatus *gg_compute(void *kp, OrtKernelContext *ctx) {
         !llmir_mul_ok(M, K, &bytes) || !llmir_mul_ok(bytes, 4, &bytes))
         return gg_error(api, "ai.llmir MatMulGGUF: X and W are too large");
     GgJob j = {(const float *)x, (const uint8_t *)w, (float *)y, M, N, K, wd[1], N, f, 0,
-               NULL, NULL, NULL, NULL};
+               NULL, NULL, NULL, NULL, NULL, 0, NULL};
     float *full = NULL; /* the epilogue: the [M, N] product first */
     if (swiglu) {
         full = (float *)aligned_alloc(32, ((size_t)(M * N) * sizeof(float) + 31) & ~(size_t)31);
@@ -669,26 +840,31 @@ static OrtStatus *gg_compute(void *kp, OrtKernelContext *ctx) {
         j.y = full;
     }
     ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
+    /* one buffer: xq (M*K bytes), dx (M*K/32 floats), xs (M*K/16), xs32 (M*K/32), xi (M*K/16
+     * int32) */
+    size_t xq_bytes = ((size_t)(M * K) + 31) & ~(size_t)31;
+    char *buf = (char *)aligned_alloc(32, xq_bytes + (((size_t)(M * K) / 32 * 24 + 31) & ~(size_t)31));
+    if (!buf) {
+        free(full);
+        return llmir_error(api, ORT_FAIL, "ai.llmir MatMulGGUF: out of memory");
+    }
+    j.xq = (int8_t *)buf;
+    j.dx = (float *)(buf + xq_bytes);
+    j.xs = j.dx + M * K / 32;
+    j.xs32 = j.xs + M * K / 16;
+    j.xi = (int32_t *)(j.xs32 + M * K / 32);
+    quantize_rows(&j);
+    int failed = 0;
     if (M > GEMV_ROWS) {
-        st = pfor(ctx, gemm_task, (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS)), 0, &j);
+        j.vnni = kn->vnni, j.failed = &failed;
+        st = pfor(ctx, i8_gemm_task, (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS)), 0, &j);
     } else {
-        /* one buffer: xq (M*K bytes), dx (M*K/32 floats), xs (M*K/16), xs32 (M*K/32) */
-        size_t xq_bytes = ((size_t)(M * K) + 31) & ~(size_t)31;
-        char *buf = (char *)aligned_alloc(32, xq_bytes + (((size_t)(M * K) / 32 * 16 + 31) & ~(size_t)31));
-        if (!buf) {
-            free(full);
-            return llmir_error(api, ORT_FAIL, "ai.llmir MatMulGGUF: out of memory");
-        }
-        j.xq = (int8_t *)buf;
-        j.dx = (float *)(buf + xq_bytes);
-        j.xs = j.dx + M * K / 32;
-        j.xs32 = j.xs + M * K / 16;
-        quantize_rows(&j);
         int64_t chunk = ((N + GEMV_TASKS - 1) / GEMV_TASKS + 3) & ~(int64_t)3;
         j.chunk = (int)(chunk < 16 ? 16 : chunk);
         st = pfor(ctx, gemv_task, (size_t)((N + j.chunk - 1) / j.chunk), 0, &j);
-        free(buf);
     }
+    free(buf);
+    if (!st && failed) st = llmir_error(api, ORT_FAIL, "ai.llmir MatMulGGUF: out of memory");
     if (!st && full) {
         LlmirSwigluRows r = {full, (float *)y, M, NO, 0};
         st = pfor(ctx, llmir_swiglu_rows_task, (size_t)M, 0, &r);

@@ -132,8 +132,7 @@ def _gguf_ref(scheme: str) -> Callable[[np.ndarray, Feeds], np.ndarray]:
             raise ValueError("W is not [N, row_bytes] of whole blocks for X's K")
         k = x.shape[-1]
         deq = gguf_blocks.dequantize(w, scheme, (w.shape[0], k))
-        m = int(np.prod(x.shape[:-1]))
-        return (_int8_rows(x) if m <= 4 and k else _f(x)) @ _f(deq).T
+        return (_int8_rows(x) if k else _f(x)) @ _f(deq).T  # int8 rows at decode and prefill
 
     return ref
 
