@@ -24,6 +24,7 @@ import numpy as np
 
 from llmir_core.ir.dims import dim_add
 from llmir_core.ir.types import DType, QuantType, TensorType, Type
+from llmir_core.quant import gguf_blocks
 
 from . import ranges
 from .llm import _ref_rms_norm, _ref_rotary, _ref_sdpa
@@ -791,20 +792,7 @@ register(
 # -- GGUF blocks read in place ----------------------------------------------------------------------
 
 # ort.matmul_gguf's `format`: the GGUF block formats llmir's kernel (ai.llmir MatMulGGUF) reads
-GGUF_FORMATS = (
-    "q4_0",
-    "q4_1",
-    "q5_0",
-    "q5_1",
-    "q8_0",
-    "q2_k",
-    "q3_k",
-    "q4_k",
-    "q5_k",
-    "q6_k",
-    "iq4_nl",
-    "iq4_xs",
-)
+GGUF_FORMATS = tuple(gguf_blocks.BLOCKS)
 
 
 def gguf_block_elems(fmt: str) -> int:

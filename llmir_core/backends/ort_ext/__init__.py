@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from llmir_core.errors import InputError
+from llmir_core.quant import gguf_blocks
 
 LIBRARY = "llmir_ops"  # the name a manifest records (`custom_ops`)
 ALIASES = ("matmul16",)  # names older manifests recorded for the same library
@@ -45,20 +46,7 @@ OP_NAMES = {"f16": "MatMulF16", "bf16": "MatMulBf16", "f32": "MatMulF32"}
 NBITS_OP_NAMES = {4: "MatMulNBitsQ4", 8: "MatMulNBitsQ8"}  # ort.matmul_nbits {kernel = "llmir"}
 GGUF_OP_NAME = "MatMulGGUF"  # ort.matmul_gguf: X f32 [..., K], W uint8 [N, row_bytes], `format`
 # the block formats MatMulGGUF and llmir_gguf_dequant take (llmir_core.quant.gguf_blocks names)
-GGUF_FORMATS = (
-    "q4_0",
-    "q4_1",
-    "q5_0",
-    "q5_1",
-    "q8_0",
-    "q2_k",
-    "q3_k",
-    "q4_k",
-    "q5_k",
-    "q6_k",
-    "iq4_nl",
-    "iq4_xs",
-)
+GGUF_FORMATS = tuple(gguf_blocks.BLOCKS)
 HERE = Path(__file__).parent
 # compiled together: register.c and one file per op family
 SOURCES = tuple(sorted(HERE.glob("*.c")))
