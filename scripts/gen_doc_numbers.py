@@ -532,6 +532,70 @@ def onnx_import_build(src: str) -> str:
     return f"\n\nMedians of {d['repeat']} runs{load}:\n\n" + _table(["", "time"], rows) + "\n\n"
 
 
+def gemma_eval(src: str) -> str:
+    """benchmarks/gemma_eval.py: `llmir eval` of each build of the real file against the exact
+    build (and the exact build against llama.cpp)."""
+    d = _load(src)
+    c = d["config"]
+    names = {
+        "requant": "requant (`--gguf-kernels requant`)",
+        "f32": "f32 (dequantized twin)",
+        "f16": "f16 (twin, `--dtype f16`)",
+        "int8": "int8 (twin, `--quant int8`)",
+        "int4": "int4 (twin, `--quant int4`)",
+        "exact_vs_llama.cpp": "exact, against llama.cpp on the file",
+    }
+    rows = []
+    for key, r in d["results"].items():
+        cmp = r["comparison"]
+        rows.append(
+            [
+                names.get(key, key),
+                f"{r['target']['perplexity']:.3f}",
+                f"{r['reference']['perplexity']:.3f}",
+                f"{cmp['kl_mean']:.2e}",
+                f"{cmp['kl_p99']:.2e}",
+                f"{100 * cmp['top1_agreement']:.1f}%",
+            ]
+        )
+    head = ["build (against exact)", "perplexity", "reference", "mean KL", "p99 KL", "top-1"]
+    first = next(iter(d["results"].values()))
+    return (
+        f"\n\n{first['scored_tokens']} tokens of `{first['text']}`, windows of {c['ctx']} "
+        f"advancing by {c['stride']}:\n\n" + _table(head, rows) + "\n\n"
+    )
+
+
+def real_vs_llama_cpp(src: str) -> str:
+    """benchmarks/vs_peers.py --models gemma3-270m-q4_k_m: llmir's builds of the real file
+    against llama.cpp on the same file."""
+    d = _load(src)
+    c = d["config"]
+    rows = []
+    for p, r in d["results"].get("gemma3-270m-q4_k_m", {}).items():
+        s = r["bench_vs"]["summary"]
+        me = s["llmir"]
+        peer = next(v for k, v in s.items() if k.startswith("llama.cpp:"))
+        rows.append(
+            [
+                p,
+                f"{me['decode_tok_s']:.1f} / {peer['decode_tok_s']:.1f} tok/s "
+                f"({_x(me['decode_tok_s'] / peer['decode_tok_s'])})",
+                f"{me['prefill_ms']:.0f} / {peer['prefill_ms']:.0f} ms "
+                f"({_x(peer['prefill_ms'] / me['prefill_ms'])})",
+                f"{me['load_s']:.2f} / {peer['load_s']:.2f} s",
+                f"{me['peak_rss_mb']:.0f} / {peer['peak_rss_mb']:.0f} MB "
+                f"({_x(me['peak_rss_mb'] / peer['peak_rss_mb'])})",
+            ]
+        )
+    head = ["llmir build", "decode llmir / llama.cpp", "prefill", "load", "peak RSS"]
+    return (
+        f"\n\n{c['threads']} threads, prompt {c['prompt_len']}, {c['gen_len']} greedy tokens, "
+        f"medians of {c['runs']} interleaved fresh-process runs (speed ratios: llmir's advantage, "
+        "RSS: llmir over llama.cpp):\n\n" + _table(head, rows) + "\n\n"
+    )
+
+
 Renderer = Callable[[str], str]
 RENDERERS: dict[str, tuple[str, Renderer]] = {
     "op-count": ("llmir_core/dialects/registry.py", op_count),
@@ -547,6 +611,8 @@ RENDERERS: dict[str, tuple[str, Renderer]] = {
     "llm-import": ("benchmarks/results/llm_import.json", llm_import),
     "onnx-import-build": ("benchmarks/results/onnx_import_build.json", onnx_import_build),
     "f16-vs-peers": ("benchmarks/results/f16_vs_peers.json", f16_vs_peers),
+    "gemma-eval": ("benchmarks/results/gemma_eval.json", gemma_eval),
+    "real-vs-llama-cpp": ("benchmarks/results/cpu_vs_peers_real.json", real_vs_llama_cpp),
     "int8-activation-error": (
         "benchmarks/results/int8_activation_error.json",
         int8_activation_error,
