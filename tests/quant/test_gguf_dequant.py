@@ -9,7 +9,8 @@ import ctypes
 import numpy as np
 import pytest
 
-from llmir_core.backends.ort_ext import GGUF_FORMATS, library_path, unavailable_reason
+from llmir_core.backends.ort_ext import library_path, unavailable_reason
+from llmir_core.dialects.ort import GGUF_FORMATS
 from llmir_core.quant import gguf_blocks
 from tests.conftest import import_or_skip, requires
 

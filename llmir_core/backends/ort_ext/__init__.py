@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from llmir_core.errors import InputError
-from llmir_core.quant import gguf_blocks
 
 LIBRARY = "llmir_ops"  # the name a manifest records (`custom_ops`)
 ALIASES = ("matmul16",)  # names older manifests recorded for the same library
@@ -45,8 +44,7 @@ DOMAIN = "ai.llmir"
 OP_NAMES = {"f16": "MatMulF16", "bf16": "MatMulBf16", "f32": "MatMulF32"}
 NBITS_OP_NAMES = {4: "MatMulNBitsQ4", 8: "MatMulNBitsQ8"}  # ort.matmul_nbits {kernel = "llmir"}
 GGUF_OP_NAME = "MatMulGGUF"  # ort.matmul_gguf: X f32 [..., K], W uint8 [N, row_bytes], `format`
-# the block formats MatMulGGUF and llmir_gguf_dequant take (llmir_core.quant.gguf_blocks names)
-GGUF_FORMATS = tuple(gguf_blocks.BLOCKS)
+# MatMulGGUF and llmir_gguf_dequant take the formats of llmir_core.quant.gguf_blocks.BLOCKS
 HERE = Path(__file__).parent
 # compiled together: register.c and one file per op family
 SOURCES = tuple(sorted(HERE.glob("*.c")))
@@ -271,7 +269,6 @@ def register(so: Any, names: Sequence[str]) -> None:
 __all__ = [
     "ALIASES",
     "DOMAIN",
-    "GGUF_FORMATS",
     "GGUF_OP_NAME",
     "LIBRARY",
     "NBITS_OP_NAMES",
