@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> None:
-    from llmir_core.backends import open_artifact
+    from llmir_core.targets import open_artifact
 
     ap = argparse.ArgumentParser()
     ap.add_argument("a")

@@ -37,7 +37,7 @@ def hwm():
 t = clock()
 import numpy as np
 import onnxruntime
-from llmir_core.backends import open_artifact
+from llmir_core.targets import open_artifact
 imp = since(t)
 t = clock()
 dec = open_artifact(sys.argv[1], threads=int(sys.argv[2]))

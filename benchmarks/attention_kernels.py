@@ -1,4 +1,4 @@
-"""llmir's grouped-query attention (ai.llmir GroupQueryAttention, llmir_core/backends/ort_ext/
+"""llmir's grouped-query attention (ai.llmir GroupQueryAttention, llmir_core/targets/onnxruntime/native/
 attention.c) against the onnxruntime op it replaces (com.microsoft GroupQueryAttention), one
 head configuration at a time, on the same inputs, as llmir's decoder runs it: packed QKV, rotary
 in the op at position_ids, past and present bound to one KV buffer per node.
@@ -47,7 +47,7 @@ FORMS = ("onnxruntime", "llmir")
 def _model(form: str, heads: int, kv: int, d: int, layers: int, cold: int = 0) -> bytes:
     from onnx import TensorProto, helper
 
-    from llmir_core.backends.ort_ext import DOMAIN
+    from llmir_core.targets.onnxruntime.native import DOMAIN
 
     vi, f = helper.make_tensor_value_info, TensorProto.FLOAT
     inputs = [
@@ -89,7 +89,7 @@ def _model(form: str, heads: int, kv: int, d: int, layers: int, cold: int = 0) -
 def _session(model: bytes, threads: int, profile: str = "") -> Any:
     import onnxruntime as ort
 
-    from llmir_core.backends.ort_ext import register
+    from llmir_core.targets.onnxruntime.native import register
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads

@@ -78,8 +78,8 @@ def prepare(work: Path, threads: int, variants: list[str], log: Any) -> dict[str
         t0 = time.perf_counter()
         if v.startswith("llmir"):
             log(f"building {v} with llmir ...")
-            from llmir_core.backends.ort_decoder import build_decoder
             from llmir_core.frontends.hf import import_hf
+            from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 
             build_decoder(import_hf(hf), str(out), quant="int4" if v.endswith("int4") else None)
         else:
@@ -149,7 +149,7 @@ def _calibrate() -> float:
 
 class _Llmir:
     def __init__(self, path: str, threads: int) -> None:
-        from llmir_core.runtime.ort_decoder import open_artifact
+        from llmir_core.targets.onnxruntime.runner import open_artifact
 
         self.dec = open_artifact(path, threads)
 
@@ -341,9 +341,9 @@ def wait_idle(limit_s: float, busy_limit: float) -> float:
 
 def choices(work: Path, a: argparse.Namespace) -> None:
     """Interleaved decode-speed comparison of llmir options (one process, same prompt)."""
-    from llmir_core.backends.ort_decoder import build_decoder
     from llmir_core.frontends.hf import import_hf
-    from llmir_core.runtime.ort_decoder import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 
     prepare(work, a.threads, ["llmir-f32", "llmir-int4"], lambda m: print(m, file=sys.stderr))
     for name, kw in (
@@ -480,7 +480,7 @@ class _StepRunner:
 
 class _LlmirSteps(_StepRunner):
     def __init__(self, path: Path, threads: int, spin: bool) -> None:
-        from llmir_core.runtime.ort_decoder import open_artifact
+        from llmir_core.targets.onnxruntime.runner import open_artifact
 
         self.dec = open_artifact(str(path), threads, spin=spin)
 
@@ -501,7 +501,7 @@ class _GenaiGraphSteps(_StepRunner):
     def __init__(self, path: Path, threads: int, spin: bool) -> None:
         import onnxruntime as ort
 
-        from llmir_core.runtime.ort_decoder import session_options
+        from llmir_core.targets.onnxruntime.runner import session_options
 
         self.ort = ort
         self.sess = ort.InferenceSession(

@@ -8,7 +8,7 @@
  *   rows4     4 weight rows side by side, one accumulator each (the kernel before)
  *   row4acc   one row streamed front to back, 4 accumulators, 32 columns a step
  *   row8pf    one row, 8 accumulators, 64 columns a step, each line prefetched 1 KiB ahead
- *             (what llmir_core/backends/ort_ext/matmul16.c does)
+ *             (what llmir_core/targets/onnxruntime/native/matmul16.c does)
  *   read      a plain read of the same bytes (the ceiling)
  *
  *     cc -O3 -mavx2 -mfma -mf16c -pthread benchmarks/f16_gemv_access.c -o /tmp/f16_access

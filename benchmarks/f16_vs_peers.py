@@ -251,7 +251,7 @@ def step_interleaved(
     import llama_cpp
     import numpy as np
 
-    from llmir_core.runtime.ort_decoder import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_artifact
 
     rng = np.random.default_rng(0)
     ids = rng.integers(3, 49152, size=prompt_len).tolist()

@@ -1,4 +1,4 @@
-"""llmir's f32 matmul custom op (ai.llmir MatMulF32, llmir_core/backends/ort_ext/matmul_f32.c)
+"""llmir's f32 matmul custom op (ai.llmir MatMulF32, llmir_core/targets/onnxruntime/native/matmul_f32.c)
 against onnxruntime's MLAS on the same f32 weights, one node shape at a time:
 
     mlas      com.microsoft FusedMatMul(x, W [N, K], transB)   MLAS, B prepacked at session open
@@ -43,8 +43,8 @@ FORMS = ("mlas", "matmul", "panel16", "rows")
 def model(form: str, k: int, n: int, copies: int, seed: int) -> bytes:
     from onnx import TensorProto, helper, numpy_helper
 
-    from llmir_core.backends.ort_ext import DOMAIN
-    from llmir_core.backends.panels import to_panels
+    from llmir_core.targets.onnxruntime.native import DOMAIN
+    from llmir_core.targets.onnxruntime.panels import to_panels
 
     rng = np.random.default_rng(seed)
     nodes, inits, outs = [], [], []
@@ -79,7 +79,7 @@ def model(form: str, k: int, n: int, copies: int, seed: int) -> bytes:
 def session(form: str, blob: bytes, threads: int) -> Any:
     import onnxruntime as ort
 
-    from llmir_core.backends.ort_ext import register
+    from llmir_core.targets.onnxruntime.native import register
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads

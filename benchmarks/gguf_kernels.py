@@ -1,4 +1,4 @@
-"""llmir's GGUF matmul (ai.llmir MatMulGGUF, llmir_core/backends/ort_ext/matmul_gguf.c: the
+"""llmir's GGUF matmul (ai.llmir MatMulGGUF, llmir_core/targets/onnxruntime/native/matmul_gguf.c: the
 blocks as the file stores them) against llmir's MatMulNBitsQ4 / Q8 (32-element blocks, f16
 scales: what a requantized build runs) on the same shapes: decode (M = 1) and prefill (M = 128).
 
@@ -51,7 +51,7 @@ def _weights(form: str, rng: np.random.Generator, n: int, k: int) -> list[np.nda
 def _model(form: str, k: int, n: int, copies: int, rng: np.random.Generator) -> tuple[bytes, int]:
     from onnx import TensorProto, helper, numpy_helper
 
-    from llmir_core.backends.ort_ext import DOMAIN, GGUF_OP_NAME, NBITS_OP_NAMES
+    from llmir_core.targets.onnxruntime.native import DOMAIN, GGUF_OP_NAME, NBITS_OP_NAMES
 
     nodes, inits, outs, nbytes = [], [], [], 0
     for i in range(copies):
@@ -81,7 +81,7 @@ def _model(form: str, k: int, n: int, copies: int, rng: np.random.Generator) -> 
 def _session(model: bytes, threads: int) -> Any:
     import onnxruntime as ort
 
-    from llmir_core.backends.ort_ext import register
+    from llmir_core.targets.onnxruntime.native import register
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--format", choices=("human", "json"), default="human")
     a = p.parse_args(argv)
-    from llmir_core.backends.ort_ext import unavailable_reason
+    from llmir_core.targets.onnxruntime.native import unavailable_reason
 
     why = unavailable_reason()
     if why:

@@ -105,10 +105,10 @@ def make_folder(work: Path, name: str, dtype: str) -> Path:
 
 
 def build_llmir(folder: Path, out: Path, quant: bool, arch: str) -> Path:
-    from llmir_core.backends.triton.target import TARGET
     from llmir_core.frontends.hf import import_hf
     from llmir_core.passes import PASSES
     from llmir_core.passes.base import PassContext
+    from llmir_core.targets.triton.target import TARGET
 
     if (out / "manifest.json").exists():
         return out
@@ -162,7 +162,7 @@ def copy_bandwidth(device: str, nbytes: int) -> float:
 
 
 def run_llmir(art: Path, prompt: list[int], gen: int, device: str) -> dict[str, Any]:
-    from llmir_core.backends.triton.target import TARGET
+    from llmir_core.targets.triton.target import TARGET
 
     peak_reset(device)
     dec = TARGET.open(str(art))

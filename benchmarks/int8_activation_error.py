@@ -135,7 +135,7 @@ def reference_logits(module_path: Path, ids: np.ndarray) -> np.ndarray:
 def artifact_logits(art: Path, ids: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray]:
     """The logits at every position: from one prefill of the prompt (the kernels' many-row
     path), and from feeding it one token at a time (the decode path, one row per matmul)."""
-    from llmir_core.backends import open_artifact
+    from llmir_core.targets import open_artifact
 
     d = open_artifact(str(art), threads=threads)
     d.reset(1)

@@ -40,10 +40,10 @@ def log(msg: str) -> None:
 
 def prepare(work: Path) -> dict[str, Path]:
     sys.path.insert(0, str(REPO))
-    from llmir_core.backends.ort_decoder import build_decoder
     from llmir_core.frontends.hf import import_hf
     from llmir_core.passes.manager import run_pipeline
     from llmir_core.passes.pipeline import parse_pipeline
+    from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
     from tests.decoder.tiny import SMOLLM2_135M, make_llama_folder
 
     hf = work / "smollm2-135m-random"
@@ -84,7 +84,7 @@ def interleaved(arts: dict[str, Path], ctx: int, steps: int, block: int, threads
     """Decode time ratio int8 / f32 at a `ctx`-token cache, measured in one process with the two
     decoders alternating blocks of `block` steps (ratios survive a busy machine better than
     absolute speeds): the median of the per-block ratios."""
-    from llmir_core.runtime.ort_decoder import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_artifact
 
     decs = {k: open_artifact(str(p), threads=threads) for k, p in arts.items()}
     prompt = np.random.default_rng(1).integers(3, 120, (1, ctx))
@@ -106,7 +106,7 @@ def interleaved(arts: dict[str, Path], ctx: int, steps: int, block: int, threads
 
 
 def agreement(arts: dict[str, Path], n: int, threads: int, seed: int = 0) -> dict[str, Any]:
-    from llmir_core.runtime.ort_decoder import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_artifact
 
     a = open_artifact(str(arts["f32-kv"]), threads=threads)
     b = open_artifact(str(arts["int8-kv"]), threads=threads)

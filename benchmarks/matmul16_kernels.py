@@ -54,7 +54,7 @@ def _weight(form: str, name: str, w: np.ndarray) -> Any:
 def model(form: str, k: int, n: int, copies: int, seed: int) -> bytes:
     from onnx import TensorProto, helper
 
-    from llmir_core.backends.ort_ext import DOMAIN
+    from llmir_core.targets.onnxruntime.native import DOMAIN
 
     op = {"ort-f32": "FusedMatMul", "f32": "MatMulF32", "f16": "MatMulF16", "bf16": "MatMulBf16"}
     rng = np.random.default_rng(seed)
@@ -78,7 +78,7 @@ def model(form: str, k: int, n: int, copies: int, seed: int) -> bytes:
 def session(form: str, blob: bytes, threads: int) -> Any:
     import onnxruntime as ort
 
-    from llmir_core.backends.ort_ext import register
+    from llmir_core.targets.onnxruntime.native import register
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads

@@ -1,4 +1,4 @@
-"""llmir's block-quantized matmul (ai.llmir MatMulNBitsQ4/Q8, llmir_core/backends/ort_ext/
+"""llmir's block-quantized matmul (ai.llmir MatMulNBitsQ4/Q8, llmir_core/targets/onnxruntime/native/
 matmul_nbits.c) against the onnxruntime op it replaces (com.microsoft MatMulNBits, block 32,
 accuracy_level 4: int8 activations), one op shape at a time, on the same random weights.
 
@@ -46,7 +46,7 @@ TARGET_BYTES = 40 << 20  # weights per model: past the last-level cache
 def _model(form: str, bits: int, k: int, n: int, weights: list[tuple[Any, ...]]) -> bytes:
     from onnx import TensorProto, helper, numpy_helper
 
-    from llmir_core.backends.ort_ext import DOMAIN
+    from llmir_core.targets.onnxruntime.native import DOMAIN
 
     nodes, inits, outs = [], [], []
     for i, (codes, scales, *zp) in enumerate(weights):
@@ -83,7 +83,7 @@ def _model(form: str, bits: int, k: int, n: int, weights: list[tuple[Any, ...]])
 def _session(model: bytes, threads: int) -> Any:
     import onnxruntime as ort
 
-    from llmir_core.backends.ort_ext import register
+    from llmir_core.targets.onnxruntime.native import register
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -154,7 +154,7 @@ def _swiglu_model(form: str, bits: int, weights: list[tuple[Any, ...]]) -> bytes
     """COPIES gated MLP first halves on llmir's kernel: each weight tuple is [gate; up] blocks."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from llmir_core.backends.ort_ext import DOMAIN
+    from llmir_core.targets.onnxruntime.native import DOMAIN
 
     op = f"MatMulNBitsQ{bits}"
     nodes, inits, outs = [], [], []

@@ -29,8 +29,8 @@ CHILD = r"""
 import json, os, resource, sys, time
 t0 = time.perf_counter()
 from llmir_core.frontends import import_model
-from llmir_core.backends import build
-import llmir_core.frontends.onnx, llmir_core.backends.ort  # load the libraries (onnx, onnx_ir, onnxruntime)
+from llmir_core.targets import build
+import llmir_core.frontends.onnx, llmir_core.targets.onnxruntime.graph  # load the libraries (onnx, onnx_ir, onnxruntime)
 from llmir_core.dialects.registry import all_ops
 all_ops()
 t1 = time.perf_counter()

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def compare(
     ref_dir: str, art_dir: str, tokens: int, prompt_len: int, threads: int
 ) -> dict[str, Any]:
-    from llmir_core.runtime.ort_decoder import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_artifact
 
     a = open_artifact(ref_dir, threads=threads)
     b = open_artifact(art_dir, threads=threads)

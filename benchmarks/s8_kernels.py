@@ -1,4 +1,4 @@
-"""llmir's int8 matmul (ai.llmir MatMulS8, llmir_core/backends/ort_ext/matmul_s8.c) against the
+"""llmir's int8 matmul (ai.llmir MatMulS8, llmir_core/targets/onnxruntime/native/matmul_s8.c) against the
 onnxruntime ops it can replace, one op per model, same random weights, interleaved round by round:
 
     s8        ai.llmir MatMulS8: int8 [N, K] per-row scales, read in place (no prepacking)
@@ -53,8 +53,8 @@ MIN_BYTES = 96 << 20  # int8 weight bytes per model (beyond the last-level cache
 def _model(form: str, n: int, k: int, w: np.ndarray, copies: int) -> bytes:
     from onnx import TensorProto, helper, numpy_helper
 
-    from llmir_core.backends.ort_ext import DOMAIN
     from llmir_core.quant import nbits, qgemm, s8
+    from llmir_core.targets.onnxruntime.native import DOMAIN
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])
     if form == "s8":
@@ -107,7 +107,7 @@ def _model(form: str, n: int, k: int, w: np.ndarray, copies: int) -> bytes:
 def _session(blob: bytes, threads: int) -> tuple[Any, float]:
     import onnxruntime as ort
 
-    from llmir_core.backends.ort_ext import library_path
+    from llmir_core.targets.onnxruntime.native import library_path
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -169,7 +169,7 @@ def run(
 
 
 def accuracy(ref_dir: str, dirs: list[str], n: int, threads: int) -> list[dict[str, Any]]:
-    from llmir_core.runtime.ort_decoder import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_artifact
 
     ref = open_artifact(ref_dir, threads=threads)
     prompt = np.random.default_rng(0).integers(3, min(ref.vocab, 1000), (1, 128))

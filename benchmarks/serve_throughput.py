@@ -52,8 +52,8 @@ LEVELS = (1, 4, 16)
 
 def prepare(work: Path, shape: str, log: Any) -> Path:
     sys.path.insert(0, str(REPO))
-    from llmir_core.backends.ort_decoder import build_decoder
     from llmir_core.frontends.hf import import_hf
+    from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
     from tests.decoder.tiny import SMOLLM2_135M, TINY, make_llama_folder
 
     hf = work / f"{shape}-random"

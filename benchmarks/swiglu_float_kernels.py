@@ -34,8 +34,8 @@ SHAPES = {"smollm2": (576, 1536), "qwen": (896, 4864)}  # (K, H)
 def model(dtype: str, fused: bool, k: int, h: int, copies: int, seed: int) -> bytes:
     from onnx import TensorProto, helper, numpy_helper
 
-    from llmir_core.backends.ort_ext import DOMAIN
-    from llmir_core.backends.panels import to_panels
+    from llmir_core.targets.onnxruntime.native import DOMAIN
+    from llmir_core.targets.onnxruntime.panels import to_panels
 
     op = "MatMulF32" if dtype == "f32" else "MatMulF16"
 
@@ -87,7 +87,7 @@ def model(dtype: str, fused: bool, k: int, h: int, copies: int, seed: int) -> by
 def session(blob: bytes, threads: int) -> Any:
     import onnxruntime as ort
 
-    from llmir_core.backends.ort_ext import register
+    from llmir_core.targets.onnxruntime.native import register
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads

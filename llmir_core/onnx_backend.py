@@ -79,7 +79,7 @@ class LlmirRep(BackendRep):
                 continue
             runner = None
             if self.backend == "onnxruntime":
-                from llmir_core.backends.ort import session_for_module
+                from llmir_core.targets.onnxruntime.graph import session_for_module
 
                 runner = session_for_module(module)
             self.folded = folded

@@ -1,4 +1,4 @@
-"""Fuzz every ai.llmir kernel (llmir_core/backends/ort_ext) with hostile one-node cases.
+"""Fuzz every ai.llmir kernel (llmir_core/targets/onnxruntime/native) with hostile one-node cases.
 
 Each case (tests/decoder/kernel_cases.py) runs in its own python: a one-node onnxruntime
 session and a sequence of calls on it (shapes that disagree with the attributes, inputs that
@@ -43,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--list", action="store_true", help="list the cases and exit")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from llmir_core.backends.ort_ext import CustomOpError, library_path, unavailable_reason
+    from llmir_core.targets.onnxruntime.native import (
+        CustomOpError,
+        library_path,
+        unavailable_reason,
+    )
     from tests.decoder.kernel_cases import Server, all_cases, asan_env
 
     cases = [

@@ -97,8 +97,8 @@ def _damage(args: Any, root: Path, llama: Path, gguf_file: Path | None) -> int:
     files.split = _split(llama, root / "split") if gguf_file is not None else None
     targets = make_targets(files)
     try:
-        from llmir_core.backends.ort_decoder import build_decoder
         from llmir_core.frontends.hf import import_hf
+        from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 
         build_decoder(import_hf(llama, root / "d.llmir"), str(root / "llama.art"))
         code, _, err = invoke("build", str(files.small / "m.llmir"), "-o", str(root / "small.art"))

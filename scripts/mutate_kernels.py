@@ -4,7 +4,7 @@ Each mutant is (file, an exact source snippet found once in it, its replacement,
 that must fail). The script copies the package and its tests into a temporary folder per mutant
 (the tree here is never edited), applies the mutant there, compiles the C library of that copy into
 a fresh cache folder (`LLMIR_EXT_CACHE`; the library is compiled from the copy's own sources,
-llmir_core/backends/ort_ext/__init__.py) and runs the named tests in the copy (PYTHONPATH and the
+llmir_core/targets/onnxruntime/native/__init__.py) and runs the named tests in the copy (PYTHONPATH and the
 working folder are the copy; Triton kernels run under TRITON_INTERPRET=1, tests/triton/conftest.py).
 A mutant is killed when a test fails (or the run crashes or times out), survives when they all
 pass. Before the mutants, the unmutated copy runs every selected test with CI=true (no test may
@@ -37,8 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 COPIED = ("llmir_core", "llmir_cli", "tests", "pyproject.toml")
-C_DIR = "llmir_core/backends/ort_ext/"
-T_DIR = "llmir_core/backends/triton/kernels/"
+C_DIR = "llmir_core/targets/onnxruntime/native/"
+T_DIR = "llmir_core/targets/triton/kernels/"
 
 # test selections (pytest node ids, relative to the repository root)
 _NORM = "tests/decoder/test_norm_kernel.py::"
@@ -420,7 +420,7 @@ def _env(copy: Path, cache: Path, ci: bool) -> dict[str, str]:
 def _build_library(copy: Path, env: dict[str, str], timeout: float) -> str | None:
     """Compile the copy's C library into its fresh cache; None when it worked, else why not."""
     code = (
-        "import llmir_core.backends.ort_ext as e, os, sys\n"
+        "import llmir_core.targets.onnxruntime.native as e, os, sys\n"
         f"assert e.__file__.startswith({str(copy)!r}), e.__file__\n"
         "p = e.library_path()\n"
         "assert p.startswith(os.environ['LLMIR_EXT_CACHE']), p\n"

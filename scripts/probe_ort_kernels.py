@@ -1,5 +1,5 @@
 """Probe which 16-bit float kernels onnxruntime's CPU provider has for each op llmir lowers, and
-write the table the onnxruntime target reads (llmir_core/backends/ort_kernels.py).
+write the table the onnxruntime target reads (llmir_core/targets/onnxruntime/kernel_table.py).
 
 For every registered op whose `example` computes in f32, the example is rebuilt in f16 and in
 bf16, lowered op by op to ONNX (the generic lowering) and loaded in an onnxruntime CPU session:
@@ -9,7 +9,7 @@ bf16, lowered op by op to ONNX (the generic lowering) and loaded in an onnxrunti
   node(s) (its InsertCastTransformer does this for f16, never for bf16): the node runs in f32;
 - missing: the session fails ("Could not find an implementation").
 
-    python scripts/probe_ort_kernels.py            # rewrite llmir_core/backends/ort_kernels.py
+    python scripts/probe_ort_kernels.py            # rewrite llmir_core/targets/onnxruntime/kernel_table.py
     python scripts/probe_ort_kernels.py --check    # exit 1 when the file differs from a probe
 
 The `ort.*` target ops and `llm.embedding` are measured separately (benchmarks/precision_kernels.py)
@@ -26,7 +26,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-OUT = os.path.join(ROOT, "llmir_core", "backends", "ort_kernels.py")
+OUT = os.path.join(ROOT, "llmir_core", "targets", "onnxruntime", "kernel_table.py")
 sys.path.insert(0, ROOT)
 
 _ELEM = re.compile(r"(?<=[x<\s])(f16|i64)\b(?![^{]*})")  # element types outside attributes
@@ -38,8 +38,8 @@ def _probe_one(text: str) -> str | None:
     """'native', 'cast' or None (no kernel) for a one-op module text."""
     import onnxruntime as ort
 
-    from llmir_core.backends.ort import to_onnx
     from llmir_core.ir.parser import parse_module
+    from llmir_core.targets.onnxruntime.graph import to_onnx
 
     module = parse_module(text, "<probe>")
     model, _, _, _ = to_onnx(module, inline_weights=True)

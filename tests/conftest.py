@@ -55,7 +55,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture(scope="session")
 def _ext_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One cache of compiled custom-op libraries for the session (llmir_core/backends/ort_ext):
+    """One cache of compiled custom-op libraries for the session (llmir_core/targets/onnxruntime/native):
     compiled once, not once per test's LLMIR_HOME. A LLMIR_EXT_CACHE set before the session is
     kept (scripts/mutate_kernels.py compiles each mutant's library there first); the library's
     name carries its sources' digest, so a shared folder never serves another source's build."""

@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from llmir_core.backends import TARGETS, build, build_options
 from llmir_core.errors import EXIT_CHECK_FAILED, CheckFailed
 from llmir_core.fileio import writing_output
 from llmir_core.ir.parser import parse_file
+from llmir_core.targets import TARGETS, build, build_options
 from llmir_core.verifier import verify
 
 from .._options import (

@@ -192,7 +192,7 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
         elif target is None:
             pipeline = preset(level if level is not None else 2)
         if target is not None:
-            from llmir_core import backends
+            from llmir_core import targets as backends
 
             options = backends.build_options(
                 module,

@@ -123,7 +123,7 @@ def verify_cmd(
             raise
         diags = verify(module, check_files=not no_weights)
         if target is not None:
-            from llmir_core.backends import get_target
+            from llmir_core.targets import get_target
 
             diags = diags + get_target(target).capabilities.check(module)
         errors = [d for d in diags if d.severity == "error"]

@@ -144,8 +144,10 @@ _PY_NAMES = frozenset({"abs", "and", "max", "min", "not", "or", "pow", "round", 
 
 def encoding(module: str, name: str) -> Lazy:
     """The encoding `name` of `llmir_core.dialects.<module>` (an op's short name; Python's own
-    names such as `abs` or `and` get a trailing `_`), loaded when first evaluated."""
-    return Lazy(f"llmir_core.dialects.{module}:{name}{'_' if name in _PY_NAMES else ''}")
+    names such as `abs` or `and` get a trailing `_`), loaded when first evaluated. A dotted
+    `module` is a full module path (a target's or a plugin's encodings)."""
+    path = module if "." in module else f"llmir_core.dialects.{module}"
+    return Lazy(f"{path}:{name}{'_' if name in _PY_NAMES else ''}")
 
 
 @dataclass(frozen=True)

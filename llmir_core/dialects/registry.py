@@ -48,4 +48,11 @@ def _load() -> None:
     if _loaded:
         return
     _loaded = True
-    from . import core, core_reduce, core_shape, llm, llm_moe, onnx_ext, ort, ort_moe, triton  # noqa: F401  (registration on import)
+    import importlib
+
+    from llmir_core.targets import dialect_modules
+
+    from . import core, core_reduce, core_shape, llm, llm_moe, onnx_ext  # noqa: F401  (registration on import)
+
+    for mod in dialect_modules():  # the targets' dialects (and plugins'), from the target table
+        importlib.import_module(mod)

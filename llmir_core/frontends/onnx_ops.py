@@ -1660,7 +1660,7 @@ def _dynamic_quantize_matmul(n: Node) -> list[Value | None]:
 
 @handles("MatMulF32", domain="ai.llmir")
 def _matmul_f32(n: Node) -> list[Value | None]:
-    """llmir's own f32 matmul (llmir_core/backends/ort_ext/matmul_f32.c): X @ W^T with W stored
+    """llmir's own f32 matmul (llmir_core/targets/onnxruntime/native/matmul_f32.c): X @ W^T with W stored
     as rows [N, K], or as 16-row panels [ceil(N/16), K, 16] (attribute N; rows past N are zero
     padding), unpacked to [N, K] exactly; `epilogue = "swiglu"` as for the quantized ones."""
     wt, xt = n.t(1), n.t(0)
@@ -1689,7 +1689,7 @@ def _matmul_f32(n: Node) -> list[Value | None]:
 
 @handles("MatMulS8", domain="ai.llmir")
 def _matmul_s8(n: Node) -> list[Value | None]:
-    """llmir's own int8 matmul (llmir_core/backends/ort_ext/matmul_s8.c): X @ (codes * S)^T with
+    """llmir's own int8 matmul (llmir_core/targets/onnxruntime/native/matmul_s8.c): X @ (codes * S)^T with
     the codes W [ceil(N/4), ceil(K/32), 4, 32] (rows interleaved by 4, zero-padded) unpacked and
     dequantized exactly. The kernel also rounds X per 32 columns at run time (int8 with at most
     4 rows, 7-bit codes with a zero point with more: llmir_core/quant/s8.py); that rounding is

@@ -5,37 +5,30 @@
 
 from __future__ import annotations
 
-from .assign_precision import AssignPrecision
-from .base import Pass, PassContext
-from .canonicalize import Canonicalize
-from .constant_fold import ConstantFold
-from .cse import Cse
-from .dce import Dce
-from .fuse_add_rms_norm import FuseAddRmsNorm
-from .fuse_gated_mlp import FuseGatedMlp
-from .fuse_linear import FuseLinear
-from .fuse_matmul_transpose import FuseMatmulTranspose
-from .fuse_silu_mul import FuseSiluMul
-from .kv_cache_int8 import KvCacheInt8
-from .lift_activations import LiftActivations
-from .lift_attention import LiftAttention
-from .lift_layer_norm import LiftLayerNorm
-from .lift_rms_norm import LiftRmsNorm
-from .lift_rotary import LiftRotary
-from .lower_ort_attention import LowerOrtAttention
-from .lower_ort_embedding import LowerOrtEmbedding
-from .lower_ort_logits import LowerOrtLogits
-from .lower_ort_matmul import LowerOrtMatmul
-from .lower_ort_module import LowerOrtModule
-from .lower_ort_moe import LowerOrtMoe
-from .lower_ort_norms import LowerOrtNorms
-from .lower_ort_precision import LowerOrtPrecision
-from .lower_ort_weight_dtype import LowerOrtWeightDtype
-from .lower_triton import LowerTriton
-from .merge_qkv import MergeQkv
-from .quantize_weights import QuantizeWeights
+from typing import Any
 
-PASS_CLASSES: list[type] = [
+from llmir_core.passes.assign_precision import AssignPrecision
+from llmir_core.passes.base import Pass, PassContext
+from llmir_core.passes.canonicalize import Canonicalize
+from llmir_core.passes.constant_fold import ConstantFold
+from llmir_core.passes.cse import Cse
+from llmir_core.passes.dce import Dce
+from llmir_core.passes.fuse_add_rms_norm import FuseAddRmsNorm
+from llmir_core.passes.fuse_gated_mlp import FuseGatedMlp
+from llmir_core.passes.fuse_linear import FuseLinear
+from llmir_core.passes.fuse_matmul_transpose import FuseMatmulTranspose
+from llmir_core.passes.fuse_silu_mul import FuseSiluMul
+from llmir_core.passes.kv_cache_int8 import KvCacheInt8
+from llmir_core.passes.lift_activations import LiftActivations
+from llmir_core.passes.lift_attention import LiftAttention
+from llmir_core.passes.lift_layer_norm import LiftLayerNorm
+from llmir_core.passes.lift_rms_norm import LiftRmsNorm
+from llmir_core.passes.lift_rotary import LiftRotary
+from llmir_core.passes.merge_qkv import MergeQkv
+from llmir_core.passes.quantize_weights import QuantizeWeights
+from llmir_core.targets import pass_classes
+
+CORE_PASS_CLASSES: list[type] = [
     Canonicalize,
     ConstantFold,
     Cse,
@@ -54,18 +47,24 @@ PASS_CLASSES: list[type] = [
     QuantizeWeights,
     KvCacheInt8,
     AssignPrecision,
-    LowerOrtPrecision,
-    LowerOrtAttention,
-    LowerOrtNorms,
-    LowerOrtMoe,
-    LowerOrtMatmul,
-    LowerOrtEmbedding,
-    LowerOrtWeightDtype,
-    LowerOrtLogits,
-    LowerOrtModule,
-    LowerTriton,
 ]
-PASSES: dict[str, type] = {c.name: c for c in PASS_CLASSES}  # type: ignore[attr-defined]
+
+# set on first use by __getattr__ (declared here for the type checker)
+PASS_CLASSES: list[type]
+PASSES: dict[str, type]
+
+
+def __getattr__(name: str) -> Any:
+    """PASS_CLASSES and PASSES (name -> class): the core passes, then every target's lowering
+    passes from the target table (llmir_core.targets.pass_classes), collected on first use (a
+    target's pass module imports llmir_core.passes.base, so not at this package's import)."""
+    if name in ("PASS_CLASSES", "PASSES"):
+        classes = CORE_PASS_CLASSES + pass_classes()
+        globals()["PASS_CLASSES"] = classes
+        globals()["PASSES"] = {c.name: c for c in classes}  # type: ignore[attr-defined]
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _CLEANUP = ["canonicalize", "constant-fold", "cse", "dce"]
 PRESETS: dict[str, list[str]] = {

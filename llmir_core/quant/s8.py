@@ -1,5 +1,5 @@
 """The `s8` scheme of llmir's own int8 matmul (`ort.matmul_s8`, ai.llmir MatMulS8 in
-llmir_core/backends/ort_ext/matmul_s8.c).
+llmir_core/targets/onnxruntime/native/matmul_s8.c).
 
 Weights: a logical [N, K] float matrix (HF layout [out, in]) is stored row-major as int8 codes
 q = clamp(round_half_even(w / s), -127, 127) with one f32 scale per row s = max|w[n, :]| / 127

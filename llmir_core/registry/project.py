@@ -90,7 +90,7 @@ def init_project(
             "--model hf:ORG/REPO or --model PATH",
         )
     if target is not None:
-        from llmir_core.backends import TARGETS
+        from llmir_core.targets import TARGETS
 
         if target not in TARGETS:
             raise InputError(

@@ -9,7 +9,7 @@ sequence without clearing: its rows past the new sequence's length are never rea
 forward on an artifact built with `--logits all`, else one forward per token (each forward's
 last row is that token's).
 
-- `OrtBatchDecoder` runs a decoder artifact (`llmir_core.backends.ort_decoder`) built with
+- `OrtBatchDecoder` runs a decoder artifact (`llmir_core.targets.onnxruntime.serialize_decoder`) built with
   `kv_cache: shared_buffer`. The graph computes GroupQueryAttention's `seqlens_k` per batch row
   from `positions`, so rows of different lengths decode in one call with no change to the build:
   the buffers are [slots, kv_heads, capacity, head_dim]; a decode step binds the first
@@ -33,8 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from llmir_core.errors import InputError
-
-from .generate import Decoder
+from llmir_core.runtime.generate import Decoder
 
 
 class BatchDecoder(Protocol):
@@ -70,7 +69,7 @@ class OrtBatchDecoder:
         threads: int | None = None,
         max_context: int | None = None,
     ) -> None:
-        from .ort_decoder import (
+        from llmir_core.targets.onnxruntime.runner import (
             artifact_session_options,
             load_decoder_manifest,
             release_freed_heap,

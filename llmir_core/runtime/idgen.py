@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from llmir_core.errors import InputError
-
-from .generate import generate
-from .sampling import Sampler
-from .textgen import TextGenOptions, TextResult
-from .tokenize_src import parse_ids
+from llmir_core.runtime.generate import generate
+from llmir_core.runtime.sampling import Sampler
+from llmir_core.runtime.textgen import TextGenOptions, TextResult
+from llmir_core.runtime.tokenize_src import parse_ids
 
 
 class IdsCodec:
@@ -44,7 +43,7 @@ def generate_ids(
     on_done: Callable[[int, TextResult], None] | None = None,
 ) -> list[TextResult]:
     """Generate after each id prompt in turn; stops at the artifact's end-of-generation ids."""
-    from .ort_decoder import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_artifact
 
     options.validate()
     if options.chat or options.stop or options.system:

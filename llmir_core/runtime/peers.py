@@ -44,7 +44,11 @@ KINDS = {
     "llama.cpp": ("llama_cpp", "pip install llama-cpp-python"),
 }
 _LIBS = {
-    "llmir": ("onnxruntime", "llmir_core.runtime.ort_decoder", "llmir_core.backends.ort_runtime"),
+    "llmir": (
+        "onnxruntime",
+        "llmir_core.targets.onnxruntime.runner",
+        "llmir_core.targets.onnxruntime.session",
+    ),
     "ort-genai": ("onnxruntime_genai",),
     "transformers": ("torch", "transformers"),
     "llama.cpp": ("llama_cpp",),
@@ -119,7 +123,7 @@ class _Runner(Protocol):
 
 class _LlmirRunner:
     def __init__(self, path: str, threads: int) -> None:
-        from .ort_decoder import open_artifact
+        from llmir_core.targets.onnxruntime.runner import open_artifact
 
         self.dec = open_artifact(path, threads)
 
@@ -395,8 +399,8 @@ def compare(
     progress: Callable[[str], None] | None = None,
 ) -> VsResult:
     """Interleaved, fresh-process runs of llmir (the artifact) and each peer on the same prompt ids."""
-    from .bench import hardware_fingerprint
-    from .ort_decoder import load_decoder_manifest, resolve_threads
+    from llmir_core.runtime.bench import hardware_fingerprint
+    from llmir_core.targets.onnxruntime.runner import load_decoder_manifest, resolve_threads
 
     for flag, v in (("--prompt-len", prompt_len), ("--gen-len", gen_len), ("--runs", runs)):
         if v < 1:

@@ -4,7 +4,7 @@
 profiler (the reference step time), then reopens it with onnxruntime profiling on
 (`SessionOptions.enable_profiling`), runs one unmeasured prefill and a few decode steps, then a
 measured prefill of `prompt_len` random tokens and `decode_steps` decode steps. Each onnxruntime
-node carries the .llmir op it was emitted for (`llmir_core.backends.nodeinfo`: the lowered op's
+node carries the .llmir op it was emitted for (`llmir_core.targets.onnxruntime.nodeinfo`: the lowered op's
 name, its line:col in the lowered module the build wrote into the artifact, `model.lowered.llmir`,
 and its `loc`, the source location it was imported from), so every kernel's time lands on one op
 of the lowered module; the report ranks those ops by their share of the step (`model_run` wall
@@ -358,10 +358,9 @@ def profile_artifact(
     import onnx
     import onnxruntime as ort
 
-    from llmir_core.backends.nodeinfo import node_sources
-
-    from .bench import hardware_fingerprint
-    from .ort_decoder import artifact_session_options, open_artifact
+    from llmir_core.runtime.bench import hardware_fingerprint
+    from llmir_core.targets.onnxruntime.nodeinfo import node_sources
+    from llmir_core.targets.onnxruntime.runner import artifact_session_options, open_artifact
 
     for flag, v in (("--prompt-len", prompt_len), ("--profile-steps", decode_steps)):
         if v < 1:

@@ -29,8 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from llmir_core.errors import InputError
-
-from .tokenizer import Tokenizer
+from llmir_core.runtime.tokenizer import Tokenizer
 
 
 @runtime_checkable
@@ -201,7 +200,7 @@ def open_model(
         if os.path.isfile(os.path.join(path, "manifest.json")):
             return _artifact_model(path, threads, stepwise)
         if os.path.isfile(os.path.join(path, "config.json")):
-            from .scoring_peers import transformers_model
+            from llmir_core.runtime.scoring_peers import transformers_model
 
             return transformers_model(path, threads)
         raise InputError(
@@ -212,7 +211,7 @@ def open_model(
     if lower.endswith(".llmir"):
         return _llmir_model(path, backend or "reference", threads)
     if lower.endswith(".gguf"):
-        from .scoring_peers import llama_cpp_model
+        from llmir_core.runtime.scoring_peers import llama_cpp_model
 
         return llama_cpp_model(path, threads)
     raise InputError(
@@ -222,7 +221,7 @@ def open_model(
 
 
 def _artifact_model(path: str, threads: int | None, stepwise: bool) -> ScoringModel:
-    from .textgen import load_artifact_tokenizer, open_decoder
+    from llmir_core.runtime.textgen import load_artifact_tokenizer, open_decoder
 
     dec = open_decoder(path, threads=threads)
     manifest = dec.manifest
@@ -241,10 +240,9 @@ def _artifact_model(path: str, threads: int | None, stepwise: bool) -> ScoringMo
 def _llmir_model(path: str, backend: str, threads: int | None) -> ScoringModel:
     from llmir_core.interp import Interpreter
     from llmir_core.ir.parser import parse_file
+    from llmir_core.runtime.decoder import FunctionDecoder, cache_specs
+    from llmir_core.runtime.tokenizer import load_tokenizer
     from llmir_core.verifier import require_verified
-
-    from .decoder import FunctionDecoder, cache_specs
-    from .tokenizer import load_tokenizer
 
     if backend not in ("reference", "onnxruntime"):
         raise InputError(f"unknown backend '{backend}' (known: reference, onnxruntime)")
@@ -253,9 +251,8 @@ def _llmir_model(path: str, backend: str, threads: int | None) -> ScoringModel:
     specs = cache_specs(module.main)  # an InputError for a module that is not a decoder
     tok = load_tokenizer(module) if isinstance(module.attrs.get("llm.tokenizer"), dict) else None
     if backend == "onnxruntime":
-        from llmir_core.backends import build, build_options
-
-        from .textgen import open_decoder
+        from llmir_core.runtime.textgen import open_decoder
+        from llmir_core.targets import build, build_options
 
         tmp = tempfile.TemporaryDirectory(prefix="llmir-eval-")
         art = os.path.join(tmp.name, "artifact")

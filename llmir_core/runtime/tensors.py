@@ -328,7 +328,7 @@ def run_target(
                 f"{target}: an artifact folder runs on onnxruntime",
                 hint="pass --backend onnxruntime, or run the .llmir file on the reference",
             )
-        from llmir_core.backends import open_artifact, read_manifest
+        from llmir_core.targets import open_artifact, read_manifest
 
         manifest = read_manifest(target)
         ins, _ = manifest_signature(manifest)
@@ -343,7 +343,7 @@ def run_target(
         return run_module(module, inputs)
     ins, _ = module_signature(module)
     check_inputs(ins, inputs)
-    from llmir_core.backends import build, open_artifact
+    from llmir_core.targets import build, open_artifact
 
     with tempfile.TemporaryDirectory(prefix="llmir-run-") as tmp:
         art = os.path.join(tmp, "artifact")

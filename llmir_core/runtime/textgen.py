@@ -18,15 +18,14 @@ from typing import Any
 
 from llmir_core.errors import InputError
 from llmir_core.fileio import read_text, read_text_lines
+from llmir_core.runtime.bench import BenchResult, run_bench
+from llmir_core.runtime.chat_template import render_chat, template_timeout
+from llmir_core.runtime.generate import GenerationResult, generate
+from llmir_core.runtime.sampling import Sampler, SamplingConfig
+from llmir_core.runtime.textstream import decode_text, decode_tokens, token_bytes_fn
+from llmir_core.runtime.tokenizer import Tokenizer, from_hf_file
+from llmir_core.runtime.trace_attrs import tokenized  # tracing
 from llmir_core.tracing import traced
-
-from .bench import BenchResult, run_bench
-from .chat_template import render_chat, template_timeout
-from .generate import GenerationResult, generate
-from .sampling import Sampler, SamplingConfig
-from .textstream import decode_text, decode_tokens, token_bytes_fn
-from .tokenizer import Tokenizer, from_hf_file
-from .trace_attrs import tokenized  # tracing
 
 
 @dataclass
@@ -84,7 +83,7 @@ class TextResult:
 
 def open_decoder(art_dir: str, **options: Any) -> Any:
     """The `Decoder` of an LLM artifact, from the target its manifest names."""
-    from llmir_core.backends import open_artifact
+    from llmir_core.targets import open_artifact
 
     dec = open_artifact(art_dir, **options)
     if not hasattr(dec, "forward"):
@@ -375,7 +374,7 @@ def _combined_hash(parts: dict[str, Any]) -> str:
 
 def busy_warning(sample_s: float = 0.3) -> str | None:
     """A warning when other processes keep the CPUs busy (timings would not be trustworthy)."""
-    from .ort_decoder import busy_cores
+    from llmir_core.targets.onnxruntime.runner import busy_cores
 
     try:
         busy = busy_cores(sample_s)

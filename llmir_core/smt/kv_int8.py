@@ -104,7 +104,7 @@ def int8_interface(before: Module, after: Module) -> dict[str, np.ndarray] | Non
 
 
 def compare(before: Module, after: Module, scales: dict[str, np.ndarray]) -> dict[str, Any]:
-    from llmir_core.dialects.ort import kv_int8_codes
+    from llmir_core.targets.onnxruntime.dialect import kv_int8_codes
 
     from .differential import _dims_env, make_inputs
 

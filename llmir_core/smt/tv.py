@@ -369,7 +369,7 @@ def validate(
     differential tolerance of a pass that rounds values on purpose (tol_why says why)."""
     note: dict[str, Any] = {}
     if signature_mismatch(before, after) is not None:
-        from llmir_core.passes.lower_ort_logits import last_logits_interface
+        from llmir_core.targets.onnxruntime.lower_logits import last_logits_interface
 
         last = last_logits_interface(before, after)
         if last is not None:  # after computes the logits of the last position only

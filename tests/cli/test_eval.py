@@ -285,7 +285,7 @@ def test_the_progress_bar_is_drawn_on_a_terminal_only() -> None:
 
 
 def test_a_last_position_build_scores_step_by_step_for_the_scoring_api(models: Models) -> None:
-    from llmir_core.runtime.ort_decoder import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_artifact
 
     full = open_model(str(models.f32))
     step = open_model(str(models.last), stepwise=True)

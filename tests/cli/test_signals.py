@@ -113,7 +113,7 @@ def test_an_interrupt_that_breaks_an_import_is_an_interrupt(tmp_path: Path) -> N
         from llmir_cli import _signals
         _signals.install()
         from llmir_cli._render import handle_errors, make_ctx
-        from llmir_core.runtime.ort_decoder import _ort
+        from llmir_core.targets.onnxruntime.runner import _ort
         try:
             with handle_errors(make_ctx()):
                 _ort()

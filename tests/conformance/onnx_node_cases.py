@@ -50,8 +50,8 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
-from llmir_core.backends.ort_runtime import run_session
 from llmir_core.onnx_backend import LlmirRep
+from llmir_core.targets.onnxruntime.session import run_session
 
 BACKENDS = ("reference", "onnxruntime")
 # (rtol, atol) floors per output dtype name

@@ -24,7 +24,7 @@ def tiny_module(tiny_dir: Path) -> Any:
 
 @pytest.fixture(scope="session")
 def tiny_artifact(tiny_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from llmir_core.backends.ort_decoder import build_decoder
+    from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 
     out = tmp_path_factory.mktemp("art") / "llama"
     build_decoder(tiny_module, str(out))

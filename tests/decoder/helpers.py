@@ -149,7 +149,7 @@ def llmir_session(graph: Any, threads: int) -> Any:
     import onnxruntime as ort
     from onnx import helper
 
-    from llmir_core.backends.ort_ext import DOMAIN, register
+    from llmir_core.targets.onnxruntime.native import DOMAIN, register
 
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)]

@@ -1,4 +1,4 @@
-"""Hostile one-node cases for every ai.llmir kernel (llmir_core/backends/ort_ext), each run in a
+"""Hostile one-node cases for every ai.llmir kernel (llmir_core/targets/onnxruntime/native), each run in a
 subprocess of its own so that a crash is a failed case, not a dead runner.
 
 A case builds a one-node onnxruntime graph and a sequence of calls on one session (shapes may
@@ -78,7 +78,7 @@ def _is_ort_error(exc: BaseException) -> bool:
 def _run_call(sess: Any, call: Call) -> list[np.ndarray]:
     import onnxruntime as ort
 
-    from llmir_core.backends.ort_runtime import _from_ort_value, _ort_value
+    from llmir_core.targets.onnxruntime.session import _from_ort_value, _ort_value
 
     def value(a: np.ndarray) -> Any:  # _ort_value makes a 0-d array 1-d (ascontiguousarray)
         return ort.OrtValue.ortvalue_from_numpy(a) if a.ndim == 0 else _ort_value(a)
@@ -278,10 +278,10 @@ def _serve() -> int:
     import onnx.helper  # noqa: F401  (imported once, here, for every child)
     import onnxruntime  # noqa: F401
 
-    import llmir_core.backends.ort_runtime  # noqa: F401
-    import llmir_core.dialects.ort  # noqa: F401
     import llmir_core.quant.nbits  # noqa: F401
     import llmir_core.quant.s8  # noqa: F401
+    import llmir_core.targets.onnxruntime.dialect  # noqa: F401
+    import llmir_core.targets.onnxruntime.session  # noqa: F401
 
     table = {(c.op, c.name): c for c in all_cases()}
     _bf16()

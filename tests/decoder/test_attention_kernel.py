@@ -1,5 +1,5 @@
 """llmir's grouped-query attention (`ort.group_query_attention {kernel = "llmir"}`: ai.llmir
-GroupQueryAttention in llmir_core/backends/ort_ext/attention.c): one node against onnxruntime's
+GroupQueryAttention in llmir_core/targets/onnxruntime/native/attention.c): one node against onnxruntime's
 com.microsoft GroupQueryAttention on the same inputs over a shared KV buffer (a prompt, decode
 steps, a chunk after a cached prefix; odd head counts, GQA ratios 1/3/7, batch 2, head_dim 32 and
 64, packed and unpacked, rotary halves and pairs, softcap, separate present buffers); decoders
@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llmir_core.backends import build, get_target
-from llmir_core.backends.ort_ext import DISABLE_ENV, DOMAIN, register, unavailable_reason
 from llmir_core.errors import InputError
 from llmir_core.ir.printer import print_module
 from llmir_core.passes.base import clone_module
 from llmir_core.passes.manager import run_pipeline
-from llmir_core.runtime.ort_decoder import open_artifact
+from llmir_core.targets import build, get_target
+from llmir_core.targets.onnxruntime.native import DISABLE_ENV, DOMAIN, register, unavailable_reason
+from llmir_core.targets.onnxruntime.runner import open_artifact
 from tests.conftest import requires
 
 from .helpers import greedy, rel, same_decoding
@@ -405,7 +405,7 @@ def test_without_the_capability_onnxruntime_attention_is_kept(
 def test_an_int8_cache_takes_llmir_attention() -> None:
     """An int8 cache (kv-cache-int8{scales=calibrated}) runs on llmir's kernel too."""
     from llmir_core.ir.parser import parse_module
-    from llmir_core.passes.lower_ort_attention import LowerOrtAttention
+    from llmir_core.targets.onnxruntime.lower_attention import LowerOrtAttention
 
     path = REPO / "tests/filecheck/passes/lower-ort-attention.int8_kv.llmir"
     module = parse_module(path.read_text(), str(path))

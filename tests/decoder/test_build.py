@@ -11,17 +11,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llmir_core.backends.ort_decoder import (
+from llmir_core.errors import InputError
+from llmir_core.frontends.hf import import_hf
+from llmir_core.quant import gguf_blocks, nbits
+from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.serialize_decoder import (
     LOSSLESS,
     REQUANT,
     build_decoder,
     is_decoder,
     repack_gguf,
 )
-from llmir_core.errors import InputError
-from llmir_core.frontends.hf import import_hf
-from llmir_core.quant import gguf_blocks, nbits
-from llmir_core.runtime.ort_decoder import open_artifact
 
 from .helpers import greedy, parity, quantize_weights, random_blocks, ref_decoder, rel
 from .tiny import ARCH_SHAPES, make_llama_folder
@@ -329,7 +329,7 @@ def test_errors(tiny_module: Any, tmp_path: Path) -> None:
         build_decoder(tiny_module, str(tmp_path / "full"))
     with pytest.raises(InputError, match="no manifest.json"):
         open_artifact(str(tmp_path / "full"))
-    from llmir_core.backends.ort import build
+    from llmir_core.targets.onnxruntime.graph import build
 
     build(plain, str(tmp_path / "generic"))
     with pytest.raises(InputError, match="not a decoder artifact"):

@@ -75,7 +75,7 @@ def chdir_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.mark.parametrize("case", [*ARCHS, "gguf-Q4_0", "gguf-Q8_0"])
 def test_build_is_optimize_o2_target_then_serialize(case: str, chdir_tmp: Path) -> None:
-    from llmir_core.backends import open_artifact
+    from llmir_core.targets import open_artifact
 
     m, layers = _import(case, chdir_tmp)
     r = _cli(
@@ -93,7 +93,7 @@ def test_build_is_optimize_o2_target_then_serialize(case: str, chdir_tmp: Path) 
     passes = json.loads(r.stdout)["passes"]
     unproved = [p for p in passes if p["validation"]["verdict"] != "equivalent"]
     assert r.exit_code == (3 if unproved else 0), r.output
-    from llmir_core.backends import get_target
+    from llmir_core.targets import get_target
 
     lowering = [p.name for p in get_target("onnxruntime").lowering({})]
     assert "lower-ort-attention" in lowering and lowering[-1] == "lower-ort-module"
@@ -178,7 +178,7 @@ def test_project_opt_level_is_the_default(chdir_tmp: Path) -> None:
     )
     assert _cli("build", "m.llmir", "-o", "A").exit_code == 0
     pipeline = json.loads((chdir_tmp / "A" / "manifest.json").read_text())["pipeline"]
-    from llmir_core.backends import get_target
+    from llmir_core.targets import get_target
 
     lowering = [p.name for p in get_target("onnxruntime").lowering({})]
     assert pipeline == lowering  # no -O passes: the target's lowering only
@@ -190,8 +190,8 @@ def test_project_opt_level_is_the_default(chdir_tmp: Path) -> None:
 def test_a_target_may_declare_its_preset() -> None:
     """Both targets build after -O2 (lower-triton takes -O2's merged q/k/v projection + split);
     a target may declare another preset (`opt_level`). An explicit -O wins."""
-    from llmir_core.backends import pipeline
     from llmir_core.passes import PRESETS
+    from llmir_core.targets import pipeline
 
     names = [p.name for p in pipeline("onnxruntime")]
     assert names[: len(PRESETS["O2"])] == PRESETS["O2"] and names[-1] == "lower-ort-module"
@@ -214,7 +214,7 @@ def test_a_lowered_module_records_every_pipeline_over_it(chdir_tmp: Path) -> Non
     )
     assert _cli("optimize", "l.llmir", "--passes", "cse,dce", "-o", "l2.llmir").exit_code == 0
     assert _cli("build", "l2.llmir", "-o", "A").exit_code == 0
-    from llmir_core.backends import get_target
+    from llmir_core.targets import get_target
 
     lowering = [p.name for p in get_target("onnxruntime").lowering({})]
     pipeline = json.loads((chdir_tmp / "A" / "manifest.json").read_text())["pipeline"]

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llmir_core.backends import build, get_target
-from llmir_core.backends.ort_ext import capability
 from llmir_core.ir.printer import print_module
 from llmir_core.passes.base import clone_module
 from llmir_core.passes.manager import run_pipeline
-from llmir_core.runtime.ort_decoder import open_artifact
+from llmir_core.targets import build, get_target
+from llmir_core.targets.onnxruntime.native import capability
+from llmir_core.targets.onnxruntime.runner import open_artifact
 from tests.conftest import run_cli
 from tests.decoder.tiny import UNPROVED_LOWERINGS, unproved_passes
 

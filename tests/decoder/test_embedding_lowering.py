@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmir_core.backends.ort_decoder import build_decoder
-from llmir_core.dialects.ort import fake_quant
 from llmir_core.dialects.registry import get_op
 from llmir_core.frontends.hf import import_hf
-from llmir_core.runtime.ort_decoder import open_artifact
+from llmir_core.targets.onnxruntime.dialect import fake_quant
+from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 
 from .helpers import parity, quantize_weights
 from .tiny import LlamaShape, make_llama_folder

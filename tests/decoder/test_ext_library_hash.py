@@ -1,5 +1,5 @@
 """The cached custom-op library is loaded only when its sha256 matches the record written when it
-was built (llmir_core/backends/ort_ext/__init__.py): a tampered file is rebuilt, or refused when
+was built (llmir_core/targets/onnxruntime/native/__init__.py): a tampered file is rebuilt, or refused when
 it cannot be, and never loaded (its constructor never runs)."""
 
 from __future__ import annotations
@@ -10,8 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from llmir_core.backends import ort_ext
-from llmir_core.backends.ort_ext import CustomOpError, digest_record, library_path, verified
+from llmir_core.targets.onnxruntime import native as ort_ext
+from llmir_core.targets.onnxruntime.native import (
+    CustomOpError,
+    digest_record,
+    library_path,
+    verified,
+)
 
 WHY = ort_ext.unavailable_reason()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=f"llmir's custom ops cannot run: {WHY}")

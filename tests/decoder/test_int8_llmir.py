@@ -1,5 +1,5 @@
 """llmir's own int8 matmul (`ort.matmul_s8`, ai.llmir MatMulS8 in
-llmir_core/backends/ort_ext/matmul_s8.c): the kernel against the op's numpy reference over
+llmir_core/targets/onnxruntime/native/matmul_s8.c): the kernel against the op's numpy reference over
 decode-shaped (int8 activations per 32 columns) and prefill-shaped M and ragged N/K; an int8 build
 with `int8_matmul = llmir` shows the op in the lowered text, computes what its lowered module
 computes and stays close to the f32 model and to the QGEMM build; without the capability the
@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llmir_core.backends import build, lower
-from llmir_core.backends.ort_ext import DISABLE_ENV, DOMAIN, register, unavailable_reason
 from llmir_core.dialects.registry import get_op
 from llmir_core.ir.printer import print_module
 from llmir_core.quant import s8
-from llmir_core.runtime.ort_decoder import open_artifact
+from llmir_core.targets import build, lower
+from llmir_core.targets.onnxruntime.native import DISABLE_ENV, DOMAIN, register, unavailable_reason
+from llmir_core.targets.onnxruntime.runner import open_artifact
 from tests.conftest import requires
 
 from .helpers import assert_dot_close, edge_rows, greedy, llmir_session, parity

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llmir_core.backends import build, lower
 from llmir_core.errors import InputError
 from llmir_core.frontends.hf import import_hf
 from llmir_core.quant import qgemm
-from llmir_core.runtime.ort_decoder import open_artifact
+from llmir_core.targets import build, lower
+from llmir_core.targets.onnxruntime.runner import open_artifact
 
 from .helpers import parity
 from .tiny import LlamaShape, make_llama_folder

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from llmir_core.backends.ort_ext import library_path, unavailable_reason
+from llmir_core.targets.onnxruntime.native import library_path, unavailable_reason
 from tests.decoder.kernel_cases import Case, all_cases, asan_env, run_isolated
 
 WHY = unavailable_reason()
@@ -101,7 +101,7 @@ def test_every_registered_op_has_25_hostile_cases() -> None:
     """Every op the library registers (the names its sources return) has its cases."""
     from collections import Counter
 
-    from llmir_core.backends.ort_ext import SOURCES
+    from llmir_core.targets.onnxruntime.native import SOURCES
 
     names = set()
     for src in SOURCES:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from llmir_core.backends.ort_ext import unavailable_reason
+from llmir_core.targets.onnxruntime.native import unavailable_reason
 from tests.conftest import import_or_skip, requires
 
 REPO = Path(__file__).resolve().parents[2]

@@ -67,7 +67,7 @@ def test_optimize_reports_kv_bytes_and_lowers_to_int8_gqa(kv8: Path, tiny_module
 
 
 def test_artifact_keeps_int8_buffers_in_place(kv8: Path) -> None:
-    from llmir_core.runtime.ort_decoder import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_artifact
 
     d = json.loads((kv8 / "K8" / "manifest.json").read_text())["decoder"]
     assert d["kv_cache"] == "shared_buffer" and d["kv_dtype"] == "i8"
@@ -87,7 +87,7 @@ def test_artifact_keeps_int8_buffers_in_place(kv8: Path) -> None:
 def test_greedy_tokens_match_the_reference_of_the_calibrated_module(
     kv8: Path, tiny_module: Any
 ) -> None:
-    from llmir_core.runtime.ort_decoder import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_artifact
 
     calibrated = parse_file(str(kv8 / "c.llmir"))
     dec = open_artifact(str(kv8 / "K8"), threads=1)
@@ -151,7 +151,7 @@ def test_int8_store_matches_onnxruntime() -> None:
     from onnx import TensorProto as TP
     from onnx import helper
 
-    from llmir_core.dialects.ort import kv_int8_codes
+    from llmir_core.targets.onnxruntime.dialect import kv_int8_codes
 
     b, h, hk, d, s, cap = 1, 2, 1, 8, 6, 8
 

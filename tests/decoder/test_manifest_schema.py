@@ -56,7 +56,7 @@ def test_onnxruntime_plain_manifest_validates(tmp_path: Path) -> None:
 
 
 def test_triton_manifest_validates(tiny_module: Any, tmp_path: Path) -> None:
-    from llmir_core.backends.triton.target import TARGET
+    from llmir_core.targets.triton.target import TARGET
 
     TARGET.serialize(tiny_module, str(tmp_path / "tr"), arch="none")  # no AOT kernels: no GPU
     m = _manifest(tmp_path / "tr")

@@ -1,4 +1,4 @@
-"""llmir's onnxruntime custom ops (`ort.matmul16`, `ort.matmul_f32`, llmir_core/backends/ort_ext):
+"""llmir's onnxruntime custom ops (`ort.matmul16`, `ort.matmul_f32`, llmir_core/targets/onnxruntime/native):
 the compiled kernels against the ops' numpy reference for f16, bf16 and f32 weights over every
 decode-shaped M (GEMV, 1..8), the GEMM cutoff and prefill M, odd K/N; a `--dtype f16` build that
 uses it computes what the f32-path build computes, and so does an f32 build on MatMulF32
@@ -15,8 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llmir_core.backends import build, get_target
-from llmir_core.backends.ort_ext import (
+from llmir_core.dialects.registry import get_op
+from llmir_core.errors import InputError
+from llmir_core.ir.printer import print_module
+from llmir_core.ir.types import DType, numpy_dtype
+from llmir_core.passes.base import clone_module
+from llmir_core.passes.manager import run_pipeline
+from llmir_core.targets import build, get_target
+from llmir_core.targets.onnxruntime.native import (
     DISABLE_ENV,
     DOMAIN,
     OP_NAMES,
@@ -25,13 +31,7 @@ from llmir_core.backends.ort_ext import (
     register,
     unavailable_reason,
 )
-from llmir_core.dialects.registry import get_op
-from llmir_core.errors import InputError
-from llmir_core.ir.printer import print_module
-from llmir_core.ir.types import DType, numpy_dtype
-from llmir_core.passes.base import clone_module
-from llmir_core.passes.manager import run_pipeline
-from llmir_core.runtime.ort_decoder import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_artifact
 from tests.conftest import requires
 
 from .helpers import assert_dot_close, edge_rows, greedy, rel
@@ -66,7 +66,7 @@ def _session(dt: str, n: int, k: int, threads: int = 2) -> Any:
 
 
 def _run(sess: Any, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    from llmir_core.backends.ort_runtime import run_session
+    from llmir_core.targets.onnxruntime.session import run_session
 
     return run_session(sess, {"x": x, "w": w})[0]
 
@@ -172,7 +172,7 @@ def test_artifact_needing_the_library_is_refused_where_it_cannot_load(
     i = next(i for i, p in enumerate(lowering) if p.name == "lower-ort-weight-dtype")
     lowering[i] = type(lowering[i])("f16", kernel="custom")  # built for a machine that has it
     module = run_pipeline(clone_module(tiny_module), lowering).module
-    from llmir_core.backends.ort_decoder import serialize_decoder
+    from llmir_core.targets.onnxruntime.serialize_decoder import serialize_decoder
 
     serialize_decoder(module, str(tmp_path / "art"))
     monkeypatch.setenv(DISABLE_ENV, "1")
@@ -182,7 +182,7 @@ def test_artifact_needing_the_library_is_refused_where_it_cannot_load(
 
 
 def test_bad_kernel_option_is_a_usage_error(tiny_module: Any) -> None:
-    from llmir_core.passes.lower_ort_weight_dtype import LowerOrtWeightDtype
+    from llmir_core.targets.onnxruntime.lower_weight_dtype import LowerOrtWeightDtype
 
     lowering = get_target("onnxruntime").lowering({"dtype": "f16"})
     i = next(i for i, p in enumerate(lowering) if p.name == "lower-ort-weight-dtype")
@@ -197,7 +197,7 @@ def test_verify_proves_the_rewrite(
     # `verify --against` the same --dtype lowering on the f32 path: ort.matmul16 expands through
     # its decomposition to the terms of fused_matmul(x, ort.cast(w, f32)); no kernel needed (the
     # gated MLP op by op: tests/decoder/test_swiglu_epilogue.py checks its fused form)
-    from llmir_core.passes.lower_ort_weight_dtype import LowerOrtWeightDtype
+    from llmir_core.targets.onnxruntime.lower_weight_dtype import LowerOrtWeightDtype
     from tests.conftest import run_cli
 
     for kernel in ("custom", "f32"):
@@ -229,7 +229,7 @@ def test_a_compiler_that_fails_means_the_f32_path(
 
 
 def _f32_lowering(**kw: Any) -> list[Any]:
-    from llmir_core.passes.lower_ort_weight_dtype import LowerOrtWeightDtype
+    from llmir_core.targets.onnxruntime.lower_weight_dtype import LowerOrtWeightDtype
 
     lowering = get_target("onnxruntime").lowering({})
     i = next(i for i, p in enumerate(lowering) if p.name == "lower-ort-weight-dtype")
@@ -238,7 +238,7 @@ def _f32_lowering(**kw: Any) -> list[Any]:
 
 
 def test_f32_kernel_choice_shows_in_the_lowered_module(tiny_module: Any) -> None:
-    from llmir_core.passes.lower_ort_weight_dtype import F32_KERNEL
+    from llmir_core.targets.onnxruntime.lower_weight_dtype import F32_KERNEL
 
     text = print_module(
         run_pipeline(clone_module(tiny_module), _f32_lowering(f32_kernel="custom")).module

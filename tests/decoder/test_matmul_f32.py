@@ -1,5 +1,5 @@
 """llmir's f32 matmul in the panel layout (`ort.matmul_f32 {layout = "panel16"}`, ai.llmir
-MatMulF32 in llmir_core/backends/ort_ext/matmul_f32.c, llmir_core/backends/panels.py): the kernel
+MatMulF32 in llmir_core/targets/onnxruntime/native/matmul_f32.c, llmir_core/targets/onnxruntime/panels.py): the kernel
 against numpy over decode and prefill M, odd N and K, batch dims and thread counts; the layout
 decided by the lowering (panels, rows for a table tied to the embedding); an artifact built so
 generates what the MLAS build and the module generate; `llmir import` reads the panels back.
@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llmir_core.backends import build, get_target
-from llmir_core.backends.ort_ext import DOMAIN, register, unavailable_reason
-from llmir_core.backends.panels import from_panels, panel_shape, to_panels
 from llmir_core.errors import InputError
 from llmir_core.ir.printer import print_module
 from llmir_core.passes.base import clone_module
 from llmir_core.passes.manager import run_pipeline
-from llmir_core.runtime.ort_decoder import open_artifact
+from llmir_core.targets import build, get_target
+from llmir_core.targets.onnxruntime.native import DOMAIN, register, unavailable_reason
+from llmir_core.targets.onnxruntime.panels import from_panels, panel_shape, to_panels
+from llmir_core.targets.onnxruntime.runner import open_artifact
 from tests.conftest import requires
 
 from .helpers import assert_dot_close, edge_rows, greedy, llmir_session, parity, rel
@@ -97,7 +97,7 @@ def test_panel_weight_without_n_is_refused() -> None:
 
 
 def _f32_lowering(**kw: Any) -> list[Any]:
-    from llmir_core.passes.lower_ort_weight_dtype import LowerOrtWeightDtype
+    from llmir_core.targets.onnxruntime.lower_weight_dtype import LowerOrtWeightDtype
 
     lowering = get_target("onnxruntime").lowering({})
     i = next(i for i, p in enumerate(lowering) if p.name == "lower-ort-weight-dtype")

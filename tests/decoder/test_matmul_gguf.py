@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llmir_core.backends import build, lower
-from llmir_core.backends.ort_ext import unavailable_reason
 from llmir_core.frontends.hf import import_hf
 from llmir_core.ir.parser import parse_module
 from llmir_core.ir.printer import print_module
-from llmir_core.runtime.ort_decoder import open_artifact
+from llmir_core.targets import build, lower
+from llmir_core.targets.onnxruntime.native import unavailable_reason
+from llmir_core.targets.onnxruntime.runner import open_artifact
 from llmir_core.verifier import verify
 from tests.conftest import requires, run_cli
 

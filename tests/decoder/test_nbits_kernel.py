@@ -1,5 +1,5 @@
 """llmir's block-quantized matmul (`ort.matmul_nbits {kernel = "llmir"}`: ai.llmir MatMulNBitsQ4 /
-MatMulNBitsQ8 in llmir_core/backends/ort_ext/matmul_nbits.c): the compiled kernel against numpy
+MatMulNBitsQ8 in llmir_core/targets/onnxruntime/native/matmul_nbits.c): the compiled kernel against numpy
 (int8 activations per 32-block, exactly emulated; f32 for the prefill of 8-bit blocks) for 4 and 8 bits, f32 and f16 scales, with and without zero points, odd block counts; `--quant int4/int8`
 builds that use it compute what onnxruntime's MatMulNBits builds compute; GGUF q4_0 / q8_0
 blocks run on it as stored (f16 scales, no Cast); the choice shows in the lowered module, and
@@ -15,20 +15,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llmir_core.backends import build, get_target
-from llmir_core.backends.ort_ext import (
+from llmir_core.errors import InputError
+from llmir_core.ir.printer import print_module
+from llmir_core.passes.base import clone_module
+from llmir_core.passes.manager import run_pipeline
+from llmir_core.quant import nbits
+from llmir_core.targets import build, get_target
+from llmir_core.targets.onnxruntime.native import (
     DISABLE_ENV,
     DOMAIN,
     NBITS_OP_NAMES,
     register,
     unavailable_reason,
 )
-from llmir_core.errors import InputError
-from llmir_core.ir.printer import print_module
-from llmir_core.passes.base import clone_module
-from llmir_core.passes.manager import run_pipeline
-from llmir_core.quant import nbits
-from llmir_core.runtime.ort_decoder import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_artifact
 from tests.conftest import requires
 
 from .helpers import assert_dot_close, edge_rows, greedy, rel

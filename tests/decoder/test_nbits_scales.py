@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llmir_core.backends import build, lower
-from llmir_core.backends.ort_ext import DOMAIN, unavailable_reason
 from llmir_core.errors import InputError
 from llmir_core.ir.printer import print_module
-from llmir_core.runtime.ort_decoder import open_artifact
+from llmir_core.targets import build, lower
+from llmir_core.targets.onnxruntime.native import DOMAIN, unavailable_reason
+from llmir_core.targets.onnxruntime.runner import open_artifact
 from tests.conftest import requires
 
 from .helpers import ref_decoder, rel

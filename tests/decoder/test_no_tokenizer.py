@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from llmir_cli.app import app
-from llmir_core.runtime.ort_decoder import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_artifact
 
 from .helpers import greedy
 

@@ -1,6 +1,6 @@
 """llmir's RMS norms (`ort.simplified_layer_norm` / `ort.skip_simplified_layer_norm` with
 `kernel = "llmir"`: ai.llmir SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization in
-llmir_core/backends/ort_ext/norm.c): one node against onnxruntime's op on the same inputs
+llmir_core/targets/onnxruntime/native/norm.c): one node against onnxruntime's op on the same inputs
 (decode and prefill rows, hidden sizes with and without a tail of 8 / 32, the residual sum
 output present or not); decoders built with either kernel compute the same logits and greedy
 tokens; the importer reads the nodes back; the choice shows in the lowered module."""
@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llmir_core.backends import build, get_target
-from llmir_core.backends.ort_ext import DOMAIN, register, unavailable_reason
 from llmir_core.errors import InputError
 from llmir_core.ir.printer import print_module
 from llmir_core.passes.base import clone_module
 from llmir_core.passes.manager import run_pipeline
-from llmir_core.runtime.ort_decoder import open_artifact
+from llmir_core.targets import build, get_target
+from llmir_core.targets.onnxruntime.native import DOMAIN, register, unavailable_reason
+from llmir_core.targets.onnxruntime.runner import open_artifact
 from tests.conftest import requires
 
 from .helpers import same_decoding
@@ -182,7 +182,7 @@ def test_decoder_matches_onnxruntime_norms(tiny_module: Any, tmp_path: Path) -> 
 
 
 def test_norm_kernel_choice(tiny_module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from llmir_core.backends.ort_ext import DISABLE_ENV
+    from llmir_core.targets.onnxruntime.native import DISABLE_ENV
 
     for opts in ({}, {"norm_kernel": "onnxruntime"}):  # the default: onnxruntime's norms
         text = _lowered(tiny_module, **opts)

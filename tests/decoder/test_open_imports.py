@@ -50,7 +50,7 @@ def test_open_and_run_decoder_imports_no_onnx(tiny_artifact: Path, tmp_path: Pat
     out = _run(
         f"""
 import numpy as np
-from llmir_core.backends import open_artifact
+from llmir_core.targets import open_artifact
 dec = open_artifact({str(tiny_artifact)!r}, threads=1)
 dec.reset(1)
 logits = dec.forward(np.array([[1, 5, 7]], np.int64))
@@ -87,8 +87,8 @@ print(json.dumps({{"libs": builder_libs(), "codes": [r1.exit_code, r2.exit_code]
 
 def test_tensor_runner_imports_no_onnx(tmp_path: Path) -> None:
     """A generic (non-decoder) artifact opened as a tensor runner."""
-    from llmir_core.backends import build
     from llmir_core.ir.parser import parse_module
+    from llmir_core.targets import build
 
     module = parse_module(
         'module @m attributes {llmir.dialects = ["core"], llmir.version = "0.1"} {\n'
@@ -104,7 +104,7 @@ def test_tensor_runner_imports_no_onnx(tmp_path: Path) -> None:
     out = _run(
         f"""
 import numpy as np
-from llmir_core.backends import open_artifact
+from llmir_core.targets import open_artifact
 r = open_artifact({str(art)!r})
 y = r.run({{r.input_names[0]: np.ones((2, 3), np.float32)}})
 print(json.dumps({{"libs": builder_libs(), "y": float(next(iter(y.values())).sum())}}))

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llmir_core.backends import build
 from llmir_core.errors import InputError
 from llmir_core.ir.printer import print_module
-from llmir_core.runtime.ort_decoder import open_artifact
+from llmir_core.targets import build
+from llmir_core.targets.onnxruntime.runner import open_artifact
 from tests.conftest import run_cli
 
 PROMPT = np.random.default_rng(2).integers(3, 100, (1, 9))
@@ -127,8 +127,8 @@ def test_a_tied_table_is_read_through_its_own_name(
     logits are those of the same build without that layout."""
     import onnx
 
-    from llmir_core.backends import ort_load_layout
     from llmir_core.frontends.hf import import_hf
+    from llmir_core.targets.onnxruntime import load_layout as ort_load_layout
 
     from .tiny import LlamaShape, make_llama_folder
 

@@ -10,18 +10,18 @@ from pathlib import Path
 import onnx
 import pytest
 
-from llmir_core.backends.nodeinfo import node_sources
 from llmir_core.errors import InputError
 from llmir_core.runtime.profile import profile_artifact
+from llmir_core.targets.onnxruntime.nodeinfo import node_sources
 from tests.conftest import run_cli
 
 
 @pytest.fixture(scope="module")
 def parsed_artifact(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """An artifact built from a .llmir file (so its ops have lines), and that file."""
-    from llmir_core.backends.ort_decoder import build_decoder
     from llmir_core.frontends import import_model
     from llmir_core.ir.parser import parse_file
+    from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 
     tmp = tmp_path_factory.mktemp("prof")
     src = tmp / "tiny.llmir"
@@ -55,7 +55,7 @@ def test_every_node_names_its_llmir_line(parsed_artifact: tuple[Path, Path]) -> 
 
 
 def test_profile_attributes_the_decode_step_to_lines(parsed_artifact: tuple[Path, Path]) -> None:
-    from llmir_core.backends.ort_ext import capability
+    from llmir_core.targets.onnxruntime.native import capability
 
     art, _ = parsed_artifact
     res = profile_artifact(

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from llmir_core.runtime import batch_decoder, ort_decoder
+from llmir_core.runtime import batch_decoder
+from llmir_core.targets.onnxruntime import runner as ort_decoder
 
 
 def _rss_anon_mb() -> float:

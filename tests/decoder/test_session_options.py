@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llmir_core.runtime import ort_decoder
+from llmir_core.targets.onnxruntime import runner as ort_decoder
 
 
 @pytest.mark.parametrize(("busy", "spin"), [(0.0, "1"), (0.1, "1"), (1.2, "0")])

@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llmir_core.backends import build, lower
-from llmir_core.backends.ort_ext import DOMAIN, NBITS_OP_NAMES, unavailable_reason
-from llmir_core.backends.panels import to_panels
 from llmir_core.dialects.registry import get_op
 from llmir_core.ir.printer import print_module
 from llmir_core.quant import nbits, s8
-from llmir_core.runtime.ort_decoder import open_artifact
+from llmir_core.targets import build, lower
+from llmir_core.targets.onnxruntime.native import DOMAIN, NBITS_OP_NAMES, unavailable_reason
+from llmir_core.targets.onnxruntime.panels import to_panels
+from llmir_core.targets.onnxruntime.runner import open_artifact
 from tests.conftest import requires
 
 from .helpers import greedy, llmir_session, rel
@@ -391,11 +391,11 @@ def test_reimported_fused_artifact(opts: dict[str, Any], tiny_module: Any, tmp_p
 def test_float_fusion_is_equivalent_to_the_unfused_lowering(dtype: str, tiny_module: Any) -> None:
     """`llmir verify fused.llmir --against plain.llmir` for the f32 and f16 lowerings (built
     for llmir's kernel whatever this machine has: f32_matmul / kernel "custom")."""
-    from llmir_core.backends import get_target
     from llmir_core.passes.base import clone_module
-    from llmir_core.passes.lower_ort_weight_dtype import LowerOrtWeightDtype
     from llmir_core.passes.manager import run_pipeline
     from llmir_core.smt.differential import compare
+    from llmir_core.targets import get_target
+    from llmir_core.targets.onnxruntime.lower_weight_dtype import LowerOrtWeightDtype
 
     def lowered(swiglu: bool) -> Any:
         passes = get_target("onnxruntime").lowering({"swiglu": swiglu})

@@ -41,7 +41,7 @@ def lowered(tiny_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert r.returncode == 3 and unproved and unproved <= UNPROVED_LOWERINGS, r.stderr
     assert "group-query-attention" in r.stdout and "packed QKV" in r.stdout
     assert "pipeline:              canonicalize," in r.stdout  # the report names what ran
-    from llmir_core.backends import pipeline
+    from llmir_core.targets import pipeline
 
     # every other pass proved: the -O2 preset and the lowering (what `llmir build` runs)
     timings = r.stdout.split("== pass timings ==")[1]
@@ -50,7 +50,7 @@ def lowered(tiny_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_lowered_file_shows_target_ops(lowered: Path) -> None:
-    from llmir_core.backends.ort_ext import capability
+    from llmir_core.targets.onnxruntime.native import capability
 
     text = (lowered / "l.llmir").read_text()
     for op in (
@@ -153,11 +153,11 @@ def test_unknown_target_is_an_input_error(tmp_path: Path, lowered: Path) -> None
 def _lower_validated(module: Any) -> tuple[Any, Any]:
     """optimize -O2 --target onnxruntime --verify-each, in process: every pass must validate.
     Returns (the -O2 module, the lowered module)."""
-    from llmir_core.backends import get_target
     from llmir_core.passes.base import clone_module
     from llmir_core.passes.manager import run_pipeline
     from llmir_core.passes.pipeline import preset
     from llmir_core.smt.tv import validate_pass
+    from llmir_core.targets import get_target
 
     opt = run_pipeline(clone_module(module), preset(2), validator=validate_pass)
     assert opt.failed_validation is None, opt.failed_validation
@@ -174,9 +174,9 @@ def _lower_validated(module: Any) -> tuple[Any, Any]:
 def test_architectures_lower_with_validation(arch: str, tmp_path: Path) -> None:
     """Each architecture lowers to one GroupQueryAttention per layer after -O2, every pass
     validated, and the lowered file builds the artifact `llmir build` of the -O2 module builds."""
-    from llmir_core.backends import build
     from llmir_core.frontends.hf import import_hf
     from llmir_core.ir.parser import parse_module
+    from llmir_core.targets import build
 
     from .tiny import ARCH_SHAPES, make_llama_folder
 
@@ -193,7 +193,7 @@ def test_architectures_lower_with_validation(arch: str, tmp_path: Path) -> None:
         == ARCH_SHAPES[arch].layers
     )
     (tmp_path / "m.llmir").write_text(print_module(opt))  # what -O2 gives, saved, then lowered
-    from llmir_core.backends import lower
+    from llmir_core.targets import lower
 
     lowered = lower(parse_module((tmp_path / "m.llmir").read_text(), str(tmp_path / "m.llmir")))
     (tmp_path / "l.llmir").write_text(print_module(lowered))

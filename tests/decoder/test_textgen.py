@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from llmir_core.errors import InputError
-from llmir_core.runtime.ort_decoder import open_artifact
 from llmir_core.runtime.textgen import (
     TextGenerator,
     TextGenOptions,
@@ -18,6 +17,7 @@ from llmir_core.runtime.textgen import (
     render_chat,
     results_json,
 )
+from llmir_core.targets.onnxruntime.runner import open_artifact
 
 from .helpers import greedy
 from .tiny import CHATML
@@ -179,7 +179,7 @@ def test_batch_forward_matches_single_rows(tiny_artifact: Path) -> None:
 
 
 def test_thread_default_follows_free_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    import llmir_core.runtime.ort_decoder as rt
+    import llmir_core.targets.onnxruntime.runner as rt
 
     monkeypatch.setattr(rt.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     for busy, want in ((0.0, 2), (0.2, 2), (0.6, 1), (1.6, 1), (3.0, 1)):

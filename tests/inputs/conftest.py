@@ -29,8 +29,8 @@ def llama_gguf(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 @pytest.fixture(scope="session")
 def llama_artifact(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("onnxruntime", reason="artifacts run on onnxruntime")
-    from llmir_core.backends.ort_decoder import build_decoder
     from llmir_core.frontends.hf import import_hf
+    from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 
     root = tmp_path_factory.mktemp("art")
     module = import_hf(llama_dir, root / "m.llmir")

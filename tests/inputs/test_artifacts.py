@@ -186,8 +186,8 @@ def test_unknown_input_is_named(tmp_path: Path) -> None:
 
 def test_short_max_len_build_still_runs(art: Path, llama_dir: Path, tmp_path: Path) -> None:
     """--max-len sizes the rotary tables below context_length: the manifest check allows it."""
-    from llmir_core.backends.ort_decoder import build_decoder
     from llmir_core.frontends.hf import import_hf
+    from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 
     out = tmp_path / "short"
     build_decoder(import_hf(llama_dir, tmp_path / "m.llmir"), str(out), max_len=12)
@@ -202,7 +202,7 @@ def test_verify_artifact_hashes_each_file_once(
     """Opening through the one dispatch point checks once, even when the target reads the
     manifest again (decoder and tensor runners alike)."""
     import llmir_core.artifact_check as ac
-    from llmir_core.backends import open_artifact
+    from llmir_core.targets import open_artifact
 
     hashed: list[str] = []
     real = ac.sha256_file

@@ -1,1 +1,1 @@
-"""Tests of llmir's compiled kernels (llmir_core/backends/ort_ext) by op."""
+"""Tests of llmir's compiled kernels (llmir_core/targets/onnxruntime/native) by op."""

@@ -1,4 +1,4 @@
-"""llmir's GGUF matmul (ai.llmir MatMulGGUF, llmir_core/backends/ort_ext/matmul_gguf.c) in an
+"""llmir's GGUF matmul (ai.llmir MatMulGGUF, llmir_core/targets/onnxruntime/native/matmul_gguf.c) in an
 onnxruntime session, for every block format, against numpy on gguf's dequantized weights:
 
 - decode (M <= 4 rows) and prefill (M > 4: int8 tiles, with AVX-512 VNNI where the CPU has it
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llmir_core.backends.ort_ext import DOMAIN, GGUF_OP_NAME, register, unavailable_reason
 from llmir_core.quant import gguf_blocks
+from llmir_core.targets.onnxruntime.native import DOMAIN, GGUF_OP_NAME, register, unavailable_reason
 from tests.conftest import requires
 from tests.decoder.helpers import assert_dot_close
 from tests.quant.blocks import FORMATS, min_part, random_rows

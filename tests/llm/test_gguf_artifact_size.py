@@ -15,8 +15,8 @@ import onnx
 import pytest
 from onnx.external_data_helper import uses_external_data
 
-from llmir_core.backends.ort_decoder import build_decoder
-from llmir_core.runtime.ort_decoder import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 from tests.decoder.helpers import greedy, parity, ref_decoder
 from tests.decoder.tiny import LlamaShape, make_llama_folder
 
@@ -96,7 +96,7 @@ def test_max_len_cuts_the_computed_table(folder: Path, tmp_path: Path) -> None:
 
 
 def test_dtype_f32_widens_an_f16_gguf(folder: Path, tmp_path: Path) -> None:
-    from llmir_core.backends import build
+    from llmir_core.targets import build
 
     module, tensor_bytes = _gguf(folder, tmp_path / "m.gguf", "F16")
     build(module, str(tmp_path / "art"), "onnxruntime", options={"dtype": "f32"})
@@ -121,9 +121,9 @@ def test_quant_int4_narrows_a_q8_0_lm_head(folder: Path, tmp_path: Path) -> None
     model = onnx.load(str(tmp_path / "art" / "model.onnx"), load_external_data=False)
     assert _initializer_bytes(model) < tensor_bytes
     # the lowered module (with the int4 rounding of the table in it) is what the artifact runs
-    from llmir_core.backends import get_target
     from llmir_core.passes.base import clone_module
     from llmir_core.passes.manager import run_pipeline
+    from llmir_core.targets import get_target
 
     opts = {"quant": "int4", "accuracy_level": 1}
     lowered = run_pipeline(clone_module(module), get_target("onnxruntime").lowering(opts)).module

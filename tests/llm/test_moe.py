@@ -211,8 +211,8 @@ def test_deepseek_v2_qmoe_with_router_weights(tiny_model: Any, tmp_path: Path) -
     pytest.importorskip("onnxruntime", reason="onnxruntime builds are checked when it is installed")
     import onnx
 
-    from llmir_core.backends.ort_decoder import build_decoder
-    from llmir_core.runtime.ort_decoder import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 
     from .tiny import ir_greedy, rel_diff
 
@@ -253,10 +253,10 @@ def test_generic_build_of_many_decomposed_ops(tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime", reason="onnxruntime builds are checked when it is installed")
     from safetensors.numpy import save_file
 
-    from llmir_core.backends.ort import build
-    from llmir_core.backends.ort_runtime import runner_for_artifact
     from llmir_core.frontends.hf import emit_weight
     from llmir_core.frontends.safetensors_index import open_index
+    from llmir_core.targets.onnxruntime.graph import build
+    from llmir_core.targets.onnxruntime.session import runner_for_artifact
 
     rng = np.random.default_rng(0)
     arrays = {

@@ -69,7 +69,7 @@ def test_reference_matches_decomposition(name: str, n: int, attrs: dict[str, Any
 
 def test_qmoe_reference_rounds_requantized_weights() -> None:
     """quantize = sym for the down weight: the reference is the exact op on the rounded weight."""
-    from llmir_core.dialects.ort import fake_quant
+    from llmir_core.targets.onnxruntime.dialect import fake_quant
 
     attrs = {"k": 2, "bits": 4, "block_size": 16, "quantize": ("none", "none", "sym")}
     feeds = _feeds(5, seed=1)
@@ -112,8 +112,8 @@ def test_verifier_errors(name: str, n: int, attrs: dict[str, Any], message: str)
 
 def test_widen_is_exact() -> None:
     """4-bit blocks of 32 with zero points, re-expressed as 8-bit blocks of 16: same values."""
-    from llmir_core.backends.ort_moe import widen
     from llmir_core.quant import nbits
+    from llmir_core.targets.onnxruntime.serialize_moe import widen
 
     w = np.random.default_rng(0).standard_normal((6, 64)).astype(np.float32)
     codes, sc, zp = nbits.quantize(w, 4, 32, False, np.dtype(np.float32))

@@ -440,8 +440,8 @@ def test_onnxruntime_build(
     """Lossless repacks give the interpreter's logits (fp32 activations); act-order and
     down_proj's per-channel group of 96 are requantized with their error in the manifest."""
     pytest.importorskip("onnxruntime")
-    from llmir_core.backends.ort_decoder import build_decoder
-    from llmir_core.runtime.ort_decoder import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
     from tests.decoder.helpers import greedy, parity, ref_decoder
 
     folder, _, _, _ = checkpoints[case]
@@ -486,8 +486,8 @@ def test_lowering_reports_the_packed_weight_decision(
     """lower-ort-matmul decides lossless repack vs requantize and reports it (with the error)."""
     import re
 
-    from llmir_core.backends import get_target
     from llmir_core.passes.manager import run_pipeline
+    from llmir_core.targets import get_target
 
     folder, _, _, _ = checkpoints[case]
     module = import_hf(folder, require_tokenizer=False)

@@ -37,8 +37,8 @@ def _same(
 def ort_greedy(
     module: Any, art: Path, prompt: np.ndarray, steps: int, **build_opts: Any
 ) -> tuple[list[np.ndarray], np.ndarray]:
-    from llmir_core.backends.ort_decoder import build_decoder
-    from llmir_core.runtime.ort_decoder import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 
     # every prompt position is compared
     build_decoder(module, str(art), **{"last_logits": False, **build_opts})

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import llmir_core.backends.ort as ort
+import llmir_core.targets.onnxruntime.graph as ort
 from llmir_cli.app import app
 from llmir_core.errors import InputError
 from llmir_core.fileio import replace_dir

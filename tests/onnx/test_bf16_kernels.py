@@ -15,12 +15,12 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 
-from llmir_core.backends import build, get_target
 from llmir_core.frontends.onnx import import_onnx
 from llmir_core.ir.printer import print_module
 from llmir_core.ir.types import DType
 from llmir_core.passes.base import PassContext, clone_module
-from llmir_core.passes.lower_ort_precision import LowerOrtPrecision
+from llmir_core.targets import build, get_target
+from llmir_core.targets.onnxruntime.lower_precision import LowerOrtPrecision
 from tests.conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def test_onnxruntime_has_no_bf16_attention_kernel() -> None:
 
 
 def test_bf16_attention_builds_and_runs(tmp_path: Path) -> None:
-    from llmir_core.backends import open_artifact
+    from llmir_core.targets import open_artifact
 
     module, _ = import_onnx(_attention_model())
     lowered = clone_module(module)
@@ -124,9 +124,9 @@ def _probe_script() -> object:
     "op,dtype", [("core.transpose", "bf16"), ("core.add", "bf16"), ("core.add", "f16")]
 )
 def test_table_matches_the_installed_onnxruntime(op: str, dtype: str) -> None:
-    from llmir_core.backends.ort_kernels import PROBED
     from llmir_core.dialects.registry import get_op
     from llmir_core.ir.snippet import module_text, op_function
+    from llmir_core.targets.onnxruntime.kernel_table import PROBED
 
     probe = _probe_script()
     od = get_op(op)

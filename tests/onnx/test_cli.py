@@ -98,7 +98,7 @@ def test_generic_build_writes_its_lowered_module(model_dir: Path) -> None:
     """The generic build keeps the lowered module (manifest `lowered`), the file its nodes'
     `llmir.line` tags point into (what `bench --profile` maps onto), and names the pipeline; the
     lowered module `optimize --target` writes builds the same bytes."""
-    from llmir_core.backends.nodeinfo import node_sources
+    from llmir_core.targets.onnxruntime.nodeinfo import node_sources
 
     d = model_dir
     assert _invoke("import", d / "m.onnx", "-o", d / "m.llmir")[0] == 0

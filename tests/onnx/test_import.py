@@ -127,7 +127,7 @@ def test_model_over_2gb_imports_without_reading_weights(tmp_path: Path) -> None:
     onnx.save(m, str(tmp_path / "big.onnx"))
     module = import_model(tmp_path / "big.onnx", out_path=tmp_path / "big.llmir")
     assert "nbytes = 2400000000" in (tmp_path / "big.llmir").read_text()
-    from llmir_core.backends.ort import to_onnx
+    from llmir_core.targets.onnxruntime.graph import to_onnx
 
     proto, plan, _, _ = to_onnx(module)
     assert proto.ByteSize() < 10_000 and plan.size == 4 * n  # weights stay external data

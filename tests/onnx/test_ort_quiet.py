@@ -25,9 +25,9 @@ m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
 @pytest.mark.parametrize(
     "load",
     [
-        "from llmir_core.backends.ort_runtime import _session\n_session(m)\nimport onnxruntime as ort\n"
+        "from llmir_core.targets.onnxruntime.session import _session\n_session(m)\nimport onnxruntime as ort\n"
         "ort.InferenceSession(m, providers=['CPUExecutionProvider'])",
-        "from llmir_core.runtime.ort_decoder import _ort\nort = _ort()\n"
+        "from llmir_core.targets.onnxruntime.runner import _ort\nort = _ort()\n"
         "ort.InferenceSession(m, providers=['CPUExecutionProvider'])",
         "import onnxruntime as ort\nort.InferenceSession(m, providers=['CPUExecutionProvider'])",
     ],

@@ -13,10 +13,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from llmir_core.backends.ort_decoder import build_decoder
 from llmir_core.frontends.hf import import_hf
 from llmir_core.frontends.onnx import import_onnx
 from llmir_core.runtime.tensors import run_module
+from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 from tests.decoder.tiny import TINY, make_llama_folder
 
 
@@ -43,7 +43,7 @@ def _feeds(model: onnx.ModelProto, b: int, s: int, past: int) -> dict[str, np.nd
 def test_reimported_build_matches_onnxruntime(
     tiny: tuple, tmp_path: Path, quant: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from llmir_core.backends import build
+    from llmir_core.targets import build
 
     module, _ = tiny
     # int8: MatMulNBits blocks where llmir's MatMulS8 cannot run (test_int8_llmir.py checks it),
@@ -78,7 +78,7 @@ def test_reimported_build_matches_onnxruntime(
 
 def test_reimported_matmul_nbits_keep_accuracy_level(tiny: tuple, tmp_path: Path) -> None:
     """An imported MatMulNBits keeps its accuracy_level through a rebuild whose default differs."""
-    from llmir_core.backends import build
+    from llmir_core.targets import build
 
     module, _ = tiny
     build_decoder(module, str(tmp_path / "a"), quant="int4", accuracy_level=1)

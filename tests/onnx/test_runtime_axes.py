@@ -14,11 +14,11 @@ from onnx import helper as h
 from typer.testing import CliRunner
 
 from llmir_cli.app import app
-from llmir_core.backends.ort import session_for_module
 from llmir_core.errors import InputError
 from llmir_core.frontends.onnx import import_onnx
 from llmir_core.ir.parser import parse_module
 from llmir_core.runtime.tensors import load_tensor, run_module
+from llmir_core.targets.onnxruntime.graph import session_for_module
 from llmir_core.verifier import verify
 
 OPS = [

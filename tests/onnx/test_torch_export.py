@@ -12,10 +12,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from llmir_core.backends.ort import build
-from llmir_core.backends.ort_runtime import runner_for_artifact
 from llmir_core.frontends import import_model
 from llmir_core.runtime.tensors import run_module
+from llmir_core.targets.onnxruntime.graph import build
+from llmir_core.targets.onnxruntime.session import runner_for_artifact
 
 torch = pytest.importorskip("torch", reason="torch is a test-only extra: pip install torch")
 

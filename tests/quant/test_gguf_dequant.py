@@ -1,6 +1,6 @@
 """GGUF block dequantization, bit-identical to gguf.quants.dequantize for every format llmir
 runs as stored: numpy (llmir_core.quant.gguf_blocks) and the compiled kernels' own dequantizer
-(`llmir_gguf_dequant` in llmir_core/backends/ort_ext/matmul_gguf.c, through ctypes)."""
+(`llmir_gguf_dequant` in llmir_core/targets/onnxruntime/native/matmul_gguf.c, through ctypes)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import ctypes
 import numpy as np
 import pytest
 
-from llmir_core.backends.ort_ext import library_path, unavailable_reason
-from llmir_core.dialects.ort import GGUF_FORMATS
 from llmir_core.quant import gguf_blocks
+from llmir_core.targets.onnxruntime.dialect import GGUF_FORMATS
+from llmir_core.targets.onnxruntime.native import library_path, unavailable_reason
 from tests.conftest import import_or_skip, requires
 
 from .blocks import FORMATS, random_rows

@@ -82,7 +82,7 @@ def close(where: str, got: np.ndarray, want: np.ndarray, atol: float, mean: floa
 # artifact meanwhile
 @pytest.fixture(scope="module")
 def decoder(gemma_artifact: Callable[[str], Path]) -> Any:
-    from llmir_core.backends import open_artifact
+    from llmir_core.targets import open_artifact
 
     return open_artifact(str(gemma_artifact("exact")))
 

@@ -100,7 +100,7 @@ def served(tiny_artifact: Path) -> Iterator[Running]:  # noqa: F811
 @pytest.fixture(scope="session")
 def full_artifact(tiny_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
     """The tiny model built with every position's logits (`llmir build --logits all`)."""
-    from llmir_core.backends.ort_decoder import build_decoder
+    from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 
     out = tmp_path_factory.mktemp("art_full") / "llama"
     build_decoder(tiny_module, str(out), last_logits=False)

@@ -13,7 +13,7 @@ import numpy as np
 
 @functools.cache
 def _decoder(art: Path) -> Any:
-    from llmir_core.runtime.ort_decoder import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_artifact
 
     return open_artifact(str(art), threads=1)
 

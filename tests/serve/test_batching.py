@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from llmir_core.runtime.batch_decoder import OrtBatchDecoder, SerialBatchDecoder
-from llmir_core.runtime.ort_decoder import open_artifact
 from llmir_core.runtime.sampling import Sampler, SamplingConfig
 from llmir_core.runtime.textgen import TextGenerator, TextGenOptions
 from llmir_core.serve.scheduler import Completion, GenRequest, QueueFull, Scheduler
+from llmir_core.targets.onnxruntime.runner import open_artifact
 
 from .conftest import Running, start_server
 

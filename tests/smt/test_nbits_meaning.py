@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llmir_core.dialects.ort import nbits_qtype
 from llmir_core.dialects.registry import get_op
 from llmir_core.quant import nbits
+from llmir_core.targets.onnxruntime.dialect import nbits_qtype
 
 z3 = pytest.importorskip("z3", reason="the SMT encoder needs z3-solver")
 
@@ -183,7 +183,7 @@ def test_symbolic_swiglu_n_is_the_static_one() -> None:
     g = z3.Function("y", z3.IntSort(), z3.IntSort(), z3.RealSort())
     od = get_op("ort.matmul_f32")
     assert od is not None
-    from llmir_core.dialects.target_smt import _epilogue
+    from llmir_core.targets.onnxruntime.smt import _epilogue
 
     enc = Encoder()
     sym = _epilogue(enc, STensor((2, n), lambda i: g(*i)), {"epilogue": "swiglu"})

@@ -13,8 +13,8 @@ from tests.conftest import import_or_skip
 import_or_skip("torch", "the triton kernels need torch (pip install 'llmir[gpu]')")
 import_or_skip("triton", "the triton kernels need triton (pip install 'llmir[gpu]')")
 
-from llmir_core.backends.triton import aot  # noqa: E402
 from llmir_core.errors import InputError  # noqa: E402
+from llmir_core.targets.triton import aot  # noqa: E402
 
 KERNELS = {
     "embedding_kernel",

@@ -20,8 +20,8 @@ from tests.conftest import import_or_skip
 import_or_skip("torch", "the triton target needs torch (pip install 'llmir[gpu]')")
 import_or_skip("triton", "the triton target needs triton (pip install 'llmir[gpu]')")
 
-from llmir_core.backends.triton.target import TARGET  # noqa: E402
 from llmir_core.errors import InputError  # noqa: E402
+from llmir_core.targets.triton.target import TARGET  # noqa: E402
 
 from ..decoder.tiny import TINY, make_llama_folder  # noqa: E402
 
@@ -58,8 +58,8 @@ def _greedy(dec: Any) -> tuple[list[int], list[np.ndarray]]:
 def test_tiny_decoder_matches_onnxruntime(
     tiny_module: Any, triton_art: Path, tmp_path: Path
 ) -> None:
-    from llmir_core.backends.ort_decoder import build_decoder
-    from llmir_core.runtime.ort_decoder import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 
     build_decoder(tiny_module, str(tmp_path / "ort"))
     want_toks, want = _greedy(open_artifact(str(tmp_path / "ort"), threads=1))
@@ -96,7 +96,7 @@ def test_manifest_and_files(triton_art: Path) -> None:
 def test_open_without_gpu_exits_2(triton_art: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = (
-        "import sys; from llmir_core.backends.triton.target import TARGET\n"
+        "import sys; from llmir_core.targets.triton.target import TARGET\n"
         "from llmir_core.errors import InputError\n"
         "try:\n    TARGET.open(sys.argv[1])\nexcept InputError as e:\n    print(e); sys.exit(2)"
     )

@@ -11,7 +11,7 @@ from tests.conftest import import_or_skip
 torch = import_or_skip("torch", "the triton kernels need torch (pip install 'llmir[gpu]')")
 import_or_skip("triton", "the triton kernels need triton (pip install 'llmir[gpu]')")
 
-from llmir_core.backends.triton.kernels import (  # noqa: E402
+from llmir_core.targets.triton.kernels import (  # noqa: E402
     decode_attention,
     embedding,
     kv_cache,

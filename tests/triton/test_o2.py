@@ -16,10 +16,10 @@ from tests.conftest import import_or_skip
 import_or_skip("torch", "the triton target needs torch (pip install 'llmir[gpu]')")
 import_or_skip("triton", "the triton target needs triton (pip install 'llmir[gpu]')")
 
-from llmir_core.backends import build, lower, lower_text  # noqa: E402
-from llmir_core.backends.triton import aot  # noqa: E402
-from llmir_core.backends.triton.target import CAPABILITIES, TARGET  # noqa: E402
 from llmir_core.interp import run  # noqa: E402
+from llmir_core.targets import build, lower, lower_text  # noqa: E402
+from llmir_core.targets.triton import aot  # noqa: E402
+from llmir_core.targets.triton.target import CAPABILITIES, TARGET  # noqa: E402
 from llmir_core.verifier import verify  # noqa: E402
 
 from ..decoder.tiny import TINY, make_llama_folder  # noqa: E402

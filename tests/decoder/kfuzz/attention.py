@@ -50,7 +50,7 @@ def _gqa_ref(at: dict[str, Any]) -> Callable[[Feeds], list[np.ndarray]]:
     """com.microsoft GroupQueryAttention as llmir's kernel documents it (attention.c's header),
     in float64: the past rows up to each row's past length (the rest of present zero), the new
     rows (rotated, int8-rounded) after them, causal attention over each row's keys."""
-    from llmir_core.dialects.ort import kv_int8_codes
+    from llmir_core.targets.onnxruntime.dialect import kv_int8_codes
 
     H, Hkv = at["num_heads"], at["kv_num_heads"]
     scale_at, cap = at.get("scale", 0.0), at.get("softcap", 0.0)

@@ -58,7 +58,7 @@ def _graph(
     unknown shape; `pre`: default-domain nodes before it (their outputs feed it)."""
     from onnx import TensorProto, helper
 
-    from llmir_core.backends.ort_ext import DOMAIN
+    from llmir_core.targets.onnxruntime.native import DOMAIN
 
     node = helper.make_node(op, [n for n, _ in inputs], outputs, domain=DOMAIN, **(attrs or {}))
     init_names = {t.name for t in inits or []}
@@ -81,7 +81,7 @@ def _session(graph: Any) -> Any:
     import onnxruntime as ort
     from onnx import helper
 
-    from llmir_core.backends.ort_ext import DOMAIN, register
+    from llmir_core.targets.onnxruntime.native import DOMAIN, register
 
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)]

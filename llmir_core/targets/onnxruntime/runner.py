@@ -1,0 +1,442 @@
+"""Running a decoder artifact (built by `llmir_core.targets.onnxruntime.serialize_decoder`) on onnxruntime.
+
+`open_artifact(dir)` reads manifest.json and returns an `OrtDecoder`, which implements the
+`Decoder` protocol of `llmir_core.runtime.generate` (reset, forward, length, max_context).
+
+With `kv_cache: shared_buffer` (every layer built as GroupQueryAttention) each cache entry is one
+buffer [batch, kv_heads, capacity, head_dim], bound with I/O binding as both the past input and
+the present output of the session, so onnxruntime writes the new rows in place and nothing is
+copied between steps (int8 buffers for an int8 cache: kv-cache-int8{scales=calibrated}). The capacity is what `reserve(n)` asked for before `reset` (the generation
+loop and the bench know prompt + new tokens), else 256; a longer sequence doubles it (one copy
+of the rows so far, log2(n) times at most), up to `max_context`. (GroupQueryAttention touches the
+whole buffer at prefill, so a buffer sized for the full context would cost its memory and time
+on every prompt.) Otherwise (a layer fell back to concat attention) the present outputs stay
+onnxruntime values and are bound as the next step's past inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from llmir_core.errors import InputError
+from llmir_core.interrupts import import_optional
+from llmir_core.runtime import trace_attrs
+from llmir_core.runtime.kv_capacity import (
+    DEFAULT_CAPACITY,
+    check_step,
+    context_limit,
+    grown_capacity,
+    reset_capacity,
+)
+from llmir_core.tracing import traced
+
+# Intra-op threads when none is asked for: None = `auto_threads()`. Measured on the 2-core
+# machine (benchmarks/decode_vs_ortgenai.py --choices, SmolLM2-135M shape, decode): with the
+# other core idle, 2 threads decode 1.35-1.4x faster than 1 (f32 and int4); with other processes
+# using 1.2-1.6 cores, 1 thread is 1.4-2x faster than 2 (and thread spinning costs another
+# 1.3-1.5x). So the default looks at how busy the CPUs are when the session is made.
+DEFAULT_THREADS: int | None = None
+
+
+def release_freed_heap() -> bool:
+    """Hand the heap pages freed so far back to the system (glibc's malloc_trim; False where
+    there is none). onnxruntime folds the rotary tables when a session loads (positions x
+    inv_freq -> cos/sin, [context, rotary_dim/2] floats per table): the intermediate products it
+    frees stay in the process's resident memory (~48 MB for Gemma 3's two tables of 32768
+    positions) until trimmed."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    return bool(trim(0))
+
+
+def _ort() -> Any:
+    ort = import_optional(
+        "onnxruntime", "onnxruntime is not installed", hint="pip install onnxruntime"
+    )
+    # onnxruntime's own log lines (coloured whatever NO_COLOR says) stay off: every failure
+    # reaches llmir as an exception, reported in its one-line form
+    ort.set_default_logger_severity(4)
+    return ort
+
+
+def busy_cores(seconds: float) -> float:
+    """CPU cores other processes kept busy over the next `seconds` (we sleep meanwhile)."""
+
+    def busy() -> int:
+        with open("/proc/stat", encoding="ascii") as fh:
+            parts = [int(x) for x in fh.readline().split()[1:]]
+        return sum(parts) - parts[3] - (parts[4] if len(parts) > 4 else 0)
+
+    b0 = busy()
+    time.sleep(seconds)
+    return (busy() - b0) / os.sysconf("SC_CLK_TCK") / seconds
+
+
+def _procs_running() -> int:
+    with open("/proc/stat", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("procs_running"):
+                return int(line.split()[1])
+    raise ValueError("/proc/stat has no procs_running line")
+
+
+def busy_now(samples: int = 24, interval_s: float = 0.0004) -> float:
+    """Cores other processes keep busy now: the kernel's count of runnable threads
+    (/proc/stat `procs_running`, this thread included, so one less), averaged over `samples`
+    reads `interval_s` apart (~10 ms in all, where `busy_cores` sleeps through its whole window:
+    opening an artifact must stay fast). A process looping on a core counts 1, one running
+    half the time about 0.5. Falls back to `busy_cores` where /proc/stat has no such line."""
+    try:
+        total = 0
+        for i in range(samples):
+            if i:
+                time.sleep(interval_s)
+            total += _procs_running()
+    except ValueError:
+        return busy_cores(0.05)
+    return max(0.0, total / samples - 1.0)
+
+
+def auto_threads() -> int:
+    """One thread per core that other processes leave free (at least 1): oversubscribed
+    cores make every decode step wait for the slowest thread."""
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
+    try:
+        busy = busy_now()
+    except (OSError, ValueError, IndexError):  # no /proc/stat: trust the core count
+        return cores
+    return max(1, min(cores, cores - math.ceil(busy - 0.25)))
+
+
+def resolve_threads(threads: int | None) -> int:
+    """The intra-op thread count a session gets: threads, else DEFAULT_THREADS, else auto."""
+    n = threads if threads is not None else DEFAULT_THREADS
+    if n is None:
+        return auto_threads()
+    if n < 0:
+        raise InputError(f"--threads must be >= 0, got {n}")
+    return n
+
+
+def auto_spin(threads: int) -> bool:
+    """Whether the intra-op pool's threads should spin between kernels: only when the cores are
+    otherwise idle. Measured (SmolLM2-135M shape int4, 2 threads, other processes keeping both
+    cores busy): spinning decoded 3.1x slower (4.3 vs 13.3 tok/s) and prefilled 1.3x slower, as
+    a spinning thread takes the core the thread it waits for needs; on an idle machine spinning
+    saves the wake-up of every parallel section (hundreds per decode step)."""
+    if threads == 1:
+        return False  # no pool threads
+    try:
+        return busy_now() < 0.25
+    except (OSError, ValueError, IndexError):  # no /proc/stat: onnxruntime's default (spin)
+        return True
+
+
+def session_options(
+    threads: int | None = None,
+    spin: bool | None = None,
+    custom_ops: Sequence[str] = (),
+    prepack: str = "session",
+) -> Any:
+    """threads: intra-op threads (None = resolve_threads's default, 0 = onnxruntime's own).
+    spin: let pool threads spin between kernels (None = `auto_spin`: only on an idle machine).
+    custom_ops: the llmir custom-op libraries the model needs (its manifest's `custom_ops`).
+    prepack: the artifact's `decoder.prepack` (lower-ort-module): "none" turns onnxruntime's
+    weight prepacking off, so the weights stay memory-mapped as stored."""
+    ort = _ort()
+    so = ort.SessionOptions()
+    if custom_ops:
+        from llmir_core.targets.onnxruntime.native import register
+
+        register(so, custom_ops)
+    so.log_severity_level = 4  # errors reach llmir as exceptions; no coloured log lines
+    n = resolve_threads(threads)
+    if n:
+        so.intra_op_num_threads = n
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if spin is None:
+        spin = auto_spin(n or os.cpu_count() or 1)
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if prepack == "none":
+        so.add_session_config_entry("session.disable_prepacking", "1")
+    return so
+
+
+def artifact_session_options(
+    manifest: dict[str, Any], threads: int | None = None, spin: bool | None = None
+) -> Any:
+    """session_options for a built decoder: the custom-op libraries and the prepack mode its
+    manifest records (`custom_ops`, `decoder.prepack`)."""
+    return session_options(
+        threads,
+        spin,
+        manifest.get("custom_ops") or (),
+        str(manifest.get("decoder", {}).get("prepack", "session")),
+    )
+
+
+def _cache_dtype(spec: dict[str, Any]) -> type:
+    """The numpy dtype of a cache entry: int8 codes (kv-cache-int8) or f32."""
+    return np.int8 if spec.get("dtype") == "i8" else np.float32
+
+
+class OrtDecoder:
+    """Prefill and decode through an onnxruntime session; the KV cache stays in bound buffers."""
+
+    def __init__(
+        self,
+        art_dir: str,
+        manifest: dict[str, Any],
+        threads: int | None = None,
+        max_context: int | None = None,
+        spin: bool | None = None,
+    ) -> None:
+        dec = manifest.get("decoder")
+        if not isinstance(dec, dict):
+            raise InputError(
+                f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
+                hint="build it with `llmir build MODEL.llmir --target onnxruntime` from an "
+                "imported LLM",
+            )
+        self.art_dir = art_dir
+        self.manifest = manifest
+        self.decoder = dec
+        self.caches: list[dict[str, Any]] = list(dec["cache"])
+        self.shared = dec.get("kv_cache") == "shared_buffer"
+        self.max_context = context_limit(dec.get("max_len"), max_context)
+        if self.shared and self.max_context is None:
+            raise InputError(f"{art_dir}: the manifest gives no max_len for the shared KV buffers")
+        prepack = dec.get("prepack", "session")  # artifacts built before the field: "session"
+        if prepack not in ("session", "none"):
+            raise InputError(
+                f"{art_dir}: manifest field 'decoder.prepack' must be 'session' or 'none', "
+                f"got {prepack!r}",
+                hint="rebuild the artifact with `llmir build`",
+            )
+        self.threads = resolve_threads(threads)
+        # decided here (not inside session_options) so that benches can report it: whether the
+        # pool threads spin is the one setting that changes a 2-thread decode step by more
+        # than the graph does (docs/perf.md, "int4 decode against onnxruntime-genai")
+        self.spin: bool = (
+            spin if spin is not None else auto_spin(self.threads or os.cpu_count() or 1)
+        )
+        ort = _ort()
+        path = os.path.join(art_dir, manifest.get("model", "model.onnx"))
+        so = artifact_session_options(manifest, self.threads, self.spin)
+        try:
+            self.sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise InputError(
+                f"{path}: onnxruntime cannot load the model: {str(exc).strip().splitlines()[0]}"
+            ) from None
+        release_freed_heap()
+        self.io = self.sess.io_binding()
+        self.length = 0
+        self.batch = 0
+        self.buffers: list[np.ndarray] = []  # shared mode: the cache memory (numpy owns it)
+        self.capacity = 0
+        self._reserved: int | None = None
+        self._values: list[Any] = []  # the OrtValues bound as past inputs
+        self._logits_name = self.sess.get_outputs()[0].name
+        self._last_only = dec.get("logits") == "last"
+        self._logits: dict[int, tuple[np.ndarray, Any]] = {}
+        self._step_bound = False  # the one-token buffers below are bound
+        self._step_ids = np.zeros((0, 1), np.int64)
+        self._step_pos = np.zeros((0, 1), np.int64)
+
+    @property
+    def vocab(self) -> int:
+        return int(self.decoder["vocab"])
+
+    def use_session(self, sess: Any) -> None:
+        """Run on `sess` (the same model, e.g. opened with profiling on) from the next `reset`:
+        a fresh I/O binding, the KV and logits buffers bound again to it."""
+        self.sess = sess
+        self.io = sess.io_binding()
+        self.buffers = []
+        self.capacity = 0
+        self.batch = 0
+        self._values = []
+        self._logits = {}
+        self._step_bound = False
+
+    def reserve(self, tokens: int) -> None:
+        """Size the KV buffers of the next `reset` for `tokens` positions (capped at max_context)."""
+        self._reserved = max(1, int(tokens))
+
+    def reset(self, batch: int = 1) -> None:
+        """Start new sequences; the shared buffers are kept when batch and capacity still fit."""
+        ort = _ort()
+        if batch < 1:
+            raise InputError(f"batch must be >= 1, got {batch}")
+        self.length = 0
+        if self.shared:
+            assert self.max_context is not None
+            want = reset_capacity(self._reserved, self.max_context)
+            if batch != self.batch or not self.buffers or self.capacity < want:
+                self._allocate(batch, want)
+        else:
+            self._values = [
+                ort.OrtValue.ortvalue_from_numpy(
+                    np.zeros((batch, c["kv_heads"], 0, c["head_dim"]), _cache_dtype(c))
+                )
+                for c in self.caches
+            ]
+        self.batch = batch
+
+    def _allocate(self, batch: int, capacity: int, keep: int = 0) -> None:
+        """New shared buffers of `capacity` rows (the first `keep` rows copied), bound in and out."""
+        ort = _ort()
+        old = self.buffers
+        self.buffers = [
+            np.zeros((batch, c["kv_heads"], capacity, c["head_dim"]), _cache_dtype(c))
+            for c in self.caches
+        ]
+        if keep:
+            for new, prev in zip(self.buffers, old):
+                new[:, :, :keep] = prev[:, :, :keep]
+        self._values = [ort.OrtValue.ortvalue_from_numpy(b) for b in self.buffers]
+        for c, v in zip(self.caches, self._values):
+            self.io.bind_ortvalue_input(c["input"], v)
+            self.io.bind_ortvalue_output(c["output"], v)
+        self.capacity = capacity
+
+    def forward(self, ids: np.ndarray) -> np.ndarray:
+        """Run ids [batch, seq] after what is cached; return logits [batch, seq (or 1), vocab]."""
+        ids = check_step(ids, self.batch, self.length, self.max_context)
+        batch, seq = ids.shape
+        if not self.batch:
+            self.reset(batch)
+        if batch > 1 and seq > 1 and self.length and self.decoder.get("fused_attention_layers"):
+            # GroupQueryAttention takes a multi-token chunk after a cached prefix only for batch 1
+            steps = [self.forward(ids[:, i : i + 1]) for i in range(seq)]
+            return steps[-1] if self._last_only else np.concatenate(steps, axis=1)
+        if self.shared and self.length + seq > self.capacity:
+            grown = grown_capacity(self.capacity, self.length + seq, self.max_context)
+            self._allocate(batch, grown, keep=self.length)
+        io = self.io
+        rows = 1 if self._last_only else seq
+        if seq == 1 and self.shared:
+            # a decode step: inputs and logits live in buffers bound once (just write the values)
+            logits = self._bind_step(batch)
+            self._step_ids[:] = ids
+            self._step_pos[:] = self.length
+        else:
+            self._step_bound = False
+            positions = np.ascontiguousarray(
+                np.broadcast_to(
+                    np.arange(self.length, self.length + seq, dtype=np.int64), (batch, seq)
+                )
+            )
+            io.bind_cpu_input("input_ids", ids)
+            io.bind_cpu_input("positions", positions)
+            if not self.shared:
+                for c, v in zip(self.caches, self._values):
+                    io.bind_ortvalue_input(c["input"], v)
+                    io.bind_output(c["output"])
+            logits, logits_value = self._logits_buffer(batch, rows)
+            io.bind_ortvalue_output(self._logits_name, logits_value)
+        try:
+            self.sess.run_with_iobinding(io)
+        except Exception as exc:
+            raise InputError(f"onnxruntime failed: {str(exc).strip().splitlines()[0]}") from None
+        if not self.shared:
+            by_name = dict(zip(self._output_order(), io.get_outputs()))
+            self._values = [by_name[c["output"]] for c in self.caches]
+        self.length += seq
+        return logits.copy() if rows == 1 else logits
+
+    def _bind_step(self, batch: int) -> np.ndarray:
+        """Bind the one-token ids/positions buffers and the logits buffer (once per batch size)."""
+        if not self._step_bound or self._step_ids.shape[0] != batch:
+            ort = _ort()
+            self._step_ids = np.zeros((batch, 1), np.int64)
+            self._step_pos = np.zeros((batch, 1), np.int64)
+            self.io.bind_ortvalue_input(
+                "input_ids", ort.OrtValue.ortvalue_from_numpy(self._step_ids)
+            )
+            self.io.bind_ortvalue_input(
+                "positions", ort.OrtValue.ortvalue_from_numpy(self._step_pos)
+            )
+            self.io.bind_ortvalue_output(self._logits_name, self._logits_buffer(batch, 1)[1])
+            self._step_bound = True
+        return self._logits[batch][0]
+
+    def _logits_buffer(self, batch: int, rows: int) -> tuple[np.ndarray, Any]:
+        """Where onnxruntime writes the logits: a reused buffer for one row (decode steps,
+        copied out), a fresh one (returned as is) for a prompt."""
+        if rows == 1 and batch in self._logits:
+            return self._logits[batch]
+        arr = np.empty((batch, rows, self.vocab), np.float32)
+        out = (arr, _ort().OrtValue.ortvalue_from_numpy(arr))
+        if rows == 1:
+            self._logits[batch] = out
+        return out
+
+    def _output_order(self) -> list[str]:
+        """Bound outputs in binding order: the caches (bound first), then the logits."""
+        return [c["output"] for c in self.caches] + [self._logits_name]
+
+    def cache_pointers(self) -> list[int]:
+        """Data addresses of the bound cache values (stay fixed across steps in shared mode)."""
+        return [int(v.data_ptr()) for v in self._values]
+
+
+def load_decoder_manifest(art_dir: str) -> dict[str, Any]:
+    from llmir_core.targets.onnxruntime.session import load_manifest
+
+    if not os.path.isdir(art_dir):
+        raise InputError(
+            f"{art_dir}: not a folder", hint="pass an artifact folder built by `llmir build`"
+        )
+    manifest = load_manifest(art_dir)
+    if not isinstance(manifest.get("decoder"), dict):
+        raise InputError(
+            f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
+            hint="build an imported LLM with `llmir build MODEL.llmir --target onnxruntime`",
+        )
+    return manifest
+
+
+@traced("load", after=trace_attrs.loaded)  # tracing
+def open_artifact(
+    art_dir: str,
+    threads: int | None = None,
+    max_context: int | None = None,
+    spin: bool | None = None,
+) -> OrtDecoder:
+    """The decoder in an artifact folder, ready for `reset` and `forward`."""
+    return OrtDecoder(art_dir, load_decoder_manifest(art_dir), threads, max_context, spin)
+
+
+__all__ = [
+    "OrtDecoder",
+    "open_artifact",
+    "load_decoder_manifest",
+    "session_options",
+    "auto_threads",
+    "busy_cores",
+    "busy_now",
+    "resolve_threads",
+    "auto_spin",
+    "DEFAULT_THREADS",
+    "DEFAULT_CAPACITY",
+]

@@ -1,0 +1,387 @@
+"""The `triton` target (CONTRACT.md): llmir's Triton kernels on a CUDA GPU.
+
+- `lowering(options)`: fuse-add-rms-norm, fuse-linear, then lower-triton (options `kv_cache`
+  native|int8, `split_k`), so `llmir optimize --target triton` shows each kernel launch.
+- `serialize(module, out_dir, arch=...)`: writes (temp + rename) `model.llmir` (the lowered
+  module), `weights.bin` with the build-time values in the kernels' layouts (float weights as
+  they are; GGUF q8_0/q4_0 blocks and symmetric nbits weights repacked losslessly into codes +
+  scales; rotary tables precomputed), `kernels/` with PTX and cubin compiled ahead of time for
+  each `--arch` (default sm_80,sm_90: the main specialization of every kernel the module
+  launches, in its dtype; other specializations compile at load, cached) and the manifest (`"target": "triton"`, sha256 of every
+  file, each AOT kernel's entry).
+- `open(dir)`: a `TritonDecoder` (runner.py) implementing the Decoder protocol. It needs a CUDA
+  device, except under TRITON_INTERPRET=1 (the CPU tests); otherwise it exits 2 with "this
+  artifact needs a CUDA GPU (none found)".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llmir_core.errors import Diagnostic, InputError
+from llmir_core.ir.core import Module
+from llmir_core.ir.types import DType, TensorType
+from llmir_core.targets.triton.plan import RUNTIME_OPS, split_static, static_leaves
+
+NAME = "triton"
+MODEL_FILE = "model.llmir"
+WEIGHTS_FILE = "weights.bin"
+KERNEL_DIR = "kernels"
+MANIFEST = "manifest.json"
+ALIGN = 256
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the target runs after lowering (the contract's Capabilities; the lead may swap in the
+    shared class from llmir_core.targets.contract, same fields)."""
+
+    ops: frozenset[str]
+    dtypes: frozenset[str]
+    devices: frozenset[str]
+
+    def check(self, module: Module) -> list[Diagnostic]:
+        out: list[Diagnostic] = []
+        for fn in module.functions:
+            _, step = split_static(fn)
+            for op in step:
+                if op.name not in self.ops:
+                    out.append(
+                        Diagnostic(
+                            "error",
+                            f"op '{op.name}' has no triton kernel (the triton target runs "
+                            f"{', '.join(sorted(o for o in self.ops if o.startswith('triton.')))} "
+                            "and layout/elementwise glue)",
+                            op.pos,
+                            op.origin,
+                        )
+                    )
+                    continue
+                for v in (*op.operands, *op.results):
+                    t = v.type
+                    if (
+                        isinstance(t, TensorType)
+                        and isinstance(t.dtype, DType)
+                        and t.dtype.is_float
+                        and str(t.dtype) not in self.dtypes
+                    ):
+                        out.append(
+                            Diagnostic(
+                                "error",
+                                f"op '{op.name}' computes in {t.dtype}; the triton target "
+                                f"computes in {', '.join(sorted(self.dtypes))}",
+                                op.pos,
+                                op.origin,
+                            )
+                        )
+                        break
+        return out
+
+
+CAPABILITIES = Capabilities(
+    ops=RUNTIME_OPS, dtypes=frozenset({"f32", "f16", "bf16"}), devices=frozenset({"cuda"})
+)
+
+
+def _is_lowered(module: Module) -> bool:
+    return any(op.name.startswith("triton.") for fn in module.functions for op in fn.ops)
+
+
+class TritonTarget:
+    name = NAME
+    capabilities = CAPABILITIES
+    dialects = ("llmir_core.targets.triton.dialect",)
+    passes = ("llmir_core.targets.triton.lower:LowerTriton",)
+
+    def lowering(self, options: Mapping[str, str]) -> list[Any]:
+        from llmir_core.passes import PASSES
+
+        kv = str(options.get("kv_cache", "native"))
+        if kv not in ("native", "int8"):
+            raise InputError(f"--kv-cache for the triton target is native or int8, got {kv!r}")
+        try:
+            split_k = int(options.get("split_k", 0))
+        except ValueError:
+            raise InputError(
+                f"split_k must be an integer, got {options.get('split_k')!r}"
+            ) from None
+        return [
+            PASSES["fuse-add-rms-norm"](),
+            PASSES["fuse-linear"](),
+            PASSES["lower-triton"](kv_cache=kv, split_k=split_k),
+        ]
+
+    def serialize(
+        self,
+        module: Module,
+        out_dir: str,
+        *,
+        source_path: str | None = None,
+        arch: str | None = None,
+        kv_cache: str = "native",
+        max_len: int | None = None,
+        **_: Any,
+    ) -> dict[str, Any]:
+        from llmir_core.passes.base import PassContext, clone_module
+        from llmir_core.targets.triton.aot import DEFAULT_ARCHS, parse_archs
+
+        # "none": no ahead-of-time kernels (all compile at load, cached)
+        archs = (
+            []
+            if arch == "none"
+            else parse_archs(arch if arch is not None else ",".join(DEFAULT_ARCHS))
+        )
+        if not _is_lowered(module):
+            module = clone_module(module)
+            ctx = PassContext()
+            for p in self.lowering({"kv_cache": kv_cache}):
+                p.run(module, ctx)
+        return write_artifact(module, out_dir, archs, source_path=source_path, max_len=max_len)
+
+    def open(self, artifact_dir: str, **options: Any) -> Any:
+        from llmir_core.targets.triton.runner import open_decoder
+
+        return open_decoder(artifact_dir, **options)
+
+
+TARGET = TritonTarget()
+
+
+def _check_decoder(module: Module) -> Any:
+    from llmir_core.runtime.decoder import cache_specs
+
+    fn = module.main
+    specs = cache_specs(fn)
+    if len(fn.outputs) != 1 + len(specs):
+        raise InputError(
+            f"@{fn.name} must return logits and one present per cache input "
+            f"({1 + len(specs)} values), returns {len(fn.outputs)}"
+        )
+    errors = CAPABILITIES.check(module)
+    if errors:
+        d = errors[0]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise InputError(
+            d.header() + more,
+            hint="build it with --target onnxruntime, or run "
+            "`llmir optimize --target triton` to see what stays unlowered",
+        )
+    return specs
+
+
+def _repack(op: Any, packed: Any) -> dict[str, np.ndarray]:
+    """A triton.q_matmul weight in the kernels' layout (lossless; nbits scales are their own value)."""
+    q = packed.qtype
+    n, k = packed.shape
+    if q.scheme in ("q8_0", "q4_0"):
+        blocks = np.asarray(packed.data, np.uint8).reshape(
+            n, k // 32, 34 if q.scheme == "q8_0" else 18
+        )
+        scales = np.ascontiguousarray(blocks[:, :, :2]).view(np.float16).reshape(n, k // 32)
+        codes = np.ascontiguousarray(blocks[:, :, 2:]).reshape(n, -1)
+        return {"codes": codes.view(np.int8) if q.scheme == "q8_0" else codes, "scales": scales}
+    if q.scheme == "nbits" and q.bits in (4, 8) and q.zero == "none":
+        c = np.asarray(packed.data, np.uint8).reshape(n, -1)
+        return {"codes": (c.astype(np.int16) - 128).astype(np.int8) if q.bits == 8 else c}
+    raise InputError(
+        f"weight of {op.name} at {op.pos}: format {q} has no triton kernel "
+        "(GGUF q8_0/q4_0 and symmetric 4/8-bit nbits do)"
+    )
+
+
+def write_artifact(
+    module: Module,
+    out_dir: str,
+    archs: list[int],
+    *,
+    source_path: str | None = None,
+    max_len: int | None = None,
+) -> dict[str, Any]:
+    from llmir_core import SPEC_VERSION, __version__
+    from llmir_core.fileio import replace_dir, sha256_file
+    from llmir_core.interp import Interpreter
+    from llmir_core.ir.printer import print_module
+    from llmir_core.targets.onnxruntime.graph import (
+        artifact_tmp_dir,
+        check_artifact_dir,
+        source_digest,
+    )
+    from llmir_core.targets.onnxruntime.serialize_decoder import (
+        TEMPLATE_FILE,
+        TOKENIZER_FILE,
+        _copy_tokenizer,
+    )
+    from llmir_core.targets.triton.aot import compile_in_subprocess
+    from llmir_core.targets.triton.dialect import KERNELS
+    from llmir_core.weights import PackedArray
+
+    specs = _check_decoder(module)
+    if max_len is not None and max_len < 1:
+        raise InputError(f"--max-len must be >= 1, got {max_len}")
+    fn = module.main
+    out_dir = os.path.abspath(out_dir)
+    check_artifact_dir(out_dir)
+    rec = module.attrs.get("llmir.source")
+    if isinstance(rec, dict) and rec.get("sha256"):  # the file the module was lowered from
+        src_sha, src_name = str(rec["sha256"]), (str(rec.get("file") or "") or None)
+    else:
+        src_sha, src_name = source_digest(module, source_path)
+    # values computed once here: weights, rotary tables (numpy reference semantics)
+    interp = Interpreter(module, check_types=False)
+    static_ops, step_ops = split_static(fn)
+    leaves = set(static_leaves(fn))
+    consumers = {id(v): op for op in step_ops for v in op.operands}
+    vals: dict[int, Any] = {}
+    tmp = artifact_tmp_dir(out_dir)
+    try:
+        index: dict[str, Any] = {}
+        with open(os.path.join(tmp, WEIGHTS_FILE), "wb") as wf:
+
+            def put(key: str, arr: np.ndarray) -> dict[str, Any]:
+                pad = (-wf.tell()) % ALIGN
+                wf.write(b"\0" * pad)
+                a = np.ascontiguousarray(arr)
+                entry = {
+                    "offset": wf.tell(),
+                    "dtype": str(a.dtype),
+                    "shape": list(a.shape),
+                    "nbytes": a.nbytes,
+                }
+                wf.write(a.tobytes())
+                return entry
+
+            for op in static_ops:
+                outs = interp.eval_op(op, [vals[id(v)] for v in op.operands], {})
+                for r, o in zip(op.results, outs):
+                    vals[id(r)] = o
+                    if r.name not in leaves:
+                        continue
+                    if isinstance(o, PackedArray):
+                        parts = _repack(consumers.get(id(r), op), o)
+                        index[r.name] = {
+                            "quant": o.qtype.scheme,
+                            "shape": list(o.shape),
+                            **{k: put(f"{r.name}.{k}", v) for k, v in parts.items()},
+                        }
+                    else:
+                        index[r.name] = put(r.name, np.asarray(o))
+        used = sorted({k for op in step_ops for k in KERNELS.get(op.name, ())})
+        dt = fn.outputs[0].type.dtype if isinstance(fn.outputs[0].type, TensorType) else DType.f32
+        kernels = (
+            compile_in_subprocess(
+                str(dt) if str(dt) in ("f32", "f16", "bf16") else "f32",
+                archs,
+                os.path.join(tmp, KERNEL_DIR),
+                set(used),
+                one_each=True,
+            )
+            if archs
+            else []
+        )
+        with open(os.path.join(tmp, MODEL_FILE), "w", encoding="utf-8") as fh:
+            fh.write(print_module(module))
+        files = [MODEL_FILE, WEIGHTS_FILE]
+        tok = _copy_tokenizer(module, tmp)
+        if tok:
+            files.append(TOKENIZER_FILE)
+        template = module.attrs.get("llm.chat_template")
+        if isinstance(template, str) and template:
+            with open(os.path.join(tmp, TEMPLATE_FILE), "w", encoding="utf-8", newline="") as fh:
+                fh.write(template)
+            files.append(TEMPLATE_FILE)
+        for e in kernels:
+            for kind in ("ptx", "cubin"):
+                e[kind]["file"] = f"{KERNEL_DIR}/{e[kind]['file']}"
+        ctx = module.attrs.get("llm.context_length")
+        limit = max_len or (int(ctx) if isinstance(ctx, int) else None)
+        kv_i8 = any(
+            op.name == "triton.kv_append" and op.attrs.get("cache_dtype") == "i8" for op in step_ops
+        )
+        heads = next(
+            (_shape(op.operands[0])[1] for op in step_ops if op.name == "triton.attention"), None
+        )
+        eos = module.attrs.get("llm.eos_token_ids") or ()
+        decoder = {
+            "layers": len(specs) // 2,
+            "vocab": fn.outputs[0].type.shape[-1],  # type: ignore[union-attr]
+            "max_len": limit,
+            "context_length": ctx,
+            "heads": heads,
+            "kv_cache": "int8" if kv_i8 else "native",
+            "quant": {"f32_weights": _weights_kind(module, str(dt))},
+            "cache": [
+                {"input": s.name, "kv_heads": s.kv_heads, "head_dim": s.head_dim} for s in specs
+            ],
+            "eos_token_ids": [int(e) for e in eos],
+            "bos_token_id": module.attrs.get("llm.bos_token_id"),
+            "tokenizer": tok,
+            "chat_template": TEMPLATE_FILE if TEMPLATE_FILE in files else None,
+            "generation": _jsonable(module.attrs.get("llm.generation") or {}),
+            "architecture": module.attrs.get("llm.architecture"),
+        }
+        manifest = {
+            "schema_version": 1,
+            "llmir_version": __version__,
+            "spec_version": SPEC_VERSION,
+            "target": NAME,
+            "builder": "decoder",
+            "model": MODEL_FILE,
+            "weights": WEIGHTS_FILE,
+            "weight_index": index,
+            "source": {"file": src_name, "sha256": src_sha},
+            "pipeline": _jsonable(module.attrs.get("llmir.pipeline")),
+            "dtype": str(dt),
+            "archs": [f"sm_{a}" for a in archs],
+            "kernels": kernels,
+            "kernel_ops": used,
+            "files": {
+                f: {
+                    "sha256": sha256_file(os.path.join(tmp, f)),
+                    "bytes": os.path.getsize(os.path.join(tmp, f)),
+                }
+                for f in files
+            },
+            "decoder": decoder,
+        }
+        with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _weights_kind(module: Module, dtype: str) -> str:
+    """int4 / int8 when projections read quantized weights, else the compute dtype."""
+    for op in module.main.ops:
+        if op.name == "triton.q_matmul":
+            t = op.operands[1].type
+            if isinstance(t, TensorType) and not isinstance(t.dtype, DType):
+                return f"int{t.dtype.bits}"
+    return dtype
+
+
+def _shape(v: Any) -> tuple[Any, ...]:
+    t = v.type
+    return tuple(t.shape) if isinstance(t, TensorType) else ()
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    return str(x)
+
+
+__all__ = ["TARGET", "TritonTarget", "Capabilities", "CAPABILITIES", "write_artifact"]
