@@ -24,14 +24,15 @@ class PluginOpError(ValueError):
     """A plugin's op that would shadow a built-in op or join a built-in dialect."""
 
 
-_BUILTIN_DIALECTS: frozenset[str] = frozenset()  # set while a plugin's op set is imported
+BUILTIN_DIALECTS: frozenset[str] = frozenset()  # known once the built-in dialects are loaded
+_guarded = False  # while plugins load: the built-in dialects are closed to them
 
 
 def register(*defs: OpDef) -> None:
     for d in defs:
-        if _BUILTIN_DIALECTS and d.name in OPS and OPS[d.name].dialect in _BUILTIN_DIALECTS:
+        if _guarded and d.name in OPS and OPS[d.name].dialect in BUILTIN_DIALECTS:
             raise PluginOpError(f"op {d.name} is refused: a built-in op has that name")
-        if _BUILTIN_DIALECTS and d.dialect in _BUILTIN_DIALECTS:
+        if _guarded and d.dialect in BUILTIN_DIALECTS:
             raise PluginOpError(f"op {d.name} is refused: '{d.dialect}' is a built-in dialect")
         if d.name in OPS:
             raise ValueError(f"op {d.name} registered twice")
@@ -64,7 +65,7 @@ _loaded = False
 
 
 def _load() -> None:
-    global _loaded, _BUILTIN_DIALECTS
+    global _loaded, _guarded, BUILTIN_DIALECTS
     if _loaded:
         return
     _loaded = True
@@ -76,20 +77,24 @@ def _load() -> None:
         importlib.import_module(mod)
     # from here on, until every plugin is in, the built-in dialects are guarded (a plugin
     # target's module may register its ops when it is loaded, before its dialect module runs)
-    _BUILTIN_DIALECTS = frozenset(d.dialect for d in OPS.values()) | frozenset(CORE_DIALECTS)
+    BUILTIN_DIALECTS = frozenset(d.dialect for d in OPS.values()) | frozenset(CORE_DIALECTS)
+    _guarded = True
     try:
         for mod, who in plugin_dialect_modules():
             load_plugin_ops(mod, who)
     finally:
-        _BUILTIN_DIALECTS = frozenset()
+        _guarded = False
 
 
 def load_plugin_ops(module: str, who: str) -> bool:
     """Import a plugin's op-set module (its ops register on import); False, with one warning
     line naming `who`, when it fails (then none of its ops stay registered)."""
+    global _guarded
     from llmir_core.targets import plugin_warning
 
-    ops, dialects = set(OPS), dict(DIALECTS)
+    _load()
+    ops, dialects, guarded = set(OPS), dict(DIALECTS), _guarded
+    _guarded = True
     try:
         importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 - a broken plugin must not break core
@@ -102,4 +107,6 @@ def load_plugin_ops(module: str, who: str) -> bool:
         why = lines[0] if isinstance(exc, PluginOpError) else f"{type(exc).__name__}: {lines[0]}"
         plugin_warning(f"{who} is not loaded ({module}): {why}")
         return False
+    finally:
+        _guarded = guarded
     return True

@@ -34,7 +34,7 @@ BAD = {
         "intrude": "llmir_ext_bad.intrude",
     },
     "llmir.targets": {
-        "broken-target": "llmir_ext_bad.broken:TARGET",
+        "broken-target": "llmir_ext_bad._op:TARGET",  # no such object
         "onnxruntime": "llmir_ext_demo.target:TARGET",
     },
 }
@@ -174,8 +174,8 @@ def test_broken_plugins_cost_one_line_each_and_core_keeps_working(tmp_path: Path
     assert len(errors) == 1, r.stderr
     assert errors[0] == (
         "error: plugin target 'broken-target' (package 'llmir-ext-bad') failed to load "
-        "(llmir_ext_bad.broken:TARGET): ModuleNotFoundError: No module named "
-        "'llmir_ext_missing_dependency'"
+        "(llmir_ext_bad._op:TARGET): AttributeError: module 'llmir_ext_bad._op' has no "
+        "attribute 'TARGET'"
     )
 
 
@@ -243,12 +243,18 @@ def test_plugin_target_runs_its_native_kernel_not_the_decomposition(plugged: Pat
     assert t.name == "numpy-ext"
 
 
-def test_a_plugin_cannot_shadow_a_builtin_op(plugged: Path) -> None:
+def test_a_plugin_cannot_shadow_a_builtin_op(
+    plugged: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from llmir_core.dialects import registry
 
     registry.all_ops()
     before = dict(registry.OPS)
     assert not registry.load_plugin_ops("llmir_ext_bad.shadow", "plugin op set 'shadow'")
+    assert capsys.readouterr().err == (
+        "warning: plugin op set 'shadow' is not loaded (llmir_ext_bad.shadow): op core.silu is "
+        "refused: a built-in op has that name\n"
+    )
     assert registry.OPS == before  # shadow.fine, registered before the refusal, is gone
     assert registry.OPS["core.silu"] is before["core.silu"]
     assert "llmir_ext_bad.shadow" not in sys.modules

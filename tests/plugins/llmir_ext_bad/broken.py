@@ -3,5 +3,3 @@
 from __future__ import annotations
 
 import llmir_ext_missing_dependency  # noqa: F401  (the point: not installed)
-
-TARGET = None
