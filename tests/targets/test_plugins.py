@@ -258,3 +258,21 @@ def test_a_plugin_cannot_shadow_a_builtin_op(
     assert registry.OPS == before  # shadow.fine, registered before the refusal, is gone
     assert registry.OPS["core.silu"] is before["core.silu"]
     assert "llmir_ext_bad.shadow" not in sys.modules
+
+
+def test_translation_validation_takes_the_decomposition_as_the_meaning(plugged: Path) -> None:
+    """numpy-ext's lowering replaces ext.soft_clip by its decomposition: translation validation
+    proves the two modules equal (the extension op is expanded through its decomposition, not
+    an opaque function) without testing them."""
+    from llmir_core.ir.parser import parse_module
+    from llmir_core.passes.base import PassContext, clone_module
+    from llmir_core.smt.tv import validate
+    from llmir_core.targets import get_target
+
+    before = parse_module(EXT_MODULE, "m.llmir")
+    after = clone_module(before)
+    (lower,) = get_target("numpy-ext").lowering({})
+    lower.run(after, PassContext())
+    assert [op.name for op in after.main.ops if op.name.startswith("ext.")] == ["ext.swish_beta"]
+    verdict = validate(before, after, differential=False)
+    assert verdict["verdict"] == "equivalent", verdict
