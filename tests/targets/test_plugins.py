@@ -276,3 +276,20 @@ def test_translation_validation_takes_the_decomposition_as_the_meaning(plugged: 
     assert [op.name for op in after.main.ops if op.name.startswith("ext.")] == ["ext.swish_beta"]
     verdict = validate(before, after, differential=False)
     assert verdict["verdict"] == "equivalent", verdict
+
+
+@pytest.mark.parametrize(("c", "verdict"), [(2.0, "proved"), (3.0, "refuted")])
+def test_rule_proofs_take_the_decomposition_as_the_meaning(
+    plugged: Path, c: float, verdict: str
+) -> None:
+    """A rule over ext.soft_clip (no encoding of its own) is proved, or refuted, through its
+    decomposition: soft_clip(x, bound=2) == c * tanh(x / c) holds for c = 2 only."""
+    from llmir_core.rewrite.rule import Rule
+    from llmir_core.rewrite.terms import K, V, t
+    from llmir_core.smt.prove import prove
+
+    lhs = t("ext.soft_clip", V("x"), bound=2.0)
+    rhs = t("core.mul", K(c), t("core.tanh", t("core.div", V("x"), K(c))))
+    assert (
+        prove(Rule("soft-clip-def", "its definition", lhs, rhs, {"x": "... n"})).verdict == verdict
+    )
