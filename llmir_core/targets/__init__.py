@@ -51,17 +51,24 @@ class Plugin:
         return f"plugin {kind} '{self.name}' (package '{self.package}')"
 
 
+_SCANS: dict[tuple[str, tuple[str, ...]], list[Plugin]] = {}
+
+
 def plugins(group: str) -> list[Plugin]:
     """The installed packages' entry points in `group`, by name (the first of a repeated name).
-    Read on each call (importlib.metadata), never at import: `llmir --help` scans nothing."""
+    Read on first use (importlib.metadata, tens of ms), never at import: `llmir --help` scans
+    nothing; read again when sys.path changes."""
     from importlib.metadata import entry_points
 
-    out: dict[str, Plugin] = {}
-    for ep in entry_points(group=group):
-        dist = getattr(ep, "dist", None)
-        package = str(dist.name) if dist is not None else "?"
-        out.setdefault(ep.name, Plugin(group, ep.name, ep.value, package))
-    return [out[n] for n in sorted(out)]
+    key = (group, tuple(sys.path))
+    if key not in _SCANS:
+        out: dict[str, Plugin] = {}
+        for ep in entry_points(group=group):
+            dist = getattr(ep, "dist", None)
+            package = str(dist.name) if dist is not None else "?"
+            out.setdefault(ep.name, Plugin(group, ep.name, ep.value, package))
+        _SCANS[key] = [out[n] for n in sorted(out)]
+    return list(_SCANS[key])
 
 
 _WARNED: set[str] = set()
