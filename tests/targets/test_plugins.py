@@ -98,28 +98,14 @@ def demo_site(tmp_path: Path) -> Path:
 def test_ext_ops_run_the_same_on_the_interpreter_and_onnxruntime(
     demo_site: Path, tmp_path: Path
 ) -> None:
-    """The op set's ops parse and verify; the interpreter runs ext.swish_beta's reference and
-    ext.soft_clip's decomposition; onnxruntime, which has a kernel for neither, runs their
-    decompositions; both agree with numpy."""
-    r = llmir(demo_site, "verify", "m.llmir", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    outs = {}
-    for backend in ("reference", "onnxruntime"):
-        out = tmp_path / backend
-        r = llmir(demo_site, "run", "m.llmir", "--backend", backend, "--input", "x=x.npy",
-                  "--output-dir", str(out), cwd=tmp_path)  # fmt: skip
-        assert r.returncode == 0, r.stderr
-        outs[backend] = np.load(out / "y.npy")
-    x = np.load(tmp_path / "x.npy")
-    np.testing.assert_allclose(outs["reference"], expected(x), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(outs["onnxruntime"], outs["reference"], rtol=1e-5, atol=1e-6)
-
-
-def test_onnxruntime_build_lowers_ext_ops_through_their_decompositions(
-    demo_site: Path, tmp_path: Path
-) -> None:
+    """The op set's ops parse and verify (`llmir run` of a .llmir verifies it first); the
+    interpreter runs ext.swish_beta's reference and ext.soft_clip's decomposition; onnxruntime,
+    which has a kernel for neither, is built their decompositions; both agree with numpy."""
     import onnx
 
+    r = llmir(demo_site, "run", "m.llmir", "--input", "x=x.npy", "--output-dir", "ref",
+              cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
     r = llmir(demo_site, "build", "m.llmir", "--target", "onnxruntime", "-o", "ort",
               cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -127,6 +113,13 @@ def test_onnxruntime_build_lowers_ext_ops_through_their_decompositions(
     kinds = {n.op_type for n in graph.node}
     assert {"Sigmoid", "Tanh", "Mul", "Div"} <= kinds, kinds
     assert not any(n.domain.startswith("ext") for n in graph.node)
+    r = llmir(demo_site, "run", "ort", "--backend", "onnxruntime", "--input", "x=x.npy",
+              "--output-dir", "out", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    x = np.load(tmp_path / "x.npy")
+    ref, ort = np.load(tmp_path / "ref" / "y.npy"), np.load(tmp_path / "out" / "y.npy")
+    np.testing.assert_allclose(ref, expected(x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ort, ref, rtol=1e-5, atol=1e-6)
 
 
 def test_plugin_target_builds_from_the_cli(demo_site: Path, tmp_path: Path) -> None:
