@@ -2,7 +2,9 @@
 
 The target table. `TARGETS` maps each built-in target's name to its lazily imported object (a
 missing runtime library matters only for that target); other packages add targets through the
-`llmir.targets` entry-point group and op sets through `llmir.dialects`. Each target lives in its
+`llmir.targets` entry-point group and op sets through `llmir.dialects` (read on first use; built-in
+names win; a plugin that fails to load costs one line naming it and its package, and the rest
+keeps working: `plugins`, `get_target`, llmir_core.dialects.registry). Each target lives in its
 own folder `llmir_core/targets/<name>/` and declares its dialects, passes, options, `open` and
 `open_batch`; the dialect registry (`dialect_modules`) and the pass list (`pass_classes`) are
 derived from this table. Code outside `targets/` imports a target only through this module
@@ -136,8 +138,8 @@ def dialect_modules() -> list[str]:
 
 def pass_classes() -> list[type]:
     """Every target's lowering pass classes (`llmir optimize --passes` names them). A plugin
-    pass that fails to import, or whose name a pass of core or of a built-in target has, is
-    left out with a warning."""
+    pass that fails to import, or whose name another pass (of core, of a target, of an earlier
+    plugin) has, is left out with a warning."""
     from llmir_core.passes import CORE_PASS_CLASSES
 
     out: list[type] = []
@@ -157,9 +159,7 @@ def pass_classes() -> list[type]:
             continue
         for c in classes:
             if getattr(c, "name", "") in taken:
-                plugin_warning(
-                    f"{p.label}: pass '{c.name}' is ignored: a built-in pass has that name"
-                )
+                plugin_warning(f"{p.label}: pass '{c.name}' is ignored: another pass has that name")
             else:
                 taken.add(c.name)
                 out.append(c)

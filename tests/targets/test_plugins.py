@@ -38,6 +38,7 @@ BAD = {
         "onnxruntime": "llmir_ext_demo.target:TARGET",
     },
 }
+PASSES_TARGET = "llmir_ext_bad.shadow_pass:TARGET"
 T = "tensor<?n x 8 x f32>"
 EXT_MODULE = f"""module @ext_demo attributes {{llmir.dialects = ["core", "ext"], llmir.version = "0.1"}} {{
   func.func @main(%x: {T}) -> {T} {{
@@ -286,3 +287,23 @@ def test_rule_proofs_take_the_decomposition_as_the_meaning(
     assert (
         prove(Rule("soft-clip-def", "its definition", lhs, rhs, {"x": "... n"})).verdict == verdict
     )
+
+
+def test_a_plugin_pass_cannot_shadow_a_builtin_pass(
+    plugged: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llmir_core.passes import CORE_PASS_CLASSES
+    from llmir_core.targets import pass_classes
+
+    site = plugged / "site2"
+    install(site, "llmir-ext-passes", {"llmir.targets": {"shadow-pass": PASSES_TARGET}})
+    monkeypatch.syspath_prepend(str(site))
+    classes = pass_classes()
+    by_name = {c.name: c for c in [*CORE_PASS_CLASSES, *classes]}
+    assert by_name["cse"].__module__ == "llmir_core.passes.cse"
+    assert by_name["lower-shadow-pass"].__module__ == "llmir_ext_bad.shadow_pass"
+    assert "lower-numpy-ext" in by_name
+    assert (
+        "warning: plugin target 'shadow-pass' (package 'llmir-ext-passes'): pass 'cse' is "
+        "ignored: another pass has that name\n"
+    ) in capsys.readouterr().err
