@@ -307,3 +307,23 @@ def test_a_plugin_pass_cannot_shadow_a_builtin_pass(
         "warning: plugin target 'shadow-pass' (package 'llmir-ext-passes'): pass 'cse' is "
         "ignored: another pass has that name\n"
     ) in capsys.readouterr().err
+
+
+def test_an_object_that_is_not_a_target_is_refused_in_one_line(
+    plugged: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llmir_core.errors import InputError
+    from llmir_core.targets import get_target, target_specs
+
+    site = plugged / "site2"
+    groups = {"llmir.targets": {"not-a-target": "llmir_ext_bad._op:identity_op"}}
+    install(site, "llmir-ext-odd", groups)
+    monkeypatch.syspath_prepend(str(site))
+    assert "not-a-target" in target_specs()
+    with pytest.raises(InputError) as err:
+        get_target("not-a-target")
+    assert err.value.message == (
+        "plugin target 'not-a-target' (package 'llmir-ext-odd') is not a target: "
+        "llmir_ext_bad._op:identity_op lacks name, capabilities, lowering, serialize, open"
+    )
+    assert get_target("numpy-ext").name == "numpy-ext"  # the others still load
