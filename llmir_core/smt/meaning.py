@@ -7,7 +7,8 @@
 - cost: `explicit`, else `generic` (one FLOP per result element, every operand read once).
 
 `tv_treatment` says how translation validation sees the op: expanded through its decomposition
-(fused and target ops), else an uninterpreted function of its operand terms.
+(fused, target and extension ops: the decomposition is the op's meaning), else an uninterpreted
+function of its operand terms.
 
 Imports no solver: the encodings named by `lazy(...)` load only when evaluated.
 """
@@ -32,9 +33,10 @@ def cost_source(od: OpDef) -> str:
 
 
 def expands_in_tv(od: OpDef) -> bool:
-    """Translation validation expands fused `llm.*` and target `ort.*` ops through their
-    decompositions (their definitions), so they meet the ops they replaced."""
-    return od.decompose is not None and od.dialect in ("llm", "ort")
+    """Translation validation expands every op that declares a decomposition (fused `llm.*`,
+    target `ort.*`, a plugin's extension ops) through it, its definition, so it meets the ops
+    it replaced or that replace it."""
+    return od.decompose is not None
 
 
 def tv_treatment(od: OpDef) -> str:

@@ -164,14 +164,42 @@ class Encoder:
     def op(
         self, name: str, args: Sequence[STensor], attrs: dict[str, Any], leaf_dtype: str = "f32"
     ) -> list[STensor]:
-        from llmir_core.dialects.registry import get_op
+        from llmir_core.dialects import registry
 
-        od = get_op(name)
+        od = registry.get_op(name)  # loads the registry, so BUILTIN_DIALECTS is known
+        # an extension op (a plugin's dialect) with no encoding means its decomposition; the
+        # built-in ops without one keep their stated reason (`no_smt`)
+        if od and od.smt is None and od.decompose and od.dialect not in registry.BUILTIN_DIALECTS:
+            return self.decomposed(od, args, attrs, leaf_dtype)
         if od is None or od.smt is None:
             why = f" ({od.no_smt})" if od is not None and od.no_smt else ""
             raise EncodeError(f"no element-level semantics for {name}{why}")
         out = od.smt(self, args, od.with_defaults(attrs))
         return out if isinstance(out, list) else [out]
+
+    def decomposed(
+        self, od: Any, args: Sequence[STensor], attrs: dict[str, Any], leaf_dtype: str
+    ) -> list[STensor]:
+        """An op with no encoding of its own means its decomposition (an extension op's
+        fallback): each op of it encoded in turn, over the operands' tensors. Built with static
+        dims where the operands have them (any other dim is dynamic) in `leaf_dtype`."""
+        from llmir_core.builder import Builder
+        from llmir_core.ir.core import Function, Value
+        from llmir_core.ir.dims import DYN
+        from llmir_core.ir.types import DType, TensorType
+
+        dims = [tuple(d if isinstance(d, int) else DYN for d in a.shape) for a in args]
+        params = [Value(f"a{i}", TensorType(s, DType(leaf_dtype))) for i, s in enumerate(dims)]
+        fn = Function(f"{od.name}.decomposed", params)
+        try:
+            outs = od.decompose(Builder(fn), params, od.with_defaults(attrs))
+        except Exception as exc:  # noqa: BLE001 - a decomposition that cannot be built here
+            raise EncodeError(f"{od.name}: its decomposition cannot be built here: {exc}") from None
+        env = {id(p): a for p, a in zip(params, args)}
+        for op in fn.ops:
+            res = self.op(op.name, [env[id(v)] for v in op.operands], op.attrs, leaf_dtype)
+            env.update(zip((id(r) for r in op.results), res))
+        return [env[id(v)] for v in outs]
 
     # -- shared helpers for op encodings ---------------------------------------------------
     def apply_uf(self, name: str, x: STensor) -> STensor:

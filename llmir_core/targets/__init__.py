@@ -2,7 +2,9 @@
 
 The target table. `TARGETS` maps each built-in target's name to its lazily imported object (a
 missing runtime library matters only for that target); other packages add targets through the
-`llmir.targets` entry-point group and op sets through `llmir.dialects`. Each target lives in its
+`llmir.targets` entry-point group and op sets through `llmir.dialects` (read on first use; built-in
+names win; a plugin that fails to load costs one line naming it and its package, and the rest
+keeps working: `plugins`, `get_target`, llmir_core.dialects.registry). Each target lives in its
 own folder `llmir_core/targets/<name>/` and declares its dialects, passes, options, `open` and
 `open_batch`; the dialect registry (`dialect_modules`) and the pass list (`pass_classes`) are
 derived from this table. Code outside `targets/` imports a target only through this module
@@ -14,7 +16,9 @@ the manifest's target and dispatches.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llmir_core.errors import InputError
@@ -33,67 +37,189 @@ DIALECT_GROUP = "llmir.dialects"  # entry points: name = "package.module" (regis
 MANIFEST = "manifest.json"
 
 
-def _entry_points(group: str) -> dict[str, str]:
-    """name -> "module:attr" of the installed packages' entry points in `group` (built-in names
-    win: a plugin cannot replace a built-in target)."""
+@dataclass(frozen=True)
+class Plugin:
+    """One entry point of an installed package: a target (`llmir.targets`, value
+    "module:OBJECT") or an op set (`llmir.dialects`, value "module", registering on import)."""
+
+    group: str
+    name: str
+    value: str
+    package: str  # the distribution that declares it (named in every problem line)
+
+    @property
+    def label(self) -> str:
+        kind = "target" if self.group == TARGET_GROUP else "op set"
+        return f"plugin {kind} '{self.name}' (package '{self.package}')"
+
+
+_SCANS: dict[tuple[str, tuple[str, ...]], list[Plugin]] = {}
+
+
+def plugins(group: str) -> list[Plugin]:
+    """The installed packages' entry points in `group`, by name (the first of a repeated name).
+    Read on first use (importlib.metadata, tens of ms), never at import: `llmir --help` scans
+    nothing; read again when sys.path changes."""
     from importlib.metadata import entry_points
 
-    return {ep.name: ep.value for ep in entry_points(group=group)}
+    key = (group, tuple(sys.path))
+    if key not in _SCANS:
+        out: dict[str, Plugin] = {}
+        for ep in entry_points(group=group):
+            dist = getattr(ep, "dist", None)
+            package = str(dist.name) if dist is not None else "?"
+            out.setdefault(ep.name, Plugin(group, ep.name, ep.value, package))
+        _SCANS[key] = [out[n] for n in sorted(out)]
+    return list(_SCANS[key])
+
+
+_WARNED: set[str] = set()
+
+
+def plugin_warning(line: str) -> None:
+    """Say once per process, in one line on stderr, why a plugin is not used; llmir goes on
+    without it (the other targets and ops keep working)."""
+    if line not in _WARNED:
+        _WARNED.add(line)
+        sys.stderr.write(f"warning: {line}\n")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _plugin_targets() -> list[Plugin]:
+    """The `llmir.targets` entry points that name no built-in target (a plugin cannot replace
+    one: it is refused with a warning)."""
+    out = []
+    for p in plugins(TARGET_GROUP):
+        if p.name in TARGETS:
+            plugin_warning(f"{p.label} is ignored: '{p.name}' is a built-in target")
+        else:
+            out.append(p)
+    return out
 
 
 def target_specs() -> dict[str, str]:
     """Every known target: the built-in table, then the `llmir.targets` entry points."""
-    specs = dict(TARGETS)
-    for name, value in _entry_points(TARGET_GROUP).items():
-        specs.setdefault(name, value)
-    return specs
+    return {**TARGETS, **{p.name: p.value for p in _plugin_targets()}}
+
+
+def builtin_dialect_modules() -> list[str]:
+    """The modules that register the built-in targets' dialects (each target's `dialects`). A
+    target whose runtime library is missing still declares its ops (declaring needs none)."""
+    mods = [m for name in TARGETS for m in get_target(name).dialects]
+    return list(dict.fromkeys(mods))
+
+
+def plugin_dialect_modules() -> list[tuple[str, str]]:
+    """(module, who declares it) for the plugins' op sets: each plugin target's `dialects`, then
+    every `llmir.dialects` entry point. A plugin target that fails to load is skipped with a
+    warning."""
+    out: list[tuple[str, str]] = []
+    for p in _plugin_targets():
+        try:
+            t = _load_plugin(p)
+        except InputError as exc:
+            plugin_warning(exc.message)
+            continue
+        out.extend((m, p.label) for m in getattr(t, "dialects", ()))
+    out.extend((p.value.partition(":")[0], p.label) for p in plugins(DIALECT_GROUP))
+    return list(dict.fromkeys(out))
 
 
 def dialect_modules() -> list[str]:
-    """The modules that register the targets' dialects (each built-in target's `dialects`,
-    then every `llmir.dialects` entry point): what the op registry imports on first use. A
-    target whose runtime library is missing still declares its ops (declaring needs none)."""
-    mods: list[str] = []
-    for name in TARGETS:
-        mods.extend(get_target(name).dialects)
-    for name, value in sorted(_entry_points(TARGET_GROUP).items()):
-        if name not in TARGETS:
-            mods.extend(getattr(_load(name, value), "dialects", ()))
-    mods.extend(v.partition(":")[0] for _, v in sorted(_entry_points(DIALECT_GROUP).items()))
+    """Every module that registers a target's or a plugin's ops (what the op registry imports
+    on first use: llmir_core.dialects.registry)."""
+    mods = builtin_dialect_modules() + [m for m, _ in plugin_dialect_modules()]
     return list(dict.fromkeys(mods))
 
 
 def pass_classes() -> list[type]:
-    """Every target's lowering pass classes (`llmir optimize --passes` names them)."""
+    """Every target's lowering pass classes (`llmir optimize --passes` names them). A plugin
+    pass that fails to import, or whose name another pass (of core, of a target, of an earlier
+    plugin) has, is left out with a warning."""
+    from llmir_core.passes import CORE_PASS_CLASSES
+
     out: list[type] = []
-    for name in target_specs():
-        for spec in getattr(get_target(name), "passes", ()):
-            mod, _, attr = spec.partition(":")
-            out.append(getattr(importlib.import_module(mod), attr))
+    taken = {getattr(c, "name", "") for c in CORE_PASS_CLASSES}
+    for name in TARGETS:
+        for spec in get_target(name).passes:
+            out.append(_spec_object(spec))
+    taken |= {getattr(c, "name", "") for c in out}
+    for p in _plugin_targets():
+        try:
+            classes = [_spec_object(s) for s in getattr(_load_plugin(p), "passes", ())]
+        except InputError as exc:
+            plugin_warning(exc.message)
+            continue
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break core
+            plugin_warning(f"{p.label}: its passes are not loaded: {_first_line(exc)}")
+            continue
+        for c in classes:
+            if getattr(c, "name", "") in taken:
+                plugin_warning(f"{p.label}: pass '{c.name}' is ignored: another pass has that name")
+            else:
+                taken.add(c.name)
+                out.append(c)
     return out
 
 
-def _load(name: str, spec: str) -> Any:
+def _spec_object(spec: str) -> Any:
     mod, _, attr = spec.partition(":")
+    module = importlib.import_module(mod)
+    return getattr(module, attr) if attr else module
+
+
+def _load(name: str, spec: str) -> Any:
     try:
-        module = importlib.import_module(mod)
+        return _spec_object(spec)
     except ModuleNotFoundError as exc:
         raise InputError(
             f"target '{name}' is not available here: {exc}",
             hint="install its runtime, or pick another --target",
         ) from None
-    return getattr(module, attr) if attr else module
+
+
+# what a target object must have (contract.py's Target)
+_CONTRACT = ("name", "capabilities", "lowering", "serialize", "open")
+
+
+def _load_plugin(p: Plugin) -> Any:
+    """The target object of a `llmir.targets` entry point, or one InputError line naming the
+    plugin and its package (an import that fails, a missing object, an object that is not a
+    target): no traceback, and the other targets keep working."""
+    try:
+        t = _spec_object(p.value)
+    except Exception as exc:  # noqa: BLE001 - any failure of foreign code is the plugin's
+        raise InputError(
+            f"{p.label} failed to load ({p.value}): {_first_line(exc)}",
+            hint=f"fix or uninstall '{p.package}'; the other targets still work",
+        ) from None
+    missing = [a for a in _CONTRACT if not hasattr(t, a)]
+    if missing or getattr(t, "name", None) != p.name:
+        why = f"lacks {', '.join(missing)}" if missing else f"is named {t.name!r}"
+        raise InputError(
+            f"{p.label} is not a target: {p.value} {why}",
+            hint="a target has name (its entry point's name), capabilities, lowering, "
+            "serialize and open (llmir_core/targets/contract.py)",
+        )
+    return t
 
 
 def get_target(name: str) -> Any:
-    """The target object registered as `name`."""
-    spec = TARGETS.get(name) or target_specs().get(name)
-    if spec is None:
-        raise InputError(
-            f"unknown target '{name}' (known: {', '.join(target_specs())})",
-            hint="use --target " + " or --target ".join(target_specs()),
-        )
-    return _load(name, spec)
+    """The target object registered as `name`: a built-in one, else a plugin's."""
+    if name in TARGETS:
+        return _load(name, TARGETS[name])
+    for p in _plugin_targets():
+        if p.name == name:
+            return _load_plugin(p)
+    known = list(target_specs())
+    raise InputError(
+        f"unknown target '{name}' (known: {', '.join(known)})",
+        hint="use --target " + " or --target ".join(known),
+    )
 
 
 DEFAULT_OPT_LEVEL = 2  # the preset `llmir build` runs before lowering (`llmir optimize`'s default)
@@ -328,6 +454,8 @@ __all__ = [
     "get_target",
     "open_artifact",
     "pass_classes",
+    "plugin_dialect_modules",
+    "plugins",
     "target_specs",
     "read_manifest",
     "TARGETS",
