@@ -90,11 +90,11 @@ def init_project(
             "--model hf:ORG/REPO or --model PATH",
         )
     if target is not None:
-        from llmir_core.targets import TARGETS
+        from llmir_core.targets import target_specs
 
-        if target not in TARGETS:
+        if target not in (known := target_specs()):
             raise InputError(
-                f"unknown --target {target!r}", hint=f"known targets: {', '.join(TARGETS)}"
+                f"unknown --target {target!r}", hint=f"known targets: {', '.join(known)}"
             )
     registry = registry_source(registry) or (existing.registry if existing else None)
     _check_writable(directory)
