@@ -16,7 +16,11 @@ import importlib
 from typing import Annotated, Any, get_args
 
 import typer
-from typer.core import TyperArgument, TyperGroup, TyperOption
+
+# typer's `cls=` takes a subclass of TyperGroup (typer asserts it; typer >= 0.2x vendors click,
+# so a click.Group does not fit), and TyperArgument is the class typer gives arguments: both are
+# subclassed here, overriding only click's public Group and Parameter methods.
+from typer.core import TyperArgument, TyperGroup
 
 from llmir_core import SPEC_VERSION, __version__
 
@@ -65,20 +69,33 @@ def load_command(name: str) -> Any:
     """The click command of a COMMANDS entry, importing its module on first use."""
     if name not in _LOADED:
         module_name, short = COMMANDS[name]
-        holder = typer.Typer(rich_markup_mode=None)
-        holder.callback()(_no_op)  # always a group, whether the module adds a command or a Typer
+        holder = typer.Typer(rich_markup_mode=None, add_completion=False)
         importlib.import_module(module_name).register(holder)
         from llmir_cli._trace import add_trace_option
 
         add_trace_option(holder)  # --trace FILE on every command
-        group = typer.main.get_group(holder)
-        if name not in group.commands:
+        cmd = _built_group(holder).commands.get(name)
+        if cmd is None:
             raise RuntimeError(f"{module_name}.register() did not add the command {name!r}")
-        cmd = group.commands[name]
         cmd.short_help = short
         _plain_metavars(cmd)
         _LOADED[name] = cmd
     return _LOADED[name]
+
+
+def _built_group(holder: typer.Typer) -> Any:
+    """The click group typer builds from `holder`, through typer's public API only: typer has no
+    public call that returns it, so the holder runs once with no arguments and its callback (which
+    also makes it a group, whether the module added a command or a Typer) receives the group as
+    `ctx.command`."""
+    built: list[Any] = []
+
+    @holder.callback(invoke_without_command=True)
+    def _capture(ctx: typer.Context) -> None:
+        built.append(ctx.command)
+
+    holder(args=[], prog_name="llmir", standalone_mode=False)
+    return built[0]
 
 
 def _metavar(param: Any) -> str:
@@ -98,39 +115,33 @@ def _metavar(param: Any) -> str:
 class _PlainArgument(TyperArgument):
     """An argument shown as its upper-case name: `FILE` (required), `[FILE]`, `NAME...`.
 
-    typer (0.29) renders arguments as `{file} <path>` and offers no public setting for the plain
-    form tests/cli/test_help.py requires, so these two display methods are overridden; the
-    pyproject pins the typer range this is tested with."""
+    typer renders arguments as `{file}` in the usage line and `FILE <path>` in the help, and
+    offers no setting for the plain form tests/cli/test_help.py requires, so the two click
+    methods that render a parameter (get_usage_pieces, get_help_record) are overridden."""
 
-    def display_type_rich(self, ctx: Any) -> str | None:
-        return None
-
-    def _usage_display_name(self) -> str:
-        name = self.display_name_raw
+    def get_usage_pieces(self, ctx: Any) -> list[str]:
+        name = self.metavar or (self.name or "").upper()
         name = name if self.required else f"[{name}]"
-        return name + ("..." if self.nargs != 1 and not name.endswith("...") else "")
+        return [name + ("..." if self.nargs != 1 and not name.endswith("...") else "")]
 
-
-class _PlainOption(TyperOption):
-    def display_type_rich(self, ctx: Any) -> str | None:
-        return self.metavar or _metavar(self)
+    def get_help_record(self, ctx: Any) -> tuple[str, str] | None:
+        record = super().get_help_record(ctx)
+        return None if record is None else (self.metavar or (self.name or "").upper(), record[1])
 
 
 def _plain_metavars(cmd: Any) -> None:
-    """Give every parameter of a command (and of its subcommands) a plain placeholder."""
+    """Give every parameter of a command (and of its subcommands) a plain placeholder: an
+    option's is its metavar (which typer shows in place of its type), an argument's its name."""
     for sub in getattr(cmd, "commands", {}).values():
         _plain_metavars(sub)
     for param in cmd.params:
-        if isinstance(param, TyperArgument):
+        if param.param_type_name == "argument":
             param.__class__ = _PlainArgument
             if param.metavar is None and param.name:
                 param.metavar = param.name.upper()
-        elif isinstance(param, TyperOption):
-            param.__class__ = _PlainOption
-
-
-def _no_op() -> None:
-    """(The callback that makes a module's holder Typer a group.)"""
+        elif param.param_type_name == "option" and param.metavar is None:
+            if not (getattr(param, "is_flag", False) or getattr(param, "count", False)):
+                param.metavar = _metavar(param)
 
 
 class LazyGroup(TyperGroup):

@@ -19,6 +19,7 @@ the NeoX layout (no permutation, halves).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import struct
@@ -44,102 +45,38 @@ _REDOWNLOAD = "the file is damaged or incomplete: download or convert it again"
 _ARRAY, _STRING = 9, 8  # GGUFValueType.ARRAY, GGUFValueType.STRING
 
 
-def _open_reader(path: str) -> Any:  # noqa: C901 (defines the reader subclass with its checks in one place)
-    import gguf
+_READ_ERRORS = (
+    ValueError,
+    IndexError,
+    KeyError,
+    OverflowError,
+    UnicodeDecodeError,
+    TypeError,
+    struct.error,
+)
 
-    vt = gguf.GGUFValueType
 
-    class _Reader(gguf.GGUFReader):  # type: ignore[misc]
-        """GGUFReader with two changes, for multi-GB files with 100k-token vocabularies:
+def _open_reader(path: str) -> Any:
+    """A checked `GGUFReader` of `path` (see `_reader_class`); every failure is one InputError."""
+    size = _check_magic(path)
+    try:
+        return _reader_class()(path)
+    except InputError:
+        raise
+    except _READ_ERRORS as exc:
+        # the reader's own messages say what is wrong; numpy's (a view past the end) do not
+        said = str(exc)
+        known = any(
+            k in said for k in ("version", "Duplicate", "alignment", "field type", "past the end")
+        )
+        why = said if known else "the header is truncated or damaged"
+        raise InputError(
+            f"{path}: not a readable GGUF file ({size} bytes): {why}", hint=_REDOWNLOAD
+        ) from None
 
-        - an array of numbers is one numpy view, and an array of strings one byte view plus
-          offsets (stock GGUFReader makes a numpy view per element: 40 s and 650 MB for a
-          Llama 3 vocabulary); `strings(field)` decodes one when it is needed;
-        - each tensor's type and byte range are checked before it is viewed.
-        """
 
-        def __init__(self, p: str) -> None:
-            self.string_arrays: dict[int, tuple[list[int], list[int]]] = {}
-            super().__init__(p)
-
-        def _get_field_parts(self, orig_offs: int, raw_type: int) -> Any:
-            if raw_type != vt.ARRAY:
-                return super()._get_field_parts(orig_offs, raw_type)
-            raw_itype = self._get(orig_offs, np.uint32)
-            alen = self._get(orig_offs + 4, np.uint64)
-            if len(raw_itype) != 1 or len(alen) != 1:
-                raise ValueError(
-                    f"metadata array at byte {orig_offs} runs past the end of the file"
-                )
-            n, itype = int(alen[0]), vt(int(raw_itype[0]))
-            offs = orig_offs + 12
-            nptype = self.gguf_scalar_to_np.get(itype)
-            if nptype is not None:
-                vals = self._get(offs, nptype, n)
-                if len(vals) != n:
-                    raise ValueError(
-                        f"metadata array at byte {orig_offs} runs past the end of the file"
-                    )
-                return 12 + int(vals.nbytes), [raw_itype, alen, vals], [2], [vt.ARRAY, itype]
-            if itype != vt.STRING:
-                return super()._get_field_parts(orig_offs, raw_type)
-            starts, lens, end = self._walk_strings(offs, n)
-            self.string_arrays[orig_offs] = (starts, lens)
-            blob = self.data[offs:end]
-            return end - orig_offs, [raw_itype, alen, blob], [2], [vt.ARRAY, vt.STRING]
-
-        def _walk_strings(self, offs: int, n: int) -> tuple[list[int], list[int], int]:
-            buf, size = memoryview(self.data), len(self.data)  # type: ignore[arg-type]
-            fmt = ">Q" if self.byte_order == "S" and sys.byteorder == "little" else "<Q"
-            unpack = struct.Struct(fmt).unpack_from
-            starts, lens = [], []
-            for _ in range(n):
-                if offs + 8 > size:
-                    raise ValueError("a metadata string array runs past the end of the file")
-                (length,) = unpack(buf, offs)
-                offs += 8
-                starts.append(offs)
-                lens.append(length)
-                offs += length
-            if offs > size:
-                raise ValueError("a metadata string array runs past the end of the file")
-            return starts, lens, offs
-
-        def strings(self, field: Any) -> list[str]:
-            key = field.offset + 8 + len(field.name.encode("utf-8")) + 4
-            starts, lens = self.string_arrays[key]
-            raw = bytes(self.data[starts[0] : starts[-1] + lens[-1]]) if starts else b""
-            base = starts[0] if starts else 0
-            return [
-                raw[s - base : s - base + n].decode("utf-8", "replace")
-                for s, n in zip(starts, lens)
-            ]
-
-        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
-            size = len(self.data)
-            for f in fields:
-                _nl, name_data, _nd, dims, raw_dtype, offset = f.parts
-                name = bytes(name_data).decode("utf-8", "replace")
-                raw = int(raw_dtype[0])
-                try:
-                    qt = gguf.GGMLQuantizationType(raw)
-                except ValueError:
-                    raise InputError(
-                        f"{path}: tensor '{name}' has unknown tensor type {raw}",
-                        hint="the file was written by a newer llama.cpp, or is damaged",
-                    ) from None
-                block, type_size = gguf.GGML_QUANT_SIZES[qt]
-                n = int(np.prod(dims.astype(np.int64))) if len(dims) else 1
-                begin = int(start_offs + offset[0])
-                end = begin + n * type_size // block
-                if end > size:
-                    raise InputError(
-                        f"{path}: truncated GGUF file: tensor '{name}' needs bytes "
-                        f"{begin}..{end}, the file has {size}",
-                        hint=_REDOWNLOAD,
-                    )
-            super()._build_tensors(start_offs, fields)
-
+def _check_magic(path: str) -> int:
+    """The size of `path`, once it is known to be a readable file that starts like a GGUF."""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as fh:
@@ -155,28 +92,121 @@ def _open_reader(path: str) -> Any:  # noqa: C901 (defines the reader subclass w
             f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')",
             hint="pass a .gguf model file",
         )
-    try:
-        return _Reader(path)
-    except InputError:
-        raise
-    except (
-        ValueError,
-        IndexError,
-        KeyError,
-        OverflowError,
-        UnicodeDecodeError,
-        TypeError,
-        struct.error,
-    ) as exc:
-        # the reader's own messages say what is wrong; numpy's (a view past the end) do not
-        said = str(exc)
-        known = any(
-            k in said for k in ("version", "Duplicate", "alignment", "field type", "past the end")
-        )
-        why = said if known else "the header is truncated or damaged"
-        raise InputError(
-            f"{path}: not a readable GGUF file ({size} bytes): {why}", hint=_REDOWNLOAD
-        ) from None
+    return size
+
+
+@functools.cache
+def _reader_class() -> Any:
+    """GGUFReader with two changes, for multi-GB files with 100k-token vocabularies:
+
+    - an array of numbers is one numpy view, and an array of strings one byte view plus
+      offsets (stock GGUFReader makes a numpy view per element: 40 s and 650 MB for a
+      Llama 3 vocabulary); `strings(field)` decodes one when it is needed;
+    - each tensor's type and byte range are checked before it is viewed.
+    """
+    import gguf
+
+    class _Reader(gguf.GGUFReader):  # type: ignore[misc]
+        def __init__(self, p: str) -> None:
+            self.path = p
+            self.string_arrays: dict[int, tuple[list[int], list[int]]] = {}
+            super().__init__(p)
+
+        def _get_field_parts(self, orig_offs: int, raw_type: int) -> Any:
+            parts = _array_field_parts(self, orig_offs, raw_type)
+            return super()._get_field_parts(orig_offs, raw_type) if parts is None else parts
+
+        def strings(self, field: Any) -> list[str]:
+            key = field.offset + 8 + len(field.name.encode("utf-8")) + 4
+            starts, lens = self.string_arrays[key]
+            raw = bytes(self.data[starts[0] : starts[-1] + lens[-1]]) if starts else b""
+            base = starts[0] if starts else 0
+            return [
+                raw[s - base : s - base + n].decode("utf-8", "replace")
+                for s, n in zip(starts, lens)
+            ]
+
+        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+            _check_tensor_ranges(self.path, len(self.data), start_offs, fields)
+            super()._build_tensors(start_offs, fields)
+
+    return _Reader
+
+
+def _array_field_parts(reader: Any, orig_offs: int, raw_type: int) -> Any:
+    """The parts of a metadata array field as one view (numbers) or one byte view with its
+    string offsets recorded in `reader.string_arrays`; None for the stock reader's way."""
+    import gguf
+
+    vt = gguf.GGUFValueType
+    if raw_type != vt.ARRAY:
+        return None
+    raw_itype = reader._get(orig_offs, np.uint32)
+    alen = reader._get(orig_offs + 4, np.uint64)
+    if len(raw_itype) != 1 or len(alen) != 1:
+        raise ValueError(f"metadata array at byte {orig_offs} runs past the end of the file")
+    n, itype = int(alen[0]), vt(int(raw_itype[0]))
+    offs = orig_offs + 12
+    nptype = reader.gguf_scalar_to_np.get(itype)
+    if nptype is not None:
+        vals = reader._get(offs, nptype, n)
+        if len(vals) != n:
+            raise ValueError(f"metadata array at byte {orig_offs} runs past the end of the file")
+        return 12 + int(vals.nbytes), [raw_itype, alen, vals], [2], [vt.ARRAY, itype]
+    if itype != vt.STRING:
+        return None
+    starts, lens, end = _walk_strings(reader.data, reader.byte_order, offs, n)
+    reader.string_arrays[orig_offs] = (starts, lens)
+    blob = reader.data[offs:end]
+    return end - orig_offs, [raw_itype, alen, blob], [2], [vt.ARRAY, vt.STRING]
+
+
+def _walk_strings(
+    data: Any, byte_order: str, offs: int, n: int
+) -> tuple[list[int], list[int], int]:
+    """The starts and lengths of `n` length-prefixed strings from byte `offs`, and their end."""
+    buf, size = memoryview(data), len(data)
+    fmt = ">Q" if byte_order == "S" and sys.byteorder == "little" else "<Q"
+    unpack = struct.Struct(fmt).unpack_from
+    starts, lens = [], []
+    for _ in range(n):
+        if offs + 8 > size:
+            raise ValueError("a metadata string array runs past the end of the file")
+        (length,) = unpack(buf, offs)
+        offs += 8
+        starts.append(offs)
+        lens.append(length)
+        offs += length
+    if offs > size:
+        raise ValueError("a metadata string array runs past the end of the file")
+    return starts, lens, offs
+
+
+def _check_tensor_ranges(path: str, size: int, start_offs: int, fields: list[Any]) -> None:
+    """Each tensor's type is known and its bytes lie inside the file (`size` bytes)."""
+    import gguf
+
+    for f in fields:
+        _nl, name_data, _nd, dims, raw_dtype, offset = f.parts
+        name = bytes(name_data).decode("utf-8", "replace")
+        raw = int(raw_dtype[0])
+        try:
+            qt = gguf.GGMLQuantizationType(raw)
+        except ValueError:
+            raise InputError(
+                f"{path}: tensor '{name}' has unknown tensor type {raw}",
+                hint="the file was written by a newer llama.cpp, or is damaged",
+            ) from None
+        block, type_size = gguf.GGML_QUANT_SIZES[qt]
+        n = int(np.prod(dims.astype(np.int64))) if len(dims) else 1
+        begin = int(start_offs + offset[0])
+        end = begin + n * type_size // block
+        if end > size:
+            raise InputError(
+                f"{path}: truncated GGUF file: tensor '{name}' needs bytes "
+                f"{begin}..{end}, the file has {size}",
+                hint=_REDOWNLOAD,
+            )
 
 
 class GGUFFile:

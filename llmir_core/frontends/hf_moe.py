@@ -24,7 +24,7 @@ from llmir_core.builder import Builder
 from llmir_core.ir.core import Value
 from llmir_core.ir.types import DType
 
-from .llm_graph import MoeSpec
+from .llm_graph import DecoderConfig, MoeSpec
 
 if TYPE_CHECKING:
     from .hf import _Cfg
@@ -104,38 +104,49 @@ def moe_layers(cfg: _Cfg, layers: int, intermediate: int) -> list[MoeSpec | None
     ]
 
 
+def _moe_name(dc: DecoderConfig, key: str, layer: int, expert: int | None = None) -> str:
+    """The checkpoint tensor of a `moe.*` key (of expert `expert` for the expert weights)."""
+    arch = dc.arch
+    part = key.removeprefix("moe.")
+    if part == "router":
+        rel = _ROUTER.get(arch, "mlp.gate")
+    elif part in ("w_gate", "w_up", "w_down"):
+        names = _EXPERT.get(arch, _QWEN_EXPERT)
+        rel = names[("w_gate", "w_up", "w_down").index(part)].format(e=expert)
+    elif part == "shared_router":
+        rel = "mlp.shared_expert_gate"
+    else:
+        shared = "mlp.shared_experts." if arch == "deepseek_v2" else "mlp.shared_expert."
+        rel = shared + part.removeprefix("shared_") + "_proj"
+    return f"model.layers.{layer}.{rel}.weight"
+
+
+def _moe_shape(dc: DecoderConfig, key: str, layer: int) -> tuple[int, ...]:
+    """The shape config.json implies for a `moe.*` key (one expert's, for expert weights)."""
+    spec = dc.moe[layer]
+    assert spec is not None, f"layer {layer} has no experts"
+    h = dc.hidden
+    return {
+        "moe.router": (spec.experts, h),
+        "moe.w_gate": (spec.inter, h),
+        "moe.w_up": (spec.inter, h),
+        "moe.w_down": (h, spec.inter),
+        "moe.shared_gate": (spec.shared_inter, h),
+        "moe.shared_up": (spec.shared_inter, h),
+        "moe.shared_down": (h, spec.shared_inter),
+        "moe.shared_router": (1, h),
+    }[key]
+
+
 def moe_weights(base: type) -> type:
     """An HFWeights subclass that also serves the `moe.*` keys of `llm_graph._Graph.moe`."""
 
     class MoEWeights(base):  # type: ignore[misc, valid-type]
         def _moe_name(self, key: str, layer: int, expert: int | None = None) -> str:
-            arch = self.dc.arch
-            part = key.removeprefix("moe.")
-            if part == "router":
-                rel = _ROUTER.get(arch, "mlp.gate")
-            elif part in ("w_gate", "w_up", "w_down"):
-                names = _EXPERT.get(arch, _QWEN_EXPERT)
-                rel = names[("w_gate", "w_up", "w_down").index(part)].format(e=expert)
-            elif part == "shared_router":
-                rel = "mlp.shared_expert_gate"
-            else:
-                shared = "mlp.shared_experts." if arch == "deepseek_v2" else "mlp.shared_expert."
-                rel = shared + part.removeprefix("shared_") + "_proj"
-            return f"model.layers.{layer}.{rel}.weight"
+            return _moe_name(self.dc, key, layer, expert)
 
         def _moe_shape(self, key: str, layer: int) -> tuple[int, ...]:
-            spec = self.dc.moe[layer]
-            h = self.dc.hidden
-            return {
-                "moe.router": (spec.experts, h),
-                "moe.w_gate": (spec.inter, h),
-                "moe.w_up": (spec.inter, h),
-                "moe.w_down": (h, spec.inter),
-                "moe.shared_gate": (spec.shared_inter, h),
-                "moe.shared_up": (spec.shared_inter, h),
-                "moe.shared_down": (h, spec.shared_inter),
-                "moe.shared_router": (1, h),
-            }[key]
+            return _moe_shape(self.dc, key, layer)
 
         def _expected(self, key: str) -> tuple[int, ...]:
             if self.dc.mla is not None and key.startswith("self_attn."):

@@ -1280,6 +1280,38 @@ def _attention_general(
             if _dtype(mask) == DType.bool
             else n.cast(mask, dt)
         )
+    bias = _position_bias(n, q, k, past, nonpad, zero, ninf, bias)
+    mode = int(n.attr("qk_matmul_output_mode", 0))
+    sb = s if bias is None else n.emit("core.add", s, bias)
+    qk_out = sb if mode == 2 else s
+    prec = n.attr("softmax_precision")
+    if prec is not None:
+        sb = n.cast(sb, n.imp.dtype_of_onnx(prec))
+    p = n.emit("core.softmax", sb, axis=-1)
+    if bias is not None:
+        # rows whose bias masks every key give all-zero probabilities (ONNX's fully-masked rule)
+        bmax = n.emit("core.reduce_max", bias, axes=(-1,), keepdims=True)
+        dead = n.emit("core.equal", bmax, n.scalar(-math.inf, _dtype(bias)))
+        p = n.emit("core.where", dead, n.scalar(0, _dtype(p)), p)
+    if mode == 3:
+        qk_out = p
+    y = n.emit("core.matmul", n.cast(p, dt), v)
+    return y, n.cast(qk_out, dt)
+
+
+def _position_bias(
+    n: Node,
+    q: Value,
+    k: Value,
+    past: bool,
+    nonpad: Value | None,
+    zero: Value,
+    ninf: Value,
+    bias: Value | None,
+) -> Value | None:
+    """`bias` plus the additive bias (0 or -inf) of the causal mask and the sliding window, then
+    of the padded keys past each sequence's length (as many as the node asks for). A query's
+    position counts from the past length, or from its sequence's non-pad length."""
     i_idx = n.emit("core.unsqueeze", _arange(n, q, 2), axes=(1,))  # [Sq, 1]
     j_idx = n.emit("core.unsqueeze", _arange(n, k, 2), axes=(0,))  # [1, Skv]
     if past:
@@ -1314,22 +1346,7 @@ def _attention_general(
         keep = n.emit("core.unsqueeze", keep, axes=(1, 2))  # [B, 1, 1, Skv]
         extra = n.emit("core.where", keep, zero, ninf)
         bias = extra if bias is None else n.emit("core.add", bias, extra)
-    mode = int(n.attr("qk_matmul_output_mode", 0))
-    sb = s if bias is None else n.emit("core.add", s, bias)
-    qk_out = sb if mode == 2 else s
-    prec = n.attr("softmax_precision")
-    if prec is not None:
-        sb = n.cast(sb, n.imp.dtype_of_onnx(prec))
-    p = n.emit("core.softmax", sb, axis=-1)
-    if bias is not None:
-        # rows whose bias masks every key give all-zero probabilities (ONNX's fully-masked rule)
-        bmax = n.emit("core.reduce_max", bias, axes=(-1,), keepdims=True)
-        dead = n.emit("core.equal", bmax, n.scalar(-math.inf, _dtype(bias)))
-        p = n.emit("core.where", dead, n.scalar(0, _dtype(p)), p)
-    if mode == 3:
-        qk_out = p
-    y = n.emit("core.matmul", n.cast(p, dt), v)
-    return y, n.cast(qk_out, dt)
+    return bias
 
 
 def _t_of(v: Value) -> TensorType:

@@ -387,6 +387,7 @@ class Parser:
         return op
 
     def _op_from_line(self, m: re.Match[str], scope: dict[str, Value]) -> Op | None:  # noqa: C901 (the parser's hot path, kept in one function for speed)
+        # long: the parser's hot path (once per op line of a large module), one function for speed
         start = m.start(1)
         _, res, opname, args, attrs_text, ins, outs, loc = m.groups()  # see _OP_LINE's groups
         if args:

@@ -87,6 +87,73 @@ def _dims_of(sig: str, batch: int, dims: dict[str, Any], suffix: str) -> tuple[A
     return tuple(out)
 
 
+def _leaf_env(
+    lhs: Term,
+    rhs: Term,
+    sig: dict[str, str],
+    batch: int,
+    dims: dict[str, Any],
+    sfx: str,
+    int_leaves: Sequence[str],
+) -> dict[str, Any]:
+    """Each leaf of the two sides: a constant as a z3 real, a tensor as a symbolic tensor over
+    an uninterpreted function (integer-valued for `int_leaves`); dims are added to `dims`."""
+    env: dict[str, Any] = {}
+    all_leaves = leaves(lhs)
+    leaves(rhs, all_leaves)
+    for name, leaf in all_leaves.items():
+        if isinstance(leaf, C):
+            env[name] = z3.Real(name + sfx)
+            continue
+        shape = _dims_of(sig.get(name, ""), batch, dims, sfx)
+        sort = z3.IntSort() if name in int_leaves else z3.RealSort()
+        fn = (
+            z3.Function(name + sfx, *([z3.IntSort()] * len(shape)), sort)
+            if shape
+            else z3.Const(name + sfx, sort)
+        )
+        env[name] = STensor(
+            shape, (lambda g, n: (lambda i: g(*i)) if n else (lambda i: g))(fn, len(shape))
+        )
+    return env
+
+
+def _term_encoder(
+    enc: ExtEncoder, env: dict[str, Any], attrs: dict[str, Any], syms: dict[str, Any], sfx: str
+) -> Callable[[Term], STensor]:
+    """term -> its symbolic tensor, each op encoded once; an attribute names a proof attribute
+    or a symbol (a fresh real, added to `syms`, when it is new)."""
+    cache: dict[int, list[STensor]] = {}
+
+    def resolve(v: Any) -> Any:
+        if isinstance(v, A):
+            if v.name in attrs:
+                return attrs[v.name]
+            if v.name not in syms:
+                syms[v.name] = z3.Real(v.name + sfx)
+            return syms[v.name]
+        if isinstance(v, (tuple, list)):
+            return tuple(resolve(x) for x in v)
+        return v
+
+    def encode(term: Term) -> STensor:
+        if isinstance(term, V):
+            return env[term.name]
+        if isinstance(term, C):
+            c = env[term.name]
+            return STensor((), lambda i: c)
+        if isinstance(term, K):
+            return STensor((), (lambda c: lambda i: c)(z3.RealVal(term.value)))
+        assert isinstance(term, T)
+        if id(term) not in cache:
+            at = {k: resolve(v) for k, v in term.attrs.items()}
+            at.update(attrs.get(f"__{term.op}__", {}))
+            cache[id(term)] = enc.op(term.op, [encode(a) for a in term.args], at)
+        return cache[id(term)][term.result]
+
+    return encode
+
+
 def encode_equality(
     lhs: Term,
     rhs: Term,
@@ -106,23 +173,7 @@ def encode_equality(
         sfx = f"@{batch}"
         enc = ExtEncoder()
         dims: dict[str, Any] = {}
-        env: dict[str, Any] = {}
-        all_leaves = leaves(lhs)
-        leaves(rhs, all_leaves)
-        for name, leaf in all_leaves.items():
-            if isinstance(leaf, C):
-                env[name] = z3.Real(name + sfx)
-                continue
-            shape = _dims_of(sig.get(name, ""), batch, dims, sfx)
-            sort = z3.IntSort() if name in int_leaves else z3.RealSort()
-            fn = (
-                z3.Function(name + sfx, *([z3.IntSort()] * len(shape)), sort)
-                if shape
-                else z3.Const(name + sfx, sort)
-            )
-            env[name] = STensor(
-                shape, (lambda g, n: (lambda i: g(*i)) if n else (lambda i: g))(fn, len(shape))
-            )
+        env = _leaf_env(lhs, rhs, sig, batch, dims, sfx, int_leaves)
         syms = {
             **{k: v for k, v in env.items() if not isinstance(v, STensor)},
             **dims,
@@ -130,42 +181,7 @@ def encode_equality(
         }
         attrs = dict(proof_attrs(batch, syms)) if proof_attrs else {}
         syms.update({k: v for k, v in attrs.items() if isinstance(v, z3.ExprRef)})
-        cache: dict[int, list[STensor]] = {}
-
-        def resolve(
-            v: Any, attrs: dict[str, Any] = attrs, syms: dict[str, Any] = syms, sfx: str = sfx
-        ) -> Any:
-            if isinstance(v, A):
-                if v.name in attrs:
-                    return attrs[v.name]
-                if v.name not in syms:
-                    syms[v.name] = z3.Real(v.name + sfx)
-                return syms[v.name]
-            if isinstance(v, (tuple, list)):
-                return tuple(resolve(x) for x in v)
-            return v
-
-        def encode(
-            term: Term,
-            enc: ExtEncoder = enc,
-            env: dict[str, Any] = env,
-            cache: dict[int, list[STensor]] = cache,
-            attrs: dict[str, Any] = attrs,
-        ) -> STensor:
-            if isinstance(term, V):
-                return env[term.name]
-            if isinstance(term, C):
-                c = env[term.name]
-                return STensor((), lambda i: c)
-            if isinstance(term, K):
-                return STensor((), (lambda c: lambda i: c)(z3.RealVal(term.value)))
-            assert isinstance(term, T)
-            if id(term) not in cache:
-                at = {k: resolve(v) for k, v in term.attrs.items()}
-                at.update(attrs.get(f"__{term.op}__", {}))
-                cache[id(term)] = enc.op(term.op, [encode(a) for a in term.args], at)
-            return cache[id(term)][term.result]
-
+        encode = _term_encoder(enc, env, attrs, syms, sfx)
         lt, rt = encode(lhs), encode(rhs)
         if lt.rank != rt.rank:
             raise EncodeError(f"ranks differ: {lt.rank} vs {rt.rank}")

@@ -152,13 +152,26 @@ class _Counted:
 
 @functools.cache
 def _environment() -> Any:
-    """The bounded sandbox (built once: jinja2 is imported on first use)."""
+    """The bounded sandbox (built once: jinja2 is imported on first use), with the settings,
+    filters and globals transformers gives chat templates; every filter is bounded."""
     sandbox = import_optional(
         "jinja2.sandbox",
         "rendering a chat template needs the `jinja2` package",
         hint="pip install jinja2",
     )
-    import jinja2
+    env = _sandbox_class(sandbox)(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = _tojson
+    env.filters = {name: _bounded_filter(name, f) for name, f in env.filters.items()}
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def _sandbox_class(sandbox: Any) -> Any:
+    """jinja2's immutable sandbox whose every call, operator, attribute, item, `~` and loop
+    step spends from the render's budget, with each result's size checked."""
     from jinja2 import nodes
     from jinja2.compiler import CodeGenerator
     from jinja2.runtime import LoopContext
@@ -222,49 +235,47 @@ def _environment() -> Any:
             _spend()
             return super().getitem(obj, argument)
 
-    def bounded_filter(name: str, func: Any) -> Any:
-        @functools.wraps(func)  # keeps jinja's pass_context/pass_environment marks
-        def run(*args: Any, **kwargs: Any) -> Any:
-            _spend()
-            _check_args(name, (*args, *kwargs.values()))
-            if name == "format" and any(
-                isinstance(a, str) and _WIDE_FORMAT.search(a) for a in args
-            ):
-                raise TemplateLimit("format with a field width of a million or more")
-            return _bounded(func(*args, **kwargs), f"the filter {name}")
+    return BoundedSandbox
 
-        return run
 
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
+def _bounded_filter(name: str, func: Any) -> Any:
+    """The jinja filter `func`, spending from the budget and checking its arguments and result."""
 
-    def tojson(
-        x: Any,
-        ensure_ascii: bool = False,
-        indent: int | None = None,
-        separators: Any = None,
-        sort_keys: bool = False,
-    ) -> str:
-        if indent is not None and not 0 <= indent <= 16:
-            raise TemplateLimit(f"tojson with indent={indent} (at most 16)")
-        return json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-        )
+    @functools.wraps(func)  # keeps jinja's pass_context/pass_environment marks
+    def run(*args: Any, **kwargs: Any) -> Any:
+        _spend()
+        _check_args(name, (*args, *kwargs.values()))
+        if name == "format" and any(isinstance(a, str) and _WIDE_FORMAT.search(a) for a in args):
+            raise TemplateLimit("format with a field width of a million or more")
+        return _bounded(func(*args, **kwargs), f"the filter {name}")
 
-    def strftime_now(fmt: str) -> str:
-        import datetime
+    return run
 
-        return datetime.datetime.now().strftime(fmt)
 
-    # the settings transformers uses for chat templates
-    env = BoundedSandbox(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+def _raise_exception(message: str) -> None:
+    import jinja2
+
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    if indent is not None and not 0 <= indent <= 16:
+        raise TemplateLimit(f"tojson with indent={indent} (at most 16)")
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
     )
-    env.filters["tojson"] = tojson
-    env.filters = {name: bounded_filter(name, f) for name, f in env.filters.items()}
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    return env
+
+
+def _strftime_now(fmt: str) -> str:
+    import datetime
+
+    return datetime.datetime.now().strftime(fmt)
 
 
 @functools.lru_cache(maxsize=8)

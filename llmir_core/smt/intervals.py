@@ -134,7 +134,17 @@ class Node:
     args: tuple[Any, ...] = ()
 
 
-def parse_invariant(text: str) -> Node:  # noqa: C901 (a hand-written expression parser)
+def parse_invariant(text: str) -> Node:
+    """`lhs CMP rhs [+- tol]` (arithmetic over names, `name[i]`, numbers and the functions
+    sum, max, min, mean, abs, softmax) as a `cmp` node; InvariantSyntaxError with the column."""
+    return _InvariantParser(text).invariant()
+
+
+_FUNCTIONS = ("sum", "max", "min", "mean", "abs", "softmax")
+
+
+def _invariant_tokens(text: str) -> list[tuple[str, str, int]]:
+    """(kind, text, column) tokens, ending with an `eof` token."""
     toks: list[tuple[str, str, int]] = []
     pos = 0
     while pos < len(text):
@@ -151,87 +161,101 @@ def parse_invariant(text: str) -> Node:  # noqa: C901 (a hand-written expression
         toks.append((kind, m.group(kind), m.start(kind)))
         pos = m.end()
     toks.append(("eof", "", len(text)))
-    i = 0
+    return toks
 
-    def peek() -> tuple[str, str, int]:
-        return toks[i]
 
-    def take(want: str | None = None) -> tuple[str, str, int]:
-        nonlocal i
-        tok = toks[i]
+class _InvariantParser:
+    """A recursive-descent parser over the tokens of one invariant."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.toks = _invariant_tokens(text)
+        self.i = 0
+
+    def peek(self) -> tuple[str, str, int]:
+        return self.toks[self.i]
+
+    def take(self, want: str | None = None) -> tuple[str, str, int]:
+        tok = self.toks[self.i]
         if want is not None and tok[1] != want:
             raise InvariantSyntaxError(
-                f"expected {want!r}, found {tok[1] or 'end of text'!r}", text, tok[2]
+                f"expected {want!r}, found {tok[1] or 'end of text'!r}", self.text, tok[2]
             )
-        i += 1
+        self.i += 1
         return tok
 
-    def primary() -> Node:
-        kind, val, col = take()
+    def invariant(self) -> Node:
+        lhs = self.arith()
+        kind, op, col = self.peek()
+        if op not in ("==", "!=", "<=", ">=", "<", ">"):
+            raise InvariantSyntaxError(
+                "expected a comparison (==, <=, >=, <, >, !=)", self.text, col
+            )
+        self.take()
+        rhs = self.arith()
+        tol = 0.0
+        if self.peek()[1] == "+-":
+            self.take()
+            k, v, c3 = self.take()
+            if k != "num":
+                raise InvariantSyntaxError("expected a tolerance number after +-", self.text, c3)
+            tol = float(v)
+        if self.peek()[0] != "eof":
+            raise InvariantSyntaxError(
+                f"unexpected {self.peek()[1]!r} after the comparison", self.text, self.peek()[2]
+            )
+        return Node("cmp", op, (lhs, rhs, Node("num", tol)))
+
+    def arith(self) -> Node:
+        e = self.term()
+        while self.peek()[1] in ("+", "-"):
+            op = self.take()[1]
+            e = Node("bin", op, (e, self.term()))
+        return e
+
+    def term(self) -> Node:
+        e = self.primary()
+        while self.peek()[1] in ("*", "/"):
+            op = self.take()[1]
+            e = Node("bin", op, (e, self.primary()))
+        return e
+
+    def primary(self) -> Node:
+        kind, val, col = self.take()
         if kind == "num":
             return Node("num", float(val))
         if val == "-":
-            return Node("bin", "-", (Node("num", 0.0), primary()))
+            return Node("bin", "-", (Node("num", 0.0), self.primary()))
         if val == "(":
-            e = arith()
-            take(")")
+            e = self.arith()
+            self.take(")")
             return e
         if kind == "name":
-            if peek()[1] == "(":
-                take("(")
-                args = [arith()]
-                while peek()[1] == ",":
-                    take(",")
-                    args.append(arith())
-                take(")")
-                if val not in ("sum", "max", "min", "mean", "abs", "softmax"):
-                    raise InvariantSyntaxError(
-                        f"unknown function {val!r} (sum, max, min, mean, abs, softmax)", text, col
-                    )
-                return Node("call", val, tuple(args))
-            node = Node("name", val)
-            if peek()[1] == "[":
-                take("[")
-                k, idx, c2 = take()
-                if k != "num":
-                    raise InvariantSyntaxError("expected an index", text, c2)
-                take("]")
-                node = Node("index", val, (int(float(idx)),))
-            return node
-        raise InvariantSyntaxError(f"unexpected {val or 'end of text'!r}", text, col)
+            return self.call(val, col) if self.peek()[1] == "(" else self.name(val)
+        raise InvariantSyntaxError(f"unexpected {val or 'end of text'!r}", self.text, col)
 
-    def term() -> Node:
-        e = primary()
-        while peek()[1] in ("*", "/"):
-            op = take()[1]
-            e = Node("bin", op, (e, primary()))
-        return e
+    def call(self, val: str, col: int) -> Node:
+        self.take("(")
+        args = [self.arith()]
+        while self.peek()[1] == ",":
+            self.take(",")
+            args.append(self.arith())
+        self.take(")")
+        if val not in _FUNCTIONS:
+            raise InvariantSyntaxError(
+                f"unknown function {val!r} (sum, max, min, mean, abs, softmax)", self.text, col
+            )
+        return Node("call", val, tuple(args))
 
-    def arith() -> Node:
-        e = term()
-        while peek()[1] in ("+", "-"):
-            op = take()[1]
-            e = Node("bin", op, (e, term()))
-        return e
-
-    lhs = arith()
-    kind, op, col = peek()
-    if op not in ("==", "!=", "<=", ">=", "<", ">"):
-        raise InvariantSyntaxError("expected a comparison (==, <=, >=, <, >, !=)", text, col)
-    take()
-    rhs = arith()
-    tol = 0.0
-    if peek()[1] == "+-":
-        take()
-        k, v, c3 = take()
+    def name(self, val: str) -> Node:
+        if self.peek()[1] != "[":
+            return Node("name", val)
+        self.take("[")
+        k, idx, c2 = self.take()
         if k != "num":
-            raise InvariantSyntaxError("expected a tolerance number after +-", text, c3)
-        tol = float(v)
-    if peek()[0] != "eof":
-        raise InvariantSyntaxError(
-            f"unexpected {peek()[1]!r} after the comparison", text, peek()[2]
-        )
-    return Node("cmp", op, (lhs, rhs, Node("num", tol)))
+            raise InvariantSyntaxError("expected an index", self.text, c2)
+        self.take("]")
+        return Node("index", val, (int(float(idx)),))
 
 
 def _softmax_normalized_job(limit_s: float) -> dict[str, Any]:

@@ -103,11 +103,32 @@ def int8_interface(before: Module, after: Module) -> dict[str, np.ndarray] | Non
     return scales or None
 
 
-def compare(before: Module, after: Module, scales: dict[str, np.ndarray]) -> dict[str, Any]:
+def _trial_inputs(
+    before: Module, scales: dict[str, np.ndarray], seed: int, dimv: int, sample: list[int]
+) -> tuple[dict[str, int], dict[str, Any], dict[str, Any]]:
+    """One seeded input at every symbolic dim = `dimv` (token ids drawn from `sample` when
+    given): the dims, the original's inputs (f32 caches) and the int8 one's (the same caches as
+    codes, so both see the same values)."""
     from llmir_core.targets.onnxruntime.dialect import kv_int8_codes
 
     from .differential import _dims_env, make_inputs
 
+    env = _dims_env(before, dimv)
+    inputs = make_inputs(before, env, seed, 1.0)
+    rng = np.random.default_rng(seed)
+    if sample:
+        shape = inputs["input_ids"].shape
+        inputs["input_ids"] = rng.choice(np.asarray(sample, np.int64), size=shape)
+    b_in, a_in = dict(inputs), dict(inputs)
+    for name, s in scales.items():
+        x = rng.uniform(-0.5, 0.5, inputs[name].shape) * 127.0 * s
+        codes = kv_int8_codes(x.astype(np.float32), s)
+        a_in[name] = codes
+        b_in[name] = codes.astype(np.float32) * s
+    return env, b_in, a_in
+
+
+def compare(before: Module, after: Module, scales: dict[str, np.ndarray]) -> dict[str, Any]:
     fa = after.main
     info = after.attrs.get("llm.kv_cache_int8")
     sample = list(info.get("sample_ids") or []) if isinstance(info, dict) else []
@@ -115,18 +136,7 @@ def compare(before: Module, after: Module, scales: dict[str, np.ndarray]) -> dic
     worst_logits = worst_entry = worst_ratio = 0.0
     trials = [("every symbolic dim = 1 (seq=1)", 1), ("every symbolic dim = 3", 3)]
     for seed, (label, dimv) in enumerate(trials):
-        env = _dims_env(before, dimv)
-        inputs = make_inputs(before, env, seed, 1.0)
-        rng = np.random.default_rng(seed)
-        if sample:
-            shape = inputs["input_ids"].shape
-            inputs["input_ids"] = rng.choice(np.asarray(sample, np.int64), size=shape)
-        b_in, a_in = dict(inputs), dict(inputs)
-        for name, s in scales.items():
-            x = rng.uniform(-0.5, 0.5, inputs[name].shape) * 127.0 * s
-            codes = kv_int8_codes(x.astype(np.float32), s)
-            a_in[name] = codes
-            b_in[name] = codes.astype(np.float32) * s
+        env, b_in, a_in = _trial_inputs(before, scales, seed, dimv, sample)
         try:
             ob = Interpreter(before).run(b_in)
             oa = Interpreter(after).run(a_in)

@@ -80,62 +80,16 @@ def _attrs_for(rule: Rule, batch: int) -> dict[str, Any]:
 # -- the child-side job --------------------------------------------------------------------
 
 
-def _job(rule: Rule, batch: int, limit_s: float) -> dict[str, Any]:  # noqa: C901 (one case per obligation kind, run in the solver child)
+def _job(rule: Rule, batch: int, limit_s: float) -> dict[str, Any]:
+    """In the solver child: is there an input where the rule's two sides differ (in shape or
+    in one element)? unsat: proved; sat: the counterexample, read back as arrays to replay."""
     import z3
 
-    from .semantics import EncodeError, Encoder, STensor
+    from .semantics import EncodeError, Encoder
 
     enc = Encoder()
-    dims: dict[str, Any] = {}
-    leaf_defs = leaves(rule.lhs)
-    leaves(rule.rhs, leaf_defs)
-    syms: dict[str, Any] = {}
-    tensors: dict[str, Any] = {}
-    funcs: dict[str, Any] = {}
-    for name, leaf in leaf_defs.items():
-        if isinstance(leaf, C):
-            syms[name] = z3.Real(name)
-            tensors[name] = STensor((), (lambda s: lambda i: s)(syms[name]))
-            continue
-        names = dim_names(rule.sig.get(name, ""), batch)
-        shape = tuple(dims.setdefault(n, z3.Int(n)) for n in names)
-        fn = (
-            z3.Function(name, *([z3.IntSort()] * len(names)), z3.RealSort())
-            if names
-            else z3.Real(name)
-        )
-        funcs[name] = (fn, names)
-        tensors[name] = STensor(shape, _leaf_fn(fn, len(names)))
-    attrs = _attrs_for(rule, batch)
-
-    def resolve(v: Any) -> Any:
-        if isinstance(v, A):
-            if v.name in attrs:
-                return resolve(attrs[v.name])
-            return syms[v.name]
-        if isinstance(v, tuple):
-            return tuple(resolve(x) for x in v)
-        if isinstance(v, str) and v in dims:
-            return dims[v]
-        return v
-
-    cache: dict[int, list[Any]] = {}
-
-    def encode(term: Term) -> Any:
-        if isinstance(term, (V, C)):
-            return tensors[term.name]
-        if isinstance(term, K):
-            return STensor((), (lambda c: lambda i: c)(z3.RealVal(term.value)))
-        assert isinstance(term, T)
-        key = id(term)
-        if key not in cache:
-            args = [encode(a) for a in term.args]
-            at = {k: resolve(v) for k, v in term.attrs.items()}
-            if term.op == "core.cast" and term.args and isinstance(term.args[0], V):
-                at["__from__"] = rule.dtypes.get(term.args[0].name, "f32")
-            cache[key] = enc.op(term.op, args, at)
-        return cache[key][term.result]
-
+    leaf = _Leaves(rule, batch)
+    encode = _term_encoder(rule, batch, enc, leaf)
     try:
         lhs, rhs = encode(rule.lhs), encode(rule.rhs)
     except (EncodeError, KeyError, TypeError, IndexError) as exc:
@@ -153,9 +107,9 @@ def _job(rule: Rule, batch: int, limit_s: float) -> dict[str, Any]:  # noqa: C90
         return {"verdict": "unknown", "reason": f"no encoding: {exc}"}
     s = z3.Solver()
     s.set("timeout", int(limit_s * 1000))
-    s.add([d >= 1 for d in dims.values()])
+    s.add([d >= 1 for d in leaf.dims.values()])
     if rule.assume is not None:
-        s.add(rule.assume({**syms, **dims}))
+        s.add(rule.assume({**leaf.syms, **leaf.dims}))
     s.add(enc.lemmas())
     if s.check() == z3.unsat:
         return {"verdict": "vacuous", "reason": "the rule's assumptions cannot hold"}
@@ -169,7 +123,85 @@ def _job(rule: Rule, batch: int, limit_s: float) -> dict[str, Any]:  # noqa: C90
         return {"verdict": "unsat"}
     if r == z3.unknown:
         return {"verdict": "unknown", "reason": s.reason_unknown()}
-    m = s.model()
+    return {"verdict": "sat", "model": _counterexample(s.model(), leaf)}
+
+
+class _Leaves:
+    """The rule's leaves as z3 terms: a symbolic dim per dim name, a real per constant (`syms`),
+    an uninterpreted function per tensor (`funcs`: name -> (function, its dim names)), and
+    each leaf's symbolic tensor (`tensors`)."""
+
+    def __init__(self, rule: Rule, batch: int) -> None:
+        import z3
+
+        from .semantics import STensor
+
+        self.dims: dict[str, Any] = {}
+        self.syms: dict[str, Any] = {}
+        self.tensors: dict[str, Any] = {}
+        self.funcs: dict[str, Any] = {}
+        leaf_defs = leaves(rule.lhs)
+        leaves(rule.rhs, leaf_defs)
+        for name, leaf in leaf_defs.items():
+            if isinstance(leaf, C):
+                self.syms[name] = z3.Real(name)
+                self.tensors[name] = STensor((), (lambda s: lambda i: s)(self.syms[name]))
+                continue
+            names = dim_names(rule.sig.get(name, ""), batch)
+            shape = tuple(self.dims.setdefault(n, z3.Int(n)) for n in names)
+            fn = (
+                z3.Function(name, *([z3.IntSort()] * len(names)), z3.RealSort())
+                if names
+                else z3.Real(name)
+            )
+            self.funcs[name] = (fn, names)
+            self.tensors[name] = STensor(shape, _leaf_fn(fn, len(names)))
+
+
+def _term_encoder(rule: Rule, batch: int, enc: Any, leaf: _Leaves) -> Any:
+    """term -> its symbolic tensor (each op encoded once); attributes resolve to the rule's
+    proof attributes, its symbolic constants or its dims."""
+    import z3
+
+    from .semantics import STensor
+
+    attrs = _attrs_for(rule, batch)
+
+    def resolve(v: Any) -> Any:
+        if isinstance(v, A):
+            if v.name in attrs:
+                return resolve(attrs[v.name])
+            return leaf.syms[v.name]
+        if isinstance(v, tuple):
+            return tuple(resolve(x) for x in v)
+        if isinstance(v, str) and v in leaf.dims:
+            return leaf.dims[v]
+        return v
+
+    cache: dict[int, list[Any]] = {}
+
+    def encode(term: Term) -> Any:
+        if isinstance(term, (V, C)):
+            return leaf.tensors[term.name]
+        if isinstance(term, K):
+            return STensor((), (lambda c: lambda i: c)(z3.RealVal(term.value)))
+        assert isinstance(term, T)
+        key = id(term)
+        if key not in cache:
+            args = [encode(a) for a in term.args]
+            at = {k: resolve(v) for k, v in term.attrs.items()}
+            if term.op == "core.cast" and term.args and isinstance(term.args[0], V):
+                at["__from__"] = rule.dtypes.get(term.args[0].name, "f32")
+            cache[key] = enc.op(term.op, args, at)
+        return cache[key][term.result]
+
+    return encode
+
+
+def _counterexample(m: Any, leaf: _Leaves) -> dict[str, Any]:
+    """The solver's model as replayable data: dims (clamped to 1..MAX_REPLAY_DIM, else 2),
+    the solver's own dims, every tensor leaf as nested lists, every constant."""
+    import z3
 
     def num(e: Any) -> float:
         v = m.eval(e, model_completion=True)
@@ -181,20 +213,17 @@ def _job(rule: Rule, batch: int, limit_s: float) -> dict[str, Any]:  # noqa: C90
             return float(v.as_long())
         return 0.0
 
-    dim_vals = {n: int(num(d)) for n, d in dims.items()}
+    dim_vals = {n: int(num(d)) for n, d in leaf.dims.items()}
     use = {n: (v if 1 <= v <= MAX_REPLAY_DIM else 2) for n, v in dim_vals.items()}
     arrays: dict[str, Any] = {}
-    for name, (fn, names) in funcs.items():
+    for name, (fn, names) in leaf.funcs.items():
         shape = tuple(use[n] for n in names)
         arr = np.zeros(shape)
         for ix in itertools.product(*(range(n) for n in shape)):
             arr[ix] = num(fn(*[z3.IntVal(i) for i in ix])) if names else num(fn)
         arrays[name] = arr.tolist()
-    consts = {n: num(s_) for n, s_ in syms.items()}
-    return {
-        "verdict": "sat",
-        "model": {"dims": use, "smt_dims": dim_vals, "arrays": arrays, "consts": consts},
-    }
+    consts = {n: num(s_) for n, s_ in leaf.syms.items()}
+    return {"dims": use, "smt_dims": dim_vals, "arrays": arrays, "consts": consts}
 
 
 def _leaf_fn(f: Any, rank: int) -> Any:
@@ -351,25 +380,7 @@ def prove(rule: Rule, limit_s: float = 10.0, dtype_checks: bool = True) -> RuleV
     if rule.bound is not None:
         return _prove_bound(rule, limit_s, t0)
     if rule.obligation is not None:
-        terms = getattr(rule.obligation, "terms", None)
-        if terms is None or terms[0] != rule.lhs or terms[1] != rule.rhs:
-            return RuleVerdict(
-                rule.name,
-                "unproved",
-                time.perf_counter() - t0,
-                rule.tag,
-                "smt (obligation)",
-                "the obligation is not about the rule's own lhs and rhs",
-            )
-        res = run_job(_obligation_job, rule, limit_s, limit_s=limit_s)
-        verdict = {"unsat": "proved"}.get(res["verdict"], res["verdict"])
-        detail = res.get("reason", "")
-        cex = res.get("model")
-        if verdict == "sat":
-            verdict = "refuted"
-        return RuleVerdict(
-            rule.name, verdict, time.perf_counter() - t0, rule.tag, "smt", detail, cex
-        )
+        return _prove_obligation(rule, limit_s, t0)
     per: list[dict[str, Any]] = []
     final, detail, cex = "proved", "", None
     for batch in rule.batch_ranks:
@@ -404,22 +415,11 @@ def prove(rule: Rule, limit_s: float = 10.0, dtype_checks: bool = True) -> RuleV
         break
     method = "smt"
     if final in ("unknown", "inconclusive", "spurious"):
-        # SMT could not decide: differential testing may still refute (never prove) the rule
-        batch = rule.batch_ranks[-1]
-        try:
-            found = replay(
-                rule,
-                batch,
-                {n: 3 for n in _all_dims(rule, batch)},
-                {n: 0.5 for n, lf in leaves(rule.lhs).items() if isinstance(lf, C)},
-                None,
-            )
-        except ReplayError:
-            found = None
+        found = _differential(rule)
         if found is not None:
             final, cex, method = (
                 "refuted",
-                {"batch_rank": batch, **found},
+                {"batch_rank": rule.batch_ranks[-1], **found},
                 "differential (smt: " + final + ")",
             )
             detail = f"smt: {detail}; numpy shows a difference of {found['max_abs_diff']:.3g}"
@@ -429,6 +429,43 @@ def prove(rule: Rule, limit_s: float = 10.0, dtype_checks: bool = True) -> RuleV
     if dtype_checks and final == "proved" and rule.tag == "reassociating":
         out.dtype_checks = _dtype_checks(rule)
     return out
+
+
+def _prove_obligation(rule: Rule, limit_s: float, t0: float) -> RuleVerdict:
+    """A rule with its own SMT obligation (which must be about its lhs and rhs)."""
+    terms = getattr(rule.obligation, "terms", None)
+    if terms is None or terms[0] != rule.lhs or terms[1] != rule.rhs:
+        return RuleVerdict(
+            rule.name,
+            "unproved",
+            time.perf_counter() - t0,
+            rule.tag,
+            "smt (obligation)",
+            "the obligation is not about the rule's own lhs and rhs",
+        )
+    res = run_job(_obligation_job, rule, limit_s, limit_s=limit_s)
+    verdict = {"unsat": "proved"}.get(res["verdict"], res["verdict"])
+    detail = res.get("reason", "")
+    cex = res.get("model")
+    if verdict == "sat":
+        verdict = "refuted"
+    return RuleVerdict(rule.name, verdict, time.perf_counter() - t0, rule.tag, "smt", detail, cex)
+
+
+def _differential(rule: Rule) -> dict[str, Any] | None:
+    """When SMT could not decide: a numpy difference between the sides at fixed inputs (dims 3,
+    constants 0.5, the largest batch rank), which refutes (never proves) the rule; or None."""
+    batch = rule.batch_ranks[-1]
+    try:
+        return replay(
+            rule,
+            batch,
+            {n: 3 for n in _all_dims(rule, batch)},
+            {n: 0.5 for n, lf in leaves(rule.lhs).items() if isinstance(lf, C)},
+            None,
+        )
+    except ReplayError:
+        return None
 
 
 def _prove_bound(rule: Rule, limit_s: float, t0: float) -> RuleVerdict:

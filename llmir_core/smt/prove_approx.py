@@ -537,9 +537,7 @@ def _lift(
     return None, "", undecided
 
 
-def prove_case(  # noqa: C901 (one query: encode, lift the reductions, decide, report)
-    rule: Rule, batch: int, case: dict[str, Any], limit_s: float
-) -> dict[str, Any]:
+def prove_case(rule: Rule, batch: int, case: dict[str, Any], limit_s: float) -> dict[str, Any]:
     """One attribute case at one batch rank: unsat (the bound holds), sat or unknown."""
     assert rule.bound is not None
     try:
@@ -556,59 +554,22 @@ def prove_case(  # noqa: C901 (one query: encode, lift the reductions, decide, r
         }
     idx = tuple(z3.Int(f"i{j}") for j in range(lhs.t.rank))
     try:
-        lv, rv = lhs.t.f(idx), rhs.t.f(idx)
-        if mag is None:
-            mv = zabs(lv)
-        else:
-            off = lhs.t.rank - mag.t.rank
-            mi = tuple(
-                0 if isinstance(d, int) and d == 1 else idx[j + off]
-                for j, d in enumerate(mag.t.shape)
-            )
-            mv = mag.t.f(mi)
+        lv, rv, mv = _elements(lhs, rhs, mag, idx)
     except (EncodeError, KeyError, TypeError, IndexError, z3.Z3Exception) as exc:
         return {"verdict": "unknown", "reason": f"no encoding: {exc}"}
-    lv, rv, mv = (
-        z3.simplify(e) if not isinstance(e, (int, float)) else real(e) for e in (lv, rv, mv)
-    )
     enc = re.enc
     base = [d >= 1 for d in re.dims.values()]
     base += [z3.And(0 <= i, i < d) for i, d in zip(idx, lhs.t.shape)]
     if rule.assume is not None:
         base += rule.assume({**re.syms, **re.dims})
-    limit_ms = max(500, int(limit_s * 1000 / 2))
-    lifts: list[Any] = []
-    notes: list[str] = []
-    left = _reductions([lv])
-    right = [r for r in _reductions([rv]) if not any(r.eq(x) for x in left)]
-    mags = _reductions([mv])
-    unlifted = 0
-    incomplete = False  # a lifting sub-query was undecided: a sat answer may be spurious
-    for b in right:
-        done = False
-        for a in left:
-            if not (a.decl().eq(b.decl()) and a.arg(0).eq(b.arg(0))):
-                continue
-            for c in mags:
-                if not (c.decl().eq(b.decl()) and c.arg(0).eq(b.arg(0))):
-                    continue
-                lemma, note, undecided = _lift(enc, base, a, b, c, limit_ms)
-                incomplete |= undecided
-                if lemma is not None:
-                    lifts.append(lemma)
-                    notes.append(note)
-                    done = True
-                    break
-            if done:
-                break
-        unlifted += not done
+    lifted = _Lifted(enc, base, lv, rv, mv, max(500, int(limit_s * 1000 / 2)))
     s = z3.Solver()
     s.set("timeout", int(limit_s * 1000))
     s.add(base)  # the dims, the index and the rule's assumptions (the facts are true of the model)
     if s.check() == z3.unsat:
         return {"verdict": "vacuous", "reason": "the hypotheses cannot hold"}
-    s.add(facts(enc, [lv, rv, mv] + lifts))
-    s.add(lifts)
+    s.add(facts(enc, [lv, rv, mv] + lifted.lemmas))
+    s.add(lifted.lemmas)
     same_shape = [
         z3.BoolVal(a == b) if isinstance(a, int) and isinstance(b, int) else (a == b)
         for a, b in zip(lhs.t.shape, rhs.t.shape)
@@ -617,10 +578,72 @@ def prove_case(  # noqa: C901 (one query: encode, lift the reductions, decide, r
     s.add(z3.Not(z3.And(*same_shape, zabs(rv - lv) <= bound)))
     r = s.check()
     if r == z3.unsat:
-        return {"verdict": "unsat", "lifts": notes}
+        return {"verdict": "unsat", "lifts": lifted.notes}
     if r == z3.unknown:
         return {"verdict": "unknown", "reason": s.reason_unknown()}
-    m = s.model()
+    model = _model_values(s.model(), re, lv, rv, bound)
+    why = "the bound fails in the rounding model"
+    spurious = lifted.unlifted or lifted.incomplete
+    if spurious:
+        why += " (a reduction's per-term bound was not shown: the model may be spurious)"
+    return {"verdict": "unlifted" if spurious else "sat", "reason": why, "model": model}
+
+
+def _elements(lhs: Any, rhs: Any, mag: Any, idx: tuple[Any, ...]) -> tuple[Any, Any, Any]:
+    """The two sides' element at `idx`, and the magnitude the relative bound scales (|lhs|
+    unless the rule names one, broadcast against idx), simplified."""
+    lv, rv = lhs.t.f(idx), rhs.t.f(idx)
+    if mag is None:
+        mv = zabs(lv)
+    else:
+        off = lhs.t.rank - mag.t.rank
+        mi = tuple(
+            0 if isinstance(d, int) and d == 1 else idx[j + off] for j, d in enumerate(mag.t.shape)
+        )
+        mv = mag.t.f(mi)
+    lv, rv, mv = (
+        z3.simplify(e) if not isinstance(e, (int, float)) else real(e) for e in (lv, rv, mv)
+    )
+    return lv, rv, mv
+
+
+class _Lifted:
+    """Per-term lemmas for the reductions of the right side that the left side also reduces
+    (same function, same range) and the magnitude bounds: `lemmas`, their `notes`, how many
+    reductions stayed `unlifted`, and whether a lifting sub-query was undecided (`incomplete`:
+    then a sat answer may be spurious)."""
+
+    def __init__(self, enc: Any, base: list[Any], lv: Any, rv: Any, mv: Any, limit_ms: int) -> None:
+        self.lemmas: list[Any] = []
+        self.notes: list[str] = []
+        self.unlifted = 0
+        self.incomplete = False
+        left = _reductions([lv])
+        right = [r for r in _reductions([rv]) if not any(r.eq(x) for x in left)]
+        mags = _reductions([mv])
+        for b in right:
+            self.unlifted += not self._lift_one(enc, base, left, b, mags, limit_ms)
+
+    def _lift_one(
+        self, enc: Any, base: list[Any], left: list[Any], b: Any, mags: list[Any], limit_ms: int
+    ) -> bool:
+        for a in left:
+            if not (a.decl().eq(b.decl()) and a.arg(0).eq(b.arg(0))):
+                continue
+            for c in mags:
+                if not (c.decl().eq(b.decl()) and c.arg(0).eq(b.arg(0))):
+                    continue
+                lemma, note, undecided = _lift(enc, base, a, b, c, limit_ms)
+                self.incomplete |= undecided
+                if lemma is not None:
+                    self.lemmas.append(lemma)
+                    self.notes.append(note)
+                    return True
+        return False
+
+
+def _model_values(m: Any, re: Any, lv: Any, rv: Any, bound: Any) -> dict[str, Any]:
+    """A counterexample's dims, the two sides, the bound and the constants, as floats."""
 
     def num(e: Any) -> float:
         v = m.eval(e, model_completion=True)
@@ -635,18 +658,13 @@ def prove_case(  # noqa: C901 (one query: encode, lift the reductions, decide, r
             pass
         return float("nan")
 
-    model = {
+    return {
         "dims": {n: num(d) for n, d in re.dims.items() if "[" not in n},
         "lhs": num(lv),
         "rhs": num(rv),
         "bound": num(bound),
         "consts": {n: num(x) for n, x in re.syms.items()},
     }
-    why = "the bound fails in the rounding model"
-    if unlifted or incomplete:
-        why += " (a reduction's per-term bound was not shown: the model may be spurious)"
-    spurious = unlifted or incomplete
-    return {"verdict": "unlifted" if spurious else "sat", "reason": why, "model": model}
 
 
 def approx_job(rule: Rule, limit_s: float) -> dict[str, Any]:

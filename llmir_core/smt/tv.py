@@ -397,14 +397,7 @@ def _validate(
 
     why = signature_mismatch(before, after)
     if why is not None:
-        from . import kv_int8  # an int8 KV cache in place of f32 (kv-cache-int8 calibrated)
-
-        scales = kv_int8.int8_interface(before, after) if differential else None
-        if scales is not None:
-            return done(kv_int8.compare(before, after, scales))
-        return done(
-            {"verdict": NOT_EQUIVALENT, "method": "signature", "details": [why], "signature": why}
-        )
+        return done(_different_signatures(before, after, why, differential))
     fb, fa = before.main, after.main
     exact, logged = _split(instances or [], fb, fa)
     keep: list[Any] = []
@@ -436,19 +429,10 @@ def _validate(
             }
         )
     # 2. approximate: the original with each approximate instance's root replaced by its rhs
-    approx = logged
-    if approx:
-        subst = {a.root.name: _rhs_maker(a, keep) for a in approx}
-        tt2, goals2, find2, eqs2 = _decide(before, after, exact, subst, exact_found, keep)
-        if all(find2(a) == find2(b) for a, b in goals2):
-            info["approximate_instances"] = len(approx)
-            res = within_bound(before, after, approx, input_range)
-            res.setdefault(
-                "structure",
-                f"EUF: the original with {len(approx)} approximate rule instances applied "
-                f"(+ {len(eqs2)} exact instances)",
-            )
-            return done({**info, **res, "ops": per_op(tt2, fb, fa, find2, True)})
+    if logged:
+        bounded = _approximate(before, after, exact, logged, exact_found, keep, input_range)
+        if bounded is not None:
+            return done({**info, **bounded})
     # 3. z3 over the same EUF query (exact instances only)
     res = run_job(_euf_job, tt.nodes, eqs, goals, limit_s, limit_s=limit_s)
     info["smt"] = res["verdict"]
@@ -472,16 +456,68 @@ def _validate(
             }
         )
     # 4. differential: evidence or a counterexample, never a proof
+    d = _differential(before, after, res["verdict"], seeds, tol, tol_why, input_range)
+    return done({**info, **d})
+
+
+def _different_signatures(
+    before: Module, after: Module, why: str, differential: bool
+) -> dict[str, Any]:
+    """Not equivalent, unless `after` only swaps the f32 KV cache for a calibrated int8 one
+    (kv-cache-int8), which is measured instead."""
+    from . import kv_int8
+
+    scales = kv_int8.int8_interface(before, after) if differential else None
+    if scales is not None:
+        return kv_int8.compare(before, after, scales)
+    return {"verdict": NOT_EQUIVALENT, "method": "signature", "details": [why], "signature": why}
+
+
+def _approximate(
+    before: Module,
+    after: Module,
+    exact: list[Any],
+    approx: list[Approx],
+    exact_found: list[Approx],
+    keep: list[Any],
+    input_range: tuple[float, float],
+) -> dict[str, Any] | None:
+    """When the original with each approximate instance applied is `after` (EUF), the
+    composed error bound (`within_bound`); else None."""
+    subst = {a.root.name: _rhs_maker(a, keep) for a in approx}
+    tt2, goals2, find2, eqs2 = _decide(before, after, exact, subst, exact_found, keep)
+    if not all(find2(a) == find2(b) for a, b in goals2):
+        return None
+    res = within_bound(before, after, approx, input_range)
+    res.setdefault(
+        "structure",
+        f"EUF: the original with {len(approx)} approximate rule instances applied "
+        f"(+ {len(eqs2)} exact instances)",
+    )
+    ops = per_op(tt2, before.main, after.main, find2, True)
+    return {"approximate_instances": len(approx), **res, "ops": ops}
+
+
+def _differential(
+    before: Module,
+    after: Module,
+    smt: str,
+    seeds: int,
+    tol: float | None,
+    tol_why: str,
+    input_range: tuple[float, float],
+) -> dict[str, Any]:
+    """The two modules run on random inputs: a counterexample, or agreement (never a proof)."""
     from .differential import compare
 
     d = compare(before, after, seeds=seeds, tol=tol, why=tol_why)
-    d["smt"] = res["verdict"] if res["verdict"] != "sat" else "could not show equivalence"
+    d["smt"] = smt if smt != "sat" else "could not show equivalence"
     if d.get("agree"):
         d["details"] = [
             "no proof: SMT could not show equivalence and no bound was composed; the outputs "
             "agree on the inputs tried"
         ] + _measured_details(before, after, input_range)
-    return done({**info, **d})
+    return d
 
 
 def _measured_details(before: Module, after: Module, input_range: tuple[float, float]) -> list[str]:
@@ -556,16 +592,9 @@ def _decide(
     return tt, goals, closure(tt.nodes, eqs), eqs
 
 
-def within_bound(
-    before: Module, after: Module, approx: list[Approx], input_range: tuple[float, float]
-) -> dict[str, Any]:
-    """The verdict once the structure matches up to approximate instances: each instance's
-    precondition on the concrete weights, B composed over them (`error_bounds`), and the
-    measured error, which must not exceed B."""
-    from . import error_bounds as eb
-    from .differential import max_error
-
-    rb, ra = eb.Ranges(before, input_range), eb.Ranges(after, input_range)
+def _preconditions(approx: list[Approx], rb: Any, ra: Any) -> dict[str, Any] | None:
+    """The verdict when an approximate instance's precondition fails (not equivalent) or is not
+    shown (inconclusive) on the concrete weights; None when every one holds."""
     for a in approx:
         pre = precondition(a, rb, ra)
         if pre is not None and pre[0] == "fails":
@@ -583,6 +612,22 @@ def within_bound(
                     f"{a.rule.name} at {a.location}: its precondition is not shown: {pre[1]}"
                 ],
             }
+    return None
+
+
+def within_bound(
+    before: Module, after: Module, approx: list[Approx], input_range: tuple[float, float]
+) -> dict[str, Any]:
+    """The verdict once the structure matches up to approximate instances: each instance's
+    precondition on the concrete weights, B composed over them (`error_bounds`), and the
+    measured error, which must not exceed B."""
+    from . import error_bounds as eb
+    from .differential import max_error
+
+    rb, ra = eb.Ranges(before, input_range), eb.Ranges(after, input_range)
+    refused = _preconditions(approx, rb, ra)
+    if refused is not None:
+        return refused
 
     def local_of(a: Approx) -> eb.LocalFn:
         def f(err: Callable[[Value], float]) -> float:

@@ -102,6 +102,28 @@ def _infer_gqa(ctx: InferCtx) -> list[Type]:
         f"past_key has {pk.shape[1]} heads but kv_num_heads is {hk}",
     )
     q = float_tensor(ctx, 0, "query")
+    cache_dt = _gqa_cache_dtype(ctx, idx, pk, pv, q, hk, d)
+    _gqa_qkv(ctx, idx, q, h, hk, d)
+    batch, seq = q.shape[0], q.shape[1]
+    _gqa_positions(ctx, idx, d)
+    for key in ("scale", "softcap"):
+        _need(
+            ctx[key] >= 0 and math.isfinite(ctx[key]),
+            f"{key} must be finite and >= 0, got {ctx[key]}",
+        )
+    _need(ctx["local_window_size"] >= 0, "local_window_size must be >= 0")
+    if ctx["kernel"] == "llmir":
+        why = gqa_llmir_unsupported(ctx, d)
+        _need(why is None, f'kernel "llmir" does not take {why}')
+    total = dim_add(pk.shape[2], seq)
+    present = TensorType((batch, hk, total, d), cache_dt)
+    return [like(q, (batch, seq, h * d)), present, present]
+
+
+def _gqa_cache_dtype(
+    ctx: InferCtx, idx: dict[str, int], pk: Any, pv: Any, q: Any, hk: int, d: Any
+) -> DType:
+    """The KV cache's dtype (i8 under kv_quant, else the query's), checked with its scales."""
     quant = ctx["kv_quant"]
     cache_dt = DType.i8 if quant != "none" else q.dtype
     _need(
@@ -117,6 +139,12 @@ def _infer_gqa(ctx: InferCtx) -> list[Type]:
                 st.dtype == DType.f32 and st.shape == want_s,
                 f"{role} must be f32 {fmt_shape(want_s)} for kv_quant = {quant}, got {st}",
             )
+    return cache_dt
+
+
+def _gqa_qkv(ctx: InferCtx, idx: dict[str, int], q: Any, h: int, hk: int, d: Any) -> None:
+    """The projections: packed [batch, seq, (h + 2 hk) d] (with its optional bias) or q, k, v
+    each [batch, seq, heads * d] or [batch, seq, heads, d]."""
     if ctx["qkv_bias"]:
         bias = tensor_arg(ctx, idx["qkv_bias"], "qkv_bias")
         want_b = ((h + 2 * hk) * d,)
@@ -128,7 +156,6 @@ def _infer_gqa(ctx: InferCtx) -> list[Type]:
             bias.dtype == q.dtype and bias.shape == want_b,
             f"qkv_bias must be {q.dtype} {fmt_shape(want_b)}, got {bias}",
         )
-    batch, seq = q.shape[0], q.shape[1]
     widths = {"q": h * d, "k": hk * d, "v": hk * d}
     if ctx["packed"]:
         _need(
@@ -153,6 +180,10 @@ def _infer_gqa(ctx: InferCtx) -> list[Type]:
                 f"{role} must be [batch, seq, {widths[role]}] or [batch, seq, {heads}, {d}], "
                 f"got {fmt_shape(t.shape)}",
             )
+
+
+def _gqa_positions(ctx: InferCtx, idx: dict[str, int], d: Any) -> None:
+    """positions i64 [batch, seq]; with do_rotary, cos/sin caches [max_pos, rotary_dim/2]."""
     pos = tensor_arg(ctx, idx["positions"], "positions")
     _need(
         pos.rank == 2 and pos.dtype == DType.i64, f"positions must be i64 [batch, seq], got {pos}"
@@ -171,18 +202,6 @@ def _infer_gqa(ctx: InferCtx) -> list[Type]:
             cos.shape[1] == rd // 2,
             f"cos_cache width {cos.shape[1]} is not rotary_dim/2 = {rd // 2}",
         )
-    for key in ("scale", "softcap"):
-        _need(
-            ctx[key] >= 0 and math.isfinite(ctx[key]),
-            f"{key} must be finite and >= 0, got {ctx[key]}",
-        )
-    _need(ctx["local_window_size"] >= 0, "local_window_size must be >= 0")
-    if ctx["kernel"] == "llmir":
-        why = gqa_llmir_unsupported(ctx, d)
-        _need(why is None, f'kernel "llmir" does not take {why}')
-    total = dim_add(pk.shape[2], seq)
-    present = TensorType((batch, hk, total, d), cache_dt)
-    return [like(q, (batch, seq, h * d)), present, present]
 
 
 GQA_KERNELS = ("onnxruntime", "llmir")  # ort.group_query_attention's `kernel`

@@ -286,6 +286,7 @@ class LowerOrtAttention:
         ctx.rejected(self.name, op.results[0], why)
 
     def _match(self, g: Graph, fn: Function, op: Op, ctx: PassContext) -> _Attn | None:
+        # long: the pattern read in order (mask, caches, rotary, head splits, output merge); each step claims ops or rejects with a reason
         at = op.attrs
         if (
             len(op.operands) != 3
@@ -525,6 +526,7 @@ class LowerOrtAttention:
     def _rewrite(
         self, g: Graph, fn: Function, a: _Attn, ctx: PassContext, fmt: object, ev: Evaluate
     ) -> None:
+        # long: one replacement in order (packed projection, attributes, the op, take-over); another helper is reworking this pass
         b, new_ops = scratch_builder(fn, a.sdpa.origin)
         pack = self._packable(g, a, fmt, ev)
         bias: Value | None = None  # the packed projection's bias (concatenated), if it has one

@@ -111,6 +111,7 @@ class LowerTriton:
         return changed
 
     def _rewrite(self, op: Op, args: set[int], out: list[Op]) -> bool | str:
+        # long: a dispatch table: one branch per llm op it lowers (another helper is rewriting this pass)
         a = op.attrs
         n = op.name
         if n == "llm.embedding":

@@ -331,65 +331,63 @@ class TritonDecoder:
                     num_warps=at.get("num_warps", 1),
                 )
             ]
-        if n in ("triton.matmul", "triton.gated_matmul"):
-            blocks = {
-                b: at[b]
-                for b in ("block_m", "block_n", "block_k", "gemv_block_n", "gemv_block_k")
-                if b in at
-            }
-            if n == "triton.gated_matmul":
-                return [
-                    k["matmul"].matmul(
-                        a[0],
-                        a[1],
-                        w_up=a[2],
-                        activation=at.get("activation", "silu"),
-                        num_warps=w,
-                        **blocks,
-                    )
-                ]
-            return [
-                k["matmul"].matmul(
-                    a[0],
-                    a[1],
-                    a[2] if len(a) > 2 else None,
-                    activation=at.get("activation", "none"),
-                    num_warps=w,
-                    **blocks,
-                )
-            ]
+        if n in ("triton.matmul", "triton.gated_matmul", "triton.q_matmul"):
+            return [self._matmul(op, a, w)]
+        if n == "triton.attention":
+            return [self._attention(op, a, pos, kv_len)]
+        if n == "core.split":  # -O2's merged q/k/v projection: one matmul, then views of it
+            return self._split(op, a[0])
+        return [self._glue(n, at, a)]
+
+    def _matmul(self, op: Any, a: list[Any], w: int) -> Any:
+        """triton.matmul (optional bias), triton.gated_matmul, triton.q_matmul (packed codes)."""
+        k, at, n = self.k, op.attrs, op.name
+        blocks = {
+            b: at[b]
+            for b in ("block_m", "block_n", "block_k", "gemv_block_n", "gemv_block_k")
+            if b in at
+        }
+        if n == "triton.gated_matmul":
+            return k["matmul"].matmul(
+                a[0],
+                a[1],
+                w_up=a[2],
+                activation=at.get("activation", "silu"),
+                num_warps=w,
+                **blocks,
+            )
         if n == "triton.q_matmul":
             q = a[1]
             qt = op.operands[1].type.dtype
             gguf = q["quant"] in ("q8_0", "q4_0")
-            scales = q["scales"] if gguf else a[2]
-            blocks = {
-                b: at[b]
-                for b in ("block_m", "block_n", "block_k", "gemv_block_n", "gemv_block_k")
-                if b in at
-            }
-            return [
-                k["quant"].q_matmul(
-                    a[0],
-                    q["codes"],
-                    scales,
-                    bits=qt.bits,
-                    qblock=32 if gguf else qt.block,
-                    gguf_order=gguf,
-                    num_warps=w,
-                    **blocks,
-                )
-            ]
-        if n == "triton.attention":
-            return [self._attention(op, a, pos, kv_len)]
-        if n == "core.split":  # -O2's merged q/k/v projection: one matmul, then views of it
-            x, axis = a[0], at.get("axis", 0)
-            sizes = list(at.get("sizes") or ())
-            if not sizes:  # num_outputs parts of ceil(dim / num_outputs), the last one smaller
-                parts = at.get("num_outputs") or len(op.results)
-                sizes = -(-x.shape[axis] // parts)  # type: ignore[assignment]
-            return list(self.torch.split(x, sizes, dim=axis))
-        return [self._glue(n, at, a)]
+            return k["quant"].q_matmul(
+                a[0],
+                q["codes"],
+                q["scales"] if gguf else a[2],
+                bits=qt.bits,
+                qblock=32 if gguf else qt.block,
+                gguf_order=gguf,
+                num_warps=w,
+                **blocks,
+            )
+        return k["matmul"].matmul(
+            a[0],
+            a[1],
+            a[2] if len(a) > 2 else None,
+            activation=at.get("activation", "none"),
+            num_warps=w,
+            **blocks,
+        )
+
+    def _split(self, op: Any, x: Any) -> list[Any]:
+        """core.split as views: `sizes`, or num_outputs parts of ceil(dim / num_outputs)."""
+        at = op.attrs
+        axis = at.get("axis", 0)
+        sizes = list(at.get("sizes") or ())
+        if not sizes:  # the last part is the smaller one
+            parts = at.get("num_outputs") or len(op.results)
+            sizes = -(-x.shape[axis] // parts)  # type: ignore[assignment]
+        return list(self.torch.split(x, sizes, dim=axis))
 
     def _attention(self, op: Any, a: list[Any], pos: Any, kv_len: int) -> Any:
         q, kk, vv = a

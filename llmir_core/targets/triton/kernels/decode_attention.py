@@ -56,6 +56,7 @@ def decode_attn_split_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
+    # long: one @triton.jit kernel: the tile loop and its online-softmax state (m, l, acc) in one program
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = (bh // kv_heads).to(tl.int64)
@@ -183,6 +184,7 @@ def decode_attention(
     num_warps: int = 4,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
+    # long: a launcher: most of it is the argument list of the two kernel launches
     """q [B, Hq, 1, D]; caches [B, Hkv, capacity, D]; positions [B|1, 1] (the query's position p;
     keys 0..p are in the cache) -> [B, Hq, 1, D]."""
     bsz, hq, one, d = q.shape

@@ -57,6 +57,7 @@ def prefill_attn_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
+    # long: one @triton.jit kernel: the tile loop and its online-softmax state (m, l, acc) in one program
     pm = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // q_heads).to(tl.int64)

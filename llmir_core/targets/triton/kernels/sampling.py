@@ -46,6 +46,7 @@ def _key(x):
 def sample_kernel(
     x_ptr, u_ptr, out_ptr, vocab, stride, inv_temp, top_k, top_p, BLOCK_V: tl.constexpr
 ):
+    # long: one @triton.jit kernel: the passes over a row (max, top-k, top-p, draw) share its registers
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * stride
     # the maximum (softmax shift)

@@ -1,0 +1,272 @@
+"""The generation half of the HTTP API: a prepared completion request becomes scheduler requests,
+answered whole (JSON) or as server-sent events.
+
+`Generation.start` takes the parsed parameters and tokenized prompts (see `prepare`) with the
+queue ticket the request holds, submits one `GenRequest` per prompt, and answers: a stream for
+`stream: true` (one prompt), else the completions once every request is done. The scheduler
+thread reports through `put`, which hands events to the event loop; a client that goes away
+cancels its requests. starlette is imported lazily, like in `app`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from llmir_core.runtime.sampling import Sampler, SamplingConfig
+
+from .logprobs import legacy_logprobs
+from .model import ServedModel
+from .scheduler import Completion, GenRequest, QueueFull, ShuttingDown, Ticket
+from .schemas import APIError, GenParams, chunk_body, completion_body, new_id, usage
+from .workers import Workers
+
+Events = asyncio.Queue[tuple[str, int, Any]]  # (kind: "text" | "done", prompt index, value)
+Put = Callable[[str, int, Any], None]
+
+
+def busy(exc: Exception) -> APIError:
+    """429: the queue is full (retry after a second)."""
+    return APIError(
+        429,
+        f"the server is busy: {exc}",
+        type="rate_limit_error",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": "1"},
+    )
+
+
+def shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
+
+
+class Generation:
+    """Runs prepared completion requests on the model's scheduler and answers them."""
+
+    def __init__(self, model: ServedModel, pool: Workers, timeout: float) -> None:
+        self.model = model
+        self.sched = model.scheduler
+        self.pool = pool
+        self.timeout = timeout  # for the work done on `pool` (building log-prob choices)
+
+    async def start(
+        self, request: Any, p: GenParams, prompts: list[list[int]], chat: bool, ticket: Ticket
+    ) -> Any:
+        """Submit one request per prompt (the first takes `ticket`'s place), then answer."""
+        from starlette.responses import Response, StreamingResponse
+
+        loop = asyncio.get_running_loop()
+        events: Events = asyncio.Queue()
+
+        def put(kind: str, index: int, value: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
+                loop.call_soon_threadsafe(events.put_nowait, (kind, index, value))
+
+        reqs = self._submit(p, prompts, ticket, put)
+        rid = new_id("chatcmpl" if chat else "cmpl")
+        if p.stream:  # one prompt (schemas refuses stream with several)
+            return StreamingResponse(
+                self._sse(rid, p.model, chat, reqs[0], events, p.logprobs is not None),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        results = await self._whole(request, reqs, events)
+        if results is None:
+            return Response(status_code=499)
+        return await self._answer(p, prompts, chat, rid, results)
+
+    def _submit(
+        self, p: GenParams, prompts: list[list[int]], ticket: Ticket, put: Put
+    ) -> list[GenRequest]:
+        """One scheduler request per prompt, all or none: a refusal cancels those submitted."""
+        model, sched = self.model, self.sched
+        room = sched.decoder.slots + sched.max_queue
+        if len(prompts) > room:  # it could never be admitted whole: not a 429 to retry
+            raise APIError(
+                400,
+                f"{len(prompts)} prompts in one request, but the server holds at most {room} "
+                "(--max-batch + --max-queue): send fewer at once",
+                param="prompt",
+                code="invalid_value",
+            )
+        reqs: list[GenRequest] = []
+        for i, ids in enumerate(prompts):
+            wanted = model.max_context if p.max_tokens is None else p.max_tokens
+            sampler = Sampler(SamplingConfig(temperature=p.temperature, top_p=p.top_p, seed=p.seed))
+            req = GenRequest(
+                ids,
+                min(wanted, model.max_context - len(ids)),
+                sampler,
+                functools.partial(put, "text", i),
+                functools.partial(put, "done", i),
+                stop=p.stop,
+                eos_ids=model.eos_ids,
+                logprobs=p.logprobs,
+                echo_logprobs=p.echo and p.logprobs is not None,
+            )
+            # a text event carries how many tokens have log-probs by then (a stream sends them)
+            req.on_text = functools.partial(_text_event, put, i, req)
+            try:
+                sched.submit(req, ticket if i == 0 else None)
+            except (QueueFull, ShuttingDown) as exc:
+                for r in reqs:
+                    sched.cancel(r)
+                if isinstance(exc, ShuttingDown):
+                    raise shutting_down() from None
+                raise busy(exc) from None
+            reqs.append(req)
+        return reqs
+
+    async def _answer(
+        self,
+        p: GenParams,
+        prompts: list[list[int]],
+        chat: bool,
+        rid: str,
+        results: list[Completion],
+    ) -> Any:
+        """The JSON body of finished completions: one choice, or one per prompt with echo and
+        log-probs (built on a worker thread)."""
+        from starlette.responses import JSONResponse
+
+        use = usage(sum(r.prompt_tokens for r in results), sum(len(r.token_ids) for r in results))
+        if chat or (len(results) == 1 and not p.echo and p.logprobs is None):
+            res = results[0]
+            return JSONResponse(
+                completion_body(rid, p.model, res.text, res.finish_reason, use, chat)
+            )
+        choices = await self.pool.run(lambda: self._choices(p, prompts, results), self.timeout)
+        return JSONResponse(completion_body(rid, p.model, "", "", use, False, choices))
+
+    def _choices(
+        self, p: GenParams, prompts: list[list[int]], results: list[Completion]
+    ) -> list[dict[str, Any]]:
+        """A completion's choices with the prompt echoed and log-probs when asked."""
+        model = self.model
+        out = []
+        for i, (ids, res) in enumerate(zip(prompts, results)):
+            given = p.prompts[i] if i < len(p.prompts) else None
+            echoed = (given if isinstance(given, str) else model.decode(ids)) if p.echo else ""
+            lp = None
+            if p.logprobs is not None:
+                lp = legacy_logprobs(
+                    model.decode_special,
+                    model.special_ids,
+                    ids,
+                    res.prompt_logprobs,
+                    res.logprobs or [],
+                    len(echoed) if p.echo else None,
+                )
+            out.append(
+                {
+                    "index": i,
+                    "text": echoed + res.text,
+                    "finish_reason": res.finish_reason,
+                    "logprobs": lp,
+                }
+            )
+        return out
+
+    async def _whole(
+        self, request: Any, reqs: list[GenRequest], events: Events
+    ) -> list[Completion] | None:
+        """Every request's completion (None: the client went away; the requests are cancelled)."""
+        results: dict[int, Any] = {}
+
+        async def done() -> None:
+            while len(results) < len(reqs):
+                kind, index, value = await events.get()
+                if kind == "done":
+                    results[index] = value
+
+        async def gone() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        waiter, watcher = asyncio.ensure_future(done()), asyncio.ensure_future(gone())
+        try:
+            await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not waiter.done():
+                waiter.cancel()
+                for r in reqs:
+                    self.sched.cancel(r)
+        if waiter.cancelled():
+            return None
+        failed = next((v for v in results.values() if not isinstance(v, Completion)), None)
+        if failed is not None:
+            raise APIError(
+                500, f"generation failed: {failed}", type="server_error", code="internal_error"
+            )
+        return [results[i] for i in range(len(reqs))]
+
+    def _chunk_logprobs(self, req: GenRequest, sent: int, upto: int, at: int) -> dict[str, Any]:
+        """The `logprobs` of generated tokens [sent, upto) of a stream, offsets from `at`."""
+        model = self.model
+        context = [*req.prompt_ids, *(e.token for e in req.gen_lp[:sent])]
+        lp = legacy_logprobs(
+            model.decode_special, model.special_ids, context, None, req.gen_lp[sent:upto]
+        )
+        lp["text_offset"] = [at + o for o in lp["text_offset"]]
+        return lp
+
+    async def _sse(
+        self,
+        rid: str,
+        name: str,
+        chat: bool,
+        req: GenRequest,
+        events: Events,
+        logprobs: bool = False,
+    ) -> AsyncIterator[str]:
+        """The event stream of one request; it is cancelled when the client goes away first."""
+        created = int(time.time())
+        finished = False
+        sent = at = 0  # tokens whose log-probs went out; characters of text sent
+        try:
+            if chat:
+                yield _event(chunk_body(rid, name, created, "", None, True, first=True))
+            while True:
+                kind, _, value = await events.get()
+                if kind == "text":
+                    piece, upto = value
+                    lp = self._chunk_logprobs(req, sent, upto, at) if logprobs else None
+                    sent, at = upto, at + len(piece)
+                    yield _event(chunk_body(rid, name, created, piece, None, chat, logprobs=lp))
+                    continue
+                finished = True
+                if isinstance(value, Completion):
+                    use = usage(value.prompt_tokens, len(value.token_ids))
+                    lp = None
+                    if logprobs:  # an end-of-sequence token's, or none
+                        lp = self._chunk_logprobs(req, sent, len(req.gen_lp), at)
+                    yield _event(
+                        chunk_body(
+                            rid, name, created, None, value.finish_reason, chat, use, logprobs=lp
+                        )
+                    )
+                else:
+                    yield _event(
+                        APIError(500, f"generation failed: {value}", type="server_error").body()
+                    )
+                yield "data: [DONE]\n\n"
+                return
+        finally:
+            if not finished:
+                self.sched.cancel(req)
+
+
+def _text_event(put: Put, index: int, req: GenRequest, piece: str) -> None:
+    """A request's text callback (on the scheduler thread, right after the token's log-probs
+    are recorded): the piece and how many generated tokens have log-probs so far."""
+    put("text", index, (piece, len(req.gen_lp)))
+
+
+def _event(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
