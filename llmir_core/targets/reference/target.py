@@ -38,7 +38,7 @@ def _capabilities() -> Capabilities:
     for name, od in all_ops().items():
         if od.reference is not None or od.decompose is not None:
             ops.add(name)
-        else:
+        elif name not in ops:
             reasons[name] = "it declares neither reference semantics nor a decomposition"
     return Capabilities(
         frozenset(ops), frozenset(d.value for d in DType), frozenset({"cpu"}), reasons
