@@ -194,3 +194,19 @@ def test_op_the_target_cannot_run_is_refused_with_its_location(tmp_path: Path) -
     assert not (tmp_path / "r").exists()
     with pytest.raises(InputError, match="takes no build options"):
         get_target("reference").lowering({"quant": "int4"})
+
+
+def test_manifest_validates_and_needs_its_signature(ref_artifact: Path, tmp_path: Path) -> None:  # noqa: F811
+    """The schema knows the reference target: its manifest validates, and one without the
+    signature the tensor runner reads is refused before any field is used."""
+    from llmir_core.artifact_check import manifest_schema, read_manifest
+    from llmir_core.json_schema import validate
+
+    manifest = json.loads((ref_artifact / "manifest.json").read_text())
+    assert validate(manifest, manifest_schema()) == []
+    art = tmp_path / "r"
+    shutil.copytree(ref_artifact, art)
+    del manifest["inputs"]
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match="inputs"):
+        read_manifest(str(art))
