@@ -210,3 +210,22 @@ def test_manifest_validates_and_needs_its_signature(ref_artifact: Path, tmp_path
     (art / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(InputError, match="inputs"):
         read_manifest(str(art))
+
+
+def test_running_needs_no_runtime_library(ref_artifact: Path, tmp_path: Path) -> None:  # noqa: F811
+    """`llmir run` of a reference artifact imports neither onnxruntime nor a builder library
+    (onnx, gguf, torch, transformers, z3): numpy is its runtime."""
+    from .test_open_imports import _run
+
+    out = _run(
+        f"""
+from typer.testing import CliRunner
+from llmir_cli.app import app
+r = CliRunner().invoke(app, ["run", {str(ref_artifact)!r}, "--prompt", "ab", "-n", "3"])
+print(json.dumps({{"libs": builder_libs(), "code": r.exit_code, "out": r.output[-500:],
+                  "onnxruntime": "onnxruntime" in sys.modules}}))
+""",
+        tmp_path,
+    )
+    assert out["code"] == 0, out["out"]
+    assert out["libs"] == [] and out["onnxruntime"] is False
