@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # opening an artifact needs no IR (tests/decoder/test_open_im
 TARGETS: dict[str, str] = {
     "onnxruntime": "llmir_core.targets.onnxruntime.target:TARGET",
     "triton": "llmir_core.targets.triton.target:TARGET",
+    "reference": "llmir_core.targets.reference.target:TARGET",
 }
 TARGET_GROUP = "llmir.targets"  # entry points: name = "package.module:OBJECT"
 DIALECT_GROUP = "llmir.dialects"  # entry points: name = "package.module" (registers on import)

@@ -1,0 +1,1 @@
+"""The reference target: the numpy reference interpreter as a target (target.py)."""
