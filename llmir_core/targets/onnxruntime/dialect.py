@@ -7,8 +7,9 @@ node; each exact op declares a decomposition into the `llm`/`core` ops it replac
 translation validation expands it and meets the unlowered module's terms.
 
 Weights stay logical: `ort.matmul_nbits` takes the float weight the module computes (a
-dequantized GGUF tensor, an f32 weight, a row-concatenation of weights) and the serializer
-packs it into MatMulNBits' blocks. With `quantize = "none"` the packing must be lossless (GGUF
+dequantized GGUF tensor, an f32 weight, a row-concatenation of weights); the last lowering pass
+(pack-ort-weights) puts an `ort.pack` between it and the weight, which says how the artifact
+stores it (MatMulNBits' blocks, f32 panels) and which the serializer writes 1:1. With `quantize = "none"` the packing must be lossless (GGUF
 q4_0/q8_0/q5_0/q6_k/q3_k, nbits weights, GPTQ/AWQ/compressed-tensors checkpoint weights of 4 or 8
 bits in power-of-two groups of consecutive columns): the op is exact and decomposes to a matmul. Otherwise
 the reference rounds the weight to `bits`-bit blocks first (symmetric or with zero points) and

@@ -9,9 +9,13 @@ passes (llmir_core/passes/lower_ort_*.py) to its ONNX node(s), with no pattern m
   on q and k when the rotary table is too narrow for the op's own rotary; `kv_quant` ->
   k/v_quant_type PER_CHANNEL/PER_TENSOR, kv_cache_bit_width 8, k_scale/v_scale inputs). Its
   present outputs keep the IR's names, so the runtime binds past and present to one buffer;
-- `ort.matmul_nbits` -> MatMulNBits, its logical weight packed into blocks (GGUF and GPTQ/AWQ/
-  compressed-tensors checkpoints repacked, nbits passed through, float weights quantized as the
-  op's `quantize` says: the lowering pass made the choice, the manifest lists it);
+- `ort.pack` (pack-ort-weights) -> its initializers, written when a reader first names it: the
+  weight in the pack's format, nothing decided here. "nbits": MatMulNBits' blocks, scales (and
+  zero points) of its weight (GGUF and GPTQ/AWQ/compressed-tensors checkpoints repacked, nbits
+  passed through, float weights quantized as the pack's `quantize` says; the manifest lists
+  each); "panel16": f32 16-row panels;
+- `ort.matmul_nbits` -> MatMulNBits over its pack's blocks (or over a packed core.weight with its
+  scales and zero points, repacked here: not yet an ort.pack);
 - `ort.matmul_gguf` -> ai.llmir MatMulGGUF (llmir's kernel) over the GGUF tensor's rows exactly
   as the file stores them (uint8 [N, row_bytes], copied byte for byte into the data file: the
   artifact stays self-contained, and onnxruntime reads external data only inside the model's
