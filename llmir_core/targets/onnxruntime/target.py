@@ -136,7 +136,7 @@ class OrtTarget:
 
     def lowering(self, options: Mapping[str, Any]) -> list[Any]:
         """lower-ort-precision, then lower-ort-attention, -norms, -moe, -matmul, -embedding,
-        -weight-dtype, -logits (decoders only; no-ops elsewhere) and -module."""
+        -weight-dtype, -logits, pack-ort-weights (decoders only; no-ops elsewhere) and -module."""
         from llmir_core.targets.onnxruntime.lower_attention import (
             ATTENTION_KERNEL,
             LowerOrtAttention,
