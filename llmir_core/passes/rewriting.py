@@ -22,7 +22,7 @@ first (the largest pattern ending at an op wins), to a fixed point.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -307,3 +307,77 @@ def apply_fusions(
     module: Module, ctx: PassContext, rules: list[Rule], may_share: frozenset[str] = frozenset()
 ) -> bool:
     return apply_rules(module, ctx, rules, exclusive=True, may_share=may_share)
+
+
+# -- conversion-pattern tables (lowering passes) ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Converted:
+    """What a conversion makes of one op: the target op's attributes, its operands (None: the
+    op's own) and ops to insert before it (a split: the first kernel of two)."""
+
+    attrs: dict[str, Any]
+    operands: list[Value] | None = None
+    prelude: list[Op] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """One row of a lowering's conversion-pattern table: an op named `source` becomes the op
+    `target` (the same results, so every use follows) where `convert(fn, op)` returns what it
+    becomes, else the reason it does not apply."""
+
+    name: str
+    source: str
+    target: str
+    convert: Callable[[Function, Op], Converted | str]
+
+
+def apply_conversions(
+    module: Module, ctx: PassContext, table: Sequence[Conversion], legal: Callable[[str], bool]
+) -> bool:
+    """Convert every op the table has a row for, in order, once: the first row whose target is
+    `legal` (the target's capabilities) and whose `convert` applies wins; a rejected op stays as
+    it is (the target's capability check names it) and its reasons go to the report. Each
+    conversion is logged as a `Rewrite` and a `RuleInstance` (rule = the row's name, bindings =
+    its operands by position): translation validation finds no library rule of that name and
+    relates the two modules through the target ops' own meaning (their SMT encodings)."""
+    rows: dict[str, list[Conversion]] = {}
+    for c in table:
+        rows.setdefault(c.source, []).append(c)
+    changed = False
+    for fn in module.functions:
+        for op in list(fn.ops):
+            for c in rows.get(op.name, ()):
+                got = c.convert(fn, op) if legal(c.target) else f"{c.target} is not legal here"
+                if isinstance(got, str):
+                    ctx.rejected(c.name, op.results[0], got)
+                    continue
+                _convert(fn, ctx, c, op, got)
+                changed = True
+                break
+    return changed
+
+
+def _convert(fn: Function, ctx: PassContext, c: Conversion, op: Op, got: Converted) -> None:
+    at = fn.ops.index(op)
+    fn.ops[at:at] = got.prelude
+    op.name, op.attrs = c.target, dict(got.attrs)
+    if got.operands is not None:
+        op.operands = list(got.operands)
+    root = op.results[0]
+    ctx.applied(
+        c.name, root, f"{c.source} -> {' + '.join([o.name for o in got.prelude] + [c.target])}"
+    )
+    ctx.instances.append(
+        RuleInstance(
+            rule=c.name,
+            root=root.name,
+            replacement=root.name,
+            bindings={f"x{i}": v.name for i, v in enumerate(op.operands)},
+            consts={},
+            attrs=dict(got.attrs),
+            location=value_loc(root),
+        )
+    )

@@ -32,7 +32,9 @@ def _ops(module: Any, name: str) -> list[Any]:
 def test_lowering_records_the_scale_dtype(tiny_module: Any) -> None:
     low = lower(tiny_module, options=LLMIR)
     mm = _ops(low, "ort.matmul_nbits")
-    assert mm and all(op.attrs.get("scale_dtype") == "f16" for op in mm)
+    # the scale dtype is the storage's: on the ort.pack each matmul reads (pack-ort-weights)
+    packs = [op.operands[1].owner for op in mm]
+    assert mm and all(p is not None and p.attrs.get("scale_dtype") == "f16" for p in packs)
     text = print_module(lower(tiny_module, options={**LLMIR, "nbits_scales": "f32"}))
     assert "scale_dtype" not in text and 'kernel = "llmir"' in text
     mlas = print_module(lower(tiny_module, options={"quant": "int4", "nbits_kernel": "mlas"}))
@@ -50,7 +52,8 @@ def test_tied_lookup_takes_the_heads_scales(tmp_path: Path) -> None:
     module = import_hf(folder, require_tokenizer=False)
     low = lower(module, options=LLMIR)
     (gather,) = _ops(low, "ort.gather_block_quantized")
-    assert gather.attrs.get("scale_dtype") == "f16"
+    pack = gather.operands[0].owner
+    assert pack is not None and pack.attrs.get("scale_dtype") == "f16"
     build(module, str(tmp_path / "art"), "onnxruntime", options=LLMIR)
     import onnx
 

@@ -7,8 +7,9 @@ node; each exact op declares a decomposition into the `llm`/`core` ops it replac
 translation validation expands it and meets the unlowered module's terms.
 
 Weights stay logical: `ort.matmul_nbits` takes the float weight the module computes (a
-dequantized GGUF tensor, an f32 weight, a row-concatenation of weights) and the serializer
-packs it into MatMulNBits' blocks. With `quantize = "none"` the packing must be lossless (GGUF
+dequantized GGUF tensor, an f32 weight, a row-concatenation of weights); the last lowering pass
+(pack-ort-weights) puts an `ort.pack` between it and the weight, which says how the artifact
+stores it (MatMulNBits' blocks, f32 panels) and which the serializer writes 1:1. With `quantize = "none"` the packing must be lossless (GGUF
 q4_0/q8_0/q5_0/q6_k/q3_k, nbits weights, GPTQ/AWQ/compressed-tensors checkpoint weights of 4 or 8
 bits in power-of-two groups of consecutive columns): the op is exact and decomposes to a matmul. Otherwise
 the reference rounds the weight to `bits`-bit blocks first (symmetric or with zero points) and
@@ -1305,6 +1306,94 @@ register(
         traits=frozenset({"elementwise"}),
         smt=encoding("core_smt", "cast"),
         example="%w = ort.cast %w16 {to = f32} : (tensor<64x64xf16>) -> tensor<64x64xf32>",
+    )
+)
+
+
+# -- weight packing (pack-ort-weights) ---------------------------------------------------------------
+
+PACK_FORMATS = ("panel16", "nbits")  # ort.pack's `format`: how the serializer stores the weight
+
+
+def _infer_pack(ctx: InferCtx) -> list[Type]:
+    w = float_tensor(ctx, 0, "w")
+    _need(w.rank == 2, f"w must be a 2-D [N, K] weight, got {w}")
+    fmt, k = ctx["format"], w.shape[1]
+    if fmt == "panel16":
+        _need(w.dtype == DType.f32, f'format "panel16" stores f32 rows, got {w.dtype}')
+        _need(ctx["quantize"] == "none", 'format "panel16" is lossless: quantize must be "none"')
+        return [w]
+    bits, block = ctx["bits"], ctx["block_size"]
+    _need(bits in (4, 8), f"bits must be 4 or 8, got {bits}")
+    _need(
+        block >= 16 and block & (block - 1) == 0,
+        f"block_size must be a power of two >= 16, got {block}",
+    )
+    if isinstance(k, int):
+        _need(k % block == 0, f"K = {k} is not a multiple of block_size {block}")
+    _need(
+        ctx["scale_dtype"] == "f32" or ctx["quantize"] != "none",
+        'scale_dtype "f16" applies to a quantizing pack (quantize sym/asym)',
+    )
+    _need(
+        not (ctx["quantize"] == "sym" and ctx["zero_points"]),
+        'quantize "sym" stores no zero points (zero_points = true needs "asym" or "none")',
+    )
+    return [w]
+
+
+def _ref_pack(args: list[np.ndarray], at: dict[str, Any]) -> np.ndarray:
+    w = args[0]
+    if at["format"] == "nbits" and at["quantize"] != "none":
+        q = fake_quant(w, at["bits"], at["block_size"], at["quantize"], at["scale_dtype"])
+        return q.astype(w.dtype)
+    return w
+
+
+def _dec_pack(b: Any, o: list[Any], at: dict[str, Any]) -> list[Any]:
+    """The stored weight's value: w itself (a lossless format), or w rounded to the blocks
+    (`llm.quantize` then `llm.dequantize`)."""
+    if at["format"] != "nbits" or at["quantize"] == "none":
+        return [o[0]]
+    parts = requantized(b, o[0], at)
+    return [b.op("llm.dequantize", *parts, dtype=o[0].type.dtype)]
+
+
+register(
+    OpDef(
+        name="ort.pack",
+        summary="A weight as the artifact stores it (inserted by pack-ort-weights; the serializer "
+        "writes each ort.pack as its initializers, 1:1). The result is the value the stored "
+        'bytes mean, of w\'s type. format "panel16": [ceil(N/16), K, 16] f32 panels '
+        "(llmir_core/targets/onnxruntime/panels.py, ort.matmul_f32's layout), the value is w. "
+        'format "nbits": MatMulNBits blocks of `bits` over `block_size` columns (scales, and '
+        'zero points with `zero_points`); quantize "none" means the blocks hold w exactly (a '
+        'GGUF, nbits or checkpoint-packed source repacked), "sym"/"asym" that w is '
+        "rounded to them (the value is the rounded weight; scale_dtype f16 rounds the scales).",
+        operands=(Operand("w", doc="[N, K] float weight"),),
+        attrs=(
+            Attr("format", "str", choices=PACK_FORMATS, doc="panel16 or nbits"),
+            Attr("bits", "int", 4, doc="nbits: 4 or 8"),
+            Attr("block_size", "int", 32, doc="nbits: elements per block along K"),
+            Attr("zero_points", "bool", False, doc="nbits: integer zero points are stored"),
+            Attr(
+                "quantize",
+                "str",
+                "none",
+                choices=_QUANTIZE,
+                doc="nbits: none (w is stored exactly), sym or asym (w is rounded to blocks)",
+            ),
+            _scale_dtype_attr(),
+        ),
+        infer=_infer_pack,
+        reference=_ref_pack,
+        decompose=_dec_pack,
+        smt=encoding("llmir_core.targets.onnxruntime.smt", "ort_pack"),
+        verifies="w is a 2-D float weight; panel16 takes f32 and is lossless; nbits has bits 4 "
+        "or 8, a power-of-two block_size >= 16 dividing K, scale_dtype f16 only when quantizing "
+        'and no zero points with quantize "sym".',
+        example='%p = ort.pack %w {format = "nbits", bits = 4, block_size = 32, quantize = "sym"} '
+        ": (tensor<128x64xf32>) -> tensor<128x64xf32>",
     )
 )
 

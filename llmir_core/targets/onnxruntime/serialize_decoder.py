@@ -9,9 +9,13 @@ passes (llmir_core/passes/lower_ort_*.py) to its ONNX node(s), with no pattern m
   on q and k when the rotary table is too narrow for the op's own rotary; `kv_quant` ->
   k/v_quant_type PER_CHANNEL/PER_TENSOR, kv_cache_bit_width 8, k_scale/v_scale inputs). Its
   present outputs keep the IR's names, so the runtime binds past and present to one buffer;
-- `ort.matmul_nbits` -> MatMulNBits, its logical weight packed into blocks (GGUF and GPTQ/AWQ/
-  compressed-tensors checkpoints repacked, nbits passed through, float weights quantized as the
-  op's `quantize` says: the lowering pass made the choice, the manifest lists it);
+- `ort.pack` (pack-ort-weights) -> its initializers, written when a reader first names it: the
+  weight in the pack's format, nothing decided here. "nbits": MatMulNBits' blocks, scales (and
+  zero points) of its weight (GGUF and GPTQ/AWQ/compressed-tensors checkpoints repacked, nbits
+  passed through, float weights quantized as the pack's `quantize` says; the manifest lists
+  each); "panel16": f32 16-row panels;
+- `ort.matmul_nbits` -> MatMulNBits over its pack's blocks (or over a packed core.weight with its
+  scales and zero points, repacked here: not yet an ort.pack);
 - `ort.matmul_gguf` -> ai.llmir MatMulGGUF (llmir's kernel) over the GGUF tensor's rows exactly
   as the file stores them (uint8 [N, row_bytes], copied byte for byte into the data file: the
   artifact stays self-contained, and onnxruntime reads external data only inside the model's
@@ -48,7 +52,7 @@ from llmir_core.fileio import replace_dir, sha256_file
 from llmir_core.interp import Interpreter
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.dims import format_dim
-from llmir_core.ir.types import DType, QuantType, TensorType, numpy_dtype
+from llmir_core.ir.types import DType, TensorType, numpy_dtype
 from llmir_core.quant import gguf_blocks, int32_packed, nbits
 from llmir_core.quant.gguf_repack import LOSSLESS, REQUANT, repack_gguf
 from llmir_core.targets.onnxruntime.graph import (
@@ -73,7 +77,6 @@ from llmir_core.targets.onnxruntime.lower_common import (
     is_decoder,
     kv_bytes_per_token,
     module_options,
-    packed_asym,
     packed_lossless,
     packed_parts,
     packed_requant_reason,
@@ -999,25 +1002,17 @@ def _emit_fused_matmul(D: DecoderSerializer, op: Op) -> bool:
 
 def _emit_matmul_nbits(D: DecoderSerializer, op: Op) -> bool:
     at = op.attrs
-    fmt = NbitsFormat(int(at["bits"]), int(at["block_size"]), at.get("quantize", "none") == "asym")
     if len(op.operands) > 2:
         src = packed_src(D.g, op.operands[1], list(op.operands[2:]))
         if src is None:
             raise BuildError(f"%{op.operands[1].name}: ort.matmul_nbits needs a packed core.weight")
+        fmt = NbitsFormat(int(at["bits"]), int(at["block_size"]), len(op.operands) > 3)
         srcs = [src]
-        fmt = NbitsFormat(fmt.bits, fmt.block, len(op.operands) > 3)
+        b, s, z = D.w.nbits(srcs, fmt, _label(op, "weight"))
     else:
-        srcs = D.weight(op.operands[1])
-        kinds = {s.kind for s in srcs}
-        if kinds & {"nbits", "packed"} or {s.scheme for s in srcs} & set(REQUANT):
-            fmt = NbitsFormat(
-                fmt.bits,
-                fmt.block,
-                any(s.kind == "nbits" and _zero(s) for s in srcs)
-                or any(s.kind == "packed" and packed_asym(s, D.w.eval) for s in srcs)
-                or at.get("quantize") == "asym",
-            )
-    b, s, z = D.w.nbits(srcs, fmt, _label(op, "weight"), at.get("scale_dtype") == "f16")
+        pack = _pack(D, op.operands[1], "nbits", op)
+        fmt, srcs = _nbits_format(pack), D.weight(pack.operands[0])
+        b, s, z = D.w.nbits(srcs, fmt, _label(pack, "weight"), _f16_scales(pack))
     n, k = sum(x.rows for x in srcs), srcs[0].cols
     if at.get("kernel") == "llmir":  # llmir's kernel: the same blocks, f16 or f32 scales as stored
         from llmir_core.targets.onnxruntime.native import DOMAIN, NBITS_OP_NAMES
@@ -1040,6 +1035,26 @@ def _emit_matmul_nbits(D: DecoderSerializer, op: Op) -> bool:
         )[0],
     )
     return True
+
+
+def _pack(D: DecoderSerializer, v: Value, fmt: str, reader: Op) -> Op:
+    """The `ort.pack {format = fmt}` that v comes from (pack-ort-weights put it there)."""
+    op = v.owner
+    if op is None or op.name != "ort.pack" or op.attrs.get("format") != fmt:
+        raise BuildError(
+            f'%{v.name}: {reader.name} reads a weight with no ort.pack {{format = "{fmt}"}} '
+            "(lower the module with the pack-ort-weights pass)"
+        )
+    return op
+
+
+def _nbits_format(pack: Op) -> NbitsFormat:
+    at = pack.attrs
+    return NbitsFormat(int(at["bits"]), int(at["block_size"]), bool(at.get("zero_points")))
+
+
+def _f16_scales(pack: Op) -> bool:
+    return pack.attrs.get("scale_dtype") == "f16"
 
 
 def _emit_matmul_gguf(D: DecoderSerializer, op: Op) -> bool:
@@ -1066,12 +1081,6 @@ def _emit_dynamic_quantize_matmul(D: DecoderSerializer, op: Op) -> bool:
     ins = [D.name(op.operands[0]), b, s] + ([z] if z else [])
     D.bind(op.results[0], D.node("DynamicQuantizeMatMul", ins, domain=MS)[0])
     return True
-
-
-def _zero(s: WSrc) -> bool:
-    assert s.op is not None
-    q = tt(s.op.results[0]).dtype
-    return isinstance(q, QuantType) and q.zero == "int"
 
 
 def _emit_matmul_s8(D: DecoderSerializer, op: Op) -> bool:
@@ -1113,12 +1122,13 @@ def _emit_gather_block_quantized(D: DecoderSerializer, op: Op) -> bool:
     """GatherBlockQuantized over the table's MatMulNBits blocks (the same initializers as a
     tied lm_head's: one copy), [vocab, blocks, bytes] as stored; its [..., blocks, block]
     rows are reshaped to [..., hidden]."""
-    src = weight_src(D.g, op.operands[0])
+    pack = _pack(D, op.operands[0], "nbits", op)
+    src = weight_src(D.g, pack.operands[0])
     if src is None:
         raise BuildError(f"%{op.operands[0].name}: ort.gather_block_quantized needs a weight")
-    at = op.attrs
-    fmt = NbitsFormat(int(at["bits"]), int(at["block_size"]), False)
-    b, s, _ = D.w.nbits([src], fmt, _label(op, "weight"), op.attrs.get("scale_dtype") == "f16")
+    at = pack.attrs
+    fmt = _nbits_format(pack)
+    b, s, _ = D.w.nbits([src], fmt, _label(pack, "weight"), _f16_scales(pack))
     nb = src.cols // fmt.block
     s3 = D.L.one("Reshape", D.w.f32_scales(s), D.L.ints([src.rows, nb, 1]))
     rows = D.L.one(
@@ -1140,7 +1150,7 @@ def _emit_gather_block_quantized(D: DecoderSerializer, op: Op) -> bool:
         "bits": fmt.bits,
         "block": fmt.block,
         "quantize": quantize,
-        "shared_with_lm_head": any(u.name == "ort.matmul_nbits" for u in D.g.uses(src.value)),
+        "shared_with_lm_head": any(u.name == "ort.matmul_nbits" for u in D.g.uses(pack.results[0])),
     }
     if quantize != "none":
         from llmir_core.targets.onnxruntime.lower_embedding import embedding_error
@@ -1206,14 +1216,15 @@ def _emit_matmul_f32(D: DecoderSerializer, op: Op) -> bool:
     [gate; up] with `epilogue = "swiglu"`) and attribute N; node attribute `epilogue` as the op's."""
     from llmir_core.targets.onnxruntime.native import DOMAIN, OP_NAMES
 
-    srcs = D.weight(op.operands[1])
     x = D.name(op.operands[0])
     if op.attrs.get("layout", "rows") == "panel16":
-        w = D.w.f32_panels(srcs, _label(op, "weight"))
+        pack = _pack(D, op.operands[1], "panel16", op)
+        srcs = D.weight(pack.operands[0])
+        w = D.w.f32_panels(srcs, _label(pack, "weight"))
         n = sum(s.rows for s in srcs)
         D.bind(op.results[0], D.L.one(OP_NAMES["f32"], x, w, domain=DOMAIN, N=n, **_epi(op)))
         return True
-    w = D.w.f32(srcs, _label(op, "weight"))
+    w = D.w.f32(D.weight(op.operands[1]), _label(op, "weight"))
     D.bind(op.results[0], D.L.one(OP_NAMES["f32"], x, w, domain=DOMAIN, **_epi(op)))
     return True
 

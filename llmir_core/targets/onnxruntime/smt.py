@@ -182,3 +182,16 @@ def ort_matmul_s8(enc: Encoder, args: Args, attrs: At) -> STensor:
     a, b = args
     y = enc.matmul(_s8_rows(enc, a), _s8_weight(enc, b), transpose_b=True)
     return _epilogue(enc, y, attrs)
+
+
+# -- weight packing (ort.pack) ----------------------------------------------------------------------
+
+
+def ort_pack(enc: Encoder, args: Args, attrs: At) -> STensor:
+    """The stored weight's value: w (a lossless format), or w rounded to the nbits blocks
+    (llm.quantize's codes and scales read back: the term a requantizing matmul reads)."""
+    w = args[0]
+    if attrs["format"] != "nbits" or attrs["quantize"] == "none":
+        return w
+    parts = _requantized(enc, w, attrs)
+    return llm_smt.nbits_values(enc, parts[0].qtype, parts)  # type: ignore[attr-defined]

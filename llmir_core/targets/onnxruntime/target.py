@@ -126,7 +126,7 @@ class OrtTarget:
     )
     passes: tuple[str, ...] = tuple(
         f"llmir_core.targets.onnxruntime.lower_{m}:LowerOrt{c}" for m, c in zip(_PASSES, _CLASSES)
-    )
+    ) + ("llmir_core.targets.onnxruntime.pack_weights:PackOrtWeights",)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -136,7 +136,7 @@ class OrtTarget:
 
     def lowering(self, options: Mapping[str, Any]) -> list[Any]:
         """lower-ort-precision, then lower-ort-attention, -norms, -moe, -matmul, -embedding,
-        -weight-dtype, -logits (decoders only; no-ops elsewhere) and -module."""
+        -weight-dtype, -logits, pack-ort-weights (decoders only; no-ops elsewhere) and -module."""
         from llmir_core.targets.onnxruntime.lower_attention import (
             ATTENTION_KERNEL,
             LowerOrtAttention,
@@ -163,6 +163,7 @@ class OrtTarget:
             LowerOrtWeightDtype,
             parse_weight_dtype,
         )
+        from llmir_core.targets.onnxruntime.pack_weights import PackOrtWeights
 
         unknown = sorted(set(options) - set(_OPTIONS))
         if unknown:
@@ -216,6 +217,7 @@ class OrtTarget:
                 swiglu=bool(options.get("swiglu", True)),
             ),
             LowerOrtLogits(last),
+            PackOrtWeights(),
             module,
         ]
 

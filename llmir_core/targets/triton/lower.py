@@ -14,6 +14,10 @@ triton.matmul; the core.split stays (the runner cuts views of the result, as for
 layout glue). Ops it cannot lower stay as they are (the triton target's capability check names
 them). A module with triton ops gets `target = "triton"` (so `llmir build` only serializes it) and
 `llmir.source` (the file it was lowered from) when it has none.
+The rewrites are a conversion-pattern table (`TABLE`: source op, target op, the function that
+gives the launch parameters or the reason it does not apply) run by the rewrite engine
+(`passes/rewriting.py:apply_conversions`) with the triton target's capabilities as the legal
+set; each conversion is logged as a rule instance named after its row (`lower-triton.matmul`).
 Invariant: every function's outputs keep their types, and their values up to the kernels'
 rounding (kv_cache=int8: the new KV rows up to the kv-cache-int8 quantization, as declared by
 triton.kv_append).
@@ -27,6 +31,7 @@ from typing import Any, ClassVar
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import QuantType, TensorType
 from llmir_core.passes.base import PassContext
+from llmir_core.passes.rewriting import Conversion, Converted, apply_conversions
 
 
 def _pow2(n: Any, lo: int = 1, hi: int = 1 << 20) -> int:
@@ -70,6 +75,130 @@ def _q_ok(t: Any) -> bool:
     )
 
 
+def _embedding(fn: Function, op: Op) -> Converted | str:
+    return Converted({"block_h": _pow2(_dim(op.operands[0], 1), 16, 1024)})
+
+
+def _rms_norm(fn: Function, op: Op) -> Converted | str:
+    block = _pow2(_dim(op.operands[0], -1), 16, 1 << 16)
+    return Converted({**op.attrs, "block": block, "num_warps": 4 if block <= 2048 else 8})
+
+
+def _rotary(fn: Function, op: Op) -> Converted | str:
+    return Converted(dict(op.attrs))
+
+
+def _matmul(fn: Function, op: Op) -> Converted | str:
+    w = op.operands[1].type if len(op.operands) == 2 else None
+    if not op.attrs.get("transpose_b") or not isinstance(w, TensorType) or w.rank != 2:
+        return "not a product by a 2-D [out, in] matrix (transpose_b)"
+    return Converted(_mm_blocks(_dim(op.operands[0], -1)))
+
+
+def _linear(fn: Function, op: Op) -> Converted | str:
+    if not op.attrs.get("transpose_b", True):
+        return "not a product by an [out, in] matrix (transpose_b)"
+    act = op.attrs.get("activation", "none")
+    return Converted({"activation": act, **_mm_blocks(_dim(op.operands[0], -1))})
+
+
+def _gated_mlp(fn: Function, op: Op) -> Converted | str:
+    """gate and up with the activation fused (triton.gated_matmul), then down."""
+    x, wg, wu, wd = op.operands
+    xt, gt = x.type, wg.type
+    assert isinstance(xt, TensorType) and isinstance(gt, TensorType)
+    gated = Op(
+        "triton.gated_matmul",
+        [x, wg, wu],
+        [TensorType((*xt.shape[:-1], gt.shape[0]), xt.dtype)],
+        {"activation": op.attrs.get("activation", "silu"), **_mm_blocks(xt.shape[-1])},
+        result_names=[op.results[0].name + ".gated"],
+        origin=op.origin,
+        pos=op.pos,
+    )
+    return Converted(_mm_blocks(gt.shape[0]), [gated.results[0], wd], [gated])
+
+
+def _q_matmul(fn: Function, op: Op) -> Converted | str:
+    if not op.attrs.get("transpose_b", True) or len(op.operands) > 3:
+        return "not a product by [out, in] codes with scales only"
+    if not _q_ok(op.operands[1].type):
+        return "weights are not GGUF q8_0/q4_0 or symmetric 4/8-bit nbits blocks"
+    return Converted(
+        {
+            "block_m": 32,
+            "block_n": 64,
+            "block_k": 64,
+            "gemv_block_n": 32,
+            "gemv_block_k": _pow2(_dim(op.operands[0], -1), 32, 256),
+            "num_warps": 4,
+        }
+    )
+
+
+def _attention(fn: Function, op: Op) -> Converted | str:
+    a = op.attrs
+    if len(op.operands) != 3 or a.get("softmax_eps"):
+        return "a mask operand or softmax_eps (no triton kernel)"
+    d = _dim(op.operands[0], 3)
+    hq, hkv = _dim(op.operands[0], 1), _dim(op.operands[1], 1)
+    group = hq // hkv if isinstance(hq, int) and isinstance(hkv, int) and hkv else 1
+    bd = _pow2(d, 16)
+    attrs: dict[str, Any] = {
+        k: a[k] for k in ("causal", "scale", "softcap", "sliding_window") if k in a
+    }
+    attrs.update(
+        {
+            "split_k": 0,  # the pass's option, set by its row (LowerTriton.table)
+            "decode_block_n": max(16, min(64, 16384 // (_pow2(group) * bd))),
+            "block_m": 32 if bd <= 64 else 16,
+            "block_n": 32,
+            "num_warps": 4,
+        }
+    )
+    return Converted(attrs)
+
+
+def _kv_append(cache_dtype: str) -> Any:
+    def convert(fn: Function, op: Op) -> Converted | str:
+        past = op.operands[0] if len(op.operands) == 2 else None
+        if op.attrs.get("axis") != 2 or past is None:
+            return "not a two-operand concat along axis 2"
+        if not any(past is a for a in fn.args):
+            return "its first operand is not a cache argument"
+        if not isinstance(past.type, TensorType) or past.type.rank != 4:
+            return "not a rank-4 KV cache"
+        return Converted({"cache_dtype": cache_dtype})
+
+    return convert
+
+
+def _with_split_k(split_k: int) -> Any:
+    def convert(fn: Function, op: Op) -> Converted | str:
+        got = _attention(fn, op)
+        if isinstance(got, str):
+            return got
+        return Converted({**got.attrs, "split_k": split_k})
+
+    return convert
+
+
+def _row(source: str, target: str, convert: Any) -> Conversion:
+    return Conversion(f"lower-triton.{target.removeprefix('triton.')}", source, target, convert)
+
+
+_FIXED = (
+    _row("llm.embedding", "triton.embedding", _embedding),
+    _row("llm.rms_norm", "triton.rms_norm", _rms_norm),
+    _row("llm.add_rms_norm", "triton.add_rms_norm", _rms_norm),
+    _row("llm.rotary_embedding", "triton.rotary", _rotary),
+    _row("core.matmul", "triton.matmul", _matmul),
+    _row("llm.linear", "triton.matmul", _linear),
+    _row("llm.gated_mlp", "triton.matmul", _gated_mlp),
+    _row("llm.quantized_matmul", "triton.q_matmul", _q_matmul),
+)
+
+
 @dataclass(frozen=True)
 class LowerTriton:
     name: ClassVar[str] = "lower-triton"
@@ -77,10 +206,24 @@ class LowerTriton:
     kv_cache: str = "native"  # native | int8
     split_k: int = 0  # decode attention cache slices (0: by capacity)
 
+    def table(self) -> tuple[Conversion, ...]:
+        """The conversion-pattern table, with this pass's options in the rows that take them."""
+        return (
+            *_FIXED,
+            _row(
+                "core.concat",
+                "triton.kv_append",
+                _kv_append("i8" if self.kv_cache == "int8" else "native"),
+            ),
+            _row(
+                "llm.scaled_dot_product_attention", "triton.attention", _with_split_k(self.split_k)
+            ),
+        )
+
     def run(self, module: Module, ctx: PassContext) -> bool:
-        changed = False
-        for fn in module.functions:
-            changed |= self._lower(fn, ctx)
+        from llmir_core.targets.triton.target import CAPABILITIES
+
+        changed = apply_conversions(module, ctx, self.table(), CAPABILITIES.ops.__contains__)
         if changed:
             dialects = list(module.attrs.get("llmir.dialects", ["core"]))
             if "triton" not in dialects:
@@ -94,115 +237,3 @@ class LowerTriton:
             module.attrs["target"] = "triton"
             changed |= module.attrs != before
         return changed
-
-    def _lower(self, fn: Function, ctx: PassContext) -> bool:
-        args = {id(a) for a in fn.args}
-        out: list[Op] = []
-        changed = False
-        for op in fn.ops:
-            new = self._rewrite(op, args, out)
-            if new:
-                changed = True
-                ctx.applied(
-                    "lower-triton", op.results[0], f"{op.name} -> {op.name if new is True else new}"
-                )
-            out.append(op)
-        fn.ops = out
-        return changed
-
-    def _rewrite(self, op: Op, args: set[int], out: list[Op]) -> bool | str:
-        # long: a dispatch table: one branch per llm op it lowers (another helper is rewriting this pass)
-        a = op.attrs
-        n = op.name
-        if n == "llm.embedding":
-            op.name, op.attrs = (
-                "triton.embedding",
-                {"block_h": _pow2(_dim(op.operands[0], 1), 16, 1024)},
-            )
-        elif n in ("llm.rms_norm", "llm.add_rms_norm"):
-            h = _dim(op.operands[0], -1)
-            block = _pow2(h, 16, 1 << 16)
-            op.name = n.replace("llm.", "triton.")
-            op.attrs = {**a, "block": block, "num_warps": 4 if block <= 2048 else 8}
-        elif n == "llm.rotary_embedding":
-            op.name = "triton.rotary"
-        elif (
-            n == "core.matmul"
-            and a.get("transpose_b")
-            and len(op.operands) == 2
-            and isinstance(op.operands[1].type, TensorType)
-            and op.operands[1].type.rank == 2
-        ):
-            op.name, op.attrs = "triton.matmul", _mm_blocks(_dim(op.operands[0], -1))
-        elif n == "llm.linear" and a.get("transpose_b", True):
-            op.name = "triton.matmul"
-            op.attrs = {
-                "activation": a.get("activation", "none"),
-                **_mm_blocks(_dim(op.operands[0], -1)),
-            }
-        elif n == "llm.gated_mlp":
-            x, wg, wu, wd = op.operands
-            xt, gt = x.type, wg.type
-            assert isinstance(xt, TensorType) and isinstance(gt, TensorType)
-            h_t = TensorType((*xt.shape[:-1], gt.shape[0]), xt.dtype)
-            gated = Op(
-                "triton.gated_matmul",
-                [x, wg, wu],
-                [h_t],
-                {"activation": a.get("activation", "silu"), **_mm_blocks(xt.shape[-1])},
-                result_names=[op.results[0].name + ".gated"],
-                origin=op.origin,
-                pos=op.pos,
-            )
-            out.append(gated)
-            op.name, op.operands = "triton.matmul", [gated.results[0], wd]
-            op.attrs = _mm_blocks(gt.shape[0])
-            return "triton.gated_matmul + triton.matmul"
-        elif (
-            n == "llm.quantized_matmul"
-            and a.get("transpose_b", True)
-            and len(op.operands) <= 3
-            and _q_ok(op.operands[1].type)
-        ):
-            op.name = "triton.q_matmul"
-            op.attrs = {
-                "block_m": 32,
-                "block_n": 64,
-                "block_k": 64,
-                "gemv_block_n": 32,
-                "gemv_block_k": _pow2(_dim(op.operands[0], -1), 32, 256),
-                "num_warps": 4,
-            }
-        elif (
-            n == "core.concat"
-            and a.get("axis") == 2
-            and len(op.operands) == 2
-            and id(op.operands[0]) in args
-            and isinstance(op.operands[0].type, TensorType)
-            and op.operands[0].type.rank == 4
-        ):
-            op.name = "triton.kv_append"
-            op.attrs = {"cache_dtype": "i8" if self.kv_cache == "int8" else "native"}
-        elif (
-            n == "llm.scaled_dot_product_attention"
-            and len(op.operands) == 3
-            and not a.get("softmax_eps")
-        ):
-            d = _dim(op.operands[0], 3)
-            hq, hkv = _dim(op.operands[0], 1), _dim(op.operands[1], 1)
-            group = hq // hkv if isinstance(hq, int) and isinstance(hkv, int) and hkv else 1
-            bd = _pow2(d, 16)
-            op.name = "triton.attention"
-            op.attrs = {k: a[k] for k in ("causal", "scale", "softcap", "sliding_window") if k in a}
-            op.attrs.update(
-                {
-                    "split_k": self.split_k,
-                    "decode_block_n": max(16, min(64, 16384 // (_pow2(group) * bd))),
-                    "block_m": 32 if bd <= 64 else 16,
-                    "block_n": 32,
-                    "num_warps": 4,
-                }
-            )
-        else:
-            return False
-        return True
