@@ -287,7 +287,7 @@ def build(
     else:  # printed again, so both ways give the same artifact (and lines in the same text)
         lowered_text = print_module(module)
     module = parse_module(lowered_text, module.source or "<lowered>")
-    from llmir_core.targets.onnxruntime.onnx_lower import BuildError
+    from llmir_core.errors import BuildError
 
     try:
         return dict(
