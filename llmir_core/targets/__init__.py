@@ -317,6 +317,16 @@ def open_artifact(artifact_dir: str, **options: Any) -> Any:
     return get_target(open_checked(artifact_dir)["target"]).open(artifact_dir, **options)
 
 
+def open_batch_artifact(artifact_dir: str, slots: int, **options: Any) -> Any:
+    """A `BatchDecoder` (llmir_core.runtime.batch_decoder) holding `slots` sequences of an
+    artifact folder, from the target its manifest names, after the same check as
+    `open_artifact` (inside `full_checks()`, every file hashed: what a server does)."""
+    from llmir_core.artifact_check import open_checked
+
+    target = get_target(open_checked(artifact_dir)["target"])
+    return target.open_batch(artifact_dir, slots, **options)
+
+
 __all__ = [
     "build",
     "build_options",
@@ -327,6 +337,7 @@ __all__ = [
     "dialect_modules",
     "get_target",
     "open_artifact",
+    "open_batch_artifact",
     "pass_classes",
     "target_specs",
     "read_manifest",

@@ -264,13 +264,7 @@ class OrtTarget:
     def open(self, artifact_dir: str, **options: Any) -> Any:
         """threads, max_context, spin; tensors=True: a tensor runner even for a decoder.
         `llmir_core.targets.open_artifact` checked the files already: only the shape here."""
-        from llmir_core.targets import read_manifest
-
-        manifest = read_manifest(artifact_dir)
-        if manifest["target"] != NAME:
-            raise InputError(
-                f"{artifact_dir}: artifact target is {manifest['target']!r}, not {NAME}"
-            )
+        manifest = _manifest(artifact_dir)
         if isinstance(manifest.get("decoder"), dict) and not options.get("tensors"):
             from llmir_core.targets.onnxruntime.runner import OrtDecoder
 
@@ -284,6 +278,35 @@ class OrtTarget:
         from llmir_core.targets.onnxruntime.session import runner_for_artifact
 
         return runner_for_artifact(artifact_dir, options.get("threads"), manifest)
+
+    def open_batch(self, artifact_dir: str, slots: int, **options: Any) -> Any:
+        """`slots` sequences in one shared KV buffer (OrtBatchDecoder); threads, max_context.
+        `llmir_core.targets.open_batch_artifact` checked the files already."""
+        from llmir_core.targets.onnxruntime.batch_runner import OrtBatchDecoder
+
+        manifest = _manifest(artifact_dir)
+        if not isinstance(manifest.get("decoder"), dict):
+            raise InputError(
+                f"{artifact_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
+                hint="build an imported LLM with `llmir build MODEL.llmir --target onnxruntime`",
+            )
+        return OrtBatchDecoder(
+            artifact_dir,
+            slots,
+            threads=options.get("threads"),
+            max_context=options.get("max_context"),
+            manifest=manifest,
+        )
+
+
+def _manifest(artifact_dir: str) -> dict[str, Any]:
+    """The artifact's manifest, its shape checked (not its files), built for this target."""
+    from llmir_core.targets import read_manifest
+
+    manifest = read_manifest(artifact_dir)
+    if manifest["target"] != NAME:
+        raise InputError(f"{artifact_dir}: artifact target is {manifest['target']!r}, not {NAME}")
+    return manifest
 
 
 TARGET = OrtTarget()

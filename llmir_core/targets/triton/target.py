@@ -146,6 +146,12 @@ class TritonTarget:
 
         return open_decoder(artifact_dir, **options)
 
+    def open_batch(self, artifact_dir: str, slots: int, **options: Any) -> Any:
+        """`slots` TritonDecoders run one sequence at a time (no batched triton runner yet)."""
+        from llmir_core.runtime.batch_decoder import SerialBatchDecoder
+
+        return SerialBatchDecoder.over(lambda: self.open(artifact_dir, **options), slots)
+
 
 TARGET = TritonTarget()
 
