@@ -43,6 +43,7 @@ def generate_ids(
     on_done: Callable[[int, TextResult], None] | None = None,
 ) -> list[TextResult]:
     """Generate after each id prompt in turn; stops at the artifact's end-of-generation ids."""
+    from llmir_core.artifact_check import decoder_section
     from llmir_core.targets import open_artifact
 
     options.validate()
@@ -51,12 +52,7 @@ def generate_ids(
             "--chat, --system and --stop work on text; --prompt-ids takes and gives token ids"
         )
     dec = open_artifact(art_dir, threads=options.threads, max_context=options.max_context)
-    if not isinstance(dec.manifest.get("decoder"), dict):
-        raise InputError(
-            f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
-            hint="build an imported LLM with `llmir build MODEL.llmir`",
-        )
-    eos = tuple(int(i) for i in dec.manifest["decoder"].get("eos_token_ids") or ())
+    eos = tuple(int(i) for i in decoder_section(art_dir, dec.manifest).get("eos_token_ids") or ())
     vocab, ctx = dec.vocab, dec.max_context
     out = []
     for n, ids in enumerate(prompts):

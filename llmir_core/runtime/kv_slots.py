@@ -140,9 +140,33 @@ class KVSlots:
         self.batch = 0
 
 
+class UsesKVSlots:
+    """A runner whose KV rows live in `self.kv`: its Decoder-protocol state (`length`, `batch`,
+    `capacity`) and `reserve` read through to the slots."""
+
+    kv: KVSlots
+
+    @property
+    def length(self) -> int:
+        return self.kv.length
+
+    @property
+    def batch(self) -> int:
+        return self.kv.batch
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.capacity
+
+    def reserve(self, tokens: int) -> None:
+        """Size the KV buffers of the next `reset` for `tokens` positions (capped at the limit)."""
+        self.kv.reserve(tokens)
+
+
 __all__ = [
     "DEFAULT_CAPACITY",
     "KVSlots",
+    "UsesKVSlots",
     "check_step",
     "context_limit",
     "copy_rows",

@@ -117,14 +117,10 @@ def peak_rss_mb() -> float:
 
 def _decoder_manifest(art_dir: str) -> dict[str, Any]:
     """The artifact's manifest, its files checked, with a decoder section."""
-    from llmir_core.artifact_check import open_checked
+    from llmir_core.artifact_check import decoder_section, open_checked
 
     manifest = open_checked(art_dir)
-    if not isinstance(manifest.get("decoder"), dict):
-        raise InputError(
-            f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
-            hint="build an imported LLM with `llmir build MODEL.llmir`",
-        )
+    decoder_section(art_dir, manifest)
     return manifest
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
 
 from llmir_core.runtime.batch_decoder import SerialBatchDecoder

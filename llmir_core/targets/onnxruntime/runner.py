@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from llmir_core.artifact_check import decoder_section
 from llmir_core.errors import InputError
 from llmir_core.interrupts import import_optional
 from llmir_core.runtime import cpu_load, trace_attrs
@@ -32,7 +33,7 @@ from llmir_core.runtime.cpu_load import (
     busy_now,
     resolve_threads,
 )
-from llmir_core.runtime.kv_slots import DEFAULT_CAPACITY, KVSlots, context_limit
+from llmir_core.runtime.kv_slots import DEFAULT_CAPACITY, KVSlots, UsesKVSlots, context_limit
 from llmir_core.tracing import traced
 
 
@@ -129,7 +130,7 @@ def _cache_dtype(spec: dict[str, Any]) -> type:
     return np.int8 if spec.get("dtype") == "i8" else np.float32
 
 
-class OrtDecoder:
+class OrtDecoder(UsesKVSlots):
     """Prefill and decode through an onnxruntime session; the KV cache stays in bound buffers."""
 
     def __init__(
@@ -140,13 +141,7 @@ class OrtDecoder:
         max_context: int | None = None,
         spin: bool | None = None,
     ) -> None:
-        dec = manifest.get("decoder")
-        if not isinstance(dec, dict):
-            raise InputError(
-                f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
-                hint="build it with `llmir build MODEL.llmir --target onnxruntime` from an "
-                "imported LLM",
-            )
+        dec = decoder_section(art_dir, manifest)
         self.art_dir = art_dir
         self.manifest = manifest
         self.decoder = dec
@@ -195,18 +190,6 @@ class OrtDecoder:
         return int(self.decoder["vocab"])
 
     @property
-    def length(self) -> int:
-        return self.kv.length
-
-    @property
-    def batch(self) -> int:
-        return self.kv.batch
-
-    @property
-    def capacity(self) -> int:
-        return self.kv.capacity
-
-    @property
     def buffers(self) -> list[np.ndarray]:
         return self.kv.buffers
 
@@ -219,10 +202,6 @@ class OrtDecoder:
         self._values = []
         self._logits = {}
         self._step_bound = False
-
-    def reserve(self, tokens: int) -> None:
-        """Size the KV buffers of the next `reset` for `tokens` positions (capped at max_context)."""
-        self.kv.reserve(tokens)
 
     def reset(self, batch: int = 1) -> None:
         """Start new sequences; the shared buffers are kept when batch and capacity still fit."""
@@ -358,11 +337,7 @@ def load_decoder_manifest(art_dir: str) -> dict[str, Any]:
             f"{art_dir}: not a folder", hint="pass an artifact folder built by `llmir build`"
         )
     manifest = load_manifest(art_dir)
-    if not isinstance(manifest.get("decoder"), dict):
-        raise InputError(
-            f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
-            hint="build an imported LLM with `llmir build MODEL.llmir --target onnxruntime`",
-        )
+    decoder_section(art_dir, manifest)
     return manifest
 
 

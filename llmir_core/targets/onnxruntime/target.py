@@ -282,14 +282,11 @@ class OrtTarget:
     def open_batch(self, artifact_dir: str, slots: int, **options: Any) -> Any:
         """`slots` sequences in one shared KV buffer (OrtBatchDecoder); threads, max_context.
         `llmir_core.targets.open_batch_artifact` checked the files already."""
+        from llmir_core.artifact_check import decoder_section
         from llmir_core.targets.onnxruntime.batch_runner import OrtBatchDecoder
 
         manifest = _manifest(artifact_dir)
-        if not isinstance(manifest.get("decoder"), dict):
-            raise InputError(
-                f"{artifact_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
-                hint="build an imported LLM with `llmir build MODEL.llmir --target onnxruntime`",
-            )
+        decoder_section(artifact_dir, manifest)
         return OrtBatchDecoder(
             artifact_dir,
             slots,

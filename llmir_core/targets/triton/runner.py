@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from llmir_core.errors import InputError
-from llmir_core.runtime.kv_slots import KVSlots, context_limit
+from llmir_core.runtime.kv_slots import KVSlots, UsesKVSlots, context_limit
 
 NO_GPU = "this artifact needs a CUDA GPU (none found)"
 
@@ -65,7 +65,7 @@ class KVView:
         return rows.float() * self.scales[:, :, : self.length, None]
 
 
-class TritonDecoder:
+class TritonDecoder(UsesKVSlots):
     def __init__(
         self,
         art_dir: str,
@@ -74,11 +74,9 @@ class TritonDecoder:
         max_context: int | None = None,
         graphs: bool = True,
     ) -> None:
-        dec = manifest.get("decoder")
-        if not isinstance(dec, dict):
-            raise InputError(
-                f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)"
-            )
+        from llmir_core.artifact_check import decoder_section
+
+        dec = decoder_section(art_dir, manifest)
         self.device = pick_device(device)
         import torch
 
@@ -179,21 +177,6 @@ class TritonDecoder:
         return out
 
     # -- the Decoder protocol -----------------------------------------------------------------------
-
-    @property
-    def length(self) -> int:
-        return self.kv.length
-
-    @property
-    def batch(self) -> int:
-        return self.kv.batch
-
-    @property
-    def capacity(self) -> int:
-        return self.kv.capacity
-
-    def reserve(self, tokens: int) -> None:
-        self.kv.reserve(tokens)
 
     def reset(self, batch: int = 1) -> None:
         self.kv.reset(batch)
