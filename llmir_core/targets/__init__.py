@@ -7,8 +7,9 @@ own folder `llmir_core/targets/<name>/` and declares its dialects, passes, optio
 `open_batch`; the dialect registry (`dialect_modules`) and the pass list (`pass_classes`) are
 derived from this table. Code outside `targets/` imports a target only through this module
 (a ruff banned-api rule). `build` = `pipeline` (the -O2 preset, then the target's
-lowering; when the module is not lowered yet) + the target's serializer; `open_artifact` reads
-the manifest's target and dispatches.
+lowering; when the module is not lowered yet) + the target's serializer; `open_artifact` (a
+runner) and `open_batch_artifact` (a server's slots) check the artifact, read the manifest's
+target and dispatch to its `open` / `open_batch`.
 """
 
 from __future__ import annotations

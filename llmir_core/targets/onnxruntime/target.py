@@ -295,6 +295,33 @@ class OrtTarget:
             manifest=manifest,
         )
 
+    # -- what core checkers reach through the table (they never import the target) ------------
+
+    def session_for_module(self, module: Module, threads: int | None = 1) -> Any:
+        """(runner, input names, output names) of a module built in memory (onnx_backend)."""
+        from llmir_core.targets.onnxruntime.graph import session_for_module
+
+        return session_for_module(module, threads)
+
+    def gguf_weight_problem(self, weight: Any, fmt: str) -> str | None:
+        """Why ort.matmul_gguf's weight is not a stored `fmt` tensor, or None (verifier)."""
+        from llmir_core.targets.onnxruntime.dialect import gguf_weight_problem
+
+        return gguf_weight_problem(weight, fmt)
+
+    def kv_int8_codes(self, x: Any, scale: Any) -> Any:
+        """onnxruntime's int8 KV cache store: x's codes at `scale` (the dialect's; smt.kv_int8)."""
+        from llmir_core.targets.onnxruntime.dialect import kv_int8_codes
+
+        return kv_int8_codes(x, scale)
+
+    def last_logits_interface(self, before: Module, after: Module) -> Module | None:
+        """`before` restricted to the last position's logits when `after` computes only those
+        (lower-ort-logits), else None (smt.tv)."""
+        from llmir_core.targets.onnxruntime.lower_logits import last_logits_interface
+
+        return last_logits_interface(before, after)
+
 
 def _manifest(artifact_dir: str) -> dict[str, Any]:
     """The artifact's manifest, its shape checked (not its files), built for this target."""
