@@ -149,9 +149,9 @@ def _calibrate() -> float:
 
 class _Llmir:
     def __init__(self, path: str, threads: int) -> None:
-        from llmir_core.targets.onnxruntime.runner import open_artifact
+        from llmir_core.targets.onnxruntime.runner import open_decoder
 
-        self.dec = open_artifact(path, threads)
+        self.dec = open_decoder(path, threads)
 
     def run(self, prompt: np.ndarray, gen: int) -> tuple[float, float, int]:
         d = self.dec
@@ -342,7 +342,7 @@ def wait_idle(limit_s: float, busy_limit: float) -> float:
 def choices(work: Path, a: argparse.Namespace) -> None:
     """Interleaved decode-speed comparison of llmir options (one process, same prompt)."""
     from llmir_core.frontends.hf import import_hf
-    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_decoder
     from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 
     prepare(work, a.threads, ["llmir-f32", "llmir-int4"], lambda m: print(m, file=sys.stderr))
@@ -376,7 +376,7 @@ def choices(work: Path, a: argparse.Namespace) -> None:
         if a.only not in title:
             continue
         decs = {
-            k: open_artifact(str(work / d), t, spin=spin) for k, (d, t, spin) in variants.items()
+            k: open_decoder(str(work / d), t, spin=spin) for k, (d, t, spin) in variants.items()
         }
         state = {}
         for k, d in decs.items():
@@ -480,9 +480,9 @@ class _StepRunner:
 
 class _LlmirSteps(_StepRunner):
     def __init__(self, path: Path, threads: int, spin: bool) -> None:
-        from llmir_core.targets.onnxruntime.runner import open_artifact
+        from llmir_core.targets.onnxruntime.runner import open_decoder
 
-        self.dec = open_artifact(str(path), threads, spin=spin)
+        self.dec = open_decoder(str(path), threads, spin=spin)
 
     def start(self, prompt: np.ndarray, capacity: int) -> None:
         self.dec.reserve(capacity)

@@ -251,11 +251,11 @@ def step_interleaved(
     import llama_cpp
     import numpy as np
 
-    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_decoder
 
     rng = np.random.default_rng(0)
     ids = rng.integers(3, 49152, size=prompt_len).tolist()
-    tools: dict[str, Any] = {n: open_artifact(str(a), threads=threads) for n, a in arts.items()}
+    tools: dict[str, Any] = {n: open_decoder(str(a), threads=threads) for n, a in arts.items()}
     llm = llama_cpp.Llama(
         model_path=str(gguf),
         n_ctx=prompt_len + 8 * blocks + 16,

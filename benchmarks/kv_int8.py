@@ -84,9 +84,9 @@ def interleaved(arts: dict[str, Path], ctx: int, steps: int, block: int, threads
     """Decode time ratio int8 / f32 at a `ctx`-token cache, measured in one process with the two
     decoders alternating blocks of `block` steps (ratios survive a busy machine better than
     absolute speeds): the median of the per-block ratios."""
-    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_decoder
 
-    decs = {k: open_artifact(str(p), threads=threads) for k, p in arts.items()}
+    decs = {k: open_decoder(str(p), threads=threads) for k, p in arts.items()}
     prompt = np.random.default_rng(1).integers(3, 120, (1, ctx))
     for d in decs.values():
         d.reserve(ctx + steps + 1)
@@ -106,10 +106,10 @@ def interleaved(arts: dict[str, Path], ctx: int, steps: int, block: int, threads
 
 
 def agreement(arts: dict[str, Path], n: int, threads: int, seed: int = 0) -> dict[str, Any]:
-    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_decoder
 
-    a = open_artifact(str(arts["f32-kv"]), threads=threads)
-    b = open_artifact(str(arts["int8-kv"]), threads=threads)
+    a = open_decoder(str(arts["f32-kv"]), threads=threads)
+    b = open_decoder(str(arts["int8-kv"]), threads=threads)
     vocab = a.vocab
     prompt = np.random.default_rng(seed).integers(3, min(vocab, 120), (1, 128))
     for d in (a, b):

@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def compare(
     ref_dir: str, art_dir: str, tokens: int, prompt_len: int, threads: int
 ) -> dict[str, Any]:
-    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_decoder
 
-    a = open_artifact(ref_dir, threads=threads)
-    b = open_artifact(art_dir, threads=threads)
+    a = open_decoder(ref_dir, threads=threads)
+    b = open_decoder(art_dir, threads=threads)
     prompt = np.random.default_rng(0).integers(3, min(a.vocab, 1000), (1, prompt_len))
     for d in (a, b):
         d.reserve(prompt_len + tokens + 1)

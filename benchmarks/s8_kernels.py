@@ -169,9 +169,9 @@ def run(
 
 
 def accuracy(ref_dir: str, dirs: list[str], n: int, threads: int) -> list[dict[str, Any]]:
-    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_decoder
 
-    ref = open_artifact(ref_dir, threads=threads)
+    ref = open_decoder(ref_dir, threads=threads)
     prompt = np.random.default_rng(0).integers(3, min(ref.vocab, 1000), (1, 128))
     ref.reserve(128 + n)
     ref.reset(1)
@@ -182,7 +182,7 @@ def accuracy(ref_dir: str, dirs: list[str], n: int, threads: int) -> list[dict[s
         lr.append(ref.forward(np.asarray([[toks[-1]]]))[0, -1])
     rows = []
     for d in dirs:
-        dec = open_artifact(d, threads=threads)
+        dec = open_decoder(d, threads=threads)
         dec.reserve(128 + n)
         dec.reset(1)
         la = [dec.forward(prompt)[0, -1]]

@@ -457,9 +457,9 @@ def error_vs_f32(
     greedily on its own (how many leading tokens are equal)."""
     import numpy as np
 
-    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_decoder
 
-    ref, q = open_artifact(f32_dir, threads), open_artifact(q_dir, threads)
+    ref, q = open_decoder(f32_dir, threads), open_decoder(q_dir, threads)
     ids = np.random.default_rng(0).integers(3, ref.vocab, (1, prompt_len), dtype=np.int64)
     worst, peak, agree = 0.0, 0.0, 0
     for dec in (ref, q):

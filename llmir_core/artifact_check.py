@@ -352,6 +352,18 @@ def _pb_ints(buf: memoryview, num: int) -> list[int]:
     return out
 
 
+def decoder_section(art_dir: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's `decoder` section (what a runtime generating text reads); one line naming
+    the folder when the artifact is not a decoder."""
+    dec = manifest.get("decoder")
+    if not isinstance(dec, dict):
+        raise InputError(
+            f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
+            hint="build an imported LLM (HF folder or GGUF) with `llmir build MODEL.llmir`",
+        )
+    return dec
+
+
 def open_checked(art_dir: str, *, full: bool = False) -> dict[str, Any]:
     """Read and check an artifact before a session opens it; return its manifest. Hashes in
     full with `full` or inside a `full_checks()` block."""
@@ -365,6 +377,7 @@ __all__ = [
     "read_manifest",
     "check_artifact",
     "check_decoder_context",
+    "decoder_section",
     "open_checked",
     "full_checks",
     "CheckReport",

@@ -142,6 +142,10 @@ class ParseError(InputError):
         self.pos = pos
 
 
+class BuildError(InputError):
+    """The module uses something the target cannot express or load (exit 2)."""
+
+
 class CheckFailed(LlmirError):
     """A check ran and found a problem (exit 1)."""
 

@@ -79,9 +79,9 @@ class LlmirRep(BackendRep):
                 continue
             runner = None
             if self.backend == "onnxruntime":
-                from llmir_core.targets.onnxruntime.graph import session_for_module
+                from llmir_core.targets import get_target
 
-                runner = session_for_module(module)
+                runner = get_target("onnxruntime").session_for_module(module)
             self.folded = folded
             self._cache[key] = (module, runner)
             return module, runner

@@ -204,9 +204,9 @@ class _Checker:
     def check_gguf_weight(self, op: Op, fmt: str) -> None:
         """ort.matmul_gguf's weight, where the function computes it, is the llm.dequantize of a
         tensor stored in the op's format (the serializer writes those bytes as they are)."""
-        from llmir_core.targets.onnxruntime.dialect import gguf_weight_problem
+        from llmir_core.targets import get_target
 
-        got = gguf_weight_problem(op.operands[1], fmt)
+        got = get_target("onnxruntime").gguf_weight_problem(op.operands[1], fmt)
         if got is not None:
             self.error(
                 f'ort.matmul_gguf {{format = "{fmt}"}}: weight %{op.operands[1].name} must be '

@@ -9,15 +9,9 @@ sequence without clearing: its rows past the new sequence's length are never rea
 forward on an artifact built with `--logits all`, else one forward per token (each forward's
 last row is that token's).
 
-- `OrtBatchDecoder` runs a decoder artifact (`llmir_core.targets.onnxruntime.serialize_decoder`) built with
-  `kv_cache: shared_buffer`. The graph computes GroupQueryAttention's `seqlens_k` per batch row
-  from `positions`, so rows of different lengths decode in one call with no change to the build:
-  the buffers are [slots, kv_heads, capacity, head_dim]; a decode step binds the first
-  `max(slot) + 1` rows (a contiguous view of the same memory), a prefill chunk binds the one
-  row of its slot. A row in the decode step's range that is not decoding (a free slot, or one
-  in the middle of its prefill) runs a dummy token at the last position, `capacity - 1`: a
-  sequence reads KV rows only up to its own position, and writes row `capacity - 1` itself
-  before it reads it, so the dummy write is never seen.
+- `OrtBatchDecoder` (llmir_core/targets/onnxruntime/batch_runner.py, through the onnxruntime
+  target's `open_batch`) runs a shared-buffer onnxruntime decoder with every slot in one KV
+  buffer and one forward per step.
 - `SerialBatchDecoder` runs any single-sequence `Decoder` (the protocol of
   `llmir_core.runtime.generate`: the reference interpreter's `FunctionDecoder`, or another
   target) with one instance per slot, a forward per sequence: a target plugs into the server
@@ -26,7 +20,6 @@ last row is that token's).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -58,138 +51,6 @@ class BatchDecoder(Protocol):
         ...
 
 
-class OrtBatchDecoder:
-    """A shared-buffer decoder artifact on onnxruntime, `slots` sequences in one KV buffer."""
-
-    def __init__(
-        self,
-        art_dir: str,
-        slots: int,
-        *,
-        threads: int | None = None,
-        max_context: int | None = None,
-    ) -> None:
-        from llmir_core.targets.onnxruntime.runner import (
-            artifact_session_options,
-            load_decoder_manifest,
-            release_freed_heap,
-            resolve_threads,
-        )
-
-        if slots < 1:
-            raise InputError(f"--max-batch must be >= 1, got {slots}")
-        manifest = load_decoder_manifest(art_dir)
-        dec = manifest["decoder"]
-        if dec.get("kv_cache") != "shared_buffer":
-            raise InputError(
-                f"{art_dir}: batched serving needs every attention layer fused "
-                f"(kv_cache is '{dec.get('kv_cache')}'; not fused: "
-                f"{dec.get('not_fused') or 'see the manifest'})",
-                hint="serve with --max-batch 1, or rebuild from a model whose attention fuses",
-            )
-        limit = dec.get("max_len")
-        if limit is None:
-            raise InputError(f"{art_dir}: the manifest gives no max_len for the shared KV buffers")
-        if max_context is not None and max_context < 1:
-            raise InputError(f"--max-context must be >= 1, got {max_context}")
-        self.art_dir = art_dir
-        self.manifest = manifest
-        self.slots = slots
-        self.max_context = int(min(limit, max_context or limit))
-        self.vocab = int(dec["vocab"])
-        self.threads = resolve_threads(threads)
-        import onnxruntime  # the artifact loaded above: session_options has imported it already
-
-        self._ort = onnxruntime
-        path = os.path.join(art_dir, manifest.get("model", "model.onnx"))
-        so = artifact_session_options(manifest, self.threads)
-        try:
-            self.sess = self._ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # onnxruntime raises its own exception types
-            raise InputError(
-                f"{path}: onnxruntime cannot load the model: {str(exc).strip().splitlines()[0]}"
-            ) from None
-        release_freed_heap()
-        self._caches: list[dict[str, Any]] = list(dec["cache"])
-        self._logits_name = self.sess.get_outputs()[0].name
-        self.buffers = [
-            np.zeros((slots, c["kv_heads"], self.max_context, c["head_dim"]), np.float32)
-            for c in self._caches
-        ]
-        self._bindings: dict[tuple[int, int], Any] = {}  # (first row, rows) -> an I/O binding
-
-    @property
-    def kv_bytes(self) -> int:
-        return sum(b.nbytes for b in self.buffers)
-
-    def _binding(self, first: int, rows: int) -> Any:
-        """An I/O binding whose caches are rows [first, first + rows) of the buffers (cached)."""
-        key = (first, rows)
-        io = self._bindings.get(key)
-        if io is None:
-            io = self.sess.io_binding()
-            for c, buf in zip(self._caches, self.buffers):
-                value = self._ort.OrtValue.ortvalue_from_numpy(buf[first : first + rows])
-                io.bind_ortvalue_input(c["input"], value)
-                io.bind_ortvalue_output(c["output"], value)
-            self._bindings[key] = io
-        return io
-
-    @property
-    def every_position(self) -> bool:
-        """Whether the artifact computes every position's logits (built with `--logits all`)."""
-        return self.manifest["decoder"].get("logits") != "last"
-
-    def _run(
-        self, io: Any, ids: np.ndarray, positions: np.ndarray, every: bool = False
-    ) -> np.ndarray:
-        """Logits [batch, vocab] of each row's last position (every: [batch, seq, vocab])."""
-        rows = ids.shape[1] if self.every_position else 1
-        logits = np.empty((ids.shape[0], rows, self.vocab), np.float32)
-        io.bind_cpu_input("input_ids", ids)
-        io.bind_cpu_input("positions", positions)
-        io.bind_ortvalue_output(self._logits_name, self._ort.OrtValue.ortvalue_from_numpy(logits))
-        try:
-            self.sess.run_with_iobinding(io)
-        except Exception as exc:
-            raise InputError(f"onnxruntime failed: {str(exc).strip().splitlines()[0]}") from None
-        return logits if every else logits[:, -1]
-
-    def _check(self, end: int) -> None:
-        if end > self.max_context:
-            raise InputError(f"{end} tokens exceed the model's context of {self.max_context}")
-
-    def prefill(self, slot: int, ids: Sequence[int], start: int) -> np.ndarray:
-        self._check(start + len(ids))
-        arr = np.asarray([list(ids)], dtype=np.int64)
-        pos = np.arange(start, start + len(ids), dtype=np.int64)[None]
-        logits: np.ndarray = self._run(self._binding(slot, 1), arr, pos)[0]
-        return logits
-
-    def prefill_rows(self, slot: int, ids: Sequence[int], start: int) -> np.ndarray:
-        if not self.every_position:
-            return np.stack([self.prefill(slot, [t], start + i) for i, t in enumerate(ids)])
-        self._check(start + len(ids))
-        arr = np.asarray([list(ids)], dtype=np.int64)
-        pos = np.arange(start, start + len(ids), dtype=np.int64)[None]
-        logits: np.ndarray = self._run(self._binding(slot, 1), arr, pos, every=True)[0]
-        return logits
-
-    def decode(
-        self, slots: Sequence[int], ids: Sequence[int], positions: Sequence[int]
-    ) -> np.ndarray:
-        rows = max(slots) + 1
-        tok = np.zeros((rows, 1), np.int64)
-        pos = np.full(
-            (rows, 1), self.max_context - 1, np.int64
-        )  # rows not decoding: see the docstring
-        for s, t, p in zip(slots, ids, positions):
-            self._check(p + 1)
-            tok[s, 0], pos[s, 0] = t, p
-        logits = self._run(self._binding(0, rows), tok, pos)
-        return logits[list(slots)]
-
-
 class SerialBatchDecoder:
     """Any single-sequence `Decoder`, one instance per slot, run one sequence at a time."""
 
@@ -202,6 +63,21 @@ class SerialBatchDecoder:
         self.vocab = vocab
         self.max_context = max_context
         self._decoders = [make() for _ in range(slots)]
+
+    @classmethod
+    def over(cls, open_one: Callable[[], Any], slots: int) -> SerialBatchDecoder:
+        """`slots` decoders from `open_one()` (vocab and max_context read from the first)."""
+        if slots < 1:
+            raise InputError(f"--max-batch must be >= 1, got {slots}")
+        first = open_one()
+        limit = getattr(first, "max_context", None)
+        if not limit:
+            raise InputError(
+                "batched serving needs a context limit: the artifact gives no max_len",
+                hint="pass --max-context, or rebuild with --max-len",
+            )
+        made = [first]
+        return cls(lambda: made.pop() if made else open_one(), slots, int(first.vocab), int(limit))
 
     def prefill(self, slot: int, ids: Sequence[int], start: int) -> np.ndarray:
         d = self._decoders[slot]
@@ -221,4 +97,4 @@ class SerialBatchDecoder:
         return np.stack([self.prefill(s, [t], p) for s, t, p in zip(slots, ids, positions)])
 
 
-__all__ = ["BatchDecoder", "OrtBatchDecoder", "SerialBatchDecoder"]
+__all__ = ["BatchDecoder", "SerialBatchDecoder"]

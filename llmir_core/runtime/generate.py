@@ -1,4 +1,5 @@
-"""The generation loop: prefill, then one token at a time, with streaming and stop rules."""
+"""The generation loop: prefill, then one token at a time, streaming; where it stops is the
+shared stop policy (llmir_core.runtime.stop)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 from llmir_core import tracing
 
 from .sampling import Sampler
+from .stop import StopPolicy
 from .trace_attrs import kv_cache_bytes
 
 
@@ -28,41 +30,6 @@ class TextCodec(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
-
-
-class TextStream:
-    """Incremental detokenization with stop strings, the way generate() streams and the server sends: an incomplete UTF-8
-    sequence is held back, and so is a tail that could still become a stop string."""
-
-    def __init__(self, decode: Callable[[list[int]], str], stop: Sequence[str]) -> None:
-        self.decode = decode
-        self.stop = [s for s in stop if s]
-        self.hold = max((len(s) - 1 for s in self.stop), default=0)
-        self.ids: list[int] = []
-        self.emitted = ""
-        self.stopped = False
-
-    def push(self, tok: int) -> str:
-        """Add a token; return the text that became safe to show (sets `stopped` on a stop string)."""
-        self.ids.append(tok)
-        text = self.decode(self.ids)
-        stable = text[:-1] if text.endswith("\ufffd") else text
-        hit = next((s for s in self.stop if s in stable), None)
-        if hit is not None:
-            self.stopped = True
-            return self._advance(stable[: stable.index(hit)])
-        return self._advance(stable[: len(stable) - self.hold] if self.hold else stable)
-
-    def finish(self) -> str:
-        """The rest of the text once generation ends without a stop string."""
-        return "" if self.stopped else self._advance(self.decode(self.ids))
-
-    def _advance(self, safe: str) -> str:
-        if len(safe) > len(self.emitted) and safe.startswith(self.emitted):
-            piece = safe[len(self.emitted) :]
-            self.emitted = safe
-            return piece
-        return ""
 
 
 @dataclass
@@ -155,27 +122,27 @@ def _generate(
     res.prefill_s = time.perf_counter() - t0
     with tracing.span("decode") as decode:
         history = list(prompt_ids)
-        stream = TextStream(codec.decode, stop)
+        policy = StopPolicy(
+            codec.decode,
+            stop=stop,
+            eos_ids=eos_ids,
+            max_tokens=max_new_tokens,
+            prompt_tokens=len(prompt_ids),
+            max_context=decoder.max_context,
+        )
         for step in range(max_new_tokens):
             tok_start = time.perf_counter()
             tok = sampler.pick(logits[0, -1], history)
             if step == 0:
                 res.ttft_s = time.perf_counter() - t0
-            if tok in eos_ids:
-                res.stop_reason = "eos"
-                break
-            res.ids.append(tok)
-            history.append(tok)
-            piece = stream.push(tok)
+            piece, why = policy.push(tok)
+            if why != "eos":
+                res.ids.append(tok)
+                history.append(tok)
             if on_text and piece:
                 on_text(piece)
-            if stream.stopped:
-                res.stop_reason = "stop_string"
-                break
-            if step == max_new_tokens - 1:
-                break
-            if decoder.max_context is not None and decoder.length + 1 > decoder.max_context:
-                res.stop_reason = "context"
+            if why is not None:
+                res.stop_reason = why
                 break
             logits = decoder.forward(np.asarray([[tok]], dtype=np.int64))
             res.token_s.append(time.perf_counter() - tok_start)
@@ -188,8 +155,8 @@ def _generate(
                 "llmir.kv_cache.bytes": kv_cache_bytes(decoder),
             }
         )
-    piece = stream.finish()
+    piece = policy.finish()
     if on_text and piece:
         on_text(piece)
-    res.text = stream.emitted if stream.stopped else codec.decode(res.ids)
+    res.text = policy.text if res.stop_reason == "stop_string" else codec.decode(res.ids)
     return res

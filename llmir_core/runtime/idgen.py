@@ -43,15 +43,16 @@ def generate_ids(
     on_done: Callable[[int, TextResult], None] | None = None,
 ) -> list[TextResult]:
     """Generate after each id prompt in turn; stops at the artifact's end-of-generation ids."""
-    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.artifact_check import decoder_section
+    from llmir_core.targets import open_artifact
 
     options.validate()
     if options.chat or options.stop or options.system:
         raise InputError(
             "--chat, --system and --stop work on text; --prompt-ids takes and gives token ids"
         )
-    dec = open_artifact(art_dir, options.threads, options.max_context)
-    eos = tuple(int(i) for i in dec.manifest["decoder"].get("eos_token_ids") or ())
+    dec = open_artifact(art_dir, threads=options.threads, max_context=options.max_context)
+    eos = tuple(int(i) for i in decoder_section(art_dir, dec.manifest).get("eos_token_ids") or ())
     vocab, ctx = dec.vocab, dec.max_context
     out = []
     for n, ids in enumerate(prompts):

@@ -115,6 +115,15 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _decoder_manifest(art_dir: str) -> dict[str, Any]:
+    """The artifact's manifest, its files checked, with a decoder section."""
+    from llmir_core.artifact_check import decoder_section, open_checked
+
+    manifest = open_checked(art_dir)
+    decoder_section(art_dir, manifest)
+    return manifest
+
+
 class _Runner(Protocol):
     """A loaded model; `run(ids, gen)` -> (prefill_s, ttft_s, decode_s, generated ids)."""
 
@@ -123,9 +132,9 @@ class _Runner(Protocol):
 
 class _LlmirRunner:
     def __init__(self, path: str, threads: int) -> None:
-        from llmir_core.targets.onnxruntime.runner import open_artifact
+        from llmir_core.targets import open_artifact
 
-        self.dec = open_artifact(path, threads)
+        self.dec = open_artifact(path, threads=threads)
 
     def run(self, ids: list[int], gen: int) -> tuple[float, float, float, list[int]]:
         d = self.dec
@@ -398,16 +407,17 @@ def compare(
     timeout: float = 1800.0,
     progress: Callable[[str], None] | None = None,
 ) -> VsResult:
+    # long: checks, then the interleaved fresh-process rounds and their table, read in one place
     """Interleaved, fresh-process runs of llmir (the artifact) and each peer on the same prompt ids."""
     from llmir_core.runtime.bench import hardware_fingerprint
-    from llmir_core.targets.onnxruntime.runner import load_decoder_manifest, resolve_threads
+    from llmir_core.runtime.cpu_load import resolve_threads
 
     for flag, v in (("--prompt-len", prompt_len), ("--gen-len", gen_len), ("--runs", runs)):
         if v < 1:
             raise InputError(f"{flag} must be >= 1, got {v}")
     if not peers:
         raise InputError("no peer given", hint="--vs KIND:PATH, KIND one of " + ", ".join(KINDS))
-    manifest = load_decoder_manifest(art_dir)
+    manifest = _decoder_manifest(art_dir)
     dec = manifest["decoder"]
     ctx = dec.get("max_len")
     if ctx is not None and prompt_len + gen_len > ctx:

@@ -354,26 +354,28 @@ def profile_artifact(
     measure_bandwidth: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> ProfileResult:
-    """Profile one prefill of prompt_len random tokens and decode_steps decode steps."""
-    import onnx
-    import onnxruntime as ort
-
+    """Profile one prefill of prompt_len random tokens and decode_steps decode steps, on a
+    runner that offers onnxruntime's profiler (`profile_sources`, `start_profiling`)."""
     from llmir_core.runtime.bench import hardware_fingerprint
-    from llmir_core.targets.onnxruntime.nodeinfo import node_sources
-    from llmir_core.targets.onnxruntime.runner import artifact_session_options, open_artifact
+    from llmir_core.targets import open_artifact
 
     for flag, v in (("--prompt-len", prompt_len), ("--profile-steps", decode_steps)):
         if v < 1:
             raise InputError(f"{flag} must be >= 1, got {v}")
-    dec = open_artifact(art_dir, threads)
+    dec = open_artifact(art_dir, threads=threads)
+    if not hasattr(dec, "start_profiling"):
+        raise InputError(
+            f"{art_dir}: profiling needs an onnxruntime decoder artifact "
+            f"(this one is a {dec.manifest.get('target')} "
+            f"{'decoder' if isinstance(dec.manifest.get('decoder'), dict) else 'tensor model'})",
+            hint="build an imported LLM with `llmir build MODEL.llmir --target onnxruntime`",
+        )
     need = prompt_len + warmup_steps + decode_steps + 1
     if dec.max_context is not None and need > dec.max_context:
         raise InputError(
             f"--prompt-len + profiled steps = {need} exceeds the model's context of {dec.max_context}"
         )
-    model_path = os.path.join(art_dir, dec.manifest.get("model", "model.onnx"))
-    graph = onnx.load(model_path, load_external_data=False)
-    sources = node_sources(graph)
+    graph, sources = dec.profile_sources()
     if not sources:
         raise InputError(
             f"{art_dir}: its ONNX nodes do not name the .llmir ops they come from",
@@ -385,31 +387,7 @@ def profile_artifact(
     if progress:
         progress("timing the steps without the profiler")
     plain = _timed_runs(dec, ids, warmup_steps, decode_steps)
-    with tempfile.TemporaryDirectory(prefix="llmir-profile-") as tmp:
-        so = artifact_session_options(dec.manifest, dec.threads)
-        so.enable_profiling = True
-        so.profile_file_prefix = os.path.join(tmp, "ort")
-        # the same decoder (I/O binding, shared KV buffers), on a session that profiles
-        dec.use_session(ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"]))
-        if progress:
-            progress(f"profiling a {prompt_len}-token prefill and {decode_steps} decode steps")
-        _timed_runs(dec, ids, warmup_steps, decode_steps)  # the runs the profile records
-        trace_file = dec.sess.end_profiling()
-        with open(trace_file, encoding="utf-8") as fh:
-            events = json.load(fh)
-    runs = sorted(
-        (e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
-        key=lambda e: e["ts"],
-    )
-    kernels = [
-        e
-        for e in events
-        if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")
-    ]
-    if len(runs) != 2 + warmup_steps + decode_steps:
-        raise InputError(
-            f"onnxruntime's profile holds {len(runs)} runs, expected {2 + warmup_steps + decode_steps}"
-        )
+    runs, kernels = _profiled_runs(dec, ids, warmup_steps, decode_steps, progress)
     mapper = _Mapper(sources, initializer_bytes(graph))
     measured = runs[1 + warmup_steps :]
     prefill = _phase("prefill", measured[:1], kernels, mapper, prompt_len, [prompt_len])
@@ -436,6 +414,40 @@ def profile_artifact(
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
     return ProfileResult(os.path.abspath(art_dir), src, dec.threads, bw, [prefill, decode], fp)
+
+
+def _profiled_runs(
+    dec: Any,
+    ids: np.ndarray,
+    warmup: int,
+    steps: int,
+    progress: Callable[[str], None] | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`_timed_runs` again on a session with onnxruntime's profiler on: the profile's
+    `model_run` events (in time order) and its kernel events."""
+    with tempfile.TemporaryDirectory(prefix="llmir-profile-") as tmp:
+        # the same decoder (I/O binding, shared KV buffers), on a session that profiles
+        dec.start_profiling(os.path.join(tmp, "ort"))
+        if progress:
+            progress(f"profiling a {ids.shape[1]}-token prefill and {steps} decode steps")
+        _timed_runs(dec, ids, warmup, steps)  # the runs the profile records
+        trace_file = dec.sess.end_profiling()
+        with open(trace_file, encoding="utf-8") as fh:
+            events = json.load(fh)
+    runs = sorted(
+        (e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+        key=lambda e: e["ts"],
+    )
+    kernels = [
+        e
+        for e in events
+        if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")
+    ]
+    if len(runs) != 2 + warmup + steps:
+        raise InputError(
+            f"onnxruntime's profile holds {len(runs)} runs, expected {2 + warmup + steps}"
+        )
+    return runs, kernels
 
 
 def _timed_runs(dec: Any, ids: np.ndarray, warmup: int, steps: int) -> tuple[float, float]:

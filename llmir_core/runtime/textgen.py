@@ -374,7 +374,7 @@ def _combined_hash(parts: dict[str, Any]) -> str:
 
 def busy_warning(sample_s: float = 0.3) -> str | None:
     """A warning when other processes keep the CPUs busy (timings would not be trustworthy)."""
-    from llmir_core.targets.onnxruntime.runner import busy_cores
+    from llmir_core.runtime.cpu_load import busy_cores
 
     try:
         busy = busy_cores(sample_s)

@@ -17,7 +17,7 @@ from typing import Any
 
 from llmir_core.artifact_check import full_checks
 from llmir_core.errors import InputError
-from llmir_core.runtime.batch_decoder import BatchDecoder, OrtBatchDecoder
+from llmir_core.runtime.batch_decoder import BatchDecoder
 from llmir_core.runtime.chat_template import render_chat, template_timeout
 from llmir_core.runtime.textgen import load_artifact_tokenizer
 from llmir_core.runtime.tokenizer import Tokenizer
@@ -113,21 +113,25 @@ def open_served_model(
     name: str | None = None,
     template_timeout_s: float | None = None,
 ) -> ServedModel:
-    """Open a decoder artifact for serving (onnxruntime, `max_batch` KV slots), after hashing
-    every file it lists against its manifest (a long-running server checks the bytes it loads,
-    not only their sizes and times as `llmir run` does between unchanged runs)."""
+    """Open a decoder artifact for serving (`max_batch` KV slots, through its target's
+    `open_batch`), after hashing every file it lists against its manifest (a long-running
+    server checks the bytes it loads, not only their sizes and times as `llmir run` does
+    between unchanged runs)."""
+    from llmir_core.targets import open_batch_artifact, read_manifest
+
     if max_queue < 0:
         raise InputError(f"--max-queue must be >= 0, got {max_queue}")
     if chunk < 1:
         raise InputError(f"--prefill-chunk must be >= 1, got {chunk}")
     template_timeout(template_timeout_s)  # a bad value fails before the model loads
     with full_checks():  # a server hashes every file at start, whatever the last check saw
-        decoder = OrtBatchDecoder(art_dir, max_batch, threads=threads, max_context=max_context)
-    tokenizer = load_artifact_tokenizer(art_dir, decoder.manifest)
+        decoder = open_batch_artifact(art_dir, max_batch, threads=threads, max_context=max_context)
+    manifest = getattr(decoder, "manifest", None) or read_manifest(art_dir)
+    tokenizer = load_artifact_tokenizer(art_dir, manifest)
     model_name = name or os.path.basename(os.path.normpath(os.path.abspath(art_dir)))
     return ServedModel(
         model_name,
-        decoder.manifest,
+        manifest,
         tokenizer,
         decoder,
         max_queue=max_queue,

@@ -11,7 +11,7 @@ Each loop iteration (a *step*):
    token with its own `Sampler` (seeded per request) and streams its text.
 
 A request arriving while others decode joins at the next step. Sampling and the stop rules are
-those of `llmir run` (`llmir_core.runtime.generate`), so a request gets the tokens it would get
+those of `llmir run` (`llmir_core.runtime.stop`), so a request gets the tokens it would get
 alone with the same seed. The waiting queue is bounded (`QueueFull`); after `close()` new
 requests are refused (`ShuttingDown`) and the loop ends once the admitted ones finish.
 
@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 
 from llmir_core.runtime.batch_decoder import BatchDecoder
-from llmir_core.runtime.generate import TextStream
 from llmir_core.runtime.sampling import Sampler
+from llmir_core.runtime.stop import StopPolicy, TextStream
 
 from .logprobs import TokenLogprob, score
 from .metrics import Metrics
@@ -102,7 +102,7 @@ class GenRequest:
     slot: int = -1
     cached: int = 0  # prompt tokens already in the KV rows
     ids: list[int] = field(default_factory=list)
-    stream: TextStream | None = None
+    policy: StopPolicy | None = None
     token_times: list[float] = field(default_factory=list)
     prompt_lp: list[TokenLogprob] = field(default_factory=list)
     gen_lp: list[TokenLogprob] = field(default_factory=list)
@@ -219,7 +219,14 @@ class Scheduler:
                 while self.waiting and self.free:
                     req = self.waiting.popleft()
                     req.slot = self.free.pop(0)
-                    req.stream = TextStream(self.decode_text, req.stop)
+                    req.policy = StopPolicy(
+                        self.decode_text,
+                        stop=req.stop,
+                        eos_ids=req.eos_ids,
+                        max_tokens=req.max_tokens,
+                        prompt_tokens=len(req.prompt_ids),
+                        max_context=self.decoder.max_context,
+                    )
                     self.active.append(req)
             try:
                 self._step()
@@ -275,29 +282,24 @@ class Scheduler:
             self._emit(r, row)
 
     def _emit(self, req: GenRequest, logits: np.ndarray) -> None:
-        """Sample req's next token from logits, stream it, and finish req when a stop rule says so."""
-        assert req.stream is not None
+        """Sample req's next token from logits, stream it, and finish req when the stop policy
+        says so (llmir_core.runtime.stop: the one `llmir run` follows)."""
+        assert req.policy is not None
         tok = req.sampler.pick(logits, [*req.prompt_ids, *req.ids])
         if req.logprobs is not None:
             req.gen_lp += score(logits, [tok], req.logprobs)
         now = time.monotonic()
         if not req.token_times:
             self.metrics.first_token(now - req.arrived)
-        if tok in req.eos_ids:
-            self._finish(req, "eos")
-            return
-        self.metrics.token(now - req.token_times[-1] if req.token_times else None)
-        req.token_times.append(now)
-        req.ids.append(tok)
-        piece = req.stream.push(tok)
+        piece, why = req.policy.push(tok)
+        if why != "eos":
+            self.metrics.token(now - req.token_times[-1] if req.token_times else None)
+            req.token_times.append(now)
+            req.ids.append(tok)
         if piece:
             req.on_text(piece)
-        if req.stream.stopped:
-            self._finish(req, "stop_string")
-        elif len(req.ids) >= req.max_tokens:
-            self._finish(req, "length")
-        elif len(req.prompt_ids) + len(req.ids) > self.decoder.max_context:
-            self._finish(req, "context")
+        if why is not None:
+            self._finish(req, why)
 
     def _finish(self, req: GenRequest, why: str | BaseException) -> None:
         with self._cond:
@@ -305,8 +307,8 @@ class Scheduler:
         if isinstance(why, BaseException):
             req.on_done(why)
             return
-        assert req.stream is not None
-        rest = req.stream.finish()
+        assert req.policy is not None
+        rest = req.policy.finish()
         if rest:
             req.on_text(rest)
         ttft = (
@@ -314,7 +316,7 @@ class Scheduler:
         )
         req.on_done(
             Completion(
-                req.stream.emitted,
+                req.policy.text,
                 list(req.ids),
                 len(req.prompt_ids),
                 "stop" if why in ("eos", "stop_string") else "length",

@@ -109,7 +109,7 @@ def _trial_inputs(
     """One seeded input at every symbolic dim = `dimv` (token ids drawn from `sample` when
     given): the dims, the original's inputs (f32 caches) and the int8 one's (the same caches as
     codes, so both see the same values)."""
-    from llmir_core.targets.onnxruntime.dialect import kv_int8_codes
+    from llmir_core.targets import get_target
 
     from .differential import _dims_env, make_inputs
 
@@ -122,7 +122,7 @@ def _trial_inputs(
     b_in, a_in = dict(inputs), dict(inputs)
     for name, s in scales.items():
         x = rng.uniform(-0.5, 0.5, inputs[name].shape) * 127.0 * s
-        codes = kv_int8_codes(x.astype(np.float32), s)
+        codes = get_target("onnxruntime").kv_int8_codes(x.astype(np.float32), s)
         a_in[name] = codes
         b_in[name] = codes.astype(np.float32) * s
     return env, b_in, a_in

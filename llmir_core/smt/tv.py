@@ -369,9 +369,9 @@ def validate(
     differential tolerance of a pass that rounds values on purpose (tol_why says why)."""
     note: dict[str, Any] = {}
     if signature_mismatch(before, after) is not None:
-        from llmir_core.targets.onnxruntime.lower_logits import last_logits_interface
+        from llmir_core.targets import get_target
 
-        last = last_logits_interface(before, after)
+        last = get_target("onnxruntime").last_logits_interface(before, after)
         if last is not None:  # after computes the logits of the last position only
             before = last
             note = {"interface": "logits compared at the last position (lower-ort-logits)"}

@@ -9,8 +9,9 @@ own folder `llmir_core/targets/<name>/` and declares its dialects, passes, optio
 `open_batch`; the dialect registry (`dialect_modules`) and the pass list (`pass_classes`) are
 derived from this table. Code outside `targets/` imports a target only through this module
 (a ruff banned-api rule). `build` = `pipeline` (the -O2 preset, then the target's
-lowering; when the module is not lowered yet) + the target's serializer; `open_artifact` reads
-the manifest's target and dispatches.
+lowering; when the module is not lowered yet) + the target's serializer; `open_artifact` (a
+runner) and `open_batch_artifact` (a server's slots) check the artifact, read the manifest's
+target and dispatch to its `open` / `open_batch`.
 """
 
 from __future__ import annotations
@@ -414,7 +415,7 @@ def build(
     else:  # printed again, so both ways give the same artifact (and lines in the same text)
         lowered_text = print_module(module)
     module = parse_module(lowered_text, module.source or "<lowered>")
-    from llmir_core.targets.onnxruntime.onnx_lower import BuildError
+    from llmir_core.errors import BuildError
 
     try:
         return dict(
@@ -444,6 +445,16 @@ def open_artifact(artifact_dir: str, **options: Any) -> Any:
     return get_target(open_checked(artifact_dir)["target"]).open(artifact_dir, **options)
 
 
+def open_batch_artifact(artifact_dir: str, slots: int, **options: Any) -> Any:
+    """A `BatchDecoder` (llmir_core.runtime.batch_decoder) holding `slots` sequences of an
+    artifact folder, from the target its manifest names, after the same check as
+    `open_artifact` (inside `full_checks()`, every file hashed: what a server does)."""
+    from llmir_core.artifact_check import open_checked
+
+    target = get_target(open_checked(artifact_dir)["target"])
+    return target.open_batch(artifact_dir, slots, **options)
+
+
 __all__ = [
     "build",
     "build_options",
@@ -454,6 +465,7 @@ __all__ = [
     "dialect_modules",
     "get_target",
     "open_artifact",
+    "open_batch_artifact",
     "pass_classes",
     "plugin_dialect_modules",
     "plugins",

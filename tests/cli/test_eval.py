@@ -285,7 +285,7 @@ def test_the_progress_bar_is_drawn_on_a_terminal_only() -> None:
 
 
 def test_a_last_position_build_scores_step_by_step_for_the_scoring_api(models: Models) -> None:
-    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_decoder
 
     full = open_model(str(models.f32))
     step = open_model(str(models.last), stepwise=True)
@@ -295,9 +295,7 @@ def test_a_last_position_build_scores_step_by_step_for_the_scoring_api(models: M
     np.testing.assert_allclose(a, b, atol=1e-4)
     # a path, or a decoder the caller opened, goes as is (serve's echo has an open decoder)
     np.testing.assert_allclose(token_logprobs(str(models.last), ids, 5), b, atol=1e-6)
-    np.testing.assert_allclose(
-        token_logprobs(open_artifact(str(models.last)), ids, 5), b, atol=1e-6
-    )
+    np.testing.assert_allclose(token_logprobs(open_decoder(str(models.last)), ids, 5), b, atol=1e-6)
     with pytest.raises(InputError, match="the last position's logits only"):
         open_model(str(models.last)).scorer.logits(ids)
     lp = chosen_logprobs(a, ids, 5)

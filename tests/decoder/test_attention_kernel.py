@@ -22,7 +22,7 @@ from llmir_core.passes.base import clone_module
 from llmir_core.passes.manager import run_pipeline
 from llmir_core.targets import build, get_target
 from llmir_core.targets.onnxruntime.native import DISABLE_ENV, DOMAIN, register, unavailable_reason
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_decoder
 from tests.conftest import requires
 
 from .helpers import greedy, rel, same_decoding
@@ -358,7 +358,7 @@ def test_decoder_matches_onnxruntime_attention(
     assert json.loads((tmp_path / "llmir" / "manifest.json").read_text())["custom_ops"] == [
         "llmir_ops"
     ]
-    a, b = open_artifact(str(tmp_path / "llmir")), open_artifact(str(tmp_path / "ort"))
+    a, b = open_decoder(str(tmp_path / "llmir")), open_decoder(str(tmp_path / "ort"))
     prompt = np.array([[1, 5, 9, 2, 7, 3, 11, 4]])
     a.reset(1)
     b.reset(1)
@@ -472,7 +472,7 @@ def test_qwen2_biases_fold_into_llmir_attention(tmp_path: Path) -> None:
     ours = [n for n in graphs["llmir"].graph.node if n.op_type == "GroupQueryAttention"]
     assert len(ours) == 2 and all(len(n.input) == 15 and n.input[14] for n in ours)
     assert len(graphs["llmir"].graph.node) == len(graphs["ort"].graph.node) - 2  # the two Adds
-    same_decoding(open_artifact(str(tmp_path / "llmir")), open_artifact(str(tmp_path / "ort")))
+    same_decoding(open_decoder(str(tmp_path / "llmir")), open_decoder(str(tmp_path / "ort")))
     again, _ = import_onnx(str(tmp_path / "llmir" / "model.onnx"))
     assert sum(op.name == "llm.scaled_dot_product_attention" for op in again.main.ops) == 2
 

@@ -14,7 +14,7 @@ import pytest
 from llmir_core.errors import InputError
 from llmir_core.frontends.hf import import_hf
 from llmir_core.quant import gguf_blocks, nbits
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_decoder
 from llmir_core.targets.onnxruntime.serialize_decoder import (
     LOSSLESS,
     REQUANT,
@@ -30,12 +30,12 @@ PROMPT = np.random.default_rng(1).integers(3, 100, (1, 11))  # longer than the s
 
 
 def test_parity_prefill_and_16_decode_steps(tiny_module: Any, tiny_artifact: Path) -> None:
-    assert parity(tiny_module, open_artifact(str(tiny_artifact)), PROMPT) <= 1e-4
+    assert parity(tiny_module, open_decoder(str(tiny_artifact)), PROMPT) <= 1e-4
 
 
 def test_greedy_32_tokens_identical(tiny_module: Any, tiny_artifact: Path) -> None:
     prompt = [int(x) for x in PROMPT[0]]
-    assert greedy(open_artifact(str(tiny_artifact)), prompt, 32) == greedy(
+    assert greedy(open_decoder(str(tiny_artifact)), prompt, 32) == greedy(
         ref_decoder(tiny_module), prompt, 32
     )
 
@@ -53,7 +53,7 @@ def test_architectures_match_the_interpreter(arch: str, tmp_path: Path) -> None:
     assert (
         d["kv_cache"] == "shared_buffer" and d["fused_attention_layers"] == ARCH_SHAPES[arch].layers
     )
-    assert parity(module, open_artifact(str(tmp_path / "art")), PROMPT) <= 1e-4
+    assert parity(module, open_decoder(str(tmp_path / "art")), PROMPT) <= 1e-4
 
 
 def test_interleaved_rotary(tiny_module: Any, tmp_path: Path) -> None:
@@ -66,13 +66,13 @@ def test_interleaved_rotary(tiny_module: Any, tmp_path: Path) -> None:
         if op.name == "llm.rotary_embedding":
             op.attrs["interleaved"] = True
     build_decoder(module, str(tmp_path / "a"))
-    assert parity(module, open_artifact(str(tmp_path / "a")), PROMPT, steps=3) <= 1e-4
+    assert parity(module, open_decoder(str(tmp_path / "a")), PROMPT, steps=3) <= 1e-4
 
 
 def test_kv_cache_is_written_in_place(tiny_module: Any, tiny_artifact: Path) -> None:
     """Past and present share one buffer per cache entry: the bound addresses never change and
     the buffer holds exactly the reference's present keys/values after each step."""
-    dec = open_artifact(str(tiny_artifact))
+    dec = open_decoder(str(tiny_artifact))
     ref = ref_decoder(tiny_module)
     dec.reset(1)
     ref.reset(1)
@@ -92,7 +92,7 @@ def test_kv_cache_is_written_in_place(tiny_module: Any, tiny_artifact: Path) -> 
 
 def test_kv_buffers_grow_when_too_small(tiny_module: Any, tiny_artifact: Path) -> None:
     """A sequence longer than the reserved capacity doubles the buffers (rows kept)."""
-    dec = open_artifact(str(tiny_artifact))
+    dec = open_decoder(str(tiny_artifact))
     dec.reserve(4)
     assert parity(tiny_module, dec, PROMPT, steps=6) <= 1e-4
     assert dec.capacity == 22 and dec.length == 17  # 4 -> 11 rows (the prompt) -> 22
@@ -172,7 +172,7 @@ def test_tied_quantized_table_is_shared(scheme: str, tmp_path: Path) -> None:
     assert "GatherBlockQuantized" in ops and "Gather" not in [
         n.op_type for n in m.graph.node if "input_ids" in n.input
     ]
-    assert parity(module, open_artifact(str(tmp_path / "a")), PROMPT, steps=3) <= 1e-4
+    assert parity(module, open_decoder(str(tmp_path / "a")), PROMPT, steps=3) <= 1e-4
 
 
 @pytest.mark.parametrize("scheme", sorted(LOSSLESS))
@@ -225,7 +225,7 @@ def test_quantized_weights_match_the_interpreter(tmp_path: Path) -> None:
         and not q["gguf_requantized"]
     )
     assert man["decoder"]["packed_qkv_layers"] == 0  # q4_0 q with q6_k k/v: different formats
-    assert parity(module, open_artifact(str(tmp_path / "a")), PROMPT, steps=4) <= 1e-4
+    assert parity(module, open_decoder(str(tmp_path / "a")), PROMPT, steps=4) <= 1e-4
 
 
 def test_requantized_formats_report_their_error(tmp_path: Path) -> None:
@@ -242,7 +242,7 @@ def test_requantized_formats_report_their_error(tmp_path: Path) -> None:
     ) == 4
     assert all(0 < r["max_rel_error"] < 0.2 for r in req)
     assert set(REQUANT) >= {r["from"] for r in req}
-    assert parity(module, open_artifact(str(tmp_path / "a")), PROMPT, steps=2) < 0.2
+    assert parity(module, open_decoder(str(tmp_path / "a")), PROMPT, steps=2) < 0.2
 
 
 def test_int4_quantization_of_f32_weights(
@@ -254,8 +254,8 @@ def test_int4_quantization_of_f32_weights(
     (emb,) = quant["embedding"]  # the untied table, rounded to int4 blocks: its error reported
     assert emb["weight"] == "model.embed_tokens.weight" and emb["quantize"] == "sym"
     assert not emb["shared_with_lm_head"] and 0 < emb["max_abs_error"] < 1.0
-    f32 = open_artifact(str(tiny_artifact))
-    q4 = open_artifact(str(tmp_path / "q"))
+    f32 = open_decoder(str(tiny_artifact))
+    q4 = open_decoder(str(tmp_path / "q"))
     f32.reset(1)
     q4.reset(1)
     a, b = f32.forward(PROMPT), q4.forward(PROMPT)
@@ -272,14 +272,14 @@ def test_last_logits_by_default_all_on_request(
     """The default build computes the last position's logits (lower-ort-logits); last_logits=False
     (`--logits all`) keeps every position, and both agree on the last."""
     build_decoder(tiny_module, str(tmp_path / "all"), last_logits=False)
-    last, full = open_artifact(str(tiny_artifact)), open_artifact(str(tmp_path / "all"))
+    last, full = open_decoder(str(tiny_artifact)), open_decoder(str(tmp_path / "all"))
     assert full.decoder["logits"] == "all" and last.decoder["logits"] == "last"
     full.reset(1)
     last.reset(1)
     a, b = full.forward(PROMPT), last.forward(PROMPT)
     assert a.shape == (1, PROMPT.shape[1], 128) and b.shape == (1, 1, 128)
     assert rel(b[:, -1], a[:, -1]) <= 1e-6
-    assert parity(tiny_module, open_artifact(str(tmp_path / "all")), PROMPT, steps=2) <= 1e-4
+    assert parity(tiny_module, open_decoder(str(tmp_path / "all")), PROMPT, steps=2) <= 1e-4
 
 
 def test_unmatched_attention_falls_back_to_concat_cache(tiny_module: Any, tmp_path: Path) -> None:
@@ -295,13 +295,13 @@ def test_unmatched_attention_falls_back_to_concat_cache(tiny_module: Any, tmp_pa
     man = build_decoder(module, str(tmp_path / "a"))
     d = man["decoder"]
     assert d["kv_cache"] == "concat" and d["fused_attention_layers"] == 0 and d["not_fused"]
-    assert parity(module, open_artifact(str(tmp_path / "a")), PROMPT, steps=4) <= 1e-4
+    assert parity(module, open_decoder(str(tmp_path / "a")), PROMPT, steps=4) <= 1e-4
 
 
 def test_max_len_caps_the_context(tiny_module: Any, tmp_path: Path) -> None:
     man = build_decoder(tiny_module, str(tmp_path / "a"), max_len=16)
     assert man["decoder"]["max_len"] == 16
-    dec = open_artifact(str(tmp_path / "a"))
+    dec = open_decoder(str(tmp_path / "a"))
     dec.reset(1)
     dec.forward(PROMPT)
     with pytest.raises(InputError, match="exceed the model's context of 16"):
@@ -328,12 +328,12 @@ def test_errors(tiny_module: Any, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="not an llmir artifact"):
         build_decoder(tiny_module, str(tmp_path / "full"))
     with pytest.raises(InputError, match="no manifest.json"):
-        open_artifact(str(tmp_path / "full"))
+        open_decoder(str(tmp_path / "full"))
     from llmir_core.targets.onnxruntime.graph import build
 
     build(plain, str(tmp_path / "generic"))
     with pytest.raises(InputError, match="not a decoder artifact"):
-        open_artifact(str(tmp_path / "generic"))
+        open_decoder(str(tmp_path / "generic"))
 
 
 @pytest.mark.parametrize("pipeline", ["O3", "quantize-weights{bits=4}"])
@@ -359,4 +359,4 @@ def test_optimized_modules_keep_the_fused_build(pipeline: str, tmp_path: Path) -
     assert d["fused_attention_layers"] == d["packed_qkv_layers"] == 2
     # the QKV bias, the SwiGLU product and the last-position gathers
     assert set(d["generic_ops"]) <= {"core.add", "core.mul", "core.gather"}
-    assert parity(module, open_artifact(str(tmp_path / "a")), PROMPT, steps=3) <= 1e-4
+    assert parity(module, open_decoder(str(tmp_path / "a")), PROMPT, steps=3) <= 1e-4

@@ -20,7 +20,7 @@ from llmir_core.passes.base import clone_module
 from llmir_core.passes.manager import run_pipeline
 from llmir_core.targets import build, get_target
 from llmir_core.targets.onnxruntime.native import capability
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_decoder
 from tests.conftest import run_cli
 from tests.decoder.tiny import UNPROVED_LOWERINGS, unproved_passes
 
@@ -65,12 +65,12 @@ def test_weights_stored_in_16_bits(dt: str, tiny_module: Any, arts: dict[str, Pa
 @pytest.mark.parametrize("dt", ["f16", "bf16"])
 def test_artifact_runs_its_lowered_module(dt: str, tiny_module: Any, arts: dict[str, Path]) -> None:
     # the lowered module (with the weight rounding in it) is what the artifact computes
-    assert parity(_lowered(tiny_module, dt), open_artifact(str(arts[dt])), PROMPT, steps=4) <= 1e-4
+    assert parity(_lowered(tiny_module, dt), open_decoder(str(arts[dt])), PROMPT, steps=4) <= 1e-4
 
 
 @pytest.mark.parametrize("dt,tol", [("f16", 2e-3), ("bf16", 3e-2)])
 def test_output_error_vs_f32(dt: str, tol: float, arts: dict[str, Path]) -> None:
-    a, b = open_artifact(str(arts["f32"])), open_artifact(str(arts[dt]))
+    a, b = open_decoder(str(arts["f32"])), open_decoder(str(arts[dt]))
     a.reset(1)
     b.reset(1)
     err = rel(b.forward(PROMPT), a.forward(PROMPT))
@@ -146,7 +146,7 @@ def test_assign_precision_cpu_bf16_builds_and_runs(tiny_module: Any, tmp_path: P
     assert "core.matmul computes in f32 between bf16 casts" in r.stdout
     r = run_cli("build", "l.llmir", "-o", "art", "-q", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    dec = open_artifact(str(tmp_path / "art"))
+    dec = open_decoder(str(tmp_path / "art"))
     dec.reset(1)
     assert np.isfinite(dec.forward(PROMPT)).all()
 
@@ -194,7 +194,7 @@ def test_bf16_checkpoint_keeps_its_bytes(tiny_dir: Path, tmp_path: Path) -> None
         assert "ort.cast %model.layers.0.self_attn.o_proj.weight {to = f32}" in text
     build(module, str(tmp_path / "art"), "onnxruntime", options={"dtype": "bf16"})
     # stored as the checkpoint holds them: the artifact computes the imported module exactly
-    assert parity(module, open_artifact(str(tmp_path / "art")), PROMPT, steps=3) <= 1e-4
+    assert parity(module, open_decoder(str(tmp_path / "art")), PROMPT, steps=3) <= 1e-4
 
 
 def test_optimize_dtype_needs_a_target(tiny_module: Any, tmp_path: Path) -> None:

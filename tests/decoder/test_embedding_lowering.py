@@ -13,7 +13,7 @@ import pytest
 from llmir_core.dialects.registry import get_op
 from llmir_core.frontends.hf import import_hf
 from llmir_core.targets.onnxruntime.dialect import fake_quant
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_decoder
 from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 
 from .helpers import parity, quantize_weights
@@ -111,4 +111,4 @@ def test_untied_gguf_table_keeps_its_blocks(scheme: str, tmp_path: Path) -> None
     assert inits[gbq.input[0]].dims == [128, 2, 32 * (4 if scheme == "q4_0" else 8) // 8]
     half = [t for t in m.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16]
     assert len(half) == 1 and list(half[0].dims) == [128, 2]  # GGUF's f16 scales, as stored
-    assert parity(module, open_artifact(str(tmp_path / "a")), PROMPT, steps=3) <= 1e-4
+    assert parity(module, open_decoder(str(tmp_path / "a")), PROMPT, steps=3) <= 1e-4

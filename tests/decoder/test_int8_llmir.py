@@ -18,7 +18,7 @@ from llmir_core.ir.printer import print_module
 from llmir_core.quant import s8
 from llmir_core.targets import build, lower
 from llmir_core.targets.onnxruntime.native import DISABLE_ENV, DOMAIN, register, unavailable_reason
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_decoder
 from tests.conftest import requires
 
 from .helpers import assert_dot_close, edge_rows, greedy, llmir_session, parity
@@ -98,12 +98,12 @@ def test_int8_build_with_llmir_kernel(tiny_module: Any, tmp_path: Path) -> None:
     assert "ort.matmul_s8" in text and "ort.dynamic_quantize_matmul" not in text
     assert _ops(low, "ort.matmul_s8")
     build(low, str(tmp_path / "s8"))
-    dec = open_artifact(str(tmp_path / "s8"))
+    dec = open_decoder(str(tmp_path / "s8"))
     assert parity(low, dec, PROMPT, steps=4) <= 1e-4  # the artifact computes the lowered module
     assert parity(tiny_module, dec, PROMPT, steps=4) <= 0.1  # int8 against f32
     qg = lower(tiny_module, options={"quant": "int8", "int8_matmul": "qgemm-s8pair"})
     build(qg, str(tmp_path / "qgemm"))
-    ref = open_artifact(str(tmp_path / "qgemm"))
+    ref = open_decoder(str(tmp_path / "qgemm"))
     assert greedy(dec, PROMPT[0].tolist(), 6) == greedy(ref, PROMPT[0].tolist(), 6)
 
 

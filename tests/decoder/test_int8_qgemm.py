@@ -14,7 +14,7 @@ from llmir_core.errors import InputError
 from llmir_core.frontends.hf import import_hf
 from llmir_core.quant import qgemm
 from llmir_core.targets import build, lower
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_decoder
 
 from .helpers import parity
 from .tiny import LlamaShape, make_llama_folder
@@ -38,7 +38,7 @@ def test_artifact_matches_the_lowered_reference(
     assert dq and {op.attrs["weights"] for op in dq} == {weights}
     assert not _ops(low, "ort.matmul_nbits")  # untied: every projection, lm_head included
     build(low, str(tmp_path / "a"))
-    dec = open_artifact(str(tmp_path / "a"))
+    dec = open_decoder(str(tmp_path / "a"))
     assert parity(low, dec, PROMPT, steps=4) <= 1e-5
     assert parity(tiny_module, dec, PROMPT, steps=4) <= 0.1  # int8 against f32
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from llmir_core.errors import InputError
-from llmir_core.runtime.kv_capacity import (
+from llmir_core.runtime.kv_slots import (
     DEFAULT_CAPACITY,
     check_step,
     context_limit,

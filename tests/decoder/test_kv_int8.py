@@ -67,12 +67,12 @@ def test_optimize_reports_kv_bytes_and_lowers_to_int8_gqa(kv8: Path, tiny_module
 
 
 def test_artifact_keeps_int8_buffers_in_place(kv8: Path) -> None:
-    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_decoder
 
     d = json.loads((kv8 / "K8" / "manifest.json").read_text())["decoder"]
     assert d["kv_cache"] == "shared_buffer" and d["kv_dtype"] == "i8"
     assert d["kv_bytes_per_token"] == 128 and d["fused_attention_layers"] == 2
-    dec = open_artifact(str(kv8 / "K8"), threads=1)
+    dec = open_decoder(str(kv8 / "K8"), threads=1)
     dec.reserve(32)
     dec.reset(1)
     assert all(b.dtype == np.int8 for b in dec.buffers)
@@ -87,10 +87,10 @@ def test_artifact_keeps_int8_buffers_in_place(kv8: Path) -> None:
 def test_greedy_tokens_match_the_reference_of_the_calibrated_module(
     kv8: Path, tiny_module: Any
 ) -> None:
-    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_decoder
 
     calibrated = parse_file(str(kv8 / "c.llmir"))
-    dec = open_artifact(str(kv8 / "K8"), threads=1)
+    dec = open_decoder(str(kv8 / "K8"), threads=1)
     assert greedy(dec, PROMPT, 12) == greedy(ref_decoder(calibrated), PROMPT, 12)
     assert parity(calibrated, dec, np.asarray([PROMPT]), 4) < 1e-4
     same = sum(

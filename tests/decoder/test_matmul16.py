@@ -31,7 +31,7 @@ from llmir_core.targets.onnxruntime.native import (
     register,
     unavailable_reason,
 )
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_decoder
 from tests.conftest import requires
 
 from .helpers import assert_dot_close, edge_rows, greedy, rel
@@ -145,7 +145,7 @@ def test_build_uses_the_op_and_matches_the_f32_path(
     monkeypatch.delenv(DISABLE_ENV)
     man = json.loads((tmp_path / "custom" / "manifest.json").read_text())
     assert man["custom_ops"] == ["llmir_ops"] and man["opset"][DOMAIN] == 1
-    a, b = open_artifact(str(tmp_path / "custom")), open_artifact(str(tmp_path / "f32path"))
+    a, b = open_decoder(str(tmp_path / "custom")), open_decoder(str(tmp_path / "f32path"))
     a.reset(1)
     b.reset(1)
     # the same rounded weights, only the summation order differs
@@ -177,7 +177,7 @@ def test_artifact_needing_the_library_is_refused_where_it_cannot_load(
     serialize_decoder(module, str(tmp_path / "art"))
     monkeypatch.setenv(DISABLE_ENV, "1")
     with pytest.raises(InputError, match="needs llmir's onnxruntime custom ops") as e:
-        open_artifact(str(tmp_path / "art"))
+        open_decoder(str(tmp_path / "art"))
     assert f"{DISABLE_ENV} is set" in str(e.value)
 
 
@@ -270,7 +270,7 @@ def test_default_reads_f32_weights_in_place(tiny_module: Any, tmp_path: Path) ->
     assert man["custom_ops"] == ["llmir_ops"] and man["opset"][DOMAIN] == 1
     mlas = json.loads((tmp_path / "mlas" / "manifest.json").read_text())
     assert mlas["custom_ops"] == [] and DOMAIN not in mlas["opset"]
-    a, b = open_artifact(str(tmp_path / "custom")), open_artifact(str(tmp_path / "mlas"))
+    a, b = open_decoder(str(tmp_path / "custom")), open_decoder(str(tmp_path / "mlas"))
     a.reset(1)
     b.reset(1)
     # the same f32 weights, only the summation order differs

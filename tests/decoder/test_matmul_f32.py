@@ -20,7 +20,7 @@ from llmir_core.passes.manager import run_pipeline
 from llmir_core.targets import build, get_target
 from llmir_core.targets.onnxruntime.native import DOMAIN, register, unavailable_reason
 from llmir_core.targets.onnxruntime.panels import from_panels, panel_shape, to_panels
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_decoder
 from tests.conftest import requires
 
 from .helpers import assert_dot_close, edge_rows, greedy, llmir_session, parity, rel
@@ -149,7 +149,7 @@ def test_panel_artifact_generates_what_mlas_does(
     build(module, str(tmp_path / "mlas"), "onnxruntime", options={"f32_matmul": "ort"})
     lowered = (tmp_path / "panel" / "model.lowered.llmir").read_text()
     assert 'layout = "panel16"' in lowered
-    a, b = open_artifact(str(tmp_path / "panel")), open_artifact(str(tmp_path / "mlas"))
+    a, b = open_decoder(str(tmp_path / "panel")), open_decoder(str(tmp_path / "mlas"))
     prompt = np.array([[1, 5, 9, 2, 7, 3, 11, 4, 8, 6]])
     a.reset(1)
     b.reset(1)

@@ -18,7 +18,7 @@ from llmir_core.ir.parser import parse_module
 from llmir_core.ir.printer import print_module
 from llmir_core.targets import build, lower
 from llmir_core.targets.onnxruntime.native import unavailable_reason
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_decoder
 from llmir_core.verifier import verify
 from tests.conftest import requires, run_cli
 
@@ -95,7 +95,7 @@ def test_every_format_runs_as_stored(gguf_file: Path, tmp_path: Path) -> None:
     assert not q["gguf_requantized"] and not q["gguf_lossless"]
     assert sum(q["gguf_exact"].values()) == 15 and q["gguf_exact"]["q4_k"] == 2
     _same_bytes_as_the_file(tmp_path / "a", gguf_file)
-    ref, dec = ref_decoder(module), open_artifact(str(tmp_path / "a"))
+    ref, dec = ref_decoder(module), open_decoder(str(tmp_path / "a"))
     ref.reset(1)
     dec.reset(1)
     # more than 4 rows a call (prefill): activations rounded to int8 per 32 columns as at decode
@@ -190,7 +190,7 @@ def test_requant_option_builds_the_requantized_form(gguf_file: Path, tmp_path: P
         "iq4_nl",
     }
     assert all(0 < r["max_rel_error"] < 0.3 for r in q["gguf_requantized"])
-    ref, dec = ref_decoder(module), open_artifact(str(tmp_path / "r"))
+    ref, dec = ref_decoder(module), open_decoder(str(tmp_path / "r"))
     ref.reset(1)
     dec.reset(1)
     err = rel(dec.forward(PROMPT), ref.forward(PROMPT)[:, -1:])
@@ -233,7 +233,7 @@ def test_gated_mlp_of_one_format_takes_the_swiglu_epilogue(tmp_path: Path) -> No
     nodes = onnx.load(str(tmp_path / "a" / "model.onnx"), load_external_data=False).graph.node
     epi = [{a.name: a.s for a in n.attribute} for n in nodes if n.op_type == "MatMulGGUF"]
     assert sorted(e.get("epilogue", b"") for e in epi) == [b""] * 4 + [b"swiglu"]
-    ref, dec = ref_decoder(module), open_artifact(str(tmp_path / "a"))
+    ref, dec = ref_decoder(module), open_decoder(str(tmp_path / "a"))
     ref.reset(1)
     dec.reset(1)
     # prefill rows rounded to int8 per 32 columns (measured 0.013)

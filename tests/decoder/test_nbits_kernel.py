@@ -28,7 +28,7 @@ from llmir_core.targets.onnxruntime.native import (
     register,
     unavailable_reason,
 )
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_decoder
 from tests.conftest import requires
 
 from .helpers import assert_dot_close, edge_rows, greedy, rel
@@ -161,7 +161,7 @@ def test_build_matches_matmulnbits(quant: str, tiny_module: Any, tmp_path: Path)
     man = json.loads((tmp_path / "llmir" / "manifest.json").read_text())
     assert man["custom_ops"] == ["llmir_ops"] and man["opset"][DOMAIN] == 1
     assert json.loads((tmp_path / "mlas" / "manifest.json").read_text())["custom_ops"] == []
-    a, b = open_artifact(str(tmp_path / "llmir")), open_artifact(str(tmp_path / "mlas"))
+    a, b = open_decoder(str(tmp_path / "llmir")), open_decoder(str(tmp_path / "mlas"))
     a.reset(1)
     b.reset(1)
     # the same blocks and int8 activations (llmir's prefill: int8 for 4-bit blocks, f32 for 8-bit)
@@ -191,7 +191,7 @@ def test_gguf_blocks_run_as_stored(qtype: str, tmp_path: Path) -> None:
     assert ours and not [n for n in model.graph.node if n.op_type == "MatMulNBits"]
     f16 = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16}
     assert all(n.input[2] in f16 for n in ours)  # GGUF's f16 scales, read as stored
-    dec = open_artifact(str(tmp_path / "art"))
+    dec = open_decoder(str(tmp_path / "art"))
     # int8 activations at decode: the reference's tokens on this tiny model
     assert greedy(dec, [1, 5, 9, 2, 7, 3], 8) == greedy(ref_decoder(module), [1, 5, 9, 2, 7, 3], 8)
 

@@ -15,7 +15,7 @@ from llmir_core.errors import InputError
 from llmir_core.ir.printer import print_module
 from llmir_core.targets import build, lower
 from llmir_core.targets.onnxruntime.native import DOMAIN, unavailable_reason
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_decoder
 from tests.conftest import requires
 
 from .helpers import ref_decoder, rel
@@ -118,7 +118,7 @@ def test_artifact_stores_f16_scales_and_matches_its_module(
     assert size["f16"] < size["f32"]
     # int8 activations at run time: what the lowered module (f16-rounded blocks) computes, to
     # the activation rounding, and close to the f32-scale build
-    dec, b32 = open_artifact(str(tmp_path / "f16")), open_artifact(str(tmp_path / "f32"))
+    dec, b32 = open_decoder(str(tmp_path / "f16")), open_decoder(str(tmp_path / "f32"))
     ref = ref_decoder(lower(tiny_module, options=LLMIR))
     ids = np.asarray([[1, 5, 9, 2, 7, 3]])
     for d in (dec, b32, ref):

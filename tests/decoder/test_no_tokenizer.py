@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from llmir_cli.app import app
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_decoder
 
 from .helpers import greedy
 
@@ -37,7 +37,7 @@ def test_no_tokenizer_through_build_and_run(tiny_dir: Path, tmp_path: Path) -> N
     assert code == 2 and "has no tokenizer, so it cannot take text" in err and "--prompt-ids" in err
     code, out, err = _invoke("run", tmp_path / "art", "--prompt-ids", "5,6,7", "-n", "6")
     assert code == 0, err
-    want = greedy(open_artifact(str(tmp_path / "art")), [5, 6, 7], 6)
+    want = greedy(open_decoder(str(tmp_path / "art")), [5, 6, 7], 6)
     assert out.split() == [str(i) for i in want]
     code, out, err = _invoke(
         "run",

@@ -19,7 +19,7 @@ from llmir_core.passes.base import clone_module
 from llmir_core.passes.manager import run_pipeline
 from llmir_core.targets import build, get_target
 from llmir_core.targets.onnxruntime.native import DOMAIN, register, unavailable_reason
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_decoder
 from tests.conftest import requires
 
 from .helpers import same_decoding
@@ -174,7 +174,7 @@ def test_decoder_matches_onnxruntime_norms(tiny_module: Any, tmp_path: Path) -> 
     model = onnx.load(str(tmp_path / "llmir" / "model.onnx"), load_external_data=False)
     ours = [n for n in model.graph.node if "SimplifiedLayerNormalization" in n.op_type]
     assert len(ours) == len(norms) and {n.domain for n in ours} == {DOMAIN}
-    same_decoding(open_artifact(str(tmp_path / "llmir")), open_artifact(str(tmp_path / "ort")))
+    same_decoding(open_decoder(str(tmp_path / "llmir")), open_decoder(str(tmp_path / "ort")))
     from llmir_core.frontends.onnx import import_onnx
 
     again, _ = import_onnx(str(tmp_path / "llmir" / "model.onnx"))

@@ -17,7 +17,7 @@ import pytest
 from llmir_core.errors import InputError
 from llmir_core.ir.printer import print_module
 from llmir_core.targets import build
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_decoder
 from tests.conftest import run_cli
 
 PROMPT = np.random.default_rng(2).integers(3, 100, (1, 9))
@@ -31,7 +31,7 @@ def mmap_artifact(tiny_module: Any, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def _logits(art: Path) -> np.ndarray:
-    dec = open_artifact(str(art), threads=1)
+    dec = open_decoder(str(art), threads=1)
     dec.reset(1)
     first = dec.forward(PROMPT)[0, -1]
     nxt = dec.forward(np.array([[int(first.argmax())]], np.int64))[0, -1]
@@ -57,7 +57,7 @@ def test_the_choice_is_in_the_lowered_module_the_manifest_and_the_session(
 
 def _disable_prepacking(art: Path) -> str | None:
     """The session's `session.disable_prepacking` entry (None when not set)."""
-    so = open_artifact(str(art), threads=1).sess.get_session_options()
+    so = open_decoder(str(art), threads=1).sess.get_session_options()
     try:
         return str(so.get_session_config_entry("session.disable_prepacking"))
     except RuntimeError:  # onnxruntime: "does not have configuration with key"
@@ -87,7 +87,7 @@ def test_a_bad_manifest_value_is_one_line(tiny_artifact: Path, tmp_path: Path) -
     with pytest.raises(
         InputError, match=r"field 'decoder.prepack': 'disk' is not one of 'session', 'none'"
     ):
-        open_artifact(str(art), threads=1)
+        open_decoder(str(art), threads=1)
 
 
 def test_cli_reports_the_mode_and_refuses_bad_combinations(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from llmir_core.runtime import batch_decoder
+from llmir_core.targets.onnxruntime import batch_runner
 from llmir_core.targets.onnxruntime import runner as ort_decoder
 
 
@@ -49,7 +49,7 @@ def test_opening_an_artifact_trims_the_heap(
         return True
 
     monkeypatch.setattr(ort_decoder, "release_freed_heap", spy)
-    dec: Any = ort_decoder.open_artifact(str(tiny_artifact), threads=1)
+    dec: Any = ort_decoder.open_decoder(str(tiny_artifact), threads=1)
     assert calls == ["trim"] and dec.sess is not None
-    batch_decoder.OrtBatchDecoder(str(tiny_artifact), slots=1, threads=1)
+    batch_runner.OrtBatchDecoder(str(tiny_artifact), slots=1, threads=1)
     assert calls == ["trim", "trim"]

@@ -22,7 +22,7 @@ from llmir_core.quant import nbits, s8
 from llmir_core.targets import build, lower
 from llmir_core.targets.onnxruntime.native import DOMAIN, NBITS_OP_NAMES, unavailable_reason
 from llmir_core.targets.onnxruntime.panels import to_panels
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_decoder
 from tests.conftest import requires
 
 from .helpers import greedy, llmir_session, rel
@@ -299,7 +299,7 @@ def test_fused_build_generates_the_same_tokens(
     build(tiny_module, str(tmp_path / "fused"), "onnxruntime", options={"quant": quant})
     opts = {"quant": quant, "swiglu": False}
     build(tiny_module, str(tmp_path / "plain"), "onnxruntime", options=opts)
-    a, b = open_artifact(str(tmp_path / "fused")), open_artifact(str(tmp_path / "plain"))
+    a, b = open_decoder(str(tmp_path / "fused")), open_decoder(str(tmp_path / "plain"))
     prompt = PROMPT[0].tolist()
     assert greedy(a, prompt, 12) == greedy(b, prompt, 12)
 
@@ -333,7 +333,7 @@ def test_fused_float_build_matches_the_unfused_one(
     build(tiny_module, str(tmp_path / "plain"), "onnxruntime", options={**opts, "swiglu": False})
     nodes_f, nodes_p = _onnx_nodes(tmp_path / "fused"), _onnx_nodes(tmp_path / "plain")
     assert len(nodes_p) - len(nodes_f) == 3 * n_layers and "QuickGelu" not in nodes_f
-    a, b = open_artifact(str(tmp_path / "fused")), open_artifact(str(tmp_path / "plain"))
+    a, b = open_decoder(str(tmp_path / "fused")), open_decoder(str(tmp_path / "plain"))
     a.reset(1)
     b.reset(1)
     assert rel(a.forward(PROMPT), b.forward(PROMPT)) <= 1e-4
@@ -383,7 +383,7 @@ def test_reimported_fused_artifact(opts: dict[str, Any], tiny_module: Any, tmp_p
     again, _ = import_onnx(str(tmp_path / "a" / "model.onnx"))
     n_layers = len(_ops(lower(tiny_module, options={**opts, "swiglu": False}), "ort.quick_gelu"))
     assert len(_ops(again, "llm.silu_mul")) == n_layers
-    want = greedy(open_artifact(str(tmp_path / "a")), PROMPT[0].tolist(), 6)
+    want = greedy(open_decoder(str(tmp_path / "a")), PROMPT[0].tolist(), 6)
     assert greedy(ref_decoder(again), PROMPT[0].tolist(), 6) == want
 
 

@@ -17,7 +17,7 @@ from llmir_core.runtime.textgen import (
     render_chat,
     results_json,
 )
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_decoder
 
 from .helpers import greedy
 from .tiny import CHATML
@@ -34,7 +34,7 @@ def test_prompt_streams_greedy_text(tiny_artifact: Path) -> None:
     r = res.result
     assert "".join(p for _, p in pieces) == r.text and {i for i, _ in pieces} == {0}
     assert r.prompt_ids[:3] == [100, 98, 16]  # "the" merged to one token, then " " and "c"
-    assert r.ids == greedy(open_artifact(str(tiny_artifact)), r.prompt_ids, 12)
+    assert r.ids == greedy(open_decoder(str(tiny_artifact)), r.prompt_ids, 12)
     assert r.stop_reason == "length" and len(r.ids) == 12 and r.decode_tokens_per_s > 0
 
 
@@ -155,7 +155,7 @@ def test_prompt_in_chunks(tiny_module: object, tiny_artifact: Path) -> None:
 
     for batch in (1, 2):
         ids = np.random.default_rng(4).integers(3, 100, (batch, 12))
-        dec, ref = open_artifact(str(tiny_artifact)), ref_decoder(tiny_module)  # type: ignore[arg-type]
+        dec, ref = open_decoder(str(tiny_artifact)), ref_decoder(tiny_module)  # type: ignore[arg-type]
         dec.reset(batch)
         ref.reset(batch)
         for a, b in ((0, 5), (5, 9), (9, 12)):
@@ -166,7 +166,7 @@ def test_prompt_in_chunks(tiny_module: object, tiny_artifact: Path) -> None:
 
 def test_batch_forward_matches_single_rows(tiny_artifact: Path) -> None:
     """Rows of a batch (same length) decode independently."""
-    dec = open_artifact(str(tiny_artifact))
+    dec = open_decoder(str(tiny_artifact))
     ids = np.random.default_rng(3).integers(3, 100, (2, 6))
     dec.reset(2)
     both = dec.forward(ids)
@@ -179,7 +179,7 @@ def test_batch_forward_matches_single_rows(tiny_artifact: Path) -> None:
 
 
 def test_thread_default_follows_free_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    import llmir_core.targets.onnxruntime.runner as rt
+    import llmir_core.runtime.cpu_load as rt
 
     monkeypatch.setattr(rt.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     for busy, want in ((0.0, 2), (0.2, 2), (0.6, 1), (1.6, 1), (3.0, 1)):

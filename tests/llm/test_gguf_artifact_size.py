@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx.external_data_helper import uses_external_data
 
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.runner import open_decoder
 from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 from tests.decoder.helpers import greedy, parity, ref_decoder
 from tests.decoder.tiny import LlamaShape, make_llama_folder
@@ -76,7 +76,7 @@ def test_artifact_holds_the_gguf_tensor_bytes(folder: Path, tmp_path: Path, qtyp
     assert not any("cos_cache" in t.name or "sin_cache" in t.name for t in model.graph.initializer)
     # the same tokens as the reference interpreter of the imported module
     prompt = [1, 5, 9, 2, 7, 3]
-    dec = open_artifact(str(tmp_path / "art"))
+    dec = open_decoder(str(tmp_path / "art"))
     assert greedy(dec, prompt, 12) == greedy(ref_decoder(module), prompt, 12)
 
 
@@ -86,7 +86,7 @@ def test_max_len_cuts_the_computed_table(folder: Path, tmp_path: Path) -> None:
     module, _ = _gguf(folder, tmp_path / "m.gguf", "Q8_0")
     man = build_decoder(module, str(tmp_path / "art"), max_len=32, accuracy_level=1)
     assert man["decoder"]["max_len"] == 32
-    dec = open_artifact(str(tmp_path / "art"))
+    dec = open_decoder(str(tmp_path / "art"))
     ref = ref_decoder(module)
     prompt = np.array([[1, 5, 9, 2, 7, 3]])
     dec.reset(1)
@@ -128,7 +128,7 @@ def test_quant_int4_narrows_a_q8_0_lm_head(folder: Path, tmp_path: Path) -> None
     opts = {"quant": "int4", "accuracy_level": 1}
     lowered = run_pipeline(clone_module(module), get_target("onnxruntime").lowering(opts)).module
     prompt = np.array([[1, 5, 9, 2, 7, 3]])
-    assert parity(lowered, open_artifact(str(tmp_path / "art")), prompt, steps=3) <= 1e-3
+    assert parity(lowered, open_decoder(str(tmp_path / "art")), prompt, steps=3) <= 1e-3
 
 
 def test_merge_of_unknown_token_is_an_input_error(folder: Path, tmp_path: Path) -> None:

@@ -211,7 +211,7 @@ def test_deepseek_v2_qmoe_with_router_weights(tiny_model: Any, tmp_path: Path) -
     pytest.importorskip("onnxruntime", reason="onnxruntime builds are checked when it is installed")
     import onnx
 
-    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_decoder
     from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 
     from .tiny import ir_greedy, rel_diff
@@ -222,7 +222,7 @@ def test_deepseek_v2_qmoe_with_router_weights(tiny_model: Any, tmp_path: Path) -
     graph = onnx.load(str(tmp_path / "art" / "model.onnx"), load_external_data=False).graph
     qmoe = [n for n in graph.node if n.op_type == "QMoE"]
     assert len(qmoe) == 2 and all(len(n.input) == 15 and n.input[14] for n in qmoe)
-    dec = open_artifact(str(tmp_path / "art"))
+    dec = open_decoder(str(tmp_path / "art"))
     dec.reset(len(_prompt()))
     got = dec.forward(_prompt())
     from llmir_core.ir.parser import parse_file

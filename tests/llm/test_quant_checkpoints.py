@@ -440,7 +440,7 @@ def test_onnxruntime_build(
     """Lossless repacks give the interpreter's logits (fp32 activations); act-order and
     down_proj's per-channel group of 96 are requantized with their error in the manifest."""
     pytest.importorskip("onnxruntime")
-    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_decoder
     from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
     from tests.decoder.helpers import greedy, parity, ref_decoder
 
@@ -450,7 +450,7 @@ def test_onnxruntime_build(
     q = man["decoder"]["quant"]
     assert q["gguf_lossless"] == lossless
     requant = q["gguf_requantized"]
-    dec = open_artifact(str(tmp_path / "a"))
+    dec = open_decoder(str(tmp_path / "a"))
     if case in ("gptq-actorder", "gptq-2bit"):
         why = "act-order" if case == "gptq-actorder" else "4 or 8 bits, not 2"
         assert len(requant) == 14 and all(why in r["reason"] for r in requant)

@@ -37,12 +37,12 @@ def _same(
 def ort_greedy(
     module: Any, art: Path, prompt: np.ndarray, steps: int, **build_opts: Any
 ) -> tuple[list[np.ndarray], np.ndarray]:
-    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_decoder
     from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 
     # every prompt position is compared
     build_decoder(module, str(art), **{"last_logits": False, **build_opts})
-    dec = open_artifact(str(art))
+    dec = open_decoder(str(art))
     dec.reset(prompt.shape[0])
     logits = dec.forward(prompt)
     out, toks = [logits], []

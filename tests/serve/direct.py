@@ -13,9 +13,9 @@ import numpy as np
 
 @functools.cache
 def _decoder(art: Path) -> Any:
-    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_decoder
 
-    return open_artifact(str(art), threads=1)
+    return open_decoder(str(art), threads=1)
 
 
 def all_logits(art: Path, ids: list[int]) -> np.ndarray:

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from llmir_core.runtime.batch_decoder import OrtBatchDecoder, SerialBatchDecoder
+from llmir_core.runtime.batch_decoder import SerialBatchDecoder
 from llmir_core.runtime.sampling import Sampler, SamplingConfig
 from llmir_core.runtime.textgen import TextGenerator, TextGenOptions
 from llmir_core.serve.scheduler import Completion, GenRequest, QueueFull, Scheduler
-from llmir_core.targets.onnxruntime.runner import open_artifact
+from llmir_core.targets.onnxruntime.batch_runner import OrtBatchDecoder
+from llmir_core.targets.onnxruntime.runner import open_decoder
 
 from .conftest import Running, start_server
 
@@ -39,7 +40,7 @@ def alone(art: Path, ids: list[int], n: int) -> list[int]:
     """The greedy ids `llmir run` generates for this prompt: one sequence, whole-prompt prefill."""
     from llmir_core.runtime.generate import generate
 
-    dec = open_artifact(str(art), 1)
+    dec = open_decoder(str(art), 1)
     dec.reserve(len(ids) + n)
     return generate(dec, _Ids(), ids, max_new_tokens=n, sampler=Sampler(SamplingConfig())).ids
 
@@ -87,7 +88,7 @@ def test_any_decoder_plugs_in(tiny_artifact: Path) -> None:
     """A target with only the single-sequence Decoder protocol serves through SerialBatchDecoder."""
     want = [alone(tiny_artifact, p, 6) for p in PROMPTS[:3]]
     dec = SerialBatchDecoder(
-        lambda: open_artifact(str(tiny_artifact), 1), 2, vocab=128, max_context=256
+        lambda: open_decoder(str(tiny_artifact), 1), 2, vocab=128, max_context=256
     )
     sched = Scheduler(dec, lambda ids: "", chunk=5)
     sched.start()

@@ -8,11 +8,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from llmir_core.errors import InputError
 from llmir_core.runtime.textgen import TextGenerator, TextGenOptions
-from llmir_core.targets import get_target
 from tests.decoder.reference_fixtures import ref_artifact, tiny_llmir  # noqa: F401  (fixtures)
 
 from .conftest import start_server
@@ -43,23 +39,5 @@ def _serve_and_compare(art: Path) -> None:
     assert got["usage"]["completion_tokens"] == len(want.result.ids)
 
 
-def test_completions_through_open_batch(
-    ref_artifact: Path,  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The server's model opened through the target's open_batch (what serve/model.py does once
-    it opens artifacts through the target table)."""
-
-    def open_batch(art_dir: str, slots: int, **options: Any) -> Any:
-        options.pop("threads", None)
-        return get_target("reference").open_batch(art_dir, slots, **options)
-
-    monkeypatch.setattr("llmir_core.serve.model.OrtBatchDecoder", open_batch)
-    _serve_and_compare(ref_artifact)
-
-
-@pytest.mark.xfail(
-    strict=True, raises=InputError, reason="serve opens through the table: lands with h/artcore"
-)
 def test_llmir_serve_answers_completions(ref_artifact: Path) -> None:  # noqa: F811
     _serve_and_compare(ref_artifact)

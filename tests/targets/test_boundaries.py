@@ -25,20 +25,9 @@ TARGETS_DIR = REPO / "llmir_core" / "targets"
 SCANNED = ("llmir_core", "llmir_cli")
 TABLE = "llmir_core/targets/__init__.py"
 
-_WHY = "issue 23: routed through the table by h/artcore"
 # Today's violators, each removed by the helper that owns the file (issue 23); the lead empties
 # this list when merging. It only shrinks: an entry that no longer violates fails the test too.
-ALLOWED: dict[str, str] = {
-    "llmir_core/onnx_backend.py": _WHY,
-    "llmir_core/runtime/batch_decoder.py": _WHY,
-    "llmir_core/runtime/idgen.py": _WHY,
-    "llmir_core/runtime/peers.py": _WHY,
-    "llmir_core/runtime/profile.py": _WHY,
-    "llmir_core/runtime/textgen.py": _WHY,
-    "llmir_core/smt/kv_int8.py": _WHY,
-    "llmir_core/smt/tv.py": _WHY,
-    "llmir_core/verifier.py": _WHY,
-}
+ALLOWED: dict[str, str] = {}  # file -> why it may still import a target (none today)
 
 
 def target_names() -> list[str]:

@@ -58,11 +58,11 @@ def _greedy(dec: Any) -> tuple[list[int], list[np.ndarray]]:
 def test_tiny_decoder_matches_onnxruntime(
     tiny_module: Any, triton_art: Path, tmp_path: Path
 ) -> None:
-    from llmir_core.targets.onnxruntime.runner import open_artifact
+    from llmir_core.targets.onnxruntime.runner import open_decoder
     from llmir_core.targets.onnxruntime.serialize_decoder import build_decoder
 
     build_decoder(tiny_module, str(tmp_path / "ort"))
-    want_toks, want = _greedy(open_artifact(str(tmp_path / "ort"), threads=1))
+    want_toks, want = _greedy(open_decoder(str(tmp_path / "ort"), threads=1))
     dec = TARGET.open(str(triton_art))
     got_toks, got = _greedy(dec)
     assert got_toks == want_toks

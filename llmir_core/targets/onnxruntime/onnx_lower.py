@@ -23,14 +23,12 @@ from onnx import TensorProto, helper
 from llmir_core.builder import Builder
 from llmir_core.dialects.opdef import OpVerifyError
 from llmir_core.dialects.registry import get_op
+from llmir_core.errors import BuildError
 from llmir_core.ir.attrs import DenseAttr
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.dims import DYN, Dim, SymDim, format_dim
 from llmir_core.ir.types import DType, QuantType, TensorType, Type, numpy_dtype
 from llmir_core.targets.onnxruntime.nodeinfo import tag_node  # node -> .llmir op
-from llmir_core.targets.onnxruntime.session import (
-    BuildError,  # defined where artifacts are opened (no onnx there)
-)
 from llmir_core.weights import resolve_path
 
 OPSET = 23

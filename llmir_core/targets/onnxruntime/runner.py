@@ -1,6 +1,6 @@
 """Running a decoder artifact (built by `llmir_core.targets.onnxruntime.serialize_decoder`) on onnxruntime.
 
-`open_artifact(dir)` reads manifest.json and returns an `OrtDecoder`, which implements the
+`open_decoder(dir)` reads manifest.json (its files checked) and returns an `OrtDecoder`, which implements the
 `Decoder` protocol of `llmir_core.runtime.generate` (reset, forward, length, max_context).
 
 With `kv_cache: shared_buffer` (every layer built as GroupQueryAttention) each cache entry is one
@@ -16,32 +16,25 @@ onnxruntime values and are bound as the next step's past inputs.
 
 from __future__ import annotations
 
-import math
 import os
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from llmir_core.artifact_check import decoder_section
 from llmir_core.errors import InputError
 from llmir_core.interrupts import import_optional
-from llmir_core.runtime import trace_attrs
-from llmir_core.runtime.kv_capacity import (
-    DEFAULT_CAPACITY,
-    check_step,
-    context_limit,
-    grown_capacity,
-    reset_capacity,
+from llmir_core.runtime import cpu_load, trace_attrs
+from llmir_core.runtime.cpu_load import (
+    DEFAULT_THREADS,
+    auto_threads,
+    busy_cores,
+    busy_now,
+    resolve_threads,
 )
+from llmir_core.runtime.kv_slots import DEFAULT_CAPACITY, KVSlots, UsesKVSlots, context_limit
 from llmir_core.tracing import traced
-
-# Intra-op threads when none is asked for: None = `auto_threads()`. Measured on the 2-core
-# machine (benchmarks/decode_vs_ortgenai.py --choices, SmolLM2-135M shape, decode): with the
-# other core idle, 2 threads decode 1.35-1.4x faster than 1 (f32 and int4); with other processes
-# using 1.2-1.6 cores, 1 thread is 1.4-2x faster than 2 (and thread spinning costs another
-# 1.3-1.5x). So the default looks at how busy the CPUs are when the session is made.
-DEFAULT_THREADS: int | None = None
 
 
 def release_freed_heap() -> bool:
@@ -74,67 +67,6 @@ def _ort() -> Any:
     return ort
 
 
-def busy_cores(seconds: float) -> float:
-    """CPU cores other processes kept busy over the next `seconds` (we sleep meanwhile)."""
-
-    def busy() -> int:
-        with open("/proc/stat", encoding="ascii") as fh:
-            parts = [int(x) for x in fh.readline().split()[1:]]
-        return sum(parts) - parts[3] - (parts[4] if len(parts) > 4 else 0)
-
-    b0 = busy()
-    time.sleep(seconds)
-    return (busy() - b0) / os.sysconf("SC_CLK_TCK") / seconds
-
-
-def _procs_running() -> int:
-    with open("/proc/stat", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith("procs_running"):
-                return int(line.split()[1])
-    raise ValueError("/proc/stat has no procs_running line")
-
-
-def busy_now(samples: int = 24, interval_s: float = 0.0004) -> float:
-    """Cores other processes keep busy now: the kernel's count of runnable threads
-    (/proc/stat `procs_running`, this thread included, so one less), averaged over `samples`
-    reads `interval_s` apart (~10 ms in all, where `busy_cores` sleeps through its whole window:
-    opening an artifact must stay fast). A process looping on a core counts 1, one running
-    half the time about 0.5. Falls back to `busy_cores` where /proc/stat has no such line."""
-    try:
-        total = 0
-        for i in range(samples):
-            if i:
-                time.sleep(interval_s)
-            total += _procs_running()
-    except ValueError:
-        return busy_cores(0.05)
-    return max(0.0, total / samples - 1.0)
-
-
-def auto_threads() -> int:
-    """One thread per core that other processes leave free (at least 1): oversubscribed
-    cores make every decode step wait for the slowest thread."""
-    cores = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    )
-    try:
-        busy = busy_now()
-    except (OSError, ValueError, IndexError):  # no /proc/stat: trust the core count
-        return cores
-    return max(1, min(cores, cores - math.ceil(busy - 0.25)))
-
-
-def resolve_threads(threads: int | None) -> int:
-    """The intra-op thread count a session gets: threads, else DEFAULT_THREADS, else auto."""
-    n = threads if threads is not None else DEFAULT_THREADS
-    if n is None:
-        return auto_threads()
-    if n < 0:
-        raise InputError(f"--threads must be >= 0, got {n}")
-    return n
-
-
 def auto_spin(threads: int) -> bool:
     """Whether the intra-op pool's threads should spin between kernels: only when the cores are
     otherwise idle. Measured (SmolLM2-135M shape int4, 2 threads, other processes keeping both
@@ -144,7 +76,7 @@ def auto_spin(threads: int) -> bool:
     if threads == 1:
         return False  # no pool threads
     try:
-        return busy_now() < 0.25
+        return cpu_load.busy_now() < 0.25
     except (OSError, ValueError, IndexError):  # no /proc/stat: onnxruntime's default (spin)
         return True
 
@@ -198,7 +130,7 @@ def _cache_dtype(spec: dict[str, Any]) -> type:
     return np.int8 if spec.get("dtype") == "i8" else np.float32
 
 
-class OrtDecoder:
+class OrtDecoder(UsesKVSlots):
     """Prefill and decode through an onnxruntime session; the KV cache stays in bound buffers."""
 
     def __init__(
@@ -209,13 +141,7 @@ class OrtDecoder:
         max_context: int | None = None,
         spin: bool | None = None,
     ) -> None:
-        dec = manifest.get("decoder")
-        if not isinstance(dec, dict):
-            raise InputError(
-                f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
-                hint="build it with `llmir build MODEL.llmir --target onnxruntime` from an "
-                "imported LLM",
-            )
+        dec = decoder_section(art_dir, manifest)
         self.art_dir = art_dir
         self.manifest = manifest
         self.decoder = dec
@@ -249,11 +175,8 @@ class OrtDecoder:
             ) from None
         release_freed_heap()
         self.io = self.sess.io_binding()
-        self.length = 0
-        self.batch = 0
-        self.buffers: list[np.ndarray] = []  # shared mode: the cache memory (numpy owns it)
-        self.capacity = 0
-        self._reserved: int | None = None
+        # shared mode: the cache memory (numpy owns it), bound in and out of the session
+        self.kv = KVSlots(self.max_context, self._make_buffers, self._bind_buffers)
         self._values: list[Any] = []  # the OrtValues bound as past inputs
         self._logits_name = self.sess.get_outputs()[0].name
         self._last_only = dec.get("logits") == "last"
@@ -266,62 +189,49 @@ class OrtDecoder:
     def vocab(self) -> int:
         return int(self.decoder["vocab"])
 
+    @property
+    def buffers(self) -> list[np.ndarray]:
+        return self.kv.buffers
+
     def use_session(self, sess: Any) -> None:
         """Run on `sess` (the same model, e.g. opened with profiling on) from the next `reset`:
         a fresh I/O binding, the KV and logits buffers bound again to it."""
         self.sess = sess
         self.io = sess.io_binding()
-        self.buffers = []
-        self.capacity = 0
-        self.batch = 0
+        self.kv.drop()
         self._values = []
         self._logits = {}
         self._step_bound = False
 
-    def reserve(self, tokens: int) -> None:
-        """Size the KV buffers of the next `reset` for `tokens` positions (capped at max_context)."""
-        self._reserved = max(1, int(tokens))
-
     def reset(self, batch: int = 1) -> None:
         """Start new sequences; the shared buffers are kept when batch and capacity still fit."""
-        ort = _ort()
-        if batch < 1:
-            raise InputError(f"batch must be >= 1, got {batch}")
-        self.length = 0
-        if self.shared:
-            assert self.max_context is not None
-            want = reset_capacity(self._reserved, self.max_context)
-            if batch != self.batch or not self.buffers or self.capacity < want:
-                self._allocate(batch, want)
-        else:
+        self.kv.reset(batch, allocate=self.shared)
+        if not self.shared:
+            ort = _ort()
             self._values = [
                 ort.OrtValue.ortvalue_from_numpy(
                     np.zeros((batch, c["kv_heads"], 0, c["head_dim"]), _cache_dtype(c))
                 )
                 for c in self.caches
             ]
-        self.batch = batch
 
-    def _allocate(self, batch: int, capacity: int, keep: int = 0) -> None:
-        """New shared buffers of `capacity` rows (the first `keep` rows copied), bound in and out."""
-        ort = _ort()
-        old = self.buffers
-        self.buffers = [
+    def _make_buffers(self, batch: int, capacity: int) -> list[Any]:
+        return [
             np.zeros((batch, c["kv_heads"], capacity, c["head_dim"]), _cache_dtype(c))
             for c in self.caches
         ]
-        if keep:
-            for new, prev in zip(self.buffers, old):
-                new[:, :, :keep] = prev[:, :, :keep]
-        self._values = [ort.OrtValue.ortvalue_from_numpy(b) for b in self.buffers]
+
+    def _bind_buffers(self, buffers: list[Any]) -> None:
+        """Bind new shared buffers as both the past inputs and the present outputs."""
+        ort = _ort()
+        self._values = [ort.OrtValue.ortvalue_from_numpy(b) for b in buffers]
         for c, v in zip(self.caches, self._values):
             self.io.bind_ortvalue_input(c["input"], v)
             self.io.bind_ortvalue_output(c["output"], v)
-        self.capacity = capacity
 
     def forward(self, ids: np.ndarray) -> np.ndarray:
         """Run ids [batch, seq] after what is cached; return logits [batch, seq (or 1), vocab]."""
-        ids = check_step(ids, self.batch, self.length, self.max_context)
+        ids = self.kv.check(ids)
         batch, seq = ids.shape
         if not self.batch:
             self.reset(batch)
@@ -329,9 +239,8 @@ class OrtDecoder:
             # GroupQueryAttention takes a multi-token chunk after a cached prefix only for batch 1
             steps = [self.forward(ids[:, i : i + 1]) for i in range(seq)]
             return steps[-1] if self._last_only else np.concatenate(steps, axis=1)
-        if self.shared and self.length + seq > self.capacity:
-            grown = grown_capacity(self.capacity, self.length + seq, self.max_context)
-            self._allocate(batch, grown, keep=self.length)
+        if self.shared:
+            self.kv.grow(self.length + seq)
         io = self.io
         rows = 1 if self._last_only else seq
         if seq == 1 and self.shared:
@@ -361,7 +270,7 @@ class OrtDecoder:
         if not self.shared:
             by_name = dict(zip(self._output_order(), io.get_outputs()))
             self._values = [by_name[c["output"]] for c in self.caches]
-        self.length += seq
+        self.kv.advance(seq)
         return logits.copy() if rows == 1 else logits
 
     def _bind_step(self, batch: int) -> np.ndarray:
@@ -395,6 +304,26 @@ class OrtDecoder:
         """Bound outputs in binding order: the caches (bound first), then the logits."""
         return [c["output"] for c in self.caches] + [self._logits_name]
 
+    def profile_sources(self) -> tuple[Any, dict[str, dict[str, str]]]:
+        """The model's ONNX graph (no weights: imports onnx) and the .llmir op each node was
+        emitted for (`nodeinfo.node_sources`): what `llmir profile` maps kernel times to."""
+        import onnx
+
+        from llmir_core.targets.onnxruntime.nodeinfo import node_sources
+
+        path = os.path.join(self.art_dir, self.manifest.get("model", "model.onnx"))
+        graph = onnx.load(path, load_external_data=False)
+        return graph, node_sources(graph)
+
+    def start_profiling(self, prefix: str) -> None:
+        """Run on a new session of the same model with onnxruntime's profiler on (its file
+        named `prefix*`; `self.sess.end_profiling()` ends it and returns the path)."""
+        so = artifact_session_options(self.manifest, self.threads)
+        so.enable_profiling = True
+        so.profile_file_prefix = prefix
+        path = os.path.join(self.art_dir, self.manifest.get("model", "model.onnx"))
+        self.use_session(_ort().InferenceSession(path, so, providers=["CPUExecutionProvider"]))
+
     def cache_pointers(self) -> list[int]:
         """Data addresses of the bound cache values (stay fixed across steps in shared mode)."""
         return [int(v.data_ptr()) for v in self._values]
@@ -408,16 +337,12 @@ def load_decoder_manifest(art_dir: str) -> dict[str, Any]:
             f"{art_dir}: not a folder", hint="pass an artifact folder built by `llmir build`"
         )
     manifest = load_manifest(art_dir)
-    if not isinstance(manifest.get("decoder"), dict):
-        raise InputError(
-            f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)",
-            hint="build an imported LLM with `llmir build MODEL.llmir --target onnxruntime`",
-        )
+    decoder_section(art_dir, manifest)
     return manifest
 
 
 @traced("load", after=trace_attrs.loaded)  # tracing
-def open_artifact(
+def open_decoder(
     art_dir: str,
     threads: int | None = None,
     max_context: int | None = None,
@@ -429,7 +354,7 @@ def open_artifact(
 
 __all__ = [
     "OrtDecoder",
-    "open_artifact",
+    "open_decoder",
     "load_decoder_manifest",
     "session_options",
     "auto_threads",

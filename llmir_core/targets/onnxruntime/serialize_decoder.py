@@ -35,9 +35,7 @@ is a line of it, `llmir.loc` the op's source location).
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,9 +44,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from llmir_core import SPEC_VERSION, __version__
-from llmir_core.errors import InputError
-from llmir_core.fileio import replace_dir, sha256_file
+from llmir_core import __version__
+from llmir_core.artifact import ArtifactWriter, jsonable, manifest_head
+from llmir_core.errors import BuildError, InputError
 from llmir_core.interp import Interpreter
 from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.dims import format_dim
@@ -56,15 +54,10 @@ from llmir_core.ir.types import DType, TensorType, numpy_dtype
 from llmir_core.quant import gguf_blocks, int32_packed, nbits
 from llmir_core.quant.gguf_repack import LOSSLESS, REQUANT, repack_gguf
 from llmir_core.targets.onnxruntime.graph import (
-    ARTIFACT_FORMAT,
     DATA_FILE,
-    MANIFEST,
     MODEL_FILE,
     MS,
-    BuildError,
     Lowering,
-    artifact_tmp_dir,
-    check_artifact_dir,
     onnx_dtype,
 )
 from llmir_core.targets.onnxruntime.lower_common import (
@@ -90,9 +83,6 @@ from llmir_core.targets.onnxruntime.onnx_lower import DataWriter
 from llmir_core.weights import expected_nbytes, load_weight, resolve_path
 
 DECODER_SCHEMA = 1
-TOKENIZER_FILE = "tokenizer.json"
-TEMPLATE_FILE = "chat_template.jinja"
-LOWERED_FILE = "model.lowered.llmir"  # the lowered module the nodes' llmir.line tags point into
 _LARGE = 1 << 20  # tensors of at least this many bytes are aligned to 4 KiB (ort_lower)
 _FOLD_MAX = 1 << 16  # elements: static values up to this size are folded into constants
 _COMPUTE_FOLD = (
@@ -1277,42 +1267,6 @@ def _signature(
     return out
 
 
-def _copy_tokenizer(module: Module, tmp: str) -> dict[str, Any] | None:
-    """tokenizer.json into the artifact: copied (HF) or rebuilt from GGUF metadata."""
-    spec = module.attrs.get("llm.tokenizer")
-    if not isinstance(spec, dict) or "file" not in spec:
-        return None
-    base = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
-    path = resolve_path(str(spec["file"]), base)
-    dst = os.path.join(tmp, TOKENIZER_FILE)
-    if spec.get("format") == "hf":
-        if not os.path.isfile(path):
-            raise InputError(
-                f"{path}: tokenizer file not found (module attribute llm.tokenizer)",
-                hint="import the model again, or build from a module without a tokenizer",
-            )
-        shutil.copyfile(path, dst)
-    elif spec.get("format") == "gguf":
-        from llmir_core.runtime.tokenizer import load_tokenizer
-
-        load_tokenizer(module, base).backend.save(dst, pretty=False)  # compact: 35% smaller
-    else:
-        raise InputError(
-            f"module @{module.name}: llm.tokenizer format '{spec.get('format')}' is not known (hf, gguf)"
-        )
-    return {"format": "hf", "file": TOKENIZER_FILE}
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (str, int, float, bool)) or x is None:
-        return x
-    return str(x)
-
-
 def build_decoder(
     module: Module,
     out_dir: str,
@@ -1366,11 +1320,8 @@ def serialize_decoder(
     lowered_text: the text `build` parsed the module from; written as `model.lowered.llmir`
     (manifest `lowered`), the file the nodes' `llmir.line` tags point into. Without it the tags
     point into the module's own file (manifest `source.file`)."""
-    out_dir = os.path.abspath(out_dir)
-    check_artifact_dir(out_dir)
-    tmp = artifact_tmp_dir(out_dir)
-    try:
-        D = DecoderSerializer(module, os.path.join(tmp, DATA_FILE))
+    with ArtifactWriter(out_dir) as w:
+        D = DecoderSerializer(module, w.path(DATA_FILE))
         try:
             model, ins, outs = D.run()
         finally:
@@ -1380,54 +1331,42 @@ def serialize_decoder(
             from llmir_core.targets.onnxruntime.load_layout import alias_and_order
 
             layout = alias_and_order(model)  # peak RSS while onnxruntime prepacks
-        with open(os.path.join(tmp, MODEL_FILE), "wb") as fh:
-            fh.write(model.SerializeToString(deterministic=True))
-        files = [MODEL_FILE, DATA_FILE]
-        if lowered_text is not None:
-            with open(os.path.join(tmp, LOWERED_FILE), "w", encoding="utf-8", newline="") as fh:
-                fh.write(lowered_text)
-            files.append(LOWERED_FILE)
-        tok = _copy_tokenizer(module, tmp)
-        if tok:
-            files.append(TOKENIZER_FILE)
-        template = module.attrs.get("llm.chat_template")
-        if isinstance(template, str) and template:
-            with open(os.path.join(tmp, TEMPLATE_FILE), "w", encoding="utf-8", newline="") as fh:
-                fh.write(template)
-            files.append(TEMPLATE_FILE)
-        manifest = _manifest(
-            module,
-            D,
-            model,
-            ins,
-            outs,
-            files,
-            tmp,
-            tok,
-            TEMPLATE_FILE if TEMPLATE_FILE in files else None,
+        w.write_bytes(MODEL_FILE, model.SerializeToString(deterministic=True))
+        w.add(DATA_FILE)
+        head = manifest_head(
+            "onnxruntime",
+            model=MODEL_FILE,
+            source=module.attrs.get("llmir.source") or {},
+            pipeline=module.attrs.get("llmir.pipeline"),
+            builder="decoder",
+            lowered=w.write_lowered(lowered_text),
+        )
+        dec = _decoder_section(
+            module, D, outs, w.write_tokenizer(module), w.write_chat_template(module)
         )
         if layout and layout["aliases"]:
-            manifest["decoder"]["load_layout"] = layout
-        with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        replace_dir(tmp, out_dir, guard=check_artifact_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return manifest
+            dec["load_layout"] = layout
+        fn = module.main
+        return w.finish(
+            {
+                **head,
+                "opset": {d.domain or "ai.onnx": d.version for d in model.opset_import},
+                "custom_ops": _custom_ops(model),
+                "inputs": _signature(ins, list(fn.args), "past_len"),
+                "outputs": _signature(outs, list(fn.outputs), "present_len", D.last_logits),
+                "decoder": dec,
+            }
+        )
 
 
-def _manifest(
+def _decoder_section(
     module: Module,
     D: DecoderSerializer,
-    model: onnx.ModelProto,
-    ins: list[str],
     outs: list[str],
-    files: list[str],
-    tmp: str,
     tok: dict[str, Any] | None,
     template: str | None,
 ) -> dict[str, Any]:
+    """The manifest's `decoder` section: what the runtime needs to run the decoder."""
     fn = module.main
     caches = cache_args(fn)
     t0 = tt(caches[0])
@@ -1437,8 +1376,7 @@ def _manifest(
     ctx = module.attrs.get("llm.context_length")
     max_len = D.max_len or D.max_len_opt or (int(ctx) if isinstance(ctx, int) else None)
     eos = module.attrs.get("llm.eos_token_ids") or ()
-    src = module.attrs.get("llmir.source") or {}
-    decoder = {
+    decoder: dict[str, Any] = {
         "schema": DECODER_SCHEMA,
         "layers": layers,
         "kv_heads": t0.shape[1],
@@ -1480,38 +1418,15 @@ def _manifest(
         "packed_qkv_layers": sum(1 for op in D.gqa_ops if op.attrs.get("packed")),
         "generic_ops": dict(sorted(D.generic_ops.items())),
         "rope_table_ops": dict(sorted(D.load_ops.items())),  # constant: folded at session load
-        "not_fused": _jsonable(module.attrs.get("ort.not_fused") or {}),
+        "not_fused": jsonable(module.attrs.get("ort.not_fused") or {}),
         "eos_token_ids": [int(e) for e in eos],
         "bos_token_id": module.attrs.get("llm.bos_token_id"),
         "tokenizer": tok,
         "chat_template": template,
-        "generation": _jsonable(module.attrs.get("llm.generation") or {}),
+        "generation": jsonable(module.attrs.get("llm.generation") or {}),
         "architecture": module.attrs.get("llm.architecture"),
     }
-    return {
-        "format": ARTIFACT_FORMAT,
-        "schema_version": 1,
-        "llmir_version": __version__,
-        "spec_version": SPEC_VERSION,
-        "target": "onnxruntime",
-        "builder": "decoder",
-        "opset": {d.domain or "ai.onnx": d.version for d in model.opset_import},
-        "custom_ops": _custom_ops(model),
-        "model": MODEL_FILE,
-        "source": {"file": src.get("file") or None, "sha256": src.get("sha256")},
-        "lowered": LOWERED_FILE if LOWERED_FILE in files else None,
-        "pipeline": _jsonable(module.attrs.get("llmir.pipeline")),
-        "inputs": _signature(ins, list(fn.args), "past_len"),
-        "outputs": _signature(outs, list(fn.outputs), "present_len", D.last_logits),
-        "files": {
-            f: {
-                "sha256": sha256_file(os.path.join(tmp, f)),
-                "bytes": os.path.getsize(os.path.join(tmp, f)),
-            }
-            for f in files
-        },
-        "decoder": decoder,
-    }
+    return decoder
 
 
 def _custom_ops(model: onnx.ModelProto) -> list[str]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from onnx import TensorProto
 
+from llmir_core.errors import BuildError
 from llmir_core.quant import nbits
 from llmir_core.targets.onnxruntime.lower_common import NbitsFormat, WSrc, tt
 from llmir_core.targets.onnxruntime.lower_moe import expert_srcs
@@ -137,7 +138,7 @@ def _q_weights(D: DecoderSerializer, op: Op, srcs: list[list[WSrc]], label: str)
 
 
 def emit_moe(D: DecoderSerializer, op: Op) -> bool:
-    from llmir_core.targets.onnxruntime.serialize_decoder import BuildError, _label
+    from llmir_core.targets.onnxruntime.serialize_decoder import _label
 
     srcs = [expert_srcs(D.g, w) for w in op.operands[2:5]]
     if any(s is None for s in srcs):

@@ -16,15 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from llmir_core.errors import InputError
+from llmir_core.errors import BuildError, InputError
 from llmir_core.ir.types import DType, numpy_dtype
 from llmir_core.tracing import traced  # tracing
 
 MODEL_FILE = "model.onnx"
-
-
-class BuildError(InputError):
-    """The module uses something the onnxruntime backend cannot express or load (exit 2)."""
 
 
 def _ort() -> Any:

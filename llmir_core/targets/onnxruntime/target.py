@@ -266,13 +266,7 @@ class OrtTarget:
     def open(self, artifact_dir: str, **options: Any) -> Any:
         """threads, max_context, spin; tensors=True: a tensor runner even for a decoder.
         `llmir_core.targets.open_artifact` checked the files already: only the shape here."""
-        from llmir_core.targets import read_manifest
-
-        manifest = read_manifest(artifact_dir)
-        if manifest["target"] != NAME:
-            raise InputError(
-                f"{artifact_dir}: artifact target is {manifest['target']!r}, not {NAME}"
-            )
+        manifest = _manifest(artifact_dir)
         if isinstance(manifest.get("decoder"), dict) and not options.get("tensors"):
             from llmir_core.targets.onnxruntime.runner import OrtDecoder
 
@@ -286,6 +280,59 @@ class OrtTarget:
         from llmir_core.targets.onnxruntime.session import runner_for_artifact
 
         return runner_for_artifact(artifact_dir, options.get("threads"), manifest)
+
+    def open_batch(self, artifact_dir: str, slots: int, **options: Any) -> Any:
+        """`slots` sequences in one shared KV buffer (OrtBatchDecoder); threads, max_context.
+        `llmir_core.targets.open_batch_artifact` checked the files already."""
+        from llmir_core.artifact_check import decoder_section
+        from llmir_core.targets.onnxruntime.batch_runner import OrtBatchDecoder
+
+        manifest = _manifest(artifact_dir)
+        decoder_section(artifact_dir, manifest)
+        return OrtBatchDecoder(
+            artifact_dir,
+            slots,
+            threads=options.get("threads"),
+            max_context=options.get("max_context"),
+            manifest=manifest,
+        )
+
+    # -- what core checkers reach through the table (they never import the target) ------------
+
+    def session_for_module(self, module: Module, threads: int | None = 1) -> Any:
+        """(runner, input names, output names) of a module built in memory (onnx_backend)."""
+        from llmir_core.targets.onnxruntime.graph import session_for_module
+
+        return session_for_module(module, threads)
+
+    def gguf_weight_problem(self, weight: Any, fmt: str) -> str | None:
+        """Why ort.matmul_gguf's weight is not a stored `fmt` tensor, or None (verifier)."""
+        from llmir_core.targets.onnxruntime.dialect import gguf_weight_problem
+
+        return gguf_weight_problem(weight, fmt)
+
+    def kv_int8_codes(self, x: Any, scale: Any) -> Any:
+        """onnxruntime's int8 KV cache store: x's codes at `scale` (the dialect's; smt.kv_int8)."""
+        from llmir_core.targets.onnxruntime.dialect import kv_int8_codes
+
+        return kv_int8_codes(x, scale)
+
+    def last_logits_interface(self, before: Module, after: Module) -> Module | None:
+        """`before` restricted to the last position's logits when `after` computes only those
+        (lower-ort-logits), else None (smt.tv)."""
+        from llmir_core.targets.onnxruntime.lower_logits import last_logits_interface
+
+        return last_logits_interface(before, after)
+
+
+def _manifest(artifact_dir: str) -> dict[str, Any]:
+    """The artifact's manifest, its shape checked (not its files), built for this target."""
+    from llmir_core.targets import read_manifest
+
+    manifest = read_manifest(artifact_dir)
+    if manifest["target"] != NAME:
+        raise InputError(f"{artifact_dir}: artifact target is {manifest['target']!r}, not {NAME}")
+    return manifest
 
 
 TARGET = OrtTarget()

@@ -21,9 +21,7 @@ The folder names no path outside itself: moved or copied, it runs the same.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from typing import IO, Any
 
 from llmir_core.errors import CheckFailed, InputError
@@ -59,73 +57,32 @@ def write_artifact(
     module: Module, out_dir: str, *, source_path: str | None = None
 ) -> dict[str, Any]:
     """Write the artifact of a module lowered for the reference target; return its manifest."""
-    from llmir_core.fileio import replace_dir, sha256_file
+    from llmir_core.artifact import ArtifactWriter, source_digest
     from llmir_core.ir.printer import print_module
     from llmir_core.passes.base import clone_module
 
-    # the shared artifact helpers (their home moves: keep them imported here, in one place)
-    from llmir_core.targets.onnxruntime.graph import (
-        ARTIFACT_FORMAT,
-        artifact_tmp_dir,
-        check_artifact_dir,
-        source_digest,
-    )
-    from llmir_core.targets.onnxruntime.serialize_decoder import (
-        TEMPLATE_FILE,
-        TOKENIZER_FILE,
-        _copy_tokenizer,
-    )
-
     module = clone_module(module)  # the weight references are rewritten below
-    out_dir = os.path.abspath(out_dir)
-    check_artifact_dir(out_dir)
     rec = module.attrs.get("llmir.source")
     if isinstance(rec, dict) and rec.get("sha256"):  # the file the module was lowered from
         source = {"file": str(rec.get("file") or "") or None, "sha256": str(rec["sha256"])}
     else:
         sha, name = source_digest(module, source_path)
         source = {"file": name, "sha256": sha}
-    tmp = artifact_tmp_dir(out_dir)
-    try:
-        files = []
-        if _pack_weights(module, os.path.join(tmp, WEIGHTS_FILE)):
-            files.append(WEIGHTS_FILE)
-        else:
-            os.remove(os.path.join(tmp, WEIGHTS_FILE))  # a module without weights
-        tok = _copy_tokenizer(module, tmp)
+    with ArtifactWriter(out_dir) as w:
+        has_weights = _pack_weights(module, w.path(WEIGHTS_FILE)) > 0
+        if not has_weights:
+            os.remove(w.path(WEIGHTS_FILE))  # a module without weights
+        tok = w.write_tokenizer(module)
         if tok:
-            files.append(TOKENIZER_FILE)
-            module.attrs["llm.tokenizer"] = {"file": TOKENIZER_FILE, "format": "hf"}
-        template = module.attrs.get("llm.chat_template")
-        if isinstance(template, str) and template:
-            with open(os.path.join(tmp, TEMPLATE_FILE), "w", encoding="utf-8", newline="") as fh:
-                fh.write(template)
-            files.append(TEMPLATE_FILE)
-        with open(os.path.join(tmp, MODEL_FILE), "w", encoding="utf-8", newline="") as fh:
-            fh.write(print_module(module))
-        files.insert(0, MODEL_FILE)
-        manifest = {
-            "format": ARTIFACT_FORMAT,
-            **_manifest_body(
-                module, source, tok, TEMPLATE_FILE if TEMPLATE_FILE in files else None
-            ),
-            "files": {
-                f: {
-                    "sha256": sha256_file(os.path.join(tmp, f)),
-                    "bytes": os.path.getsize(os.path.join(tmp, f)),
-                }
-                for f in files
-            },
-        }
-        if WEIGHTS_FILE in files:
+            module.attrs["llm.tokenizer"] = {"file": tok["file"], "format": "hf"}
+        template = w.write_chat_template(module)
+        w.write_text(MODEL_FILE, print_module(module))
+        if has_weights:
+            w.add(WEIGHTS_FILE)
+        manifest = _manifest_body(module, source, tok, template)
+        if has_weights:
             manifest["weights"] = WEIGHTS_FILE
-        with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        replace_dir(tmp, out_dir, guard=check_artifact_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return manifest
+        return w.finish(manifest)
 
 
 def _pack_weights(module: Module, path: str) -> int:
@@ -176,9 +133,9 @@ def _manifest_body(
 ) -> dict[str, Any]:
     """The manifest's fields other than the files: versions, target, signature, decoder."""
     from llmir_core import SPEC_VERSION, __version__
+    from llmir_core.artifact import ARTIFACT_FORMAT, jsonable
     from llmir_core.ir.dims import format_dim
     from llmir_core.runtime.tensors import module_signature
-    from llmir_core.targets.onnxruntime.serialize_decoder import _jsonable
 
     ins, outs = module_signature(module)  # plain tensors in: what `llmir run --input` feeds
     signature = [
@@ -195,6 +152,7 @@ def _manifest_body(
     specs = decoder_specs(module)
     pipeline = module.attrs.get("llmir.pipeline")
     body: dict[str, Any] = {
+        "format": ARTIFACT_FORMAT,
         "schema_version": 1,
         "llmir_version": __version__,
         "spec_version": SPEC_VERSION,
@@ -208,7 +166,7 @@ def _manifest_body(
         "outputs": signature[1],
     }
     if specs:
-        body["decoder"] = _decoder_section(module, specs, tok, template, _jsonable)
+        body["decoder"] = _decoder_section(module, specs, tok, template, jsonable)
     return body
 
 

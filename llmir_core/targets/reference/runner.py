@@ -24,7 +24,7 @@ from llmir_core.interp import Interpreter
 from llmir_core.ir.core import Module, Op
 from llmir_core.runtime.batch_decoder import SerialBatchDecoder
 from llmir_core.runtime.decoder import CacheSpec, FunctionDecoder, cache_specs
-from llmir_core.runtime.kv_capacity import context_limit
+from llmir_core.runtime.kv_slots import context_limit
 
 NAME = "reference"
 

@@ -22,12 +22,7 @@ from typing import Any
 import numpy as np
 
 from llmir_core.errors import InputError
-from llmir_core.runtime.kv_capacity import (
-    check_step,
-    context_limit,
-    grown_capacity,
-    reset_capacity,
-)
+from llmir_core.runtime.kv_slots import KVSlots, UsesKVSlots, context_limit
 
 NO_GPU = "this artifact needs a CUDA GPU (none found)"
 
@@ -70,7 +65,7 @@ class KVView:
         return rows.float() * self.scales[:, :, : self.length, None]
 
 
-class TritonDecoder:
+class TritonDecoder(UsesKVSlots):
     def __init__(
         self,
         art_dir: str,
@@ -79,11 +74,9 @@ class TritonDecoder:
         max_context: int | None = None,
         graphs: bool = True,
     ) -> None:
-        dec = manifest.get("decoder")
-        if not isinstance(dec, dict):
-            raise InputError(
-                f"{art_dir}: not a decoder artifact (its manifest has no 'decoder' section)"
-            )
+        from llmir_core.artifact_check import decoder_section
+
+        dec = decoder_section(art_dir, manifest)
         self.device = pick_device(device)
         import torch
 
@@ -138,11 +131,8 @@ class TritonDecoder:
             for op in self.step_ops
             if op.name == "triton.kv_append" and op.attrs.get("cache_dtype") == "i8"
         }
-        self.length = 0
-        self.batch = 0
-        self.capacity = 0
-        self._reserved: int | None = None
-        self.buffers: dict[str, tuple[Any, Any]] = {}
+        self.buffers: dict[str, tuple[Any, Any]] = {}  # cache input -> (rows, int8 scales)
+        self.kv = KVSlots(self.max_context, self._make_buffers, self._bind_buffers)
         # graphs replay a step whose one-token attention reads positions on the device: only the
         # causal decode kernel does (a non-causal one-token attention would bake kv_len in)
         causal = all(
@@ -188,53 +178,38 @@ class TritonDecoder:
 
     # -- the Decoder protocol -----------------------------------------------------------------------
 
-    def reserve(self, tokens: int) -> None:
-        self._reserved = max(1, int(tokens))
-
     def reset(self, batch: int = 1) -> None:
-        if batch < 1:
-            raise InputError(f"batch must be >= 1, got {batch}")
-        want = reset_capacity(self._reserved, self.max_context)
-        if batch != self.batch or self.capacity < want:
-            self._allocate(batch, want)
-        self.length = 0
-        self.batch = batch
+        self.kv.reset(batch)
 
-    def _allocate(self, batch: int, capacity: int, keep: int = 0) -> None:
+    def _make_buffers(self, batch: int, capacity: int) -> list[Any]:
+        """One (rows, scales) pair per cache input: int8 rows + f32 scales for an int8 cache."""
         torch = self.torch
-        old = self.buffers
-        self.buffers = {}
+        from llmir_core.targets.triton.kernels.common import NAME_TO_TORCH
+
+        out: list[Any] = []
         for a in self.cache_args:
             shape = a.type.shape  # type: ignore[union-attr]
+            rows = (batch, shape[1], capacity, shape[3])
             if a.name in self.kv_i8:
-                buf = torch.zeros(
-                    (batch, shape[1], capacity, shape[3]), dtype=torch.int8, device=self.device
-                )
-                sc = torch.ones(
-                    (batch, shape[1], capacity), dtype=torch.float32, device=self.device
+                out.append(
+                    (
+                        torch.zeros(rows, dtype=torch.int8, device=self.device),
+                        torch.ones(rows[:3], dtype=torch.float32, device=self.device),
+                    )
                 )
             else:
-                from llmir_core.targets.triton.kernels.common import NAME_TO_TORCH
-
                 dt = NAME_TO_TORCH.get(str(a.type.dtype), torch.float32)  # type: ignore[union-attr]
-                buf, sc = (
-                    torch.zeros(
-                        (batch, shape[1], capacity, shape[3]), dtype=dt, device=self.device
-                    ),
-                    None,
-                )
-            if keep and a.name in old:
-                buf[:, :, :keep] = old[a.name][0][:, :, :keep]
-                if sc is not None:
-                    sc[:, :, :keep] = old[a.name][1][:, :, :keep]
-            self.buffers[a.name] = (buf, sc)
-        self.capacity = capacity
-        self._graph = {}
+                out.append((torch.zeros(rows, dtype=dt, device=self.device), None))
+        return out
+
+    def _bind_buffers(self, buffers: list[Any]) -> None:
+        self.buffers = {a.name: b for a, b in zip(self.cache_args, buffers)}
+        self._graph = {}  # captured graphs read the old buffers
 
     def forward(self, ids: np.ndarray) -> np.ndarray:
         """Run ids [batch, seq] after what is cached; return logits [batch, seq, vocab] (f32)."""
         torch = self.torch
-        ids = check_step(ids, self.batch, self.length, self.max_context)
+        ids = self.kv.check(ids)
         batch, seq = ids.shape
         if not self.batch:
             self.reset(batch)
@@ -242,9 +217,7 @@ class TritonDecoder:
             raise InputError(
                 f"token id out of range [0, {self.vocab}): min {int(ids.min())}, max {int(ids.max())}"
             )
-        if self.length + seq > self.capacity:
-            grown = grown_capacity(self.capacity, self.length + seq, self.max_context)
-            self._allocate(batch, grown, keep=self.length)
+        self.kv.grow(self.length + seq)
         pos = np.ascontiguousarray(
             np.broadcast_to(np.arange(self.length, self.length + seq, dtype=np.int64), (batch, seq))
         )
@@ -256,7 +229,7 @@ class TritonDecoder:
                 torch.tensor(pos, device=self.device),
                 self.length + seq,
             )
-        self.length += seq
+        self.kv.advance(seq)
         return logits.float().cpu().numpy()
 
     def _graph_step(self, ids: np.ndarray, pos: np.ndarray) -> Any:

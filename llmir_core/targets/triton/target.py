@@ -16,9 +16,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +31,6 @@ NAME = "triton"
 MODEL_FILE = "model.llmir"
 WEIGHTS_FILE = "weights.bin"
 KERNEL_DIR = "kernels"
-MANIFEST = "manifest.json"
 ALIGN = 256
 
 
@@ -150,6 +146,12 @@ class TritonTarget:
 
         return open_decoder(artifact_dir, **options)
 
+    def open_batch(self, artifact_dir: str, slots: int, **options: Any) -> Any:
+        """`slots` TritonDecoders run one sequence at a time (no batched triton runner yet)."""
+        from llmir_core.runtime.batch_decoder import SerialBatchDecoder
+
+        return SerialBatchDecoder.over(lambda: self.open(artifact_dir, **options), slots)
+
 
 TARGET = TritonTarget()
 
@@ -204,159 +206,136 @@ def write_artifact(
     source_path: str | None = None,
     max_len: int | None = None,
 ) -> dict[str, Any]:
-    from llmir_core import SPEC_VERSION, __version__
-    from llmir_core.fileio import replace_dir, sha256_file
-    from llmir_core.interp import Interpreter
+    """The triton artifact of a lowered decoder module in out_dir (through the shared
+    `ArtifactWriter`: temp folder, manifest with every file's sha256, rename); the manifest."""
+    from llmir_core.artifact import ArtifactWriter, manifest_head, source_record
     from llmir_core.ir.printer import print_module
-    from llmir_core.targets.onnxruntime.graph import (
-        artifact_tmp_dir,
-        check_artifact_dir,
-        source_digest,
-    )
-    from llmir_core.targets.onnxruntime.serialize_decoder import (
-        TEMPLATE_FILE,
-        TOKENIZER_FILE,
-        _copy_tokenizer,
-    )
-    from llmir_core.targets.triton.aot import compile_in_subprocess
     from llmir_core.targets.triton.dialect import KERNELS
-    from llmir_core.weights import PackedArray
 
     specs = _check_decoder(module)
     if max_len is not None and max_len < 1:
         raise InputError(f"--max-len must be >= 1, got {max_len}")
     fn = module.main
-    out_dir = os.path.abspath(out_dir)
-    check_artifact_dir(out_dir)
-    rec = module.attrs.get("llmir.source")
-    if isinstance(rec, dict) and rec.get("sha256"):  # the file the module was lowered from
-        src_sha, src_name = str(rec["sha256"]), (str(rec.get("file") or "") or None)
-    else:
-        src_sha, src_name = source_digest(module, source_path)
-    # values computed once here: weights, rotary tables (numpy reference semantics)
+    with ArtifactWriter(out_dir) as w:
+        index = _write_weights(module, w.path(WEIGHTS_FILE))
+        w.add(WEIGHTS_FILE)
+        _, step_ops = split_static(fn)
+        used = sorted({k for op in step_ops for k in KERNELS.get(op.name, ())})
+        dt = fn.outputs[0].type.dtype if isinstance(fn.outputs[0].type, TensorType) else DType.f32
+        kernels = _write_kernels(w, str(dt), archs, used)
+        w.write_text(MODEL_FILE, print_module(module))
+        decoder = _decoder_section(module, specs, str(dt), max_len)
+        decoder["tokenizer"] = w.write_tokenizer(module)
+        decoder["chat_template"] = w.write_chat_template(module)
+        head = manifest_head(
+            NAME,
+            model=MODEL_FILE,
+            source=source_record(module, source_path),
+            pipeline=module.attrs.get("llmir.pipeline"),
+            builder="decoder",
+        )
+        return w.finish(
+            {
+                **head,
+                "weights": WEIGHTS_FILE,
+                "weight_index": index,
+                "dtype": str(dt),
+                "archs": [f"sm_{a}" for a in archs],
+                "kernels": kernels,
+                "kernel_ops": used,
+                "decoder": decoder,
+            }
+        )
+
+
+def _write_weights(module: Module, path: str) -> dict[str, Any]:
+    """The build-time values the step reads (weights in the kernels' layouts, rotary tables:
+    computed once here, numpy reference semantics) written to `path`; their index."""
+    from llmir_core.interp import Interpreter
+    from llmir_core.weights import PackedArray
+
+    fn = module.main
     interp = Interpreter(module, check_types=False)
     static_ops, step_ops = split_static(fn)
     leaves = set(static_leaves(fn))
     consumers = {id(v): op for op in step_ops for v in op.operands}
     vals: dict[int, Any] = {}
-    tmp = artifact_tmp_dir(out_dir)
-    try:
-        index: dict[str, Any] = {}
-        with open(os.path.join(tmp, WEIGHTS_FILE), "wb") as wf:
+    index: dict[str, Any] = {}
+    with open(path, "wb") as wf:
 
-            def put(key: str, arr: np.ndarray) -> dict[str, Any]:
-                pad = (-wf.tell()) % ALIGN
-                wf.write(b"\0" * pad)
-                a = np.ascontiguousarray(arr)
-                entry = {
-                    "offset": wf.tell(),
-                    "dtype": str(a.dtype),
-                    "shape": list(a.shape),
-                    "nbytes": a.nbytes,
-                }
-                wf.write(a.tobytes())
-                return entry
+        def put(arr: np.ndarray) -> dict[str, Any]:
+            wf.write(b"\0" * ((-wf.tell()) % ALIGN))
+            a = np.ascontiguousarray(arr)
+            entry = {"offset": wf.tell(), "dtype": str(a.dtype), "shape": list(a.shape)}
+            wf.write(a.tobytes())
+            return {**entry, "nbytes": a.nbytes}
 
-            for op in static_ops:
-                outs = interp.eval_op(op, [vals[id(v)] for v in op.operands], {})
-                for r, o in zip(op.results, outs):
-                    vals[id(r)] = o
-                    if r.name not in leaves:
-                        continue
-                    if isinstance(o, PackedArray):
-                        parts = _repack(consumers.get(id(r), op), o)
-                        index[r.name] = {
-                            "quant": o.qtype.scheme,
-                            "shape": list(o.shape),
-                            **{k: put(f"{r.name}.{k}", v) for k, v in parts.items()},
-                        }
-                    else:
-                        index[r.name] = put(r.name, np.asarray(o))
-        used = sorted({k for op in step_ops for k in KERNELS.get(op.name, ())})
-        dt = fn.outputs[0].type.dtype if isinstance(fn.outputs[0].type, TensorType) else DType.f32
-        kernels = (
-            compile_in_subprocess(
-                str(dt) if str(dt) in ("f32", "f16", "bf16") else "f32",
-                archs,
-                os.path.join(tmp, KERNEL_DIR),
-                set(used),
-                one_each=True,
-            )
-            if archs
-            else []
-        )
-        with open(os.path.join(tmp, MODEL_FILE), "w", encoding="utf-8") as fh:
-            fh.write(print_module(module))
-        files = [MODEL_FILE, WEIGHTS_FILE]
-        tok = _copy_tokenizer(module, tmp)
-        if tok:
-            files.append(TOKENIZER_FILE)
-        template = module.attrs.get("llm.chat_template")
-        if isinstance(template, str) and template:
-            with open(os.path.join(tmp, TEMPLATE_FILE), "w", encoding="utf-8", newline="") as fh:
-                fh.write(template)
-            files.append(TEMPLATE_FILE)
-        for e in kernels:
-            for kind in ("ptx", "cubin"):
-                e[kind]["file"] = f"{KERNEL_DIR}/{e[kind]['file']}"
-        ctx = module.attrs.get("llm.context_length")
-        limit = max_len or (int(ctx) if isinstance(ctx, int) else None)
-        kv_i8 = any(
-            op.name == "triton.kv_append" and op.attrs.get("cache_dtype") == "i8" for op in step_ops
-        )
-        heads = next(
-            (_shape(op.operands[0])[1] for op in step_ops if op.name == "triton.attention"), None
-        )
-        eos = module.attrs.get("llm.eos_token_ids") or ()
-        decoder = {
-            "layers": len(specs) // 2,
-            "vocab": fn.outputs[0].type.shape[-1],  # type: ignore[union-attr]
-            "max_len": limit,
-            "context_length": ctx,
-            "heads": heads,
-            "kv_cache": "int8" if kv_i8 else "native",
-            "quant": {"f32_weights": _weights_kind(module, str(dt))},
-            "cache": [
-                {"input": s.name, "kv_heads": s.kv_heads, "head_dim": s.head_dim} for s in specs
-            ],
-            "eos_token_ids": [int(e) for e in eos],
-            "bos_token_id": module.attrs.get("llm.bos_token_id"),
-            "tokenizer": tok,
-            "chat_template": TEMPLATE_FILE if TEMPLATE_FILE in files else None,
-            "generation": _jsonable(module.attrs.get("llm.generation") or {}),
-            "architecture": module.attrs.get("llm.architecture"),
-        }
-        manifest = {
-            "schema_version": 1,
-            "llmir_version": __version__,
-            "spec_version": SPEC_VERSION,
-            "target": NAME,
-            "builder": "decoder",
-            "model": MODEL_FILE,
-            "weights": WEIGHTS_FILE,
-            "weight_index": index,
-            "source": {"file": src_name, "sha256": src_sha},
-            "pipeline": _jsonable(module.attrs.get("llmir.pipeline")),
-            "dtype": str(dt),
-            "archs": [f"sm_{a}" for a in archs],
-            "kernels": kernels,
-            "kernel_ops": used,
-            "files": {
-                f: {
-                    "sha256": sha256_file(os.path.join(tmp, f)),
-                    "bytes": os.path.getsize(os.path.join(tmp, f)),
-                }
-                for f in files
-            },
-            "decoder": decoder,
-        }
-        with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return manifest
+        for op in static_ops:
+            outs = interp.eval_op(op, [vals[id(v)] for v in op.operands], {})
+            for r, o in zip(op.results, outs):
+                vals[id(r)] = o
+                if r.name not in leaves:
+                    continue
+                if isinstance(o, PackedArray):
+                    parts = _repack(consumers.get(id(r), op), o)
+                    index[r.name] = {
+                        "quant": o.qtype.scheme,
+                        "shape": list(o.shape),
+                        **{k: put(v) for k, v in parts.items()},
+                    }
+                else:
+                    index[r.name] = put(np.asarray(o))
+    return index
+
+
+def _write_kernels(w: Any, dtype: str, archs: list[int], used: list[str]) -> list[dict[str, Any]]:
+    """The kernels compiled ahead of time for `archs` into KERNEL_DIR (listed in the manifest's
+    files, so they are hashed like the rest); their entries."""
+    from llmir_core.targets.triton.aot import compile_in_subprocess
+
+    if not archs:
+        return []
+    kernels = compile_in_subprocess(
+        dtype if dtype in ("f32", "f16", "bf16") else "f32",
+        archs,
+        w.path(KERNEL_DIR),
+        set(used),
+        one_each=True,
+    )
+    for e in kernels:
+        for kind in ("ptx", "cubin"):
+            e[kind]["file"] = f"{KERNEL_DIR}/{e[kind]['file']}"
+            w.add(e[kind]["file"])
+    return kernels
+
+
+def _decoder_section(module: Module, specs: Any, dtype: str, max_len: int | None) -> dict[str, Any]:
+    """The manifest's `decoder` section (the writer adds tokenizer and chat_template)."""
+    from llmir_core.artifact import jsonable
+
+    fn = module.main
+    _, step_ops = split_static(fn)
+    ctx = module.attrs.get("llm.context_length")
+    kv_i8 = any(
+        op.name == "triton.kv_append" and op.attrs.get("cache_dtype") == "i8" for op in step_ops
+    )
+    heads = next(
+        (_shape(op.operands[0])[1] for op in step_ops if op.name == "triton.attention"), None
+    )
+    return {
+        "layers": len(specs) // 2,
+        "vocab": fn.outputs[0].type.shape[-1],  # type: ignore[union-attr]
+        "max_len": max_len or (int(ctx) if isinstance(ctx, int) else None),
+        "context_length": ctx,
+        "heads": heads,
+        "kv_cache": "int8" if kv_i8 else "native",
+        "quant": {"f32_weights": _weights_kind(module, dtype)},
+        "cache": [{"input": s.name, "kv_heads": s.kv_heads, "head_dim": s.head_dim} for s in specs],
+        "eos_token_ids": [int(e) for e in module.attrs.get("llm.eos_token_ids") or ()],
+        "bos_token_id": module.attrs.get("llm.bos_token_id"),
+        "generation": jsonable(module.attrs.get("llm.generation") or {}),
+        "architecture": module.attrs.get("llm.architecture"),
+    }
 
 
 def _weights_kind(module: Module, dtype: str) -> str:
@@ -372,16 +351,6 @@ def _weights_kind(module: Module, dtype: str) -> str:
 def _shape(v: Any) -> tuple[Any, ...]:
     t = v.type
     return tuple(t.shape) if isinstance(t, TensorType) else ()
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (str, int, float, bool)) or x is None:
-        return x
-    return str(x)
 
 
 __all__ = ["TARGET", "TritonTarget", "Capabilities", "CAPABILITIES", "write_artifact"]

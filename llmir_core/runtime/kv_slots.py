@@ -1,0 +1,175 @@
+"""The KV slots of a decoder that keeps preallocated cache buffers: one module for every
+runner (onnxruntime's shared buffers, the Triton runner's device buffers).
+
+A decoder holds `batch` sequences in `capacity` rows per cache entry, fills `length` of them,
+and never goes past its context limit (the manifest's `max_len` or the caller's `max_context`,
+whichever is smaller). `KVSlots` keeps that state and the buffers: `reserve(tokens)` sizes the
+next `reset`; `reset(batch)` allocates when the batch changes or the reserved rows do not fit;
+`grow(needed)` before a step past the capacity doubles it (at least to what the step needs, at
+most to the limit), copying the rows already written into the new buffers (`copy_rows`);
+`advance(seq)` after the step. The runner gives `make(batch, capacity)` (its buffers: any
+arrays whose third axis is the row, numpy or torch; None or tuples of them) and `bind(buffers)`
+(called after each allocation, to hand the new buffers to its session).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from llmir_core.errors import InputError
+
+DEFAULT_CAPACITY = 256  # KV rows allocated at reset when nothing was reserved
+
+
+def context_limit(max_len: int | None, max_context: int | None) -> int | None:
+    """The tokens a sequence may hold: the smaller of the model's `max_len` and the caller's
+    `max_context` (None: no limit known)."""
+    if max_context is not None and max_context < 1:
+        raise InputError(f"max context must be >= 1, got {max_context}")
+    given = [x for x in (max_len, max_context) if x]
+    return min(given) if given else None
+
+
+def reset_capacity(reserved: int | None, limit: int | None) -> int:
+    """The rows to allocate at a reset: what `reserve` asked for (else DEFAULT_CAPACITY), capped."""
+    want = reserved or DEFAULT_CAPACITY
+    return min(want, limit) if limit is not None else want
+
+
+def grown_capacity(capacity: int, needed: int, limit: int | None) -> int:
+    """The rows after growing a full buffer to hold `needed`: doubled, at least `needed`, capped."""
+    grown = max(2 * capacity, needed)
+    return min(grown, limit) if limit is not None else grown
+
+
+def check_step(ids: np.ndarray, batch: int, length: int, limit: int | None) -> np.ndarray:
+    """`ids` as contiguous int64 [batch, seq], checked against the cache's state: the batch it was
+    reset for (0: not reset yet, any batch) and the context limit."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    if ids.ndim != 2:
+        raise InputError(f"input ids must be [batch, seq], got shape {list(ids.shape)}")
+    if batch and ids.shape[0] != batch:
+        raise InputError(f"batch {ids.shape[0]} differs from the {batch} the cache was reset for")
+    if limit is not None and length + ids.shape[1] > limit:
+        raise InputError(
+            f"{length + ids.shape[1]} tokens exceed the model's context of {limit}",
+            hint="use a shorter prompt or fewer --max-new-tokens",
+        )
+    return ids
+
+
+def copy_rows(new: Sequence[Any], old: Sequence[Any], keep: int) -> None:
+    """The first `keep` rows (third axis) of each old buffer into the new one (None skipped,
+    tuples element by element)."""
+    for n, o in zip(new, old):
+        if n is None or o is None:
+            continue
+        if isinstance(n, tuple):
+            copy_rows(n, o, keep)
+        else:
+            n[:, :, :keep] = o[:, :, :keep]
+
+
+class KVSlots:
+    """The rows of a decoder's preallocated KV buffers (see the module docstring)."""
+
+    def __init__(
+        self,
+        limit: int | None,
+        make: Callable[[int, int], list[Any]],
+        bind: Callable[[list[Any]], None] | None = None,
+    ) -> None:
+        self.limit = limit
+        self.make = make
+        self.bind = bind
+        self.buffers: list[Any] = []
+        self.batch = 0
+        self.capacity = 0
+        self.length = 0
+        self.reserved: int | None = None
+
+    def reserve(self, tokens: int) -> None:
+        """Size the buffers of the next `reset` for `tokens` positions (capped at the limit)."""
+        self.reserved = max(1, int(tokens))
+
+    def reset(self, batch: int, *, allocate: bool = True) -> None:
+        """Start `batch` new sequences; the buffers are kept when batch and capacity still fit
+        (allocate=False: a runner that keeps no buffers, only the bookkeeping)."""
+        if batch < 1:
+            raise InputError(f"batch must be >= 1, got {batch}")
+        if allocate:
+            want = reset_capacity(self.reserved, self.limit)
+            if batch != self.batch or not self.buffers or self.capacity < want:
+                self.allocate(batch, want)
+        self.length = 0
+        self.batch = batch
+
+    def allocate(self, batch: int, capacity: int, keep: int = 0) -> None:
+        """New buffers of `capacity` rows, the first `keep` rows copied from the old ones."""
+        old = self.buffers
+        new = self.make(batch, capacity)
+        if keep:
+            copy_rows(new, old, keep)
+        self.buffers = new
+        self.capacity = capacity
+        if self.bind is not None:
+            self.bind(new)
+
+    def check(self, ids: np.ndarray) -> np.ndarray:
+        """`ids` as contiguous int64 [batch, seq], checked against the batch and the limit."""
+        return check_step(ids, self.batch, self.length, self.limit)
+
+    def grow(self, needed: int) -> bool:
+        """Make room for `needed` rows (the rows so far kept); whether it allocated."""
+        if needed <= self.capacity:
+            return False
+        self.allocate(self.batch, grown_capacity(self.capacity, needed, self.limit), self.length)
+        return True
+
+    def advance(self, seq: int) -> None:
+        """`seq` more rows were written."""
+        self.length += seq
+
+    def drop(self) -> None:
+        """Forget the buffers (a new session): the next `reset` allocates."""
+        self.buffers = []
+        self.capacity = 0
+        self.batch = 0
+
+
+class UsesKVSlots:
+    """A runner whose KV rows live in `self.kv`: its Decoder-protocol state (`length`, `batch`,
+    `capacity`) and `reserve` read through to the slots."""
+
+    kv: KVSlots
+
+    @property
+    def length(self) -> int:
+        return self.kv.length
+
+    @property
+    def batch(self) -> int:
+        return self.kv.batch
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.capacity
+
+    def reserve(self, tokens: int) -> None:
+        """Size the KV buffers of the next `reset` for `tokens` positions (capped at the limit)."""
+        self.kv.reserve(tokens)
+
+
+__all__ = [
+    "DEFAULT_CAPACITY",
+    "KVSlots",
+    "UsesKVSlots",
+    "check_step",
+    "context_limit",
+    "copy_rows",
+    "grown_capacity",
+    "reset_capacity",
+]
