@@ -191,6 +191,12 @@ def artifact_tmp_dir(out_dir: str) -> str:
     return tmp
 
 
+def _options_record(module: Module) -> dict[str, Any] | None:
+    """The build options the lowering recorded (`llmir.target_options`), for the manifest."""
+    rec = module.attrs.get("llmir.target_options")
+    return {str(k): v for k, v in rec.items()} if isinstance(rec, dict) else None
+
+
 def build(
     module: Module,
     out_dir: str,
@@ -242,6 +248,7 @@ def build(
             "source": {"file": src_name, "sha256": src_sha},
             "lowered": LOWERED_FILE if lowered_text is not None else None,
             "pipeline": [str(p) for p in pipeline] if isinstance(pipeline, (list, tuple)) else None,
+            "target_options": _options_record(module),
             "inputs": _signature(inputs, fn.args),
             "outputs": _signature(outputs, fn.outputs),
             "files": {

@@ -1336,7 +1336,7 @@ def build_decoder(
 
     options: dict[str, Any] = {
         "accuracy_level": accuracy_level,
-        "quant": quant or "",
+        "quant": quant or "none",
         "quant_block": quant_block,
         "last_logits": last_logits,
     }
@@ -1490,6 +1490,7 @@ def _manifest(
         "source": {"file": src.get("file") or None, "sha256": src.get("sha256")},
         "lowered": LOWERED_FILE if LOWERED_FILE in files else None,
         "pipeline": _jsonable(module.attrs.get("llmir.pipeline")),
+        "target_options": _jsonable(module.attrs.get("llmir.target_options")),
         "inputs": _signature(ins, list(fn.args), "past_len"),
         "outputs": _signature(outs, list(fn.outputs), "present_len", D.last_logits),
         "files": {
