@@ -129,7 +129,16 @@ def _archs(arch: str) -> list[int]:
     """The `arch` option as compute capabilities ("none": no ahead-of-time kernels)."""
     from llmir_core.targets.triton.aot import parse_archs
 
-    return [] if arch == "none" else parse_archs(arch)
+    if arch == "none":
+        return []
+    try:
+        return parse_archs(arch)
+    except InputError:
+        raise InputError(
+            f"--target-opt arch must be CUDA architectures such as sm_80,sm_90, or none; "
+            f"got {arch!r}",
+            hint="e.g. --target-opt arch=sm_80 (none: kernels compile when the artifact loads)",
+        ) from None
 
 
 class TritonTarget:
