@@ -112,14 +112,15 @@ OPTIONS = (
     TargetOption(
         "kv_cache",
         "str",
-        "KV-cache storage: native (the compute dtype) or int8 (per-row scales).",
+        "KV-cache storage: native (the compute dtype) or int8 (with per-position scales).",
         "native",
         ("native", "int8"),
     ),
     TargetOption(
         "split_k",
         "int",
-        "Matmul split-K factor for decode steps; 0: chosen per shape.",
+        "Decode attention: the number of cache slices (flash-decoding); 0: chosen by the "
+        "cache capacity.",
         0,
     ),
 )
