@@ -120,20 +120,24 @@ def _params(table: tuple[tuple[str, Any, Any], ...]) -> list[inspect.Parameter]:
     return [inspect.Parameter(n, kw, default=d, annotation=a) for n, a, d in table]
 
 
-def command(fn: Callable[..., None] | None = None, *, lowering: bool = False) -> Any:
-    """`@command` / `@command(lowering=True)`: see the module docstring."""
+def command(
+    fn: Callable[..., None] | None = None, *, lowering: bool = False, formats: bool = True
+) -> Any:
+    """`@command` / `@command(lowering=True)`: see the module docstring. formats=False: no
+    --format (a command whose output is not a result, such as `llmir serve`)."""
     if fn is None:
-        return functools.partial(command, lowering=lowering)
+        return functools.partial(command, lowering=lowering, formats=formats)
     body = fn
     sig = inspect.signature(body, eval_str=True)
     own = [p for n, p in sig.parameters.items() if n not in ("ctx", "lowering")]
-    shared = _params(_LOWERING if lowering else ()) + _params(_OUTPUT)
+    output = tuple(o for o in _OUTPUT if formats or o[0] != "fmt")
+    shared = _params(_LOWERING if lowering else ()) + _params(output)
     lowering_names = [n for n, _, _ in _LOWERING] if lowering else []
 
     @functools.wraps(body)
     def run(**kwargs: Any) -> None:
-        out = {n: kwargs.pop(n) for n, _, _ in _OUTPUT}
-        ctx = make_ctx(out["fmt"], out["quiet"], out["verbose"], out["debug"])
+        out = {n: kwargs.pop(n) for n, _, _ in output}
+        ctx = make_ctx(**out)
         if lowering:
             kwargs["lowering"] = LoweringFlags(**{n: kwargs.pop(n) for n in lowering_names})
         with handle_errors(ctx):

@@ -21,15 +21,9 @@ from llmir_core.runtime.textgen import (
     results_json,
 )
 
-from .._options import (
-    DebugOpt,
-    FormatOpt,
-    OutputFormat,
-    QuietOpt,
-    TemplateTimeoutOpt,
-    VerboseOpt,
-)
-from .._render import Ctx, handle_errors, make_ctx
+from .._options import TemplateTimeoutOpt
+from .._render import Ctx
+from ._command import command
 
 HELP = """Run a model: generate text from a prompt, or run it on input tensors.
 
@@ -81,7 +75,9 @@ Examples:
 """
 
 
+@command
 def run_cmd(
+    ctx: Ctx,
     target: Annotated[
         Path, typer.Argument(help="Artifact folder or .llmir file.", show_default=False)
     ],
@@ -166,13 +162,9 @@ def run_cmd(
         ),
     ] = False,
     template_timeout: TemplateTimeoutOpt = None,
-    fmt: FormatOpt = OutputFormat.human,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
-    ctx = make_ctx(fmt, quiet, verbose, debug)
-    with handle_errors(ctx), full_checks(verify_artifact):
+    # long: typer reads the command's options from this signature; the body is in helpers
+    with full_checks(verify_artifact):
         if not target.exists():
             raise InputError(
                 f"{target}: no such file or folder", hint="pass an artifact folder or a .llmir file"
@@ -208,38 +200,44 @@ def run_cmd(
                 "nothing to run: give --input NAME=FILE (tensors) or --prompt TEXT (text)",
                 hint="see `llmir run --help`",
             )
-        chosen = backend or ("onnxruntime" if target.is_dir() else "reference")
-        values = parse_input_specs(list(inputs or []))
-        outputs = run_target(str(target), values, chosen, threads)
-        paths = write_outputs(outputs, str(output_dir)) if output_dir is not None else []
-        rows = summarize(outputs)
-        if ctx.json:
-            ctx.emit_json(
-                "run",
-                {
-                    "ok": True,
-                    "target": str(target),
-                    "backend": chosen,
-                    "outputs": rows,
-                    "files": paths,
-                },
-            )
-            return
-        for row in rows:
-            stats = (
-                f"  min {row['min']:.6g}  max {row['max']:.6g}  mean {row['mean']:.6g}"
-                if "min" in row
-                else ""
-            )
-            ctx.result(f"{row['name']}: {row['dtype']}{row['shape']}{stats}")
-        if paths:
-            ctx.log(f"wrote {len(paths)} file(s) to {output_dir}")
-            for p in paths:
-                if p.endswith(".pb"):
-                    ctx.log(
-                        f"note: {os.path.basename(p)} is an ONNX TensorProto: .npy cannot carry its "
-                        "element type (read it with onnx.numpy_helper.to_array)"
-                    )
+        _run_tensors(ctx, target, inputs, backend, threads, output_dir)
+
+
+def _run_tensors(
+    ctx: Ctx,
+    target: Path,
+    inputs: list[str],
+    backend: str | None,
+    threads: int | None,
+    output_dir: Path | None,
+) -> None:
+    """--input NAME=FILE: the outputs summarized (and written to --output-dir)."""
+    chosen = backend or ("onnxruntime" if target.is_dir() else "reference")
+    values = parse_input_specs(list(inputs))
+    outputs = run_target(str(target), values, chosen, threads)
+    paths = write_outputs(outputs, str(output_dir)) if output_dir is not None else []
+    rows = summarize(outputs)
+    if ctx.json:
+        ctx.emit_json(
+            "run",
+            {"ok": True, "target": str(target), "backend": chosen, "outputs": rows, "files": paths},
+        )
+        return
+    for row in rows:
+        stats = (
+            f"  min {row['min']:.6g}  max {row['max']:.6g}  mean {row['mean']:.6g}"
+            if "min" in row
+            else ""
+        )
+        ctx.result(f"{row['name']}: {row['dtype']}{row['shape']}{stats}")
+    if paths:
+        ctx.log(f"wrote {len(paths)} file(s) to {output_dir}")
+        for p in paths:
+            if p.endswith(".pb"):
+                ctx.log(
+                    f"note: {os.path.basename(p)} is an ONNX TensorProto: .npy cannot carry its "
+                    "element type (read it with onnx.numpy_helper.to_array)"
+                )
 
 
 def _generate(
