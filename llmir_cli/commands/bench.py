@@ -93,6 +93,7 @@ def bench_cmd(
         ),
     ] = None,
 ) -> None:
+    # long: typer reads the command's options from this signature; the body is short
     if profile and vs:
         raise InputError("give either --profile or --vs, not both")
     with full_checks(verify_artifact):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -267,25 +268,7 @@ def _generate(
         if ctx.json:
             ctx.emit_json("run", {"ok": True, "target": str(target), **results_json(turns)})
         return
-    stream = not ctx.json
-
-    def on_text(i: int, piece: str) -> None:
-        if stream:
-            _write(piece)
-
-    def on_done(i: int, res: TextResult) -> None:
-        if stream:
-            _write("\n")
-            for w in res.warnings:
-                ctx.err.print(f"warning: {w}", markup=False)
-            r = res.result
-            ctx.detail(
-                f"[{len(r.prompt_ids)} prompt tokens, {len(r.ids)} generated, "
-                f"prefill {r.prefill_s * 1000:.1f} ms, {r.decode_tokens_per_s:.1f} tok/s, "
-                f"stop: {r.stop_reason}]"
-            )
-
-    results = generate_texts(str(target), prompts, options, on_text, on_done)
+    results = generate_texts(str(target), prompts, options, *_streaming(ctx, timings=True))
     if ctx.json:
         ctx.emit_json("run", {"ok": True, "target": str(target), **results_json(results)})
 
@@ -299,6 +282,16 @@ def _generate_ids(ctx: Ctx, target: Path, prompt_ids: list[str], options: TextGe
             hint=f"build one first: llmir build {target} -o {target.stem}.build",
         )
     prompts = [parse_prompt_ids(p) for p in prompt_ids]
+    results = generate_ids(str(target), prompts, options, *_streaming(ctx, timings=False))
+    if ctx.json:
+        ctx.emit_json("run", {"ok": True, "target": str(target), **results_json(results)})
+
+
+def _streaming(
+    ctx: Ctx, timings: bool
+) -> tuple[Callable[[int, str], None], Callable[[int, TextResult], None]]:
+    """(on_text, on_done) of a generation: text streams to stdout (not with --format json),
+    each result's warnings to stderr, with timings: its token counts and speed (--verbose)."""
     stream = not ctx.json
 
     def on_text(i: int, piece: str) -> None:
@@ -306,14 +299,20 @@ def _generate_ids(ctx: Ctx, target: Path, prompt_ids: list[str], options: TextGe
             _write(piece)
 
     def on_done(i: int, res: TextResult) -> None:
-        if stream:
-            _write("\n")
-            for w in res.warnings:
-                ctx.err.print(f"warning: {w}", markup=False)
+        if not stream:
+            return
+        _write("\n")
+        for w in res.warnings:
+            ctx.err.print(f"warning: {w}", markup=False)
+        if timings:
+            r = res.result
+            ctx.detail(
+                f"[{len(r.prompt_ids)} prompt tokens, {len(r.ids)} generated, "
+                f"prefill {r.prefill_s * 1000:.1f} ms, {r.decode_tokens_per_s:.1f} tok/s, "
+                f"stop: {r.stop_reason}]"
+            )
 
-    results = generate_ids(str(target), prompts, options, on_text, on_done)
-    if ctx.json:
-        ctx.emit_json("run", {"ok": True, "target": str(target), **results_json(results)})
+    return on_text, on_done
 
 
 def _write(piece: str) -> None:
