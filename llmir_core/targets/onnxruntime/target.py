@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llmir_core.errors import InputError
-from llmir_core.targets.onnxruntime.options import DECODER_ONLY, OPTIONS
 
 if TYPE_CHECKING:  # opening an artifact needs no IR (tests/decoder/test_open_imports.py)
     from llmir_core.ir.core import Module
@@ -110,7 +109,13 @@ class OrtTarget:
     passes: tuple[str, ...] = tuple(
         f"llmir_core.targets.onnxruntime.lower_{m}:LowerOrt{c}" for m, c in zip(_PASSES, _CLASSES)
     )
-    options: tuple[TargetOption, ...] = OPTIONS
+
+    @property
+    def options(self) -> tuple[TargetOption, ...]:
+        """The build options (options.py; imported here: opening an artifact needs no IR)."""
+        from llmir_core.targets.onnxruntime.options import OPTIONS
+
+        return OPTIONS
 
     @property
     def capabilities(self) -> Capabilities:
@@ -201,6 +206,7 @@ class OrtTarget:
         """The refusals the declarations cannot state: the decoder options need a decoder
         module and the decoder lowering (not `generic`); int8_matmul needs quant int8."""
         from llmir_core.targets.onnxruntime.lower_common import is_decoder
+        from llmir_core.targets.onnxruntime.options import DECODER_ONLY
 
         given = [k for k in DECODER_ONLY if k in options]
         if given and (options.get("generic") or not is_decoder(module)):
