@@ -153,3 +153,14 @@ def test_onnxruntime_refusals_are_its_hook() -> None:
         build_options(m, "onnxruntime", target_opts=["quant=int4"])
     with pytest.raises(InputError, match="^--logits must be 'last' or 'all', got 'some'$"):
         build_options(m, "onnxruntime", logits="some")
+
+
+def test_manifest_schema_takes_target_options() -> None:
+    from llmir_core.artifact_check import manifest_schema
+    from llmir_core.json_schema import validate
+
+    base = {"target": "llmir-test", "files": {}}  # a target with no required fields
+    ok = {**base, "target_options": {"arch": "sm_80", "max_len": None, "split_k": 0}}
+    assert validate(ok, manifest_schema()) == []
+    assert validate({**base, "target_options": ["arch=sm_80"]}, manifest_schema())
+    assert validate({**base, "target_options": {"arch": ["sm_80"]}}, manifest_schema())
