@@ -84,10 +84,12 @@ def manifest_head(
     pipeline: Any = None,
     builder: str | None = None,
     lowered: str | None = None,
+    target_options: Any = None,
 ) -> dict[str, Any]:
     """The fields every target's manifest starts with (the target adds its own, `finish` adds
     `files`): format, versions, target, the model file, the source it was built from, the
-    lowered text's file and the pass pipeline that lowered it."""
+    lowered text's file, the pass pipeline that lowered it and the build options it used
+    (`target_options`: every declared option with its effective value)."""
     from llmir_core import SPEC_VERSION, __version__
 
     head: dict[str, Any] = {
@@ -100,6 +102,7 @@ def manifest_head(
         "source": {"file": source.get("file") or None, "sha256": source.get("sha256")},
         "lowered": lowered,
         "pipeline": jsonable(pipeline) if isinstance(pipeline, (list, tuple)) else None,
+        "target_options": jsonable(target_options) if target_options is not None else None,
     }
     if builder is not None:
         head["builder"] = builder

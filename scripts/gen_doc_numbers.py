@@ -596,6 +596,28 @@ def real_vs_llama_cpp(src: str) -> str:
     )
 
 
+def target_options(src: str) -> str:
+    """The build options a target declares (`Target.options`), from the target's folder named
+    by `src` (llmir_core/targets/NAME/...): one row each, as `--list-options` prints them."""
+    from llmir_core.targets import get_target
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return "(module)"
+        return f"`{str(v).lower() if isinstance(v, bool) else v}`"
+
+    def choices(o: Any) -> str:
+        if o.choices:
+            return ", ".join(o.choices)
+        return {"bool": "true, false", "int": "an integer"}.get(o.kind, "any")
+
+    rows = [
+        [f"`{o.name}`", o.kind, cell(o.default), choices(o), o.help.replace("|", "\\|")]
+        for o in get_target(Path(src).parts[2]).options
+    ]
+    return "\n" + _table(["option", "kind", "default", "choices", "meaning"], rows) + "\n"
+
+
 Renderer = Callable[[str], str]
 RENDERERS: dict[str, tuple[str, Renderer]] = {
     "op-count": ("llmir_core/dialects/registry.py", op_count),
@@ -617,6 +639,7 @@ RENDERERS: dict[str, tuple[str, Renderer]] = {
         "benchmarks/results/int8_activation_error.json",
         int8_activation_error,
     ),
+    "target-options": ("llmir_core/targets/*/*.py", target_options),
 }
 
 

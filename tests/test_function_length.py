@@ -23,28 +23,10 @@ PACKAGES = ("llmir_core", "llmir_cli")
 MAX_LINES = 80
 _REASON = re.compile(r"#\s*long:\s*(\S.*)$")
 
-# Functions that other helpers of issue 23 split or annotate in files they own, at the same
-# time as this test lands; the lead empties this list at merge. Keys: "path::qualified.name".
+# Functions allowed past the limit without a `# long:` reason: none ("path::qualified.name").
 ALLOWED: dict[str, str] = {
-    key: "issue 23: split by another helper"
-    for key in (
-        "llmir_cli/commands/optimize.py::optimize_cmd",
-        "llmir_cli/commands/run.py::run_cmd",
-        "llmir_cli/commands/verify.py::verify_cmd",
-        "llmir_cli/commands/serve.py::serve_cmd",
-        "llmir_cli/commands/bench.py::bench_cmd",
-        "llmir_cli/commands/build.py::build_cmd",
-        "llmir_cli/commands/import_.py::import_cmd",
-        "llmir_cli/commands/eval.py::eval_cmd",
-        "llmir_core/runtime/peers.py::compare",
-        "llmir_core/targets/__init__.py::build_options",
-        "llmir_core/targets/onnxruntime/target.py::OrtTarget.lowering",
-    )
+    "llmir_core/targets/onnxruntime/lower_matmul.py::LowerOrtMatmul._matmul": "issue 23: h/purelower"
 }
-# in a lowering pass the pure-lowering helper rewrites (not named in the brief): the lead decides
-ALLOWED["llmir_core/targets/onnxruntime/lower_matmul.py::LowerOrtMatmul._matmul"] = (
-    "issue 23: in a pass another helper rewrites"
-)
 
 
 _Def = ast.FunctionDef | ast.AsyncFunctionDef

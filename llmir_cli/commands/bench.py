@@ -10,8 +10,8 @@ import typer
 from llmir_core.artifact_check import full_checks
 from llmir_core.errors import InputError
 
-from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
-from .._render import Ctx, handle_errors, make_ctx
+from .._render import Ctx
+from ._command import command
 
 HELP = """Measure a decoder artifact on random token ids: prefill time and tokens/s, time to first
 token, decode tokens/s, inter-token latency P50/P90/P99 and peak RSS, as mean ± stddev over
@@ -43,7 +43,9 @@ whether the first 16 greedy tokens agree:
 """
 
 
+@command
 def bench_cmd(
+    ctx: Ctx,
     artifact: Annotated[
         Path, typer.Argument(help="An artifact folder built from an LLM.", show_default=False)
     ],
@@ -90,20 +92,16 @@ def bench_cmd(
             help="A peer to compare with: ort-genai:DIR, transformers:DIR or llama.cpp:FILE.gguf (repeatable).",
         ),
     ] = None,
-    fmt: FormatOpt = OutputFormat.human,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
-    ctx = make_ctx(fmt, quiet, verbose, debug)
-    with handle_errors(ctx), full_checks(verify_artifact):
-        from llmir_core.runtime.textgen import bench_artifact, busy_warning
+    # long: typer reads the command's options from this signature; the body is short
+    if profile and vs:
+        raise InputError("give either --profile or --vs, not both")
+    with full_checks(verify_artifact):
+        from llmir_core.runtime.textgen import busy_warning
 
         busy = busy_warning()
         if busy:
             ctx.log(f"warning: {busy}")
-        if profile and vs:
-            raise InputError("give either --profile or --vs, not both")
         if profile:
             from ._bench_perf import run_profile
 
@@ -129,12 +127,9 @@ def bench_cmd(
                 threads=threads,
                 seed=seed,
             )
-
-        def progress(i: int, n: int) -> None:
-            ctx.detail(f"run {i}/{n} done")
-
-        res = bench_artifact(
-            str(artifact),
+        _bench(
+            ctx,
+            artifact,
             prompt_len=prompt_len,
             gen_len=gen_len,
             batch=batch,
@@ -142,13 +137,22 @@ def bench_cmd(
             runs=runs,
             warmup=warmup,
             seed=seed,
-            progress=progress,
         )
-        data = res.to_json()
-        if ctx.json:
-            ctx.emit_json("bench", data)
-        else:
-            _table(ctx, data)
+
+
+def _bench(ctx: Ctx, artifact: Path, **settings: Any) -> None:
+    """`bench_artifact` with the command's settings (prompt_len, gen_len, batch, ...)."""
+    from llmir_core.runtime.textgen import bench_artifact
+
+    def progress(i: int, n: int) -> None:
+        ctx.detail(f"run {i}/{n} done")
+
+    res = bench_artifact(str(artifact), progress=progress, **settings)
+    data = res.to_json()
+    if ctx.json:
+        ctx.emit_json("bench", data)
+    else:
+        _table(ctx, data)
 
 
 def _table(ctx: Ctx, data: dict[str, Any]) -> None:

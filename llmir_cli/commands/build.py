@@ -4,37 +4,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from llmir_core.errors import EXIT_CHECK_FAILED, CheckFailed
-from llmir_core.fileio import writing_output
-from llmir_core.ir.parser import parse_file
-from llmir_core.targets import TARGETS, build, build_options
-from llmir_core.verifier import verify
+from llmir_core.errors import EXIT_CHECK_FAILED, CheckFailed, InputError
+from llmir_core.targets import TARGETS
 
-from .._options import (
-    AccuracyLevelOpt,
-    AttentionKernelOpt,
-    DebugOpt,
-    F32MatmulOpt,
-    FormatOpt,
-    GenericOpt,
-    GgufKernelsOpt,
-    Int8MatmulOpt,
-    LogitsOpt,
-    MaxLenOpt,
-    OptLevelOpt,
-    OutputFormat,
-    PrepackOpt,
-    QuantBlockOpt,
-    QuantOpt,
-    QuietOpt,
-    VerboseOpt,
-    WeightDTypeOpt,
-)
-from .._render import handle_errors, make_ctx
+from .._options import OptLevelOpt
+from .._render import Ctx
+from ._command import LoweringFlags, command
 
 PREPACK_NOTE = {
     "session": "onnxruntime repacks the matmul weights when the artifact opens",
@@ -67,16 +46,30 @@ Examples:
 
   llmir build model.llmir -o model-mlas/ --f32-matmul mlas  # f32 on onnxruntime's MLAS
 
+  llmir build model.llmir --target triton --target-opt arch=sm_80 -o model-triton/
+
+  llmir build --target triton --list-options
+
+Each target declares its build options (`--target-opt KEY=VALUE`, repeatable; `--list-options`
+lists them, docs/targets.md too); --quant, --max-len, --dtype and the other decoder flags are
+aliases of the onnxruntime options of the same name. The manifest records every option with the
+value the build used (`target_options`).
+
 A decoder artifact's report names how its session treats the weights (`prepack`: repacked by
 onnxruntime when the artifact opens, or memory-mapped as stored); see docs/load.md.
 """
 
 
+@command(lowering=True)
 def build_cmd(
-    file: Annotated[Path, typer.Argument(help="The .llmir module to build.", show_default=False)],
+    ctx: Ctx,
+    file: Annotated[
+        Path | None, typer.Argument(help="The .llmir module to build.", show_default=False)
+    ] = None,
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="Artifact folder to write.", show_default=False)
-    ],
+        Path | None,
+        typer.Option("--output", "-o", help="Artifact folder to write.", show_default=False),
+    ] = None,
     target: Annotated[
         str | None,
         typer.Option(
@@ -86,88 +79,95 @@ def build_cmd(
             show_default=False,
         ),
     ] = None,
+    list_options: Annotated[
+        bool,
+        typer.Option("--list-options", help="List the target's build options and exit."),
+    ] = False,
     opt_level: OptLevelOpt = None,
-    quant: QuantOpt = None,
-    quant_block: QuantBlockOpt = 32,
-    max_len: MaxLenOpt = None,
-    accuracy_level: AccuracyLevelOpt = None,
-    logits: LogitsOpt = None,
-    dtype: WeightDTypeOpt = None,
-    prepack: PrepackOpt = None,
-    int8_matmul: Int8MatmulOpt = None,
-    f32_matmul: F32MatmulOpt = None,
-    attention_kernel: AttentionKernelOpt = None,
-    gguf_kernels: GgufKernelsOpt = None,
-    generic: GenericOpt = False,
-    fmt: FormatOpt = OutputFormat.human,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
+    *,
+    lowering: LoweringFlags,
 ) -> None:
-    ctx = make_ctx(fmt, quiet, verbose, debug)
-    with handle_errors(ctx):
-        project = None
-        if target is None or opt_level is None:
-            from llmir_core.registry.lockfile import project_here
+    project = None
+    if target is None or opt_level is None:
+        from llmir_core.registry.lockfile import project_here
 
-            project = project_here()
-        if target is None:
-            target = project.target if project else "onnxruntime"
-        module = parse_file(str(file))
-        errors = [d for d in verify(module) if d.severity == "error"]
-        if errors:
-            raise CheckFailed(
-                f"{file}: does not verify ({len(errors)} error(s))",
-                diagnostics=errors,
-                hint=f"run `llmir verify {file}` for details",
-                exit_code=EXIT_CHECK_FAILED,
-            )
-        t0 = time.perf_counter()
-        options = build_options(
-            module,
-            target,
-            quant=quant,
-            quant_block=quant_block,
-            max_len=max_len,
-            accuracy_level=accuracy_level,
-            logits=logits,
-            dtype=dtype,
-            generic=generic,
-            prepack=prepack,
-            int8_matmul=int8_matmul,
-            f32_matmul=f32_matmul,
-            attention_kernel=attention_kernel,
-            gguf_kernels=gguf_kernels,
+        project = project_here()
+    if target is None:
+        target = project.target if project else "onnxruntime"
+    if list_options:
+        from ._target_options import list_options as print_options
+
+        print_options(ctx, target)
+        return
+    if file is None or output is None:
+        raise InputError(
+            "missing " + ("input file" if file is None else "--output"),
+            hint="llmir build IN.llmir -o DIR (or --target T --list-options)",
         )
-        if opt_level is None and project is not None and "target" not in module.attrs:
-            opt_level = project.opt_level  # a lowered module keeps the pipeline it was lowered by
-        with writing_output(output, "artifact"):
-            manifest = build(
-                module,
-                str(output),
-                target,
-                source_path=str(file),
-                options=options or None,
-                opt_level=opt_level,
-            )
-        dt = time.perf_counter() - t0
-        if ctx.json:
-            ctx.emit_json(
-                "build", {"ok": True, "output": str(output), "seconds": round(dt, 3), **manifest}
-            )
-        elif not quiet:
-            size = sum(f["bytes"] for f in manifest["files"].values())
-            ctx.result(
-                f"{output}: {target} artifact, {len(manifest['files'])} files, "
-                f"{size / 1e6:.1f} MB ({dt:.2f} s)"
-            )
-            dec = manifest.get("decoder")
-            if isinstance(dec, dict) and dec.get("prepack"):
-                ctx.result(f"  prepack: {dec['prepack']} ({PREPACK_NOTE[dec['prepack']]})")
-            for name, info in manifest["files"].items():
-                ctx.detail(f"  {name}  {info['bytes']} bytes  sha256 {info['sha256']}")
-            if manifest.get("pipeline"):
-                ctx.detail("  pipeline: " + ",".join(manifest["pipeline"]))
+    project_level = project.opt_level if project is not None else None
+    _build(ctx, file, output, target, lowering, opt_level, project_level)
+
+
+def _build(
+    ctx: Ctx,
+    file: Path,
+    output: Path,
+    target: str,
+    lowering: LoweringFlags,
+    opt_level: int | None,
+    project_level: int | None,
+) -> None:
+    """Verify, lower (-O opt_level, else the project's for an unlowered module) and build."""
+    from llmir_core.fileio import writing_output
+    from llmir_core.ir.parser import parse_file
+    from llmir_core.targets import build
+    from llmir_core.verifier import verify
+
+    module = parse_file(str(file))
+    errors = [d for d in verify(module) if d.severity == "error"]
+    if errors:
+        raise CheckFailed(
+            f"{file}: does not verify ({len(errors)} error(s))",
+            diagnostics=errors,
+            hint=f"run `llmir verify {file}` for details",
+            exit_code=EXIT_CHECK_FAILED,
+        )
+    t0 = time.perf_counter()
+    options = lowering.options(module, target)
+    if opt_level is None and "target" not in module.attrs:
+        opt_level = project_level  # a lowered module keeps the pipeline it was lowered by
+    with writing_output(output, "artifact"):
+        manifest = build(
+            module,
+            str(output),
+            target,
+            source_path=str(file),
+            options=options or None,
+            opt_level=opt_level,
+        )
+    _report(ctx, output, target, manifest, time.perf_counter() - t0)
+
+
+def _report(ctx: Ctx, output: Path, target: str, manifest: dict[str, Any], dt: float) -> None:
+    if ctx.json:
+        ctx.emit_json(
+            "build", {"ok": True, "output": str(output), "seconds": round(dt, 3), **manifest}
+        )
+        return
+    if ctx.quiet:
+        return
+    size = sum(f["bytes"] for f in manifest["files"].values())
+    ctx.result(
+        f"{output}: {target} artifact, {len(manifest['files'])} files, "
+        f"{size / 1e6:.1f} MB ({dt:.2f} s)"
+    )
+    dec = manifest.get("decoder")
+    if isinstance(dec, dict) and dec.get("prepack"):
+        ctx.result(f"  prepack: {dec['prepack']} ({PREPACK_NOTE[dec['prepack']]})")
+    for name, info in manifest["files"].items():
+        ctx.detail(f"  {name}  {info['bytes']} bytes  sha256 {info['sha256']}")
+    if manifest.get("pipeline"):
+        ctx.detail("  pipeline: " + ",".join(manifest["pipeline"]))
 
 
 def register(app: typer.Typer) -> None:

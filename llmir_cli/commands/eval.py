@@ -11,8 +11,8 @@ import typer
 
 from llmir_core.errors import InputError
 
-from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
-from .._render import Ctx, handle_errors, make_ctx
+from .._render import Ctx
+from ._command import command
 
 HELP = """Measure a model on a text: perplexity, and with --against how far its token
 distributions are from a reference model's (the quantization-quality report).
@@ -125,7 +125,9 @@ def _table(ctx: Ctx, data: dict[str, Any]) -> None:
     ctx.out.print(t)
 
 
+@command
 def eval_cmd(
+    ctx: Ctx,
     target: Annotated[
         Path,
         typer.Argument(
@@ -180,39 +182,51 @@ def eval_cmd(
     threads: Annotated[
         int | None, typer.Option("--threads", help="Intra-op threads.", show_default=False)
     ] = None,
-    fmt: FormatOpt = OutputFormat.human,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
-    ctx = make_ctx(fmt, quiet, verbose, debug)
-    with handle_errors(ctx):
-        from llmir_core.runtime.evaluate import evaluate, plan_windows, resolve_ctx
-        from llmir_core.runtime.scoring import open_model
+    from llmir_core.runtime.evaluate import plan_windows, resolve_ctx
 
-        if ctx_len is not None:  # fail on bad settings before loading anything
-            plan_windows(2, resolve_ctx(ctx_len, None), stride, False)
-        llmir_backend = backend if str(target).lower().endswith(".llmir") else None
-        if backend is not None and llmir_backend is None:
-            raise InputError(
-                "--backend applies to a .llmir TARGET only",
-                hint="an artifact runs on the runtime it was built for",
-            )
-        model = open_model(str(target), threads=threads, backend=llmir_backend)
-        ids = _read_tokens(ctx, text, model.tokenizer, max_tokens)
-        ref = None
-        if against is not None:
-            ref_backend = backend if str(against).lower().endswith(".llmir") else None
-            ref = open_model(str(against), threads=threads, backend=ref_backend)
-        with _progress(ctx) as on_window:
-            report = evaluate(
-                model, ids, ctx=ctx_len, stride=stride, reference=ref, on_window=on_window
-            )
-        data = {"ok": True, "text": str(text), **report.to_json()}
-        if ctx.json:
-            ctx.emit_json("eval", data)
-            return
-        _table(ctx, data)
+    if ctx_len is not None:  # fail on bad settings before loading anything
+        plan_windows(2, resolve_ctx(ctx_len, None), stride, False)
+    llmir_backend = backend if str(target).lower().endswith(".llmir") else None
+    if backend is not None and llmir_backend is None:
+        raise InputError(
+            "--backend applies to a .llmir TARGET only",
+            hint="an artifact runs on the runtime it was built for",
+        )
+    ref_backend = backend if str(against).lower().endswith(".llmir") else None
+    windows = (ctx_len, stride, max_tokens)
+    _evaluate(ctx, target, text, against, (llmir_backend, ref_backend), threads, windows)
+
+
+def _evaluate(
+    ctx: Ctx,
+    target: Path,
+    text: Path,
+    against: Path | None,
+    backends: tuple[str | None, str | None],
+    threads: int | None,
+    windows: tuple[int | None, int | None, int | None],
+) -> None:
+    """Score the text on target (and against the reference); windows: --ctx, --stride and
+    --max-tokens."""
+    from llmir_core.runtime.evaluate import evaluate
+    from llmir_core.runtime.scoring import open_model
+
+    ctx_len, stride, max_tokens = windows
+    model = open_model(str(target), threads=threads, backend=backends[0])
+    ids = _read_tokens(ctx, text, model.tokenizer, max_tokens)
+    ref = None
+    if against is not None:
+        ref = open_model(str(against), threads=threads, backend=backends[1])
+    with _progress(ctx) as on_window:
+        report = evaluate(
+            model, ids, ctx=ctx_len, stride=stride, reference=ref, on_window=on_window
+        )
+    data = {"ok": True, "text": str(text), **report.to_json()}
+    if ctx.json:
+        ctx.emit_json("eval", data)
+        return
+    _table(ctx, data)
 
 
 def register(app: typer.Typer) -> None:

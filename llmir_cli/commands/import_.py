@@ -5,15 +5,15 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from llmir_core.errors import InputError
 from llmir_core.frontends import detect_kind, import_model
 
-from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
-from .._render import handle_errors, make_ctx
+from .._render import Ctx
+from ._command import command
 
 HELP = """Import a model into a readable .llmir file.
 
@@ -54,7 +54,9 @@ def _looks_like_ref(src: str) -> bool:
     return bare and src[:1].isalnum()
 
 
+@command
 def import_cmd(
+    ctx: Ctx,
     src: Annotated[
         str,
         typer.Argument(
@@ -93,56 +95,53 @@ def import_cmd(
             "--offline", help="Resolve NAME:TAG / hf: references without any network call."
         ),
     ] = False,
-    fmt: FormatOpt = OutputFormat.human,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
-    ctx = make_ctx(fmt, quiet, verbose, debug)
-    with handle_errors(ctx):
-        if output.exists() and output.is_dir():
-            raise InputError(f"{output}: is a folder, expected a .llmir file path")
-        if _looks_like_ref(src):
-            from llmir_core.registry import resolve_model_ref
+    if output.exists() and output.is_dir():
+        raise InputError(f"{output}: is a folder, expected a .llmir file path")
+    if _looks_like_ref(src):
+        from llmir_core.registry import resolve_model_ref
 
-            ctx.log(f"resolving {src}")
-            src = str(resolve_model_ref(src, registry=registry, offline=offline))
-        kind = detect_kind(src)
-        ctx.detail(f"importing {src} ({kind})")
-        t0 = time.perf_counter()
-        module = import_model(
-            src, keep_unknown=keep_unknown, out_path=output, require_tokenizer=not no_tokenizer
+        ctx.log(f"resolving {src}")
+        src = str(resolve_model_ref(src, registry=registry, offline=offline))
+    kind = detect_kind(src)
+    ctx.detail(f"importing {src} ({kind})")
+    t0 = time.perf_counter()
+    module = import_model(
+        src, keep_unknown=keep_unknown, out_path=output, require_tokenizer=not no_tokenizer
+    )
+    _report(ctx, module, src, kind, output, time.perf_counter() - t0)
+
+
+def _report(ctx: Ctx, module: Any, src: str, kind: str, output: Path, dt: float) -> None:
+    converted = module.attrs.get("onnx.converted_from_opset")
+    if converted is not None:
+        ctx.log(
+            f"note: {src}: ONNX opset {converted} converted to opset {module.attrs.get('onnx.opset')} "
+            "with onnx.version_converter"
         )
-        dt = time.perf_counter() - t0
-        converted = module.attrs.get("onnx.converted_from_opset")
-        if converted is not None:
-            ctx.log(
-                f"note: {src}: ONNX opset {converted} converted to opset {module.attrs.get('onnx.opset')} "
-                "with onnx.version_converter"
-            )
-        weights = sum(1 for f in module.functions for op in f.ops if op.name == "core.weight")
-        opaque = sum(1 for f in module.functions for op in f.ops if op.name == "onnx.opaque")
-        if ctx.json:
-            ctx.emit_json(
-                "import",
-                {
-                    "ok": True,
-                    "source": str(src),
-                    "source_format": _FORMAT_NAMES[kind],
-                    "output": str(output),
-                    "ops": module.op_count(),
-                    "weights": weights,
-                    "opaque_ops": opaque,
-                    "converted_from_opset": converted,
-                    "seconds": round(dt, 3),
-                },
-            )
-        elif not quiet:
-            extra = f", {opaque} opaque" if opaque else ""
-            ctx.result(
-                f"{output}: {module.op_count()} ops, {weights} weights{extra} "
-                f"(from {_FORMAT_TEXT[kind]} {src}, {dt:.2f} s)"
-            )
+    weights = sum(1 for f in module.functions for op in f.ops if op.name == "core.weight")
+    opaque = sum(1 for f in module.functions for op in f.ops if op.name == "onnx.opaque")
+    if ctx.json:
+        ctx.emit_json(
+            "import",
+            {
+                "ok": True,
+                "source": str(src),
+                "source_format": _FORMAT_NAMES[kind],
+                "output": str(output),
+                "ops": module.op_count(),
+                "weights": weights,
+                "opaque_ops": opaque,
+                "converted_from_opset": converted,
+                "seconds": round(dt, 3),
+            },
+        )
+    elif not ctx.quiet:
+        extra = f", {opaque} opaque" if opaque else ""
+        ctx.result(
+            f"{output}: {module.op_count()} ops, {weights} weights{extra} "
+            f"(from {_FORMAT_TEXT[kind]} {src}, {dt:.2f} s)"
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -10,8 +10,8 @@ import typer
 from llmir_core.registry import InitResult, init_project
 from llmir_core.registry.pull import human_size
 
-from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
-from .._render import Ctx, handle_errors, make_ctx
+from .._render import Ctx
+from ._command import command
 from .registry import OfflineOpt, RegistryOpt, pull_progress
 
 
@@ -19,7 +19,9 @@ def register(app: typer.Typer) -> None:
     app.command("init")(init)
 
 
+@command
 def init(
+    ctx: Ctx,
     directory: Annotated[Path, typer.Argument(help="Project folder, created if missing.")] = Path(
         "."
     ),
@@ -59,10 +61,6 @@ def init(
             help="Optimization level recorded in llmir.toml [default: 2].",
         ),
     ] = None,
-    fmt: FormatOpt = OutputFormat.human,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
     """Create a project: pull the model, check every file's sha256, write llmir.toml and llmir.lock.
 
@@ -77,21 +75,19 @@ def init(
       llmir init demo --model smollm2:135m --registry ./mirror --offline
       cd demo && llmir init          # reproduce llmir.lock (e.g. on a CI machine)
     """
-    ctx = make_ctx(fmt, quiet, verbose, debug)
-    with handle_errors(ctx):
-        with pull_progress(ctx) as progress:
-            result = init_project(
-                directory,
-                model=model,
-                registry=registry,
-                offline=offline,
-                force=force,
-                target=target,
-                opt_level=opt_level,
-                progress=progress,
-                reporter=ctx,
-            )
-        _render(ctx, result)
+    with pull_progress(ctx) as progress:
+        result = init_project(
+            directory,
+            model=model,
+            registry=registry,
+            offline=offline,
+            force=force,
+            target=target,
+            opt_level=opt_level,
+            progress=progress,
+            reporter=ctx,
+        )
+    _render(ctx, result)
 
 
 def _render(ctx: Ctx, result: InitResult) -> None:

@@ -7,7 +7,7 @@ import dataclasses
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -17,27 +17,9 @@ from llmir_core.ir.parser import parse_file
 from llmir_core.ir.printer import print_module
 from llmir_core.weights import rebase_weight_paths
 
-from .._options import (
-    AccuracyLevelOpt,
-    AttentionKernelOpt,
-    DebugOpt,
-    F32MatmulOpt,
-    FormatOpt,
-    GenericOpt,
-    GgufKernelsOpt,
-    Int8MatmulOpt,
-    LogitsOpt,
-    MaxLenOpt,
-    OptLevelOpt,
-    OutputFormat,
-    PrepackOpt,
-    QuantBlockOpt,
-    QuantOpt,
-    QuietOpt,
-    VerboseOpt,
-    WeightDTypeOpt,
-)
-from .._render import handle_errors, make_ctx
+from .._options import OptLevelOpt
+from .._render import Ctx
+from ._command import LoweringFlags, command
 from ._verdicts import render_verdicts
 
 HELP = """Optimize a .llmir module with a pass pipeline; every pass is verified, and with
@@ -68,14 +50,17 @@ Examples:
 
 --target NAME appends the target's lowering passes after -O (default 2, as for `llmir build`)
 or --passes; -O0 --target runs only the lowering. `llmir build` of the result gives the artifact
-`llmir build` of the input gives with the same -O and the same build options (--quant,
---quant-block, --max-len, --accuracy-level, --logits, --dtype, --prepack, --generic: they apply
-with --target only). The
-lowered module records the passes that ran (`llmir.pipeline`; the artifact's manifest copies it).
+`llmir build` of the input gives with the same -O and the same build options (--target-opt
+KEY=VALUE, and the onnxruntime aliases --quant, --quant-block, --max-len, --accuracy-level,
+--logits, --dtype, --prepack, --generic, ...: they apply with --target only). The lowered module
+records the passes that ran (`llmir.pipeline`) and the build options (`llmir.target_options`);
+the artifact's manifest copies both.
 """
 
 
-def optimize_cmd(  # noqa: C901 (one branch per CLI option)
+@command(lowering=True)
+def optimize_cmd(
+    ctx: Ctx,
     file: Annotated[
         Path | None, typer.Argument(help="The .llmir file to optimize.", show_default=False)
     ] = None,
@@ -111,133 +96,131 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
     target: Annotated[
         str | None, typer.Option("--target", help="Append this target's lowering passes.")
     ] = None,
-    quant: QuantOpt = None,
-    quant_block: QuantBlockOpt = 32,
-    max_len: MaxLenOpt = None,
-    accuracy_level: AccuracyLevelOpt = None,
-    logits: LogitsOpt = None,
-    dtype: WeightDTypeOpt = None,
-    prepack: PrepackOpt = None,
-    int8_matmul: Int8MatmulOpt = None,
-    f32_matmul: F32MatmulOpt = None,
-    attention_kernel: AttentionKernelOpt = None,
-    gguf_kernels: GgufKernelsOpt = None,
-    generic: GenericOpt = False,
     allow_unproved: Annotated[
         bool,
         typer.Option("--allow-unproved", help="Let passes use rules without a proof certificate."),
     ] = False,
-    fmt: FormatOpt = OutputFormat.human,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
+    *,
+    lowering: LoweringFlags,
 ) -> None:
-    ctx = make_ctx(fmt, quiet, verbose, debug)
-    with handle_errors(ctx):
-        # the pass and rule tables load here, when a pipeline is run or listed (not at startup)
-        from llmir_core.passes import PRESETS
+    if list_:
+        _list_passes(ctx)
+        return
+    if file is None:
+        raise InputError(
+            "missing input file", hint="llmir optimize IN.llmir -o OUT.llmir (or --list)"
+        )
+    if passes is not None and level is not None:
+        raise InputError("give either -O or --passes, not both")
+    flags = lowering.given()
+    if flags and target is None:
+        raise InputError(
+            f"{', '.join(flags)}: lowering options need --target",
+            hint=f"llmir optimize {file} --target onnxruntime {' '.join(flags)} ...",
+        )
+    if passes is None and level is None:
+        from llmir_core.registry.lockfile import project_here
+
+        project = project_here()
+        level = project.opt_level if project else None  # else 2 (a target may say otherwise)
+    module = parse_file(str(file))
+    pipeline = _pipeline(module, level, passes, target, lowering, output)
+    _check_print_after(print_after)
+    run = _Run(verify_each, allow_unproved, dump_dir, print_after, print_after_all)
+    result, text, failed = run.run(module, pipeline, file, output)
+    _render(ctx, result, text, file, output, report, time_passes, verify_each)
+    if failed is not None:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+    if result.inconclusive:
+        raise typer.Exit(EXIT_INCONCLUSIVE)
+
+
+def _list_passes(ctx: Ctx) -> None:
+    # the pass and rule tables load here, when a pipeline is run or listed (not at startup)
+    from llmir_core.passes import PRESETS
+    from llmir_core.passes.pipeline import describe_passes
+    from llmir_core.passes.report import format_list
+
+    items = describe_passes()
+    if ctx.json:
+        ctx.emit_json(
+            "passes",
+            {
+                "passes": [{k: v for k, v in i.items() if k != "doc"} for i in items],
+                "presets": PRESETS,
+            },
+        )
+    else:
+        ctx.result(format_list(items, PRESETS))
+
+
+def _pipeline(
+    module: Any,
+    level: int | None,
+    passes: str | None,
+    target: str | None,
+    lowering: LoweringFlags,
+    output: Path | None,
+) -> list[Any]:
+    """The passes to run: --passes or the -O preset, then the target's lowering (what `llmir
+    build` runs for this -O and these options); weights a pass writes go beside OUT."""
+    from llmir_core.passes.pipeline import parse_pipeline, preset
+
+    pipeline: list[Any] = []
+    if passes is not None:
+        pipeline = parse_pipeline(passes)
+    elif target is None:
+        pipeline = preset(level if level is not None else 2)
+    if target is not None:
+        from llmir_core import targets as backends
+
+        options = lowering.options(module, target)
+        backends.record_options(module, target, options)
+        if passes is None:
+            pipeline = backends.pipeline(target, options, level)
+        else:
+            pipeline = pipeline + list(backends.get_target(target).lowering(options))
+    if output is None:
+        return pipeline
+    return [
+        dataclasses.replace(
+            p, weights_file=str(output.with_name(f"{output.stem}.q{p.bits}.weights.bin"))
+        )
+        if getattr(p, "weights_file", None) == ""
+        else p
+        for p in pipeline
+    ]
+
+
+def _check_print_after(print_after: list[str] | None) -> None:
+    from llmir_core.passes import PASSES
+
+    for n in print_after or ():
+        if n not in PASSES:
+            raise InputError(
+                f"--print-after: unknown pass {n!r}", hint="valid passes: " + ", ".join(PASSES)
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    verify_each: bool
+    allow_unproved: bool
+    dump_dir: Path
+    print_after: list[str] | None
+    print_after_all: bool
+
+    def run(
+        self, module: Any, pipeline: list[Any], file: Path, output: Path | None
+    ) -> tuple[Any, str, Any]:
+        """Run the pipeline; write OUT unless a pass failed to validate. (result, text, failed)"""
         from llmir_core.passes.manager import run_pipeline
-        from llmir_core.passes.pipeline import describe_passes, parse_pipeline, preset
-        from llmir_core.passes.report import format_list, format_report, format_times
 
-        if list_:
-            items = describe_passes()
-            if ctx.json:
-                ctx.emit_json(
-                    "passes",
-                    {
-                        "passes": [{k: v for k, v in i.items() if k != "doc"} for i in items],
-                        "presets": PRESETS,
-                    },
-                )
-            else:
-                ctx.result(format_list(items, PRESETS))
-            return
-        if file is None:
-            raise InputError(
-                "missing input file", hint="llmir optimize IN.llmir -o OUT.llmir (or --list)"
-            )
-        if passes is not None and level is not None:
-            raise InputError("give either -O or --passes, not both")
-        lowering_flags = [
-            flag
-            for flag, given in (
-                ("--quant", quant is not None),
-                ("--max-len", max_len is not None),
-                ("--accuracy-level", accuracy_level is not None),
-                ("--logits", logits is not None),
-                ("--dtype", dtype is not None),
-                ("--prepack", prepack is not None),
-                ("--int8-matmul", int8_matmul is not None),
-                ("--f32-matmul", f32_matmul is not None),
-                ("--attention-kernel", attention_kernel is not None),
-                ("--gguf-kernels", gguf_kernels is not None),
-                ("--generic", generic),
-            )
-            if given
-        ]
-        if lowering_flags and target is None:
-            raise InputError(
-                f"{', '.join(lowering_flags)}: lowering options need --target",
-                hint=f"llmir optimize {file} --target onnxruntime {' '.join(lowering_flags)} ...",
-            )
-        if passes is None and level is None:
-            from llmir_core.registry.lockfile import project_here
-
-            project = project_here()
-            level = project.opt_level if project else None  # else 2 (a target may say otherwise)
-        module = parse_file(str(file))
-        if passes is not None:
-            pipeline = parse_pipeline(passes)
-        elif target is None:
-            pipeline = preset(level if level is not None else 2)
-        if target is not None:
-            from llmir_core import targets as backends
-
-            options = backends.build_options(
-                module,
-                target,
-                quant=quant,
-                quant_block=quant_block,
-                max_len=max_len,
-                accuracy_level=accuracy_level,
-                logits=logits,
-                dtype=dtype,
-                generic=generic,
-                prepack=prepack,
-                int8_matmul=int8_matmul,
-                f32_matmul=f32_matmul,
-                attention_kernel=attention_kernel,
-                gguf_kernels=gguf_kernels,
-            )
-            if passes is None:  # what `llmir build` runs for this -O and these options
-                pipeline = backends.pipeline(target, options, level)
-            else:
-                pipeline = pipeline + list(backends.get_target(target).lowering(options))
-        if output is not None:  # weights a pass writes (quantize-weights) go beside OUT
-            pipeline = [
-                dataclasses.replace(
-                    p, weights_file=str(output.with_name(f"{output.stem}.q{p.bits}.weights.bin"))
-                )
-                if getattr(p, "weights_file", None) == ""
-                else p
-                for p in pipeline
-            ]
-        if print_after:
-            from llmir_core.passes import PASSES
-
-            for n in print_after:
-                if n not in PASSES:
-                    raise InputError(
-                        f"--print-after: unknown pass {n!r}",
-                        hint="valid passes: " + ", ".join(PASSES),
-                    )
         validator = None
-        if verify_each:
+        if self.verify_each:
             from llmir_core.smt.tv import validate_pass
 
             validator = validate_pass
-        command = "llmir optimize " + shlex.quote(str(file))
         # weights a pass writes beside OUT go again when OUT is not written (an error, a pass
         # that did not validate): nothing of a failed run stays behind
         side_files = new_files([getattr(p, "weights_file", "") for p in pipeline] if output else [])
@@ -245,12 +228,12 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
             result = run_pipeline(
                 module,
                 pipeline,
-                allow_unproved=allow_unproved,
+                allow_unproved=self.allow_unproved,
                 validator=validator,
-                dump_dir=str(dump_dir),
-                print_after=set(print_after or ()),
-                print_after_all=print_after_all,
-                command=command,
+                dump_dir=str(self.dump_dir),
+                print_after=set(self.print_after or ()),
+                print_after_all=self.print_after_all,
+                command="llmir optimize " + shlex.quote(str(file)),
             )
             text = print_module(result.module)
             failed = result.failed_validation
@@ -262,36 +245,47 @@ def optimize_cmd(  # noqa: C901 (one branch per CLI option)
                 write_text_atomic(output, text)
         if failed is not None:
             side_files.remove()
-        if ctx.json:
-            payload = {
-                "ok": failed is None and not result.inconclusive,
-                "file": str(file),
-                "output": str(output) if output else None,
-                **result.to_json(),
-            }
-            if output is None and failed is None:
-                payload["text"] = text
-            ctx.emit_json("optimize", payload)
-        else:
-            rep = format_report(result) if report else ""
-            times = format_times(result) if time_passes or verify_each else ""
-            side = rep + times
-            if output is None:
-                if failed is None:
-                    ctx.result(text)
-                if side:
-                    sys.stderr.write(side)
-            elif side:
-                ctx.result(side)
-            for r in result.runs:
-                if r.dump:
-                    ctx.detail(f"wrote {r.dump}")
-            if verify_each:
-                render_verdicts(result, sys.stderr.write)
-        if failed is not None:
-            raise typer.Exit(EXIT_CHECK_FAILED)
-        if result.inconclusive:
-            raise typer.Exit(EXIT_INCONCLUSIVE)
+        return result, text, failed
+
+
+def _render(
+    ctx: Ctx,
+    result: Any,
+    text: str,
+    file: Path,
+    output: Path | None,
+    report: bool,
+    time_passes: bool,
+    verify_each: bool,
+) -> None:
+    from llmir_core.passes.report import format_report, format_times
+
+    failed = result.failed_validation
+    if ctx.json:
+        payload = {
+            "ok": failed is None and not result.inconclusive,
+            "file": str(file),
+            "output": str(output) if output else None,
+            **result.to_json(),
+        }
+        if output is None and failed is None:
+            payload["text"] = text
+        ctx.emit_json("optimize", payload)
+        return
+    rep = format_report(result) if report else ""
+    side = rep + (format_times(result) if time_passes or verify_each else "")
+    if output is None:
+        if failed is None:
+            ctx.result(text)
+        if side:
+            sys.stderr.write(side)
+    elif side:
+        ctx.result(side)
+    for r in result.runs:
+        if r.dump:
+            ctx.detail(f"wrote {r.dump}")
+    if verify_each:
+        render_verdicts(result, sys.stderr.write)
 
 
 def register(app: typer.Typer) -> None:

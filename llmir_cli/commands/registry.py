@@ -12,8 +12,8 @@ import typer
 from llmir_core.registry import Entry, load_index, write_mirror
 from llmir_core.registry.pull import human_size
 
-from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
-from .._render import Ctx, handle_errors, make_ctx
+from .._render import Ctx
+from ._command import command
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -159,13 +159,11 @@ def _emit_entries(ctx: Ctx, kind: str, entries: list[Entry], origin: str, **extr
 
 
 @registry_app.command("list")
+@command
 def list_models(
+    ctx: Ctx,
     registry: RegistryOpt = None,
     offline: OfflineOpt = False,
-    fmt: FormatOpt = OutputFormat.human,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
     """List every model of the index.
 
@@ -175,25 +173,21 @@ def list_models(
       llmir registry list --format json
       llmir registry list --registry ./mirror
     """
-    ctx = make_ctx(fmt, quiet, verbose, debug)
-    with handle_errors(ctx):
-        index = load_index(registry, offline=offline)
-        ctx.detail(f"{len(index.entries)} models in the {index.describe()}")
-        _emit_entries(ctx, "registry.list", list(index.entries.values()), index.origin)
+    index = load_index(registry, offline=offline)
+    ctx.detail(f"{len(index.entries)} models in the {index.describe()}")
+    _emit_entries(ctx, "registry.list", list(index.entries.values()), index.origin)
 
 
 @registry_app.command("search")
+@command
 def search_models(
+    ctx: Ctx,
     word: Annotated[
         str,
         typer.Argument(help="Text to look for in names, descriptions, repos, formats, licenses."),
     ],
     registry: RegistryOpt = None,
     offline: OfflineOpt = False,
-    fmt: FormatOpt = OutputFormat.human,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
     """List the models whose name, description, repository, format or license contains WORD.
 
@@ -202,26 +196,20 @@ def search_models(
       llmir registry search smollm2
       llmir registry search q8_0 --format json
     """
-    ctx = make_ctx(fmt, quiet, verbose, debug)
-    with handle_errors(ctx):
-        index = load_index(registry, offline=offline)
-        found = index.search(word)
-        if not found:
-            ctx.log(
-                f"no model matches {word!r}; `llmir registry list` shows all {len(index.entries)}"
-            )
-        _emit_entries(ctx, "registry.search", found, index.origin, query=word)
+    index = load_index(registry, offline=offline)
+    found = index.search(word)
+    if not found:
+        ctx.log(f"no model matches {word!r}; `llmir registry list` shows all {len(index.entries)}")
+    _emit_entries(ctx, "registry.search", found, index.origin, query=word)
 
 
 @registry_app.command("show")
+@command
 def show_model(
+    ctx: Ctx,
     name: Annotated[str, typer.Argument(metavar="NAME:TAG", help="A model of the index.")],
     registry: RegistryOpt = None,
     offline: OfflineOpt = False,
-    fmt: FormatOpt = OutputFormat.human,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
     """Show one model: its source, format, license and the files with their digests.
 
@@ -230,44 +218,40 @@ def show_model(
       llmir registry show smollm2:135m
       llmir registry show qwen2.5:0.5b-q4_0 --format json
     """
-    ctx = make_ctx(fmt, quiet, verbose, debug)
-    with handle_errors(ctx):
-        index = load_index(registry, offline=offline)
-        key = name.lower() if ":" in name else f"{name.lower()}:latest"
-        entry = index.get(key)
-        if ctx.json:
-            ctx.emit_json(
-                "registry.show", {"ok": True, "registry": index.origin, "model": entry.to_json()}
-            )
-            return
-        lines = [
-            f"{entry.name}: {entry.description}",
-            f"  source        hf:{entry.repo}@{entry.revision}",
-            f"  format        {entry.format} ({entry.quantization})",
-            f"  parameters    {entry.parameters:,} ({_params(entry.parameters)})",
-            f"  license       {entry.license}",
-        ]
-        lines += [
-            f"  file          {f.path}  {human_size(f.size)}  "
-            f"{'sha256:' + f.sha256 if f.sha256 else 'not pinned (pinned on first pull)'}"
-            for f in entry.files
-        ]
-        lines += [f"  include       {pattern}" for pattern in entry.include]
-        if entry.notes:
-            lines.append(f"  notes         {entry.notes}")
-        ctx.result("\n".join(lines))
+    index = load_index(registry, offline=offline)
+    key = name.lower() if ":" in name else f"{name.lower()}:latest"
+    entry = index.get(key)
+    if ctx.json:
+        ctx.emit_json(
+            "registry.show", {"ok": True, "registry": index.origin, "model": entry.to_json()}
+        )
+        return
+    lines = [
+        f"{entry.name}: {entry.description}",
+        f"  source        hf:{entry.repo}@{entry.revision}",
+        f"  format        {entry.format} ({entry.quantization})",
+        f"  parameters    {entry.parameters:,} ({_params(entry.parameters)})",
+        f"  license       {entry.license}",
+    ]
+    lines += [
+        f"  file          {f.path}  {human_size(f.size)}  "
+        f"{'sha256:' + f.sha256 if f.sha256 else 'not pinned (pinned on first pull)'}"
+        for f in entry.files
+    ]
+    lines += [f"  include       {pattern}" for pattern in entry.include]
+    if entry.notes:
+        lines.append(f"  notes         {entry.notes}")
+    ctx.result("\n".join(lines))
 
 
 @registry_app.command("mirror")
+@command
 def mirror_models(
+    ctx: Ctx,
     directory: Annotated[Path, typer.Argument(help="Mirror folder (created if missing).")],
     names: Annotated[list[str], typer.Argument(metavar="NAME:TAG...", help="Models to add.")],
     registry: RegistryOpt = None,
     offline: OfflineOpt = False,
-    fmt: FormatOpt = OutputFormat.human,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
     """Pull models and write them, pinned, into a folder usable as an offline registry.
 
@@ -279,21 +263,19 @@ def mirror_models(
       llmir registry mirror ./mirror smollm2:135m qwen2.5:0.5b-q4_0
       llmir init demo --model smollm2:135m --registry ./mirror --offline
     """
-    ctx = make_ctx(fmt, quiet, verbose, debug)
-    with handle_errors(ctx):
-        with pull_progress(ctx) as progress:
-            result = write_mirror(
-                directory,
-                names,
-                registry=registry,
-                offline=offline,
-                progress=progress,
-                reporter=ctx,
-            )
-        if ctx.json:
-            ctx.emit_json("registry.mirror", {"ok": True, **result.to_json()})
-        else:
-            ctx.result(
-                f"mirrored {', '.join(result.added)} into {directory} "
-                f"({result.blobs_written} new blobs, {human_size(result.bytes_written)})"
-            )
+    with pull_progress(ctx) as progress:
+        result = write_mirror(
+            directory,
+            names,
+            registry=registry,
+            offline=offline,
+            progress=progress,
+            reporter=ctx,
+        )
+    if ctx.json:
+        ctx.emit_json("registry.mirror", {"ok": True, **result.to_json()})
+    else:
+        ctx.result(
+            f"mirrored {', '.join(result.added)} into {directory} "
+            f"({result.blobs_written} new blobs, {human_size(result.bytes_written)})"
+        )

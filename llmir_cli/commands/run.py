@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -21,15 +22,9 @@ from llmir_core.runtime.textgen import (
     results_json,
 )
 
-from .._options import (
-    DebugOpt,
-    FormatOpt,
-    OutputFormat,
-    QuietOpt,
-    TemplateTimeoutOpt,
-    VerboseOpt,
-)
-from .._render import Ctx, handle_errors, make_ctx
+from .._options import TemplateTimeoutOpt
+from .._render import Ctx
+from ._command import command
 
 HELP = """Run a model: generate text from a prompt, or run it on input tensors.
 
@@ -81,7 +76,9 @@ Examples:
 """
 
 
+@command
 def run_cmd(
+    ctx: Ctx,
     target: Annotated[
         Path, typer.Argument(help="Artifact folder or .llmir file.", show_default=False)
     ],
@@ -166,13 +163,9 @@ def run_cmd(
         ),
     ] = False,
     template_timeout: TemplateTimeoutOpt = None,
-    fmt: FormatOpt = OutputFormat.human,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
-    ctx = make_ctx(fmt, quiet, verbose, debug)
-    with handle_errors(ctx), full_checks(verify_artifact):
+    # long: typer reads the command's options from this signature; the body is in helpers
+    with full_checks(verify_artifact):
         if not target.exists():
             raise InputError(
                 f"{target}: no such file or folder", hint="pass an artifact folder or a .llmir file"
@@ -208,38 +201,44 @@ def run_cmd(
                 "nothing to run: give --input NAME=FILE (tensors) or --prompt TEXT (text)",
                 hint="see `llmir run --help`",
             )
-        chosen = backend or ("onnxruntime" if target.is_dir() else "reference")
-        values = parse_input_specs(list(inputs or []))
-        outputs = run_target(str(target), values, chosen, threads)
-        paths = write_outputs(outputs, str(output_dir)) if output_dir is not None else []
-        rows = summarize(outputs)
-        if ctx.json:
-            ctx.emit_json(
-                "run",
-                {
-                    "ok": True,
-                    "target": str(target),
-                    "backend": chosen,
-                    "outputs": rows,
-                    "files": paths,
-                },
-            )
-            return
-        for row in rows:
-            stats = (
-                f"  min {row['min']:.6g}  max {row['max']:.6g}  mean {row['mean']:.6g}"
-                if "min" in row
-                else ""
-            )
-            ctx.result(f"{row['name']}: {row['dtype']}{row['shape']}{stats}")
-        if paths:
-            ctx.log(f"wrote {len(paths)} file(s) to {output_dir}")
-            for p in paths:
-                if p.endswith(".pb"):
-                    ctx.log(
-                        f"note: {os.path.basename(p)} is an ONNX TensorProto: .npy cannot carry its "
-                        "element type (read it with onnx.numpy_helper.to_array)"
-                    )
+        _run_tensors(ctx, target, inputs, backend, threads, output_dir)
+
+
+def _run_tensors(
+    ctx: Ctx,
+    target: Path,
+    inputs: list[str],
+    backend: str | None,
+    threads: int | None,
+    output_dir: Path | None,
+) -> None:
+    """--input NAME=FILE: the outputs summarized (and written to --output-dir)."""
+    chosen = backend or ("onnxruntime" if target.is_dir() else "reference")
+    values = parse_input_specs(list(inputs))
+    outputs = run_target(str(target), values, chosen, threads)
+    paths = write_outputs(outputs, str(output_dir)) if output_dir is not None else []
+    rows = summarize(outputs)
+    if ctx.json:
+        ctx.emit_json(
+            "run",
+            {"ok": True, "target": str(target), "backend": chosen, "outputs": rows, "files": paths},
+        )
+        return
+    for row in rows:
+        stats = (
+            f"  min {row['min']:.6g}  max {row['max']:.6g}  mean {row['mean']:.6g}"
+            if "min" in row
+            else ""
+        )
+        ctx.result(f"{row['name']}: {row['dtype']}{row['shape']}{stats}")
+    if paths:
+        ctx.log(f"wrote {len(paths)} file(s) to {output_dir}")
+        for p in paths:
+            if p.endswith(".pb"):
+                ctx.log(
+                    f"note: {os.path.basename(p)} is an ONNX TensorProto: .npy cannot carry its "
+                    "element type (read it with onnx.numpy_helper.to_array)"
+                )
 
 
 def _generate(
@@ -269,25 +268,7 @@ def _generate(
         if ctx.json:
             ctx.emit_json("run", {"ok": True, "target": str(target), **results_json(turns)})
         return
-    stream = not ctx.json
-
-    def on_text(i: int, piece: str) -> None:
-        if stream:
-            _write(piece)
-
-    def on_done(i: int, res: TextResult) -> None:
-        if stream:
-            _write("\n")
-            for w in res.warnings:
-                ctx.err.print(f"warning: {w}", markup=False)
-            r = res.result
-            ctx.detail(
-                f"[{len(r.prompt_ids)} prompt tokens, {len(r.ids)} generated, "
-                f"prefill {r.prefill_s * 1000:.1f} ms, {r.decode_tokens_per_s:.1f} tok/s, "
-                f"stop: {r.stop_reason}]"
-            )
-
-    results = generate_texts(str(target), prompts, options, on_text, on_done)
+    results = generate_texts(str(target), prompts, options, *_streaming(ctx, timings=True))
     if ctx.json:
         ctx.emit_json("run", {"ok": True, "target": str(target), **results_json(results)})
 
@@ -301,6 +282,16 @@ def _generate_ids(ctx: Ctx, target: Path, prompt_ids: list[str], options: TextGe
             hint=f"build one first: llmir build {target} -o {target.stem}.build",
         )
     prompts = [parse_prompt_ids(p) for p in prompt_ids]
+    results = generate_ids(str(target), prompts, options, *_streaming(ctx, timings=False))
+    if ctx.json:
+        ctx.emit_json("run", {"ok": True, "target": str(target), **results_json(results)})
+
+
+def _streaming(
+    ctx: Ctx, timings: bool
+) -> tuple[Callable[[int, str], None], Callable[[int, TextResult], None]]:
+    """(on_text, on_done) of a generation: text streams to stdout (not with --format json),
+    each result's warnings to stderr, with timings: its token counts and speed (--verbose)."""
     stream = not ctx.json
 
     def on_text(i: int, piece: str) -> None:
@@ -308,14 +299,20 @@ def _generate_ids(ctx: Ctx, target: Path, prompt_ids: list[str], options: TextGe
             _write(piece)
 
     def on_done(i: int, res: TextResult) -> None:
-        if stream:
-            _write("\n")
-            for w in res.warnings:
-                ctx.err.print(f"warning: {w}", markup=False)
+        if not stream:
+            return
+        _write("\n")
+        for w in res.warnings:
+            ctx.err.print(f"warning: {w}", markup=False)
+        if timings:
+            r = res.result
+            ctx.detail(
+                f"[{len(r.prompt_ids)} prompt tokens, {len(r.ids)} generated, "
+                f"prefill {r.prefill_s * 1000:.1f} ms, {r.decode_tokens_per_s:.1f} tok/s, "
+                f"stop: {r.stop_reason}]"
+            )
 
-    results = generate_ids(str(target), prompts, options, on_text, on_done)
-    if ctx.json:
-        ctx.emit_json("run", {"ok": True, "target": str(target), **results_json(results)})
+    return on_text, on_done
 
 
 def _write(piece: str) -> None:

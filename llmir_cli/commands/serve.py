@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from llmir_core.errors import InputError
 
-from .._options import DebugOpt, QuietOpt, TemplateTimeoutOpt, VerboseOpt
-from .._render import handle_errors, make_ctx
+from .._options import TemplateTimeoutOpt
+from .._render import Ctx
+from ._command import command
 
 HELP = """Serve a decoder artifact over HTTP with OpenAI's API, and the Playground at /.
 
@@ -53,7 +54,9 @@ Examples:
 """
 
 
+@command(formats=False)
 def serve_cmd(
+    ctx: Ctx,
     artifact: Annotated[
         Path, typer.Argument(help="Decoder artifact folder (llmir build).", show_default=False)
     ],
@@ -105,61 +108,64 @@ def serve_cmd(
         Path | None, typer.Option("--bench", help="Playground: `llmir bench --format json` output.")
     ] = None,
     template_timeout: TemplateTimeoutOpt = None,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
-    ctx = make_ctx(quiet=quiet, verbose=verbose, debug=debug)
-    with handle_errors(ctx):
-        from llmir_core.serve.model import open_served_model
-        from llmir_core.serve.playground import collect
-        from llmir_core.serve.server import bind, serve
+    if not artifact.is_dir():
+        raise InputError(
+            f"{artifact}: no such artifact folder",
+            hint="build one with `llmir build MODEL.llmir -o DIR`",
+        )
+    if not 0 <= port <= 65535:
+        raise InputError(f"--port must be in 0..65535, got {port}")
+    if api_key is not None and not api_key:
+        raise InputError("--api-key is empty", hint="pass a non-empty key or leave it out")
+    from llmir_core.serve.model import open_served_model
 
-        if not artifact.is_dir():
-            raise InputError(
-                f"{artifact}: no such artifact folder",
-                hint="build one with `llmir build MODEL.llmir -o DIR`",
-            )
-        if not 0 <= port <= 65535:
-            raise InputError(f"--port must be in 0..65535, got {port}")
-        if api_key is not None and not api_key:
-            raise InputError("--api-key is empty", hint="pass a non-empty key or leave it out")
-        model = open_served_model(
-            str(artifact),
-            max_batch=max_batch,
-            max_queue=max_queue,
-            chunk=prefill_chunk,
-            threads=threads,
-            max_context=max_context,
-            name=model_name,
-            template_timeout_s=template_timeout,
-        )
-        extra = collect(
-            str(artifact),
-            model.manifest,
-            ir=_s(ir),
-            lowered=_s(lowered),
-            report=_s(report),
-            dump_dir=_s(dump_dir),
-            bench=_s(bench),
-        )
-        sock = bind(host, port)
-        addr = sock.getsockname()
-        ctx.log(
-            f"serving {model.name} on http://{_url_host(addr[0])}:{addr[1]}/ ({max_batch} slots of "
-            f"{model.max_context} tokens, queue {max_queue}{', API key required' if api_key else ''}; "
-            "Ctrl-C stops)"
-        )
-        sig = serve(
-            model,
-            sock,
-            api_key=api_key,
-            playground=extra,
-            log_level="info" if verbose else "warning",
-        )
-        ctx.log("stopped: every admitted request finished")
-        if sig == signal.SIGINT:
-            raise typer.Exit(130)
+    model = open_served_model(
+        str(artifact),
+        max_batch=max_batch,
+        max_queue=max_queue,
+        chunk=prefill_chunk,
+        threads=threads,
+        max_context=max_context,
+        name=model_name,
+        template_timeout_s=template_timeout,
+    )
+    pages = {"ir": ir, "lowered": lowered, "report": report, "dump_dir": dump_dir, "bench": bench}
+    _serve(ctx, artifact, model, pages, (host, port), api_key, (max_batch, max_queue))
+
+
+def _serve(
+    ctx: Ctx,
+    artifact: Path,
+    model: Any,
+    pages: dict[str, Path | None],
+    address: tuple[str, int],
+    api_key: str | None,
+    slots: tuple[int, int],
+) -> None:
+    """Bind (host, port), serve until a signal, drain; exit 130 on Ctrl-C. pages: the
+    playground's files; slots: (--max-batch, --max-queue), for the log line."""
+    from llmir_core.serve.playground import collect
+    from llmir_core.serve.server import bind, serve
+
+    extra = collect(str(artifact), model.manifest, **{k: _s(v) for k, v in pages.items()})
+    sock = bind(*address)
+    addr = sock.getsockname()
+    ctx.log(
+        f"serving {model.name} on http://{_url_host(addr[0])}:{addr[1]}/ ({slots[0]} slots of "
+        f"{model.max_context} tokens, queue {slots[1]}{', API key required' if api_key else ''}; "
+        "Ctrl-C stops)"
+    )
+    sig = serve(
+        model,
+        sock,
+        api_key=api_key,
+        playground=extra,
+        log_level="info" if ctx.verbose else "warning",
+    )
+    ctx.log("stopped: every admitted request finished")
+    if sig == signal.SIGINT:
+        raise typer.Exit(130)
 
 
 def _s(p: Path | None) -> str | None:

@@ -12,8 +12,8 @@ import typer
 from llmir_core.errors import InputError
 from llmir_core.fileio import read_text_lines
 
-from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
-from .._render import handle_errors, make_ctx
+from .._render import Ctx
+from ._command import command
 
 HELP = """Tokenize text with a model's tokenizer, or decode token ids back to text.
 
@@ -38,7 +38,9 @@ Examples:
 """
 
 
+@command
 def tokenize_cmd(
+    ctx: Ctx,
     src: Annotated[
         str,
         typer.Argument(
@@ -65,10 +67,6 @@ def tokenize_cmd(
             "--jsonl", help="One JSON string per line in, one JSON id array per line out."
         ),
     ] = None,
-    fmt: FormatOpt = OutputFormat.human,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
     from llmir_core.runtime.tokenize_src import (
         check_ids,
@@ -78,44 +76,42 @@ def tokenize_cmd(
         parse_ids,
     )
 
-    ctx = make_ctx(fmt, quiet, verbose, debug)
-    with handle_errors(ctx):
-        if jsonl is not None and text is not None:
-            raise InputError("give TEXT or --jsonl FILE, not both")
-        lines = None
-        if jsonl is not None:
-            lines = read_text_lines(jsonl)
-        elif text is None:
-            text = sys.stdin.read()
-        tok = open_tokenizer(src)
-        if lines is not None:
-            out = (
-                decode_lines(tok, lines, str(jsonl), no_special)
-                if decode
-                else encode_lines(tok, lines, str(jsonl), not no_special)
-            )
-            sys.stdout.write("".join(json.dumps(v, ensure_ascii=False) + "\n" for v in out))
-            return
-        assert text is not None
-        if decode:
-            ids = parse_ids(text, "TEXT")
-            check_ids(tok, ids, "TEXT")
-            decoded = tok.decode(ids, skip_special_tokens=no_special)
-            if ctx.json:
-                ctx.emit_json("tokenize", {"ok": True, "ids": ids, "text": decoded})
-            else:
-                ctx.result(decoded)
-            return
-        ids = tok.encode(text, add_special_tokens=not no_special)
+    if jsonl is not None and text is not None:
+        raise InputError("give TEXT or --jsonl FILE, not both")
+    lines = None
+    if jsonl is not None:
+        lines = read_text_lines(jsonl)
+    elif text is None:
+        text = sys.stdin.read()
+    tok = open_tokenizer(src)
+    if lines is not None:
+        out = (
+            decode_lines(tok, lines, str(jsonl), no_special)
+            if decode
+            else encode_lines(tok, lines, str(jsonl), not no_special)
+        )
+        sys.stdout.write("".join(json.dumps(v, ensure_ascii=False) + "\n" for v in out))
+        return
+    assert text is not None
+    if decode:
+        ids = parse_ids(text, "TEXT")
+        check_ids(tok, ids, "TEXT")
+        decoded = tok.decode(ids, skip_special_tokens=no_special)
         if ctx.json:
-            pieces = [tok.backend.id_to_token(i) for i in ids]
-            ctx.emit_json(
-                "tokenize",
-                {"ok": True, "text": text, "ids": ids, "tokens": pieces, "count": len(ids)},
-            )
-            return
-        ctx.result(" ".join(str(i) for i in ids))
-        ctx.detail(f"{len(ids)} tokens")
+            ctx.emit_json("tokenize", {"ok": True, "ids": ids, "text": decoded})
+        else:
+            ctx.result(decoded)
+        return
+    ids = tok.encode(text, add_special_tokens=not no_special)
+    if ctx.json:
+        pieces = [tok.backend.id_to_token(i) for i in ids]
+        ctx.emit_json(
+            "tokenize",
+            {"ok": True, "text": text, "ids": ids, "tokens": pieces, "count": len(ids)},
+        )
+        return
+    ctx.result(" ".join(str(i) for i in ids))
+    ctx.detail(f"{len(ids)} tokens")
 
 
 def register(app: typer.Typer) -> None:

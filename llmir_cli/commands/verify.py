@@ -7,12 +7,12 @@ from typing import Annotated
 
 import typer
 
-from llmir_core.errors import EXIT_CHECK_FAILED, InputError, ParseError
+from llmir_core.errors import EXIT_CHECK_FAILED, InputError
 from llmir_core.ir.parser import parse_file
 from llmir_core.verifier import verify
 
-from .._options import DebugOpt, FormatOpt, OutputFormat, QuietOpt, VerboseOpt
-from .._render import handle_errors, make_ctx
+from .._render import Ctx
+from ._command import command
 
 HELP = """Check a .llmir file: syntax, SSA, op signatures, attributes, types and weight references.
 
@@ -39,7 +39,9 @@ Examples:
 """
 
 
+@command
 def verify_cmd(
+    ctx: Ctx,
     file: Annotated[
         Path | None, typer.Argument(help="The .llmir file to check.", show_default=False)
     ] = None,
@@ -86,68 +88,58 @@ def verify_cmd(
     target: Annotated[
         str | None, typer.Option("--target", help="Also check every op runs on this target.")
     ] = None,
-    fmt: FormatOpt = OutputFormat.human,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
-    ctx = make_ctx(fmt, quiet, verbose, debug)
     if rules:
-        from ._verify_smt import verify_rules
+        from ._verify_smt import verify_mutants, verify_rules
 
         if mutants:
-            from ._verify_smt import verify_mutants
-
             verify_mutants(ctx, rule_filter, timeout)
-            return
-        verify_rules(ctx, rule_filter, update_certificate, timeout)
-        return
-    with handle_errors(ctx):
-        if file is None:
-            raise InputError(
-                "missing FILE", hint="llmir verify FILE.llmir, or llmir verify --rules"
-            )
-        if against is not None:
-            from ._verify_smt import verify_against
-
-            verify_against(ctx, file, against, timeout)
-            return
-        if ranges:
-            from ._verify_smt import verify_ranges
-
-            verify_ranges(ctx, file, input_range, timeout)
-            return
-        try:
-            module = parse_file(str(file))
-        except ParseError:
-            raise
-        diags = verify(module, check_files=not no_weights)
-        if target is not None:
-            from llmir_core.targets import get_target
-
-            diags = diags + get_target(target).capabilities.check(module)
-        errors = [d for d in diags if d.severity == "error"]
-        if ctx.json:
-            ctx.emit_json(
-                "verify",
-                {
-                    "ok": not errors,
-                    "file": str(file),
-                    "functions": len(module.functions),
-                    "ops": module.op_count(),
-                    "diagnostics": [d.to_json() for d in diags],
-                },
-            )
         else:
-            ctx.diagnostics(diags)
-            if errors:
-                ctx.log(f"{file}: {len(errors)} error(s)")
-            elif not quiet:
-                ctx.result(
-                    f"{file}: ok ({len(module.functions)} function(s), {module.op_count()} ops)"
-                )
+            verify_rules(ctx, rule_filter, update_certificate, timeout)
+        return
+    if file is None:
+        raise InputError("missing FILE", hint="llmir verify FILE.llmir, or llmir verify --rules")
+    if against is not None:
+        from ._verify_smt import verify_against
+
+        verify_against(ctx, file, against, timeout)
+    elif ranges:
+        from ._verify_smt import verify_ranges
+
+        verify_ranges(ctx, file, input_range, timeout)
+    else:
+        _verify(ctx, file, no_weights, target)
+
+
+def _verify(ctx: Ctx, file: Path, no_weights: bool, target: str | None) -> None:
+    """The module's diagnostics (and, with a target, every op it cannot run); exit 1 on an
+    error."""
+    module = parse_file(str(file))
+    diags = verify(module, check_files=not no_weights)
+    if target is not None:
+        from llmir_core.targets import get_target
+
+        diags = diags + get_target(target).capabilities.check(module)
+    errors = [d for d in diags if d.severity == "error"]
+    if ctx.json:
+        ctx.emit_json(
+            "verify",
+            {
+                "ok": not errors,
+                "file": str(file),
+                "functions": len(module.functions),
+                "ops": module.op_count(),
+                "diagnostics": [d.to_json() for d in diags],
+            },
+        )
+    else:
+        ctx.diagnostics(diags)
         if errors:
-            raise typer.Exit(EXIT_CHECK_FAILED)
+            ctx.log(f"{file}: {len(errors)} error(s)")
+        elif not ctx.quiet:
+            ctx.result(f"{file}: ok ({len(module.functions)} function(s), {module.op_count()} ops)")
+    if errors:
+        raise typer.Exit(EXIT_CHECK_FAILED)
 
 
 def register(app: typer.Typer) -> None:

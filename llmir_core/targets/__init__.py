@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -225,20 +225,52 @@ def get_target(name: str) -> Any:
 
 
 DEFAULT_OPT_LEVEL = 2  # the preset `llmir build` runs before lowering (`llmir optimize`'s default)
-# build options that change the onnxruntime decoder lowering (`llmir build` and `llmir optimize
-# --target` take the same flags)
-DECODER_OPTIONS = ("quant", "quant_block", "max_len", "accuracy_level")
-
-
+# the flags `llmir build` and `llmir optimize --target` took before `--target-opt`, kept as
+# aliases of the onnxruntime options of the same meaning: option name -> flag
+ALIASES = {
+    "quant": "--quant",
+    "quant_block": "--quant-block",
+    "max_len": "--max-len",
+    "accuracy_level": "--accuracy-level",
+    "last_logits": "--logits",
+    "dtype": "--dtype",
+    "prepack": "--prepack",
+    "int8_matmul": "--int8-matmul",
+    "f32_matmul": "--f32-matmul",
+    "attention_kernel": "--attention-kernel",
+    "gguf_kernels": "--gguf-kernels",
+    "generic": "--generic",
+}
 F32_MATMUL = {"llmir": "auto", "mlas": "ort"}  # --f32-matmul -> lower-ort-weight-dtype f32_kernel
+
+
+def alias_options(**flags: Any) -> dict[str, Any]:
+    """The alias flags given (None = not given; `generic` False = not given) as options:
+    --logits last|all is `last_logits`, --f32-matmul llmir|mlas is `f32_matmul` auto|ort."""
+    logits, f32 = flags.pop("logits", None), flags.pop("f32_matmul", None)
+    if logits not in (None, "last", "all"):
+        raise InputError(f"--logits must be 'last' or 'all', got {logits!r}")
+    if f32 not in (None, *F32_MATMUL):
+        raise InputError(
+            f"--f32-matmul must be 'llmir' or 'mlas', got {f32!r}",
+            hint="llmir: llmir's kernel reading 16-row panels in place (the default); mlas: "
+            "onnxruntime's FusedMatMul, repacked when the artifact opens",
+        )
+    out = {k: v for k, v in flags.items() if v is not None and v is not False}
+    if logits is not None:
+        out["last_logits"] = logits == "last"
+    if f32 is not None:
+        out["f32_matmul"] = F32_MATMUL[f32]
+    return out
 
 
 def build_options(
     module: Module,
     target: str,
     *,
+    target_opts: Sequence[str] = (),
     quant: str | None = None,
-    quant_block: int = 32,
+    quant_block: int | None = None,
     max_len: int | None = None,
     accuracy_level: int | None = None,
     logits: str | None = None,
@@ -250,72 +282,41 @@ def build_options(
     attention_kernel: str | None = None,
     gguf_kernels: str | None = None,
 ) -> dict[str, Any]:
-    """The lowering options the build flags give (only those given), checked against the module:
-    --quant, --max-len, --accuracy-level, --logits, --dtype, --prepack, --int8-matmul and
-    --f32-matmul, --attention-kernel apply to onnxruntime decoder lowerings only. --f32-matmul
-    llmir|mlas is the option `f32_matmul` = auto|ort (lower-ort-weight-dtype's `f32_kernel`);
-    --attention-kernel is lower-ort-attention's `attention_kernel`; --gguf-kernels is
-    `gguf_kernels` (lower-ort-matmul and lower-ort-attention)."""
-    from llmir_core.targets.onnxruntime.lower_common import is_decoder
+    """The lowering options a build was given (only those given): `--target-opt KEY=VALUE`
+    texts and the alias flags (--quant, --max-len, ...; ALIASES), checked against the target's
+    declarations (known name, kind, choice: llmir_core.targets.options) and then by the
+    target's own `check_options(module, options)` hook (onnxruntime: decoder options need a
+    decoder module)."""
+    from llmir_core.targets.options import check_options, parse_assignments
 
-    if logits not in (None, "last", "all"):
-        raise InputError(f"--logits must be 'last' or 'all', got {logits!r}")
-    if f32_matmul not in (None, *F32_MATMUL):
+    t = get_target(target)
+    aliased = alias_options(
+        quant=quant,
+        quant_block=quant_block,
+        max_len=max_len,
+        accuracy_level=accuracy_level,
+        logits=logits,
+        dtype=dtype,
+        generic=generic,
+        prepack=prepack,
+        int8_matmul=int8_matmul,
+        f32_matmul=f32_matmul,
+        attention_kernel=attention_kernel,
+        gguf_kernels=gguf_kernels,
+    )
+    options = check_options(t, aliased, ALIASES)
+    extra = parse_assignments(t, target_opts)
+    twice = sorted(set(options) & set(extra))
+    if twice:
         raise InputError(
-            f"--f32-matmul must be 'llmir' or 'mlas', got {f32_matmul!r}",
-            hint="llmir: llmir's kernel reading 16-row panels in place (the default); mlas: "
-            "onnxruntime's FusedMatMul, repacked when the artifact opens",
+            f"{ALIASES[twice[0]]} and --target-opt {twice[0]} both given",
+            hint="give each option once",
         )
-    if attention_kernel is not None:
-        from llmir_core.targets.onnxruntime.lower_attention import ATTENTION_KERNEL
-
-        if attention_kernel not in ATTENTION_KERNEL:
-            raise InputError(
-                f"--attention-kernel must be one of {', '.join(ATTENTION_KERNEL)}, "
-                f"got {attention_kernel!r}",
-                hint="auto: llmir's attention where it runs (the default); llmir: always "
-                "(an error where it cannot); onnxruntime: com.microsoft GroupQueryAttention",
-            )
-    if gguf_kernels is not None:
-        from llmir_core.targets.onnxruntime.lower_common import check_gguf_kernels
-
-        check_gguf_kernels(gguf_kernels)
-    given: dict[str, Any] = {
-        k: v
-        for k, v in (
-            ("quant", quant),
-            ("max_len", max_len),
-            ("accuracy_level", accuracy_level),
-            ("last_logits", None if logits is None else logits == "last"),
-            ("dtype", dtype),
-            ("prepack", prepack),
-            ("int8_matmul", int8_matmul),
-            ("f32_matmul", None if f32_matmul is None else F32_MATMUL[f32_matmul]),
-            ("attention_kernel", attention_kernel),
-            ("gguf_kernels", gguf_kernels),
-        )
-        if v is not None
-    }
-    if given and (target != "onnxruntime" or generic or not is_decoder(module)):
-        raise InputError(
-            "--quant, --max-len, --accuracy-level, --logits, --dtype, --prepack, --int8-matmul, "
-            "--f32-matmul, --attention-kernel and --gguf-kernels apply to decoder builds only",
-            hint="import an LLM (HF folder or GGUF) to get a decoder module",
-        )
-    if int8_matmul is not None:
-        from llmir_core.targets.onnxruntime.lower_matmul import check_int8_matmul
-
-        check_int8_matmul(int8_matmul)
-        if quant != "int8":
-            raise InputError(
-                "--int8-matmul applies to --quant int8 builds only",
-                hint="add --quant int8, or drop --int8-matmul",
-            )
-    if quant:
-        given["quant_block"] = quant_block
-    if generic:
-        given["generic"] = True
-    return given
+    options.update(extra)
+    hook = getattr(t, "check_options", None)
+    if hook is not None:
+        hook(module, options)
+    return options
 
 
 def pipeline(
@@ -328,10 +329,20 @@ def pipeline(
     lowering. What `llmir build` runs, and what `llmir optimize -O<level> --target` runs, so the
     two give the same lowered module."""
     from llmir_core.passes.pipeline import preset
+    from llmir_core.targets.options import check_options
 
     t = get_target(target)
     level = opt_level if opt_level is not None else getattr(t, "opt_level", DEFAULT_OPT_LEVEL)
-    return preset(int(level)) + list(t.lowering(options or {}))
+    return preset(int(level)) + list(t.lowering(check_options(t, options or {})))
+
+
+def record_options(module: Module, target: str, options: Mapping[str, Any]) -> None:
+    """Record on `module` (before its lowering) every option `target` declares with the value
+    the build uses (`llmir.target_options`; the manifest copies it): `llmir build` and `llmir
+    optimize --target` record the same, so their artifacts stay byte-identical."""
+    from llmir_core.targets.options import MODULE_ATTR, effective
+
+    module.attrs[MODULE_ATTR] = effective(get_target(target), options)
 
 
 def lower(
@@ -368,6 +379,7 @@ def lower_text(
     passes = pipeline(target, options, opt_level)
     m = clone_module(module)
     m.attrs.setdefault("llmir.source", source_record(module, source_path))
+    record_options(m, target, options or {})
     res = run_pipeline(m, passes, span_name="lower")
     return print_module(res.module)
 
@@ -458,6 +470,9 @@ def open_batch_artifact(artifact_dir: str, slots: int, **options: Any) -> Any:
 __all__ = [
     "build",
     "build_options",
+    "alias_options",
+    "record_options",
+    "ALIASES",
     "pipeline",
     "DEFAULT_OPT_LEVEL",
     "lower",

@@ -321,7 +321,7 @@ def test_errors(tiny_module: Any, tmp_path: Path) -> None:
     assert is_decoder(tiny_module) and not is_decoder(plain)
     with pytest.raises(InputError, match="is not a decoder"):
         build_decoder(plain, str(tmp_path / "a"))
-    with pytest.raises(InputError, match="unknown --quant 'int3'"):
+    with pytest.raises(InputError, match="quant must be one of none, int4, int8, got 'int3'"):
         build_decoder(tiny_module, str(tmp_path / "a"), quant="int3")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x.txt").write_text("mine")

@@ -62,7 +62,10 @@ def test_nbits_option_keeps_blocks(tiny_module: Any) -> None:
 
 
 def test_unknown_int8_matmul_is_an_input_error(tiny_module: Any) -> None:
-    with pytest.raises(InputError, match="unknown int8_matmul 'qgemm'"):
+    with pytest.raises(
+        InputError,
+        match="int8_matmul must be one of llmir, qgemm-s8pair, qgemm-u8, nbits, got 'qgemm'",
+    ):
         lower(tiny_module, options={"quant": "int8", "int8_matmul": "qgemm"})
 
 

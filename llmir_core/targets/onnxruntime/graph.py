@@ -121,6 +121,7 @@ def build(
             source=source,
             pipeline=module.attrs.get("llmir.pipeline"),
             lowered=w.write_lowered(lowered_text),
+            target_options=module.attrs.get("llmir.target_options"),
         )
         return w.finish(
             {

@@ -1301,7 +1301,7 @@ def build_decoder(
 
     options: dict[str, Any] = {
         "accuracy_level": accuracy_level,
-        "quant": quant or "",
+        "quant": quant or "none",
         "quant_block": quant_block,
         "last_logits": last_logits,
     }
@@ -1340,6 +1340,7 @@ def serialize_decoder(
             pipeline=module.attrs.get("llmir.pipeline"),
             builder="decoder",
             lowered=w.write_lowered(lowered_text),
+            target_options=module.attrs.get("llmir.target_options"),
         )
         dec = _decoder_section(
             module, D, outs, w.write_tokenizer(module), w.write_chat_template(module)

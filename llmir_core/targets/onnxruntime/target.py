@@ -16,27 +16,9 @@ from llmir_core.errors import InputError
 
 if TYPE_CHECKING:  # opening an artifact needs no IR (tests/decoder/test_open_imports.py)
     from llmir_core.ir.core import Module
-    from llmir_core.targets.contract import Capabilities
+    from llmir_core.targets.contract import Capabilities, TargetOption
 
 NAME = "onnxruntime"
-_OPTIONS = (
-    "quant",
-    "quant_block",
-    "accuracy_level",
-    "int8_matmul",
-    "nbits_kernel",
-    "attention_kernel",
-    "norm_kernel",
-    "max_len",
-    "last_logits",
-    "generic",
-    "dtype",
-    "prepack",
-    "f32_matmul",
-    "swiglu",
-    "nbits_scales",
-    "gguf_kernels",
-)
 # ops with a definition the generic lowering cannot express in ONNX
 _REASONS = {
     "llm.kv_cache_update": "the !llm.kv_cache type has no onnxruntime form; decoders keep their cache as "
@@ -129,6 +111,13 @@ class OrtTarget:
     ) + ("llmir_core.targets.onnxruntime.pack_weights:PackOrtWeights",)
 
     @property
+    def options(self) -> tuple[TargetOption, ...]:
+        """The build options (options.py; imported here: opening an artifact needs no IR)."""
+        from llmir_core.targets.onnxruntime.options import OPTIONS
+
+        return OPTIONS
+
+    @property
     def capabilities(self) -> Capabilities:
         if self._caps is None:
             self._caps = _capabilities()
@@ -165,13 +154,7 @@ class OrtTarget:
         )
         from llmir_core.targets.onnxruntime.pack_weights import PackOrtWeights
 
-        unknown = sorted(set(options) - set(_OPTIONS))
-        if unknown:
-            raise InputError(
-                f"unknown onnxruntime build option(s): {', '.join(unknown)}",
-                hint=f"valid: {', '.join(_OPTIONS)}",
-            )
-        quant = str(options.get("quant") or "")
+        quant = str(options.get("quant") or "").replace("none", "")
         block = int(options.get("quant_block", 32))
         level = int(options.get("accuracy_level", ACCURACY_LEVEL))
         last = bool(options.get("last_logits", LAST_LOGITS))
@@ -220,6 +203,24 @@ class OrtTarget:
             PackOrtWeights(),
             module,
         ]
+
+    def check_options(self, module: Module, options: Mapping[str, Any]) -> None:
+        """The refusals the declarations cannot state: the decoder options need a decoder
+        module and the decoder lowering (not `generic`); int8_matmul needs quant int8."""
+        from llmir_core.targets.onnxruntime.lower_common import is_decoder
+        from llmir_core.targets.onnxruntime.options import DECODER_ONLY
+
+        given = [k for k in DECODER_ONLY if k in options]
+        if given and (options.get("generic") or not is_decoder(module)):
+            raise InputError(
+                f"options {', '.join(given)} apply to decoder builds only",
+                hint="import an LLM (HF folder or GGUF) to get a decoder module; without --generic",
+            )
+        if "int8_matmul" in options and options.get("quant") != "int8":
+            raise InputError(
+                "--int8-matmul applies to --quant int8 builds only",
+                hint="add --quant int8 (--target-opt quant=int8), or drop --int8-matmul",
+            )
 
     def serialize(
         self,

@@ -162,6 +162,7 @@ def _manifest_body(
         "lowered": MODEL_FILE,  # the file the ops' locations point into
         "source": source,
         "pipeline": [str(p) for p in pipeline] if isinstance(pipeline, (list, tuple)) else None,
+        "target_options": jsonable(module.attrs.get("llmir.target_options") or {}),
         "inputs": signature[0],
         "outputs": signature[1],
     }

@@ -2,13 +2,14 @@
 
 - `lowering(options)`: fuse-add-rms-norm, fuse-linear, then lower-triton (options `kv_cache`
   native|int8, `split_k`), so `llmir optimize --target triton` shows each kernel launch.
-- `serialize(module, out_dir, arch=...)`: writes (temp + rename) `model.llmir` (the lowered
-  module), `weights.bin` with the build-time values in the kernels' layouts (float weights as
-  they are; GGUF q8_0/q4_0 blocks and symmetric nbits weights repacked losslessly into codes +
-  scales; rotary tables precomputed), `kernels/` with PTX and cubin compiled ahead of time for
-  each `--arch` (default sm_80,sm_90: the main specialization of every kernel the module
-  launches, in its dtype; other specializations compile at load, cached) and the manifest (`"target": "triton"`, sha256 of every
-  file, each AOT kernel's entry).
+- `serialize(module, out_dir)`: writes (temp + rename) `model.llmir` (the lowered module),
+  `weights.bin` with the build-time values in the kernels' layouts (float weights as they are;
+  GGUF q8_0/q4_0 blocks and symmetric nbits weights repacked losslessly into codes + scales;
+  rotary tables precomputed), `kernels/` with PTX and cubin compiled ahead of time for each
+  architecture of the `arch` option (`--target-opt arch=sm_80,sm_90`, the default: the main
+  specialization of every kernel the module launches, in its dtype; other specializations
+  compile at load, cached) and the manifest (`"target": "triton"`, sha256 of every file, each
+  AOT kernel's entry, the build options as `target_options`).
 - `open(dir)`: a `TritonDecoder` (runner.py) implementing the Decoder protocol. It needs a CUDA
   device, except under TRITON_INTERPRET=1 (the CPU tests); otherwise it exits 2 with "this
   artifact needs a CUDA GPU (none found)".
@@ -25,6 +26,7 @@ import numpy as np
 from llmir_core.errors import Diagnostic, InputError
 from llmir_core.ir.core import Module
 from llmir_core.ir.types import DType, TensorType
+from llmir_core.targets.contract import TargetOption
 from llmir_core.targets.triton.plan import RUNTIME_OPS, split_static, static_leaves
 
 NAME = "triton"
@@ -90,24 +92,78 @@ def _is_lowered(module: Module) -> bool:
     return any(op.name.startswith("triton.") for fn in module.functions for op in fn.ops)
 
 
+OPTIONS = (
+    TargetOption(
+        "arch",
+        "str",
+        "CUDA architectures to compile the kernels for ahead of time, e.g. sm_80,sm_90; none: "
+        "every kernel compiles when the artifact loads (cached).",
+        "sm_80,sm_90",
+    ),
+    TargetOption(
+        "max_len",
+        "int",
+        "KV-cache positions the runner allocates at most; unset: the model's context.",
+    ),
+    TargetOption(
+        "kv_cache",
+        "str",
+        "KV-cache storage: native (the compute dtype) or int8 (with per-position scales).",
+        "native",
+        ("native", "int8"),
+    ),
+    TargetOption(
+        "split_k",
+        "int",
+        "Decode attention: the number of cache slices (flash-decoding); 0: chosen by the "
+        "cache capacity.",
+        0,
+    ),
+)
+
+
+def _archs(arch: str) -> list[int]:
+    """The `arch` option as compute capabilities ("none": no ahead-of-time kernels)."""
+    from llmir_core.targets.triton.aot import parse_archs
+
+    if arch == "none":
+        return []
+    try:
+        return parse_archs(arch)
+    except InputError:
+        raise InputError(
+            f"--target-opt arch must be CUDA architectures such as sm_80,sm_90, or none; "
+            f"got {arch!r}",
+            hint="e.g. --target-opt arch=sm_80 (none: kernels compile when the artifact loads)",
+        ) from None
+
+
 class TritonTarget:
     name = NAME
     capabilities = CAPABILITIES
     dialects = ("llmir_core.targets.triton.dialect",)
     passes = ("llmir_core.targets.triton.lower:LowerTriton",)
+    options = OPTIONS
 
-    def lowering(self, options: Mapping[str, str]) -> list[Any]:
+    def check_options(self, module: Module, options: Mapping[str, Any]) -> None:
+        """arch names CUDA architectures (sm_NN, comma-separated) or none; max_len >= 1;
+        split_k >= 0."""
+        if "arch" in options:
+            _archs(str(options["arch"]))
+        if options.get("max_len") is not None and int(options["max_len"]) < 1:
+            raise InputError(f"--target-opt max_len must be >= 1, got {options['max_len']}")
+        if int(options.get("split_k", 0)) < 0:
+            raise InputError(f"--target-opt split_k must be >= 0, got {options['split_k']}")
+
+    def lowering(self, options: Mapping[str, Any]) -> list[Any]:
+        """fuse-add-rms-norm, fuse-linear, lower-triton (kv_cache, split_k); arch and max_len
+        are read by the serializer from the options the lowered module records."""
         from llmir_core.passes import PASSES
 
         kv = str(options.get("kv_cache", "native"))
         if kv not in ("native", "int8"):
-            raise InputError(f"--kv-cache for the triton target is native or int8, got {kv!r}")
-        try:
-            split_k = int(options.get("split_k", 0))
-        except ValueError:
-            raise InputError(
-                f"split_k must be an integer, got {options.get('split_k')!r}"
-            ) from None
+            raise InputError(f"--target-opt kv_cache must be one of native, int8, got {kv!r}")
+        split_k = int(options.get("split_k", 0))
         return [
             PASSES["fuse-add-rms-norm"](),
             PASSES["fuse-linear"](),
@@ -121,25 +177,34 @@ class TritonTarget:
         *,
         source_path: str | None = None,
         arch: str | None = None,
-        kv_cache: str = "native",
+        kv_cache: str | None = None,
         max_len: int | None = None,
         **_: Any,
     ) -> dict[str, Any]:
+        """arch, kv_cache, max_len: given here, else the options the lowered module records
+        (`llmir.target_options`), else the defaults. "none" arch: no ahead-of-time kernels (all
+        compile at load, cached)."""
         from llmir_core.passes.base import PassContext, clone_module
-        from llmir_core.targets.triton.aot import DEFAULT_ARCHS, parse_archs
+        from llmir_core.targets.options import MODULE_ATTR, effective
 
-        # "none": no ahead-of-time kernels (all compile at load, cached)
-        archs = (
-            []
-            if arch == "none"
-            else parse_archs(arch if arch is not None else ",".join(DEFAULT_ARCHS))
-        )
+        recorded = module.attrs.get(MODULE_ATTR)
+        given = {"arch": arch, "kv_cache": kv_cache, "max_len": max_len}
+        opts = effective(self, dict(recorded) if isinstance(recorded, dict) else {})
+        opts.update({k: v for k, v in given.items() if v is not None})
+        archs = _archs(str(opts["arch"]))
         if not _is_lowered(module):
             module = clone_module(module)
             ctx = PassContext()
-            for p in self.lowering({"kv_cache": kv_cache}):
+            for p in self.lowering(opts):
                 p.run(module, ctx)
-        return write_artifact(module, out_dir, archs, source_path=source_path, max_len=max_len)
+        return write_artifact(
+            module,
+            out_dir,
+            archs,
+            source_path=source_path,
+            max_len=opts["max_len"],
+            target_options=opts,
+        )
 
     def open(self, artifact_dir: str, **options: Any) -> Any:
         from llmir_core.targets.triton.runner import open_decoder
@@ -205,6 +270,7 @@ def write_artifact(
     *,
     source_path: str | None = None,
     max_len: int | None = None,
+    target_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The triton artifact of a lowered decoder module in out_dir (through the shared
     `ArtifactWriter`: temp folder, manifest with every file's sha256, rename); the manifest."""
@@ -233,6 +299,7 @@ def write_artifact(
             source=source_record(module, source_path),
             pipeline=module.attrs.get("llmir.pipeline"),
             builder="decoder",
+            target_options=target_options,
         )
         return w.finish(
             {
@@ -353,4 +420,4 @@ def _shape(v: Any) -> tuple[Any, ...]:
     return tuple(t.shape) if isinstance(t, TensorType) else ()
 
 
-__all__ = ["TARGET", "TritonTarget", "Capabilities", "CAPABILITIES", "write_artifact"]
+__all__ = ["TARGET", "TritonTarget", "Capabilities", "CAPABILITIES", "OPTIONS", "write_artifact"]
