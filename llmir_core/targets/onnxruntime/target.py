@@ -36,6 +36,7 @@ _OPTIONS = (
     "swiglu",
     "nbits_scales",
     "gguf_kernels",
+    "cpu",
 )
 # ops with a definition the generic lowering cannot express in ONNX
 _REASONS = {
@@ -177,6 +178,11 @@ class OrtTarget:
         dtype = str(options.get("dtype") or "")
         parse_weight_dtype(dtype)
         gguf = str(options.get("gguf_kernels") or GGUF_KERNEL)
+        # the kernel choice: x86-64-v3 (llmir's kernels), x86-64 (portable ops); host probes
+        # this machine here, once, only when asked (native/cpu.py); the passes read the result
+        from llmir_core.targets.onnxruntime.native.cpu import CPU, resolve_cpu
+
+        cpu = resolve_cpu(str(options.get("cpu") or CPU))
         module = LowerOrtModule(
             quant,
             block,
@@ -186,15 +192,20 @@ class OrtTarget:
             bool(options.get("generic", False)),
             dtype,
             str(options.get("prepack") or PREPACK),
+            cpu,
         )
         if options.get("generic"):
             return [LowerOrtPrecision(), module]
         return [
             LowerOrtPrecision(),
             LowerOrtAttention(
-                quant, block, str(options.get("attention_kernel") or ATTENTION_KERNEL[0]), gguf
+                quant,
+                block,
+                str(options.get("attention_kernel") or ATTENTION_KERNEL[0]),
+                gguf,
+                cpu,
             ),
-            LowerOrtNorms(str(options.get("norm_kernel") or NORM_KERNEL[0])),
+            LowerOrtNorms(str(options.get("norm_kernel") or NORM_KERNEL[0]), cpu),
             LowerOrtMoe(quant, block, level),
             LowerOrtMatmul(
                 quant,
@@ -205,6 +216,7 @@ class OrtTarget:
                 bool(options.get("swiglu", True)),
                 str(options.get("nbits_scales") or "f16"),
                 gguf,
+                cpu,
             ),
             LowerOrtEmbedding(quant, block),
             # f32 weights: llmir's MatMulF32 reads them in place, stored in 16-row panels, where
@@ -214,6 +226,7 @@ class OrtTarget:
                 dtype,
                 f32_kernel=str(options.get("f32_matmul") or F32_KERNEL),
                 swiglu=bool(options.get("swiglu", True)),
+                cpu=cpu,
             ),
             LowerOrtLogits(last),
             module,
