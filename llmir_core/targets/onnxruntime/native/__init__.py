@@ -79,7 +79,7 @@ def unavailable_reason() -> str | None:
     why = machine_problem()
     if why is not None:
         return why
-    if _b.compiler() is None and _shipped_or_none() is None:
+    if _b.compiler() is None and _shipped_or_none() is None and not verified(_cache_path(FLAGS)):
         return f"no library shipped with the package and no C compiler ({_cc_name()}) on PATH"
     return None
 
@@ -135,9 +135,13 @@ def library_path(sanitized: bool = False) -> str:
         if shipped is not None:
             return str(shipped)
     flags = SANITIZE_FLAGS if sanitized else FLAGS
-    folder = _cache_dir() / "asan" if sanitized else _cache_dir()
-    key = _b.source_digest(flags)[:16]
-    return _built(folder / f"lib{LIBRARY}-{key}.so", flags)
+    return _built(_cache_path(flags), flags)
+
+
+def _cache_path(flags: Sequence[str]) -> Path:
+    """Where the library compiled with flags is cached (named by its sources and flags)."""
+    folder = _cache_dir() / "asan" if flags == SANITIZE_FLAGS else _cache_dir()
+    return folder / f"lib{LIBRARY}-{_b.source_digest(flags)[:16]}.so"
 
 
 def _sha256(path: Path) -> str:

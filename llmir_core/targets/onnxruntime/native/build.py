@@ -104,15 +104,20 @@ def compile_to(out: Path, flags: Sequence[str] = FLAGS) -> str:
 def build_shipped(folder: Path) -> Path:
     """The install step: compile SHIPPED into folder and write BUILD_RECORD beside it (the
     record last, so a library without a record is never taken for a finished build)."""
-    record = folder / BUILD_RECORD
-    record.unlink(missing_ok=True)
+    (folder / BUILD_RECORD).unlink(missing_ok=True)
     digest = compile_to(folder / SHIPPED)
     (folder / SHIPPED).chmod(0o755)  # an installed package is read by every user
+    write_record(folder, digest)
+    return folder / SHIPPED
+
+
+def write_record(folder: Path, digest: str) -> None:
+    """BUILD_RECORD for the library SHIPPED in folder, whose sha256 is digest."""
+    record = folder / BUILD_RECORD
     body = {"library": SHIPPED, "sha256": digest, "sources": source_digest()}
     tmp = record.with_name(record.name + ".tmp")
     tmp.write_text(json.dumps(body, indent=1) + "\n", encoding="ascii")
     os.replace(tmp, record)
-    return folder / SHIPPED
 
 
 def read_record(folder: Path) -> dict[str, str] | None:
@@ -142,4 +147,5 @@ __all__ = [
     "read_record",
     "sha256_file",
     "source_digest",
+    "write_record",
 ]
