@@ -105,6 +105,7 @@ def build_shipped(folder: Path) -> Path:
     """The install step: compile SHIPPED into folder and write BUILD_RECORD beside it (the
     record last, so a library without a record is never taken for a finished build)."""
     (folder / BUILD_RECORD).unlink(missing_ok=True)
+    (folder / SHIPPED).unlink(missing_ok=True)  # no stale library stays when this build fails
     digest = compile_to(folder / SHIPPED)
     (folder / SHIPPED).chmod(0o755)  # an installed package is read by every user
     write_record(folder, digest)
