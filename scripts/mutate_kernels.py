@@ -393,7 +393,10 @@ def snippet_problems(mutants: Sequence[Mutant], root: Path = ROOT) -> list[str]:
 
 
 def _copy(dst: Path) -> None:
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    # not the library an editable install built in place: the copy compiles its own sources
+    ignore = shutil.ignore_patterns(
+        "__pycache__", "*.pyc", ".pytest_cache", "libllmir_ops.so", "_build.json"
+    )
     for name in COPIED:
         src = ROOT / name
         if src.is_dir():

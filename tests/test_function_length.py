@@ -24,9 +24,7 @@ MAX_LINES = 80
 _REASON = re.compile(r"#\s*long:\s*(\S.*)$")
 
 # Functions allowed past the limit without a `# long:` reason: none ("path::qualified.name").
-ALLOWED: dict[str, str] = {
-    "llmir_core/targets/onnxruntime/lower_matmul.py::LowerOrtMatmul._matmul": "issue 23: h/purelower"
-}
+ALLOWED: dict[str, str] = {}
 
 
 _Def = ast.FunctionDef | ast.AsyncFunctionDef

@@ -21,7 +21,7 @@ from llmir_core.ir.printer import print_module
 from llmir_core.passes.base import clone_module
 from llmir_core.passes.manager import run_pipeline
 from llmir_core.targets import build, get_target
-from llmir_core.targets.onnxruntime.native import DISABLE_ENV, DOMAIN, register, unavailable_reason
+from llmir_core.targets.onnxruntime.native import DOMAIN, register, unavailable_reason
 from llmir_core.targets.onnxruntime.runner import open_decoder
 from tests.conftest import requires
 
@@ -389,17 +389,17 @@ def test_reimported_llmir_attention(tiny_module: Any, tmp_path: Path) -> None:
     assert texts[0] == texts[1]
 
 
-def test_without_the_capability_onnxruntime_attention_is_kept(
-    tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(DISABLE_ENV, "1")
-    text = _lowered(tiny_module)
+def test_for_portable_x86_64_onnxruntime_attention_is_kept(tiny_module: Any) -> None:
+    text = _lowered(tiny_module, cpu="x86-64")
     gqa = [x for x in text.splitlines() if "ort.group_query_attention" in x]
     assert len(gqa) == 2 and not any("kernel =" in x for x in gqa)
-    # asked for by name, the op records it for a machine where the library builds
-    text = _lowered(tiny_module, attention_kernel="llmir")
-    gqa = [x for x in text.splitlines() if "ort.group_query_attention" in x]
-    assert len(gqa) == 2 and all('kernel = "llmir"' in x for x in gqa)
+    with pytest.raises(InputError, match="attention_kernel=llmir needs llmir's kernels"):
+        _lowered(tiny_module, attention_kernel="llmir", cpu="x86-64")
+    # the default cpu (x86-64-v3), whatever this machine has: llmir's kernel
+    for opts in ({}, {"attention_kernel": "llmir"}):
+        text = _lowered(tiny_module, **opts)
+        gqa = [x for x in text.splitlines() if "ort.group_query_attention" in x]
+        assert len(gqa) == 2 and all('kernel = "llmir"' in x for x in gqa)
 
 
 def test_an_int8_cache_takes_llmir_attention() -> None:

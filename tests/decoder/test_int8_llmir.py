@@ -17,7 +17,7 @@ from llmir_core.dialects.registry import get_op
 from llmir_core.ir.printer import print_module
 from llmir_core.quant import s8
 from llmir_core.targets import build, lower
-from llmir_core.targets.onnxruntime.native import DISABLE_ENV, DOMAIN, register, unavailable_reason
+from llmir_core.targets.onnxruntime.native import DOMAIN, register, unavailable_reason
 from llmir_core.targets.onnxruntime.runner import open_decoder
 from tests.conftest import requires
 
@@ -107,13 +107,10 @@ def test_int8_build_with_llmir_kernel(tiny_module: Any, tmp_path: Path) -> None:
     assert greedy(dec, PROMPT[0].tolist(), 6) == greedy(ref, PROMPT[0].tolist(), 6)
 
 
-def test_without_the_library_the_lowering_takes_int8_blocks(
-    tiny_module: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_for_portable_x86_64_the_lowering_takes_int8_blocks(tiny_module: Any) -> None:
     """Not QGEMM's per-tensor activations, which lose far more on real models
     (docs/real-weights.md): MatMulNBits int8 blocks, activations rounded per block."""
-    monkeypatch.setenv(DISABLE_ENV, "1")
-    low = lower(tiny_module, options={"quant": "int8"})
+    low = lower(tiny_module, options={"quant": "int8", "cpu": "x86-64"})
     assert not _ops(low, "ort.matmul_s8") and not _ops(low, "ort.dynamic_quantize_matmul")
     nb = _ops(low, "ort.matmul_nbits")
     assert nb and {(op.attrs["bits"], op.attrs["block_size"]) for op in nb} == {(8, 32)}

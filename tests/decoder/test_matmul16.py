@@ -2,8 +2,8 @@
 the compiled kernels against the ops' numpy reference for f16, bf16 and f32 weights over every
 decode-shaped M (GEMV, 1..8), the GEMM cutoff and prefill M, odd K/N; a `--dtype f16` build that
 uses it computes what the f32-path build computes, and so does an f32 build on MatMulF32
-(`f32_kernel`, the default where it builds); without the capability the lowering keeps the f32 path
-and an artifact that needs the library is refused with one clear line. Tests that run the kernel
+(`f32_kernel`, the default); a build for cpu=x86-64 keeps the f32 path, and an artifact that
+needs the library is refused with one clear line where it cannot load. Tests that run the kernel
 are skipped where it cannot be built (no C compiler, no AVX2/FMA/F16C, not Linux x86-64)."""
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from llmir_core.passes.base import clone_module
 from llmir_core.passes.manager import run_pipeline
 from llmir_core.targets import build, get_target
 from llmir_core.targets.onnxruntime.native import (
-    DISABLE_ENV,
     DOMAIN,
     OP_NAMES,
     CustomOpError,
@@ -113,7 +112,10 @@ def test_kernel_takes_batched_rows_and_thread_counts() -> None:
 def test_library_is_compiled_once_into_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
+    from llmir_core.targets.onnxruntime import native
+
     monkeypatch.delenv("LLMIR_EXT_CACHE")  # the default place: under LLMIR_HOME
+    monkeypatch.setattr(native, "SHIPPED_DIR", Path(os.environ["LLMIR_HOME"]))  # none installed
     path = Path(library_path())
     assert path.is_file() and path.parent == Path(os.environ["LLMIR_HOME"]) / "ort_ext"
     assert library_path() == str(path)
@@ -127,8 +129,8 @@ def test_unknown_library_is_refused() -> None:
         register(ort.SessionOptions(), ["other"])
 
 
-def _lowered(module: Any, dtype: str) -> str:
-    lowering = get_target("onnxruntime").lowering({"dtype": dtype})
+def _lowered(module: Any, dtype: str, cpu: str = "x86-64-v3") -> str:
+    lowering = get_target("onnxruntime").lowering({"dtype": dtype, "cpu": cpu})
     return print_module(run_pipeline(clone_module(module), lowering).module)
 
 
@@ -140,9 +142,9 @@ def test_build_uses_the_op_and_matches_the_f32_path(
     text = _lowered(tiny_module, dt)
     assert "ort.matmul16" in text and "ort.fused_matmul" not in text
     build(tiny_module, str(tmp_path / "custom"), "onnxruntime", options={"dtype": dt})
-    monkeypatch.setenv(DISABLE_ENV, "1")  # the same build without the custom op
-    build(tiny_module, str(tmp_path / "f32path"), "onnxruntime", options={"dtype": dt})
-    monkeypatch.delenv(DISABLE_ENV)
+    # the same build without the custom op
+    opts = {"dtype": dt, "cpu": "x86-64"}
+    build(tiny_module, str(tmp_path / "f32path"), "onnxruntime", options=opts)
     man = json.loads((tmp_path / "custom" / "manifest.json").read_text())
     assert man["custom_ops"] == ["llmir_ops"] and man["opset"][DOMAIN] == 1
     a, b = open_decoder(str(tmp_path / "custom")), open_decoder(str(tmp_path / "f32path"))
@@ -153,14 +155,12 @@ def test_build_uses_the_op_and_matches_the_f32_path(
     assert greedy(a, [1, 5, 9], 32) == greedy(b, [1, 5, 9], 32)
 
 
-def test_without_the_capability_the_f32_path_is_kept(
-    tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(DISABLE_ENV, "1")
-    text = _lowered(tiny_module, "f16")
+def test_for_portable_x86_64_the_f32_path_is_kept(tiny_module: Any, tmp_path: Path) -> None:
+    text = _lowered(tiny_module, "f16", "x86-64")
     assert "ort.matmul16" not in text
     assert "ort.cast" in text and "ort.fused_matmul" in text
-    build(tiny_module, str(tmp_path / "art"), "onnxruntime", options={"dtype": "f16"})
+    opts = {"dtype": "f16", "cpu": "x86-64"}
+    build(tiny_module, str(tmp_path / "art"), "onnxruntime", options=opts)
     man = json.loads((tmp_path / "art" / "manifest.json").read_text())
     assert man["custom_ops"] == [] and DOMAIN not in man["opset"]
 
@@ -168,17 +168,11 @@ def test_without_the_capability_the_f32_path_is_kept(
 def test_artifact_needing_the_library_is_refused_where_it_cannot_load(
     tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lowering = get_target("onnxruntime").lowering({"dtype": "f16"})
-    i = next(i for i, p in enumerate(lowering) if p.name == "lower-ort-weight-dtype")
-    lowering[i] = type(lowering[i])("f16", kernel="custom")  # built for a machine that has it
-    module = run_pipeline(clone_module(tiny_module), lowering).module
-    from llmir_core.targets.onnxruntime.serialize_decoder import serialize_decoder
-
-    serialize_decoder(module, str(tmp_path / "art"))
-    monkeypatch.setenv(DISABLE_ENV, "1")
-    with pytest.raises(InputError, match="needs llmir's onnxruntime custom ops") as e:
+    build(tiny_module, str(tmp_path / "art"), "onnxruntime", options={"dtype": "f16"})
+    monkeypatch.setenv("LLMIR_NO_CUSTOM_OPS", "1")  # forbids loading the library
+    with pytest.raises(InputError, match="built for cpu=x86-64-v3") as e:
         open_decoder(str(tmp_path / "art"))
-    assert f"{DISABLE_ENV} is set" in str(e.value)
+    assert "LLMIR_NO_CUSTOM_OPS is set: rebuild with --target-opt cpu=x86-64" in str(e.value)
 
 
 def test_bad_kernel_option_is_a_usage_error(tiny_module: Any) -> None:
@@ -212,15 +206,18 @@ def test_verify_proves_the_rewrite(
     assert "ort.matmul16 x" in r.stdout and "expanded through its decomposition" in r.stdout
 
 
-def test_a_compiler_that_fails_means_the_f32_path(
+def test_a_compiler_that_fails_changes_no_lowering(
     tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # the capability is a library that builds here: `auto` falls back when compiling fails
+    # the lowering never compiles: a failing compiler changes nothing until the library loads
+    from llmir_core.targets.onnxruntime import native
+
+    before = _lowered(tiny_module, "f16")
     monkeypatch.setenv("CC", "false")
     monkeypatch.setenv("LLMIR_EXT_CACHE", str(tmp_path / "cache"))
-    text = _lowered(tiny_module, "f16")
-    assert "ort.matmul16" not in text and "ort.fused_matmul" in text
-    with pytest.raises(CustomOpError):
+    monkeypatch.setattr(native, "SHIPPED_DIR", tmp_path)  # no library installed
+    assert _lowered(tiny_module, "f16") == before and "ort.matmul16" in before
+    with pytest.raises(CustomOpError, match="no library was shipped with the package"):
         library_path()
     assert not list((tmp_path / "cache").glob("*"))  # no partial library left behind
 
@@ -231,7 +228,7 @@ def test_a_compiler_that_fails_means_the_f32_path(
 def _f32_lowering(**kw: Any) -> list[Any]:
     from llmir_core.targets.onnxruntime.lower_weight_dtype import LowerOrtWeightDtype
 
-    lowering = get_target("onnxruntime").lowering({})
+    lowering = get_target("onnxruntime").lowering({"cpu": kw.get("cpu", "x86-64-v3")})
     i = next(i for i, p in enumerate(lowering) if p.name == "lower-ort-weight-dtype")
     lowering[i] = LowerOrtWeightDtype("", **kw)
     return lowering
@@ -278,15 +275,15 @@ def test_default_reads_f32_weights_in_place(tiny_module: Any, tmp_path: Path) ->
     assert greedy(a, [1, 5, 9], 32) == greedy(b, [1, 5, 9], 32)
 
 
-def test_f32_kernel_falls_back_without_the_capability(
-    tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(DISABLE_ENV, "1")
+def test_f32_kernel_falls_back_for_portable_x86_64(tiny_module: Any, tmp_path: Path) -> None:
     text = print_module(
-        run_pipeline(clone_module(tiny_module), _f32_lowering(f32_kernel="auto")).module
+        run_pipeline(
+            clone_module(tiny_module), _f32_lowering(f32_kernel="auto", cpu="x86-64")
+        ).module
     )
     assert "ort.matmul_f32" not in text and "ort.fused_matmul" in text
-    build(tiny_module, str(tmp_path / "art"), "onnxruntime", options={"prepack": "none"})
+    opts = {"prepack": "none", "cpu": "x86-64"}
+    build(tiny_module, str(tmp_path / "art"), "onnxruntime", options=opts)
     man = json.loads((tmp_path / "art" / "manifest.json").read_text())
     assert man["custom_ops"] == [] and DOMAIN not in man["opset"]
 

@@ -22,7 +22,6 @@ from llmir_core.passes.manager import run_pipeline
 from llmir_core.quant import nbits
 from llmir_core.targets import build, get_target
 from llmir_core.targets.onnxruntime.native import (
-    DISABLE_ENV,
     DOMAIN,
     NBITS_OP_NAMES,
     register,
@@ -230,13 +229,13 @@ def test_reimported_llmir_kernel_build(tiny_module: Any, tmp_path: Path) -> None
     assert _op_lines(_lowered(again), "ort.matmul_nbits").count('kernel = "llmir"') == len(qm)
 
 
-def test_without_the_capability_matmulnbits_is_kept(
-    tiny_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(DISABLE_ENV, "1")
-    text = _lowered(tiny_module, quant="int4")
+def test_for_portable_x86_64_matmulnbits_is_kept(tiny_module: Any, tmp_path: Path) -> None:
+    text = _lowered(tiny_module, quant="int4", cpu="x86-64")
     assert "ort.matmul_nbits" in text and "kernel =" not in _op_lines(text, "ort.matmul_nbits")
-    build(tiny_module, str(tmp_path / "art"), "onnxruntime", options={"quant": "int4"})
+    with pytest.raises(InputError, match="nbits_kernel=llmir needs llmir's kernels, and cpu=x86"):
+        _lowered(tiny_module, quant="int4", cpu="x86-64", nbits_kernel="llmir")
+    opts = {"quant": "int4", "cpu": "x86-64"}
+    build(tiny_module, str(tmp_path / "art"), "onnxruntime", options=opts)
     man = json.loads((tmp_path / "art" / "manifest.json").read_text())
     assert man["custom_ops"] == [] and DOMAIN not in man["opset"]
 

@@ -181,21 +181,23 @@ def test_decoder_matches_onnxruntime_norms(tiny_module: Any, tmp_path: Path) -> 
     assert sum(op.name == "llm.rms_norm" for op in again.main.ops) == len(norms)
 
 
-def test_norm_kernel_choice(tiny_module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from llmir_core.targets.onnxruntime.native import DISABLE_ENV
-
+def test_norm_kernel_choice(tiny_module: Any) -> None:
     for opts in ({}, {"norm_kernel": "onnxruntime"}):  # the default: onnxruntime's norms
         text = _lowered(tiny_module, **opts)
         norms = [x for x in text.splitlines() if "simplified_layer_norm" in x and " = ort." in x]
         assert norms and not any("kernel =" in x for x in norms)
+    text = _lowered(tiny_module, norm_kernel="auto")  # for x86-64-v3 (the default cpu)
+    norms = [x for x in text.splitlines() if "simplified_layer_norm" in x and " = ort." in x]
+    assert norms and all('kernel = "llmir"' in x for x in norms)
     text = _lowered(tiny_module, norm_kernel="llmir")  # by name: recorded for any machine
     norms = [x for x in text.splitlines() if "simplified_layer_norm" in x and " = ort." in x]
     assert norms and all('kernel = "llmir"' in x for x in norms)
-    monkeypatch.setenv(DISABLE_ENV, "1")
-    text = _lowered(tiny_module, norm_kernel="auto")
+    text = _lowered(tiny_module, norm_kernel="auto", cpu="x86-64")
     assert not any(
         'kernel = "llmir"' in x for x in text.splitlines() if "simplified_layer_norm" in x
     )
+    with pytest.raises(InputError, match="norm_kernel=llmir needs llmir's kernels"):
+        _lowered(tiny_module, norm_kernel="llmir", cpu="x86-64")
     with pytest.raises(InputError, match="unknown norm_kernel 'fast'"):
         _lowered(tiny_module, norm_kernel="fast")
 

@@ -101,7 +101,8 @@ def test_cli_reports_the_mode_and_refuses_bad_combinations(
     r = run_cli("build", str(mod), "-o", str(tmp_path / "b"), "--prepack", "disk")
     assert r.returncode == 2 and "--prepack must be one of session, none, got 'disk'" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "b").exists()
-    r = run_cli(  # onnxruntime's MatMulNBits (llmir's kernel reads the blocks as stored)
+    r = run_cli(  # onnxruntime's MatMulNBits at accuracy level 1 (llmir's kernel, at level 4,
+        # reads the blocks as stored)
         "build",
         str(mod),
         "-o",
@@ -110,7 +111,8 @@ def test_cli_reports_the_mode_and_refuses_bad_combinations(
         "none",
         "--quant",
         "int4",
-        env={"LLMIR_NO_CUSTOM_OPS": "1"},
+        "--accuracy-level",
+        "1",
     )
     assert r.returncode == 2 and "ort.matmul_nbits op(s)" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "c").exists()

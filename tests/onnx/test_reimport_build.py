@@ -41,19 +41,19 @@ def _feeds(model: onnx.ModelProto, b: int, s: int, past: int) -> dict[str, np.nd
 
 @pytest.mark.parametrize("quant", [None, "int4", "int8", "int8-qgemm"], ids=str)
 def test_reimported_build_matches_onnxruntime(
-    tiny: tuple, tmp_path: Path, quant: str | None, monkeypatch: pytest.MonkeyPatch
+    tiny: tuple, tmp_path: Path, quant: str | None
 ) -> None:
     from llmir_core.targets import build
 
     module, _ = tiny
-    # int8: MatMulNBits blocks where llmir's MatMulS8 cannot run (test_int8_llmir.py checks it),
-    # QGEMM when asked
-    monkeypatch.setenv("LLMIR_NO_CUSTOM_OPS", "1")
+    # onnxruntime's ops (cpu=x86-64): int8 is MatMulNBits blocks where llmir's MatMulS8 is not
+    # used (test_int8_llmir.py checks it), QGEMM when asked
+    opts: dict[str, object] = {"accuracy_level": 1, "cpu": "x86-64"}
     if quant == "int8-qgemm":
-        opts = {"quant": "int8", "int8_matmul": "qgemm-s8pair", "accuracy_level": 1}
-        build(module, str(tmp_path / "art"), "onnxruntime", options=opts)
-    else:
-        build_decoder(module, str(tmp_path / "art"), quant=quant, accuracy_level=1)
+        opts.update(quant="int8", int8_matmul="qgemm-s8pair")
+    elif quant:
+        opts["quant"] = quant
+    build(module, str(tmp_path / "art"), "onnxruntime", options=opts)
     path = str(tmp_path / "art" / "model.onnx")
     proto = onnx.load(path, load_external_data=False)
     ops = {n.op_type for n in proto.graph.node}
@@ -96,7 +96,7 @@ def test_reimported_matmul_nbits_keep_accuracy_level(tiny: tuple, tmp_path: Path
 
 
 def test_cli_reimport_keeps_accuracy_level_4(tiny: tuple, tmp_path: Path) -> None:
-    """`llmir import model.onnx` + `llmir build` (through the .llmir text): MatMulNBits nodes
+    """`llmir import model.onnx` + a build of the .llmir text it wrote: MatMulNBits nodes
     with accuracy_level 4 keep it, even when the build's own option says 1."""
     from tests.conftest import run_cli
 
@@ -105,18 +105,12 @@ def test_cli_reimport_keeps_accuracy_level_4(tiny: tuple, tmp_path: Path) -> Non
     r = run_cli("import", str(tmp_path / "a" / "model.onnx"), "-o", "m.llmir", "-q", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "accuracy_level = 4" in (tmp_path / "m.llmir").read_text()
-    r = run_cli(  # onnxruntime's MatMulNBits, whose accuracy_level the model.onnx shows
-        "build",
-        "m.llmir",
-        "-o",
-        "b",
-        "--accuracy-level",
-        "1",
-        "-q",
-        cwd=tmp_path,
-        env={"LLMIR_NO_CUSTOM_OPS": "1"},
-    )
-    assert r.returncode == 0, r.stderr
+    from llmir_core.ir.parser import parse_file
+    from llmir_core.targets import build
+
+    # onnxruntime's MatMulNBits (cpu=x86-64), whose accuracy_level the model.onnx shows
+    opts = {"accuracy_level": 1, "cpu": "x86-64"}
+    build(parse_file(str(tmp_path / "m.llmir")), str(tmp_path / "b"), options=opts)
     proto = onnx.load(str(tmp_path / "b" / "model.onnx"), load_external_data=False)
     levels = [
         next(a.i for a in n.attribute if a.name == "accuracy_level")

@@ -13,8 +13,8 @@ packed form, logged as instances of the proved merge-qkv-q/k/v rules.
 Each op records the kernel that runs it (`attention_kernel`): `kernel = "llmir"` is llmir's own
 attention from its onnxruntime custom-op library (ai.llmir GroupQueryAttention, the same node
 interface over the same shared KV buffer: llmir_core/targets/onnxruntime/native/attention.c), taken when
-`attention_kernel` is `llmir`, or `auto` (the default) and the library builds and runs here
-(checked once per run, at the first op), for head_dim a multiple of 8 up to 256 (f32 and int8
+`attention_kernel` is `auto` (the default) or `llmir` and the build's `cpu` option is
+x86-64-v3 (the default; cpu=x86-64 refuses `llmir`), for head_dim a multiple of 8 up to 256 (f32 and int8
 caches, sliding windows and softcaps included); otherwise the attribute is absent: onnxruntime's
 com.microsoft GroupQueryAttention. `attention_kernel = llmir` on an op its kernel does not take
 is an input error at the attention's position.
@@ -60,6 +60,7 @@ from llmir_core.targets.onnxruntime.lower_common import (
     tt,
     weight_src,
 )
+from llmir_core.targets.onnxruntime.native.cpu import CPU, llmir_kernels, no_kernels
 
 
 @dataclass
@@ -230,6 +231,7 @@ class LowerOrtAttention:
     quant_block: int = 32
     attention_kernel: str = ATTENTION_KERNEL[0]
     gguf_kernels: str = GGUF_KERNEL  # GGUF tensors ort.matmul_gguf reads pack in one format only
+    cpu: str = CPU  # x86-64-v3: llmir's kernel where it applies; x86-64: onnxruntime's op
 
     def _kernel(self, attrs: dict[str, object], head_dim: int, sdpa: Op) -> str | None:
         """`llmir` when the op runs on llmir's kernel, else None (com.microsoft's op)."""
@@ -250,16 +252,16 @@ class LowerOrtAttention:
                     "apply) or attention_kernel=onnxruntime",
                 )
             return None
-        if self.attention_kernel == "llmir":  # for another machine: the runtime checks at load
-            return "llmir"
-        from llmir_core.targets.onnxruntime.native import build_problem
-
-        return "llmir" if build_problem() is None else None
+        # auto or llmir: the cpu option decides (run refused llmir on x86-64); the runtime
+        # checks that the machine has the kernels when the artifact opens
+        return "llmir" if llmir_kernels(self.cpu) else None
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         if not module.functions or not is_decoder(module):
             return False
         check_attention_kernel(self.attention_kernel)
+        if self.attention_kernel == "llmir" and not llmir_kernels(self.cpu):
+            raise no_kernels("attention_kernel=llmir", self.cpu)
         fn = module.main
         changed = False
         fmt = parse_quant(self.quant, self.quant_block)

@@ -24,10 +24,10 @@ weights, the packed QKV) becomes:
   group sizes) they are requantized with zero points and the report gives the reason and the
   max error;
 - `ort.matmul_s8` instead when `quant` is int8, `int8_matmul` is `llmir` (the default) and W is
-  an f32 (or f16/bf16) weight with no other use, where llmir's custom-op library builds here
-  (checked on first use): llmir's own kernel (ai.llmir MatMulS8) reads int8 weights per output
+  an f32 (or f16/bf16) weight with no other use, in a build for cpu=x86-64-v3 (the default):
+  llmir's own kernel (ai.llmir MatMulS8) reads int8 weights per output
   channel in place (no prepacking at load) and rounds activations per 32 columns at run time.
-  Where the library cannot build, int8 blocks (`ort.matmul_nbits`, onnxruntime's MatMulNBits:
+  With cpu=x86-64, int8 blocks (`ort.matmul_nbits`, onnxruntime's MatMulNBits:
   activations rounded per block at accuracy_level 4) instead, and the report says why: QGEMM's
   per-tensor activations lose far more on real models (docs/real-weights.md);
 - `ort.dynamic_quantize_matmul` when `int8_matmul` is `qgemm-s8pair` or `qgemm-u8`:
@@ -42,8 +42,8 @@ Each `ort.matmul_nbits` records the kernel that runs it (`nbits_kernel`): `kerne
 llmir's own block-quantized matmul from its onnxruntime custom-op library (ai.llmir
 MatMulNBitsQ4/Q8: the stored blocks read in place, no prepacked copy; int8 activations as
 accuracy_level 4, see the op's doc), taken for block_size 32 at accuracy_level 4 when
-`nbits_kernel` is `llmir`, or `auto` (the default) and the library builds and runs here (checked
-once, at the first such op); otherwise the attribute is absent: onnxruntime's MatMulNBits (MLAS).
+`nbits_kernel` is `auto` (the default) or `llmir` and the build's `cpu` option is x86-64-v3 (the
+default; cpu=x86-64 refuses `llmir`); otherwise the attribute is absent: onnxruntime's MatMulNBits (MLAS).
 
 Weights this build quantizes (`quantize` sym/asym) for llmir's kernel get f16 block scales
 (`scale_dtype = "f16"`: each scale rounded to f16, the codes computed with it, as GGUF's q4_0
@@ -76,7 +76,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
+from functools import partial
 from typing import Any, ClassVar
 
 import numpy as np
@@ -112,6 +112,7 @@ from llmir_core.targets.onnxruntime.lower_common import (
     weight_src,
     weight_srcs,
 )
+from llmir_core.targets.onnxruntime.native.cpu import CPU, llmir_kernels, no_kernels
 
 _EXPAND = ("llm.gated_mlp", "llm.linear", "llm.silu_mul", "llm.quantized_matmul")
 INT8_MATMUL = ("llmir", "qgemm-s8pair", "qgemm-u8", "nbits")  # the first is the default
@@ -135,6 +136,7 @@ class LowerOrtMatmul:
     swiglu: bool = True
     nbits_scales: str = NBITS_SCALES[0]
     gguf_kernels: str = GGUF_KERNEL
+    cpu: str = CPU  # x86-64-v3: llmir's kernels where they apply; x86-64: onnxruntime's ops
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         if not is_decoder(module):  # other modules keep the generic op-by-op build
@@ -143,17 +145,18 @@ class LowerOrtMatmul:
         check_accuracy_level(self.accuracy_level)
         check_int8_matmul(self.int8_matmul)
         check_nbits_kernel(self.nbits_kernel)
+        if self.nbits_kernel == "llmir" and not llmir_kernels(self.cpu):
+            raise no_kernels("nbits_kernel=llmir", self.cpu)
         check_gguf_kernels(self.gguf_kernels)
         if self.nbits_scales not in NBITS_SCALES:
             raise InputError(
                 f"unknown nbits_scales '{self.nbits_scales}'",
                 hint=f"use one of: {', '.join(NBITS_SCALES)}",
             )
-        self._llmir.clear()
         base = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
         changed = False
         ev = static_evaluator(module)
-        s8_why = cache(_s8_unavailable)  # asked on first use, once per run
+        s8_why = partial(_s8_unavailable, self.cpu)
         for fn in module.functions:
             levels: dict[int, int] = {}  # core.matmul op id -> its quantized_matmul's level
             # which matmuls a requantizing op logs a rule instance for (see _log_requant)
@@ -175,20 +178,13 @@ class LowerOrtMatmul:
             declare_ort(module)
         return changed
 
-    # the capability, decided at the first op that could use it (nothing compiled otherwise)
-    _llmir: ClassVar[list[bool]] = []
-
     def _kernel(self, bits: int, block: int, level: int) -> str | None:
         """`llmir` when ort.matmul_nbits runs on llmir's kernel, else None (MatMulNBits)."""
         if self.nbits_kernel == "mlas" or block != 32 or bits not in (4, 8) or level != 4:
             return None
-        if self.nbits_kernel == "llmir":  # for another machine: the runtime checks at load
-            return "llmir"
-        if not self._llmir:
-            from llmir_core.targets.onnxruntime.native import build_problem
-
-            self._llmir.append(build_problem() is None)
-        return "llmir" if self._llmir[0] else None
+        # auto or llmir: the cpu option decides (run refused llmir on x86-64); the runtime
+        # checks that the machine has the kernels when the artifact opens
+        return "llmir" if llmir_kernels(self.cpu) else None
 
     def _scales(self, mode: str, kernel: str | None) -> dict[str, str]:
         """`scale_dtype = "f16"` for weights this build quantizes for llmir's kernel (which
@@ -368,6 +364,7 @@ class LowerOrtMatmul:
         s8_why: Callable[[], str | None],
         log: _Log,
     ) -> bool:
+        # long: one decision ladder per matmul (GGUF as stored, s8, nbits, the f32 fallback), in the order the kernels are preferred
         x, w = op.operands
         if op.attrs.get("transpose_a") or tt(x).dtype != DType.f32 or tt(x).rank < 2:
             return False
@@ -559,13 +556,12 @@ def check_nbits_kernel(kind: str) -> None:
         )
 
 
-def _s8_unavailable() -> str | None:
-    """None when llmir's custom-op library (ai.llmir MatMulS8) builds and runs here, else why
-    not."""
-    from llmir_core.targets.onnxruntime.native import build_problem
-
-    why = build_problem()
-    return None if why is None else f"llmir's custom ops are unavailable here: {why}"
+def _s8_unavailable(cpu: str) -> str | None:
+    """None when a build for cpu may use llmir's kernels (ai.llmir MatMulS8, MatMulGGUF),
+    else why not."""
+    if llmir_kernels(cpu):
+        return None
+    return f"cpu={cpu} asks for onnxruntime's portable ops only"
 
 
 def _s8_fallback(int8_matmul: str, fmt: NbitsFormat | None, srcs: list[WSrc]) -> bool:

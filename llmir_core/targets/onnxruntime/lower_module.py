@@ -1,7 +1,7 @@
 """lower-ort-module: the last onnxruntime lowering step. It checks that every op left is one the
 target runs (its capability table, including a kernel for the 16-bit float dtype each op computes
 in; the first op it cannot run fails the pass with its location and reason) and records on the module what the serializer needs: `target = "onnxruntime"`,
-`ort.options` (max_len, last_logits, quant, accuracy_level, prepack: the build options) and `llmir.source`
+`ort.options` (max_len, last_logits, quant, accuracy_level, prepack, cpu: the build options) and `llmir.source`
 (file name and sha256 of the module as it was before lowering, which the artifact's manifest
 names). A module with `target` set is lowered: `llmir build` serializes it as is.
 
@@ -39,6 +39,7 @@ from llmir_core.targets.onnxruntime.lower_common import (
     is_decoder,
     parse_quant,
 )
+from llmir_core.targets.onnxruntime.native.cpu import CPU
 
 
 def source_record(module: Module, source_path: str | None = None) -> dict[str, str]:
@@ -67,6 +68,7 @@ class LowerOrtModule:
     generic: bool = False  # keep the generic op-by-op build for a decoder (no KV buffers)
     dtype: str = ""  # weight storage dtype of a decoder (f16 | bf16; "" = f32)
     prepack: str = PREPACK  # session | none (see the module docstring)
+    cpu: str = CPU  # what the lowering's kernel choice was for (native/cpu.py), recorded
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         parse_quant(self.quant, self.quant_block)
@@ -115,6 +117,7 @@ class LowerOrtModule:
             "last_logits": self.last_logits and not self.generic and is_decoder(module),
             "generic": self.generic,
             "prepack": self.prepack,
+            "cpu": self.cpu,
         }
         if self.dtype not in ("", "f32"):
             opts["dtype"] = self.dtype

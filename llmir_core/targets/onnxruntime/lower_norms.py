@@ -10,7 +10,7 @@ Each op records the kernel that runs it (option `norm_kernel`, opt-in): `kernel 
 llmir's own AVX2 norm from its onnxruntime custom-op library (ai.llmir
 SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization: the same node interface,
 llmir_core/targets/onnxruntime/native/norm.c), taken when `norm_kernel` is `llmir`, or `auto` and the
-library builds and runs here; with `onnxruntime` (the default) the attribute is absent:
+the build's `cpu` option is x86-64-v3 (the default); with `onnxruntime` (the default) the attribute is absent:
 com.microsoft's ops. One node runs 128 rows ~2.9x faster than onnxruntime's; whole prefills
 moved by less than this machine's run-to-run spread (docs/perf.md), so it stays opt-in.
 
@@ -28,6 +28,7 @@ from llmir_core.ir.core import Function, Module, Op
 from llmir_core.ir.types import DType
 from llmir_core.passes.base import PassContext, erase_dead, scratch_builder, take_over
 from llmir_core.targets.onnxruntime.lower_common import Graph, declare_ort, is_decoder, tt
+from llmir_core.targets.onnxruntime.native.cpu import CPU, llmir_kernels, no_kernels
 
 NORM_KERNEL = ("onnxruntime", "auto", "llmir")  # the first is the default
 
@@ -39,6 +40,7 @@ class LowerOrtNorms:
         "rms_norm (+ residual add) -> ort.simplified_layer_norm / skip_simplified_layer_norm"
     )
     norm_kernel: str = NORM_KERNEL[0]
+    cpu: str = CPU  # x86-64-v3: llmir's kernel may run the norms; x86-64: onnxruntime's ops
 
     def run(self, module: Module, ctx: PassContext) -> bool:
         if self.norm_kernel not in NORM_KERNEL:
@@ -46,6 +48,8 @@ class LowerOrtNorms:
                 f"unknown norm_kernel '{self.norm_kernel}'",
                 hint=f"use one of: {', '.join(NORM_KERNEL)}",
             )
+        if self.norm_kernel == "llmir" and not llmir_kernels(self.cpu):
+            raise no_kernels("norm_kernel=llmir", self.cpu)
         if not is_decoder(module):  # other modules keep the generic op-by-op build
             return False
         changed = False
@@ -103,12 +107,6 @@ class LowerOrtNorms:
         return True
 
     def _llmir(self) -> bool:
-        """Whether the norms run on llmir's kernel: asked for by name, or (auto) where the
-        library builds and runs here."""
-        if self.norm_kernel == "onnxruntime":
-            return False
-        if self.norm_kernel == "llmir":  # for another machine: the runtime checks at load
-            return True
-        from llmir_core.targets.onnxruntime.native import build_problem
-
-        return build_problem() is None
+        """Whether the norms run on llmir's kernel: asked for (llmir or auto) in a build for a
+        cpu that has llmir's kernels (the runtime checks the machine when the artifact opens)."""
+        return self.norm_kernel != "onnxruntime" and llmir_kernels(self.cpu)

@@ -14,10 +14,9 @@ shared by several ops (a tied embedding and lm_head) is stored once. Then, per u
 
 - `ort.fused_matmul(x, W)` with transB becomes `ort.matmul16(x, W_d)`: llmir's onnxruntime custom
   op (llmir_core/targets/onnxruntime/native) reads the 16-bit weight as stored and widens it in registers,
-  when this machine can build and run it (`kernel = "auto"`: Linux x86-64 with AVX2, FMA and F16C,
-  a C compiler, onnxruntime >= 1.17); `kernel = "custom"` uses it whatever this machine has (a
-  build for another machine: the runtime refuses the artifact where the library cannot be
-  built), `kernel = "f32"` never does;
+  in a build for cpu=x86-64-v3 (the `cpu` option's default: AVX2, FMA and F16C; `kernel =
+  "auto"` and `"custom"` alike; the machine is checked when the artifact opens, never here),
+  not for cpu=x86-64 (`custom` is then an error), `kernel = "f32"` never does;
 - otherwise `ort.cast(W_d, f32)`: onnxruntime widens the weight to f32 once, when the session
   loads, and the matmul computes in f32 (its CPU provider has no f16/bf16 GEMM on x86:
   `ort.fused_matmul` f16 is `cast`, bf16 absent in llmir_core/targets/onnxruntime/kernel_table.py);
@@ -69,11 +68,12 @@ from llmir_core.ir.types import DType, TensorType, numpy_dtype
 from llmir_core.passes.base import PassContext, erase_dead, scratch_builder, take_over
 from llmir_core.targets.onnxruntime.dialect import PANEL_ROWS
 from llmir_core.targets.onnxruntime.lower_common import Graph, declare_ort, is_decoder, tt
+from llmir_core.targets.onnxruntime.native.cpu import CPU, llmir_kernels, no_kernels
 
 WEIGHT_DTYPES = ("f16", "bf16")
 KERNELS = ("auto", "custom", "f32")
 F32_KERNELS = ("ort", "auto", "custom")  # f32 weights: FusedMatMul, or llmir's MatMulF32
-F32_KERNEL = "auto"  # the default: panels read in place where the library builds (docs/perf.md)
+F32_KERNEL = "auto"  # the default: panels read in place for cpu=x86-64-v3 (docs/perf.md)
 F32_LAYOUTS = ("panel16", "rows")  # ort.matmul_f32's stored layout: panels where possible, or rows
 
 
@@ -164,6 +164,7 @@ class LowerOrtWeightDtype:
     f32_kernel: str = F32_KERNEL  # ort | auto | custom: the matmul path for f32 weights
     f32_layout: str = F32_LAYOUTS[0]  # panel16 | rows: ort.matmul_f32's weight layout (above)
     swiglu: bool = True  # gated MLPs: one matmul over [gate; up] with the SwiGLU epilogue (above)
+    cpu: str = CPU  # x86-64-v3: llmir's kernels (auto, custom); x86-64: onnxruntime's ops only
     # --verify-each compares outputs differentially at this relative tolerance (bf16 rounds each
     # weight by up to 2^-9 of its magnitude; f16 by 2^-12), scaled by depth
     validation_rtol: ClassVar[float] = 2e-2
@@ -256,6 +257,8 @@ class LowerOrtWeightDtype:
                 f"unknown f32_layout '{self.f32_layout}' for lower-ort-weight-dtype",
                 hint=f"use one of: {', '.join(F32_LAYOUTS)}",
             )
+        if self.f32_kernel == "custom" and not llmir_kernels(self.cpu):
+            raise no_kernels("lower-ort-weight-dtype f32_kernel=custom", self.cpu)
 
     def _fuse_gated(
         self,
@@ -332,16 +335,16 @@ class LowerOrtWeightDtype:
             )
         if self.kernel == "f32":
             return "the f32 path was asked for (kernel=f32)"
-        if self.kernel == "custom":  # for another machine: the runtime checks when it loads
-            return None
+        if self.kernel == "custom" and not llmir_kernels(self.cpu):
+            raise no_kernels("lower-ort-weight-dtype kernel=custom", self.cpu)
         return self._unavailable()
 
     def _unavailable(self) -> str | None:
-        """Why llmir's custom-op library cannot be used on this machine, or None."""
-        from llmir_core.targets.onnxruntime.native import build_problem
-
-        why = build_problem()
-        return None if why is None else f"llmir's custom op is unavailable here: {why}"
+        """Why this build does not use llmir's kernels (its cpu option), or None: the runtime
+        checks that the machine has them when the artifact opens."""
+        if llmir_kernels(self.cpu):
+            return None
+        return f"cpu={self.cpu} asks for onnxruntime's portable ops only"
 
     def _store(
         self, fn: Function, w: Value, d: DType, ctx: PassContext, module: Module, sv

@@ -124,6 +124,7 @@ class OrtTarget:
         return self._caps
 
     def lowering(self, options: Mapping[str, Any]) -> list[Any]:
+        # long: the pass list, a table: each option handed to the pass that reads it
         """lower-ort-precision, then lower-ort-attention, -norms, -moe, -matmul, -embedding,
         -weight-dtype, -logits, pack-ort-weights (decoders only; no-ops elsewhere) and -module."""
         from llmir_core.targets.onnxruntime.lower_attention import (
@@ -161,6 +162,11 @@ class OrtTarget:
         dtype = str(options.get("dtype") or "")
         parse_weight_dtype(dtype)
         gguf = str(options.get("gguf_kernels") or GGUF_KERNEL)
+        # the kernel choice: x86-64-v3 (llmir's kernels), x86-64 (portable ops); host probes
+        # this machine here, once, only when asked (native/cpu.py); the passes read the result
+        from llmir_core.targets.onnxruntime.native.cpu import CPU, resolve_cpu
+
+        cpu = resolve_cpu(str(options.get("cpu") or CPU))
         module = LowerOrtModule(
             quant,
             block,
@@ -170,15 +176,20 @@ class OrtTarget:
             bool(options.get("generic", False)),
             dtype,
             str(options.get("prepack") or PREPACK),
+            cpu,
         )
         if options.get("generic"):
             return [LowerOrtPrecision(), module]
         return [
             LowerOrtPrecision(),
             LowerOrtAttention(
-                quant, block, str(options.get("attention_kernel") or ATTENTION_KERNEL[0]), gguf
+                quant,
+                block,
+                str(options.get("attention_kernel") or ATTENTION_KERNEL[0]),
+                gguf,
+                cpu,
             ),
-            LowerOrtNorms(str(options.get("norm_kernel") or NORM_KERNEL[0])),
+            LowerOrtNorms(str(options.get("norm_kernel") or NORM_KERNEL[0]), cpu),
             LowerOrtMoe(quant, block, level),
             LowerOrtMatmul(
                 quant,
@@ -189,6 +200,7 @@ class OrtTarget:
                 bool(options.get("swiglu", True)),
                 str(options.get("nbits_scales") or "f16"),
                 gguf,
+                cpu,
             ),
             LowerOrtEmbedding(quant, block),
             # f32 weights: llmir's MatMulF32 reads them in place, stored in 16-row panels, where
@@ -198,6 +210,7 @@ class OrtTarget:
                 dtype,
                 f32_kernel=str(options.get("f32_matmul") or F32_KERNEL),
                 swiglu=bool(options.get("swiglu", True)),
+                cpu=cpu,
             ),
             LowerOrtLogits(last),
             PackOrtWeights(),
