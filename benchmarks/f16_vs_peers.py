@@ -4,7 +4,7 @@ decodes at least as fast as llama.cpp f16").
 Random-weight SmolLM2-135M shape (seeded), built by llmir as f32, `--dtype f16` and
 `--dtype bf16` (with llmir's custom op `ort.matmul16` where this machine builds it; the lowered
 file says which), plus optionally `--dtype f16` forced onto the old f32 path
-(`LLMIR_NO_CUSTOM_OPS=1`: 16-bit storage widened at load), and llama.cpp's F16 GGUF of the same
+(`--target-opt cpu=x86-64`: 16-bit storage widened at load), and llama.cpp's F16 GGUF of the same
 weights (tests/llm/gguf_convert.py, as benchmarks/vs_peers.py makes it). Each round runs
 `llmir bench ART --vs llama.cpp:F16.gguf --runs 1` for every llmir build in turn (fresh processes,
 same prompt ids, greedy), so every llmir build is measured beside the same peer moments apart;
@@ -76,14 +76,13 @@ def prepare(work: Path, f32_path: bool, log: Any) -> tuple[dict[str, Path], Path
         llmir("import", str(hf), "-o", str(mod), "-q")
     builds = {"f16": ["--dtype", "f16"], "bf16": ["--dtype", "bf16"], "f32": []}
     if f32_path:
-        builds["f16-f32path"] = ["--dtype", "f16"]
+        builds["f16-f32path"] = ["--dtype", "f16", "--target-opt", "cpu=x86-64"]
     arts: dict[str, Path] = {}
     for name, flags in builds.items():
         art = work / f"llmir-{name}"
         if not (art / "manifest.json").is_file():
             log(f"llmir build {name}")
-            env = {"LLMIR_NO_CUSTOM_OPS": "1"} if name == "f16-f32path" else None
-            llmir("build", str(mod), "-o", str(art), "-q", *flags, env=env)
+            llmir("build", str(mod), "-o", str(art), "-q", *flags)
         arts[name] = art
     gguf = work / "model.f16.gguf"
     if not gguf.is_file():
