@@ -47,6 +47,9 @@ TargetOptOpt = Annotated[
         show_default=False,
     ),
 ]
+ListOptionsFlag = Annotated[
+    bool, typer.Option("--list-options", help="List the target's build options and exit.")
+]
 QuantBlockFlag = Annotated[
     int | None,
     typer.Option(
@@ -149,4 +152,4 @@ def command(
     return run
 
 
-__all__ = ["LoweringFlags", "TargetOptOpt", "command"]
+__all__ = ["ListOptionsFlag", "LoweringFlags", "TargetOptOpt", "command"]

@@ -1,5 +1,5 @@
-"""`llmir build --target T --list-options`: the build options a target declares, as a table on
-a terminal, aligned plain columns in a pipe, or JSON (`--format json`)."""
+"""`llmir build|optimize --target T --list-options`: the build options a target declares, as a
+table on a terminal, aligned plain columns in a pipe, or JSON (`--format json`)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from llmir_core.targets import TARGETS
 
 from .._options import OptLevelOpt
 from .._render import Ctx
-from ._command import LoweringFlags, command
+from ._command import ListOptionsFlag, LoweringFlags, command
 
 PREPACK_NOTE = {
     "session": "onnxruntime repacks the matmul weights when the artifact opens",
@@ -79,10 +79,7 @@ def build_cmd(
             show_default=False,
         ),
     ] = None,
-    list_options: Annotated[
-        bool,
-        typer.Option("--list-options", help="List the target's build options and exit."),
-    ] = False,
+    list_options: ListOptionsFlag = False,
     opt_level: OptLevelOpt = None,
     *,
     lowering: LoweringFlags,

@@ -19,7 +19,7 @@ from llmir_core.weights import rebase_weight_paths
 
 from .._options import OptLevelOpt
 from .._render import Ctx
-from ._command import LoweringFlags, command
+from ._command import ListOptionsFlag, LoweringFlags, command
 from ._verdicts import render_verdicts
 
 HELP = """Optimize a .llmir module with a pass pipeline; every pass is verified, and with
@@ -47,6 +47,8 @@ Examples:
   llmir optimize model.llmir --target onnxruntime --quant int4 --max-len 4096 -o q4.llmir
 
   llmir optimize --list
+
+  llmir optimize --target triton --list-options
 
 --target NAME appends the target's lowering passes after -O (default 2, as for `llmir build`)
 or --passes; -O0 --target runs only the lowering. `llmir build` of the result gives the artifact
@@ -100,11 +102,11 @@ def optimize_cmd(
         bool,
         typer.Option("--allow-unproved", help="Let passes use rules without a proof certificate."),
     ] = False,
+    list_options: ListOptionsFlag = False,
     *,
     lowering: LoweringFlags,
 ) -> None:
-    if list_:
-        _list_passes(ctx)
+    if _listed(ctx, list_, list_options, target):
         return
     if file is None:
         raise InputError(
@@ -133,6 +135,24 @@ def optimize_cmd(
         raise typer.Exit(EXIT_CHECK_FAILED)
     if result.inconclusive:
         raise typer.Exit(EXIT_INCONCLUSIVE)
+
+
+def _listed(ctx: Ctx, passes: bool, options: bool, target: str | None) -> bool:
+    """Print the pass list (--list) or the target's build options (--list-options); whether it
+    printed one (the command then stops)."""
+    if options:
+        if target is None:
+            raise InputError(
+                "--list-options needs --target",
+                hint="llmir optimize --target onnxruntime --list-options",
+            )
+        from ._target_options import list_options
+
+        list_options(ctx, target)
+        return True
+    if passes:
+        _list_passes(ctx)
+    return passes
 
 
 def _list_passes(ctx: Ctx) -> None:

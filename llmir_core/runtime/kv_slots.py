@@ -45,6 +45,28 @@ def grown_capacity(capacity: int, needed: int, limit: int | None) -> int:
     return min(grown, limit) if limit is not None else grown
 
 
+def check_context(end: int, limit: int | None) -> None:
+    """Refuse a step that would fill the cache to `end` tokens, past the context limit."""
+    if limit is not None and end > limit:
+        raise InputError(
+            f"{end} tokens exceed the model's context of {limit}",
+            hint="use a shorter prompt or fewer --max-new-tokens",
+        )
+
+
+def cache_dtype(spec: dict[str, Any]) -> type:
+    """The numpy dtype of a manifest cache entry: int8 codes (kv-cache-int8) or f32."""
+    return np.int8 if spec.get("dtype") == "i8" else np.float32
+
+
+def cache_buffers(caches: Sequence[dict[str, Any]], batch: int, capacity: int) -> list[Any]:
+    """One zeroed numpy buffer [batch, kv_heads, capacity, head_dim] per manifest cache entry
+    (a `make` for numpy runners: rows are sequences, the third axis the KV rows)."""
+    return [
+        np.zeros((batch, c["kv_heads"], capacity, c["head_dim"]), cache_dtype(c)) for c in caches
+    ]
+
+
 def check_step(ids: np.ndarray, batch: int, length: int, limit: int | None) -> np.ndarray:
     """`ids` as contiguous int64 [batch, seq], checked against the cache's state: the batch it was
     reset for (0: not reset yet, any batch) and the context limit."""
@@ -53,11 +75,7 @@ def check_step(ids: np.ndarray, batch: int, length: int, limit: int | None) -> n
         raise InputError(f"input ids must be [batch, seq], got shape {list(ids.shape)}")
     if batch and ids.shape[0] != batch:
         raise InputError(f"batch {ids.shape[0]} differs from the {batch} the cache was reset for")
-    if limit is not None and length + ids.shape[1] > limit:
-        raise InputError(
-            f"{length + ids.shape[1]} tokens exceed the model's context of {limit}",
-            hint="use a shorter prompt or fewer --max-new-tokens",
-        )
+    check_context(length + ids.shape[1], limit)
     return ids
 
 
@@ -167,6 +185,9 @@ __all__ = [
     "DEFAULT_CAPACITY",
     "KVSlots",
     "UsesKVSlots",
+    "cache_buffers",
+    "cache_dtype",
+    "check_context",
     "check_step",
     "context_limit",
     "copy_rows",

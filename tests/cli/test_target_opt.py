@@ -40,26 +40,35 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
+@pytest.mark.parametrize("command", ["build", "optimize"])
 @pytest.mark.parametrize("target", ["onnxruntime", "triton"])
-def test_list_options_needs_no_input(target: str) -> None:
-    r = _cli("build", "--target", target, "--list-options")
+def test_list_options_needs_no_input(command: str, target: str) -> None:
+    r = _cli(command, "--target", target, "--list-options")
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert lines[0].split()[:4] == ["option", "kind", "default", "choices"]
     names = [o.name for o in get_target(target).options]
     assert [ln.split()[0] for ln in lines[1:]] == names
-    r = _cli("build", "--target", target, "--list-options", "--format", "json")
+    r = _cli(command, "--target", target, "--list-options", "--format", "json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert data["kind"] == "target_options" and data["target"] == target
     assert [o["name"] for o in data["options"]] == names
 
 
-def test_triton_lists_arch_max_len_kv_cache() -> None:
-    r = _cli("build", "--target", "triton", "--list-options", "-f", "json")
+@pytest.mark.parametrize("command", ["build", "optimize"])
+def test_triton_lists_arch_max_len_kv_cache(command: str) -> None:
+    r = _cli(command, "--target", "triton", "--list-options", "-f", "json")
+    assert r.exit_code == 0, r.output
     rows = {o["name"]: o for o in json.loads(r.stdout)["options"]}
     assert {"arch", "max_len", "kv_cache"} <= set(rows)
     assert rows["kv_cache"]["choices"] == ["native", "int8"] and rows["max_len"]["kind"] == "int"
+
+
+def test_optimize_list_options_needs_a_target() -> None:
+    r = _cli("optimize", "--list-options")
+    assert r.exit_code == 2 and "--list-options needs --target" in r.output
+    assert "Traceback" not in r.output
 
 
 @pytest.mark.parametrize(

@@ -93,3 +93,27 @@ def test_the_onnxruntime_runner_grows_its_shared_buffers_keeping_the_rows(
     assert dec.capacity == 20 and dec.length == len(prompt) + 6
     for a, b in zip(roomy, tight):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_cache_buffers_give_one_zeroed_buffer_per_entry_with_its_dtype() -> None:
+    from llmir_core.runtime.kv_slots import cache_buffers
+
+    caches = [{"kv_heads": 2, "head_dim": 4}, {"kv_heads": 1, "head_dim": 8, "dtype": "i8"}]
+    f32, i8 = cache_buffers(caches, 3, 5)
+    assert f32.shape == (3, 2, 5, 4) and f32.dtype == np.float32 and not f32.any()
+    assert i8.shape == (3, 1, 5, 8) and i8.dtype == np.int8 and not i8.any()
+
+
+def test_the_batched_runner_allocates_and_checks_through_the_slots_module(
+    tiny_artifact: Path,
+) -> None:
+    from llmir_core.targets.onnxruntime.batch_runner import OrtBatchDecoder
+
+    dec = OrtBatchDecoder(str(tiny_artifact), 2, threads=1, max_context=8)
+    assert dec.max_context == 8 and all(b.shape[0] == 2 and b.shape[2] == 8 for b in dec.buffers)
+    dec.prefill(1, [1, 2, 3], 0)
+    with pytest.raises(InputError, match="9 tokens exceed the model's context of 8") as e:
+        dec.decode([1], [4], [8])
+    assert e.value.hint
+    with pytest.raises(InputError, match="max context must be >= 1, got 0"):
+        OrtBatchDecoder(str(tiny_artifact), 1, threads=1, max_context=0)

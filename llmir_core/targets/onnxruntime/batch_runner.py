@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from llmir_core.errors import InputError
+from llmir_core.runtime.kv_slots import cache_buffers, check_context, context_limit
 
 
 class OrtBatchDecoder:
@@ -58,15 +59,13 @@ class OrtBatchDecoder:
                 f"{dec.get('not_fused') or 'see the manifest'})",
                 hint="serve with --max-batch 1, or rebuild from a model whose attention fuses",
             )
-        limit = dec.get("max_len")
-        if limit is None:
+        limit = context_limit(dec.get("max_len"), max_context)
+        if dec.get("max_len") is None or limit is None:  # the buffers hold max_len rows a slot
             raise InputError(f"{art_dir}: the manifest gives no max_len for the shared KV buffers")
-        if max_context is not None and max_context < 1:
-            raise InputError(f"--max-context must be >= 1, got {max_context}")
         self.art_dir = art_dir
         self.manifest = manifest
         self.slots = slots
-        self.max_context = int(min(limit, max_context or limit))
+        self.max_context = int(limit)
         self.vocab = int(dec["vocab"])
         self.threads = resolve_threads(threads)
         import onnxruntime  # the artifact loaded above: session_options has imported it already
@@ -83,10 +82,7 @@ class OrtBatchDecoder:
         release_freed_heap()
         self._caches: list[dict[str, Any]] = list(dec["cache"])
         self._logits_name = self.sess.get_outputs()[0].name
-        self.buffers = [
-            np.zeros((slots, c["kv_heads"], self.max_context, c["head_dim"]), np.float32)
-            for c in self._caches
-        ]
+        self.buffers: list[np.ndarray] = cache_buffers(self._caches, slots, self.max_context)
         self._bindings: dict[tuple[int, int], Any] = {}  # (first row, rows) -> an I/O binding
 
     @property
@@ -126,12 +122,8 @@ class OrtBatchDecoder:
             raise InputError(f"onnxruntime failed: {str(exc).strip().splitlines()[0]}") from None
         return logits if every else logits[:, -1]
 
-    def _check(self, end: int) -> None:
-        if end > self.max_context:
-            raise InputError(f"{end} tokens exceed the model's context of {self.max_context}")
-
     def prefill(self, slot: int, ids: Sequence[int], start: int) -> np.ndarray:
-        self._check(start + len(ids))
+        check_context(start + len(ids), self.max_context)
         arr = np.asarray([list(ids)], dtype=np.int64)
         pos = np.arange(start, start + len(ids), dtype=np.int64)[None]
         logits: np.ndarray = self._run(self._binding(slot, 1), arr, pos)[0]
@@ -140,7 +132,7 @@ class OrtBatchDecoder:
     def prefill_rows(self, slot: int, ids: Sequence[int], start: int) -> np.ndarray:
         if not self.every_position:
             return np.stack([self.prefill(slot, [t], start + i) for i, t in enumerate(ids)])
-        self._check(start + len(ids))
+        check_context(start + len(ids), self.max_context)
         arr = np.asarray([list(ids)], dtype=np.int64)
         pos = np.arange(start, start + len(ids), dtype=np.int64)[None]
         logits: np.ndarray = self._run(self._binding(slot, 1), arr, pos, every=True)[0]
@@ -155,7 +147,7 @@ class OrtBatchDecoder:
             (rows, 1), self.max_context - 1, np.int64
         )  # rows not decoding: see the docstring
         for s, t, p in zip(slots, ids, positions):
-            self._check(p + 1)
+            check_context(p + 1, self.max_context)
             tok[s, 0], pos[s, 0] = t, p
         logits = self._run(self._binding(0, rows), tok, pos)
         return logits[list(slots)]

@@ -33,7 +33,14 @@ from llmir_core.runtime.cpu_load import (
     busy_now,
     resolve_threads,
 )
-from llmir_core.runtime.kv_slots import DEFAULT_CAPACITY, KVSlots, UsesKVSlots, context_limit
+from llmir_core.runtime.kv_slots import (
+    DEFAULT_CAPACITY,
+    KVSlots,
+    UsesKVSlots,
+    cache_buffers,
+    cache_dtype,
+    context_limit,
+)
 from llmir_core.tracing import traced
 
 
@@ -125,11 +132,6 @@ def artifact_session_options(
     )
 
 
-def _cache_dtype(spec: dict[str, Any]) -> type:
-    """The numpy dtype of a cache entry: int8 codes (kv-cache-int8) or f32."""
-    return np.int8 if spec.get("dtype") == "i8" else np.float32
-
-
 class OrtDecoder(UsesKVSlots):
     """Prefill and decode through an onnxruntime session; the KV cache stays in bound buffers."""
 
@@ -210,16 +212,13 @@ class OrtDecoder(UsesKVSlots):
             ort = _ort()
             self._values = [
                 ort.OrtValue.ortvalue_from_numpy(
-                    np.zeros((batch, c["kv_heads"], 0, c["head_dim"]), _cache_dtype(c))
+                    np.zeros((batch, c["kv_heads"], 0, c["head_dim"]), cache_dtype(c))
                 )
                 for c in self.caches
             ]
 
     def _make_buffers(self, batch: int, capacity: int) -> list[Any]:
-        return [
-            np.zeros((batch, c["kv_heads"], capacity, c["head_dim"]), _cache_dtype(c))
-            for c in self.caches
-        ]
+        return cache_buffers(self.caches, batch, capacity)
 
     def _bind_buffers(self, buffers: list[Any]) -> None:
         """Bind new shared buffers as both the past inputs and the present outputs."""
