@@ -325,12 +325,16 @@ class Converted:
     """What a conversion makes of one op: the target op's attributes, its operands (None: the
     op's own), ops to insert before it (a split: the first kernel of two) and values of other
     ops that the target op also yields, as its further results (a fusion: the residual sum of a
-    skip norm); their producers are erased once unused."""
+    skip norm); their producers are erased once unused. `note` adds to the report line;
+    `instance` is logged in place of the row's (a library rule the conversion is an instance of,
+    such as an approximate quantization rule)."""
 
     attrs: dict[str, Any]
     operands: list[Value] | None = None
     prelude: list[Op] = field(default_factory=list)
     also: tuple[Value, ...] = ()
+    note: str = ""
+    instance: RuleInstance | None = None
 
 
 @dataclass(frozen=True)
@@ -384,11 +388,11 @@ def _convert(fn: Function, ctx: PassContext, c: Conversion, op: Op, got: Convert
     if got.also:
         erase_dead(fn, [v.owner for v in got.also if v.owner is not None])
     root = op.results[0]
-    ctx.applied(
-        c.name, root, f"{c.source} -> {' + '.join([o.name for o in got.prelude] + [c.target])}"
-    )
+    detail = f"{c.source} -> {' + '.join([o.name for o in got.prelude] + [c.target])}"
+    ctx.applied(c.name, root, detail + (f": {got.note}" if got.note else ""))
     ctx.instances.append(
-        RuleInstance(
+        got.instance
+        or RuleInstance(
             rule=c.name,
             root=root.name,
             replacement=root.name,

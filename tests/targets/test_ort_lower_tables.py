@@ -12,7 +12,7 @@ from llmir_core.ir.core import Module
 from llmir_core.ir.parser import parse_module
 from llmir_core.passes.base import PassContext
 from llmir_core.passes.rewriting import Conversion, Converted, apply_conversions
-from llmir_core.targets.onnxruntime import lower_norms
+from llmir_core.targets.onnxruntime import lower_common, lower_norms
 from llmir_core.targets.onnxruntime.lower_norms import PLAIN, SKIP, LowerOrtNorms
 
 CASE = Path(__file__).resolve().parents[1] / "filecheck" / "passes" / "lower-ort-norms.llmir"
@@ -48,18 +48,18 @@ def test_each_conversion_is_a_logged_rule_instance() -> None:
 
 def test_a_target_op_outside_the_capabilities_is_refused() -> None:
     """The pass's legal set is the onnxruntime capabilities: a triton op is not in it."""
-    assert lower_norms._legal(PLAIN) and lower_norms._legal(SKIP)
-    assert not lower_norms._legal("triton.rms_norm")
+    assert lower_common.legal(PLAIN) and lower_common.legal(SKIP)
+    assert not lower_common.legal("triton.rms_norm")
     m, ctx = _module(), PassContext()
     row = Conversion("to-triton", "llm.rms_norm", "triton.rms_norm", lambda fn, op: Converted({}))
-    assert not apply_conversions(m, ctx, [row], lower_norms._legal)
+    assert not apply_conversions(m, ctx, [row], lower_common.legal)
     assert "triton.rms_norm" not in _names(m)
     assert all("triton.rms_norm is not legal" in r.reason for r in ctx.rejections)
 
 
 def test_the_pass_keeps_to_its_legal_set(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the skip norm in the legal set every norm becomes the plain one."""
-    monkeypatch.setattr(lower_norms, "_legal", lambda name: name != SKIP)
+    monkeypatch.setattr(lower_norms, "legal", lambda name: name != SKIP)
     m, ctx = _module(), PassContext()
     assert LowerOrtNorms().run(m, ctx)
     assert _names(m).count(PLAIN) == 3 and SKIP not in _names(m)

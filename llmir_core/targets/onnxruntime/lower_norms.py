@@ -35,7 +35,7 @@ from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType
 from llmir_core.passes.base import PassContext
 from llmir_core.passes.rewriting import Conversion, Converted, apply_conversions
-from llmir_core.targets.onnxruntime.lower_common import declare_ort, is_decoder, tt
+from llmir_core.targets.onnxruntime.lower_common import declare_ort, is_decoder, legal, tt
 from llmir_core.targets.onnxruntime.native.cpu import CPU, llmir_kernels, no_kernels
 
 NORM_KERNEL = ("onnxruntime", "auto", "llmir")  # the first is the default
@@ -104,12 +104,6 @@ def _row(source: str, target: str, convert: Convert) -> Conversion:
     return Conversion(f"lower-ort-norms.{target.removeprefix('ort.')}", source, target, convert)
 
 
-def _legal(name: str) -> bool:
-    from llmir_core.targets import get_target  # read lazily: the target imports this pass
-
-    return bool(get_target("onnxruntime").capabilities.runs(name))
-
-
 @dataclass(frozen=True)
 class LowerOrtNorms:
     name: ClassVar[str] = "lower-ort-norms"
@@ -129,7 +123,7 @@ class LowerOrtNorms:
             raise no_kernels("norm_kernel=llmir", self.cpu)
         if not is_decoder(module):  # other modules keep the generic op-by-op build
             return False
-        changed = apply_conversions(module, ctx, self.table(), _legal)
+        changed = apply_conversions(module, ctx, self.table(), legal)
         if changed:
             declare_ort(module)
         return changed
