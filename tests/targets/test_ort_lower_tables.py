@@ -13,6 +13,7 @@ from llmir_core.ir.parser import parse_module
 from llmir_core.passes.base import PassContext
 from llmir_core.passes.rewriting import Conversion, Converted, apply_conversions
 from llmir_core.targets.onnxruntime import lower_common, lower_norms
+from llmir_core.targets.onnxruntime.lower_embedding import LowerOrtEmbedding
 from llmir_core.targets.onnxruntime.lower_norms import PLAIN, SKIP, LowerOrtNorms
 
 CASE = Path(__file__).resolve().parents[1] / "filecheck" / "passes" / "lower-ort-norms.llmir"
@@ -64,3 +65,20 @@ def test_the_pass_keeps_to_its_legal_set(monkeypatch: pytest.MonkeyPatch) -> Non
     assert LowerOrtNorms().run(m, ctx)
     assert _names(m).count(PLAIN) == 3 and SKIP not in _names(m)
     assert any(f"{SKIP} is not legal" in r.reason for r in ctx.rejections)
+
+
+def test_the_embedding_row_logs_its_conversion() -> None:
+    """A lookup in the tied head's blocks is one logged conversion; an f32 table in an f32
+    build stays a plain lookup, with the reason."""
+    text = (CASE.parent / "lower-ort-embedding.llmir").read_text().split("// -----")[0]
+    m, ctx = parse_module(text, "tied.llmir"), PassContext()
+    assert LowerOrtEmbedding().run(m, ctx)
+    assert "ort.gather_block_quantized" in _names(m) and "llm.embedding" not in _names(m)
+    (inst,) = ctx.instances
+    assert inst.rule == "lower-ort-embedding.gather_block_quantized"
+    assert inst.attrs["quantize"] == "none" and len(inst.bindings) == 2
+    neg = CASE.parent / "lower-ort-embedding.negative_f32_build.llmir"
+    m, ctx = parse_module(neg.read_text(), str(neg)), PassContext()
+    assert not LowerOrtEmbedding().run(m, ctx) and not ctx.instances
+    assert "llm.embedding" in _names(m)
+    assert any("not stored in blocks" in r.reason for r in ctx.rejections)
