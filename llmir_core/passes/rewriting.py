@@ -32,7 +32,15 @@ from llmir_core.rewrite.library import is_proved
 from llmir_core.rewrite.rule import Rule, RuleInstance, value_loc
 from llmir_core.rewrite.terms import C, Match, V, build, leaves, match
 
-from .base import PassContext, erase_dead, is_pure, replace_uses, scratch_builder, use_counts
+from .base import (
+    PassContext,
+    erase_dead,
+    is_pure,
+    replace_uses,
+    scratch_builder,
+    take_over,
+    use_counts,
+)
 
 MAX_ROUNDS = 8
 UNPROVED = "rule has no proof certificate (run `llmir verify --rules`, or pass --allow-unproved)"
@@ -315,11 +323,18 @@ def apply_fusions(
 @dataclass(frozen=True)
 class Converted:
     """What a conversion makes of one op: the target op's attributes, its operands (None: the
-    op's own) and ops to insert before it (a split: the first kernel of two)."""
+    op's own), ops to insert before it (a split: the first kernel of two) and values of other
+    ops that the target op also yields, as its further results (a fusion: the residual sum of a
+    skip norm); their producers are erased once unused. `note` adds to the report line;
+    `instance` is logged in place of the row's (a library rule the conversion is an instance of,
+    such as an approximate quantization rule)."""
 
     attrs: dict[str, Any]
     operands: list[Value] | None = None
     prelude: list[Op] = field(default_factory=list)
+    also: tuple[Value, ...] = ()
+    note: str = ""
+    instance: RuleInstance | None = None
 
 
 @dataclass(frozen=True)
@@ -366,12 +381,18 @@ def _convert(fn: Function, ctx: PassContext, c: Conversion, op: Op, got: Convert
     op.name, op.attrs = c.target, dict(got.attrs)
     if got.operands is not None:
         op.operands = list(got.operands)
+    for v in got.also:
+        new = Value(v.name, v.type, op, len(op.results))
+        op.results.append(new)
+        take_over(fn, v, new)
+    if got.also:
+        erase_dead(fn, [v.owner for v in got.also if v.owner is not None])
     root = op.results[0]
-    ctx.applied(
-        c.name, root, f"{c.source} -> {' + '.join([o.name for o in got.prelude] + [c.target])}"
-    )
+    detail = f"{c.source} -> {' + '.join([o.name for o in got.prelude] + [c.target])}"
+    ctx.applied(c.name, root, detail + (f": {got.note}" if got.note else ""))
     ctx.instances.append(
-        RuleInstance(
+        got.instance
+        or RuleInstance(
             rule=c.name,
             root=root.name,
             replacement=root.name,

@@ -463,3 +463,11 @@ __all__ = [
     "check_gguf_kernels",
     "gguf_exact_format",
 ]
+
+
+def legal(name: str) -> bool:
+    """Whether the onnxruntime target runs the op `name`: the legal set of the lowering passes'
+    conversion-pattern tables (its capabilities, read lazily: the target imports the passes)."""
+    from llmir_core.targets import get_target
+
+    return bool(get_target("onnxruntime").capabilities.runs(name))

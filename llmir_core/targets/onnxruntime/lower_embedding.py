@@ -31,9 +31,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from llmir_core.ir.core import Module, Op, Value
+from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType
-from llmir_core.passes.base import PassContext, erase_dead, replace_uses, scratch_builder
+from llmir_core.passes.base import PassContext
+from llmir_core.passes.rewriting import Conversion, Converted, apply_conversions
 from llmir_core.rewrite.nbits_rules import rule_name
 from llmir_core.rewrite.rule import RuleInstance, value_loc
 from llmir_core.targets.onnxruntime.lower_common import (
@@ -42,6 +43,7 @@ from llmir_core.targets.onnxruntime.lower_common import (
     WSrc,
     declare_ort,
     is_decoder,
+    legal,
     nbits_format,
     parse_quant,
     quantize_mode,
@@ -63,46 +65,41 @@ class LowerOrtEmbedding:
     def run(self, module: Module, ctx: PassContext) -> bool:
         if not is_decoder(module):  # other modules keep the generic op-by-op build
             return False
-        fmt = parse_quant(self.quant, self.quant_block)
-        base = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
-        changed = False
-        for fn in module.functions:
-            g = Graph(fn)
-            for op in list(fn.ops):
-                if op.name != "llm.embedding" or tt(op.results[0]).dtype != DType.f32:
-                    continue
-                choice = self._choose(g, op, fmt)
-                if choice is None:
-                    continue
-                nb, mode, why = choice
-                sd = _tied_scale_dtype(g, op.operands[0])
-                b, new_ops = scratch_builder(fn, op.origin)
-                y = b.op(
-                    "ort.gather_block_quantized",
-                    op.operands[0],
-                    op.operands[1],
-                    bits=nb.bits,
-                    block_size=nb.block,
-                    quantize=mode,
-                    **({"scale_dtype": sd} if sd != "f32" else {}),
-                )
-                if mode == "sym":
-                    src = weight_src(g, op.operands[0])
-                    assert src is not None
-                    why += f", max abs error {embedding_error(src, nb, base, sd):.3g}"
-                    ctx.instances.append(_instance(op, y, nb, sd))
-                ctx.applied("gather-block-quantized", y, why)
-                i = next(i for i, o in enumerate(fn.ops) if o is op)
-                fn.ops[i:i] = new_ops
-                name = op.results[0].name
-                replace_uses(fn, op.results[0], y)
-                op.results[0].name = name + ".dead"
-                y.name = name
-                erase_dead(fn, [op])
-                changed = True
+        changed = apply_conversions(module, ctx, self.table(module), legal)
         if changed:
             declare_ort(module)
         return changed
+
+    def table(self, module: Module) -> tuple[Conversion, ...]:
+        """The conversion-pattern table: one row, with this pass's options."""
+        fmt = parse_quant(self.quant, self.quant_block)
+        base = os.path.dirname(os.path.abspath(module.source)) if module.source else os.getcwd()
+
+        def convert(fn: Function, op: Op) -> Converted | str:
+            if tt(op.results[0]).dtype != DType.f32:
+                return "not f32"
+            g = Graph(fn)
+            choice = self._choose(g, op, fmt)
+            if choice is None:
+                return "the table is not stored in blocks that it can keep"
+            nb, mode, why = choice
+            sd = _tied_scale_dtype(g, op.operands[0])
+            attrs: dict[str, object] = {"bits": nb.bits, "block_size": nb.block, "quantize": mode}
+            if sd != "f32":
+                attrs["scale_dtype"] = sd
+            if mode != "sym":
+                return Converted(attrs, note=why)
+            src = weight_src(g, op.operands[0])
+            assert src is not None
+            why += f", max abs error {embedding_error(src, nb, base, sd):.3g}"
+            return Converted(attrs, note=why, instance=_instance(op, op.results[0], nb, sd))
+
+        target = "ort.gather_block_quantized"
+        return (
+            Conversion(
+                "lower-ort-embedding.gather_block_quantized", "llm.embedding", target, convert
+            ),
+        )
 
     def _choose(
         self, g: Graph, op: Op, fmt: NbitsFormat | None

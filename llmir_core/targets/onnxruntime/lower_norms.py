@@ -14,23 +14,94 @@ the build's `cpu` option is x86-64-v3 (the default); with `onnxruntime` (the def
 com.microsoft's ops. One node runs 128 rows ~2.9x faster than onnxruntime's; whole prefills
 moved by less than this machine's run-to-run spread (docs/perf.md), so it stays opt-in.
 
+The rewrites are a conversion-pattern table (`LowerOrtNorms.table`: source op, target op, the
+function that gives the attributes or the reason it does not apply) run by the rewrite engine
+(`passes/rewriting.py:apply_conversions`) with the onnxruntime target's capabilities as the legal
+set; each conversion is logged as a rule instance named after its row
+(`lower-ort-norms.skip_simplified_layer_norm`).
+
 Invariant: each op's decomposition is the replaced `core.add` + `llm.rms_norm` with the same
 attributes (exact: translation validation meets the original terms).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 from llmir_core.errors import InputError
-from llmir_core.ir.core import Function, Module, Op
+from llmir_core.ir.core import Function, Module, Op, Value
 from llmir_core.ir.types import DType
-from llmir_core.passes.base import PassContext, erase_dead, scratch_builder, take_over
-from llmir_core.targets.onnxruntime.lower_common import Graph, declare_ort, is_decoder, tt
+from llmir_core.passes.base import PassContext
+from llmir_core.passes.rewriting import Conversion, Converted, apply_conversions
+from llmir_core.targets.onnxruntime.lower_common import declare_ort, is_decoder, legal, tt
 from llmir_core.targets.onnxruntime.native.cpu import CPU, llmir_kernels, no_kernels
 
 NORM_KERNEL = ("onnxruntime", "auto", "llmir")  # the first is the default
+SKIP = "ort.skip_simplified_layer_norm"
+PLAIN = "ort.simplified_layer_norm"
+
+Convert = Callable[[Function, Op], Converted | str]
+Attrs = Callable[[Op], dict[str, object]]
+
+
+def _static(v: Value) -> bool:
+    """Whether `v` is computed from weights and constants only."""
+    op = v.owner
+    if op is None:
+        return False
+    if op.name in ("core.weight", "core.constant"):
+        return True
+    return bool(op.operands) and all(_static(u) for u in op.operands)
+
+
+def _unfit(op: Op) -> str | None:
+    x, w = op.operands[0], op.operands[-1]
+    if tt(x).dtype != DType.f32 or not _static(w):
+        return "not f32 or its weight is not constant"
+    return None
+
+
+def _used_before(fn: Function, v: Value, op: Op) -> bool:
+    """Whether an op before `op` (other than it) uses `v`."""
+    for o in fn.ops:
+        if o is op:
+            return False
+        if any(u is v for u in o.operands):
+            return True
+    return False
+
+
+def _fused(attrs: Attrs) -> Convert:
+    """`llm.rms_norm(core.add(a, b), w)` -> skip norm of (a, b, w), whose second result is the sum."""
+
+    def convert(fn: Function, op: Op) -> Converted | str:
+        x, w = op.operands[0], op.operands[-1]
+        add = x.owner if x.owner is not None and x.owner.name == "core.add" else None
+        if add is None:
+            return "its input is not a core.add"
+        a, b = add.operands
+        if tt(a).shape != tt(x).shape or tt(b).shape != tt(x).shape or tt(a).dtype != DType.f32:
+            return "the add broadcasts or is not f32"
+        if _used_before(fn, x, op):
+            return "the sum is used before the norm"
+        return _unfit(op) or Converted(attrs(op), [a, b, w], also=(x,))
+
+    return convert
+
+
+def _same(attrs: Attrs) -> Convert:
+    """The op with its own operands and results (add_rms_norm's are the skip norm's)."""
+
+    def convert(fn: Function, op: Op) -> Converted | str:
+        return _unfit(op) or Converted(attrs(op))
+
+    return convert
+
+
+def _row(source: str, target: str, convert: Convert) -> Conversion:
+    return Conversion(f"lower-ort-norms.{target.removeprefix('ort.')}", source, target, convert)
 
 
 @dataclass(frozen=True)
@@ -52,59 +123,27 @@ class LowerOrtNorms:
             raise no_kernels("norm_kernel=llmir", self.cpu)
         if not is_decoder(module):  # other modules keep the generic op-by-op build
             return False
-        changed = False
-        for fn in module.functions:
-            for op in [o for o in fn.ops if o.name in ("llm.rms_norm", "llm.add_rms_norm")]:
-                if self._lower(fn, Graph(fn), op, ctx):
-                    changed = True
+        changed = apply_conversions(module, ctx, self.table(), legal)
         if changed:
             declare_ort(module)
         return changed
 
-    def _lower(self, fn: Function, g: Graph, op: Op, ctx: PassContext) -> bool:
-        x, w = op.operands[0], op.operands[-1]
-        if tt(x).dtype != DType.f32 or id(w) not in g.static:
-            ctx.rejected(self.name, op.results[0], "not f32 or its weight is not constant")
-            return False
-        attrs: dict[str, object] = {
-            "epsilon": float(op.attrs.get("eps", 1e-6)),
-            "offset": float(op.attrs.get("offset", 0.0)),
-        }
-        if self._llmir():
-            attrs["kernel"] = "llmir"
-        b, new_ops = scratch_builder(fn, op.origin)
-        pos = g.index[id(op)]
-        dead = [op]
-        if op.name == "llm.add_rms_norm":
-            new = b.create("ort.skip_simplified_layer_norm", list(op.operands), attrs)
-            pairs = list(zip(op.results, new.results))
-            rule = "skip-simplified-layer-norm"
-        else:
-            add = g.producer(x, "core.add")
-            fusable = (
-                add is not None
-                and tt(add.operands[0]).shape == tt(x).shape
-                and tt(add.operands[1]).shape == tt(x).shape
-                and tt(add.operands[0]).dtype == DType.f32
-                and not any(g.index[id(u)] < pos for u in g.uses(x) if u is not op)
-            )
-            if add is not None and fusable:
-                new = b.create(
-                    "ort.skip_simplified_layer_norm", [add.operands[0], add.operands[1], w], attrs
-                )
-                pairs = [(op.results[0], new.results[0]), (x, new.results[1])]
-                dead.append(add)
-                rule = "skip-simplified-layer-norm"
-            else:
-                new = b.create("ort.simplified_layer_norm", [x, w], attrs)
-                pairs = [(op.results[0], new.results[0])]
-                rule = "simplified-layer-norm"
-        fn.ops[pos:pos] = new_ops
-        for old_v, new_v in pairs:
-            take_over(fn, old_v, new_v)
-        erase_dead(fn, dead)
-        ctx.applied(rule, new.results[0], "llmir's kernel" if "kernel" in attrs else "")
-        return True
+    def table(self) -> tuple[Conversion, ...]:
+        """The conversion-pattern table, with this pass's kernel choice in its rows' attributes."""
+        kernel: dict[str, object] = {"kernel": "llmir"} if self._llmir() else {}
+
+        def attrs(op: Op) -> dict[str, object]:
+            return {
+                "epsilon": float(op.attrs.get("eps", 1e-6)),
+                "offset": float(op.attrs.get("offset", 0.0)),
+                **kernel,
+            }
+
+        return (
+            _row("llm.add_rms_norm", SKIP, _same(attrs)),
+            _row("llm.rms_norm", SKIP, _fused(attrs)),
+            _row("llm.rms_norm", PLAIN, _same(attrs)),
+        )
 
     def _llmir(self) -> bool:
         """Whether the norms run on llmir's kernel: asked for (llmir or auto) in a build for a
