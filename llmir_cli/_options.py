@@ -43,9 +43,6 @@ QuantOpt = Annotated[
         show_default=False,
     ),
 ]
-QuantBlockOpt = Annotated[
-    int, typer.Option("--quant-block", help="Decoders: block size for --quant.")
-]
 MaxLenOpt = Annotated[
     int | None,
     typer.Option(
