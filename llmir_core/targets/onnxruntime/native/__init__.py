@@ -201,6 +201,51 @@ def _write_record(out: Path, record: str) -> None:
             os.unlink(tmp)
 
 
+ISA_ENV = "LLMIR_KERNEL_ISA"  # auto (default) | avx2 (force the fallback) | avx512 (isa.h)
+ISAS = ("auto", "avx2", "avx512")
+
+
+def check_isa_env() -> None:
+    """LLMIR_KERNEL_ISA is a known choice, and `avx512` only on a CPU that has it (isa.h: the
+    library checks the same when it registers; this gives the one-line error first)."""
+    want = os.environ.get(ISA_ENV) or "auto"
+    if want not in ISAS:
+        raise CustomOpError(f"{ISA_ENV}={want}: expected one of {', '.join(ISAS)}")
+    if want == "avx512":
+        from llmir_core.targets.onnxruntime.native.cpu import cpu_flags
+
+        missing = [f for f in AVX512_FLAGS if f not in cpu_flags()]
+        if missing:
+            raise CustomOpError(
+                f"{ISA_ENV}=avx512, and this CPU lacks {', '.join(missing)}",
+                hint=f"unset {ISA_ENV} (auto picks the AVX2 kernels here)",
+            )
+
+
+AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")  # /proc/cpuinfo
+
+
+def kernel_variants() -> dict[str, str]:
+    """The instruction-set variant each llmir op runs with in this process ({op name: "avx2" |
+    "avx512-vnni"}): what the library's `llmir_kernel_variants` says under LLMIR_KERNEL_ISA and
+    this CPU (the choice `register` made, the same rule). Loads the library (verified) if
+    needed; {} where the kernels cannot run here."""
+    import ctypes
+
+    if unavailable_reason() is not None:
+        return {}
+    try:
+        check_isa_env()
+        lib = ctypes.CDLL(library_path())
+    except (InputError, OSError):
+        return {}
+    lib.llmir_isa_select.restype = ctypes.c_char_p
+    lib.llmir_kernel_variants.restype = ctypes.c_char_p
+    lib.llmir_isa_select()
+    text = lib.llmir_kernel_variants().decode("ascii")
+    return dict(part.split("=", 1) for part in text.split(",") if "=" in part)
+
+
 def register(so: Any, names: Sequence[str]) -> None:
     """Register the custom-op libraries a manifest's `custom_ops` names on SessionOptions so,
     once this machine can run them (cpu.check_can_run: the one-line error otherwise)."""
@@ -213,6 +258,7 @@ def register(so: Any, names: Sequence[str]) -> None:
             )
         if not done:
             check_can_run()
+            check_isa_env()
             so.register_custom_ops_library(library_path())
             done = True
 
@@ -223,11 +269,14 @@ __all__ = [
     "DISABLE_ENV",
     "DOMAIN",
     "GGUF_OP_NAME",
+    "ISA_ENV",
     "LIBRARY",
     "MIN_ORT",
     "NBITS_OP_NAMES",
     "OP_NAMES",
     "CustomOpError",
+    "check_isa_env",
+    "kernel_variants",
     "library_path",
     "register",
     "shipped_library",

@@ -1,9 +1,11 @@
 /* The entry point of llmir's onnxruntime custom-op library (domain `ai.llmir`):
  * SessionOptions.register_custom_ops_library calls RegisterCustomOps, which checks the CPU and
- * adds every op source's kernels (one `llmir_add_*` function per source file) to one domain.
+ * selects the kernels' instruction-set variant (isa.h: AVX-512 VNNI where the CPU has it, else
+ * AVX2; LLMIR_KERNEL_ISA=avx2 forces the fallback) and adds every op source's kernels (one `llmir_add_*` function per source file) to one domain.
  */
 #include <stdlib.h>
 
+#include "isa.h"
 #include "ort_abi.h"
 
 OrtStatus *llmir_add_matmul16(const OrtApi *api, OrtCustomOpDomain *domain);
@@ -30,6 +32,8 @@ OrtStatus *RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base)
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
         !__builtin_cpu_supports("f16c"))
         return llmir_error(api, ORT_FAIL, "llmir ai.llmir ops need a CPU with AVX2, FMA and F16C");
+    const char *why = llmir_isa_select();
+    if (why) return llmir_error(api, ORT_FAIL, why);
     OrtCustomOpDomain *domain = NULL;
     OrtStatus *st = API(api, I_CreateCustomOpDomain, CreateCustomOpDomainFn)("ai.llmir", &domain);
     if (st) return st;
