@@ -14,9 +14,11 @@ from .._render import Ctx
 from ._command import command
 
 HELP = """Measure a decoder artifact on random token ids: prefill time and tokens/s, time to first
-token, decode tokens/s, inter-token latency P50/P90/P99 and peak RSS, as mean ± stddev over
+token, decode tokens/s (for the whole batch, and per sequence: with --batch N the first is N
+times the second), inter-token latency P50/P90/P99 and peak RSS, as mean ± stddev over
 --runs runs after --warmup runs. The JSON result carries a hardware and model fingerprint (CPU,
-cores, flags, llmir and onnxruntime versions, model hash) so runs can be compared.
+cores, flags, llmir and onnxruntime versions, model hash) so runs can be compared, and the
+instruction-set variant (avx2, avx512-vnni) each of llmir's kernels in the artifact ran with.
 
 Examples:
 
@@ -174,13 +176,17 @@ def _table(ctx: Ctx, data: dict[str, Any]) -> None:
     t.add_row("prefill", pm("prefill_ms", "ms"))
     t.add_row("prefill speed", pm("prefill_tokens_per_s", "tok/s"))
     t.add_row("time to first token", pm("ttft_ms", "ms"))
-    t.add_row("decode speed", pm("decode_tokens_per_s", "tok/s"))
+    t.add_row("decode speed, whole batch", pm("decode_tokens_per_s_aggregate", "tok/s"))
+    t.add_row("decode speed, per sequence", pm("decode_tokens_per_s_per_sequence", "tok/s"))
     itl = r["itl_ms"]
     t.add_row(
         "inter-token latency P50 / P90 / P99",
         f"{itl['p50']:.2f} / {itl['p90']:.2f} / {itl['p99']:.2f} ms",
     )
     t.add_row("peak RSS", f"{r['peak_rss_mb']:.0f} MB")
+    kernels = data.get("kernels") or {}
+    if kernels:
+        t.add_row("kernel variants", ", ".join(f"{op} {v}" for op, v in sorted(kernels.items())))
     ctx.out.print(t)
     ctx.out.print(
         f"{fp.get('cpu')} ({fp.get('cores')} cores; {' '.join(fp.get('cpu_flags') or [])}), "
