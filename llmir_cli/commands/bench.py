@@ -184,9 +184,6 @@ def _table(ctx: Ctx, data: dict[str, Any]) -> None:
         f"{itl['p50']:.2f} / {itl['p90']:.2f} / {itl['p99']:.2f} ms",
     )
     t.add_row("peak RSS", f"{r['peak_rss_mb']:.0f} MB")
-    kernels = data.get("kernels") or {}
-    if kernels:
-        t.add_row("kernel variants", ", ".join(f"{op} {v}" for op, v in sorted(kernels.items())))
     ctx.out.print(t)
     ctx.out.print(
         f"{fp.get('cpu')} ({fp.get('cores')} cores; {' '.join(fp.get('cpu_flags') or [])}), "
@@ -195,6 +192,13 @@ def _table(ctx: Ctx, data: dict[str, Any]) -> None:
         markup=False,
         highlight=False,
     )
+    kernels = data.get("kernels") or {}
+    if kernels:
+        ctx.out.print(
+            "kernel variants: " + ", ".join(f"{op}={v}" for op, v in sorted(kernels.items())),
+            markup=False,
+            highlight=False,
+        )
 
 
 def register(app: typer.Typer) -> None:

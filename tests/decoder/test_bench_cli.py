@@ -142,3 +142,9 @@ def test_bench_names_kernel_variants(
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["kernels"] == res.kernels
+    r = run_cli(
+        "bench", str(art), "--prompt-len", "4", "--gen-len", "2", "--runs", "1", "--warmup", "0",
+        "--threads", "1",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "kernel variants: " in r.stdout and "MatMulS8=" in r.stdout
