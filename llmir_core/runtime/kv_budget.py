@@ -99,19 +99,23 @@ def choose_context(manifest: dict[str, Any], slots: int, given: int | None) -> C
     caches = dec.get("cache") or []
     token_bytes = cache_token_bytes(caches) if caches else int(dec.get("kv_bytes_per_token") or 0)
     if given is not None:
-        model = f"model: {model_context}" if model_context else "the model gives none"
-        kv = (
-            f": {slots} slots x {given} x {size_text(token_bytes)} = "
-            f"{size_text(slots * given * token_bytes)}"
-            if token_bytes
-            else ""
-        )
-        return ContextChoice(given, f"max context {given} (--max-context; {model}){kv}")
+        return ContextChoice(given, _given_line(given, model_context, slots, token_bytes))
     if dec.get("kv_cache") != "shared_buffer":  # buffers that grow as sequences need rows
         return ContextChoice(None, f"max context {model_context} (the model's)")
     return default_context(
         model_context, slots, token_bytes, artifact_bytes(manifest), mem_available()
     )
+
+
+def _given_line(given: int, model_context: int | None, slots: int, token_bytes: int) -> str:
+    """What `--max-context N` gives: N, or the model's context where that is smaller."""
+    used = min(given, model_context) if model_context else given
+    model = f"model: {model_context}" if model_context else "the model gives none"
+    line = f"max context {used} (--max-context {given}; {model})"
+    if token_bytes and used > 0:
+        kv = size_text(slots * used * token_bytes)
+        line += f": {slots} slots x {used} x {size_text(token_bytes)} = {kv}"
+    return line
 
 
 def artifact_bytes(manifest: dict[str, Any]) -> int:

@@ -118,9 +118,12 @@ def test_explicit_max_context_is_kept(long_artifact: Path, monkeypatch: pytest.M
     m = _open(long_artifact, monkeypatch, 1, max_batch=8, max_context=3000)
     assert m.max_context == 3000 and m.decoder.kv_bytes == 8 * 3000 * TOKEN_BYTES
     assert m.context_note == (
-        f"max context 3000 (--max-context; model: {LONG_CONTEXT}): 8 slots x 3000 x 512 B = "
-        "11.7 MiB"
+        f"max context 3000 (--max-context 3000; model: {LONG_CONTEXT}): 8 slots x 3000 x 512 B "
+        "= 11.7 MiB"
     )
+    m = _open(long_artifact, monkeypatch, None, max_batch=2, max_context=9000)
+    assert m.max_context == LONG_CONTEXT  # no more than the model's
+    assert m.context_note.startswith(f"max context {LONG_CONTEXT} (--max-context 9000; model:")
 
 
 def test_serve_start_lines_say_kv_memory_and_context(tiny_artifact: Path) -> None:
@@ -141,3 +144,14 @@ def test_serve_start_lines_say_kv_memory_and_context(tiny_artifact: Path) -> Non
         f"max context {TINY.context} (the model's): 2 slots x {TINY.context} x 512 B = 256 KiB "
         "fits in"
     ), note
+
+
+def test_mem_available_reads_meminfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       16000000 kB\nMemAvailable:    5242880 kB\n")
+    monkeypatch.setattr(kv_budget, "MEMINFO", str(info))
+    assert kv_budget.mem_available() == 5 * 2**30
+    info.write_text("MemTotal:       16000000 kB\n")  # an old kernel: no MemAvailable
+    assert kv_budget.mem_available() is None
+    monkeypatch.setattr(kv_budget, "MEMINFO", str(tmp_path / "absent"))
+    assert kv_budget.mem_available() is None
