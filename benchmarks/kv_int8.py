@@ -73,7 +73,7 @@ def bench(art: Path, prompt: int, gen: int, threads: int) -> dict[str, Any]:
     d = json.loads(r.stdout)
     res = d["results"]
     return {
-        "decode_tok_s": res["decode_tokens_per_s"]["mean"],
+        "decode_tok_s": res["decode_tokens_per_s_aggregate"]["mean"],
         "prefill_ms": res["prefill_ms"]["mean"],
         "peak_rss_mb": res["peak_rss_mb"],
         "load_average": d["fingerprint"].get("load_average"),

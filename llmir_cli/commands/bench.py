@@ -14,9 +14,11 @@ from .._render import Ctx
 from ._command import command
 
 HELP = """Measure a decoder artifact on random token ids: prefill time and tokens/s, time to first
-token, decode tokens/s, inter-token latency P50/P90/P99 and peak RSS, as mean ± stddev over
+token, decode tokens/s (for the whole batch, and per sequence: with --batch N the first is N
+times the second), inter-token latency P50/P90/P99 and peak RSS, as mean ± stddev over
 --runs runs after --warmup runs. The JSON result carries a hardware and model fingerprint (CPU,
-cores, flags, llmir and onnxruntime versions, model hash) so runs can be compared.
+cores, flags, llmir and onnxruntime versions, model hash) so runs can be compared, and the
+instruction-set variant (avx2, avx512-vnni) each of llmir's kernels in the artifact ran with.
 
 Examples:
 
@@ -174,7 +176,8 @@ def _table(ctx: Ctx, data: dict[str, Any]) -> None:
     t.add_row("prefill", pm("prefill_ms", "ms"))
     t.add_row("prefill speed", pm("prefill_tokens_per_s", "tok/s"))
     t.add_row("time to first token", pm("ttft_ms", "ms"))
-    t.add_row("decode speed", pm("decode_tokens_per_s", "tok/s"))
+    t.add_row("decode speed, whole batch", pm("decode_tokens_per_s_aggregate", "tok/s"))
+    t.add_row("decode speed, per sequence", pm("decode_tokens_per_s_per_sequence", "tok/s"))
     itl = r["itl_ms"]
     t.add_row(
         "inter-token latency P50 / P90 / P99",
@@ -189,6 +192,13 @@ def _table(ctx: Ctx, data: dict[str, Any]) -> None:
         markup=False,
         highlight=False,
     )
+    kernels = data.get("kernels") or {}
+    if kernels:
+        ctx.out.print(
+            "kernel variants: " + ", ".join(f"{op}={v}" for op, v in sorted(kernels.items())),
+            markup=False,
+            highlight=False,
+        )
 
 
 def register(app: typer.Typer) -> None:

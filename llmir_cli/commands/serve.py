@@ -24,8 +24,11 @@ server-sent events ending with usage), POST /tokenize and /detokenize, GET /toke
 GET /health, GET /metrics (Prometheus). Requests decode together: up to --max-batch sequences
 share one forward per token (continuous batching), prompts prefill in chunks of --prefill-chunk
 tokens between decode steps, and up to --max-queue more wait (then HTTP 429 with Retry-After).
-A client that disconnects frees its slot. SIGTERM or Ctrl-C finishes the requests in flight,
-refuses new ones, and exits 0 (130 after Ctrl-C).
+A client that disconnects frees its slot. Without --max-context each slot holds the model's
+context, capped so the KV buffers of all slots fit in half of MemAvailable less the weights;
+the start-up lines say what was chosen and why, and the KV bytes reserved (/metrics also gives
+the bytes touched). SIGTERM or Ctrl-C finishes the requests in flight, refuses new ones, and
+exits 0 (130 after Ctrl-C).
 
 Binds 127.0.0.1 unless --host says otherwise. With --api-key (or LLMIR_API_KEY) /v1/*, /api/*
 and the tokenizer endpoints need `Authorization: Bearer KEY`.
@@ -74,7 +77,9 @@ def serve_cmd(
     max_context: Annotated[
         int | None,
         typer.Option(
-            "--max-context", help="KV rows per sequence (default: the artifact's max_len)."
+            "--max-context",
+            help="KV rows per sequence (default: the artifact's max_len, capped to what fits "
+            "in half the available memory; said at start).",
         ),
     ] = None,
     threads: Annotated[
@@ -151,11 +156,14 @@ def _serve(
     extra = collect(str(artifact), model.manifest, **{k: _s(v) for k, v in pages.items()})
     sock = bind(*address)
     addr = sock.getsockname()
+    kv = model.kv_line()
     ctx.log(
         f"serving {model.name} on http://{_url_host(addr[0])}:{addr[1]}/ ({slots[0]} slots of "
-        f"{model.max_context} tokens, queue {slots[1]}{', API key required' if api_key else ''}; "
-        "Ctrl-C stops)"
+        f"{model.max_context} tokens{', ' + kv if kv else ''}, queue {slots[1]}"
+        f"{', API key required' if api_key else ''}; Ctrl-C stops)"
     )
+    if model.context_note:
+        ctx.log(model.context_note)
     sig = serve(
         model,
         sock,
@@ -163,7 +171,8 @@ def _serve(
         playground=extra,
         log_level="info" if ctx.verbose else "warning",
     )
-    ctx.log("stopped: every admitted request finished")
+    kv = model.kv_line()
+    ctx.log(f"stopped: every admitted request finished{' (' + kv + ')' if kv else ''}")
     if sig == signal.SIGINT:
         raise typer.Exit(130)
 

@@ -22,7 +22,7 @@ from llmir_core.interrupts import caused_by_interrupt
 from .generate import Decoder
 from .trace_attrs import kv_cache_bytes
 
-BENCH_SCHEMA = 1
+BENCH_SCHEMA = 2  # 2: decode_tokens_per_s split into _aggregate and _per_sequence; kernels
 
 
 @dataclass
@@ -33,7 +33,12 @@ class RunStats:
     itl_s: list[float]
 
     def decode_tps(self, batch: int) -> float:
+        """Tokens decoded per second by the whole batch (every sequence's tokens counted)."""
         return batch * len(self.itl_s) / self.decode_s if self.decode_s > 0 else 0.0
+
+    def decode_tps_per_sequence(self) -> float:
+        """Tokens per second one sequence of the batch sees (the aggregate over the batch)."""
+        return len(self.itl_s) / self.decode_s if self.decode_s > 0 else 0.0
 
 
 @dataclass
@@ -46,6 +51,8 @@ class BenchResult:
     spin: bool | None = None  # the decoder's pool threads spin between kernels
     peak_rss_mb: float = 0.0
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    # {op name: instruction-set variant} of the kernels the artifact runs ({}: none reported)
+    kernels: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         def ms(xs: list[float]) -> dict[str, float]:
@@ -68,7 +75,10 @@ class BenchResult:
                 [self.batch * self.prompt_len / (r.prefill_s or 1e-9) for r in self.runs]
             ),
             "ttft_ms": ms([r.ttft_s * 1000 for r in self.runs]),
-            "decode_tokens_per_s": ms([r.decode_tps(self.batch) for r in self.runs]),
+            "decode_tokens_per_s_aggregate": ms([r.decode_tps(self.batch) for r in self.runs]),
+            "decode_tokens_per_s_per_sequence": ms(
+                [r.decode_tps_per_sequence() for r in self.runs]
+            ),
             "itl_ms": {"p50": pct(50), "p90": pct(90), "p99": pct(99)},
             "peak_rss_mb": self.peak_rss_mb,
         }
@@ -94,6 +104,7 @@ class BenchResult:
                 }
                 for r in self.runs
             ],
+            "kernels": self.kernels,
             "fingerprint": self.fingerprint,
         }
 

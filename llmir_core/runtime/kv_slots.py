@@ -67,6 +67,53 @@ def cache_buffers(caches: Sequence[dict[str, Any]], batch: int, capacity: int) -
     ]
 
 
+def cache_token_bytes(caches: Sequence[dict[str, Any]]) -> int:
+    """The bytes one position of one sequence takes in the buffers of `cache_buffers` (every
+    manifest cache entry: kv_heads x head_dim x its dtype's size)."""
+    return sum(
+        int(c["kv_heads"]) * int(c["head_dim"]) * np.dtype(cache_dtype(c)).itemsize for c in caches
+    )
+
+
+class KVUsage:
+    """The KV rows each slot of a batch decoder has written, for serve's /metrics.
+
+    A slot's rows are written from position 0 up: `wrote(slot, end)` after a step that wrote
+    positions below `end` keeps the slot's high-water mark (a slot reused by a shorter sequence
+    keeps its mark: those rows were written). `dummy(slot)`: the batch step wrote the slot's
+    last row, `limit - 1` (OrtBatchDecoder's stand-in token for a row not decoding).
+    `touched_bytes` = the rows so written, summed over slots, x `token_bytes`: a lower bound of
+    the KV memory the OS backs (zeroed buffers get their pages on first write, so the resident
+    memory is this rounded up to pages per slot, kv head and cache entry)."""
+
+    def __init__(self, slots: int, limit: int, token_bytes: int) -> None:
+        self.limit = limit
+        self.token_bytes = token_bytes
+        self.high = [0] * slots
+        self.last_row = [False] * slots
+
+    def wrote(self, slot: int, end: int) -> None:
+        self.high[slot] = max(self.high[slot], min(end, self.limit))
+
+    def dummy(self, slot: int) -> None:
+        self.last_row[slot] = True
+
+    def decoded(self, slots: Sequence[int], positions: Sequence[int], rows: int) -> None:
+        """A batch step over rows [0, rows): `slots` wrote their `positions`, the others the
+        dummy row."""
+        for s, p in zip(slots, positions):
+            self.wrote(s, p + 1)
+        for s in set(range(rows)).difference(slots):
+            self.dummy(s)
+
+    @property
+    def touched_bytes(self) -> int:
+        rows = sum(
+            h + (1 if last and h < self.limit else 0) for h, last in zip(self.high, self.last_row)
+        )
+        return rows * self.token_bytes
+
+
 def check_step(ids: np.ndarray, batch: int, length: int, limit: int | None) -> np.ndarray:
     """`ids` as contiguous int64 [batch, seq], checked against the cache's state: the batch it was
     reset for (0: not reset yet, any batch) and the context limit."""
@@ -184,9 +231,11 @@ class UsesKVSlots:
 __all__ = [
     "DEFAULT_CAPACITY",
     "KVSlots",
+    "KVUsage",
     "UsesKVSlots",
     "cache_buffers",
     "cache_dtype",
+    "cache_token_bytes",
     "check_context",
     "check_step",
     "context_limit",

@@ -353,6 +353,8 @@ def bench_artifact(
         model_hash=model_hash,
         progress=progress,
     )
+    variants = getattr(dec, "kernel_variants", None)  # optional in the Decoder protocol
+    res.kernels = dict(variants()) if callable(variants) else {}
     d = dec.manifest["decoder"]
     res.fingerprint.update(
         {

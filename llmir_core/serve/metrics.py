@@ -2,7 +2,9 @@
 
 Counters: requests by route and status, generated and prompt tokens. Gauges: queue depth and
 active sequences (read from the scheduler when scraped), tokens per second over the last
-`window_s` seconds. Histograms: time to first token and inter-token latency, in seconds.
+`window_s` seconds, and where the batch decoder reports them, the KV cache bytes its slots
+reserved and touched (`llmir_kv_reserved_bytes`, `llmir_kv_touched_bytes`: see
+llmir_core.runtime.kv_slots.KVUsage). Histograms: time to first token and inter-token latency, in seconds.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class Metrics:
         self._recent: deque[float] = deque()  # times of recent generated tokens
         self.queue_depth: Callable[[], int] = lambda: 0
         self.active: Callable[[], int] = lambda: 0
+        self.kv_reserved: Callable[[], int | None] = lambda: None
+        self.kv_touched: Callable[[], int | None] = lambda: None
 
     def request(self, route: str, status: int) -> None:
         with self._lock:
@@ -86,6 +90,7 @@ class Metrics:
 
     def render(self) -> str:
         tps = self.tokens_per_second()
+        kv = _kv_lines(self.kv_reserved(), self.kv_touched())
         with self._lock:
             lines = [
                 "# HELP llmir_requests_total HTTP requests by route and status code.",
@@ -115,8 +120,24 @@ class Metrics:
                 "# HELP llmir_inter_token_latency_seconds Between consecutive tokens of a sequence.",
                 "# TYPE llmir_inter_token_latency_seconds histogram",
                 *self.itl.lines("llmir_inter_token_latency_seconds"),
+                *kv,
             ]
         return "\n".join(lines) + "\n"
+
+
+def _kv_lines(reserved: int | None, touched: int | None) -> list[str]:
+    """The KV gauges (none when the decoder does not report its KV memory)."""
+    if reserved is None or touched is None:
+        return []
+    return [
+        "# HELP llmir_kv_reserved_bytes KV cache buffers allocated for every slot at full context.",
+        "# TYPE llmir_kv_reserved_bytes gauge",
+        f"llmir_kv_reserved_bytes {reserved}",
+        "# HELP llmir_kv_touched_bytes KV cache rows written so far (per slot: its highest "
+        "position used, times the bytes a position takes).",
+        "# TYPE llmir_kv_touched_bytes gauge",
+        f"llmir_kv_touched_bytes {touched}",
+    ]
 
 
 __all__ = ["Metrics", "Histogram"]

@@ -19,6 +19,7 @@ from llmir_core.artifact_check import full_checks
 from llmir_core.errors import InputError
 from llmir_core.runtime.batch_decoder import BatchDecoder
 from llmir_core.runtime.chat_template import render_chat, template_timeout
+from llmir_core.runtime.kv_budget import size_text
 from llmir_core.runtime.textgen import load_artifact_tokenizer
 from llmir_core.runtime.tokenizer import Tokenizer
 
@@ -39,14 +40,19 @@ class ServedModel:
         metrics: Metrics | None = None,
         art_dir: str | None = None,
         template_timeout_s: float | None = None,
+        context_note: str = "",
     ) -> None:
         self.name = name
+        self.context_note = context_note  # how max_context was chosen (kv_budget), said at start
         self.template_timeout = template_timeout(template_timeout_s)
         self.manifest = manifest
         self.art_dir = art_dir
         self.tokenizer = tokenizer
         self.decoder = decoder
         self.metrics = metrics or Metrics()
+        if hasattr(decoder, "kv_bytes") and hasattr(decoder, "kv_touched_bytes"):
+            self.metrics.kv_reserved = lambda: int(decoder.kv_bytes)
+            self.metrics.kv_touched = lambda: int(decoder.kv_touched_bytes)
         self.scheduler = Scheduler(
             decoder, self.decode, max_queue=max_queue, chunk=chunk, metrics=self.metrics
         )
@@ -54,6 +60,14 @@ class ServedModel:
     @property
     def max_context(self) -> int:
         return self.decoder.max_context
+
+    def kv_line(self) -> str:
+        """The KV memory the slots reserved and wrote, for the start and stop log lines ("" when
+        the decoder does not report it)."""
+        reserved, touched = self.metrics.kv_reserved(), self.metrics.kv_touched()
+        if reserved is None or touched is None:
+            return ""
+        return f"KV cache {size_text(reserved)} reserved, {size_text(touched)} touched"
 
     @functools.cached_property
     def max_prompt_bytes(self) -> int:
@@ -117,6 +131,7 @@ def open_served_model(
     `open_batch`), after hashing every file it lists against its manifest (a long-running
     server checks the bytes it loads, not only their sizes and times as `llmir run` does
     between unchanged runs)."""
+    from llmir_core.runtime.kv_budget import choose_context
     from llmir_core.targets import open_batch_artifact, read_manifest
 
     if max_queue < 0:
@@ -124,8 +139,11 @@ def open_served_model(
     if chunk < 1:
         raise InputError(f"--prefill-chunk must be >= 1, got {chunk}")
     template_timeout(template_timeout_s)  # a bad value fails before the model loads
+    choice = choose_context(read_manifest(art_dir), max_batch, max_context)
     with full_checks():  # a server hashes every file at start, whatever the last check saw
-        decoder = open_batch_artifact(art_dir, max_batch, threads=threads, max_context=max_context)
+        decoder = open_batch_artifact(
+            art_dir, max_batch, threads=threads, max_context=choice.max_context
+        )
     manifest = getattr(decoder, "manifest", None) or read_manifest(art_dir)
     tokenizer = load_artifact_tokenizer(art_dir, manifest)
     model_name = name or os.path.basename(os.path.normpath(os.path.abspath(art_dir)))
@@ -138,6 +156,7 @@ def open_served_model(
         chunk=chunk,
         art_dir=art_dir,
         template_timeout_s=template_timeout_s,
+        context_note=choice.line,
     )
 
 

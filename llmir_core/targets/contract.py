@@ -13,7 +13,11 @@ through the `llmir.targets` entry-point group). It declares:
   manifest names the target);
 - `open(artifact)`: a runner, the `Decoder` protocol (llmir_core.runtime.generate) for LLM
   artifacts, a `TensorRunner` otherwise; `open_batch(artifact, slots=...)`: a `BatchDecoder`
-  (llmir_core.runtime.batch_decoder) for the server.
+  (llmir_core.runtime.batch_decoder) for the server. Optional on the opened decoder:
+  `kernel_variants() -> {op name: variant}`, the instruction-set variant each of the target's
+  own kernels in the artifact runs with (`llmir bench --format json` reports it as `kernels`;
+  a decoder without it reports `{}`); `kv_bytes` and `kv_touched_bytes` on a batch decoder, the
+  KV memory it reserved and wrote (serve's /metrics).
 
 Targets register in `llmir_core.targets.TARGETS` (name -> lazily imported object), the only
 registration point.

@@ -54,7 +54,7 @@ def test_bench_json(ref_artifact: Path) -> None:  # noqa: F811
     assert code == 0, err
     data = json.loads(out)
     assert data["kind"] == "bench" and data["config"]["prompt_len"] == 4
-    assert data["results"]["decode_tokens_per_s"]["mean"] > 0
+    assert data["results"]["decode_tokens_per_s_aggregate"]["mean"] > 0
     assert len(data["runs"]) == 1 and len(data["runs"][0]["itl_s"]) == 2
     assert data["fingerprint"]["kv_cache"] == "concat"
     assert len(data["fingerprint"]["model_sha256"]) == 64

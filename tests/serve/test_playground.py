@@ -63,7 +63,7 @@ def test_collect(tiny_artifact: Path, playground_files: dict[str, str]) -> None:
     assert data["passes"][1]["changed"] and re.search(
         r"^-\s+%\S+ = core\.", data["passes"][1]["diff"], re.M
     )
-    assert data["bench"]["results"]["decode_tokens_per_s"]["mean"] > 0
+    assert data["bench"]["results"]["decode_tokens_per_s_aggregate"]["mean"] > 0
     assert data["report"].startswith("== optimization report ==")
     nothing = collect(str(tiny_artifact), manifest)
     assert nothing["source"] is None and nothing["passes"] == [] and nothing["bench"] is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 import pytest
 
@@ -145,6 +147,15 @@ def test_bench_reports_all_metrics() -> None:
     r = js["results"]
     assert js["config"]["runs"] == 2 and len(js["runs"]) == 2
     assert len(js["runs"][0]["itl_s"]) == 4
-    assert r["decode_tokens_per_s"]["mean"] > 0 and r["itl_ms"]["p99"] >= r["itl_ms"]["p50"]
+    assert (
+        r["decode_tokens_per_s_aggregate"]["mean"] > 0 and r["itl_ms"]["p99"] >= r["itl_ms"]["p50"]
+    )
+    # batch 2: the whole batch decodes twice the tokens one sequence sees, in the same time
+    per_seq, agg = r["decode_tokens_per_s_per_sequence"], r["decode_tokens_per_s_aggregate"]
+    assert agg["mean"] == pytest.approx(2 * per_seq["mean"]) and per_seq["mean"] > 0
+    assert per_seq["mean"] == pytest.approx(
+        statistics.fmean(len(x["itl_s"]) / x["decode_s"] for x in js["runs"])
+    )
+    assert "decode_tokens_per_s" not in r  # the ambiguous name is gone (bench_schema 2)
     assert r["peak_rss_mb"] > 0
     assert js["fingerprint"]["cores"] >= 1 and "llmir" in js["fingerprint"]

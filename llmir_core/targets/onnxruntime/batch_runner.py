@@ -23,7 +23,13 @@ from typing import Any
 import numpy as np
 
 from llmir_core.errors import InputError
-from llmir_core.runtime.kv_slots import cache_buffers, check_context, context_limit
+from llmir_core.runtime.kv_slots import (
+    KVUsage,
+    cache_buffers,
+    cache_token_bytes,
+    check_context,
+    context_limit,
+)
 
 
 class OrtBatchDecoder:
@@ -83,11 +89,17 @@ class OrtBatchDecoder:
         self._caches: list[dict[str, Any]] = list(dec["cache"])
         self._logits_name = self.sess.get_outputs()[0].name
         self.buffers: list[np.ndarray] = cache_buffers(self._caches, slots, self.max_context)
+        self.kv_usage = KVUsage(slots, self.max_context, cache_token_bytes(self._caches))
         self._bindings: dict[tuple[int, int], Any] = {}  # (first row, rows) -> an I/O binding
 
     @property
     def kv_bytes(self) -> int:
         return sum(b.nbytes for b in self.buffers)
+
+    @property
+    def kv_touched_bytes(self) -> int:
+        """The KV rows written so far (KVUsage: serve's llmir_kv_touched_bytes)."""
+        return self.kv_usage.touched_bytes
 
     def _binding(self, first: int, rows: int) -> Any:
         """An I/O binding whose caches are rows [first, first + rows) of the buffers (cached)."""
@@ -127,6 +139,7 @@ class OrtBatchDecoder:
         arr = np.asarray([list(ids)], dtype=np.int64)
         pos = np.arange(start, start + len(ids), dtype=np.int64)[None]
         logits: np.ndarray = self._run(self._binding(slot, 1), arr, pos)[0]
+        self.kv_usage.wrote(slot, start + len(ids))
         return logits
 
     def prefill_rows(self, slot: int, ids: Sequence[int], start: int) -> np.ndarray:
@@ -136,6 +149,7 @@ class OrtBatchDecoder:
         arr = np.asarray([list(ids)], dtype=np.int64)
         pos = np.arange(start, start + len(ids), dtype=np.int64)[None]
         logits: np.ndarray = self._run(self._binding(slot, 1), arr, pos, every=True)[0]
+        self.kv_usage.wrote(slot, start + len(ids))
         return logits
 
     def decode(
@@ -150,6 +164,7 @@ class OrtBatchDecoder:
             check_context(p + 1, self.max_context)
             tok[s, 0], pos[s, 0] = t, p
         logits = self._run(self._binding(0, rows), tok, pos)
+        self.kv_usage.decoded(slots, positions, rows)
         return logits[list(slots)]
 
 

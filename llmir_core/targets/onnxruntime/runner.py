@@ -323,9 +323,29 @@ class OrtDecoder(UsesKVSlots):
         path = os.path.join(self.art_dir, self.manifest.get("model", "model.onnx"))
         self.use_session(_ort().InferenceSession(path, so, providers=["CPUExecutionProvider"]))
 
+    def kernel_variants(self) -> dict[str, str]:
+        """The instruction-set variant each of llmir's kernels in this artifact's graph runs
+        with ({op name: "avx2" | "avx512-vnni"}; {} when it runs none): `llmir bench` reports it."""
+        return artifact_kernel_variants(self.art_dir, self.manifest)
+
     def cache_pointers(self) -> list[int]:
         """Data addresses of the bound cache values (stay fixed across steps in shared mode)."""
         return [int(v.data_ptr()) for v in self._values]
+
+
+def artifact_kernel_variants(art_dir: str, manifest: dict[str, Any]) -> dict[str, str]:
+    """{op: variant} (native.kernel_variants) for the ai.llmir op types the artifact's ONNX graph
+    holds (read without its weights; imports onnx); {} for an artifact without llmir's library."""
+    if not manifest.get("custom_ops"):
+        return {}
+    import onnx
+
+    from llmir_core.targets.onnxruntime.native import DOMAIN, kernel_variants
+
+    path = os.path.join(art_dir, manifest.get("model", "model.onnx"))
+    graph = onnx.load(path, load_external_data=False).graph
+    used = {n.op_type for n in graph.node if n.domain == DOMAIN}
+    return {op: v for op, v in sorted(kernel_variants().items()) if op in used}
 
 
 def load_decoder_manifest(art_dir: str) -> dict[str, Any]:
