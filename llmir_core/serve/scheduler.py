@@ -13,12 +13,12 @@ Each loop iteration (a *step*):
 Mixed steps, on a decoder whose `step` is one forward (`mixed_steps`: an onnxruntime artifact
 on llmir's attention kernel, left-padded rows): step 2 gives every sequence in prefill its
 chunk in one forward (S = the longest chunk, at most `chunk` tokens while others decode; when
-none decodes, the oldest's whole rest, the others' beside it), so newcomers arriving
-together wait one forward, not one step each. The decode rows join that forward (one mixed
-batch: a forward saved) when the pads they add stay within `chunk` tokens (decode rows x
-(S - 1) <= chunk: a row computes S columns whatever it holds); otherwise they decode in a
-forward of their own after it. A request asking for the prompt's log-probabilities keeps the
-single-sequence prefill (every row's logits).
+none decodes, the oldest's whole rest, the others' beside it; as many sequences as fit
+`step_tokens` rows x S), so newcomers arriving together wait one forward, not one step each.
+The decode rows join that forward (one mixed batch: a forward saved) when the pads they add
+stay within `chunk` tokens (decode rows x (S - 1) <= chunk: a row computes S columns whatever
+it holds); otherwise they decode in a forward of their own after it. A request asking for the
+prompt's log-probabilities keeps the single-sequence prefill (every row's logits).
 
 A request arriving while others decode joins at the next step. Sampling and the stop rules are
 those of `llmir run` (`llmir_core.runtime.stop`), so a request gets the tokens it would get
@@ -129,7 +129,11 @@ class Scheduler:
         max_queue: int = 64,
         chunk: int = 32,
         metrics: Metrics | None = None,
+        step_tokens: int | None = None,
     ) -> None:
+        """chunk: prompt tokens a sequence prefills per step while others decode. step_tokens:
+        (mixed steps) the most prompt rows x columns one forward computes (default 4 chunks;
+        the oldest sequence's chunk always goes)."""
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         if chunk < 1:
@@ -138,6 +142,7 @@ class Scheduler:
         self.decode_text = decode_text
         self.max_queue = max_queue
         self.chunk = chunk
+        self.step_tokens = step_tokens or 4 * chunk
         self.metrics = metrics or Metrics()
         self.metrics.queue_depth = lambda: len(self.waiting) + self.preparing
         self.metrics.active = lambda: len(self.active)
@@ -262,32 +267,46 @@ class Scheduler:
 
     def _step(self) -> None:
         self.steps += 1
-        if not self.mixed:
+        if self.mixed:
+            self._mixed_step()
+        else:
             self._prefill_oldest(lambda r: True)
             self._decode()
-            return
+
+    def _mixed_step(self) -> None:
+        """Step 2 for every sequence in prefill in one forward, beside the decode rows when
+        their pads are cheap (see the module's docstring)."""
         self._prefill_oldest(lambda r: r.echo_logprobs)  # every row's logits: a forward alone
         decoding = self._ready()
-        pending = [
-            r
-            for r in self.active
-            if r.cached < len(r.prompt_ids) and not r.echo_logprobs and not r.cancelled
-        ]
-        if not pending:
+        rows = self._chunks(bool(decoding))
+        if not rows:
             self._decode()
             return
-        if decoding:  # chunks of at most `chunk` tokens bound the decoding sequences' stall
-            width = min(self.chunk, max(len(r.prompt_ids) - r.cached for r in pending))
-        else:  # nothing to stall: the oldest's whole rest, the others (a chunk at least) beside it
-            longest = max(len(r.prompt_ids) - r.cached for r in pending)
-            width = max(len(pending[0].prompt_ids) - pending[0].cached, min(self.chunk, longest))
-        rows = [(r, r.prompt_ids[r.cached : r.cached + width]) for r in pending]
+        width = max(len(ids) for _, ids in rows)
         if decoding and len(decoding) * (width - 1) <= self.chunk:  # cheap pads: one forward
             self.mixed_steps += 1
             self._forward(rows + [(r, [r.ids[-1]]) for r in decoding])
             return
         self._forward(rows)  # a batched prefill, then the decode rows in a forward of width 1
         self._decode()
+
+    def _chunks(self, decoding: bool) -> list[tuple[GenRequest, list[int]]]:
+        """This step's prompt chunks, oldest first: S tokens each (fewer where the prompt
+        ends), as many sequences as fit `step_tokens` (rows x S; the oldest always)."""
+        pending = [
+            r
+            for r in self.active
+            if r.cached < len(r.prompt_ids) and not r.echo_logprobs and not r.cancelled
+        ]
+        if not pending:
+            return []
+        rest = [len(r.prompt_ids) - r.cached for r in pending]
+        if decoding:  # chunks of at most `chunk` tokens bound the decoding sequences' stall
+            width = min(self.chunk, max(rest))
+        else:  # nothing to stall: the oldest's whole rest, the others (a chunk at least) beside it
+            width = max(rest[0], min(self.chunk, max(rest)))
+        n = max(1, min(len(pending), self.step_tokens // width))
+        return [(r, r.prompt_ids[r.cached : r.cached + width]) for r in pending[:n]]
 
     def _ready(self) -> list[GenRequest]:
         return [

@@ -913,9 +913,8 @@ def _emit_gqa(D: DecoderSerializer, op: Op) -> bool:
     if in_op:
         attrs["do_rotary"] = 1
         attrs["rotary_interleaved"] = int(bool(at.get("rotary_interleaved", False)))
+    if in_op or (not rotary and at.get("kernel") == "llmir"):  # llmir's: pads (mixed_batch)
         ins += [cos, sin, D.name(positions)]
-    elif not rotary and at.get("kernel") == "llmir":  # its pads (mixed_batch) without rotary
-        ins += ["", "", D.name(positions)]
     quant = str(at.get("kv_quant", "none"))
     if quant != "none":  # int8 cache: k_scale and v_scale are inputs 12 and 13
         rot = 2 if rotary else 0
@@ -926,8 +925,7 @@ def _emit_gqa(D: DecoderSerializer, op: Op) -> bool:
     if at.get("qkv_bias"):  # llmir's kernel only: the packed projection's bias is input 14
         bias = D.w.small(D.w.eval(ops_[-1]).astype(np.float32), _label(op, "qkv_bias"))
         ins += [""] * (14 - len(ins)) + [bias]
-    names = _output_names(D.fn)
-    outs = D.fn.outputs
+    names, outs = _output_names(D.fn), D.fn.outputs
     ik = next(i for i, v in enumerate(outs) if v is op.results[1])
     iv = next(i for i, v in enumerate(outs) if v is op.results[2])
     out = L.fresh(f"attn{ik // 2}")
