@@ -15,8 +15,8 @@ on llmir's attention kernel, left-padded rows): step 2 gives every sequence in p
 chunk in one forward (S = the longest chunk, at most `chunk` tokens while others decode; when
 none decodes, the oldest's whole rest, the others' beside it; as many sequences as fit
 `step_tokens` rows x S), so newcomers arriving together wait one forward, not one step each.
-The decode rows join that forward (one mixed batch: a forward saved) when the pads they add
-stay within `chunk` tokens (decode rows x (S - 1) <= chunk: a row computes S columns whatever
+The decode rows join that forward (one mixed batch: a forward saved) when it still computes at
+most `step_tokens` cells (rows x S) beyond the decode tokens (a row computes S columns whatever
 it holds); otherwise they decode in a forward of their own after it. A request asking for the
 prompt's log-probabilities keeps the single-sequence prefill (every row's logits).
 
@@ -132,8 +132,8 @@ class Scheduler:
         step_tokens: int | None = None,
     ) -> None:
         """chunk: prompt tokens a sequence prefills per step while others decode. step_tokens:
-        (mixed steps) the most prompt rows x columns one forward computes (default 4 chunks;
-        the oldest sequence's chunk always goes)."""
+        (mixed steps) the most rows x columns a forward computes beyond its decode tokens
+        (default 4 chunks; the oldest sequence's chunk always goes)."""
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         if chunk < 1:
@@ -283,7 +283,8 @@ class Scheduler:
             self._decode()
             return
         width = max(len(ids) for _, ids in rows)
-        if decoding and len(decoding) * (width - 1) <= self.chunk:  # cheap pads: one forward
+        cells = (len(rows) + len(decoding)) * width - len(decoding)  # beyond the decode tokens
+        if decoding and cells <= self.step_tokens:  # the decode rows' pads are cheap: one forward
             self.mixed_steps += 1
             self._forward(rows + [(r, [r.ids[-1]]) for r in decoding])
             return
