@@ -54,6 +54,7 @@ ATTN = (  # the cases with every attribute first: -x stops at the first failure
     _ATT + "test_int8_caches_match_onnxruntime",
     _ATT + "test_rotary_scalar_tail_matches_numpy",
 )
+PADS = ("tests/decoder/test_attention_pads.py::test_pads_match_numpy",)
 NBITS = ("tests/decoder/test_nbits_kernel.py::test_kernel_matches_numpy",)
 GGUF = (
     "tests/kernels/test_gguf_kernel.py::test_kernel_matches_numpy",
@@ -118,19 +119,15 @@ MUTANTS: tuple[Mutant, ...] = (
       ATTN, "sliding window one key short"),
     M("attn-decode-scale-ignored", C_DIR + "attention.c",
       "const float scale = j->kn->scale > 0.0f ? j->kn->scale : 1.0f / sqrtf((float)D);\n"
-      "    const float cap = j->kn->softcap;\n    for (int64_t s = s0; s < s1; s++)\n"
-      "        for (int64_t g = g0; g < g1; g++) {",
+      "    const float cap = j->kn->softcap;\n    for (int64_t s = s0 > off ? s0 : off; s < s1;",
       "const float scale = 1.0f / sqrtf((float)D);\n"
-      "    const float cap = j->kn->softcap;\n    for (int64_t s = s0; s < s1; s++)\n"
-      "        for (int64_t g = g0; g < g1; g++) {",
+      "    const float cap = j->kn->softcap;\n    for (int64_t s = s0 > off ? s0 : off; s < s1;",
       ATTN, "decode ignores the scale attribute"),
     M("attn-prefill-default-scale", C_DIR + "attention.c",
       "const float scale = j->kn->scale > 0.0f ? j->kn->scale : 1.0f / sqrtf((float)D);\n"
-      "    const float cap = j->kn->softcap;\n    for (int64_t s = s0; s < s1; s++)\n"
-      "        for (int64_t g = 0; g < G; g++) {",
+      "    const float cap = j->kn->softcap;\n    for (int64_t s = sr; s < s1; s++)",
       "const float scale = j->kn->scale > 0.0f ? j->kn->scale : 1.0f / sqrtf((float)(D + 8));\n"
-      "    const float cap = j->kn->softcap;\n    for (int64_t s = s0; s < s1; s++)\n"
-      "        for (int64_t g = 0; g < G; g++) {",
+      "    const float cap = j->kn->softcap;\n    for (int64_t s = sr; s < s1; s++)",
       ATTN, "prefill default scale 1/sqrt(D + 8)"),
     M("attn-rotary-swap-halves", C_DIR + "attention.c",
       "x1 = _mm256_loadu_ps(src + i), x2 = _mm256_loadu_ps(src + half + i);",
@@ -162,6 +159,12 @@ MUTANTS: tuple[Mutant, ...] = (
       "hi = past + s + 1 < total ? past + s + 1 : total;",
       "hi = past + s + 2 < total ? past + s + 2 : total;",
       ATTN, "prefill: a query sees the next (future) key"),
+    M("attn-pads-stored", C_DIR + "attention.c",
+      "for (int64_t s = off; s < S; s++) {", "for (int64_t s = 0; s < S; s++) {",
+      PADS, "pads (negative positions) written to the KV buffer"),
+    M("attn-pads-first-prompt", C_DIR + "attention.c",
+      "S == total && !pads;", "S == total;",
+      PADS, "a left-padded step with S == total taken for a first prompt"),
     M("attn-kv8-truncate", C_DIR + "attention.c",
       "float q = nearbyintf(x[d] *", "float q = truncf(x[d] *",
       ATTN, "int8 cache codes truncated, not rounded"),

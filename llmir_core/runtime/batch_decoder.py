@@ -7,7 +7,9 @@ sequences in one forward and returns one logits row per sequence. A slot is reus
 sequence without clearing: its rows past the new sequence's length are never read.
 `prefill_rows` is `prefill` returning every position's logits (prompt log-probabilities): one
 forward on an artifact built with `--logits all`, else one forward per token (each forward's
-last row is that token's).
+last row is that token's). `step(rows)` runs several sequences' chunks of any lengths (prompt
+chunks and decode tokens) and returns each one's last logits row; `mixed_steps` says whether
+that is one forward (a mixed batch, which the scheduler then prefers) or one per row.
 
 - `OrtBatchDecoder` (llmir_core/targets/onnxruntime/batch_runner.py, through the onnxruntime
   target's `open_batch`) runs a shared-buffer onnxruntime decoder with every slot in one KV
@@ -35,6 +37,7 @@ class BatchDecoder(Protocol):
     slots: int
     max_context: int
     vocab: int
+    mixed_steps: bool  # `step` runs its rows in one forward (serve mixes prefill and decode)
 
     def prefill(self, slot: int, ids: Sequence[int], start: int) -> np.ndarray:
         """Run `ids` after the slot's first `start` tokens; return the last logits row [vocab]."""
@@ -50,6 +53,10 @@ class BatchDecoder(Protocol):
         """One token per slot (at its position); return logits [len(slots), vocab]."""
         ...
 
+    def step(self, rows: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
+        """(slot, ids, start) rows, distinct slots: `prefill` of each; logits [len(rows), vocab]."""
+        ...
+
 
 class SerialBatchDecoder:
     """Any single-sequence `Decoder`, one instance per slot, run one sequence at a time."""
@@ -62,6 +69,7 @@ class SerialBatchDecoder:
         self.slots = slots
         self.vocab = vocab
         self.max_context = max_context
+        self.mixed_steps = False  # a forward per row: mixing saves nothing
         self._decoders = [make() for _ in range(slots)]
 
     @classmethod
@@ -95,6 +103,9 @@ class SerialBatchDecoder:
         self, slots: Sequence[int], ids: Sequence[int], positions: Sequence[int]
     ) -> np.ndarray:
         return np.stack([self.prefill(s, [t], p) for s, t, p in zip(slots, ids, positions)])
+
+    def step(self, rows: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
+        return np.stack([self.prefill(s, ids, start) for s, ids, start in rows])
 
 
 __all__ = ["BatchDecoder", "SerialBatchDecoder"]

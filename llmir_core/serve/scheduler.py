@@ -10,6 +10,16 @@ Each loop iteration (a *step*):
 3. runs one batched decode forward for every sequence past its prefill, samples each one's next
    token with its own `Sampler` (seeded per request) and streams its text.
 
+Mixed steps, on a decoder whose `step` is one forward (`mixed_steps`: an onnxruntime artifact
+on llmir's attention kernel, left-padded rows): step 2 gives every sequence in prefill its
+chunk in one forward (S = the longest chunk, at most `chunk` tokens while others decode; when
+none decodes, the oldest's whole rest, the others' beside it; as many sequences as fit
+`step_tokens` rows x S), so newcomers arriving together wait one forward, not one step each.
+The decode rows join that forward (one mixed batch: a forward saved) when it still computes at
+most `step_tokens` cells (rows x S) beyond the decode tokens (a row computes S columns whatever
+it holds); otherwise they decode in a forward of their own after it. A request asking for the
+prompt's log-probabilities keeps the single-sequence prefill (every row's logits).
+
 A request arriving while others decode joins at the next step. Sampling and the stop rules are
 those of `llmir run` (`llmir_core.runtime.stop`), so a request gets the tokens it would get
 alone with the same seed. The waiting queue is bounded (`QueueFull`); after `close()` new
@@ -119,7 +129,11 @@ class Scheduler:
         max_queue: int = 64,
         chunk: int = 32,
         metrics: Metrics | None = None,
+        step_tokens: int | None = None,
     ) -> None:
+        """chunk: prompt tokens a sequence prefills per step while others decode. step_tokens:
+        (mixed steps) the most rows x columns a forward computes beyond its decode tokens
+        (default 4 chunks; the oldest sequence's chunk always goes)."""
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         if chunk < 1:
@@ -128,6 +142,7 @@ class Scheduler:
         self.decode_text = decode_text
         self.max_queue = max_queue
         self.chunk = chunk
+        self.step_tokens = step_tokens or 4 * chunk
         self.metrics = metrics or Metrics()
         self.metrics.queue_depth = lambda: len(self.waiting) + self.preparing
         self.metrics.active = lambda: len(self.active)
@@ -137,6 +152,11 @@ class Scheduler:
         self.free = list(range(decoder.slots))
         self.steps = 0
         self.max_batch_seen = 0
+        # mixed steps (decoders whose `step` is one forward: prompt chunks of every sequence in
+        # prefill, beside the decode rows when their pads are cheap); counters for the snapshot
+        self.mixed = bool(getattr(decoder, "mixed_steps", False))
+        self.mixed_steps = 0  # forwards holding prompt chunks and decode rows
+        self.prefill_batches = 0  # `step` forwards holding prompt chunks
         self._cond = threading.Condition()
         self._closing = False
         self._thread = threading.Thread(target=self._loop, name="llmir-scheduler", daemon=True)
@@ -247,29 +267,103 @@ class Scheduler:
 
     def _step(self) -> None:
         self.steps += 1
-        pre = next((r for r in self.active if r.cached < len(r.prompt_ids)), None)
-        if pre is not None:
-            # chunks only bound the stall of sequences that decode: with none, prefill it all
-            decoding = any(r.ids and not r.cancelled for r in self.active)
-            whole = not decoding and not pre.echo_logprobs
-            part = pre.prompt_ids[pre.cached : None if whole else pre.cached + self.chunk]
-            if pre.echo_logprobs:
-                rows = self.decoder.prefill_rows(pre.slot, part, pre.cached)
-                nxt = pre.prompt_ids[pre.cached + 1 : pre.cached + len(part) + 1]
-                pre.prompt_lp += score(rows, nxt, pre.logprobs or 0)
-                logits = rows[-1]
-            else:
-                logits = self.decoder.prefill(pre.slot, part, pre.cached)
-            pre.cached += len(part)
-            self.metrics.prompt(len(part))
-            if pre.cached == len(pre.prompt_ids):
-                if pre.max_tokens > 0:
-                    self._emit(pre, logits)
-                else:
-                    self._finish(pre, "length")
-        ready = [
+        if self.mixed:
+            self._mixed_step()
+        else:
+            self._prefill_oldest(lambda r: True)
+            self._decode()
+
+    def _mixed_step(self) -> None:
+        """Step 2 for every sequence in prefill in one forward, beside the decode rows when
+        their pads are cheap (see the module's docstring)."""
+        self._prefill_oldest(lambda r: r.echo_logprobs)  # every row's logits: a forward alone
+        decoding = self._ready()
+        rows = self._chunks(bool(decoding))
+        if not rows:
+            self._decode()
+            return
+        width = max(len(ids) for _, ids in rows)
+        cells = (len(rows) + len(decoding)) * width - len(decoding)  # beyond the decode tokens
+        if decoding and cells <= self.step_tokens:  # the decode rows' pads are cheap: one forward
+            self.mixed_steps += 1
+            self._forward(rows + [(r, [r.ids[-1]]) for r in decoding])
+            return
+        self._forward(rows)  # a batched prefill, then the decode rows in a forward of width 1
+        self._decode()
+
+    def _chunks(self, decoding: bool) -> list[tuple[GenRequest, list[int]]]:
+        """This step's prompt chunks, oldest first: S tokens each (fewer where the prompt
+        ends), as many sequences as fit `step_tokens` (rows x S; the oldest always)."""
+        pending = [
+            r
+            for r in self.active
+            if r.cached < len(r.prompt_ids) and not r.echo_logprobs and not r.cancelled
+        ]
+        if not pending:
+            return []
+        rest = [len(r.prompt_ids) - r.cached for r in pending]
+        if decoding:  # chunks of at most `chunk` tokens bound the decoding sequences' stall
+            width = min(self.chunk, max(rest))
+        else:  # nothing to stall: the oldest's whole rest, the others (a chunk at least) beside it
+            width = max(rest[0], min(self.chunk, max(rest)))
+        n = max(1, min(len(pending), self.step_tokens // width))
+        return [(r, r.prompt_ids[r.cached : r.cached + width]) for r in pending[:n]]
+
+    def _ready(self) -> list[GenRequest]:
+        return [
             r for r in self.active if r.cached == len(r.prompt_ids) and r.ids and not r.cancelled
         ]
+
+    def _prefill_oldest(self, which: Callable[[GenRequest], bool]) -> None:
+        """One prefill chunk of the oldest sequence in prefill that `which` takes, alone."""
+        pre = next(
+            (r for r in self.active if r.cached < len(r.prompt_ids) and which(r)),
+            None,
+        )
+        if pre is None:
+            return
+        # chunks only bound the stall of sequences that decode: with none, prefill it all
+        decoding = any(r.ids and not r.cancelled for r in self.active)
+        whole = not decoding and not pre.echo_logprobs
+        part = pre.prompt_ids[pre.cached : None if whole else pre.cached + self.chunk]
+        if pre.echo_logprobs:
+            rows = self.decoder.prefill_rows(pre.slot, part, pre.cached)
+            nxt = pre.prompt_ids[pre.cached + 1 : pre.cached + len(part) + 1]
+            pre.prompt_lp += score(rows, nxt, pre.logprobs or 0)
+            logits = rows[-1]
+        else:
+            logits = self.decoder.prefill(pre.slot, part, pre.cached)
+        self._prefilled(pre, part, logits)
+
+    def _prefilled(self, req: GenRequest, part: list[int], logits: np.ndarray) -> None:
+        req.cached += len(part)
+        self.metrics.prompt(len(part))
+        if req.cached == len(req.prompt_ids):
+            if req.max_tokens > 0:
+                self._emit(req, logits)
+            else:
+                self._finish(req, "length")
+
+    def _forward(self, rows: list[tuple[GenRequest, list[int]]]) -> None:
+        """One `step` forward over prompt chunks and decode tokens (a decoding request's row is
+        its last token); each row's logits go where the separate forwards would send them."""
+        decode = [bool(r.ids) for r, _ in rows]
+        if not all(decode):
+            self.prefill_batches += 1
+        starts = [
+            len(r.prompt_ids) + len(r.ids) - 1 if d else r.cached for (r, _), d in zip(rows, decode)
+        ]
+        logits = self.decoder.step([(r.slot, ids, s) for (r, ids), s in zip(rows, starts)])
+        self.max_batch_seen = max(self.max_batch_seen, sum(decode))
+        for (r, ids), d, row in zip(rows, decode, logits):
+            if d:
+                self._emit(r, row)
+            else:
+                self._prefilled(r, ids, row)
+
+    def _decode(self) -> None:
+        """One batched decode forward for every sequence past its prefill."""
+        ready = self._ready()
         if not ready:
             return
         self.max_batch_seen = max(self.max_batch_seen, len(ready))
@@ -336,6 +430,8 @@ class Scheduler:
             "slots": self.decoder.slots,
             "steps": self.steps,
             "max_batch_seen": self.max_batch_seen,
+            "mixed_steps": self.mixed_steps,
+            "prefill_batches": self.prefill_batches,
         }
 
 

@@ -10,6 +10,13 @@ in the middle of its prefill) runs a dummy token at the last position, `capacity
 sequence reads KV rows only up to its own position, and writes row `capacity - 1` itself
 before it reads it, so the dummy write is never seen.
 
+Mixed steps (`step`, on an artifact whose manifest says `decoder.mixed_batch`: llmir's
+attention kernel, which knows pads): prompt chunks of several sequences and decode tokens in
+one forward over rows [min(slot), max(slot)], S = the longest chunk. Row b holds its n_b tokens at the
+end (columns S - n_b...) after pads (token 0 at position -1), which the attention neither
+stores nor attends to; a row not in the step is pads only and does nothing (no dummy token).
+The last column's logits are each row's last real token's.
+
 It implements `llmir_core.runtime.batch_decoder.BatchDecoder` (what the server's scheduler
 drives); the target's `open_batch` opens it.
 """
@@ -91,6 +98,7 @@ class OrtBatchDecoder:
         self.buffers: list[np.ndarray] = cache_buffers(self._caches, slots, self.max_context)
         self.kv_usage = KVUsage(slots, self.max_context, cache_token_bytes(self._caches))
         self._bindings: dict[tuple[int, int], Any] = {}  # (first row, rows) -> an I/O binding
+        self.mixed_steps = bool(dec.get("mixed_batch"))  # left pads at position -1 understood
 
     @property
     def kv_bytes(self) -> int:
@@ -152,9 +160,29 @@ class OrtBatchDecoder:
         self.kv_usage.wrote(slot, start + len(ids))
         return logits
 
+    def step(self, rows: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
+        """One forward over (slot, ids, start) rows (distinct slots, mixed_steps artifacts):
+        each row's last-token logits [len(rows), vocab]."""
+        if not self.mixed_steps:
+            raise InputError(f"{self.art_dir}: the artifact does not take mixed steps")
+        first = min(slot for slot, _, _ in rows)  # rows [first, last slot] are bound
+        n_rows = max(slot for slot, _, _ in rows) + 1 - first
+        width = max(len(ids) for _, ids, _ in rows)
+        tok = np.zeros((n_rows, width), np.int64)
+        pos = np.full((n_rows, width), -1, np.int64)  # pads: see the docstring
+        for slot, ids, start in rows:
+            check_context(start + len(ids), self.max_context)
+            n = len(ids)
+            tok[slot - first, width - n :] = ids
+            pos[slot - first, width - n :] = np.arange(start, start + n)
+        logits = self._run(self._binding(first, n_rows), tok, pos)
+        return logits[[slot - first for slot, _, _ in rows]]
+
     def decode(
         self, slots: Sequence[int], ids: Sequence[int], positions: Sequence[int]
     ) -> np.ndarray:
+        if self.mixed_steps:  # rows not decoding are pads: they do nothing
+            return self.step([(s, [t], p) for s, t, p in zip(slots, ids, positions)])
         rows = max(slots) + 1
         tok = np.zeros((rows, 1), np.int64)
         pos = np.full(

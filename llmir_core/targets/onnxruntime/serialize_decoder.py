@@ -579,6 +579,7 @@ class DecoderSerializer:
         self.load_ops: dict[str, int] = {}  # ops computing the rotary tables (folded at load)
         self.gqa_ops = [op for op in self.fn.ops if op.name == "ort.group_query_attention"]
         self._seqlens: dict[int, tuple[str, str]] = {}
+        self.last_positions: set[str] = set()  # the Gathers of each row's last position
         self._rope_tables: dict[int, tuple[str, str]] = {}
         # computed rotary tables: their named output -> [rows, columns], declared as value_info
         # so that the artifact check reads the positions they cover without running the graph
@@ -728,6 +729,7 @@ class DecoderSerializer:
         origin, self.L.origin = self.L.origin, None
         pos = self.name(positions)
         last = self.L.one("Gather", pos, self.L.const(np.array(-1, np.int64), "last_index"), axis=1)
+        self.last_positions.add(last)
         seqlens = self.L.one("Cast", last, to=TensorProto.INT32)
         top = self.L.one("ReduceMax", last, keepdims=0)
         total = self.L.one(
@@ -911,6 +913,7 @@ def _emit_gqa(D: DecoderSerializer, op: Op) -> bool:
     if in_op:
         attrs["do_rotary"] = 1
         attrs["rotary_interleaved"] = int(bool(at.get("rotary_interleaved", False)))
+    if in_op or (not rotary and at.get("kernel") == "llmir"):  # llmir's: pads (mixed_batch)
         ins += [cos, sin, D.name(positions)]
     quant = str(at.get("kv_quant", "none"))
     if quant != "none":  # int8 cache: k_scale and v_scale are inputs 12 and 13
@@ -922,8 +925,7 @@ def _emit_gqa(D: DecoderSerializer, op: Op) -> bool:
     if at.get("qkv_bias"):  # llmir's kernel only: the packed projection's bias is input 14
         bias = D.w.small(D.w.eval(ops_[-1]).astype(np.float32), _label(op, "qkv_bias"))
         ins += [""] * (14 - len(ins)) + [bias]
-    names = _output_names(D.fn)
-    outs = D.fn.outputs
+    names, outs = _output_names(D.fn), D.fn.outputs
     ik = next(i for i, v in enumerate(outs) if v is op.results[1])
     iv = next(i for i, v in enumerate(outs) if v is op.results[2])
     out = L.fresh(f"attn{ik // 2}")
@@ -1416,6 +1418,7 @@ def _decoder_section(
             "embedding": D.log.embedding,
         },
         "fused_attention_layers": len(D.gqa_ops),
+        "mixed_batch": shared and _mixed_batch(D, fn.args[1]),
         "packed_qkv_layers": sum(1 for op in D.gqa_ops if op.attrs.get("packed")),
         "generic_ops": dict(sorted(D.generic_ops.items())),
         "rope_table_ops": dict(sorted(D.load_ops.items())),  # constant: folded at session load
@@ -1428,6 +1431,23 @@ def _decoder_section(
         "architecture": module.attrs.get("llm.architecture"),
     }
     return decoder
+
+
+def _mixed_batch(D: DecoderSerializer, positions: Value) -> bool:
+    """Whether the graph takes left-padded steps (position -1: a pad; serve's mixed prefill +
+    decode batches): positions feed only each row's last position (seqlens_k) and llmir's
+    attention kernels as their position_ids (which know pads); onnxruntime's kernel and a
+    rotary outside the attention do not."""
+    from llmir_core.targets.onnxruntime.native import DOMAIN
+
+    pos = D.L.names.get(id(positions))
+    gqa = [nd for nd in D.L.nodes if nd.op_type == "GroupQueryAttention"]
+    if not gqa or pos is None:
+        return False
+    if not all(nd.domain == DOMAIN and len(nd.input) > 9 and nd.input[9] == pos for nd in gqa):
+        return False
+    users = [nd for nd in D.L.nodes if pos in nd.input and nd not in gqa]
+    return all(nd.op_type == "Gather" and nd.output[0] in D.last_positions for nd in users)
 
 
 def _custom_ops(model: onnx.ModelProto) -> list[str]:

@@ -21,6 +21,13 @@
  *
  * Per batch row b the new tokens sit at past_b = seqlens_k[b] + 1 - S (0 for a first prompt,
  * S == total_sequence_length > 1) and query s sees keys [0, min(past_b + s + 1, seqlens_k[b] + 1)).
+ * Pads (llmir's mixed prefill + decode steps): a row's leading negative position_ids (input 9,
+ * read with or without do_rotary) are pads, its n_b real tokens the columns after them (pads
+ * after a real token are refused). A pad is not rotated, not written to the cache and not
+ * attended to, and its output row is zeros; the real tokens sit at seqlens_k[b] + 1 - n_b on
+ * (no first-prompt rule when a row has pads) and query s still sees keys up to its own. A row of
+ * pads only (seqlens_k -1 in llmir's graphs) does nothing; with separate present buffers its
+ * past rows are copied whole.
  * When present and past are one buffer (llmir's runtime binds them so), only the new rows are
  * written, in place; otherwise the past rows are copied first (the rest zeroed).
  *
@@ -230,6 +237,15 @@ static inline int64_t first_key(const GqaJob *j, int64_t n) {
     return w > 0 && n > w ? n - w : 0;
 }
 
+/* the first real (not pad) column of row b: its leading negative position_ids are pads */
+static inline int64_t first_real(const GqaJob *j, int64_t b) {
+    if (!j->pos_ids) return 0;
+    const int64_t *p = j->pos_ids + b * j->S;
+    int64_t s = 0;
+    while (s < j->S && p[s] < 0) s++;
+    return s;
+}
+
 static inline int64_t position(const GqaJob *j, int64_t b, int64_t s) {
     return j->pos_ids ? j->pos_ids[b * j->S + s] : past_len(j, b) + s;
 }
@@ -309,11 +325,12 @@ static const float *kv_rows(const GqaJob *j, const void *base, const float *sc, 
 /* the new K (rotated) and V rows of (b, KV head kh) into present, after the past rows when
  * present is its own buffer */
 static void store_kv(const GqaJob *j, int64_t b, int64_t kh) {
-    const int64_t D = j->D, S = j->S, P = j->P, past = past_len(j, b);
+    const int64_t D = j->D, S = j->S, P = j->P, past = past_len(j, b), off = first_real(j, b);
     const size_t es = j->kv8 ? 1 : sizeof(float), row = (size_t)D * es;
     char *pk = (char *)j->pk + (size_t)((b * j->Hkv + kh) * P) * row;
     char *pv = (char *)j->pv + (size_t)((b * j->Hkv + kh) * P) * row;
-    size_t keep = (size_t)(past < j->Lp ? past : j->Lp) * row;
+    int64_t kept = off == S ? j->Lp : past + off < j->Lp ? past + off : j->Lp; /* pads only: all */
+    size_t keep = (size_t)kept * row;
     if (j->pk_in != j->pk) { /* separate buffers: the valid past rows, zeros after */
         if (j->pk_in)
             memcpy(pk, (const char *)j->pk_in + (size_t)((b * j->Hkv + kh) * j->Lp) * row, keep);
@@ -325,7 +342,7 @@ static void store_kv(const GqaJob *j, int64_t b, int64_t kh) {
         memset(pv + keep, 0, (size_t)P * row - keep);
     }
     float tmp[MAX_D];
-    for (int64_t s = 0; s < S; s++) {
+    for (int64_t s = off; s < S; s++) { /* the real tokens, not the pads before them */
         const float *ks = j->k + (b * S + s) * j->ldkv + kh * D;
         const float *vs = j->v + (b * S + s) * j->ldkv + kh * D;
         rotate(j, ks, tmp, position(j, b, s), 1.0f);
@@ -339,7 +356,7 @@ static void store_kv(const GqaJob *j, int64_t b, int64_t kh) {
  * vector [running max, sum, unnormalized output (D)], for merge_parts */
 static void attend(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s1, int64_t g0,
                    int64_t g1, int64_t key0, int64_t key1, float *part) {
-    const int64_t D = j->D, G = g1 - g0, nv = (s1 - s0) * G;
+    const int64_t D = j->D, G = g1 - g0, nv = (s1 - s0) * G, off = first_real(j, b);
     const int64_t past = past_len(j, b), total = total_len(j, b);
     float *buf = (float *)malloc((size_t)(2 * nv * D + 2 * nv + KB + 2 * KB * D) * sizeof(float));
     if (!buf) {
@@ -350,7 +367,7 @@ static void attend(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s
     float *kbuf = sc + KB, *vbuf = kbuf + KB * D; /* a block of dequantized rows (kv8) */
     const float scale = j->kn->scale > 0.0f ? j->kn->scale : 1.0f / sqrtf((float)D);
     const float cap = j->kn->softcap;
-    for (int64_t s = s0; s < s1; s++)
+    for (int64_t s = s0 > off ? s0 : off; s < s1; s++) /* pads: no query, zeros out */
         for (int64_t g = g0; g < g1; g++) {
             int64_t i = (s - s0) * G + (g - g0), h = kh * j->G + g;
             rotate(j, j->q + (b * j->S + s) * j->ldq + h * D, qs + i * D, position(j, b, s), scale);
@@ -366,7 +383,7 @@ static void attend(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s
         int64_t nk = last - k0 < KB ? last - k0 : KB;
         const float *Kb = kv_rows(j, K, j->ks, kh, k0, nk, kbuf);
         const float *Vb = kv_rows(j, V, j->vs, kh, k0, nk, vbuf);
-        for (int64_t s = s0; s < s1; s++) {
+        for (int64_t s = s0 > off ? s0 : off; s < s1; s++) {
             int64_t hi = past + s + 1 < key1 ? past + s + 1 : key1;
             int64_t lo = first_key(j, past + s + 1) - k0; /* keys before it are out of the window */
             if (k0 >= hi) continue;
@@ -464,8 +481,9 @@ static void merge_parts(const GqaJob *j) {
  * keys transposed (kt [D][KB]) and the probabilities times the block's values as another, both
  * by tile16; rows that see none of a block skip it */
 static void attend_tiles(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int64_t s1) {
-    const int64_t D = j->D, G = j->G, nv = (s1 - s0) * G;
+    const int64_t D = j->D, G = j->G, nv = (s1 - s0) * G, off = first_real(j, b);
     const int64_t past = past_len(j, b), total = total_len(j, b);
+    const int64_t sr = s0 > off ? s0 : off; /* the first real row (pads: no query, zeros out) */
     float *buf =
         (float *)malloc((size_t)(2 * nv * D + 2 * nv + nv * KB + 3 * D * KB) * sizeof(float));
     if (!buf) {
@@ -476,7 +494,7 @@ static void attend_tiles(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int
     float *kt = sc + nv * KB, *kbuf = kt + D * KB, *vbuf = kbuf + D * KB;
     const float scale = j->kn->scale > 0.0f ? j->kn->scale : 1.0f / sqrtf((float)D);
     const float cap = j->kn->softcap;
-    for (int64_t s = s0; s < s1; s++)
+    for (int64_t s = sr; s < s1; s++)
         for (int64_t g = 0; g < G; g++) {
             int64_t i = (s - s0) * G + g, h = kh * G + g;
             rotate(j, j->q + (b * j->S + s) * j->ldq + h * D, qs + i * D, position(j, b, s), scale);
@@ -489,9 +507,9 @@ static void attend_tiles(const GqaJob *j, int64_t b, int64_t kh, int64_t s0, int
     int64_t last = past + s1 < total ? past + s1 : total; /* keys the last row sees */
     for (int64_t k0 = 0; k0 < last; k0 += KB) {
         int64_t nk = last - k0 < KB ? last - k0 : KB, nk16 = (nk + 15) & ~(int64_t)15;
-        int64_t first = k0 - past > s0 ? k0 - past : s0; /* the first row that sees key k0 */
+        int64_t first = k0 - past > sr ? k0 - past : sr; /* the first row that sees key k0 */
         if (first >= s1) break;
-        if (k0 + nk <= first_key(j, past + s0 + 1)) continue; /* out of every row's window */
+        if (k0 + nk <= first_key(j, past + sr + 1)) continue; /* out of every row's window */
         int64_t r0 = (first - s0) * G, rows = nv - r0;
         /* the block's rows (keys k0...) as f32 */
         const float *Kb = kv_rows(j, Kc, j->ks, kh, k0, nk, kbuf);
@@ -582,6 +600,7 @@ static void prefill_task(void *p, size_t i) {
 static int plan_decode(GqaJob *j) {
     int64_t most = 0, bk = j->B * j->Hkv;
     for (int64_t b = 0; b < j->B; b++) most = total_len(j, b) > most ? total_len(j, b) : most;
+    if (most < 1) most = 1; /* rows of pads only: no keys */
     j->chunks = (DECODE_TASKS + bk - 1) / bk;
     if (j->chunks > most / DECODE_MIN_KEYS) j->chunks = most / DECODE_MIN_KEYS;
     if (j->chunks < 1) j->chunks = 1;
@@ -729,13 +748,28 @@ static OrtStatus *gqa_compute(void *kp, OrtKernelContext *ctx) {
     memset(&j, 0, sizeof(j));
     j.kn = kn, j.B = B, j.S = S, j.H = H, j.Hkv = Hkv, j.G = H / Hkv, j.D = D, j.Lp = Lp;
     j.P = Lp > total ? Lp : total;
-    j.first_prompt = S > 1 && S == total;
     j.seqlens = seqlens;
     j.kv8 = kn->kv8, j.per_channel = per_channel;
     j.ks = (const float *)p[12], j.vs = (const float *)p[13];
+    if (in[9]) { /* position_ids: the rotary's positions, and pads (negative) in any case */
+        int64_t id[8];
+        if (llmir_shape_of(api, in[9], id) != 2 || id[0] != B || id[1] != S)
+            return bad(api, "ai.llmir GroupQueryAttention: position_ids must be [batch, seq]");
+        j.pos_ids = (const int64_t *)p[9];
+    }
+    int pads = 0;
     for (int64_t b = 0; b < B; b++) {
-        int64_t past = past_len(&j, b), tot = total_len(&j, b);
-        if (past < 0 || past > Lp || tot > j.P || past + S > j.P)
+        int64_t off = first_real(&j, b);
+        pads |= off > 0;
+        for (int64_t s = off; j.pos_ids && s < S; s++)
+            if (j.pos_ids[b * S + s] < 0)
+                return bad(api, "ai.llmir GroupQueryAttention: a pad (negative position_id) "
+                                "after a real token");
+    }
+    j.first_prompt = S > 1 && S == total && !pads;
+    for (int64_t b = 0; b < B; b++) { /* the real tokens at past + off..., after past + off rows */
+        int64_t off = first_real(&j, b), past = past_len(&j, b) + off, tot = total_len(&j, b);
+        if (past < 0 || past > Lp || tot > j.P || past + S - off > j.P)
             return bad(api, "ai.llmir GroupQueryAttention: seqlens_k does not fit the sequence "
                             "length and the KV buffer");
     }
@@ -750,14 +784,8 @@ static OrtStatus *gqa_compute(void *kp, OrtKernelContext *ctx) {
                             "rotates more than head_size");
         j.rd = 2 * cd[1], j.cos_rows = cd[0];
         j.cos = (const float *)p[7], j.sin = (const float *)p[8];
-        if (in[9]) {
-            int64_t id[8];
-            if (llmir_shape_of(api, in[9], id) != 2 || id[0] != B || id[1] != S)
-                return bad(api, "ai.llmir GroupQueryAttention: position_ids must be [batch, seq]");
-            j.pos_ids = (const int64_t *)p[9];
-        }
         for (int64_t b = 0; b < B; b++)
-            for (int64_t s = 0; s < S; s++) {
+            for (int64_t s = first_real(&j, b); s < S; s++) { /* pads are not rotated */
                 int64_t pos = position(&j, b, s);
                 if (pos < 0 || pos >= j.cos_rows)
                     return bad(api, "ai.llmir GroupQueryAttention: a position is outside the "
