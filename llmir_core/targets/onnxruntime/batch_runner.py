@@ -176,6 +176,8 @@ class OrtBatchDecoder:
             tok[slot - first, width - n :] = ids
             pos[slot - first, width - n :] = np.arange(start, start + n)
         logits = self._run(self._binding(first, n_rows), tok, pos)
+        for slot, ids, start in rows:  # pads write nothing
+            self.kv_usage.wrote(slot, start + len(ids))
         return logits[[slot - first for slot, _, _ in rows]]
 
     def decode(
