@@ -1,11 +1,11 @@
 """llmir's GGUF matmul (ai.llmir MatMulGGUF, llmir_core/targets/onnxruntime/native/matmul_gguf.c) at the
-decode batch sizes, under each kernel variant: the register GEMV (M <= 2), the batched GEMV
+decode batch sizes, under each kernel variant: the register GEMV (M <= 4), the batched GEMV
 (M <= 16: each weight row unpacked once per call, X rows in register blocks) and the prefill tiles
 (M = 17), each with AVX-512 VNNI (where the CPU has it; skipped with the reason elsewhere) and
 with LLMIR_KERNEL_ISA=avx2 (the library reads it when a session registers it, so each test sets
 it before making its session).
 
-Every format at M in {1, 2, 3, 8, 16, 17}, odd N, K with an odd count of 32-blocks (the
+Every format at M in {1, 2, 3, 5, 8, 16, 17}, odd N, K with an odd count of 32-blocks (the
 two-accumulator loop's tail) and of 16-element mins past a multiple of 8 (the mins' tail),
 against numpy on gguf's dequantized weights (tests/kernels/test_gguf_kernel._check: the int8
 activation numerics to f32 summation error); the SwiGLU epilogue; row independence (a row at
@@ -27,7 +27,7 @@ from tests.quant.blocks import FORMATS, min_part, random_rows
 
 pytestmark = pytest.mark.requires(None if WHY is None else f"llmir's custom ops cannot run: {WHY}")
 F32 = np.float32
-MS = (1, 2, 3, 8, 16, 17)
+MS = (1, 2, 3, 5, 8, 16, 17)
 VARIANTS = ("avx512", "avx2")
 
 

@@ -17,23 +17,30 @@
  *   contraction (-ffp-contract) cannot change a bit. Exported as `llmir_gguf_dequant`;
  * - every call quantizes each X row once to int8 per 32 elements (llmir_quant32: max |x| / 127,
  *   round half to even; what llama.cpp's q8 activations and MatMulNBits' accuracy_level 4 do);
- * - decode (M <= GEMV_ROWS rows of X): every weight block is unpacked once for the M rows and
- *   each 32 codes take an integer dot product (vpmaddubsw: unsigned codes straight, signed ones
- *   with the sign trick; vpmaddwd) scaled by [scale of the first 16, of the second 16] * d_x; the
- *   mins enter as min * d_x * (sum of the 16 or 32 x codes), and so do the fixed offsets of
- *   q4_0 / q5_0 / q3_k / q6_k, whose codes are taken unsigned. q4_k / q5_k / q6_k and the
- *   32-element formats have their own loops with the codes in registers (gemv_row_k45,
- *   gemv_row_q6k, gemv_row32); q2_k / q3_k / iq4_xs go through unpack (gemv_row). Numerically:
- *   X rounded to int8 per block times the exact weights, summed in f32 (the order differs from
- *   a dequantize-then-dot only by f32 rounding).
+ * - decode, 1-4 rows of X (M <= GEMV_ROWS): every weight block is unpacked once for the M rows
+ *   and each 32 codes take an integer dot product (AVX-512 VNNI's vpdpbusd where llmir_isa()
+ *   chose it, codes unsigned; else vpmaddubsw: unsigned codes straight, signed ones with the sign
+ *   trick; vpmaddwd) scaled by [scale of the first 16, of the second 16] * d_x; the mins enter as
+ *   min * d_x * (sum of the 16 or 32 x codes), and so do the fixed offsets of q4_0 / q5_0 / q3_k /
+ *   q6_k (and VNNI's +128 of 8-bit codes), whose codes are taken unsigned. q4_k / q5_k / q6_k and
+ *   the 32-element formats have their own loops with the codes in registers (gemv_row_k45,
+ *   gemv_row_q6k, gemv_row32); q2_k / q3_k / iq4_xs go through unpack (gemv_row, AVX2 dots).
+ * - batched decode (M <= BATCH_ROWS = 16, several sequences): each weight row is unpacked once
+ *   per call into an L1 buffer (codes, lane scales, mins with the offsets folded in) and used for
+ *   every X row, in register blocks of 8 rows (AVX2) or 16 (AVX-512: 32 registers); see
+ *   "decode: batched rows". An 8-row call costs ~2-4x a 1-row call, not 8x.
+ *   Numerically, both: X rounded to int8 per block times the exact weights, summed in f32 (the
+ *   order differs from a dequantize-then-dot only by f32 rounding).
  * - prefill (larger M): panels of 16 weight rows unpacked once into unsigned int8 codes with
  *   their scales and mins, tiles of 4 X rows taking integer block dots (AVX-512 VNNI's vpdpbusd
- *   where the CPU has it, else vpmaddubsw / vpmaddwd; see "prefill: int8 activations"): decode's
+ *   where llmir_isa() chose it, else vpmaddubsw / vpmaddwd; see "prefill: int8 activations"): decode's
  *   numerics, so a prompt prefilled at once and fed token by token agree up to f32 summation
  *   order. Measured (benchmarks/gguf_kernels.py, M = 128, 1 thread): ~2x the exact f32 panels
  *   it replaced with VNNI; on AVX2 1.1-1.4x, except q6_k (0.85x).
  * Rows (decode) and panels (prefill) are split over onnxruntime's intra-op pool; each output is
- * summed by one task in a fixed order: the same bits at any thread count. AVX2 + FMA + F16C.
+ * summed by one task in a fixed order: the same bits at any thread count. AVX2 + FMA + F16C;
+ * the AVX-512 variants (LLMIR_AVX512 functions, isa.h) run where llmir_isa() says so, chosen per
+ * call (LLMIR_KERNEL_ISA=avx2 forces the AVX2 ones).
  *
  * Built with the other sources of this folder into one library (llmir_core/targets/onnxruntime/native).
  */
@@ -46,7 +53,7 @@
 #include "ort_abi.h"
 #include "q8_act.h"
 
-#define GEMV_ROWS 2   /* X rows up to which the register GEMV runs (more: batched) */
+#define GEMV_ROWS 4   /* X rows up to which the register GEMV runs (more: batched) */
 #define GEMV_TASKS 32 /* parallel tasks per GEMV */
 #define GEMM_PANELS 2 /* panels of NR weight rows per parallel task (prefill) */
 #define MAX_ELEMS 256 /* the largest block */
@@ -561,13 +568,17 @@ ALWAYS void gemv_row_q6k(const GgJob *j, int64_t n, const int MM, const int vnni
     static void gemv_##F(const GgJob *j, int64_t n0, int64_t n1) { \
         for (int64_t n = n0; n < n1; n++) switch (j->M) { \
             case 1: ROW_KERNEL(F, 1, 0) break; \
-            default: ROW_KERNEL(F, 2, 0) break; \
+            case 2: ROW_KERNEL(F, 2, 0) break; \
+            case 3: ROW_KERNEL(F, 3, 0) break; \
+            default: ROW_KERNEL(F, 4, 0) break; \
             } \
     } \
     static LLMIR_AVX512 void gemv_v_##F(const GgJob *j, int64_t n0, int64_t n1) { \
         for (int64_t n = n0; n < n1; n++) switch (j->M) { \
             case 1: ROW_KERNEL(F, 1, 1) break; \
-            default: ROW_KERNEL(F, 2, 1) break; \
+            case 2: ROW_KERNEL(F, 2, 1) break; \
+            case 3: ROW_KERNEL(F, 3, 1) break; \
+            default: ROW_KERNEL(F, 4, 1) break; \
             } \
     }
 GEMV_FMT(F_Q4_0) GEMV_FMT(F_Q4_1) GEMV_FMT(F_Q5_0) GEMV_FMT(F_Q5_1) GEMV_FMT(F_Q8_0)
@@ -823,7 +834,7 @@ static void batch_task(void *p, size_t i) {
  * out [32-block][8 groups of 4][16 rows][4 codes], with the panel's f32 scales and mins per 16
  * elements [32-block][2][16]. A tile of 4 X rows then takes, per 32-block (or per 16 where the
  * scales are per 16), integer dots of the broadcast 4 x codes with the 16 rows' codes:
- * - with AVX-512 VNNI (checked at run time), vpdpbusd straight into int32;
+ * - with AVX-512 VNNI (llmir_isa()), vpdpbusd straight into int32;
  * - else vpmaddubsw summed in int16 over as many groups as cannot saturate (8 for codes < 16,
  *   4 for < 32, 2 for < 64), then vpmaddwd to int32; 8-bit codes (q8_0, iq4) stay signed and
  *   take the sign trick, one group at a time (|sum| <= 2 * 128 * 127);
