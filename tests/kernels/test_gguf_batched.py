@@ -1,15 +1,15 @@
 """llmir's GGUF matmul (ai.llmir MatMulGGUF, llmir_core/targets/onnxruntime/native/matmul_gguf.c) at the
 decode batch sizes, under each kernel variant: the register GEMV (M <= 4), the batched GEMV
-(M <= 16: each weight row unpacked once per call, X rows in register blocks) and the prefill tiles
-(M = 17), each with AVX-512 VNNI (where the CPU has it; skipped with the reason elsewhere) and
+(M <= 12, not q4_k / q5_k: each weight row unpacked once per call, X rows in register blocks) and
+the prefill tiles (M = 13, 17; q4_k / q5_k from 5), each with AVX-512 VNNI (where the CPU has it; skipped with the reason elsewhere) and
 with LLMIR_KERNEL_ISA=avx2 (the library reads it when a session registers it, so each test sets
 it before making its session).
 
-Every format at M in {1, 2, 3, 5, 8, 16, 17}, odd N, K with an odd count of 32-blocks (the
+Every format at M in {1, 2, 3, 5, 8, 12, 13, 17}, odd N, K with an odd count of 32-blocks (the
 two-accumulator loop's tail) and of 16-element mins past a multiple of 8 (the mins' tail),
 against numpy on gguf's dequantized weights (tests/kernels/test_gguf_kernel._check: the int8
 activation numerics to f32 summation error); the SwiGLU epilogue; row independence (a row at
-M = 8 / 16 is the same row computed alone, up to summation order, and bit for bit the same
+M = 8 / 12 is the same row computed alone, up to summation order, and bit for bit the same
 wherever it sits in the batch).
 """
 
@@ -27,7 +27,7 @@ from tests.quant.blocks import FORMATS, min_part, random_rows
 
 pytestmark = pytest.mark.requires(None if WHY is None else f"llmir's custom ops cannot run: {WHY}")
 F32 = np.float32
-MS = (1, 2, 3, 5, 8, 16, 17)
+MS = (1, 2, 3, 5, 8, 12, 13, 17)
 VARIANTS = ("avx512", "avx2")
 
 
@@ -88,7 +88,7 @@ def test_rows_are_independent(scheme: str, variant: str, monkeypatch: pytest.Mon
     sess = _session({"format": scheme})
     deq = gguf_blocks.dequantize(rows, scheme, (21, k)).astype(np.float64)
     terms = np.abs(deq) + 2 * min_part(scheme, rows, k)
-    for m in (8, 16):
+    for m in (8, 12):
         x = rng.standard_normal((m, k)).astype(F32)
         x *= np.exp(rng.uniform(-3, 3, (m, 1))).astype(F32)  # rows of very different sizes
         y = sess.run(None, {"x": x, "w": rows})[0]

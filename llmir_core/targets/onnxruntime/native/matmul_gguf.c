@@ -25,13 +25,13 @@
  *   q6_k (and VNNI's +128 of 8-bit codes), whose codes are taken unsigned. q4_k / q5_k / q6_k and
  *   the 32-element formats have their own loops with the codes in registers (gemv_row_k45,
  *   gemv_row_q6k, gemv_row32); q2_k / q3_k / iq4_xs go through unpack (gemv_row, AVX2 dots).
- * - batched decode (M <= BATCH_ROWS = 16, several sequences): each weight row is unpacked once
- *   per call into an L1 buffer (codes, lane scales, mins with the offsets folded in) and used for
- *   every X row, in register blocks of 8 rows (AVX2) or 16 (AVX-512: 32 registers); see
- *   "decode: batched rows". An 8-row call costs ~2-4x a 1-row call, not 8x.
+ * - batched decode (M <= BATCH_ROWS = 12, several sequences; not q4_k / q5_k): each weight row
+ *   is unpacked once per call into an L1 buffer (codes, lane scales, mins with the offsets folded
+ *   in) and used for every X row, in register blocks of 8 rows (AVX2) or 12 (AVX-512: 32
+ *   registers); see "decode: batched rows".
  *   Numerically, both: X rounded to int8 per block times the exact weights, summed in f32 (the
  *   order differs from a dequantize-then-dot only by f32 rounding).
- * - prefill (larger M): panels of 16 weight rows unpacked once into unsigned int8 codes with
+ * - prefill (larger M; q4_k / q5_k from 5 rows): panels of 16 weight rows unpacked once into unsigned int8 codes with
  *   their scales and mins, tiles of 4 X rows taking integer block dots (AVX-512 VNNI's vpdpbusd
  *   where llmir_isa() chose it, else vpmaddubsw / vpmaddwd; see "prefill: int8 activations"): decode's
  *   numerics, so a prompt prefilled at once and fed token by token agree up to f32 summation
@@ -610,9 +610,14 @@ static void gemv_task(void *p, size_t i) {
  * min . (d_x * the sum of 16 x codes). The X codes of all rows stay in L1 across weight rows.
  * Numerically decode's int8 GEMV: X rounded to int8 per block times the exact weights. */
 
-#define BATCH_ROWS 16 /* X rows up to which a call runs the batched GEMV (more: prefill) */
+#define BATCH_ROWS 12 /* X rows up to which a call runs the batched GEMV (more: prefill) */
 #define RB_AVX2 8     /* X rows per register block: AVX2 (16 ymm registers) */
-#define RB_AVX512 16  /* AVX-512 (32) */
+#define RB_AVX512 12  /* AVX-512 (32) */
+
+/* the most X rows format f runs through the register or batched GEMV. q4_k / q5_k: the register
+ * GEMV only (benchmarks/gguf_kernels.py --decode: their prefill tiles beat the batched GEMV from
+ * 5 rows, the other formats' from about 12 rows) */
+static inline int64_t gemv_max_rows(int f) { return f == F_Q4_K || f == F_Q5_K ? GEMV_ROWS : BATCH_ROWS; }
 
 
 /* one weight row, unpacked: q [K] codes; s8 [K/32][8] the scale of each int32 lane of a 32-code
@@ -623,36 +628,6 @@ typedef struct {
 } Unpacked;
 
 static inline int64_t unpacked_bytes(int64_t K) { return 2 * K + ((K / 4 + 31) & ~(int64_t)31); }
-
-/* q4_k / q5_k super-block s -> u at element 256 * sb (codes 0..31, mins dmin * m) */
-ALWAYS void unpack_k45(const uint8_t *s, const int q5, const Unpacked *u, int64_t sb) {
-    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-    const uint8_t *qs = s + (q5 ? 48 : 16);
-    const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(s + 16)) : _mm256_setzero_si256();
-    for (int c = 0; c < 4; c++) { /* sub-blocks 2c, 2c+1: low, high nibbles of 32 bytes */
-        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        if (q5) { /* bit i of qh[l]: the fifth bit of element l of sub-block i */
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
-        }
-        store32(u->q + 256 * sb + 64 * c, lo);
-        store32(u->q + 256 * sb + 64 * c + 32, hi);
-    }
-    uint32_t w[3]; /* the 8 six-bit scales and mins as bytes (k_scale_min, four at a time) */
-    memcpy(w, s + 4, 12);
-    const uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
-    uint64_t scs = (w[0] & k6) | (uint64_t)((w[2] & k4) | ((w[0] >> 6) & k2) << 4) << 32;
-    uint64_t mns = (w[1] & k6) | (uint64_t)(((w[2] >> 4) & k4) | ((w[1] >> 6) & k2) << 4) << 32;
-    __m256 sc8 = _mm256_mul_ps(_mm256_set1_ps(h2f(s)),
-                               _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)scs))));
-    __m256 mn8 = _mm256_mul_ps(_mm256_set1_ps(h2f(s + 2)),
-                               _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mns))));
-    for (int i = 0; i < 8; i++)
-        _mm256_store_ps(u->s8 + 64 * sb + 8 * i, _mm256_permutevar8x32_ps(sc8, _mm256_set1_epi32(i)));
-    _mm256_storeu_ps(u->mn + 16 * sb, _mm256_permutevar8x32_ps(mn8, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)));
-    _mm256_storeu_ps(u->mn + 16 * sb + 8, _mm256_permutevar8x32_ps(mn8, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)));
-}
 
 /* q6_k super-block s -> u at element 256 * sb: codes 0..63, the offset 32 as the min 32 * sc */
 ALWAYS void unpack_q6k(const uint8_t *s, const Unpacked *u, int64_t sb) {
@@ -697,15 +672,11 @@ ALWAYS void unpack_row(const int f, const uint8_t *w, int64_t K, const int vnni,
     const __m256i idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     for (int64_t sb = 0; sb < K / 256; sb++) {
         const uint8_t *s = w + sb * FMT[f].bytes;
-        if (f == F_Q4_K || f == F_Q5_K) {
-            unpack_k45(s, f == F_Q5_K, u, sb);
-            continue;
-        }
         if (f == F_Q6_K) {
             unpack_q6k(s, u, sb);
             continue;
         }
-        float sc[16], mn[16]; /* q2_k, q3_k (codes 0..7, the min 4 * sc), iq4_xs */
+        float sc[16], mn[16]; /* q2_k, q3_k (codes 0..7, the min 4 * sc), q4_k, q5_k, iq4_xs */
         int8_t *q = u->q + 256 * sb;
         unpack(f, s, q, sc, mn, 1);
         if (vnni && signed_codes(f))
@@ -763,7 +734,10 @@ ALWAYS void dot_rows(const GgJob *j, const Unpacked *u, int64_t n, int64_t m0, c
     const int64_t K = j->K, nb = K / 32, S = K / 16;
     const int8_t *xq = j->xq + m0 * K;
     const float *dx = j->dx + m0 * nb, *xs = j->xs + m0 * S;
-    const int two = MM <= (mode == D_VNNI ? 8 : 4); /* two accumulators per row: the FMA chain */
+    /* two accumulators per row (the FMA chain) where the registers allow: AVX-512's one block of
+     * up to 8 rows. (AVX2 runs 5+ rows: enough chains; and every row of a call sums in the same
+     * order wherever it sits, so a row's bits do not depend on its place in the batch.) */
+    const int two = mode == D_VNNI && MM <= 8;
     __m256 acc[2 * RB_AVX512];
     _Pragma("GCC unroll 32") for (int r = 0; r < 2 * MM; r++) acc[r] = _mm256_setzero_ps();
     int64_t b = 0;
@@ -805,13 +779,11 @@ DOT_ROWS8(dot_s, NO_TARGET, D_SIGNED)
 DOT_ROWS8(dot_v, LLMIR_AVX512, D_VNNI)
 DOT_ROWS(dot_v9, LLMIR_AVX512, 9, D_VNNI) DOT_ROWS(dot_v10, LLMIR_AVX512, 10, D_VNNI)
 DOT_ROWS(dot_v11, LLMIR_AVX512, 11, D_VNNI) DOT_ROWS(dot_v12, LLMIR_AVX512, 12, D_VNNI)
-DOT_ROWS(dot_v13, LLMIR_AVX512, 13, D_VNNI) DOT_ROWS(dot_v14, LLMIR_AVX512, 14, D_VNNI)
-DOT_ROWS(dot_v15, LLMIR_AVX512, 15, D_VNNI) DOT_ROWS(dot_v16, LLMIR_AVX512, 16, D_VNNI)
 
 static const DotRowsFn DOT_U[RB_AVX2] = {dot_u1, dot_u2, dot_u3, dot_u4, dot_u5, dot_u6, dot_u7, dot_u8};
 static const DotRowsFn DOT_S[RB_AVX2] = {dot_s1, dot_s2, dot_s3, dot_s4, dot_s5, dot_s6, dot_s7, dot_s8};
 static const DotRowsFn DOT_V[RB_AVX512] = {dot_v1, dot_v2, dot_v3, dot_v4, dot_v5, dot_v6, dot_v7, dot_v8,
-                                           dot_v9, dot_v10, dot_v11, dot_v12, dot_v13, dot_v14, dot_v15, dot_v16};
+                                           dot_v9, dot_v10, dot_v11, dot_v12};
 
 static void batch_task(void *p, size_t i) {
     const GgJob *j = (const GgJob *)p;
@@ -1107,7 +1079,7 @@ static OrtStatus *gg_compute(void *kp, OrtKernelContext *ctx) {
     quantize_rows(&j);
     int failed = 0;
     j.vnni = llmir_isa() == LLMIR_ISA_AVX512, j.failed = &failed;
-    if (M > BATCH_ROWS) {
+    if (M > gemv_max_rows(f)) {
         st = pfor(ctx, i8_gemm_task, (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS)), 0, &j);
     } else if (M <= GEMV_ROWS) {
         int64_t chunk = ((N + GEMV_TASKS - 1) / GEMV_TASKS + 3) & ~(int64_t)3;
