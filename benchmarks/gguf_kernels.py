@@ -12,6 +12,8 @@ is not (Gemma 3's 640) time the 32-element formats a GGUF file falls back to ins
 
     python benchmarks/gguf_kernels.py                          # default shapes, 2 threads
     python benchmarks/gguf_kernels.py --shape 2048x640 --m 1 --formats q4_k,q6_k --format json
+    python benchmarks/gguf_kernels.py --decode --threads 1   # the Gemma file's shapes, M = 1..16,
+                                                             # each kernel variant, x of M = 1
 """
 
 from __future__ import annotations
