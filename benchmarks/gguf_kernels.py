@@ -12,6 +12,8 @@ is not (Gemma 3's 640) time the 32-element formats a GGUF file falls back to ins
 
     python benchmarks/gguf_kernels.py                          # default shapes, 2 threads
     python benchmarks/gguf_kernels.py --shape 2048x640 --m 1 --formats q4_k,q6_k --format json
+    python benchmarks/gguf_kernels.py --decode --threads 1   # the Gemma file's shapes, M = 1..16,
+                                                             # each kernel variant, x of M = 1
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ def _weights(form: str, rng: np.random.Generator, n: int, k: int) -> list[np.nda
     return [random_rows(rng, form, n, k)]
 
 
-def _model(form: str, k: int, n: int, copies: int, rng: np.random.Generator) -> tuple[bytes, int]:
+def _model(
+    form: str, k: int, n: int, copies: int, rng: np.random.Generator, epilogue: str = ""
+) -> tuple[bytes, int]:
     from onnx import TensorProto, helper, numpy_helper
 
     from llmir_core.targets.onnxruntime.native import DOMAIN, GGUF_OP_NAME, NBITS_OP_NAMES
@@ -64,9 +68,8 @@ def _model(form: str, k: int, n: int, copies: int, rng: np.random.Generator) -> 
                 NBITS_OP_NAMES[int(form[-1])], ["x", *names], [f"y{i}"], domain=DOMAIN
             )
         else:
-            node = helper.make_node(
-                GGUF_OP_NAME, ["x", *names], [f"y{i}"], domain=DOMAIN, format=form
-            )
+            attrs = {"format": form, **({"epilogue": epilogue} if epilogue else {})}
+            node = helper.make_node(GGUF_OP_NAME, ["x", *names], [f"y{i}"], domain=DOMAIN, **attrs)
         nodes.append(node)
         outs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
     g = helper.make_graph(
@@ -136,6 +139,74 @@ def bench_shape(
     return rows
 
 
+# the real Gemma 3 270M Q4_K_M file's MatMulGGUF shapes: (name, K, N, format, epilogue)
+DECODE_SHAPES = [
+    ("attn_q", 640, 1024, "q5_0", ""),
+    ("ffn_gate_up", 640, 4096, "q5_0", "swiglu"),
+    ("attn_output", 1024, 640, "q4_k", ""),
+    ("ffn_down", 2048, 640, "q6_k", ""),
+]
+DECODE_MS = (1, 2, 4, 8, 16)
+
+
+def _variants() -> list[str]:
+    from llmir_core.targets.onnxruntime.native import AVX512_FLAGS
+    from llmir_core.targets.onnxruntime.native.cpu import cpu_flags
+
+    return (["avx512"] if all(f in cpu_flags() for f in AVX512_FLAGS) else []) + ["avx2"]
+
+
+def bench_decode(threads: int, rounds: int, ms: list[int]) -> list[dict[str, Any]]:
+    """ms per MatMulGGUF call for the real file's shapes at each M, under each kernel variant
+    (LLMIR_KERNEL_ISA: the library picks it when a session registers it, so one variant's
+    sessions at a time), and the ratio to M = 1."""
+    import os
+
+    from llmir_core.targets.onnxruntime.native import ISA_ENV
+
+    rows: list[dict[str, Any]] = []
+    saved = os.environ.get(ISA_ENV)
+    try:
+        for variant in _variants():
+            os.environ[ISA_ENV] = variant
+            for name, k, n, form, epi in DECODE_SHAPES:
+                rng = np.random.default_rng(k * 7 + n)
+                probe = _model(form, k, n, 1, rng, epi)[1]
+                copies = max(1, min(64, -(-TARGET_BYTES // probe)))
+                sess = _session(_model(form, k, n, copies, rng, epi)[0], threads)
+                clock = time.process_time if threads == 1 else time.perf_counter
+                base = 0.0
+                for m in ms:
+                    x = rng.standard_normal((m, k)).astype(np.float32)
+                    sess.run(None, {"x": x})  # warm
+                    times = []
+                    for _ in range(rounds):
+                        t = clock()
+                        sess.run(None, {"x": x})
+                        times.append((clock() - t) / copies)
+                    ms_call = statistics.median(times) * 1e3
+                    base = base or ms_call
+                    rows.append(
+                        {"shape": name, "K": k, "N": n, "format": form, "epilogue": epi,
+                         "variant": variant, "M": m, "ms": ms_call, "vs_m1": ms_call / base}
+                    )  # fmt: skip
+    finally:
+        if saved is None:
+            os.environ.pop(ISA_ENV, None)
+        else:
+            os.environ[ISA_ENV] = saved
+    return rows
+
+
+def _print_decode(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        what = f"{r['shape']} {r['K']}x{r['N']} {r['format']}{' ' + r['epilogue'] if r['epilogue'] else ''}"
+        print(
+            f"{what:32s} {r['variant']:6s} M={r['M']:3d} {r['ms']:8.3f} ms  x{r['vs_m1']:.2f} of M=1",
+            flush=True,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", action="append", help="KxN (repeatable); default: the built-in set")
@@ -144,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--format", choices=("human", "json"), default="human")
+    p.add_argument(
+        "--decode",
+        action="store_true",
+        help="the Gemma file's shapes at M = 1, 2, 4, 8, 16 (or --m), each kernel variant",
+    )
     a = p.parse_args(argv)
     from llmir_core.targets.onnxruntime.native import unavailable_reason
 
@@ -153,6 +229,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     shapes = [tuple(int(v) for v in s.lower().split("x")) for s in a.shape] if a.shape else SHAPES
     ms = [int(v) for v in a.m.split(",")]
+    if a.decode:
+        ms = list(DECODE_MS) if a.m == "1,128" else ms
+        drows = bench_decode(a.threads, a.rounds, ms)
+        if a.format == "json":
+            print(json.dumps({"threads": a.threads, "rounds": a.rounds, "rows": drows}, indent=1))
+        else:
+            _print_decode(drows)
+        return 0
     rows: list[dict[str, Any]] = []
     for k, n in shapes:
         rows += bench_shape(k, n, a.formats.split(","), ms, a.threads, a.rounds)

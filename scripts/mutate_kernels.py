@@ -61,6 +61,8 @@ GGUF = (
     "tests/quant/test_gguf_dequant.py::test_kernel_dequant_matches_gguf",
 )
 GGUF_AVX2 = ("tests/kernels/test_gguf_kernel.py::test_avx2_prefill_matches_numpy",)
+_GB = "tests/kernels/test_gguf_batched.py::"
+GGUF_BATCH = (_GB + "test_every_format_every_m", _GB + "test_rows_are_independent")
 S8 = ("tests/decoder/test_int8_llmir.py::test_kernel_matches_reference",)
 F32 = ("tests/decoder/test_matmul_f32.py::test_panel_kernel_matches_numpy",)
 M16 = ("tests/decoder/test_matmul16.py::test_kernel_matches_reference",)
@@ -255,6 +257,34 @@ MUTANTS: tuple[Mutant, ...] = (
     M("gguf-prefill-avx2-no-sign-trick", C_DIR + "matmul_gguf.c",
       "wide ? _mm256_abs_epi8(w0) : w0", "w0",
       GGUF_AVX2, "int8 prefill on AVX2: 8-bit codes taken unsigned"),
+    M("gguf-batch-drop-mins", C_DIR + "matmul_gguf.c",
+      "acc[r] = _mm256_fnmadd_ps(mv, _mm256_loadu_ps(xs + r * S + i), acc[r]);", ";",
+      GGUF_BATCH, "batched decode: the mins (and code offsets) of the first 8k of each 16 dropped"),
+    M("gguf-batch-mins-tail", C_DIR + "matmul_gguf.c",
+      "for (; i < S; i += 2) { /* S is even */", "for (; i + 2 < S; i += 2) { /* S is even */",
+      GGUF_BATCH, "batched decode: the last two mins of a row dropped"),
+    M("gguf-batch-x-row-stride", C_DIR + "matmul_gguf.c",
+      "(const __m256i *)(xq + r * K + 32 * b)", "(const __m256i *)(xq + (r & ~1) * K + 32 * b)",
+      GGUF_BATCH, "batched decode: odd X rows read their even neighbour's codes"),
+    M("gguf-batch-dx-stride", C_DIR + "matmul_gguf.c",
+      "_mm256_broadcast_ss(dx + r * nb + b)", "_mm256_broadcast_ss(dx + b)",
+      GGUF_BATCH, "batched decode: every row scaled by the first row's d_x"),
+    M("gguf-batch-q6k-offset", C_DIR + "matmul_gguf.c",
+      "_mm256_mul_ps(_mm256_set1_ps(32.0f), sb8)", "_mm256_mul_ps(_mm256_set1_ps(31.0f), sb8)",
+      GGUF_BATCH, "batched q6_k: the second half's codes offset by 31"),
+    M("gguf-batch-vnni-q8-offset", C_DIR + "matmul_gguf.c",
+      "c = _mm256_xor_si256(c, flip), mn = 128.0f * d;", "c = _mm256_xor_si256(c, flip), mn = 127.0f * d;",
+      GGUF_BATCH, "batched decode, AVX-512: 8-bit codes + 128 with the offset taken as 127"),
+    M("gguf-batch-avx2-no-sign-trick", C_DIR + "matmul_gguf.c",
+      "const __m256i wa = mode == D_SIGNED ? _mm256_abs_epi8(w) : w;", "const __m256i wa = w;",
+      GGUF_BATCH, "batched decode, AVX2: 8-bit codes taken unsigned"),
+    M("gguf-gemv-vnni-no-flip", C_DIR + "matmul_gguf.c",
+      "if (flip) c = _mm256_xor_si256(c, _mm256_set1_epi8((char)0x80)), mn = 128.0f * d;",
+      "if (flip) mn = 128.0f * d;",
+      GGUF_BATCH, "register GEMV, AVX-512: q8_0 / iq4_nl codes not made unsigned for vpdpbusd"),
+    M("gguf-batch-q6k-scale-half", C_DIR + "matmul_gguf.c",
+      "_mm256_permutevar8x32_ps(h ? sb8 : sa, pick)", "_mm256_permutevar8x32_ps(sa, pick)",
+      GGUF_BATCH, "batched q6_k: the second half's 32-blocks take the first half's scales"),
     # -- matmul_s8.c --------------------------------------------------------------------------
     M("s8-row-interleave", C_DIR + "matmul_s8.c",
       "+ (r & 3) * S8_QB + (k & 31);", "+ (r & 1) * S8_QB + (k & 31);",

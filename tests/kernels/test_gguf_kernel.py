@@ -1,8 +1,9 @@
 """llmir's GGUF matmul (ai.llmir MatMulGGUF, llmir_core/targets/onnxruntime/native/matmul_gguf.c) in an
 onnxruntime session, for every block format, against numpy on gguf's dequantized weights:
 
-- decode (M <= 4 rows) and prefill (M > 4: int8 tiles, with AVX-512 VNNI where the CPU has it
-  and the AVX2 path with LLMIR_NO_VNNI=1): X rounded to int8 per 32-block (what the kernel does,
+- decode (M <= 16 rows: the register GEMV, then the batched one; tests/kernels/test_gguf_batched.py
+  covers every M under both variants) and prefill (M > 16: int8 tiles, with AVX-512 VNNI where the
+  CPU has it and the AVX2 path with LLMIR_KERNEL_ISA=avx2): X rounded to int8 per 32-block (what the kernel does,
   emulated exactly) times the exact weights, to f32 summation error; and within the int8
   rounding's own bound of the exact float64 product;
 - the same bits at 1 and 2 threads; bad formats and shapes are onnxruntime errors.
@@ -87,13 +88,14 @@ def test_kernel_matches_numpy(scheme: str, k: int) -> None:
 
 @pytest.mark.parametrize("scheme", FORMATS)
 def test_avx2_prefill_matches_numpy(scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """LLMIR_NO_VNNI=1 (read when the session creates the kernel): the AVX2 prefill tiles, with
-    their int16 partial sums and the sign trick for 8-bit codes, on a CPU that has VNNI too."""
-    monkeypatch.setenv("LLMIR_NO_VNNI", "1")
+    """LLMIR_KERNEL_ISA=avx2 (read when the session registers the library): the AVX2 prefill
+    tiles, with their int16 partial sums and the sign trick for 8-bit codes, on a CPU that has
+    VNNI too."""
+    monkeypatch.setenv("LLMIR_KERNEL_ISA", "avx2")
     rng = np.random.default_rng(FORMATS.index(scheme) + 99)
     rows = random_rows(rng, scheme, 37, 512)
     sess = _session({"format": scheme})
-    x = rng.standard_normal((9, 512)).astype(F32)
+    x = rng.standard_normal((20, 512)).astype(F32)
     x[2, :32] *= 40  # a block of large values: the codes reach +-127
     _check(scheme, sess.run(None, {"x": x, "w": rows})[0], x, rows)
 

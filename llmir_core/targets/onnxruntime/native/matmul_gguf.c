@@ -17,23 +17,30 @@
  *   contraction (-ffp-contract) cannot change a bit. Exported as `llmir_gguf_dequant`;
  * - every call quantizes each X row once to int8 per 32 elements (llmir_quant32: max |x| / 127,
  *   round half to even; what llama.cpp's q8 activations and MatMulNBits' accuracy_level 4 do);
- * - decode (M <= GEMV_ROWS rows of X): every weight block is unpacked once for the M rows and
- *   each 32 codes take an integer dot product (vpmaddubsw: unsigned codes straight, signed ones
- *   with the sign trick; vpmaddwd) scaled by [scale of the first 16, of the second 16] * d_x; the
- *   mins enter as min * d_x * (sum of the 16 or 32 x codes), and so do the fixed offsets of
- *   q4_0 / q5_0 / q3_k / q6_k, whose codes are taken unsigned. q4_k / q5_k / q6_k and the
- *   32-element formats have their own loops with the codes in registers (gemv_row_k45,
- *   gemv_row_q6k, gemv_row32); q2_k / q3_k / iq4_xs go through unpack (gemv_row). Numerically:
- *   X rounded to int8 per block times the exact weights, summed in f32 (the order differs from
- *   a dequantize-then-dot only by f32 rounding).
- * - prefill (larger M): panels of 16 weight rows unpacked once into unsigned int8 codes with
+ * - decode, 1-4 rows of X (M <= GEMV_ROWS): every weight block is unpacked once for the M rows
+ *   and each 32 codes take an integer dot product (AVX-512 VNNI's vpdpbusd where llmir_isa()
+ *   chose it, codes unsigned; else vpmaddubsw: unsigned codes straight, signed ones with the sign
+ *   trick; vpmaddwd) scaled by [scale of the first 16, of the second 16] * d_x; the mins enter as
+ *   min * d_x * (sum of the 16 or 32 x codes), and so do the fixed offsets of q4_0 / q5_0 / q3_k /
+ *   q6_k (and VNNI's +128 of 8-bit codes), whose codes are taken unsigned. q4_k / q5_k / q6_k and
+ *   the 32-element formats have their own loops with the codes in registers (gemv_row_k45,
+ *   gemv_row_q6k, gemv_row32); q2_k / q3_k / iq4_xs go through unpack (gemv_row, AVX2 dots).
+ * - batched decode (M <= BATCH_ROWS = 12, several sequences; not q4_k / q5_k): each weight row
+ *   is unpacked once per call into an L1 buffer (codes, lane scales, mins with the offsets folded
+ *   in) and used for every X row, in register blocks of 8 rows (AVX2) or 12 (AVX-512: 32
+ *   registers); see "decode: batched rows".
+ *   Numerically, both: X rounded to int8 per block times the exact weights, summed in f32 (the
+ *   order differs from a dequantize-then-dot only by f32 rounding).
+ * - prefill (larger M; q4_k / q5_k from 5 rows): panels of 16 weight rows unpacked once into unsigned int8 codes with
  *   their scales and mins, tiles of 4 X rows taking integer block dots (AVX-512 VNNI's vpdpbusd
- *   where the CPU has it, else vpmaddubsw / vpmaddwd; see "prefill: int8 activations"): decode's
+ *   where llmir_isa() chose it, else vpmaddubsw / vpmaddwd; see "prefill: int8 activations"): decode's
  *   numerics, so a prompt prefilled at once and fed token by token agree up to f32 summation
  *   order. Measured (benchmarks/gguf_kernels.py, M = 128, 1 thread): ~2x the exact f32 panels
  *   it replaced with VNNI; on AVX2 1.1-1.4x, except q6_k (0.85x).
  * Rows (decode) and panels (prefill) are split over onnxruntime's intra-op pool; each output is
- * summed by one task in a fixed order: the same bits at any thread count. AVX2 + FMA + F16C.
+ * summed by one task in a fixed order: the same bits at any thread count. AVX2 + FMA + F16C;
+ * the AVX-512 variants (LLMIR_AVX512 functions, isa.h) run where llmir_isa() says so, chosen per
+ * call (LLMIR_KERNEL_ISA=avx2 forces the AVX2 ones).
  *
  * Built with the other sources of this folder into one library (llmir_core/targets/onnxruntime/native).
  */
@@ -42,10 +49,11 @@
 #include <string.h>
 
 #include "f32_gemm.h"
+#include "isa.h"
 #include "ort_abi.h"
 #include "q8_act.h"
 
-#define GEMV_ROWS 4   /* X rows up to which the int8-activation GEMV runs */
+#define GEMV_ROWS 4   /* X rows up to which the register GEMV runs (more: batched) */
 #define GEMV_TASKS 32 /* parallel tasks per GEMV */
 #define GEMM_PANELS 2 /* panels of NR weight rows per parallel task (prefill) */
 #define MAX_ELEMS 256 /* the largest block */
@@ -323,8 +331,9 @@ typedef struct GgJob {
     float *xs;  /* [M, K/16] d_x * the sum of each 16 codes */
     float *xs32; /* [M, K/32] d_x * the sum of each 32 codes */
     int32_t *xi; /* [M, K/16] the sum of each 16 codes (prefill) */
-    int vnni;    /* prefill: AVX-512 VNNI's vpdpbusd for the block dots */
+    int vnni;    /* llmir_isa() chose AVX-512: VNNI's vpdpbusd for the block dots */
     int *failed; /* prefill: set when a task cannot allocate its panel */
+    void *ubuf;  /* batched decode: each task's unpacked weight row (unpacked_bytes(K) each) */
 } GgJob;
 
 static void quantize_rows(GgJob *j) {
@@ -344,12 +353,24 @@ static void quantize_rows(GgJob *j) {
         }
 }
 
-/* int32 lanes of a 32-code dot product: lanes 0-3 the first 16 codes, 4-7 the second 16 */
-ALWAYS __m256i dot32(__m256i w, __m256i x, const int uns) {
+/* c += the 4-code dot products of unsigned a and signed b per int32 lane (AVX-512 VNNI; as asm,
+ * so AVX2 code may hold it: it runs only where llmir_isa() chose AVX-512) */
+ALWAYS __m256i dpbusd(__m256i c, __m256i a, __m256i b) {
+    __asm__("%{evex%} vpdpbusd %2, %1, %0" : "+v"(c) : "v"(a), "v"(b));
+    return c;
+}
+
+/* int32 lanes of a 32-code dot product: lanes 0-3 the first 16 codes, 4-7 the second 16;
+ * vnni: vpdpbusd (w unsigned) */
+ALWAYS __m256i dot32(__m256i w, __m256i x, const int uns, const int vnni) {
+    if (vnni) return dpbusd(_mm256_setzero_si256(), w, x);
     __m256i p = uns ? _mm256_maddubs_epi16(w, x)
                     : _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
+
+/* whether format f's unpacked codes are signed (the rest are >= 0: vpmaddubsw's unsigned side) */
+static inline int signed_codes(int f) { return f == F_Q8_0 || f == F_IQ4_NL || f == F_IQ4_XS; }
 
 /* y[m, n] for the MM (= M) rows of X and weight row n of format f */
 ALWAYS void gemv_row(const GgJob *j, int64_t n, const int f, const int MM) {
@@ -373,8 +394,8 @@ ALWAYS void gemv_row(const GgJob *j, int64_t n, const int f, const int MM) {
                 const int64_t ub = m * nb + b * U + u;
                 __m256i xv = _mm256_loadu_si256((const __m256i *)(j->xq + ub * 32));
                 __m256 t = _mm256_mul_ps(s2, _mm256_broadcast_ss(j->dx + ub));
-                if (u & 1) acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(wv, xv, uns)), t, acc2[m]);
-                else acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(wv, xv, uns)), t, acc[m]);
+                if (u & 1) acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(wv, xv, uns, 0)), t, acc2[m]);
+                else acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(wv, xv, uns, 0)), t, acc[m]);
             }
         }
         if (hm) {
@@ -410,9 +431,9 @@ ALWAYS __m256i codes32(const int f, const uint8_t *s, float *d, float *mn) {
 }
 
 /* 32-element formats: blocks in pairs on two accumulators per X row (the FMA chain) */
-ALWAYS void gemv_row32(const GgJob *j, int64_t n, const int f, const int MM) {
+ALWAYS void gemv_row32(const GgJob *j, int64_t n, const int f, const int MM, const int vnni) {
     const int64_t nb = j->K / 32, bytes = FMT[f].bytes;
-    const int signed_codes = f == F_Q8_0 || f == F_IQ4_NL, mins = !signed_codes;
+    const int flip = vnni && signed_codes(f), mins = !signed_codes(f) || vnni; /* vnni: q8 + 128 */
     __m256 acc[2][GEMV_ROWS];
     __m128 macc[2][GEMV_ROWS];
     for (int m = 0; m < MM; m++)
@@ -423,10 +444,11 @@ ALWAYS void gemv_row32(const GgJob *j, int64_t n, const int f, const int MM) {
             if (h == 1 && b + 1 == nb) break;
             float d, mn;
             __m256i c = codes32(f, w + (b + h) * bytes, &d, &mn);
+            if (flip) c = _mm256_xor_si256(c, _mm256_set1_epi8((char)0x80)), mn = 128.0f * d;
             for (int m = 0; m < MM; m++) {
                 const int64_t ub = m * nb + b + h;
                 __m256i x = _mm256_loadu_si256((const __m256i *)(j->xq + ub * 32));
-                acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(c, x, !signed_codes)),
+                acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(c, x, !signed_codes(f), vnni)),
                                             _mm256_set1_ps(d * j->dx[ub]), acc[h][m]);
                 if (mins) macc[h][m] = _mm_fmadd_ss(_mm_set_ss(mn), _mm_set_ss(j->xs32[ub]), macc[h][m]);
             }
@@ -439,9 +461,9 @@ ALWAYS void gemv_row32(const GgJob *j, int64_t n, const int f, const int MM) {
 
 /* q4_k / q5_k, codes kept in registers: the 8 six-bit scales and mins unpacked as 4-byte words,
  * scale * d_x for the 8 sub-blocks as one vector, two accumulators per X row (the FMA chain) */
-ALWAYS void gemv_row_k45(const GgJob *j, int64_t n, const int q5, const int MM) {
+ALWAYS void gemv_row_k45(const GgJob *j, int64_t n, const int q5, const int MM, const int vnni) {
     const int64_t nb = j->K / 32, blocks = j->K / 256, bytes = q5 ? 176 : 144;
-    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     __m256 acc[GEMV_ROWS], acc2[GEMV_ROWS], macc[GEMV_ROWS];
     for (int m = 0; m < MM; m++) acc[m] = acc2[m] = macc[m] = _mm256_setzero_ps();
     const uint8_t *w = j->w + n * j->rb;
@@ -471,8 +493,8 @@ ALWAYS void gemv_row_k45(const GgJob *j, int64_t n, const int q5, const int MM) 
             }
             for (int m = 0; m < MM; m++) {
                 const int8_t *x = j->xq + m * j->K + b * 256 + 64 * c;
-                __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), ones16);
-                __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), ones16);
+                __m256i p0 = dot32(lo, _mm256_loadu_si256((const __m256i *)x), 1, vnni);
+                __m256i p1 = dot32(hi, _mm256_loadu_si256((const __m256i *)(x + 32)), 1, vnni);
                 acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0),
                                          _mm256_permutevar8x32_ps(sd[m], _mm256_set1_epi32(2 * c)), acc[m]);
                 acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1),
@@ -486,9 +508,9 @@ ALWAYS void gemv_row_k45(const GgJob *j, int64_t n, const int q5, const int MM) 
 
 /* q6_k, codes kept in registers and taken unsigned (0..63): x = sc * q - 32 * sc, the offset
  * entering as a min (32 * sc, times d_x * the sum of 16 x codes) */
-ALWAYS void gemv_row_q6k(const GgJob *j, int64_t n, const int MM) {
+ALWAYS void gemv_row_q6k(const GgJob *j, int64_t n, const int MM, const int vnni) {
     const int64_t nb = j->K / 32, blocks = j->K / 256;
-    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), ones16 = _mm256_set1_epi16(1);
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
     const __m256i lo_half = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), hi_half = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
     __m256 acc[GEMV_ROWS], acc2[GEMV_ROWS], macc[GEMV_ROWS];
     for (int m = 0; m < MM; m++) acc[m] = acc2[m] = macc[m] = _mm256_setzero_ps();
@@ -521,7 +543,7 @@ ALWAYS void gemv_row_q6k(const GgJob *j, int64_t n, const int MM) {
                                                        2 * (u % 4) + 1, 2 * (u % 4) + 1, 2 * (u % 4) + 1, 2 * (u % 4) + 1);
                 for (int m = 0; m < MM; m++) {
                     __m256i x = _mm256_loadu_si256((const __m256i *)(j->xq + m * j->K + b * 256 + 32 * u));
-                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(c, x), ones16);
+                    __m256i p = dot32(c, x, 1, vnni);
                     __m256 sc2 = _mm256_permutevar8x32_ps(u < 4 ? sda[m] : sdb[m], pick);
                     if (k & 1) acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc2, acc2[m]);
                     else acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc2, acc[m]);
@@ -533,20 +555,30 @@ ALWAYS void gemv_row_q6k(const GgJob *j, int64_t n, const int MM) {
         j->y[m * j->ldy + n] = llmir_hsum(_mm256_add_ps(acc[m], acc2[m])) - 32.0f * llmir_hsum(macc[m]);
 }
 
-#define ROW_KERNEL(F, MM)                                          \
-    if (F == F_Q4_K) gemv_row_k45(j, n, 0, MM);                    \
-    else if (F == F_Q5_K) gemv_row_k45(j, n, 1, MM);               \
-    else if (F == F_Q6_K) gemv_row_q6k(j, n, MM);                  \
-    else if (FMT[F].elems == 32) gemv_row32(j, n, F, MM);          \
+#define ROW_KERNEL(F, MM, V)                                       \
+    if (F == F_Q4_K) gemv_row_k45(j, n, 0, MM, V);                 \
+    else if (F == F_Q5_K) gemv_row_k45(j, n, 1, MM, V);            \
+    else if (F == F_Q6_K) gemv_row_q6k(j, n, MM, V);               \
+    else if (FMT[F].elems == 32) gemv_row32(j, n, F, MM, V);       \
     else gemv_row(j, n, F, MM);
 
+/* gemv_F (AVX2) and gemv_v_F (AVX-512 VNNI: the integer dots one vpdpbusd; q2_k / q3_k / iq4_xs
+ * keep AVX2's) */
 #define GEMV_FMT(F) \
     static void gemv_##F(const GgJob *j, int64_t n0, int64_t n1) { \
         for (int64_t n = n0; n < n1; n++) switch (j->M) { \
-            case 1: ROW_KERNEL(F, 1) break; \
-            case 2: ROW_KERNEL(F, 2) break; \
-            case 3: ROW_KERNEL(F, 3) break; \
-            default: ROW_KERNEL(F, 4) break; \
+            case 1: ROW_KERNEL(F, 1, 0) break; \
+            case 2: ROW_KERNEL(F, 2, 0) break; \
+            case 3: ROW_KERNEL(F, 3, 0) break; \
+            default: ROW_KERNEL(F, 4, 0) break; \
+            } \
+    } \
+    static LLMIR_AVX512 void gemv_v_##F(const GgJob *j, int64_t n0, int64_t n1) { \
+        for (int64_t n = n0; n < n1; n++) switch (j->M) { \
+            case 1: ROW_KERNEL(F, 1, 1) break; \
+            case 2: ROW_KERNEL(F, 2, 1) break; \
+            case 3: ROW_KERNEL(F, 3, 1) break; \
+            default: ROW_KERNEL(F, 4, 1) break; \
             } \
     }
 GEMV_FMT(F_Q4_0) GEMV_FMT(F_Q4_1) GEMV_FMT(F_Q5_0) GEMV_FMT(F_Q5_1) GEMV_FMT(F_Q8_0)
@@ -554,15 +586,217 @@ GEMV_FMT(F_Q2_K) GEMV_FMT(F_Q3_K) GEMV_FMT(F_Q4_K) GEMV_FMT(F_Q5_K) GEMV_FMT(F_Q
 GEMV_FMT(F_IQ4_NL) GEMV_FMT(F_IQ4_XS)
 
 typedef void (*GemvFn)(const GgJob *, int64_t, int64_t);
-static const GemvFn GEMV[F_COUNT] = {
-    gemv_F_Q4_0, gemv_F_Q4_1, gemv_F_Q5_0, gemv_F_Q5_1, gemv_F_Q8_0, gemv_F_Q2_K,
-    gemv_F_Q3_K, gemv_F_Q4_K, gemv_F_Q5_K, gemv_F_Q6_K, gemv_F_IQ4_NL, gemv_F_IQ4_XS,
+static const GemvFn GEMV[2][F_COUNT] = {
+    {gemv_F_Q4_0, gemv_F_Q4_1, gemv_F_Q5_0, gemv_F_Q5_1, gemv_F_Q8_0, gemv_F_Q2_K,
+     gemv_F_Q3_K, gemv_F_Q4_K, gemv_F_Q5_K, gemv_F_Q6_K, gemv_F_IQ4_NL, gemv_F_IQ4_XS},
+    {gemv_v_F_Q4_0, gemv_v_F_Q4_1, gemv_v_F_Q5_0, gemv_v_F_Q5_1, gemv_v_F_Q8_0, gemv_v_F_Q2_K,
+     gemv_v_F_Q3_K, gemv_v_F_Q4_K, gemv_v_F_Q5_K, gemv_v_F_Q6_K, gemv_v_F_IQ4_NL, gemv_v_F_IQ4_XS},
 };
 
 static void gemv_task(void *p, size_t i) {
     const GgJob *j = (const GgJob *)p;
     int64_t n0 = (int64_t)i * j->chunk, n1 = n0 + j->chunk;
-    GEMV[j->fmt](j, n0, n1 < j->N ? n1 : j->N);
+    GEMV[j->vnni][j->fmt](j, n0, n1 < j->N ? n1 : j->N);
+}
+
+/* -- decode: batched rows (M <= BATCH_ROWS) -------------------------------------------------- *
+ * Each task takes a run of weight rows; each weight row is unpacked once per call (unpack_row:
+ * codes in element order, the scale of every int32 lane of a 32-code dot, and per 16 elements
+ * the min x = scale * code - min, the fixed code offsets of q4_0 / q5_0 / q3_k / q6_k, and
+ * AVX-512's +128 for 8-bit codes, folded into it) into an L1 buffer, then every X row takes it
+ * in register blocks of RB rows (the last block shorter): per 32 codes one integer dot per row
+ * (vpdpbusd with AVX-512 VNNI; else vpmaddubsw, with the sign trick for 8-bit codes, and
+ * vpmaddwd), converted and FMA'd with the lane scales times d_x; the mins enter once per row as
+ * min . (d_x * the sum of 16 x codes). The X codes of all rows stay in L1 across weight rows.
+ * Numerically decode's int8 GEMV: X rounded to int8 per block times the exact weights. */
+
+#define BATCH_ROWS 12 /* X rows up to which a call runs the batched GEMV (more: prefill) */
+#define RB_AVX2 8     /* X rows per register block: AVX2 (16 ymm registers) */
+#define RB_AVX512 12  /* AVX-512 (32) */
+
+/* the most X rows format f runs through the register or batched GEMV. q4_k / q5_k: the register
+ * GEMV only (benchmarks/gguf_kernels.py --decode: their prefill tiles beat the batched GEMV from
+ * 5 rows, the other formats' from about 12 rows) */
+static inline int64_t gemv_max_rows(int f) { return f == F_Q4_K || f == F_Q5_K ? GEMV_ROWS : BATCH_ROWS; }
+
+
+/* one weight row, unpacked: q [K] codes; s8 [K/32][8] the scale of each int32 lane of a 32-code
+ * dot (lanes 0-3 the first 16 codes, 4-7 the second); mn [K/16] the min of each 16 */
+typedef struct {
+    int8_t *q;
+    float *s8, *mn;
+} Unpacked;
+
+static inline int64_t unpacked_bytes(int64_t K) { return 2 * K + ((K / 4 + 31) & ~(int64_t)31); }
+
+/* q6_k super-block s -> u at element 256 * sb: codes 0..63, the offset 32 as the min 32 * sc */
+ALWAYS void unpack_q6k(const uint8_t *s, const Unpacked *u, int64_t sb) {
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    const __m256 d = _mm256_set1_ps(h2f(s + 208));
+    const __m256 sa = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + 192)))));
+    const __m256 sb8 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + 200)))));
+    for (int h = 0; h < 2; h++) { /* element 128h + 32k + l */
+        __m256i a = _mm256_loadu_si256((const __m256i *)(s + 64 * h));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(s + 64 * h + 32));
+        __m256i hq = _mm256_loadu_si256((const __m256i *)(s + 128 + 32 * h));
+        __m256i low[4] = {_mm256_and_si256(a, m4), _mm256_and_si256(b, m4),
+                          _mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
+                          _mm256_and_si256(_mm256_srli_epi16(b, 4), m4)};
+        for (int k = 0; k < 4; k++) {
+            const int i = 4 * h + k; /* the 32-block: scales 2i, 2i + 1 */
+            __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hq, 2 * k), m2), 4);
+            store32(u->q + 256 * sb + 32 * i, _mm256_or_si256(low[k], hi));
+            const __m256i pick = _mm256_setr_epi32(2 * k, 2 * k, 2 * k, 2 * k, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1);
+            _mm256_store_ps(u->s8 + 64 * sb + 8 * i, _mm256_permutevar8x32_ps(h ? sb8 : sa, pick));
+        }
+    }
+    _mm256_storeu_ps(u->mn + 16 * sb, _mm256_mul_ps(_mm256_set1_ps(32.0f), sa));
+    _mm256_storeu_ps(u->mn + 16 * sb + 8, _mm256_mul_ps(_mm256_set1_ps(32.0f), sb8));
+}
+
+/* weight row w of format f (K elements) -> u; vnni: 8-bit codes + 128 (unsigned), the min
+ * 128 * scale */
+ALWAYS void unpack_row(const int f, const uint8_t *w, int64_t K, const int vnni, const Unpacked *u) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    if (FMT[f].elems == 32) {
+        for (int64_t b = 0; b < K / 32; b++) {
+            float d, mn;
+            __m256i c = codes32(f, w + b * FMT[f].bytes, &d, &mn);
+            if (vnni && signed_codes(f)) c = _mm256_xor_si256(c, flip), mn = 128.0f * d;
+            store32(u->q + 32 * b, c);
+            _mm256_store_ps(u->s8 + 8 * b, _mm256_set1_ps(d));
+            u->mn[2 * b] = u->mn[2 * b + 1] = mn;
+        }
+        return;
+    }
+    const __m256i idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    for (int64_t sb = 0; sb < K / 256; sb++) {
+        const uint8_t *s = w + sb * FMT[f].bytes;
+        if (f == F_Q6_K) {
+            unpack_q6k(s, u, sb);
+            continue;
+        }
+        float sc[16], mn[16]; /* q2_k, q3_k (codes 0..7, the min 4 * sc), q4_k, q5_k, iq4_xs */
+        int8_t *q = u->q + 256 * sb;
+        unpack(f, s, q, sc, mn, 1);
+        if (vnni && signed_codes(f))
+            for (int i = 0; i < 8; i++) {
+                store32(q + 32 * i, _mm256_xor_si256(_mm256_load_si256((const __m256i *)(q + 32 * i)), flip));
+                mn[2 * i] = 128.0f * sc[2 * i], mn[2 * i + 1] = 128.0f * sc[2 * i + 1];
+            }
+        for (int i = 0; i < 8; i++)
+            _mm256_store_ps(u->s8 + 64 * sb + 8 * i, _mm256_permutevar8x32_ps(
+                _mm256_castps128_ps256(_mm_castpd_ps(_mm_load_sd((const double *)(sc + 2 * i)))), idx));
+        if (FMT[f].has_min || f == F_Q3_K || (vnni && signed_codes(f))) memcpy(u->mn + 16 * sb, mn, sizeof mn);
+    }
+}
+
+/* whether format f's unpacked row has mins (own, offsets, or AVX-512's +128) */
+static inline int batch_has_min(int f, int vnni) { return !signed_codes(f) || vnni; }
+
+#define UNPACK_ROW(F) \
+    static void unpack_##F(const uint8_t *w, int64_t K, int vnni, const Unpacked *u) { \
+        if (vnni) unpack_row(F, w, K, 1, u); \
+        else unpack_row(F, w, K, 0, u); \
+    }
+UNPACK_ROW(F_Q4_0) UNPACK_ROW(F_Q4_1) UNPACK_ROW(F_Q5_0) UNPACK_ROW(F_Q5_1) UNPACK_ROW(F_Q8_0)
+UNPACK_ROW(F_Q2_K) UNPACK_ROW(F_Q3_K) UNPACK_ROW(F_Q4_K) UNPACK_ROW(F_Q5_K) UNPACK_ROW(F_Q6_K)
+UNPACK_ROW(F_IQ4_NL) UNPACK_ROW(F_IQ4_XS)
+
+typedef void (*UnpackFn)(const uint8_t *, int64_t, int, const Unpacked *);
+static const UnpackFn UNPACK[F_COUNT] = {
+    unpack_F_Q4_0, unpack_F_Q4_1, unpack_F_Q5_0, unpack_F_Q5_1, unpack_F_Q8_0, unpack_F_Q2_K,
+    unpack_F_Q3_K, unpack_F_Q4_K, unpack_F_Q5_K, unpack_F_Q6_K, unpack_F_IQ4_NL, unpack_F_IQ4_XS,
+};
+
+enum { D_UNSIGNED, D_SIGNED, D_VNNI }; /* how a 32-code dot is taken */
+
+/* acc[r] += the dot of 32-block b of the unpacked row with X row r, times lane scale * d_x */
+ALWAYS void dot_block(const GgJob *j, const Unpacked *u, const int8_t *xq, const float *dx, int64_t b,
+                      const int MM, const int mode, __m256 *acc) {
+    const int64_t K = j->K, nb = K / 32;
+    const __m256i w = _mm256_load_si256((const __m256i *)(u->q + 32 * b));
+    const __m256i wa = mode == D_SIGNED ? _mm256_abs_epi8(w) : w;
+    const __m256 s = _mm256_load_ps(u->s8 + 8 * b);
+    _Pragma("GCC unroll 32") for (int r = 0; r < MM; r++) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + r * K + 32 * b));
+        __m256i p;
+        if (mode == D_VNNI) p = dpbusd(_mm256_setzero_si256(), w, x);
+        else p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, mode == D_SIGNED ? _mm256_sign_epi8(x, w) : x),
+                                   _mm256_set1_epi16(1));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s, _mm256_broadcast_ss(dx + r * nb + b)), acc[r]);
+    }
+}
+
+/* y[m0 + r, n] for the MM rows from m0 and weight row n, unpacked in u */
+ALWAYS void dot_rows(const GgJob *j, const Unpacked *u, int64_t n, int64_t m0, const int MM, const int mode,
+                     int hm) {
+    const int64_t K = j->K, nb = K / 32, S = K / 16;
+    const int8_t *xq = j->xq + m0 * K;
+    const float *dx = j->dx + m0 * nb, *xs = j->xs + m0 * S;
+    /* two accumulators per row (the FMA chain) where the registers allow: AVX-512's one block of
+     * up to 8 rows. (AVX2 runs 5+ rows: enough chains; and every row of a call sums in the same
+     * order wherever it sits, so a row's bits do not depend on its place in the batch.) */
+    const int two = mode == D_VNNI && MM <= 8;
+    __m256 acc[2 * RB_AVX512];
+    _Pragma("GCC unroll 32") for (int r = 0; r < 2 * MM; r++) acc[r] = _mm256_setzero_ps();
+    int64_t b = 0;
+    if (two)
+        for (; b + 1 < nb; b += 2) {
+            dot_block(j, u, xq, dx, b, MM, mode, acc);
+            dot_block(j, u, xq, dx, b + 1, MM, mode, acc + MM);
+        }
+    for (; b < nb; b++) dot_block(j, u, xq, dx, b, MM, mode, acc);
+    if (hm) {
+        int64_t i = 0;
+        for (; i + 8 <= S; i += 8) {
+            const __m256 mv = _mm256_loadu_ps(u->mn + i);
+            _Pragma("GCC unroll 32") for (int r = 0; r < MM; r++) acc[r] = _mm256_fnmadd_ps(mv, _mm256_loadu_ps(xs + r * S + i), acc[r]);
+        }
+        for (; i < S; i += 2) { /* S is even */
+            const __m256 mv = _mm256_zextps128_ps256(_mm_castpd_ps(_mm_load_sd((const double *)(u->mn + i))));
+            _Pragma("GCC unroll 32") for (int r = 0; r < MM; r++)
+                acc[r] = _mm256_fnmadd_ps(
+                    mv, _mm256_zextps128_ps256(_mm_castpd_ps(_mm_load_sd((const double *)(xs + r * S + i)))), acc[r]);
+        }
+    }
+    _Pragma("GCC unroll 32") for (int r = 0; r < MM; r++)
+        j->y[(m0 + r) * j->ldy + n] = llmir_hsum(two ? _mm256_add_ps(acc[r], acc[MM + r]) : acc[r]);
+}
+
+typedef void (*DotRowsFn)(const GgJob *, const Unpacked *, int64_t, int64_t, int);
+#define NO_TARGET
+#define DOT_ROWS(NAME, ATTR, MM, MODE) \
+    static ATTR void NAME(const GgJob *j, const Unpacked *u, int64_t n, int64_t m0, int hm) { \
+        dot_rows(j, u, n, m0, MM, MODE, hm); \
+    }
+#define DOT_ROWS8(P, ATTR, MODE) \
+    DOT_ROWS(P##1, ATTR, 1, MODE) DOT_ROWS(P##2, ATTR, 2, MODE) DOT_ROWS(P##3, ATTR, 3, MODE) \
+    DOT_ROWS(P##4, ATTR, 4, MODE) DOT_ROWS(P##5, ATTR, 5, MODE) DOT_ROWS(P##6, ATTR, 6, MODE) \
+    DOT_ROWS(P##7, ATTR, 7, MODE) DOT_ROWS(P##8, ATTR, 8, MODE)
+DOT_ROWS8(dot_u, NO_TARGET, D_UNSIGNED)
+DOT_ROWS8(dot_s, NO_TARGET, D_SIGNED)
+DOT_ROWS8(dot_v, LLMIR_AVX512, D_VNNI)
+DOT_ROWS(dot_v9, LLMIR_AVX512, 9, D_VNNI) DOT_ROWS(dot_v10, LLMIR_AVX512, 10, D_VNNI)
+DOT_ROWS(dot_v11, LLMIR_AVX512, 11, D_VNNI) DOT_ROWS(dot_v12, LLMIR_AVX512, 12, D_VNNI)
+
+static const DotRowsFn DOT_U[RB_AVX2] = {dot_u1, dot_u2, dot_u3, dot_u4, dot_u5, dot_u6, dot_u7, dot_u8};
+static const DotRowsFn DOT_S[RB_AVX2] = {dot_s1, dot_s2, dot_s3, dot_s4, dot_s5, dot_s6, dot_s7, dot_s8};
+static const DotRowsFn DOT_V[RB_AVX512] = {dot_v1, dot_v2, dot_v3, dot_v4, dot_v5, dot_v6, dot_v7, dot_v8,
+                                           dot_v9, dot_v10, dot_v11, dot_v12};
+
+static void batch_task(void *p, size_t i) {
+    const GgJob *j = (const GgJob *)p;
+    const int f = j->fmt, vnni = j->vnni, hm = batch_has_min(f, vnni), rb = vnni ? RB_AVX512 : RB_AVX2;
+    const DotRowsFn *dots = vnni ? DOT_V : signed_codes(f) ? DOT_S : DOT_U;
+    const int64_t n0 = (int64_t)i * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
+    int8_t *base = (int8_t *)j->ubuf + (int64_t)i * unpacked_bytes(j->K);
+    const Unpacked u = {base, (float *)(base + j->K), (float *)(base + 2 * j->K)};
+    for (int64_t n = n0; n < n1; n++) {
+        UNPACK[f](j->w + n * j->rb, j->K, vnni, &u);
+        for (int64_t m0 = 0; m0 < j->M; m0 += rb)
+            dots[(j->M - m0 < rb ? j->M - m0 : rb) - 1](j, &u, n, m0, hm);
+    }
 }
 
 /* -- prefill: int8 activations ------------------------------------------------------------- *
@@ -572,7 +806,7 @@ static void gemv_task(void *p, size_t i) {
  * out [32-block][8 groups of 4][16 rows][4 codes], with the panel's f32 scales and mins per 16
  * elements [32-block][2][16]. A tile of 4 X rows then takes, per 32-block (or per 16 where the
  * scales are per 16), integer dots of the broadcast 4 x codes with the 16 rows' codes:
- * - with AVX-512 VNNI (checked at run time), vpdpbusd straight into int32;
+ * - with AVX-512 VNNI (llmir_isa()), vpdpbusd straight into int32;
  * - else vpmaddubsw summed in int16 over as many groups as cannot saturate (8 for codes < 16,
  *   4 for < 32, 2 for < 64), then vpmaddwd to int32; 8-bit codes (q8_0, iq4) stay signed and
  *   take the sign trick, one group at a time (|sum| <= 2 * 128 * 127);
@@ -594,13 +828,6 @@ static int code_offset(int f, int vnni) {
     case F_IQ4_XS: return vnni ? 128 : 0; /* AVX2: signed codes, the sign trick */
     default: return 0;
     }
-}
-
-/* c += the 4-code dot products of unsigned a and signed b per int32 lane (AVX-512 VNNI; as asm,
- * so this file needs no AVX-512 compiler target: it runs only where the CPU has it) */
-ALWAYS __m256i dpbusd(__m256i c, __m256i a, __m256i b) {
-    __asm__("%{evex%} vpdpbusd %2, %1, %0" : "+x"(c) : "x"(a), "x"(b));
-    return c;
 }
 
 /* rows n0 .. n0 + nr of W -> the panel: pw codes, ps scales, pm mins (see above) */
@@ -763,7 +990,6 @@ static void i8_gemm_task(void *p, size_t i) {
 typedef struct GgKernel {
     const OrtApi *api;
     int fmt, epilogue; /* fmt: F_BAD when the attribute is absent or unknown */
-    int vnni;          /* the CPU has AVX-512 VNNI (and VL), and LLMIR_NO_VNNI is unset */
 } GgKernel;
 
 static void *gg_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info) {
@@ -771,9 +997,6 @@ static void *gg_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernel
     GgKernel *k = (GgKernel *)malloc(sizeof(GgKernel));
     if (!k) return NULL;
     k->api = api, k->fmt = F_BAD, k->epilogue = llmir_epilogue_attr(api, info);
-    const char *no = getenv("LLMIR_NO_VNNI"); /* tests: the AVX2 path on a VNNI machine */
-    k->vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-              !(no && no[0] && strcmp(no, "0") != 0);
     char buf[16];
     size_t size = sizeof buf;
     OrtStatus *st = API(api, I_KernelInfoGetAttribute_string, KernelInfoGetAttrStringFn)(
@@ -832,7 +1055,7 @@ static OrtStatus *gg_compute(void *kp, OrtKernelContext *ctx) {
         !llmir_mul_ok(M, K, &bytes) || !llmir_mul_ok(bytes, 4, &bytes))
         return gg_error(api, "ai.llmir MatMulGGUF: X and W are too large");
     GgJob j = {(const float *)x, (const uint8_t *)w, (float *)y, M, N, K, wd[1], N, f, 0,
-               NULL, NULL, NULL, NULL, NULL, 0, NULL};
+               NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL};
     float *full = NULL; /* the epilogue: the [M, N] product first */
     if (swiglu) {
         full = (float *)aligned_alloc(32, ((size_t)(M * N) * sizeof(float) + 31) & ~(size_t)31);
@@ -855,13 +1078,21 @@ static OrtStatus *gg_compute(void *kp, OrtKernelContext *ctx) {
     j.xi = (int32_t *)(j.xs32 + M * K / 32);
     quantize_rows(&j);
     int failed = 0;
-    if (M > GEMV_ROWS) {
-        j.vnni = kn->vnni, j.failed = &failed;
+    j.vnni = llmir_isa() == LLMIR_ISA_AVX512, j.failed = &failed;
+    if (M > gemv_max_rows(f)) {
         st = pfor(ctx, i8_gemm_task, (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS)), 0, &j);
-    } else {
+    } else if (M <= GEMV_ROWS) {
         int64_t chunk = ((N + GEMV_TASKS - 1) / GEMV_TASKS + 3) & ~(int64_t)3;
         j.chunk = (int)(chunk < 16 ? 16 : chunk);
         st = pfor(ctx, gemv_task, (size_t)((N + j.chunk - 1) / j.chunk), 0, &j);
+    } else {
+        int64_t chunk = ((N + GEMV_TASKS - 1) / GEMV_TASKS + 3) & ~(int64_t)3;
+        j.chunk = (int)(chunk < 16 ? 16 : chunk);
+        const size_t tasks = (size_t)((N + j.chunk - 1) / j.chunk);
+        j.ubuf = aligned_alloc(32, tasks * (size_t)unpacked_bytes(K));
+        if (!j.ubuf) failed = 1;
+        else st = pfor(ctx, batch_task, tasks, 0, &j);
+        free(j.ubuf);
     }
     free(buf);
     if (!st && failed) st = llmir_error(api, ORT_FAIL, "ai.llmir MatMulGGUF: out of memory");
