@@ -37,11 +37,12 @@
 #include <string.h>
 
 #include "f32_gemm.h"
+#include "isa.h"
 #include "ort_abi.h"
 #include "q8_act.h"
 
 #define QB 32 /* elements per block: the only block size these ops take */
-#define GEMV_ROWS 4 /* X rows up to which the quantized-activation GEMV runs */
+#define GEMV_ROWS 16 /* X rows up to which the quantized-activation GEMV runs */
 #define GEMM_PANELS 2 /* panels of NR rows per parallel task (GEMM) */
 #ifndef GEMV_TASKS
 #define GEMV_TASKS 32 /* parallel tasks per GEMV (decode) */
@@ -69,9 +70,37 @@ typedef struct NbJob {
     float *dx, *xs;
     int32_t *zx;
     int *failed; /* set when a task cannot allocate its panel */
+    /* the AVX-512 GEMV (avx512 set): per X row m, per pair of blocks p < nbp = ceil(nb/2), 64
+     * codes xz [(m*nbp + p)*64..] as one zmm takes them, 16 int32 lanes bz (the midpoint's share:
+     * -mid * the block's code sum, spread over the block's lanes) and 16 f32 lanes dz (the x
+     * scale of each lane's block); a missing last block is zeros (see zquant_block) */
+    int avx512;
+    int64_t nbp;
+    int8_t *xz;
+    int32_t *bz;
+    float *dz;
 } NbJob;
 
 /* -- activation quantization (GEMV) ------------------------------------------------------- */
+
+/* Block b of row m (codes q, their sum, scale d) in the AVX-512 layout: Q8, a pair's zmm is
+ * [block 2p, block 2p+1] in order (lanes 0-7 and 8-15 belong to one block each); Q4, it is
+ * [evens of 2p, evens of 2p+1, odds of 2p, odds of 2p+1] (16 codes each: lanes 0-3 and 8-11
+ * belong to 2p), what [low nibbles; high nibbles] of the pair's 32 weight bytes line up with. */
+static void zquant_block(NbJob *j, int64_t m, int64_t b, const int8_t *q, int sum, float d) {
+    const int64_t p = b >> 1, h = b & 1, at = (m * j->nbp + p) * 16;
+    int8_t *xz = j->xz + at * 4;
+    if (j->bits == 8) {
+        memcpy(xz + h * 32, q, QB);
+        for (int i = 0; i < 8; i++) j->bz[at + h * 8 + i] = -16 * sum, j->dz[at + h * 8 + i] = d;
+        return;
+    }
+    for (int i = 0; i < 16; i++) xz[h * 16 + i] = q[2 * i], xz[32 + h * 16 + i] = q[2 * i + 1];
+    for (int i = 0; i < 4; i++) {
+        j->bz[at + h * 4 + i] = j->bz[at + 8 + h * 4 + i] = -sum;
+        j->dz[at + h * 4 + i] = j->dz[at + 8 + h * 4 + i] = d;
+    }
+}
 
 /* Every row of X quantized in blocks of 32. Q8: codes in order. Q4: a pair of blocks (2p, 2p+1)
  * is stored as [evens of 2p, evens of 2p+1, odds of 2p, odds of 2p+1] (16 codes each), a last odd
@@ -88,6 +117,7 @@ static void quantize_rows(NbJob *j) {
             float d = llmir_quant32(x + b * QB, q, &sum);
             j->dx[m * nb + b] = d;
             j->xs[m * nb + b] = d * (float)sum;
+            if (j->avx512) zquant_block(j, m, b, q, sum, d);
             if (j->bits == 8 || j->gemm) {
                 memcpy(xq + b * QB, q, QB);
                 if (j->gemm) j->zx[m * nb + b] = sum; /* times the zero point (Q4 GEMM) */
@@ -377,27 +407,139 @@ ALWAYS void gemv_q8_one(const NbJob *j, int64_t n, int64_t m, const int f16) {
     j->y[m * j->ldy + n - j->y0] = llmir_hsum(_mm256_add_ps(a0, a1)) + zero_correction(j, n, m);
 }
 
+/* -- AVX-512 VNNI GEMV: R weight rows x MB X rows per tile -------------------------------- *
+ * Per pair of blocks, each weight row's 64 unsigned codes (Q8: the bytes; Q4: the nibbles) take
+ * one vpdpbusd with each X row's 64 int8 codes, starting from bz (the midpoint's share), so the
+ * int32 lanes hold sum (code - mid) * x per block; one cvt and one FMA by scale_w * scale_x per
+ * lane. The weight bytes are loaded once per tile for all MB rows and the codes of the X rows
+ * stay in L1 (a range runs every group of X rows on a weight row group before the next). */
+
+#define ZR 4 /* weight rows per tile */
+#define ZM 4 /* X rows per tile */
+
+/* the 64 unsigned codes of weight row w's pair p (lanes as zquant_block lays out x); `last`:
+ * the pair holds only block 2p (the rest zeros) */
+LLMIR_AVX512 ALWAYS __m512i zcodes(const uint8_t *w, int64_t p, const int bits, const int last) {
+    if (bits == 8) {
+        if (last) return _mm512_maskz_loadu_epi8(0xFFFFFFFFull, w + p * 64);
+        return _mm512_loadu_si512((const void *)(w + p * 64));
+    }
+    __m256i v = last ? _mm256_maskz_loadu_epi8(0xFFFFu, w + p * 32) : _mm256_loadu_si256((const __m256i *)(w + p * 32));
+    __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
+    return _mm512_and_si512(c, _mm512_set1_epi8(15));
+}
+
+/* the weight scales of pair p laid out per lane (Q8: [s0 x8, s1 x8]; Q4: [s0 x4, s1 x4] twice);
+ * `last`: s0 everywhere (the lanes of the missing block multiply zeros) */
+LLMIR_AVX512 ALWAYS __m512 zscales(const void *scales, int64_t i, const int bits, const int f16, const int last) {
+    if (last) return _mm512_set1_ps(f16 ? _cvtsh_ss(((const uint16_t *)scales)[i]) : ((const float *)scales)[i]);
+    __m128 s;
+    if (f16) {
+        uint32_t u;
+        memcpy(&u, (const uint16_t *)scales + i, 4);
+        s = _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
+    } else {
+        s = _mm_castpd_ps(_mm_load_sd((const double *)((const float *)scales + i)));
+    }
+    const __m512i idx = bits == 8 ? _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+                                  : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(s));
+}
+
+/* acc[r][m] += the products of pair p for R weight rows and MB X rows */
+#define ZSTEP(LAST)                                                                                  \
+    {                                                                                                \
+        __m512i wc[ZR];                                                                              \
+        __m512 sc[ZR];                                                                               \
+        for (int r = 0; r < R; r++) {                                                                \
+            _mm_prefetch((const char *)(w0 + r * rb + p * 8 * bits + PF), _MM_HINT_T0);            \
+            wc[r] = zcodes(w0 + r * rb, p, bits, LAST);                                              \
+            sc[r] = zscales(j->scales, s0 + r * nb + 2 * p, bits, f16, LAST);                        \
+        }                                                                                            \
+        for (int m = 0; m < MB; m++) {                                                               \
+            const int64_t at = ((m0 + m) * nbp + p) * 16;                                           \
+            __m512i xv = _mm512_loadu_si512((const void *)(j->xz + at * 4));                        \
+            __m512i bv = _mm512_loadu_si512((const void *)(j->bz + at));                            \
+            __m512 dv = _mm512_loadu_ps(j->dz + at);                                                 \
+            for (int r = 0; r < R; r++)                                                              \
+                acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bv, wc[r], xv)), \
+                                            _mm512_mul_ps(sc[r], dv), acc[r][m]);                   \
+        }                                                                                            \
+    }
+
+/* y[m0..m0+MB, n0..n0+R) */
+LLMIR_AVX512 ALWAYS void ztile(const NbJob *j, int64_t n0, int64_t m0, const int R, const int MB,
+                               const int bits, const int f16) {
+    const int64_t nb = j->nb, nbp = j->nbp, rb = nb * QB * bits / 8, s0 = n0 * nb;
+    const uint8_t *w0 = j->w + n0 * rb;
+    __m512 acc[ZR][ZM];
+    for (int r = 0; r < R; r++)
+        for (int m = 0; m < MB; m++) acc[r][m] = _mm512_setzero_ps();
+    int64_t p = 0;
+    for (; p < nb / 2; p++) ZSTEP(0)
+    if (nb & 1) ZSTEP(1)
+    for (int m = 0; m < MB; m++) {
+        float *y = j->y + (m0 + m) * j->ldy + n0 - j->y0;
+        for (int r = 0; r < R; r++) y[r] = _mm512_reduce_add_ps(acc[r][m]) + zero_correction(j, n0 + r, m0 + m);
+    }
+}
+#undef ZSTEP
+
+/* rows [n0, n1) of every X row: ZR weight rows at a time, each group of ZM X rows in turn */
+#define ZRANGE(NAME, BITS, F16)                                                                \
+    LLMIR_AVX512 static void NAME(const NbJob *j, int64_t n0, int64_t n1) {                    \
+        for (int64_t n = n0; n < n1;) {                                                        \
+            const int four = n1 - n >= ZR;                                                     \
+            for (int64_t m0 = 0; m0 < j->M; m0 += ZM) {                                        \
+                const int64_t mb = j->M - m0 < ZM ? j->M - m0 : ZM;                            \
+                if (four) {                                                                    \
+                    if (mb == 4) ztile(j, n, m0, ZR, 4, BITS, F16);                            \
+                    else if (mb == 3) ztile(j, n, m0, ZR, 3, BITS, F16);                       \
+                    else if (mb == 2) ztile(j, n, m0, ZR, 2, BITS, F16);                       \
+                    else ztile(j, n, m0, ZR, 1, BITS, F16);                                    \
+                } else {                                                                       \
+                    if (mb == 4) ztile(j, n, m0, 1, 4, BITS, F16);                             \
+                    else if (mb == 3) ztile(j, n, m0, 1, 3, BITS, F16);                        \
+                    else if (mb == 2) ztile(j, n, m0, 1, 2, BITS, F16);                        \
+                    else ztile(j, n, m0, 1, 1, BITS, F16);                                     \
+                }                                                                              \
+            }                                                                                  \
+            n += four ? ZR : 1;                                                                \
+        }                                                                                      \
+    }
+ZRANGE(zgemv_q4_f32, 4, 0)
+ZRANGE(zgemv_q4_f16, 4, 1)
+ZRANGE(zgemv_q8_f32, 8, 0)
+ZRANGE(zgemv_q8_f16, 8, 1)
+#undef ZRANGE
+
 /* rows per pass: 4 share the activation loads while their bytes are close together; longer rows
  * run one at a time (4 far-apart weight and scale streams per pass measured slower) */
 #ifndef ROW_BYTES_4
 #define ROW_BYTES_4 512
 #endif
 
+/* rows [n0, n1) of every X row (AVX2): a group of weight rows for each X row in turn, so the
+ * group's bytes come from memory once (L1 for the other rows) */
 #define GEMV_RANGE(NAME, KERNEL, ONE, F16)                                   \
-    static void NAME(const NbJob *j, int64_t n0, int64_t n1, int64_t m) {    \
+    static void NAME(const NbJob *j, int64_t n0, int64_t n1) {               \
         int64_t n = n0;                                                      \
         if (j->nb * QB * j->bits / 8 <= ROW_BYTES_4)                         \
-            for (; n + 4 <= n1; n += 4) KERNEL(j, n, m, 4, F16);             \
-        for (; n < n1; n++) ONE;                                             \
+            for (; n + 4 <= n1; n += 4)                                      \
+                for (int64_t m = 0; m < j->M; m++) KERNEL(j, n, m, 4, F16);  \
+        for (; n < n1; n++)                                                  \
+            for (int64_t m = 0; m < j->M; m++) ONE;                          \
     }
 GEMV_RANGE(gemv_q4_f32, gemv_q4, gemv_q4_one(j, n, m, 0), 0)
 GEMV_RANGE(gemv_q4_f16, gemv_q4, gemv_q4_one(j, n, m, 1), 1)
 GEMV_RANGE(gemv_q8_f32, gemv_q8, gemv_q8_one(j, n, m, 0), 0)
 GEMV_RANGE(gemv_q8_f16, gemv_q8, gemv_q8_one(j, n, m, 1), 1)
 
-typedef void (*GemvRangeFn)(const NbJob *, int64_t, int64_t, int64_t);
+typedef void (*GemvRangeFn)(const NbJob *, int64_t, int64_t);
 
 static GemvRangeFn gemv_range(const NbJob *j) {
+    if (j->avx512)
+        return j->bits == 4 ? (j->f16 ? zgemv_q4_f16 : zgemv_q4_f32) : (j->f16 ? zgemv_q8_f16 : zgemv_q8_f32);
     return j->bits == 4 ? (j->f16 ? gemv_q4_f16 : gemv_q4_f32) : (j->f16 ? gemv_q8_f16 : gemv_q8_f32);
 }
 
@@ -405,8 +547,7 @@ static void gemv_task(void *p, size_t i) {
     const NbJob *j = (const NbJob *)p;
     int64_t n0 = (int64_t)i * j->chunk, n1 = n0 + j->chunk;
     if (n1 > j->N) n1 = j->N;
-    GemvRangeFn f = gemv_range(j);
-    for (int64_t m = 0; m < j->M; m++) f(j, n0, n1, m);
+    gemv_range(j)(j, n0, n1);
 }
 
 #define SWIGLU_CHUNK 256 /* most output columns per task (GEMV with the SwiGLU epilogue) */
@@ -421,11 +562,11 @@ static void gemv_swiglu_task(void *p, size_t i) {
     NbJob s = *j;
     s.y = t, s.ldy = 2 * SWIGLU_CHUNK;
     GemvRangeFn f = gemv_range(j);
+    s.y0 = n0; /* gate row n -> t[m][n - n0] */
+    f(&s, n0, n1);
+    s.y0 = H + n0 - SWIGLU_CHUNK; /* up row H + n -> t[m][SWIGLU_CHUNK + n - n0] */
+    f(&s, H + n0, H + n1);
     for (int64_t m = 0; m < j->M; m++) {
-        s.y0 = n0; /* gate row n -> t[m][n - n0] */
-        f(&s, n0, n1, m);
-        s.y0 = H + n0 - SWIGLU_CHUNK; /* up row H + n -> t[m][SWIGLU_CHUNK + n - n0] */
-        f(&s, H + n0, H + n1, m);
         const float *tm = t + m * 2 * SWIGLU_CHUNK;
         llmir_swiglu(tm, tm + SWIGLU_CHUNK, j->y + m * H + n0, n1 - n0);
     }
@@ -716,7 +857,8 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
         return NULL;
     }
     NbJob j = {(const float *)x, (const uint8_t *)w, s, (const uint8_t *)z, (float *)y,
-               M, N, K, nb, zrow, N, 0, bits, sh.f16, 0, 0, NULL, NULL, NULL, NULL, NULL};
+               M, N, K, nb, zrow, N, 0, bits, sh.f16, 0, 0, NULL, NULL, NULL, NULL, NULL,
+               0, 0, NULL, NULL, NULL};
     ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
     const size_t panels = (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS));
     float *full = NULL; /* prefill with the epilogue: the [M, N] product first */
@@ -732,9 +874,13 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
         st = pfor(ctx, gemm_task, panels, 0, &j);
     } else {
         j.gemm = M > GEMV_ROWS;
-        /* one buffer: xq (M*K + 64 bytes), dx, xs (M*nb floats each), zx (M*nb*4 int32) */
-        size_t xq_bytes = (size_t)(M * K + 64 + 31) & ~(size_t)31;
-        buf = (char *)aligned_alloc(32, xq_bytes + (((size_t)(M * nb) * 24 + 63) & ~(size_t)31));
+        j.avx512 = !j.gemm && llmir_isa() == LLMIR_ISA_AVX512;
+        j.nbp = (nb + 1) / 2;
+        /* one buffer: xq (M*K + 64 bytes), dx, xs (M*nb floats each), zx (M*nb*4 int32); the
+         * AVX-512 GEMV's xz, bz, dz (M*nbp*64 bytes each, zeroed: a missing last block) */
+        size_t xq_bytes = (size_t)(M * K + 64 + 63) & ~(size_t)63;
+        size_t rest = ((size_t)(M * nb) * 24 + 63) & ~(size_t)63, zb = (size_t)(M * j.nbp) * 64;
+        buf = (char *)aligned_alloc(64, xq_bytes + rest + (j.avx512 ? 3 * zb : 0));
         if (!buf) {
             free(full);
             return llmir_error(api, ORT_FAIL, "ai.llmir MatMulNBits: out of memory");
@@ -743,6 +889,12 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
         j.dx = (float *)(buf + xq_bytes);
         j.xs = j.dx + M * nb;
         j.zx = (int32_t *)(j.xs + M * nb);
+        if (j.avx512) {
+            j.xz = (int8_t *)(buf + xq_bytes + rest);
+            j.bz = (int32_t *)(j.xz + zb);
+            j.dz = (float *)(j.xz + 2 * zb);
+            memset(j.xz, 0, 3 * zb);
+        }
         quantize_rows(&j);
         if (j.gemm) {
             st = pfor(ctx, q4_gemm_task, panels, 0, &j);
