@@ -407,17 +407,17 @@ ALWAYS void gemv_q8_one(const NbJob *j, int64_t n, int64_t m, const int f16) {
     j->y[m * j->ldy + n - j->y0] = llmir_hsum(_mm256_add_ps(a0, a1)) + zero_correction(j, n, m);
 }
 
-/* -- AVX-512 VNNI GEMV: R weight rows x MB X rows per tile -------------------------------- *
- * Per pair of blocks, each weight row's 64 unsigned codes (Q8: the bytes; Q4: the nibbles) take
+/* -- AVX-512 VNNI GEMV: one weight row x up to ZM X rows per tile --------------------------- *
+ * Per pair of blocks, the weight row's 64 unsigned codes (Q8: the bytes; Q4: the nibbles) take
  * one vpdpbusd with each X row's 64 int8 codes, starting from bz (the midpoint's share), so the
  * int32 lanes hold sum (code - mid) * x per block; one cvt and one FMA by scale_w * scale_x per
- * lane. The weight bytes are loaded once per tile for all MB rows and the codes of the X rows
- * stay in L1 (a range runs every group of X rows on a weight row group before the next). */
+ * lane. The weight bytes are loaded once per tile for its ZM rows, and from L1 for the next
+ * group of X rows (their codes stay in L1 too). One weight row at a time: one sequential stream
+ * from memory (4 rows interleaved measured 2x slower at M = 1 on rows of 640 bytes). */
 
-#define ZR 4 /* weight rows per tile */
 #define ZM 4 /* X rows per tile */
 
-/* the 64 unsigned codes of weight row w's pair p (lanes as zquant_block lays out x); `last`:
+/* the 64 unsigned codes of pair p of weight row w (lanes as zquant_block lays out x); `last`:
  * the pair holds only block 2p (the rest zeros) */
 LLMIR_AVX512 ALWAYS __m512i zcodes(const uint8_t *w, int64_t p, const int bits, const int last) {
     if (bits == 8) {
@@ -446,66 +446,46 @@ LLMIR_AVX512 ALWAYS __m512 zscales(const void *scales, int64_t i, const int bits
     return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(s));
 }
 
-/* acc[r][m] += the products of pair p for R weight rows and MB X rows */
+/* acc[m] += the products of pair p of the weight row and MB X rows */
 #define ZSTEP(LAST)                                                                                  \
     {                                                                                                \
-        __m512i wc[ZR];                                                                              \
-        __m512 sc[ZR];                                                                               \
-        for (int r = 0; r < R; r++) {                                                                \
-            _mm_prefetch((const char *)(w0 + r * rb + p * 8 * bits + PF), _MM_HINT_T0);            \
-            wc[r] = zcodes(w0 + r * rb, p, bits, LAST);                                              \
-            sc[r] = zscales(j->scales, s0 + r * nb + 2 * p, bits, f16, LAST);                        \
-        }                                                                                            \
+        _mm_prefetch((const char *)(w + p * 8 * bits + PF), _MM_HINT_T0);                            \
+        const __m512i wc = zcodes(w, p, bits, LAST);                                                 \
+        const __m512 sc = zscales(j->scales, s0 + 2 * p, bits, f16, LAST);                           \
         for (int m = 0; m < MB; m++) {                                                               \
             const int64_t at = ((m0 + m) * nbp + p) * 16;                                           \
             __m512i xv = _mm512_loadu_si512((const void *)(j->xz + at * 4));                        \
             __m512i bv = _mm512_loadu_si512((const void *)(j->bz + at));                            \
-            __m512 dv = _mm512_loadu_ps(j->dz + at);                                                 \
-            for (int r = 0; r < R; r++)                                                              \
-                acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bv, wc[r], xv)), \
-                                            _mm512_mul_ps(sc[r], dv), acc[r][m]);                   \
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bv, wc, xv)),            \
+                                     _mm512_mul_ps(sc, _mm512_loadu_ps(j->dz + at)), acc[m]);        \
         }                                                                                            \
     }
 
-/* y[m0..m0+MB, n0..n0+R) */
-LLMIR_AVX512 ALWAYS void ztile(const NbJob *j, int64_t n0, int64_t m0, const int R, const int MB,
-                               const int bits, const int f16) {
-    const int64_t nb = j->nb, nbp = j->nbp, rb = nb * QB * bits / 8, s0 = n0 * nb;
-    const uint8_t *w0 = j->w + n0 * rb;
-    __m512 acc[ZR][ZM];
-    for (int r = 0; r < R; r++)
-        for (int m = 0; m < MB; m++) acc[r][m] = _mm512_setzero_ps();
+/* y[m0..m0+MB, n] */
+LLMIR_AVX512 ALWAYS void ztile(const NbJob *j, int64_t n, int64_t m0, const int MB, const int bits, const int f16) {
+    const int64_t nb = j->nb, nbp = j->nbp, s0 = n * nb;
+    const uint8_t *w = j->w + n * nb * QB * bits / 8;
+    __m512 acc[ZM];
+    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
     int64_t p = 0;
     for (; p < nb / 2; p++) ZSTEP(0)
     if (nb & 1) ZSTEP(1)
-    for (int m = 0; m < MB; m++) {
-        float *y = j->y + (m0 + m) * j->ldy + n0 - j->y0;
-        for (int r = 0; r < R; r++) y[r] = _mm512_reduce_add_ps(acc[r][m]) + zero_correction(j, n0 + r, m0 + m);
-    }
+    for (int m = 0; m < MB; m++)
+        j->y[(m0 + m) * j->ldy + n - j->y0] = _mm512_reduce_add_ps(acc[m]) + zero_correction(j, n, m0 + m);
 }
 #undef ZSTEP
 
-/* rows [n0, n1) of every X row: ZR weight rows at a time, each group of ZM X rows in turn */
-#define ZRANGE(NAME, BITS, F16)                                                                \
-    LLMIR_AVX512 static void NAME(const NbJob *j, int64_t n0, int64_t n1) {                    \
-        for (int64_t n = n0; n < n1;) {                                                        \
-            const int four = n1 - n >= ZR;                                                     \
-            for (int64_t m0 = 0; m0 < j->M; m0 += ZM) {                                        \
-                const int64_t mb = j->M - m0 < ZM ? j->M - m0 : ZM;                            \
-                if (four) {                                                                    \
-                    if (mb == 4) ztile(j, n, m0, ZR, 4, BITS, F16);                            \
-                    else if (mb == 3) ztile(j, n, m0, ZR, 3, BITS, F16);                       \
-                    else if (mb == 2) ztile(j, n, m0, ZR, 2, BITS, F16);                       \
-                    else ztile(j, n, m0, ZR, 1, BITS, F16);                                    \
-                } else {                                                                       \
-                    if (mb == 4) ztile(j, n, m0, 1, 4, BITS, F16);                             \
-                    else if (mb == 3) ztile(j, n, m0, 1, 3, BITS, F16);                        \
-                    else if (mb == 2) ztile(j, n, m0, 1, 2, BITS, F16);                        \
-                    else ztile(j, n, m0, 1, 1, BITS, F16);                                     \
-                }                                                                              \
-            }                                                                                  \
-            n += four ? ZR : 1;                                                                \
-        }                                                                                      \
+/* rows [n0, n1) of every X row: each weight row for every group of ZM X rows in turn */
+#define ZRANGE(NAME, BITS, F16)                                                     \
+    LLMIR_AVX512 static void NAME(const NbJob *j, int64_t n0, int64_t n1) {         \
+        for (int64_t n = n0; n < n1; n++)                                           \
+            for (int64_t m0 = 0; m0 < j->M; m0 += ZM) {                             \
+                const int64_t mb = j->M - m0 < ZM ? j->M - m0 : ZM;                 \
+                if (mb == 4) ztile(j, n, m0, 4, BITS, F16);                         \
+                else if (mb == 3) ztile(j, n, m0, 3, BITS, F16);                    \
+                else if (mb == 2) ztile(j, n, m0, 2, BITS, F16);                    \
+                else ztile(j, n, m0, 1, BITS, F16);                                 \
+            }                                                                       \
     }
 ZRANGE(zgemv_q4_f32, 4, 0)
 ZRANGE(zgemv_q4_f16, 4, 1)
