@@ -92,6 +92,7 @@ static void zquant_block(NbJob *j, int64_t m, int64_t b, const int8_t *q, int su
     int8_t *xz = j->xz + at * 4;
     if (j->bits == 8) {
         memcpy(xz + h * 32, q, QB);
+        j->zx[m * j->nb + b] = -128 * sum; /* the panels' midpoint share */
         for (int i = 0; i < 8; i++) j->bz[at + h * 8 + i] = -16 * sum, j->dz[at + h * 8 + i] = d;
         return;
     }
@@ -475,9 +476,106 @@ LLMIR_AVX512 ALWAYS void ztile(const NbJob *j, int64_t n, int64_t m0, const int 
 }
 #undef ZSTEP
 
-/* rows [n0, n1) of every X row: each weight row for every group of ZM X rows in turn */
+/* -- AVX-512 VNNI, 8-bit blocks at M >= ZP_ROWS: panels of 16 weight rows ----------------- *
+ * A task packs each panel of 16 weight rows once ([block][k/4][16 rows][4 codes], the Q4 GEMM's
+ * layout, with the rows' scales [block][16]); then per block and X row, 8 vpdpbusd (one weight
+ * row per int32 lane, 4 x codes broadcast) from the midpoint's share -128 * the block's code sum,
+ * one cvt and one FMA by scale_w * scale_x: the lanes hold 16 outputs, where the one-row tile's
+ * hold one (a third of the vector work per X row, for a pack whose cost is shared by all rows). */
+
+#define ZP_ROWS 4 /* X rows from which 8-bit blocks take the panels */
+#define ZP_MB 8   /* X rows per pass over a packed panel */
+#ifndef ZP_AHEAD
+#define ZP_AHEAD 4 /* panels prefetched ahead (into L2: the packed panel keeps L1) */
+#endif
+
+static void q8_pack_panel(const NbJob *j, int64_t n0, uint8_t *pw, float *ps, const char *next) {
+    const int64_t nb = j->nb;
+    for (int64_t b = 0; b < nb; b++) {
+        if (next) /* the panel ZP_AHEAD on, into L2: a block of a panel's worth of bytes */
+            for (int i = 0; i < 512; i += 64) _mm_prefetch(next + b * 512 + i, _MM_HINT_T1);
+        for (int h = 0; h < 2; h++) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = _mm256_loadu_ps((const float *)(j->w + ((n0 + h * 8 + i) * nb + b) * QB));
+            llmir_transpose8_store(r, (float *)(pw + b * 512 + h * 32), 16);
+        }
+        for (int c = 0; c < 16; c++) ps[b * 16 + c] = scale_at(j, (n0 + c) * nb + b);
+    }
+}
+
+/* y[m0..m0+MB, n0..n0+16) from a packed panel */
+LLMIR_AVX512 ALWAYS void zpanel_rows(const NbJob *j, const uint8_t *pw, const float *ps, int64_t n0, int64_t m0,
+                                     const int MB) {
+    const int64_t nb = j->nb, K = j->K;
+    __m512 acc[ZP_MB];
+    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512i *wq = (const __m512i *)(pw + b * 512);
+        __m512i w[8];
+        for (int q = 0; q < 8; q++) w[q] = _mm512_load_si512((const void *)(wq + q));
+        const __m512 sc = _mm512_load_ps(ps + b * 16);
+        for (int m = 0; m < MB; m++) {
+            const int8_t *x = j->xq + (m0 + m) * K + b * QB;
+            __m512i s = _mm512_set1_epi32(j->zx[(m0 + m) * nb + b]);
+            for (int q = 0; q < 8; q++) {
+                int32_t v;
+                memcpy(&v, x + q * 4, 4);
+                s = _mm512_dpbusd_epi32(s, w[q], _mm512_set1_epi32(v));
+            }
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sc, _mm512_set1_ps(j->dx[(m0 + m) * nb + b])),
+                                     acc[m]);
+        }
+    }
+    for (int m = 0; m < MB; m++) {
+        float *y = j->y + (m0 + m) * j->ldy + n0 - j->y0;
+        _mm512_storeu_ps(y, acc[m]);
+        if (j->zp)
+            for (int c = 0; c < 16; c++) y[c] += zero_correction(j, n0 + c, m0 + m);
+    }
+}
+
+/* rows [n0, n1) of every X row, 8-bit blocks, whole panels of 16 rows; returns where they end
+ * (the rest for the one-row tiles; n1 when the panel cannot be allocated: failed is set) */
+LLMIR_AVX512 static int64_t zpanels_q8(const NbJob *j, int64_t n0, int64_t n1) {
+    const int64_t nb = j->nb;
+    if (n1 - n0 < 16) return n0;
+    uint8_t *pw = (uint8_t *)aligned_alloc(64, (size_t)nb * (512 + 64));
+    if (!pw) {
+        __atomic_store_n(j->failed, 1, __ATOMIC_RELAXED);
+        return n1;
+    }
+    float *ps = (float *)(pw + nb * 512);
+    int64_t n = n0;
+    for (; n + 16 <= n1; n += 16) {
+        /* packing reads the 16 rows' blocks across: too many short streams for the hardware
+         * prefetcher, so the panel ZP_AHEAD on is fetched while this one is packed */
+        const int64_t ahead = n + 16 * ZP_AHEAD;
+        const char *next = ahead + 16 <= n1 ? (const char *)(j->w + ahead * nb * QB) : NULL;
+        q8_pack_panel(j, n, pw, ps, next);
+        for (int64_t m0 = 0; m0 < j->M; m0 += ZP_MB) {
+            const int64_t mb = j->M - m0 < ZP_MB ? j->M - m0 : ZP_MB;
+            switch (mb) {
+            case 8: zpanel_rows(j, pw, ps, n, m0, 8); break;
+            case 7: zpanel_rows(j, pw, ps, n, m0, 7); break;
+            case 6: zpanel_rows(j, pw, ps, n, m0, 6); break;
+            case 5: zpanel_rows(j, pw, ps, n, m0, 5); break;
+            case 4: zpanel_rows(j, pw, ps, n, m0, 4); break;
+            case 3: zpanel_rows(j, pw, ps, n, m0, 3); break;
+            case 2: zpanel_rows(j, pw, ps, n, m0, 2); break;
+            default: zpanel_rows(j, pw, ps, n, m0, 1); break;
+            }
+        }
+    }
+    free(pw);
+    return n;
+}
+
+/* rows [n0, n1) of every X row: 8-bit blocks at M >= ZP_ROWS in panels, then each weight row
+ * for every group of ZM X rows in turn */
 #define ZRANGE(NAME, BITS, F16)                                                     \
     LLMIR_AVX512 static void NAME(const NbJob *j, int64_t n0, int64_t n1) {         \
+        if (BITS == 8 && j->M >= ZP_ROWS) n0 = zpanels_q8(j, n0, n1);               \
         for (int64_t n = n0; n < n1; n++)                                           \
             for (int64_t m0 = 0; m0 < j->M; m0 += ZM) {                             \
                 const int64_t mb = j->M - m0 < ZM ? j->M - m0 : ZM;                 \
@@ -879,9 +977,9 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
         if (j.gemm) {
             st = pfor(ctx, q4_gemm_task, panels, 0, &j);
         } else {
-            /* chunks of whole row groups: about 8 per thread of a 2-4 thread pool, at least 16
-             * rows (with the epilogue: output columns, each reading a gate and an up row) */
-            int64_t chunk = ((NO + GEMV_TASKS - 1) / GEMV_TASKS + 3) & ~(int64_t)3;
+            /* chunks of whole panels (16 rows): about 8 per thread of a 2-4 thread pool (with
+             * the epilogue: output columns, each reading a gate and an up row) */
+            int64_t chunk = ((NO + GEMV_TASKS - 1) / GEMV_TASKS + 15) & ~(int64_t)15;
             chunk = chunk < 16 ? 16 : chunk;
             j.chunk = (int)(swiglu && chunk > SWIGLU_CHUNK ? SWIGLU_CHUNK : chunk);
             st = pfor(ctx, swiglu ? gemv_swiglu_task : gemv_task,
