@@ -9,13 +9,23 @@
  * (code - zero) * scale. The weights are read in place from the session's initializers: no
  * prepacked copy, so no prepacking time at load and no second copy in memory.
  *
- * - M (rows of X) <= GEMV_ROWS (decode): each row of X is quantized once per call to int8 in
- *   blocks of 32 with one f32 scale per block (max |x| / 127, round to nearest even: what
- *   MatMulNBits' accuracy_level 4 and llama.cpp's q8_0 do), and every weight block is a
- *   32-element integer dot product (vpmaddubsw + vpmaddwd; unsigned 4-bit codes times signed
- *   x directly; 8-bit codes with the sign trick), scaled by scale_w * scale_x and summed in f32.
- *   The zero point enters as -zero * sum(x codes of the block). Four weight rows per pass share
- *   the activation loads; rows are split over onnxruntime's intra-op pool in small chunks.
+ * - M (rows of X) <= GEMV_ROWS = 16 (decode of one or several sequences): each row of X is
+ *   quantized once per call to int8 in blocks of 32 with one f32 scale per block (max |x| / 127,
+ *   round to nearest even: what MatMulNBits' accuracy_level 4 and llama.cpp's q8_0 do), and every
+ *   weight block is a 32-element integer dot product, scaled by scale_w * scale_x and summed in
+ *   f32. The zero point enters as -(zero - midpoint) * sum(x codes of the block). Rows of W are
+ *   split over onnxruntime's intra-op pool in chunks of whole 16-row panels, and each weight row
+ *   is read from memory once per call for all rows of X (register tiles over X rows, or a row
+ *   group run for each X row while it is in L1). The instruction-set variant is llmir_isa()'s
+ *   (isa.h), read once per call:
+ *   - AVX-512 VNNI: vpdpbusd of the unsigned codes (8-bit bytes, 4-bit nibbles) and the signed x
+ *     codes, starting from the midpoint's share; at M < ZP_ROWS one weight row x up to 4 X rows
+ *     per tile (ztile: a pair of blocks per zmm); 8-bit blocks at M >= ZP_ROWS in packed panels
+ *     of 16 weight rows, one row per int32 lane (zpanels_q8);
+ *   - AVX2 (the fallback, LLMIR_KERNEL_ISA=avx2): vpmaddubsw + vpmaddwd (unsigned 4-bit codes
+ *     times signed x directly; 8-bit codes with the sign trick); four weight rows per pass share
+ *     the activation loads where rows are short, and each group of weight rows runs for every X
+ *     row in turn.
  * - larger M (prefill), 4-bit blocks: X is quantized the same way, each
  *   panel of 16 weight rows is unpacked once into 4-code groups, and tiles of 4 X rows take
  *   int8 dot products per block (vpmaddubsw, int16 sums over a block, minus zero point x the
