@@ -557,11 +557,14 @@ LLMIR_AVX512 static int64_t zpanels_q8(const NbJob *j, int64_t n0, int64_t n1) {
     }
     float *ps = (float *)(pw + nb * 512);
     int64_t n = n0;
+    /* packing reads the 16 rows' blocks across: too many short streams for the hardware
+     * prefetcher, so the panel ZP_AHEAD on (this task's or the next one's) is fetched into L2
+     * while this one is packed, and the first ones of the task now */
+    const int64_t first = n0 + 16 * ZP_AHEAD < j->N ? n0 + 16 * ZP_AHEAD : j->N;
+    for (int64_t i = n0 * nb * QB; i < first * nb * QB; i += 64) _mm_prefetch((const char *)j->w + i, _MM_HINT_T1);
     for (; n + 16 <= n1; n += 16) {
-        /* packing reads the 16 rows' blocks across: too many short streams for the hardware
-         * prefetcher, so the panel ZP_AHEAD on is fetched while this one is packed */
         const int64_t ahead = n + 16 * ZP_AHEAD;
-        const char *next = ahead + 16 <= n1 ? (const char *)(j->w + ahead * nb * QB) : NULL;
+        const char *next = ahead + 16 <= j->N ? (const char *)(j->w + ahead * nb * QB) : NULL;
         q8_pack_panel(j, n, pw, ps, next);
         for (int64_t m0 = 0; m0 < j->M; m0 += ZP_MB) {
             const int64_t mb = j->M - m0 < ZP_MB ? j->M - m0 : ZP_MB;
