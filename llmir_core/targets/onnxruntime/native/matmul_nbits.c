@@ -20,8 +20,8 @@
  *   (isa.h), read once per call:
  *   - AVX-512 VNNI: vpdpbusd of the unsigned codes (8-bit bytes, 4-bit nibbles) and the signed x
  *     codes, starting from the midpoint's share; at M < ZP_ROWS one weight row x up to 4 X rows
- *     per tile (ztile: a pair of blocks per zmm); 8-bit blocks at M >= ZP_ROWS in packed panels
- *     of 16 weight rows, one row per int32 lane (zpanels_q8);
+ *     per tile (ztile: a pair of blocks per zmm); at M >= ZP_ROWS packed panels of 16 weight
+ *     rows, one row per int32 lane (zpanels);
  *   - AVX2 (the fallback, LLMIR_KERNEL_ISA=avx2): vpmaddubsw + vpmaddwd (unsigned 4-bit codes
  *     times signed x directly; 8-bit codes with the sign trick); four weight rows per pass share
  *     the activation loads where rows are short, and each group of weight rows runs for every X
@@ -84,7 +84,7 @@ typedef struct NbJob {
      * codes xz [(m*nbp + p)*64..] as one zmm takes them, 16 int32 lanes bz (the midpoint's share:
      * -mid * the block's code sum, spread over the block's lanes) and 16 f32 lanes dz (the x
      * scale of each lane's block); a missing last block is zeros (see zquant_block) */
-    int avx512;
+    int avx512, panels; /* panels: the AVX-512 16-row panels (xq in natural order, zx = -mid * sum) */
     int64_t nbp;
     int8_t *xz;
     int32_t *bz;
@@ -102,7 +102,6 @@ static void zquant_block(NbJob *j, int64_t m, int64_t b, const int8_t *q, int su
     int8_t *xz = j->xz + at * 4;
     if (j->bits == 8) {
         memcpy(xz + h * 32, q, QB);
-        j->zx[m * j->nb + b] = -128 * sum; /* the panels' midpoint share */
         for (int i = 0; i < 8; i++) j->bz[at + h * 8 + i] = -16 * sum, j->dz[at + h * 8 + i] = d;
         return;
     }
@@ -129,9 +128,10 @@ static void quantize_rows(NbJob *j) {
             j->dx[m * nb + b] = d;
             j->xs[m * nb + b] = d * (float)sum;
             if (j->avx512) zquant_block(j, m, b, q, sum, d);
-            if (j->bits == 8 || j->gemm) {
+            if (j->bits == 8 || j->gemm || j->panels) {
                 memcpy(xq + b * QB, q, QB);
                 if (j->gemm) j->zx[m * nb + b] = sum; /* times the zero point (Q4 GEMM) */
+                if (j->panels) j->zx[m * nb + b] = -(1 << (j->bits - 1)) * sum; /* the midpoint's share */
                 continue;
             }
             int8_t *dst;
@@ -141,7 +141,7 @@ static void quantize_rows(NbJob *j) {
             else dst = xq + b * QB, stride = 16;                             /* last, odd count */
             for (int i = 0; i < 16; i++) dst[i] = q[2 * i], dst[stride + i] = q[2 * i + 1];
         }
-        if (j->bits == 4 && !j->gemm) {
+        if (j->bits == 4 && !j->gemm && !j->panels) {
             const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
             for (int64_t p = 0; p + 1 < nb; p += 2) {
                 __m256i lo = _mm256_loadu_si256((const __m256i *)(xq + p * QB));
@@ -486,24 +486,25 @@ LLMIR_AVX512 ALWAYS void ztile(const NbJob *j, int64_t n, int64_t m0, const int 
 }
 #undef ZSTEP
 
-/* -- AVX-512 VNNI, 8-bit blocks at M >= ZP_ROWS: panels of 16 weight rows ----------------- *
+/* -- AVX-512 VNNI at M >= ZP_ROWS: panels of 16 weight rows -------------------------------- *
  * A task packs each panel of 16 weight rows once ([block][k/4][16 rows][4 codes], the Q4 GEMM's
- * layout, with the rows' scales [block][16]); then per block and X row, 8 vpdpbusd (one weight
- * row per int32 lane, 4 x codes broadcast) from the midpoint's share -128 * the block's code sum,
+ * layout, with the rows' scales [block][16]: q4_pack_panel for 4-bit blocks); then per block and
+ * X row, 8 vpdpbusd (one weight row per int32 lane, 4 x codes broadcast, X in natural order)
+ * from the midpoint's share -mid * the block's code sum,
  * one cvt and one FMA by scale_w * scale_x: the lanes hold 16 outputs, where the one-row tile's
  * hold one (a third of the vector work per X row, for a pack whose cost is shared by all rows). */
 
-#define ZP_ROWS 4 /* X rows from which 8-bit blocks take the panels */
+#define ZP_ROWS 4 /* X rows from which the panels run */
 #define ZP_MB 8   /* X rows per pass over a packed panel */
 #ifndef ZP_AHEAD
 #define ZP_AHEAD 4 /* panels prefetched ahead (into L2: the packed panel keeps L1) */
 #endif
 
-static void q8_pack_panel(const NbJob *j, int64_t n0, uint8_t *pw, float *ps, const char *next) {
+static void q4_pack_panel(const NbJob *j, int64_t n0, int nr, uint8_t *pw, float *ps, int32_t *pz);
+
+static void q8_pack_panel(const NbJob *j, int64_t n0, uint8_t *pw, float *ps) {
     const int64_t nb = j->nb;
     for (int64_t b = 0; b < nb; b++) {
-        if (next) /* the panel ZP_AHEAD on, into L2: a block of a panel's worth of bytes */
-            for (int i = 0; i < 512; i += 64) _mm_prefetch(next + b * 512 + i, _MM_HINT_T1);
         for (int h = 0; h < 2; h++) {
             __m256 r[8];
             for (int i = 0; i < 8; i++)
@@ -545,27 +546,30 @@ LLMIR_AVX512 ALWAYS void zpanel_rows(const NbJob *j, const uint8_t *pw, const fl
     }
 }
 
-/* rows [n0, n1) of every X row, 8-bit blocks, whole panels of 16 rows; returns where they end
- * (the rest for the one-row tiles; n1 when the panel cannot be allocated: failed is set) */
-LLMIR_AVX512 static int64_t zpanels_q8(const NbJob *j, int64_t n0, int64_t n1) {
-    const int64_t nb = j->nb;
+/* rows [n0, n1) of every X row, whole panels of 16 rows; returns where they end (the rest for
+ * the one-row tiles; n1 when the panel cannot be allocated: failed is set) */
+LLMIR_AVX512 static int64_t zpanels(const NbJob *j, int64_t n0, int64_t n1) {
+    const int64_t nb = j->nb, rb = nb * QB * j->bits / 8, bytes = 16 * rb;
     if (n1 - n0 < 16) return n0;
-    uint8_t *pw = (uint8_t *)aligned_alloc(64, (size_t)nb * (512 + 64));
+    uint8_t *pw = (uint8_t *)aligned_alloc(64, (size_t)nb * (512 + 128));
     if (!pw) {
         __atomic_store_n(j->failed, 1, __ATOMIC_RELAXED);
         return n1;
     }
     float *ps = (float *)(pw + nb * 512);
-    int64_t n = n0;
+    int32_t *pz = (int32_t *)(ps + nb * 16); /* 4-bit zero points (unused: zero_correction) */
     /* packing reads the 16 rows' blocks across: too many short streams for the hardware
      * prefetcher, so the panel ZP_AHEAD on (this task's or the next one's) is fetched into L2
-     * while this one is packed, and the first ones of the task now */
+     * before this one is packed, and the first ones of the task now */
     const int64_t first = n0 + 16 * ZP_AHEAD < j->N ? n0 + 16 * ZP_AHEAD : j->N;
-    for (int64_t i = n0 * nb * QB; i < first * nb * QB; i += 64) _mm_prefetch((const char *)j->w + i, _MM_HINT_T1);
+    for (int64_t i = n0 * rb; i < first * rb; i += 64) _mm_prefetch((const char *)j->w + i, _MM_HINT_T1);
+    int64_t n = n0;
     for (; n + 16 <= n1; n += 16) {
         const int64_t ahead = n + 16 * ZP_AHEAD;
-        const char *next = ahead + 16 <= j->N ? (const char *)(j->w + ahead * nb * QB) : NULL;
-        q8_pack_panel(j, n, pw, ps, next);
+        if (ahead + 16 <= j->N)
+            for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch((const char *)j->w + ahead * rb + i, _MM_HINT_T1);
+        if (j->bits == 8) q8_pack_panel(j, n, pw, ps);
+        else q4_pack_panel(j, n, 16, pw, ps, pz);
         for (int64_t m0 = 0; m0 < j->M; m0 += ZP_MB) {
             const int64_t mb = j->M - m0 < ZP_MB ? j->M - m0 : ZP_MB;
             switch (mb) {
@@ -584,11 +588,11 @@ LLMIR_AVX512 static int64_t zpanels_q8(const NbJob *j, int64_t n0, int64_t n1) {
     return n;
 }
 
-/* rows [n0, n1) of every X row: 8-bit blocks at M >= ZP_ROWS in panels, then each weight row
- * for every group of ZM X rows in turn */
+/* rows [n0, n1) of every X row: at M >= ZP_ROWS in panels, then each weight row for every group
+ * of ZM X rows in turn */
 #define ZRANGE(NAME, BITS, F16)                                                     \
     LLMIR_AVX512 static void NAME(const NbJob *j, int64_t n0, int64_t n1) {         \
-        if (BITS == 8 && j->M >= ZP_ROWS) n0 = zpanels_q8(j, n0, n1);               \
+        if (j->panels) n0 = zpanels(j, n0, n1);                                     \
         for (int64_t n = n0; n < n1; n++)                                           \
             for (int64_t m0 = 0; m0 < j->M; m0 += ZM) {                             \
                 const int64_t mb = j->M - m0 < ZM ? j->M - m0 : ZM;                 \
@@ -949,7 +953,7 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
     }
     NbJob j = {(const float *)x, (const uint8_t *)w, s, (const uint8_t *)z, (float *)y,
                M, N, K, nb, zrow, N, 0, bits, sh.f16, 0, 0, NULL, NULL, NULL, NULL, NULL,
-               0, 0, NULL, NULL, NULL};
+               0, 0, 0, NULL, NULL, NULL};
     ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
     const size_t panels = (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS));
     float *full = NULL; /* prefill with the epilogue: the [M, N] product first */
@@ -966,6 +970,7 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
     } else {
         j.gemm = M > GEMV_ROWS;
         j.avx512 = !j.gemm && llmir_isa() == LLMIR_ISA_AVX512;
+        j.panels = j.avx512 && M >= ZP_ROWS;
         j.nbp = (nb + 1) / 2;
         /* one buffer: xq (M*K + 64 bytes), dx, xs (M*nb floats each), zx (M*nb*4 int32); the
          * AVX-512 GEMV's xz, bz, dz (M*nbp*64 bytes each, zeroed: a missing last block) */
