@@ -14,6 +14,13 @@ blocks were made from (the quantization error plus the op's own: int8 activation
     python benchmarks/nbits_kernels.py                       # SmolLM2 + Qwen2.5 shapes, int4
     python benchmarks/nbits_kernels.py --bits 8 --m 1 --threads 2 --format json
 
+--batched times llmir's kernel alone at several rows of X (decode of several sequences) under
+each instruction-set variant (LLMIR_KERNEL_ISA: the AVX-512 VNNI one where the CPU has it, and
+the AVX2 fallback), on the Gemma 3 tied LM head (N=262144, K=640, int8 blocks) and a 640 x 2048
+projection: ms per call (the clock as above) and the ratio to one row.
+
+    python benchmarks/nbits_kernels.py --batched --m 1,2,4,8,16
+
 --swiglu instead times a gated MLP's first half on llmir's kernel, the two forms a build can
 emit: `unfused` (gate and up as two ops, then com.microsoft QuickGelu alpha 1 and Mul) and
 `fused` (one op over [gate; up] with `epilogue = "swiglu"`); --f16-scales stores f16 block scales
@@ -242,6 +249,65 @@ def bench_swiglu(
     return rows
 
 
+BATCHED = [(640, 262144, 8), (640, 2048, 8), (640, 2048, 4)]  # (K, N, bits)
+
+
+def _variants() -> list[str]:
+    """The LLMIR_KERNEL_ISA values this CPU runs: avx512 (where it has AVX-512 VNNI) and avx2."""
+    from llmir_core.targets.onnxruntime.native import AVX512_FLAGS
+    from llmir_core.targets.onnxruntime.native.cpu import cpu_flags
+
+    return (["avx512"] if all(f in cpu_flags() for f in AVX512_FLAGS) else []) + ["avx2"]
+
+
+def bench_batched(ms: list[int], threads: int, rounds: int, wall: bool) -> list[dict]:  # type: ignore[type-arg]
+    """ms per call of llmir's kernel at each M, per variant (the variant is chosen when a session
+    registers the library: each variant's sessions are made and timed under its own setting)."""
+    import os
+
+    from llmir_core.quant import nbits
+
+    clock = time.process_time if threads == 1 and not wall else time.perf_counter
+    rows = []
+    for k, n, bits in BATCHED:
+        rng = np.random.default_rng(k + n + bits)
+        nb = k // 32
+        wbytes = n * k * bits // 8 + n * nb * 2
+        copies = max(1, min(64, -(-TARGET_BYTES // wbytes)))
+        w0 = rng.standard_normal((n, k)).astype(np.float32) * 0.05
+        codes, sc, _ = nbits.quantize(w0, bits, 32, True, np.dtype(np.float16))
+        first = (codes.reshape(n, nb, -1), sc.reshape(-1))  # f16 scales, as GGUF files hold
+        weights = [first] + [
+            (rng.integers(0, 256, (n, nb, 32 * bits // 8), dtype=np.uint8), first[1])
+            for _ in range(copies - 1)
+        ]
+        model = _model("llmir", bits, k, n, weights)
+        for isa in _variants():
+            os.environ["LLMIR_KERNEL_ISA"] = isa
+            sess = _session(model, threads)
+            base = 0.0
+            for m in ms:
+                x = rng.standard_normal((m, k)).astype(np.float32)
+                sess.run(None, {"x": x})  # warm
+                best = float("inf")
+                for _ in range(rounds):
+                    t = clock()
+                    sess.run(None, {"x": x})
+                    best = min(best, (clock() - t) / copies)
+                base = base or best
+                row = {"K": k, "N": n, "bits": bits, "M": m, "isa": isa, "copies": copies}
+                rows.append({**row, "ms": best * 1e3, "vs_m1": best / base})
+                row_gbs = wbytes / best / 1e9
+                print(
+                    f"K={k} N={n:6} int{bits} {isa:6} M={m:2}: {best * 1e3:8.3f} ms "
+                    f"({row_gbs:5.1f} GB/s) x{best / base:.2f} of M=1",
+                    flush=True,
+                )
+            del sess
+        os.environ.pop("LLMIR_KERNEL_ISA", None)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -256,9 +322,15 @@ def main() -> None:
     ap.add_argument("--format", choices=("text", "json"), default="text")
     ap.add_argument("--swiglu", action="store_true", help="fused vs unfused gated MLP first half")
     ap.add_argument("--f16-scales", action="store_true", help="f16 block scales (--swiglu)")
+    ap.add_argument("--batched", action="store_true", help="llmir's kernel at several M, per ISA")
     a = ap.parse_args()
     ms = [int(v) for v in a.m.split(",")]
     rows = []
+    if a.batched:
+        rows = bench_batched(ms, a.threads, a.rounds, a.wall)
+        if a.format == "json":
+            print(json.dumps({"threads": a.threads, "rows": rows}, indent=1))
+        return
     if a.swiglu:
         for model in a.models.split(","):
             k, inter = GATED[model]

@@ -107,8 +107,8 @@ def _nbits_ref(bits: int) -> Callable[[np.ndarray, Feeds], np.ndarray]:
         z = f.get("z")
         zr = None if z is None else z.reshape(n, -1)
         deq = nbits.dequantize(b, f["s"].reshape(n, nb), zr, bits, 32, (n, nb * 32))
-        m = int(np.prod(x.shape[:-1]))
-        xe = _int8_rows(x) if (m <= 4 or bits == 4) and x.shape[-1] else _f(x)
+        m = int(np.prod(x.shape[:-1]))  # int8 X at decode (M <= 16, matmul_nbits.c's GEMV)
+        xe = _int8_rows(x) if (m <= 16 or bits == 4) and x.shape[-1] else _f(x)
         return xe @ _f(deq).T
 
     return ref

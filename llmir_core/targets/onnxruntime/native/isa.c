@@ -8,6 +8,8 @@
 /* op families (onnxruntime op names) with an AVX-512 variant; every other op runs AVX2 */
 static const char *const AVX512_OPS[] = {
     "MatMulGGUF",
+    "MatMulNBitsQ4",
+    "MatMulNBitsQ8",
     NULL, /* (the table ends at NULL) */
 };
 /* every op family of the library, as bench reports them */

@@ -9,13 +9,23 @@
  * (code - zero) * scale. The weights are read in place from the session's initializers: no
  * prepacked copy, so no prepacking time at load and no second copy in memory.
  *
- * - M (rows of X) <= GEMV_ROWS (decode): each row of X is quantized once per call to int8 in
- *   blocks of 32 with one f32 scale per block (max |x| / 127, round to nearest even: what
- *   MatMulNBits' accuracy_level 4 and llama.cpp's q8_0 do), and every weight block is a
- *   32-element integer dot product (vpmaddubsw + vpmaddwd; unsigned 4-bit codes times signed
- *   x directly; 8-bit codes with the sign trick), scaled by scale_w * scale_x and summed in f32.
- *   The zero point enters as -zero * sum(x codes of the block). Four weight rows per pass share
- *   the activation loads; rows are split over onnxruntime's intra-op pool in small chunks.
+ * - M (rows of X) <= GEMV_ROWS = 16 (decode of one or several sequences): each row of X is
+ *   quantized once per call to int8 in blocks of 32 with one f32 scale per block (max |x| / 127,
+ *   round to nearest even: what MatMulNBits' accuracy_level 4 and llama.cpp's q8_0 do), and every
+ *   weight block is a 32-element integer dot product, scaled by scale_w * scale_x and summed in
+ *   f32. The zero point enters as -(zero - midpoint) * sum(x codes of the block). Rows of W are
+ *   split over onnxruntime's intra-op pool in chunks of whole 16-row panels, and each weight row
+ *   is read from memory once per call for all rows of X (register tiles over X rows, or a row
+ *   group run for each X row while it is in L1). The instruction-set variant is llmir_isa()'s
+ *   (isa.h), read once per call:
+ *   - AVX-512 VNNI: vpdpbusd of the unsigned codes (8-bit bytes, 4-bit nibbles) and the signed x
+ *     codes, starting from the midpoint's share; at M < ZP_ROWS one weight row x up to 4 X rows
+ *     per tile (ztile: a pair of blocks per zmm); at M >= ZP_ROWS packed panels of 16 weight
+ *     rows, one row per int32 lane (zpanels);
+ *   - AVX2 (the fallback, LLMIR_KERNEL_ISA=avx2): vpmaddubsw + vpmaddwd (unsigned 4-bit codes
+ *     times signed x directly; 8-bit codes with the sign trick); four weight rows per pass share
+ *     the activation loads where rows are short, and each group of weight rows runs for every X
+ *     row in turn.
  * - larger M (prefill), 4-bit blocks: X is quantized the same way, each
  *   panel of 16 weight rows is unpacked once into 4-code groups, and tiles of 4 X rows take
  *   int8 dot products per block (vpmaddubsw, int16 sums over a block, minus zero point x the
@@ -37,11 +47,12 @@
 #include <string.h>
 
 #include "f32_gemm.h"
+#include "isa.h"
 #include "ort_abi.h"
 #include "q8_act.h"
 
 #define QB 32 /* elements per block: the only block size these ops take */
-#define GEMV_ROWS 4 /* X rows up to which the quantized-activation GEMV runs */
+#define GEMV_ROWS 16 /* X rows up to which the quantized-activation GEMV runs */
 #define GEMM_PANELS 2 /* panels of NR rows per parallel task (GEMM) */
 #ifndef GEMV_TASKS
 #define GEMV_TASKS 32 /* parallel tasks per GEMV (decode) */
@@ -69,9 +80,37 @@ typedef struct NbJob {
     float *dx, *xs;
     int32_t *zx;
     int *failed; /* set when a task cannot allocate its panel */
+    /* the AVX-512 GEMV (avx512 set): per X row m, per pair of blocks p < nbp = ceil(nb/2), 64
+     * codes xz [(m*nbp + p)*64..] as one zmm takes them, 16 int32 lanes bz (the midpoint's share:
+     * -mid * the block's code sum, spread over the block's lanes) and 16 f32 lanes dz (the x
+     * scale of each lane's block); a missing last block is zeros (see zquant_block) */
+    int avx512, panels; /* panels: the AVX-512 16-row panels (xq in natural order, zx = -mid * sum) */
+    int64_t nbp;
+    int8_t *xz;
+    int32_t *bz;
+    float *dz;
 } NbJob;
 
 /* -- activation quantization (GEMV) ------------------------------------------------------- */
+
+/* Block b of row m (codes q, their sum, scale d) in the AVX-512 layout: Q8, a pair's zmm is
+ * [block 2p, block 2p+1] in order (lanes 0-7 and 8-15 belong to one block each); Q4, it is
+ * [evens of 2p, evens of 2p+1, odds of 2p, odds of 2p+1] (16 codes each: lanes 0-3 and 8-11
+ * belong to 2p), what [low nibbles; high nibbles] of the pair's 32 weight bytes line up with. */
+static void zquant_block(NbJob *j, int64_t m, int64_t b, const int8_t *q, int sum, float d) {
+    const int64_t p = b >> 1, h = b & 1, at = (m * j->nbp + p) * 16;
+    int8_t *xz = j->xz + at * 4;
+    if (j->bits == 8) {
+        memcpy(xz + h * 32, q, QB);
+        for (int i = 0; i < 8; i++) j->bz[at + h * 8 + i] = -16 * sum, j->dz[at + h * 8 + i] = d;
+        return;
+    }
+    for (int i = 0; i < 16; i++) xz[h * 16 + i] = q[2 * i], xz[32 + h * 16 + i] = q[2 * i + 1];
+    for (int i = 0; i < 4; i++) {
+        j->bz[at + h * 4 + i] = j->bz[at + 8 + h * 4 + i] = -sum;
+        j->dz[at + h * 4 + i] = j->dz[at + 8 + h * 4 + i] = d;
+    }
+}
 
 /* Every row of X quantized in blocks of 32. Q8: codes in order. Q4: a pair of blocks (2p, 2p+1)
  * is stored as [evens of 2p, evens of 2p+1, odds of 2p, odds of 2p+1] (16 codes each), a last odd
@@ -88,9 +127,11 @@ static void quantize_rows(NbJob *j) {
             float d = llmir_quant32(x + b * QB, q, &sum);
             j->dx[m * nb + b] = d;
             j->xs[m * nb + b] = d * (float)sum;
-            if (j->bits == 8 || j->gemm) {
+            if (j->avx512) zquant_block(j, m, b, q, sum, d);
+            if (j->bits == 8 || j->gemm || j->panels) {
                 memcpy(xq + b * QB, q, QB);
                 if (j->gemm) j->zx[m * nb + b] = sum; /* times the zero point (Q4 GEMM) */
+                if (j->panels) j->zx[m * nb + b] = -(1 << (j->bits - 1)) * sum; /* the midpoint's share */
                 continue;
             }
             int8_t *dst;
@@ -100,7 +141,7 @@ static void quantize_rows(NbJob *j) {
             else dst = xq + b * QB, stride = 16;                             /* last, odd count */
             for (int i = 0; i < 16; i++) dst[i] = q[2 * i], dst[stride + i] = q[2 * i + 1];
         }
-        if (j->bits == 4 && !j->gemm) {
+        if (j->bits == 4 && !j->gemm && !j->panels) {
             const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
             for (int64_t p = 0; p + 1 < nb; p += 2) {
                 __m256i lo = _mm256_loadu_si256((const __m256i *)(xq + p * QB));
@@ -377,27 +418,223 @@ ALWAYS void gemv_q8_one(const NbJob *j, int64_t n, int64_t m, const int f16) {
     j->y[m * j->ldy + n - j->y0] = llmir_hsum(_mm256_add_ps(a0, a1)) + zero_correction(j, n, m);
 }
 
+/* -- AVX-512 VNNI GEMV: one weight row x up to ZM X rows per tile --------------------------- *
+ * Per pair of blocks, the weight row's 64 unsigned codes (Q8: the bytes; Q4: the nibbles) take
+ * one vpdpbusd with each X row's 64 int8 codes, starting from bz (the midpoint's share), so the
+ * int32 lanes hold sum (code - mid) * x per block; one cvt and one FMA by scale_w * scale_x per
+ * lane. The weight bytes are loaded once per tile for its ZM rows, and from L1 for the next
+ * group of X rows (their codes stay in L1 too). One weight row at a time: one sequential stream
+ * from memory (4 rows interleaved measured 2x slower at M = 1 on rows of 640 bytes). */
+
+#define ZM 4 /* X rows per tile */
+
+/* the 64 unsigned codes of pair p of weight row w (lanes as zquant_block lays out x); `last`:
+ * the pair holds only block 2p (the rest zeros) */
+LLMIR_AVX512 ALWAYS __m512i zcodes(const uint8_t *w, int64_t p, const int bits, const int last) {
+    if (bits == 8) {
+        if (last) return _mm512_maskz_loadu_epi8(0xFFFFFFFFull, w + p * 64);
+        return _mm512_loadu_si512((const void *)(w + p * 64));
+    }
+    __m256i v = last ? _mm256_maskz_loadu_epi8(0xFFFFu, w + p * 32) : _mm256_loadu_si256((const __m256i *)(w + p * 32));
+    __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
+    return _mm512_and_si512(c, _mm512_set1_epi8(15));
+}
+
+/* the weight scales of pair p laid out per lane (Q8: [s0 x8, s1 x8]; Q4: [s0 x4, s1 x4] twice);
+ * `last`: s0 everywhere (the lanes of the missing block multiply zeros) */
+LLMIR_AVX512 ALWAYS __m512 zscales(const void *scales, int64_t i, const int bits, const int f16, const int last) {
+    if (last) return _mm512_set1_ps(f16 ? _cvtsh_ss(((const uint16_t *)scales)[i]) : ((const float *)scales)[i]);
+    __m128 s;
+    if (f16) {
+        uint32_t u;
+        memcpy(&u, (const uint16_t *)scales + i, 4);
+        s = _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
+    } else {
+        s = _mm_castpd_ps(_mm_load_sd((const double *)((const float *)scales + i)));
+    }
+    const __m512i idx = bits == 8 ? _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+                                  : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(s));
+}
+
+/* acc[m] += the products of pair p of the weight row and MB X rows */
+#define ZSTEP(LAST)                                                                                  \
+    {                                                                                                \
+        _mm_prefetch((const char *)(w + p * 8 * bits + PF), _MM_HINT_T0);                            \
+        const __m512i wc = zcodes(w, p, bits, LAST);                                                 \
+        const __m512 sc = zscales(j->scales, s0 + 2 * p, bits, f16, LAST);                           \
+        for (int m = 0; m < MB; m++) {                                                               \
+            const int64_t at = ((m0 + m) * nbp + p) * 16;                                           \
+            __m512i xv = _mm512_loadu_si512((const void *)(j->xz + at * 4));                        \
+            __m512i bv = _mm512_loadu_si512((const void *)(j->bz + at));                            \
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bv, wc, xv)),            \
+                                     _mm512_mul_ps(sc, _mm512_loadu_ps(j->dz + at)), acc[m]);        \
+        }                                                                                            \
+    }
+
+/* y[m0..m0+MB, n] */
+LLMIR_AVX512 ALWAYS void ztile(const NbJob *j, int64_t n, int64_t m0, const int MB, const int bits, const int f16) {
+    const int64_t nb = j->nb, nbp = j->nbp, s0 = n * nb;
+    const uint8_t *w = j->w + n * nb * QB * bits / 8;
+    __m512 acc[ZM];
+    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+    int64_t p = 0;
+    for (; p < nb / 2; p++) ZSTEP(0)
+    if (nb & 1) ZSTEP(1)
+    for (int m = 0; m < MB; m++)
+        j->y[(m0 + m) * j->ldy + n - j->y0] = _mm512_reduce_add_ps(acc[m]) + zero_correction(j, n, m0 + m);
+}
+#undef ZSTEP
+
+/* -- AVX-512 VNNI at M >= ZP_ROWS: panels of 16 weight rows -------------------------------- *
+ * A task packs each panel of 16 weight rows once ([block][k/4][16 rows][4 codes], the Q4 GEMM's
+ * layout, with the rows' scales [block][16]: q4_pack_panel for 4-bit blocks); then per block and
+ * X row, 8 vpdpbusd (one weight row per int32 lane, 4 x codes broadcast, X in natural order)
+ * from the midpoint's share -mid * the block's code sum,
+ * one cvt and one FMA by scale_w * scale_x: the lanes hold 16 outputs, where the one-row tile's
+ * hold one (a third of the vector work per X row, for a pack whose cost is shared by all rows). */
+
+#define ZP_ROWS 4 /* X rows from which the panels run */
+#define ZP_MB 8   /* X rows per pass over a packed panel */
+#ifndef ZP_AHEAD
+#define ZP_AHEAD 4 /* panels prefetched ahead (into L2: the packed panel keeps L1) */
+#endif
+
+static void q4_pack_panel(const NbJob *j, int64_t n0, int nr, uint8_t *pw, float *ps, int32_t *pz);
+
+static void q8_pack_panel(const NbJob *j, int64_t n0, uint8_t *pw, float *ps) {
+    const int64_t nb = j->nb;
+    for (int64_t b = 0; b < nb; b++) {
+        for (int h = 0; h < 2; h++) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = _mm256_loadu_ps((const float *)(j->w + ((n0 + h * 8 + i) * nb + b) * QB));
+            llmir_transpose8_store(r, (float *)(pw + b * 512 + h * 32), 16);
+        }
+        for (int c = 0; c < 16; c++) ps[b * 16 + c] = scale_at(j, (n0 + c) * nb + b);
+    }
+}
+
+/* y[m0..m0+MB, n0..n0+16) from a packed panel */
+LLMIR_AVX512 ALWAYS void zpanel_rows(const NbJob *j, const uint8_t *pw, const float *ps, int64_t n0, int64_t m0,
+                                     const int MB) {
+    const int64_t nb = j->nb, K = j->K;
+    __m512 acc[ZP_MB];
+    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512i *wq = (const __m512i *)(pw + b * 512);
+        __m512i w[8];
+        for (int q = 0; q < 8; q++) w[q] = _mm512_load_si512((const void *)(wq + q));
+        const __m512 sc = _mm512_load_ps(ps + b * 16);
+        for (int m = 0; m < MB; m++) {
+            const int8_t *x = j->xq + (m0 + m) * K + b * QB;
+            __m512i s = _mm512_set1_epi32(j->zx[(m0 + m) * nb + b]);
+            for (int q = 0; q < 8; q++) {
+                int32_t v;
+                memcpy(&v, x + q * 4, 4);
+                s = _mm512_dpbusd_epi32(s, w[q], _mm512_set1_epi32(v));
+            }
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sc, _mm512_set1_ps(j->dx[(m0 + m) * nb + b])),
+                                     acc[m]);
+        }
+    }
+    for (int m = 0; m < MB; m++) {
+        float *y = j->y + (m0 + m) * j->ldy + n0 - j->y0;
+        _mm512_storeu_ps(y, acc[m]);
+        if (j->zp)
+            for (int c = 0; c < 16; c++) y[c] += zero_correction(j, n0 + c, m0 + m);
+    }
+}
+
+/* rows [n0, n1) of every X row, whole panels of 16 rows; returns where they end (the rest for
+ * the one-row tiles; n1 when the panel cannot be allocated: failed is set) */
+LLMIR_AVX512 static int64_t zpanels(const NbJob *j, int64_t n0, int64_t n1) {
+    const int64_t nb = j->nb, rb = nb * QB * j->bits / 8, bytes = 16 * rb;
+    if (n1 - n0 < 16) return n0;
+    uint8_t *pw = (uint8_t *)aligned_alloc(64, (size_t)nb * (512 + 128));
+    if (!pw) {
+        __atomic_store_n(j->failed, 1, __ATOMIC_RELAXED);
+        return n1;
+    }
+    float *ps = (float *)(pw + nb * 512);
+    int32_t *pz = (int32_t *)(ps + nb * 16); /* 4-bit zero points (unused: zero_correction) */
+    /* packing reads the 16 rows' blocks across: too many short streams for the hardware
+     * prefetcher, so the panel ZP_AHEAD on (this task's or the next one's) is fetched into L2
+     * before this one is packed, and the first ones of the task now */
+    const int64_t first = n0 + 16 * ZP_AHEAD < j->N ? n0 + 16 * ZP_AHEAD : j->N;
+    for (int64_t i = n0 * rb; i < first * rb; i += 64) _mm_prefetch((const char *)j->w + i, _MM_HINT_T1);
+    int64_t n = n0;
+    for (; n + 16 <= n1; n += 16) {
+        const int64_t ahead = n + 16 * ZP_AHEAD;
+        if (ahead + 16 <= j->N)
+            for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch((const char *)j->w + ahead * rb + i, _MM_HINT_T1);
+        if (j->bits == 8) q8_pack_panel(j, n, pw, ps);
+        else q4_pack_panel(j, n, 16, pw, ps, pz);
+        for (int64_t m0 = 0; m0 < j->M; m0 += ZP_MB) {
+            const int64_t mb = j->M - m0 < ZP_MB ? j->M - m0 : ZP_MB;
+            switch (mb) {
+            case 8: zpanel_rows(j, pw, ps, n, m0, 8); break;
+            case 7: zpanel_rows(j, pw, ps, n, m0, 7); break;
+            case 6: zpanel_rows(j, pw, ps, n, m0, 6); break;
+            case 5: zpanel_rows(j, pw, ps, n, m0, 5); break;
+            case 4: zpanel_rows(j, pw, ps, n, m0, 4); break;
+            case 3: zpanel_rows(j, pw, ps, n, m0, 3); break;
+            case 2: zpanel_rows(j, pw, ps, n, m0, 2); break;
+            default: zpanel_rows(j, pw, ps, n, m0, 1); break;
+            }
+        }
+    }
+    free(pw);
+    return n;
+}
+
+/* rows [n0, n1) of every X row: at M >= ZP_ROWS in panels, then each weight row for every group
+ * of ZM X rows in turn */
+#define ZRANGE(NAME, BITS, F16)                                                     \
+    LLMIR_AVX512 static void NAME(const NbJob *j, int64_t n0, int64_t n1) {         \
+        if (j->panels) n0 = zpanels(j, n0, n1);                                     \
+        for (int64_t n = n0; n < n1; n++)                                           \
+            for (int64_t m0 = 0; m0 < j->M; m0 += ZM) {                             \
+                const int64_t mb = j->M - m0 < ZM ? j->M - m0 : ZM;                 \
+                if (mb == 4) ztile(j, n, m0, 4, BITS, F16);                         \
+                else if (mb == 3) ztile(j, n, m0, 3, BITS, F16);                    \
+                else if (mb == 2) ztile(j, n, m0, 2, BITS, F16);                    \
+                else ztile(j, n, m0, 1, BITS, F16);                                 \
+            }                                                                       \
+    }
+ZRANGE(zgemv_q4_f32, 4, 0)
+ZRANGE(zgemv_q4_f16, 4, 1)
+ZRANGE(zgemv_q8_f32, 8, 0)
+ZRANGE(zgemv_q8_f16, 8, 1)
+#undef ZRANGE
+
 /* rows per pass: 4 share the activation loads while their bytes are close together; longer rows
  * run one at a time (4 far-apart weight and scale streams per pass measured slower) */
 #ifndef ROW_BYTES_4
 #define ROW_BYTES_4 512
 #endif
 
+/* rows [n0, n1) of every X row (AVX2): a group of weight rows for each X row in turn, so the
+ * group's bytes come from memory once (L1 for the other rows) */
 #define GEMV_RANGE(NAME, KERNEL, ONE, F16)                                   \
-    static void NAME(const NbJob *j, int64_t n0, int64_t n1, int64_t m) {    \
+    static void NAME(const NbJob *j, int64_t n0, int64_t n1) {               \
         int64_t n = n0;                                                      \
         if (j->nb * QB * j->bits / 8 <= ROW_BYTES_4)                         \
-            for (; n + 4 <= n1; n += 4) KERNEL(j, n, m, 4, F16);             \
-        for (; n < n1; n++) ONE;                                             \
+            for (; n + 4 <= n1; n += 4)                                      \
+                for (int64_t m = 0; m < j->M; m++) KERNEL(j, n, m, 4, F16);  \
+        for (; n < n1; n++)                                                  \
+            for (int64_t m = 0; m < j->M; m++) ONE;                          \
     }
 GEMV_RANGE(gemv_q4_f32, gemv_q4, gemv_q4_one(j, n, m, 0), 0)
 GEMV_RANGE(gemv_q4_f16, gemv_q4, gemv_q4_one(j, n, m, 1), 1)
 GEMV_RANGE(gemv_q8_f32, gemv_q8, gemv_q8_one(j, n, m, 0), 0)
 GEMV_RANGE(gemv_q8_f16, gemv_q8, gemv_q8_one(j, n, m, 1), 1)
 
-typedef void (*GemvRangeFn)(const NbJob *, int64_t, int64_t, int64_t);
+typedef void (*GemvRangeFn)(const NbJob *, int64_t, int64_t);
 
 static GemvRangeFn gemv_range(const NbJob *j) {
+    if (j->avx512)
+        return j->bits == 4 ? (j->f16 ? zgemv_q4_f16 : zgemv_q4_f32) : (j->f16 ? zgemv_q8_f16 : zgemv_q8_f32);
     return j->bits == 4 ? (j->f16 ? gemv_q4_f16 : gemv_q4_f32) : (j->f16 ? gemv_q8_f16 : gemv_q8_f32);
 }
 
@@ -405,8 +642,7 @@ static void gemv_task(void *p, size_t i) {
     const NbJob *j = (const NbJob *)p;
     int64_t n0 = (int64_t)i * j->chunk, n1 = n0 + j->chunk;
     if (n1 > j->N) n1 = j->N;
-    GemvRangeFn f = gemv_range(j);
-    for (int64_t m = 0; m < j->M; m++) f(j, n0, n1, m);
+    gemv_range(j)(j, n0, n1);
 }
 
 #define SWIGLU_CHUNK 256 /* most output columns per task (GEMV with the SwiGLU epilogue) */
@@ -421,11 +657,11 @@ static void gemv_swiglu_task(void *p, size_t i) {
     NbJob s = *j;
     s.y = t, s.ldy = 2 * SWIGLU_CHUNK;
     GemvRangeFn f = gemv_range(j);
+    s.y0 = n0; /* gate row n -> t[m][n - n0] */
+    f(&s, n0, n1);
+    s.y0 = H + n0 - SWIGLU_CHUNK; /* up row H + n -> t[m][SWIGLU_CHUNK + n - n0] */
+    f(&s, H + n0, H + n1);
     for (int64_t m = 0; m < j->M; m++) {
-        s.y0 = n0; /* gate row n -> t[m][n - n0] */
-        f(&s, n0, n1, m);
-        s.y0 = H + n0 - SWIGLU_CHUNK; /* up row H + n -> t[m][SWIGLU_CHUNK + n - n0] */
-        f(&s, H + n0, H + n1, m);
         const float *tm = t + m * 2 * SWIGLU_CHUNK;
         llmir_swiglu(tm, tm + SWIGLU_CHUNK, j->y + m * H + n0, n1 - n0);
     }
@@ -716,7 +952,8 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
         return NULL;
     }
     NbJob j = {(const float *)x, (const uint8_t *)w, s, (const uint8_t *)z, (float *)y,
-               M, N, K, nb, zrow, N, 0, bits, sh.f16, 0, 0, NULL, NULL, NULL, NULL, NULL};
+               M, N, K, nb, zrow, N, 0, bits, sh.f16, 0, 0, NULL, NULL, NULL, NULL, NULL,
+               0, 0, 0, NULL, NULL, NULL};
     ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
     const size_t panels = (size_t)((N + NR * GEMM_PANELS - 1) / (NR * GEMM_PANELS));
     float *full = NULL; /* prefill with the epilogue: the [M, N] product first */
@@ -732,9 +969,14 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
         st = pfor(ctx, gemm_task, panels, 0, &j);
     } else {
         j.gemm = M > GEMV_ROWS;
-        /* one buffer: xq (M*K + 64 bytes), dx, xs (M*nb floats each), zx (M*nb*4 int32) */
-        size_t xq_bytes = (size_t)(M * K + 64 + 31) & ~(size_t)31;
-        buf = (char *)aligned_alloc(32, xq_bytes + (((size_t)(M * nb) * 24 + 63) & ~(size_t)31));
+        j.avx512 = !j.gemm && llmir_isa() == LLMIR_ISA_AVX512;
+        j.panels = j.avx512 && M >= ZP_ROWS;
+        j.nbp = (nb + 1) / 2;
+        /* one buffer: xq (M*K + 64 bytes), dx, xs (M*nb floats each), zx (M*nb*4 int32); the
+         * AVX-512 GEMV's xz, bz, dz (M*nbp*64 bytes each, zeroed: a missing last block) */
+        size_t xq_bytes = (size_t)(M * K + 64 + 63) & ~(size_t)63;
+        size_t rest = ((size_t)(M * nb) * 24 + 63) & ~(size_t)63, zb = (size_t)(M * j.nbp) * 64;
+        buf = (char *)aligned_alloc(64, xq_bytes + rest + (j.avx512 ? 3 * zb : 0));
         if (!buf) {
             free(full);
             return llmir_error(api, ORT_FAIL, "ai.llmir MatMulNBits: out of memory");
@@ -743,13 +985,19 @@ static OrtStatus *nb_compute(void *kp, OrtKernelContext *ctx) {
         j.dx = (float *)(buf + xq_bytes);
         j.xs = j.dx + M * nb;
         j.zx = (int32_t *)(j.xs + M * nb);
+        if (j.avx512) {
+            j.xz = (int8_t *)(buf + xq_bytes + rest);
+            j.bz = (int32_t *)(j.xz + zb);
+            j.dz = (float *)(j.xz + 2 * zb);
+            memset(j.xz, 0, 3 * zb);
+        }
         quantize_rows(&j);
         if (j.gemm) {
             st = pfor(ctx, q4_gemm_task, panels, 0, &j);
         } else {
-            /* chunks of whole row groups: about 8 per thread of a 2-4 thread pool, at least 16
-             * rows (with the epilogue: output columns, each reading a gate and an up row) */
-            int64_t chunk = ((NO + GEMV_TASKS - 1) / GEMV_TASKS + 3) & ~(int64_t)3;
+            /* chunks of whole panels (16 rows): about 8 per thread of a 2-4 thread pool (with
+             * the epilogue: output columns, each reading a gate and an up row) */
+            int64_t chunk = ((NO + GEMV_TASKS - 1) / GEMV_TASKS + 15) & ~(int64_t)15;
             chunk = chunk < 16 ? 16 : chunk;
             j.chunk = (int)(swiglu && chunk > SWIGLU_CHUNK ? SWIGLU_CHUNK : chunk);
             st = pfor(ctx, swiglu ? gemv_swiglu_task : gemv_task,
