@@ -152,10 +152,10 @@ def test_medians_over_rounds_and_ratio(bench: ModuleType) -> None:
     runs = [
         _stats(bench, 100.0, 0.4, errors=1),
         _stats(bench, 80.0, 0.6, rejected=2),
-        _stats(bench, 120.0, 0.2),
+        _stats(bench, 120.0, 0.2, errors=2),
     ]
     m = bench.median_stats(runs)
-    assert (m.tok_s, m.ttft_p99_s, m.errors, m.rejected, m.requests) == (100.0, 0.4, 1, 2, 48)
+    assert (m.tok_s, m.ttft_p99_s, m.errors, m.rejected, m.requests) == (100.0, 0.4, 3, 2, 48)
     assert bench.ratio(150.0, 100.0) == 1.5
     assert math.isnan(bench.ratio(1.0, 0.0)) and math.isnan(bench.ratio(math.nan, 2.0))
 
