@@ -432,7 +432,7 @@ class Server:
                 self.proc.kill()
 
 
-def servers(args: argparse.Namespace, art: Path, llama: Path) -> dict[str, Server]:
+def servers(args: argparse.Namespace, art: Path | None, llama: Path | None) -> dict[str, Server]:
     p1, p2 = free_port(), free_port()
     b, t = str(args.max_batch), str(args.threads)
     llmir = llmir_cmd("serve", str(art), "--port", str(p1), "--max-batch", b, "--threads", t)
@@ -440,10 +440,11 @@ def servers(args: argparse.Namespace, art: Path, llama: Path) -> dict[str, Serve
     llama_cmd = [str(llama), "-m", str(args.gguf), "--host", "127.0.0.1", "--port", str(p2)]
     llama_cmd += ["-np", b, "-t", t, "-tb", t, "-c", str(args.ctx * args.max_batch)]
     llama_cmd += ["--alias", "bench", "--no-webui", "-cram", "0"]
-    return {
+    both = {
         "llmir": Server("llmir", llmir, p1, args.work / "llmir-serve.log", llmir_env()),
         "llama-server": Server("llama-server", llama_cmd, p2, args.work / "llama-server.log"),
     }
+    return {n: s for n, s in both.items() if args.only in (None, n)}
 
 
 def request(port: int, prompt: str, tokens: int) -> Answer:
@@ -537,8 +538,11 @@ def measure(
     return runs
 
 
-def conditions(args: argparse.Namespace, llama: Path) -> dict[str, Any]:
-    version = subprocess.run([str(llama), "--version"], capture_output=True, text=True)
+def conditions(args: argparse.Namespace, llama: Path | None) -> dict[str, Any]:
+    version = ""
+    if llama is not None:
+        r = subprocess.run([str(llama), "--version"], capture_output=True, text=True)
+        version = (r.stdout + r.stderr).strip()
     commit = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     )
@@ -549,7 +553,7 @@ def conditions(args: argparse.Namespace, llama: Path) -> dict[str, Any]:
         "gguf": str(args.gguf),
         "llmir_commit": commit.stdout.strip(),
         "llama_server": str(llama),
-        "llama_server_version": (version.stdout + version.stderr).strip().splitlines()[-2:],
+        "llama_server_version": version.splitlines()[-2:],
         "cpu": cpu,
         "cpus": os.cpu_count(),
         "threads": args.threads,
@@ -577,6 +581,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--llama-server", type=Path, default=None, help="the llama-server binary")
     ap.add_argument("--build-llama-server", action="store_true", help="only build it, then exit")
     ap.add_argument("--jobs", type=int, default=2, help="parallel jobs for the llama.cpp build")
+    ap.add_argument("--only", choices=SERVERS, default=None, help="measure one server only")
     ap.add_argument("--json", type=Path, default=None, help="write conditions and all runs here")
     args = ap.parse_args(argv)
     try:
@@ -590,22 +595,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    llama = find_llama_server(args.llama_server, CACHE / "llama-server", args.jobs)
-    if args.build_llama_server:
-        print(llama)
-        return 0
-    args.work.mkdir(parents=True, exist_ok=True)
-    art = build_artifact(args.gguf, args.work)
-    srv = servers(args, art, llama)
-    try:
-        runs = measure(args, srv)
-    finally:
-        for s in srv.values():
-            s.stop()
-    cond = conditions(args, llama)
-    table = {lv: {n: median_stats(rs) for n, rs in row.items()} for lv, row in runs.items()}
+def report(
+    args: argparse.Namespace, cond: dict[str, Any], table: dict[int, dict[str, LevelStats]]
+) -> None:
+    """Print the conditions, the table and what the columns mean."""
     print(
         f"{args.gguf.name}: {args.tokens} tokens a request, greedy, --threads {args.threads}, "
         f"--max-batch/-np {args.max_batch}, {args.rounds} round(s), medians; {cond['cpu']}, "
@@ -616,10 +609,35 @@ def main(argv: list[str] | None = None) -> int:
         "others: cores other processes kept busy during the level (! above "
         f"{BUSY_CORES}); ratios: llmir / llama-server; tok/req: tokens each request got"
     )
+    for name in SERVERS:
+        lens = [row[name].prompt_tokens for row in table.values() if name in row]
+        if lens:
+            print(f"{name}: prompts of {statistics.fmean(lens):.1f} tokens on average")
     for lv, row in table.items():
         for name, st in row.items():
             for e in st.error_samples:
                 print(f"errors at {lv} clients, {name}: {e}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    llama = None
+    if args.only != "llmir":
+        llama = find_llama_server(args.llama_server, CACHE / "llama-server", args.jobs)
+    if args.build_llama_server:
+        print(llama)
+        return 0
+    args.work.mkdir(parents=True, exist_ok=True)
+    art = None if args.only == "llama-server" else build_artifact(args.gguf, args.work)
+    srv = servers(args, art, llama)
+    try:
+        runs = measure(args, srv)
+    finally:
+        for s in srv.values():
+            s.stop()
+    table = {lv: {n: median_stats(rs) for n, rs in row.items()} for lv, row in runs.items()}
+    cond = conditions(args, llama)
+    report(args, cond, table)
     if args.json:
         out = {
             "conditions": cond,
