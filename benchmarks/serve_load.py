@@ -33,6 +33,9 @@ SIGSTOP (so it uses no CPU) while the other serves; the order alternates per lev
 Each value is the median over --rounds. The machine may be shared: the load average and the CPU
 time that other processes used during each measurement (from /proc/stat, minus the server's and
 this process's own) are printed with the table; more than half a core is flagged.
+llama.cpp's threads spin while they wait for work (`--poll 50`): where other processes use the
+same cores they lose most of their speed, far more than llmir's; `--llama-args "--poll 0"` makes
+them sleep instead.
 
 Exit codes: 0 done; 1 a server failed to start or to build; 2 bad arguments, or no llama-server
 and no way to build one (the message says what to install).
@@ -47,6 +50,7 @@ import json
 import math
 import os
 import random
+import shlex
 import shutil
 import signal
 import socket
@@ -439,7 +443,7 @@ def servers(args: argparse.Namespace, art: Path | None, llama: Path | None) -> d
     llmir += ["--max-context", str(args.ctx), "--model-name", "bench"]
     llama_cmd = [str(llama), "-m", str(args.gguf), "--host", "127.0.0.1", "--port", str(p2)]
     llama_cmd += ["-np", b, "-t", t, "-tb", t, "-c", str(args.ctx * args.max_batch)]
-    llama_cmd += ["--alias", "bench", "--no-webui", "-cram", "0"]
+    llama_cmd += ["--alias", "bench", "--no-webui", "-cram", "0", *shlex.split(args.llama_args)]
     both = {
         "llmir": Server("llmir", llmir, p1, args.work / "llmir-serve.log", llmir_env()),
         "llama-server": Server("llama-server", llama_cmd, p2, args.work / "llama-server.log"),
@@ -579,6 +583,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="seeds the prompts")
     ap.add_argument("--work", type=Path, default=CACHE / "serve_load")
     ap.add_argument("--llama-server", type=Path, default=None, help="the llama-server binary")
+    ap.add_argument("--llama-args", default="", help="more llama-server arguments, e.g. '--poll 0'")
     ap.add_argument("--build-llama-server", action="store_true", help="only build it, then exit")
     ap.add_argument("--jobs", type=int, default=2, help="parallel jobs for the llama.cpp build")
     ap.add_argument("--only", choices=SERVERS, default=None, help="measure one server only")
