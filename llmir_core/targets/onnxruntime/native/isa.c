@@ -7,6 +7,7 @@
 
 /* op families (onnxruntime op names) with an AVX-512 variant; every other op runs AVX2 */
 static const char *const AVX512_OPS[] = {
+    "MatMulF16", "MatMulBf16", /* matmul16.c: the decode GEMV (M <= 16) */
     NULL, /* (the table ends at NULL) */
 };
 /* every op family of the library, as bench reports them */
