@@ -327,6 +327,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M("m16-512-last-row", C_DIR + "matmul16.c",
       "for (; n < n1; n++) rows512(", "for (; n + 1 < n1; n++) rows512(",
       M16B, "AVX-512 batched decode: a task's last weight row past its 4-row blocks not computed"),
+    M("m16-512-two-rows-stride", C_DIR + "matmul16.c",
+      "const float *x1 = x + ldx;", "const float *x1 = x + ldx - 1;",
+      M16B, "AVX-512 decode, 2 rows: the second row of X read one column early"),
     M("m16-512-bf16-shift", C_DIR + "matmul16.c",
       "__m256i v = _mm256_loadu_si256((const __m256i *)p);\n    if (wt == W_F16) return _mm512_cvtph_ps(v);\n"
       "    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));",
