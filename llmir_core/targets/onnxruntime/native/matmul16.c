@@ -11,6 +11,15 @@
  * - larger M (prefill): for each panel of 16 weight rows and block of KC columns, the block is
  *   widened once into an f32 [KC][16] panel and multiplied into 6-row blocks of X with a 6x16
  *   outer-product kernel (12 accumulators), so the conversion is paid once per M rows.
+ * - the AVX-512 variant (isa.h: llmir_isa() is LLMIR_ISA_AVX512, checked once per call; 16-bit
+ *   weights only) runs the GEMV to M <= GEMV512_ROWS (16) with 512-bit vectors and masked K tails:
+ *   one or two rows of X stream each weight row once (dot_row512, dot2_512); from 3 rows the
+ *   weight rows go 4 at a time through a register block of 4 weight rows x up to 6 X rows (24
+ *   accumulators: each 16 weights widened once for every X row, each 16 X values loaded once for
+ *   4 weight rows), in passes of at most 6 rows that take the block from L1 after the first, its
+ *   range prefetched ahead in address order. The weights are read from memory once per call at
+ *   any M <= 16; an 8-row call costs ~2-2.5x a 1-row call here (Zen 4, benchmarks/matmul16_kernels.py
+ *   --isa avx2,avx512), against ~3x with the AVX2 GEMV.
  * Work is split over weight-row chunks on onnxruntime's intra-op pool
  * (KernelContext_ParallelFor), so the session's thread count applies.
  *
@@ -475,7 +484,8 @@ static void destroy_kernel(void *k) { free(k); }
  * (M, N, K > 0) */
 static OrtStatus *run(const OrtApi *api, OrtKernelContext *ctx, const void *x, const void *w,
                       void *y, int64_t M, int64_t N, int64_t K, int wt, int swiglu) {
-    const int isa512 = llmir_isa() == LLMIR_ISA_AVX512;
+    /* f32 rows (MatMulF32's tied tables) keep the AVX2 kernels: isa.c reports MatMulF32 so */
+    const int isa512 = wt != W_F32 && llmir_isa() == LLMIR_ISA_AVX512;
     Job j = {(const float *)x, w, (float *)y, M, N, K, wt, 0, N, 0, NULL, isa512};
     ParallelForFn pfor = API(api, I_KernelContext_ParallelFor, ParallelForFn);
     if (M <= (isa512 ? GEMV512_ROWS : GEMV_ROWS)) { /* up to GEMV_TASKS equal row ranges, claimed
