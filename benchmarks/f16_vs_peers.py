@@ -20,7 +20,11 @@ ratios are taken within a round and the medians over rounds are printed:
 
 `--step-blocks N` loads every build and llama.cpp in one process and lets them take turns every
 8 decode steps (and a prefill every 4 turns): on a busy shared machine, where the load drifts
-over seconds, that compares them under the same load better than whole runs do.
+over seconds, that compares them under the same load better than whole runs do. With
+`--threads 1` both run on the calling thread, and the decode steps' CPU time of that thread is
+recorded too (`decode_cpu_ms_per_token`, `decode_cpu_vs_llama_cpp_f16`): time slices that other
+processes take do not count, which on a machine loaded past its cores steadies the ratio.
+Under LLMIR_KERNEL_ISA=avx2 llmir's kernels run their AVX2 variant (isa.h).
 
 Results go to --out (default: WORK/f16_vs_peers.json). The machine's load is recorded
 (/proc/loadavg before and after): on a shared machine only the ratios mean much.
@@ -265,6 +269,7 @@ def step_interleaved(
     )
     pre: dict[str, list[float]] = {n: [] for n in [*tools, "llama.cpp"]}
     dec: dict[str, list[float]] = {n: [] for n in pre}
+    cpu: dict[str, list[float]] = {n: [] for n in pre}  # the thread's CPU time (threads == 1)
     tok: dict[str, int] = {}
     for name, d in tools.items():  # prefill each once; decode continues from there
         d.reset(1)
@@ -274,7 +279,7 @@ def step_interleaved(
     tok["llama.cpp"] = 5
     for b in range(blocks):
         for name in pre:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             for _ in range(8):
                 if name == "llama.cpp":
                     llm.eval([tok[name]])
@@ -282,6 +287,7 @@ def step_interleaved(
                     lg = tools[name].forward(np.asarray([[tok[name]]]))
                     tok[name] = int(lg[0, -1].argmax())
             dec[name].append((time.perf_counter() - t0) / 8 * 1e3)
+            cpu[name].append((time.thread_time() - c0) / 8 * 1e3)
         if b % 4 == 0:  # a fresh prefill now and then (the caches keep growing otherwise)
             for name in pre:
                 t0 = time.perf_counter()
@@ -296,6 +302,8 @@ def step_interleaved(
     for name in pre:
         pm, dm = statistics.median(pre[name]), statistics.median(dec[name])
         out[name] = {"prefill_ms": pm, "decode_ms_per_token": dm}
+        if threads == 1:
+            out[name]["decode_cpu_ms_per_token"] = statistics.median(cpu[name])
     for name in tools:
         o = out[name]
         o["decode_vs_llama_cpp_f16"] = (
@@ -304,6 +312,13 @@ def step_interleaved(
         o["decode_vs_llmir_f32"] = out["f32"]["decode_ms_per_token"] / o["decode_ms_per_token"]
         o["prefill_vs_llama_cpp_f16"] = out["llama.cpp"]["prefill_ms"] / o["prefill_ms"]
         o["prefill_vs_llmir_f32"] = out["f32"]["prefill_ms"] / o["prefill_ms"]
+        if threads == 1:
+            lc_cpu = out["llama.cpp"]["decode_cpu_ms_per_token"]
+            o["decode_cpu_vs_llama_cpp_f16"] = lc_cpu / o["decode_cpu_ms_per_token"]
+            log(
+                f"{name}: decode CPU {o['decode_cpu_ms_per_token']:.2f} ms/token "
+                f"({o['decode_cpu_vs_llama_cpp_f16']:.2f}x llama.cpp f16 at {lc_cpu:.2f})"
+            )
         log(
             f"{name}: decode {o['decode_ms_per_token']:.2f} ms/token "
             f"({o['decode_vs_llama_cpp_f16']:.2f}x llama.cpp f16, "

@@ -18,11 +18,18 @@ ort-f32 (time of ort-f32 / time of the form: > 1 is faster) and, for prefill, GF
 
     python benchmarks/matmul16_kernels.py --model smollm2 --rounds 5
     python benchmarks/matmul16_kernels.py --model qwen --m 1 --forms ort-f32,f16
+    python benchmarks/matmul16_kernels.py --forms f16 --isa avx2,avx512 --m 1,2,8,16 --threads 1
+
+`--isa avx2,avx512` times each llmir form under each kernel variant (isa.h; `f16@avx2`,
+`f16@avx512`), switched between runs in the one process (LLMIR_KERNEL_ISA, then the library's
+llmir_isa_select: the library is loaded once, so every session sees the switch); a decode-shaped
+model is one with M <= 16 here.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -89,19 +96,45 @@ def session(form: str, blob: bytes, threads: int) -> Any:
     return ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])
 
 
+def select_isa(isa: str) -> None:
+    """Switch llmir's kernels to variant isa ("" leaves the choice as registered)."""
+    import ctypes
+    import os
+
+    from llmir_core.targets.onnxruntime.native import library_path
+
+    if not isa:
+        return
+    os.environ["LLMIR_KERNEL_ISA"] = isa
+    lib = ctypes.CDLL(library_path())  # the handle onnxruntime loaded: one llmir_isa() for both
+    lib.llmir_isa_select.restype = ctypes.c_char_p
+    why = lib.llmir_isa_select()
+    if why:
+        raise SystemExit(why.decode())
+
+
 def bench_shape(args: argparse.Namespace, k: int, n: int, m: int) -> dict[str, Any]:
-    forms = [f for f in args.forms.split(",") if f]
+    base_forms = [f for f in args.forms.split(",") if f]
+    isas = [i for i in args.isa.split(",") if i]
+    # each llmir form under each variant ("f16@avx2"); onnxruntime's own once
+    forms = [f"{f}@{i}" if f != "ort-f32" else f for f in base_forms for i in (isas or [""])]
+    forms = list(dict.fromkeys(f.rstrip("@") for f in forms))
     per = n * k * 2  # f16 bytes of one copy
-    copies = 1 if m > 8 else max(1, min(64, int(args.gemv_mb * 1e6 / per) + 1))
+    copies = 1 if m > 16 else max(1, min(64, int(args.gemv_mb * 1e6 / per) + 1))
     x = np.random.default_rng(7).standard_normal((m, k)).astype(np.float32)
     sess, load = {}, {}
     for f in forms:
-        blob = model(f, k, n, copies, seed=n * 31 + k)
+        blob = model(f.split("@")[0], k, n, copies, seed=n * 31 + k)
         t = time.perf_counter()
-        sess[f] = session(f, blob, args.threads)
+        sess[f] = session(f.split("@")[0], blob, args.threads)
         load[f] = time.perf_counter() - t
         del blob
-    outs = {f: sess[f].run(None, {"x": x})[0] for f in forms}  # warm up, and check agreement
+
+    def run(f: str) -> Any:
+        select_isa(f.split("@")[1] if "@" in f else "")
+        return sess[f].run(None, {"x": x})
+
+    outs = {f: run(f)[0] for f in forms}  # warm up, and check agreement
     ref = outs[forms[0]]
     err = {f: float(np.abs(outs[f] - ref).max() / (np.abs(ref).max() + 1e-30)) for f in forms}
     times: dict[str, list[float]] = {f: [] for f in forms}
@@ -110,10 +143,13 @@ def bench_shape(args: argparse.Namespace, k: int, n: int, m: int) -> dict[str, A
     clock = time.thread_time if args.threads == 1 else time.perf_counter
     for _ in range(args.rounds):
         for f in forms:
+            select_isa(f.split("@")[1] if "@" in f else "")
             t = clock()
             sess[f].run(None, {"x": x})
             times[f].append((clock() - t) / copies)
-    med = {f: min(v) for f, v in times.items()}  # best of rounds: least disturbed by other load
+    # best of rounds (least disturbed by other load), or their median
+    pick = statistics.median if args.median else min
+    med = {f: pick(v) for f, v in times.items()}
     base = med.get("ort-f32", med[forms[0]])
     rows = []
     for f in forms:
@@ -122,7 +158,7 @@ def bench_shape(args: argparse.Namespace, k: int, n: int, m: int) -> dict[str, A
             {
                 "form": f,
                 "us": s * 1e6,
-                "gbs": n * k * BYTES[f] / s / 1e9,
+                "gbs": n * k * BYTES[f.split("@")[0]] / s / 1e9,
                 "gflops": 2.0 * m * n * k / s / 1e9,
                 "vs_ort": base / s,
                 "load_ms": load[f] * 1e3,
@@ -141,6 +177,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gemv-mb", type=float, default=48.0, help="f16 MB per decode-shaped run")
     ap.add_argument("--shapes", default="", help="KxN,KxN to override the model's shapes")
+    ap.add_argument("--isa", default="", help="kernel variants to compare, e.g. avx2,avx512")
+    ap.add_argument("--median", action="store_true", help="median of rounds (default: best)")
     args = ap.parse_args()
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
@@ -154,7 +192,7 @@ def main() -> int:
             head = f"M={m:<4d} K={k:<5d} N={n:<6d}"
             cells = []
             for row in r["rows"]:
-                speed = f"{row['gbs']:5.1f} GB/s" if m <= 8 else f"{row['gflops']:6.1f} GF/s"
+                speed = f"{row['gbs']:5.1f} GB/s" if m <= 2 else f"{row['gflops']:6.1f} GF/s"
                 cells.append(f"{row['form']}: {row['us']:8.1f} us {speed} x{row['vs_ort']:.2f}")
             print(head + "  " + " | ".join(cells), flush=True)
     return 0

@@ -68,7 +68,11 @@ _GB = "tests/kernels/test_gguf_batched.py::"
 GGUF_BATCH = (_GB + "test_every_format_every_m", _GB + "test_rows_are_independent")
 S8 = ("tests/decoder/test_int8_llmir.py::test_kernel_matches_reference",)
 F32 = ("tests/decoder/test_matmul_f32.py::test_panel_kernel_matches_numpy",)
-M16 = ("tests/decoder/test_matmul16.py::test_kernel_matches_reference",)
+_M16B = "tests/kernels/test_matmul16_batched.py::"
+M16B = (_M16B + "test_rows_match_numpy", _M16B + "test_swiglu_epilogue_matches_numpy")
+# the AVX2 GEMV of 16-bit weights runs where AVX-512 is absent or LLMIR_KERNEL_ISA=avx2 (M16B's
+# avx2 cases), the rest of matmul16.c at every M (and for f32 rows) in test_matmul16.py
+M16 = ("tests/decoder/test_matmul16.py::test_kernel_matches_reference", M16B[0])
 _SW = "tests/decoder/test_swiglu_epilogue.py::"
 SWIGLU = (
     _SW + "test_nbits_epilogue_matches_unfused",
@@ -396,6 +400,33 @@ MUTANTS: tuple[Mutant, ...] = (
       "llmir_swiglu(j->g + m * H + n0, t + m * SWIGLU_CHUNK,",
       "llmir_swiglu(t + m * SWIGLU_CHUNK, j->g + m * H + n0,",
       SWIGLU, "decode SwiGLU: silu(up) * gate"),
+    M("m16-512-row-tail", C_DIR + "matmul16.c",
+      "a1 = _mm512_fmadd_ps(load16_tail(wat(w, k, wt), wt, m), _mm512_maskz_loadu_ps(m, x + k), a1);",
+      "a1 = _mm512_fmadd_ps(load16_tail(wat(w, k, wt), wt, m >> 1), _mm512_maskz_loadu_ps(m, x + k), a1);",
+      M16B, "AVX-512 decode, 1 row: the last column of the masked K tail dropped"),
+    M("m16-512-block-tail", C_DIR + "matmul16.c",
+      "for (int c = 0; c < NW; c++) wv[c] = load16_tail(wat(w, c * K + k, wt), wt, m);",
+      "for (int c = 0; c < NW; c++) wv[c] = load16_tail(wat(w, c * K + k, wt), wt, m >> 1);",
+      M16B, "AVX-512 batched decode: the last column of the masked K tail dropped"),
+    M("m16-512-y-stride", C_DIR + "matmul16.c",
+      "_mm_storeu_ps(y + r * ldy, hsum4_512(", "_mm_storeu_ps(y + r * (ldy - 1), hsum4_512(",
+      M16B, "AVX-512 batched decode: output rows stored one column short of their stride"),
+    M("m16-512-hsum-swap", C_DIR + "matmul16.c",
+      "_mm_hadd_ps(_mm_hadd_ps(q0, q1), _mm_hadd_ps(q2, q3))",
+      "_mm_hadd_ps(_mm_hadd_ps(q1, q0), _mm_hadd_ps(q2, q3))",
+      M16B, "AVX-512 batched decode: two weight rows' sums swapped"),
+    M("m16-512-last-row", C_DIR + "matmul16.c",
+      "for (; n < n1; n++) rows512(", "for (; n + 1 < n1; n++) rows512(",
+      M16B, "AVX-512 batched decode: a task's last weight row past its 4-row blocks not computed"),
+    M("m16-512-two-rows-stride", C_DIR + "matmul16.c",
+      "const float *x1 = x + ldx;", "const float *x1 = x + ldx - 1;",
+      M16B, "AVX-512 decode, 2 rows: the second row of X read one column early"),
+    M("m16-512-bf16-shift", C_DIR + "matmul16.c",
+      "__m256i v = _mm256_loadu_si256((const __m256i *)p);\n    if (wt == W_F16) return _mm512_cvtph_ps(v);\n"
+      "    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));",
+      "__m256i v = _mm256_loadu_si256((const __m256i *)p);\n    if (wt == W_F16) return _mm512_cvtph_ps(v);\n"
+      "    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 15));",
+      M16B, "AVX-512: bf16 widened with a shift of 15"),
     # -- Triton -------------------------------------------------------------------------------
     M("triton-rms-drop-eps", T_DIR + "norm.py",
       "inv = 1.0 / tl.sqrt(ms + eps)", "inv = 1.0 / tl.sqrt(ms)",

@@ -10,6 +10,7 @@ static const char *const AVX512_OPS[] = {
     "MatMulGGUF",
     "MatMulNBitsQ4",
     "MatMulNBitsQ8",
+    "MatMulF16", "MatMulBf16", /* matmul16.c: the decode GEMV (M <= 16) */
     NULL, /* (the table ends at NULL) */
 };
 /* every op family of the library, as bench reports them */
