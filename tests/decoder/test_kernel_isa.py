@@ -56,3 +56,16 @@ def test_forced_fallback_runs_avx2_everywhere(art: str, monkeypatch: pytest.Monk
     assert set(auto) == set(variants)
     if not has512:
         assert set(auto.values()) == {"avx2"}
+
+
+@needs_kernel
+def test_the_batched_runner_names_the_same_variants(
+    art: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llmir_core.targets import open_batch_artifact
+
+    monkeypatch.setenv(native.ISA_ENV, "avx2")
+    batch = open_batch_artifact(art, 2)
+    one = open_decoder(art)
+    assert batch.kernel_variants() == one.kernel_variants() != {}
+    assert set(batch.kernel_variants().values()) == {"avx2"}

@@ -109,6 +109,12 @@ class OrtBatchDecoder:
         """The KV rows written so far (KVUsage: serve's llmir_kv_touched_bytes)."""
         return self.kv_usage.touched_bytes
 
+    def kernel_variants(self) -> dict[str, str]:
+        """{op: "avx2" | "avx512-vnni"} for llmir's kernels in the graph (runner.OrtDecoder's)."""
+        from llmir_core.targets.onnxruntime.runner import artifact_kernel_variants
+
+        return artifact_kernel_variants(self.art_dir, self.manifest)
+
     def _binding(self, first: int, rows: int) -> Any:
         """An I/O binding whose caches are rows [first, first + rows) of the buffers (cached)."""
         key = (first, rows)
