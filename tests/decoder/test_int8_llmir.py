@@ -58,7 +58,7 @@ def test_kernel_matches_reference(n: int, k: int) -> None:
     sess = _session(s8.interleave(codes), scales)
     ref = get_op("ort.matmul_s8").reference  # type: ignore[union-attr]
     assert ref is not None
-    for m in (1, 2, 5, 128):
+    for m in (1, 2, 3, 5, 8, 17, 128):  # decode batches (issue 27) and a prefill
         x = edge_rows(rng.standard_normal((m, k)).astype(np.float32))  # zero, tiny, huge rows
         x[0, : min(k, 32)] *= 50.0  # an outlier block: its own scale
         y = sess.run(None, {"x": x})[0]
