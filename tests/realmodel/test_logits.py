@@ -5,15 +5,18 @@ The prompt is 8 real token ids; the artifact is built with `--logits all`. Two s
 kernels meet real activations, through all 18 layers and the 262k-wide tied lm_head:
 
 - prefill (many rows): MatMulGGUF rounds the activations to int8 per 32 columns as at decode
-  (integer block dots, what llama.cpp's prefill does too); the Q8_0 tensors (MatMulNBitsQ8) take
-  f32 rows. Measured max |difference| 0.16-0.66 per position, mean 0.025-0.186 per position and
-  0.097 over all 8 x 262144 logits; the bounds PREFILL_MAX, PREFILL_POS_MEAN and PREFILL_MEAN
-  leave 2x margin. (With f32 prefill rows the difference was 3.1e-05.)
+  (integer block dots, what llama.cpp's prefill does too); the Q8_0 tensors (MatMulNBitsQ8) do
+  too up to 16 rows (its batched decode path, issue 27), f32 rows beyond. Measured max
+  |difference| 0.16-0.66 per position, mean 0.04-0.31 per position and about 0.1 over all
+  8 x 262144 logits (AVX2 and AVX-512 kernels alike); PREFILL_MAX, PREFILL_POS_MEAN and
+  PREFILL_MEAN bound them. (With f32 prefill rows the difference was 3.1e-05.)
 - decode (one row): position 0 from a 1-token prefill, position 7 as a decode step after a
   7-token prefill (the KV cache read back). At one row llmir's block-quantized matmuls round the
   activations to int8 per 32 columns (as llama.cpp's quantized dot products do), so the logits
-  are close, not exact. Measured max |difference| 0.249 and 0.401, mean 0.053 and 0.084; the
-  bounds DECODE_MAX and DECODE_MEAN leave 2x margin.
+  are close, not exact. Measured at position 7 after prefills of 1..7 tokens (then decode steps):
+  mean 0.07-0.24 (the 7-token prefill: 0.14 with the AVX2 kernels, 0.20 with AVX-512 VNNI: the
+  same integer dots, another f32 summation order, amplified through 18 layers); max up to 0.4.
+  DECODE_MEAN (0.3) and DECODE_MAX bound them.
 
 The lowering that requantized Q4_K to int4 with zero points (before exact GGUF kernels) moved
 the decode logits by up to 1.09 and 2.80 (mean 0.38 and 0.76) and fails both parts
@@ -39,7 +42,7 @@ PREFILL_MAX = 1.3  # per element
 PREFILL_POS_MEAN = 0.37  # mean over the vocabulary, per position
 PREFILL_MEAN = 0.2  # mean over the 8 positions and the vocabulary
 DECODE_MAX = 0.8  # per element
-DECODE_MEAN = 0.17  # mean over the vocabulary
+DECODE_MEAN = 0.3  # mean over the vocabulary
 
 
 def interpret(module_path: Path, out: Path) -> None:

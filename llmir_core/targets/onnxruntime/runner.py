@@ -335,16 +335,25 @@ class OrtDecoder(UsesKVSlots):
 
 def artifact_kernel_variants(art_dir: str, manifest: dict[str, Any]) -> dict[str, str]:
     """{op: variant} (native.kernel_variants) for the ai.llmir op types the artifact's ONNX graph
-    holds (read without its weights; imports onnx); {} for an artifact without llmir's library."""
+    holds (its nodes' domain and op_type read straight from the protobuf: no onnx import, no
+    weights); {} for an artifact without llmir's library."""
     if not manifest.get("custom_ops"):
         return {}
-    import onnx
-
+    from llmir_core.artifact_check import _pb_field, _pb_fields
     from llmir_core.targets.onnxruntime.native import DOMAIN, kernel_variants
 
     path = os.path.join(art_dir, manifest.get("model", "model.onnx"))
-    graph = onnx.load(path, load_external_data=False).graph
-    used = {n.op_type for n in graph.node if n.domain == DOMAIN}
+    with open(path, "rb") as fh:
+        model = memoryview(fh.read())
+    used = set()
+    try:
+        graph = _pb_field(model, 7)  # ModelProto.graph
+        for node in _pb_fields(graph, 1) if graph is not None else ():  # GraphProto.node
+            domain, op_type = _pb_field(node, 7), _pb_field(node, 4)  # NodeProto fields
+            if domain is not None and op_type is not None and bytes(domain).decode() == DOMAIN:
+                used.add(bytes(op_type).decode())
+    except (ValueError, UnicodeDecodeError):
+        return {}  # not a readable graph: the session that opened it would have said so
     return {op: v for op, v in sorted(kernel_variants().items()) if op in used}
 
 
