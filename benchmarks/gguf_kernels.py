@@ -150,10 +150,9 @@ DECODE_MS = (1, 2, 4, 8, 16)
 
 
 def _variants() -> list[str]:
-    from llmir_core.targets.onnxruntime.native import AVX512_FLAGS
-    from llmir_core.targets.onnxruntime.native.cpu import cpu_flags
+    from llmir_core.targets.onnxruntime.native import missing_avx512
 
-    return (["avx512"] if all(f in cpu_flags() for f in AVX512_FLAGS) else []) + ["avx2"]
+    return ([] if missing_avx512() else ["avx512"]) + ["avx2"]
 
 
 def bench_decode(threads: int, rounds: int, ms: list[int]) -> list[dict[str, Any]]:

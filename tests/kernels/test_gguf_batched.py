@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 
 from llmir_core.quant import gguf_blocks
-from llmir_core.targets.onnxruntime.native import AVX512_FLAGS, ISA_ENV
-from llmir_core.targets.onnxruntime.native.cpu import cpu_flags
+from llmir_core.targets.onnxruntime.native import ISA_ENV, missing_avx512
 from tests.decoder.helpers import assert_dot_close
 from tests.kernels.test_gguf_kernel import WHY, _check, _int8, _session
 from tests.quant.blocks import FORMATS, min_part, random_rows
@@ -32,7 +31,7 @@ VARIANTS = ("avx512", "avx2")
 
 
 def _use(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    missing = [f for f in AVX512_FLAGS if f not in cpu_flags()]
+    missing = missing_avx512()
     if variant == "avx512" and missing:
         pytest.skip(f"the AVX-512 variant: this CPU lacks {', '.join(missing)}")
     monkeypatch.setenv(ISA_ENV, variant)

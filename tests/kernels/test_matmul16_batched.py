@@ -24,12 +24,12 @@ import numpy as np
 import pytest
 
 from llmir_core.targets.onnxruntime.native import (
-    AVX512_FLAGS,
     DOMAIN,
     ISA_ENV,
     OP_NAMES,
     kernel_variants,
     library_path,
+    missing_avx512,
     register,
     unavailable_reason,
 )
@@ -45,9 +45,7 @@ RTOL = 5e-7  # times sqrt(K): f32 summation of K products
 
 
 def _has_avx512() -> bool:
-    from llmir_core.targets.onnxruntime.native.cpu import cpu_flags
-
-    return all(f in cpu_flags() for f in AVX512_FLAGS)
+    return not missing_avx512()
 
 
 def _reselect() -> None:

@@ -22,15 +22,14 @@ import pytest
 
 from llmir_core.quant import nbits
 from llmir_core.targets.onnxruntime.native import (
-    AVX512_FLAGS,
     DOMAIN,
     ISA_ENV,
     NBITS_OP_NAMES,
     kernel_variants,
+    missing_avx512,
     register,
     unavailable_reason,
 )
-from llmir_core.targets.onnxruntime.native.cpu import cpu_flags
 from tests.conftest import requires
 from tests.decoder.helpers import assert_dot_close, edge_rows
 
@@ -39,7 +38,7 @@ pytestmark = requires(None if WHY is None else f"llmir's custom ops cannot run: 
 F32 = np.float32
 GEMV_ROWS = 16  # matmul_nbits.c: rows up to which the int8-activation GEMV runs
 ROWS = (1, 2, 3, 8, 17)
-HAS_AVX512 = all(f in cpu_flags() for f in AVX512_FLAGS)
+HAS_AVX512 = not missing_avx512()
 VARIANT = {"avx512": "avx512-vnni", "avx2": "avx2"}
 
 

@@ -212,9 +212,7 @@ def check_isa_env() -> None:
     if want not in ISAS:
         raise CustomOpError(f"{ISA_ENV}={want}: expected one of {', '.join(ISAS)}")
     if want == "avx512":
-        from llmir_core.targets.onnxruntime.native.cpu import cpu_flags
-
-        missing = [f for f in AVX512_FLAGS if f not in cpu_flags()]
+        missing = missing_avx512()
         if missing:
             raise CustomOpError(
                 f"{ISA_ENV}=avx512, and this CPU lacks {', '.join(missing)}",
@@ -223,6 +221,15 @@ def check_isa_env() -> None:
 
 
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")  # /proc/cpuinfo
+
+
+def missing_avx512() -> list[str]:
+    """The AVX-512 features the kernels' AVX-512 variant needs that this CPU lacks ([]: it can
+    run it; isa.h asks the CPU the same)."""
+    from llmir_core.targets.onnxruntime.native import cpu
+
+    flags = cpu.cpu_flags()
+    return [f for f in AVX512_FLAGS if f not in flags]
 
 
 def kernel_variants() -> dict[str, str]:
@@ -278,6 +285,7 @@ __all__ = [
     "check_isa_env",
     "kernel_variants",
     "library_path",
+    "missing_avx512",
     "register",
     "shipped_library",
     "unavailable_reason",
