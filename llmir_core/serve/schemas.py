@@ -22,6 +22,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmir_core.runtime.grammar_spec import GrammarSpec
+
 MAX_LOGPROBS = 20  # alternatives per token a request may ask for (vLLM's default cap)
 
 
@@ -72,6 +74,20 @@ class GenParams:
     stream: bool = False
     logprobs: int | None = None  # completions: alternatives per token (None: no log-probs)
     echo: bool = False  # completions: the prompt comes back (with log-probs if asked)
+    n: int = 1  # choices per prompt (one prefill shared by the n sequences)
+    # sampling beyond temperature / top_p (llmir_core.runtime.sampling.SamplingConfig)
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    top_logprobs: int | None = None  # chat: alternatives per token when `chat_logprobs`
+    chat_logprobs: bool = False  # chat: `logprobs: true`
+    grammar: GrammarSpec | None = None  # response_format or a forced tool choice
+    tools: list[dict[str, Any]] | None = None  # chat: the functions the model may call
+    tool_choice: str | dict[str, Any] | None = None  # none | auto | required | a named function
+    parallel_tool_calls: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
 
