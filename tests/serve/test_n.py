@@ -18,8 +18,9 @@ from llmir_core.runtime.sampling import Sampler, SamplingConfig
 from llmir_core.serve.choices import choice_seed, link_group
 from llmir_core.serve.scheduler import Completion, GenRequest, Scheduler
 from llmir_core.targets.onnxruntime.batch_runner import OrtBatchDecoder
+from tests.decoder.reference_fixtures import ref_artifact, tiny_llmir  # noqa: F401  (fixtures)
 
-from .conftest import Running
+from .conftest import Running, start_server
 from .test_batching import alone
 
 openai = pytest.importorskip("openai", reason="the test extra (openai) is not installed")
@@ -33,8 +34,9 @@ def client(served: Running) -> Any:
 
 
 def _complete(served: Running, **kw: Any) -> Any:
+    kw.setdefault("max_tokens", 8)
     return client(served).completions.create(
-        model=served.model.name, prompt=kw.pop("prompt", PROMPT), max_tokens=8, **kw
+        model=served.model.name, prompt=kw.pop("prompt", PROMPT), **kw
     )
 
 
@@ -77,11 +79,13 @@ def test_n_choices_of_several_prompts_are_prompt_major(served: Running) -> None:
     assert got.usage.prompt_tokens == sum(ones)
 
 
-def _reassemble(stream: Any, chat: bool, n: int) -> tuple[list[str], Any]:
-    texts, roles, usage = [""] * n, [0] * n, None
+def _reassemble(stream: Any, chat: bool, n: int) -> tuple[list[str], list[list[float]], Any]:
+    """Per choice index: the text, the token log-probs (completions), and the usage chunk."""
+    texts, lps, roles, usage = [""] * n, [[] for _ in range(n)], [0] * n, None
     for ch in stream:
+        assert usage is None  # the usage chunk is the last
         if ch.usage is not None:
-            assert not ch.choices and usage is None  # one usage chunk, the last
+            assert not ch.choices
             usage = ch.usage
         for c in ch.choices:
             if chat:
@@ -89,18 +93,23 @@ def _reassemble(stream: Any, chat: bool, n: int) -> tuple[list[str], Any]:
                 texts[c.index] += c.delta.content or ""
             else:
                 texts[c.index] += c.text
+                lps[c.index] += c.logprobs.token_logprobs if c.logprobs else []
     if chat:
         assert roles == [1] * n  # the first chunk of each choice has the role
-    return texts, usage
+    return texts, lps, usage
 
 
 @pytest.mark.parametrize("chat", [False, True])
 def test_n_stream(served: Running, chat: bool) -> None:
     ask = _chat if chat else _complete
-    whole = ask(served, temperature=1.0, seed=5, n=3)
-    texts, usage = _reassemble(ask(served, temperature=1.0, seed=5, n=3, stream=True), chat, 3)
+    kw: dict[str, Any] = {} if chat else {"logprobs": 0}
+    whole = ask(served, temperature=1.0, seed=5, n=3, **kw)
+    stream = ask(served, temperature=1.0, seed=5, n=3, stream=True, **kw)
+    texts, lps, usage = _reassemble(stream, chat, 3)
     assert texts == _texts(whole, chat)
     assert usage is not None and usage.total_tokens == whole.usage.total_tokens
+    if not chat:
+        assert lps == [c.logprobs.token_logprobs for c in whole.choices]
 
 
 def _health(served: Running) -> dict[str, Any]:
@@ -199,3 +208,18 @@ def test_n_cancel_cancels_the_group(tiny_artifact: Path) -> None:
     assert sched.snapshot()["active"] == 0 and sorted(sched.free) == [0, 1, 2, 3]
     sched.close()
     assert sched.join(30)
+
+
+def test_n_on_the_reference_target(ref_artifact: Path) -> None:  # noqa: F811
+    """A SerialBatchDecoder (one interpreter decoder per slot) forks through its decoders:
+    greedy choices and their log-probs are the single sequence's."""
+    run = start_server(ref_artifact, max_batch=2, max_queue=4, chunk=4)
+    try:
+        one = _complete(run, temperature=0.0, logprobs=0, max_tokens=5)
+        two = _complete(run, temperature=0.0, logprobs=0, max_tokens=5, n=2)
+    finally:
+        run.stop()
+    assert _texts(two, False) == _texts(one, False) * 2
+    want = one.choices[0].logprobs.token_logprobs
+    for c in two.choices:
+        assert c.logprobs.token_logprobs == pytest.approx(want, rel=1e-5, abs=1e-5)
