@@ -10,6 +10,9 @@ forward on an artifact built with `--logits all`, else one forward per token (ea
 last row is that token's). `step(rows)` runs several sequences' chunks of any lengths (prompt
 chunks and decode tokens) and returns each one's last logits row; `mixed_steps` says whether
 that is one forward (a mixed batch, which the scheduler then prefers) or one per row.
+`fork(src, dsts, length)` copies the KV rows of positions [0, length) of `src` into each slot
+of `dsts`, which then hold that prefix as their own sequence and go on independently (`n`
+choices of one prompt share its prefill).
 
 - `OrtBatchDecoder` (llmir_core/targets/onnxruntime/batch_runner.py, through the onnxruntime
   target's `open_batch`) runs a shared-buffer onnxruntime decoder with every slot in one KV
@@ -56,6 +59,20 @@ class BatchDecoder(Protocol):
     def step(self, rows: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
         """(slot, ids, start) rows, distinct slots: `prefill` of each; logits [len(rows), vocab]."""
         ...
+
+    def fork(self, src_slot: int, dst_slots: Sequence[int], length: int) -> None:
+        """Copy the KV rows of positions [0, length) of `src_slot` into each of `dst_slots`."""
+        ...
+
+
+def check_fork(slots: int, src: int, dsts: Sequence[int], length: int, held: int) -> None:
+    """Refuse a fork whose slots are out of range or include the source, or whose `length` is
+    more than the `held` rows the source slot has."""
+    bad = [d for d in dsts if not 0 <= d < slots or d == src]
+    if not 0 <= src < slots or bad:
+        raise InputError(f"cannot fork slot {src} into slots {list(dsts)} of {slots}")
+    if not 0 <= length <= held:
+        raise InputError(f"cannot fork {length} rows of slot {src}: it holds {held}")
 
 
 class SerialBatchDecoder:
@@ -107,5 +124,16 @@ class SerialBatchDecoder:
     def step(self, rows: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
         return np.stack([self.prefill(s, ids, start) for s, ids, start in rows])
 
+    def fork(self, src_slot: int, dst_slots: Sequence[int], length: int) -> None:
+        """Through the slot decoders' `fork_into(dst, length)` (FunctionDecoder, the KV-slot
+        runners of llmir_core.runtime.kv_slots)."""
+        src = self._decoders[src_slot] if 0 <= src_slot < self.slots else None
+        check_fork(self.slots, src_slot, dst_slots, length, src.length if src else 0)
+        fork_into = getattr(src, "fork_into", None)
+        if fork_into is None:
+            raise InputError(f"{type(src).__name__} cannot copy its KV rows into another slot")
+        for dst in dst_slots:
+            fork_into(self._decoders[dst], length)
 
-__all__ = ["BatchDecoder", "SerialBatchDecoder"]
+
+__all__ = ["BatchDecoder", "SerialBatchDecoder", "check_fork"]

@@ -98,3 +98,10 @@ class FunctionDecoder:
         self.cache = present
         self.length += seq
         return np.asarray(logits)
+
+    def fork_into(self, dst: FunctionDecoder, length: int) -> None:
+        """dst holds this decoder's first `length` cached positions as its whole cache."""
+        if length > self.length:
+            raise InputError(f"cannot fork {length} positions: the decoder holds {self.length}")
+        dst.cache = [c[:, :, :length].copy() for c in self.cache]
+        dst.length = length

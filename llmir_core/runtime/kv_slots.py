@@ -207,9 +207,23 @@ class KVSlots:
 
 class UsesKVSlots:
     """A runner whose KV rows live in `self.kv`: its Decoder-protocol state (`length`, `batch`,
-    `capacity`) and `reserve` read through to the slots."""
+    `capacity`) and `reserve` read through to the slots; `fork_into` copies its rows into
+    another such runner (a batch of per-slot runners forking a shared prompt)."""
 
     kv: KVSlots
+
+    def reset(self, batch: int = 1) -> None:
+        raise NotImplementedError  # the runner's own
+
+    def fork_into(self, dst: UsesKVSlots, length: int) -> None:
+        """dst holds this runner's first `length` KV rows (every sequence of the batch) as its
+        whole cache, in buffers of its own."""
+        if length > self.length:
+            raise InputError(f"cannot fork {length} positions: the decoder holds {self.length}")
+        dst.reset(self.batch)
+        dst.kv.grow(length)
+        copy_rows(dst.kv.buffers, self.kv.buffers, length)
+        dst.kv.advance(length)
 
     @property
     def length(self) -> int:

@@ -2,10 +2,10 @@
 answered whole (JSON) or as server-sent events.
 
 `Generation.start` takes the parsed parameters and tokenized prompts (see `prepare`) with the
-queue ticket the request holds, submits one `GenRequest` per prompt, and answers: a stream for
-`stream: true` (one prompt), else the completions once every request is done. The scheduler
-thread reports through `put`, which hands events to the event loop; a client that goes away
-cancels its requests. starlette is imported lazily, like in `app`.
+queue ticket the request holds, submits one `GenRequest` per prompt (n per prompt with `n` > 1:
+one prefill, forked; `choices`), and answers: a stream for `stream: true` (one prompt), else
+the completions once every request is done. The scheduler thread reports through `put`, which
+hands events to the event loop; a client that goes away cancels its requests. starlette is imported lazily, like in `app`.
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ from typing import Any
 
 from llmir_core.runtime.sampling import Sampler, SamplingConfig
 
+from .choices import chat_choice, choice_seed, link_group, stream_choices
 from .logprobs import legacy_logprobs
 from .model import ServedModel
 from .scheduler import Completion, GenRequest, QueueFull, ShuttingDown, Ticket
 from .schemas import APIError, GenParams, chunk_body, completion_body, new_id, usage
 from .workers import Workers
 
-Events = asyncio.Queue[tuple[str, int, Any]]  # (kind: "text" | "done", prompt index, value)
+Events = asyncio.Queue[tuple[str, int, Any]]  # (kind: "text" | "done", choice index, value)
 Put = Callable[[str, int, Any], None]
 
 
@@ -69,6 +70,13 @@ class Generation:
 
         reqs = self._submit(p, prompts, ticket, put)
         rid = new_id("chatcmpl" if chat else "cmpl")
+        if p.stream and p.n > 1:  # one prompt's choices
+            lp_of = self._chunk_logprobs if p.logprobs is not None else None
+            return StreamingResponse(
+                stream_choices(rid, p.model, chat, reqs, events, self.sched.cancel, lp_of),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         if p.stream:  # one prompt (schemas refuses stream with several)
             return StreamingResponse(
                 self._sse(rid, p.model, chat, reqs[0], events, p.logprobs is not None),
@@ -83,8 +91,17 @@ class Generation:
     def _submit(
         self, p: GenParams, prompts: list[list[int]], ticket: Ticket, put: Put
     ) -> list[GenRequest]:
-        """One scheduler request per prompt, all or none: a refusal cancels those submitted."""
+        """One scheduler request per prompt and choice (choice index = prompt index x n +
+        choice), all or none: a refusal cancels those submitted."""
         model, sched = self.model, self.sched
+        if p.n > sched.decoder.slots:  # its choices could never run together
+            raise APIError(
+                400,
+                f"n={p.n} choices, but the server runs at most {sched.decoder.slots} sequences "
+                "at once (--max-batch)",
+                param="n",
+                code="invalid_value",
+            )
         room = sched.decoder.slots + sched.max_queue
         if len(prompts) > room:  # it could never be admitted whole: not a 429 to retry
             raise APIError(
@@ -95,31 +112,36 @@ class Generation:
                 code="invalid_value",
             )
         reqs: list[GenRequest] = []
-        for i, ids in enumerate(prompts):
+        for k in range(len(prompts) * p.n):  # choice k: prompt i's choice j
+            i, j = divmod(k, p.n)
+            ids = prompts[i]
             wanted = model.max_context if p.max_tokens is None else p.max_tokens
-            sampler = Sampler(SamplingConfig(temperature=p.temperature, top_p=p.top_p, seed=p.seed))
+            seed = choice_seed(p.seed, j)
+            sampler = Sampler(SamplingConfig(temperature=p.temperature, top_p=p.top_p, seed=seed))
             req = GenRequest(
                 ids,
                 min(wanted, model.max_context - len(ids)),
                 sampler,
-                functools.partial(put, "text", i),
-                functools.partial(put, "done", i),
+                functools.partial(put, "text", k),
+                functools.partial(put, "done", k),
                 stop=p.stop,
                 eos_ids=model.eos_ids,
                 logprobs=p.logprobs,
                 echo_logprobs=p.echo and p.logprobs is not None,
             )
             # a text event carries how many tokens have log-probs by then (a stream sends them)
-            req.on_text = functools.partial(_text_event, put, i, req)
+            req.on_text = functools.partial(_text_event, put, k, req)
+            reqs.append(req)
+            if j < p.n - 1:
+                continue  # a prompt's choices go in together: one prefill, forked
             try:
-                sched.submit(req, ticket if i == 0 else None)
+                sched.submit(link_group(reqs[-p.n :]), ticket if i == 0 else None)
             except (QueueFull, ShuttingDown) as exc:
                 for r in reqs:
                     sched.cancel(r)
                 if isinstance(exc, ShuttingDown):
                     raise shutting_down() from None
                 raise busy(exc) from None
-            reqs.append(req)
         return reqs
 
     async def _answer(
@@ -134,7 +156,11 @@ class Generation:
         log-probs (built on a worker thread)."""
         from starlette.responses import JSONResponse
 
-        use = usage(sum(r.prompt_tokens for r in results), sum(len(r.token_ids) for r in results))
+        prompt_tokens = sum(r.prompt_tokens for r in results[:: p.n])  # once per prompt
+        use = usage(prompt_tokens, sum(len(r.token_ids) for r in results))
+        if chat and len(results) > 1:  # n choices
+            choices = [chat_choice(k, r) for k, r in enumerate(results)]
+            return JSONResponse(completion_body(rid, p.model, "", "", use, True, choices))
         if chat or (len(results) == 1 and not p.echo and p.logprobs is None):
             res = results[0]
             return JSONResponse(
@@ -149,7 +175,9 @@ class Generation:
         """A completion's choices with the prompt echoed and log-probs when asked."""
         model = self.model
         out = []
-        for i, (ids, res) in enumerate(zip(prompts, results)):
+        for k, res in enumerate(results):
+            i = k // p.n  # the prompt of choice k
+            ids = prompts[i]
             given = p.prompts[i] if i < len(p.prompts) else None
             echoed = (given if isinstance(given, str) else model.decode(ids)) if p.echo else ""
             lp = None
@@ -164,7 +192,7 @@ class Generation:
                 )
             out.append(
                 {
-                    "index": i,
+                    "index": k,
                     "text": echoed + res.text,
                     "finish_reason": res.finish_reason,
                     "logprobs": lp,

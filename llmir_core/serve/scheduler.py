@@ -31,6 +31,13 @@ with `echo_logprobs` also each prompt token's after the first. Such a prompt is 
 chunks of at most `chunk` tokens even alone (every row of logits is kept for a chunk), through
 `BatchDecoder.prefill_rows`. `max_tokens` 0 ends a request after its prefill.
 
+Choices of one prompt (`n` > 1): a request whose `group` holds n - 1 siblings is admitted when
+n slots are free; it prefills the prompt (chunked or mixed as any other), then the decoder's
+`fork` copies its KV rows into the siblings' slots and each sibling samples its first token
+from the same last logits row with its own sampler, then decodes as any sequence. The prompt is
+prefilled once (the snapshot's `prefill_shared` counts the sequences that got it by fork);
+cancelling any request of a group cancels the group.
+
 A request takes its place in the queue before its prompt is parsed, rendered and tokenized
 (`reserve()`, on the server's worker threads), so that work counts against the same limit:
 `submit(req, ticket)` turns the reservation into a waiting request, `ticket.release()` gives
@@ -106,6 +113,8 @@ class GenRequest:
     eos_ids: tuple[int, ...] = ()
     logprobs: int | None = None  # alternatives per token; None: no log-probabilities
     echo_logprobs: bool = False  # the prompt tokens' log-probabilities too (needs logprobs)
+    group: list[GenRequest] = field(default_factory=list)  # siblings forked from this prefill
+    leader: GenRequest | None = None  # a sibling: whose prefill it is forked from
     arrived: float = field(default_factory=time.monotonic)
     cancelled: bool = False
     # scheduler state
@@ -157,6 +166,7 @@ class Scheduler:
         self.mixed = bool(getattr(decoder, "mixed_steps", False))
         self.mixed_steps = 0  # forwards holding prompt chunks and decode rows
         self.prefill_batches = 0  # `step` forwards holding prompt chunks
+        self.prefill_shared = 0  # sequences whose prompt rows came by fork (n > 1)
         self._cond = threading.Condition()
         self._closing = False
         self._thread = threading.Thread(target=self._loop, name="llmir-scheduler", daemon=True)
@@ -186,6 +196,11 @@ class Scheduler:
     def submit(self, req: GenRequest, ticket: Ticket | None = None) -> None:
         """Queue req, in the place `ticket` holds (given back on any error), or a new one."""
         try:
+            if 1 + len(req.group) > self.decoder.slots:
+                raise ValueError(
+                    f"{1 + len(req.group)} choices of one prompt, but the server has "
+                    f"{self.decoder.slots} slots (--max-batch)"
+                )
             if len(req.prompt_ids) >= self.decoder.max_context:
                 raise ValueError(
                     f"the prompt has {len(req.prompt_ids)} tokens, but the model's context is "
@@ -208,7 +223,9 @@ class Scheduler:
     def cancel(self, req: GenRequest) -> None:
         """Stop generating for req (its client went away); its slot is freed at the next step."""
         with self._cond:
-            req.cancelled = True
+            leader = req.leader or req
+            for r in (leader, *leader.group):  # a group goes together
+                r.cancelled = True
             self._cond.notify()
 
     def close(self) -> None:
@@ -236,23 +253,27 @@ class Scheduler:
                     self._drop_cancelled()
                 if self._closing and not self.waiting and not self.active:
                     return
-                while self.waiting and self.free:
-                    req = self.waiting.popleft()
-                    req.slot = self.free.pop(0)
-                    req.policy = StopPolicy(
-                        self.decode_text,
-                        stop=req.stop,
-                        eos_ids=req.eos_ids,
-                        max_tokens=req.max_tokens,
-                        prompt_tokens=len(req.prompt_ids),
-                        max_context=self.decoder.max_context,
-                    )
-                    self.active.append(req)
+                while self.waiting and len(self.free) > len(self.waiting[0].group):
+                    self._admit(self.waiting.popleft())
             try:
                 self._step()
             except BaseException as exc:  # a failed forward fails its requests, not the server
                 for req in list(self.active):
                     self._finish(req, exc)
+
+    def _admit(self, req: GenRequest) -> None:
+        """Give req (and its siblings) a slot and a stop policy."""
+        for r in (req, *req.group):
+            r.slot = self.free.pop(0)
+            r.policy = StopPolicy(
+                self.decode_text,
+                stop=r.stop,
+                eos_ids=r.eos_ids,
+                max_tokens=r.max_tokens,
+                prompt_tokens=len(r.prompt_ids),
+                max_context=self.decoder.max_context,
+            )
+            self.active.append(r)
 
     def _drop_cancelled(self) -> None:
         self.waiting = deque(r for r in self.waiting if not r.cancelled)
@@ -297,7 +318,10 @@ class Scheduler:
         pending = [
             r
             for r in self.active
-            if r.cached < len(r.prompt_ids) and not r.echo_logprobs and not r.cancelled
+            if r.cached < len(r.prompt_ids)
+            and not r.echo_logprobs
+            and not r.cancelled
+            and r.leader is None
         ]
         if not pending:
             return []
@@ -317,7 +341,11 @@ class Scheduler:
     def _prefill_oldest(self, which: Callable[[GenRequest], bool]) -> None:
         """One prefill chunk of the oldest sequence in prefill that `which` takes, alone."""
         pre = next(
-            (r for r in self.active if r.cached < len(r.prompt_ids) and which(r)),
+            (
+                r
+                for r in self.active
+                if r.cached < len(r.prompt_ids) and r.leader is None and which(r)
+            ),
             None,
         )
         if pre is None:
@@ -339,10 +367,27 @@ class Scheduler:
         req.cached += len(part)
         self.metrics.prompt(len(part))
         if req.cached == len(req.prompt_ids):
+            self._fork(req, logits)
             if req.max_tokens > 0:
                 self._emit(req, logits)
             else:
                 self._finish(req, "length")
+
+    def _fork(self, req: GenRequest, logits: np.ndarray) -> None:
+        """req's prompt is in: copy its KV rows into its siblings' slots; each samples its first
+        token from `logits` (a copy each: a sampler may adjust what it is given)."""
+        sibs = [s for s in req.group if not s.cancelled]
+        if not sibs:
+            return
+        self.decoder.fork(req.slot, [s.slot for s in sibs], req.cached)
+        self.prefill_shared += len(sibs)
+        for s in sibs:
+            s.cached = req.cached
+            s.prompt_lp = list(req.prompt_lp)
+            if s.max_tokens > 0:
+                self._emit(s, logits.copy())
+            else:
+                self._finish(s, "length")
 
     def _forward(self, rows: list[tuple[GenRequest, list[int]]]) -> None:
         """One `step` forward over prompt chunks and decode tokens (a decoding request's row is
@@ -432,6 +477,7 @@ class Scheduler:
             "max_batch_seen": self.max_batch_seen,
             "mixed_steps": self.mixed_steps,
             "prefill_batches": self.prefill_batches,
+            "prefill_shared": self.prefill_shared,
         }
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from llmir_core.runtime.grammar_spec import GrammarSpec
 
 MAX_LOGPROBS = 20  # alternatives per token a request may ask for (vLLM's default cap)
+MAX_N = 128  # choices per prompt (OpenAI's bound)
 
 
 class APIError(Exception):
@@ -155,9 +156,7 @@ def _common(body: Any) -> GenParams:
     p.seed = _int(body, "seed", -(2**63), 2**64 - 1)
     if p.seed is not None and p.seed < 0:
         p.seed = p.seed % 2**64  # numpy seeds are non-negative; OpenAI takes any int64
-    n = _int(body, "n", 1)
-    if n is not None and n != 1:
-        raise bad("n", f"only n=1 is supported, got {n}")
+    p.n = _int(body, "n", 1, MAX_N) or 1
     mt = _int(body, "max_completion_tokens", 1)
     p.max_tokens = _int(body, "max_tokens", 0) if mt is None else mt
     stop = body.get("stop")

@@ -201,3 +201,13 @@ def test_int8_store_matches_onnxruntime() -> None:
     _, prk, _ = sess.run(None, feeds)
     np.testing.assert_array_equal(prk[:, :, :s], kv_int8_codes(k4, ks))
     assert prk[0, 0, 0, 0] == 127 and prk[0, 0, 0, 1] == -128
+
+
+def test_fork_of_int8_rows_equals_prefill(kv8: Path) -> None:
+    """BatchDecoder.fork copies int8 KV codes (the scales are the graph's constants): forked
+    slots decode bitwise as slots that prefilled the prompt (tests/decoder/test_fork.py)."""
+    from llmir_core.targets.onnxruntime.batch_runner import OrtBatchDecoder
+
+    from .test_fork import fork_equals_prefill
+
+    fork_equals_prefill(lambda: OrtBatchDecoder(str(kv8 / "K8"), 4, threads=1, max_context=64))

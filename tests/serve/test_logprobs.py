@@ -168,7 +168,7 @@ def test_streamed_logprobs_equal_the_whole_answer(served: Running) -> None:
         ({"max_tokens": 0}, "invalid_value", "max_tokens"),
         ({"stream": True, "echo": True}, "unsupported_parameter", "echo"),
         ({"stream": True, "prompt": ["a", "b"]}, "unsupported_parameter", "prompt"),
-        ({"n": 2}, "invalid_value", "n"),
+        ({"n": 0}, "invalid_value", "n"),
         ({"best_of": 2}, "unsupported_parameter", "best_of"),
         ({"logit_bias": {"5": 10}}, "unsupported_parameter", "logit_bias"),
         ({"suffix": "end"}, "unsupported_parameter", "suffix"),

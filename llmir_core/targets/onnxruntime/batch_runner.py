@@ -17,6 +17,9 @@ end (columns S - n_b...) after pads (token 0 at position -1), which the attentio
 stores nor attends to; a row not in the step is pads only and does nothing (no dummy token).
 The last column's logits are each row's last real token's.
 
+`fork(src, dsts, length)` copies the first `length` rows of a slot into other slots, in place
+in the numpy buffers the bindings read.
+
 It implements `llmir_core.runtime.batch_decoder.BatchDecoder` (what the server's scheduler
 drives); the target's `open_batch` opens it.
 """
@@ -30,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from llmir_core.errors import InputError
+from llmir_core.runtime.batch_decoder import check_fork
 from llmir_core.runtime.kv_slots import (
     KVUsage,
     cache_buffers,
@@ -202,6 +206,18 @@ class OrtBatchDecoder:
         logits = self._run(self._binding(0, rows), tok, pos)
         self.kv_usage.decoded(slots, positions, rows)
         return logits[list(slots)]
+
+    def fork(self, src_slot: int, dst_slots: Sequence[int], length: int) -> None:
+        """Copy rows [0, length) of `src_slot` into each of `dst_slots` in every cache buffer
+        (numpy owns them; onnxruntime reads them in place: int8 codes too, whose scales are the
+        graph's constants)."""
+        held = self.kv_usage.high[src_slot] if 0 <= src_slot < self.slots else 0
+        check_fork(self.slots, src_slot, dst_slots, length, held)
+        for buf in self.buffers:
+            for dst in dst_slots:
+                buf[dst, :, :length] = buf[src_slot, :, :length]
+        for dst in dst_slots:
+            self.kv_usage.wrote(dst, length)
 
 
 __all__ = ["OrtBatchDecoder"]

@@ -220,6 +220,22 @@ class OrtDecoder(UsesKVSlots):
     def _make_buffers(self, batch: int, capacity: int) -> list[Any]:
         return cache_buffers(self.caches, batch, capacity)
 
+    def fork_into(self, dst: UsesKVSlots, length: int) -> None:
+        """dst (an OrtDecoder of the same artifact) holds this one's first `length` KV rows:
+        copied between the shared buffers, or out of the cache values onnxruntime returned."""
+        if self.shared or not isinstance(dst, OrtDecoder):
+            super().fork_into(dst, length)
+            return
+        if length > self.length:
+            raise InputError(f"cannot fork {length} positions: the decoder holds {self.length}")
+        dst.reset(self.batch)
+        ort = _ort()
+        dst._values = [
+            ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v.numpy()[:, :, :length]))
+            for v in self._values
+        ]
+        dst.kv.advance(length)
+
     def _bind_buffers(self, buffers: list[Any]) -> None:
         """Bind new shared buffers as both the past inputs and the present outputs."""
         ort = _ort()
