@@ -24,6 +24,7 @@ from .logprobs import legacy_logprobs
 from .model import ServedModel
 from .scheduler import Completion, GenRequest, QueueFull, ShuttingDown, Ticket
 from .schemas import APIError, GenParams, chunk_body, completion_body, new_id, usage
+from .tools import ToolReader, call_deltas, finish_choice, reader_for
 from .workers import Workers
 
 Events = asyncio.Queue[tuple[str, int, Any]]  # (kind: "text" | "done", prompt index, value)
@@ -69,16 +70,17 @@ class Generation:
 
         reqs = self._submit(p, prompts, ticket, put)
         rid = new_id("chatcmpl" if chat else "cmpl")
+        reader = reader_for(p, self.model.tokenizer.chat_template) if chat else None
         if p.stream:  # one prompt (schemas refuses stream with several)
             return StreamingResponse(
-                self._sse(rid, p.model, chat, reqs[0], events, p.logprobs is not None),
+                self._sse(rid, p.model, chat, reqs[0], events, p.logprobs is not None, reader),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
         results = await self._whole(request, reqs, events)
         if results is None:
             return Response(status_code=499)
-        return await self._answer(p, prompts, chat, rid, results)
+        return await self._answer(p, prompts, chat, rid, results, reader)
 
     def _submit(
         self, p: GenParams, prompts: list[list[int]], ticket: Ticket, put: Put
@@ -129,6 +131,7 @@ class Generation:
         chat: bool,
         rid: str,
         results: list[Completion],
+        reader: ToolReader | None = None,
     ) -> Any:
         """The JSON body of finished completions: one choice, or one per prompt with echo and
         log-probs (built on a worker thread)."""
@@ -137,9 +140,10 @@ class Generation:
         use = usage(sum(r.prompt_tokens for r in results), sum(len(r.token_ids) for r in results))
         if chat or (len(results) == 1 and not p.echo and p.logprobs is None):
             res = results[0]
-            return JSONResponse(
-                completion_body(rid, p.model, res.text, res.finish_reason, use, chat)
-            )
+            body = completion_body(rid, p.model, res.text, res.finish_reason, use, chat)
+            if reader is not None:
+                finish_choice(body["choices"][0], reader)
+            return JSONResponse(body)
         choices = await self.pool.run(lambda: self._choices(p, prompts, results), self.timeout)
         return JSONResponse(completion_body(rid, p.model, "", "", use, False, choices))
 
@@ -224,6 +228,7 @@ class Generation:
         req: GenRequest,
         events: Events,
         logprobs: bool = False,
+        reader: ToolReader | None = None,
     ) -> AsyncIterator[str]:
         """The event stream of one request; it is cancelled when the client goes away first."""
         created = int(time.time())
@@ -236,6 +241,10 @@ class Generation:
                 kind, _, value = await events.get()
                 if kind == "text":
                     piece, upto = value
+                    if reader is not None:  # text that may begin a tool call is held back
+                        piece = reader.feed(piece)
+                        if not piece:
+                            continue
                     lp = self._chunk_logprobs(req, sent, upto, at) if logprobs else None
                     sent, at = upto, at + len(piece)
                     yield _event(chunk_body(rid, name, created, piece, None, chat, logprobs=lp))
@@ -243,14 +252,16 @@ class Generation:
                 finished = True
                 if isinstance(value, Completion):
                     use = usage(value.prompt_tokens, len(value.token_ids))
+                    why = value.finish_reason
+                    if reader is not None:
+                        bodies, called = tool_chunks(rid, name, created, reader)
+                        for body in bodies:
+                            yield _event(body)
+                        why = "tool_calls" if called else why
                     lp = None
                     if logprobs:  # an end-of-sequence token's, or none
                         lp = self._chunk_logprobs(req, sent, len(req.gen_lp), at)
-                    yield _event(
-                        chunk_body(
-                            rid, name, created, None, value.finish_reason, chat, use, logprobs=lp
-                        )
-                    )
+                    yield _event(chunk_body(rid, name, created, None, why, chat, use, logprobs=lp))
                 else:
                     yield _event(
                         APIError(500, f"generation failed: {value}", type="server_error").body()
@@ -260,6 +271,20 @@ class Generation:
         finally:
             if not finished:
                 self.sched.cancel(req)
+
+
+def tool_chunks(
+    rid: str, name: str, created: int, reader: ToolReader
+) -> tuple[list[dict[str, Any]], bool]:
+    """The chunks that end a chat stream read for tool calls: the held-back content, then the
+    calls' deltas (none when the answer held no call); and whether there were calls."""
+    rest, calls = reader.finish()
+    out = [chunk_body(rid, name, created, rest, None, True)] if rest else []
+    for delta in call_deltas(calls):
+        body = chunk_body(rid, name, created, None, None, True)
+        body["choices"][0]["delta"] = delta
+        out.append(body)
+    return out, bool(calls)
 
 
 def _text_event(put: Put, index: int, req: GenRequest, piece: str) -> None:

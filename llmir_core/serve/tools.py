@@ -1,0 +1,585 @@
+"""Tool calling on /v1/chat/completions: the request's `tools`, `tool_choice` and
+`parallel_tool_calls`, the messages that carry tool use, and the model's answer turned back into
+`tool_calls`.
+
+Requests (`parse_tool_fields`, `tool_message_fields`): `tools` is a list of
+`{"type": "function", "function": {"name", "description", "parameters", "strict"}}`;
+`tool_choice` is "none", "auto" (the default with tools), "required" or
+`{"type": "function", "function": {"name"}}`. An assistant message may carry `tool_calls` (their
+`arguments` JSON text reaches the template as an object, as Hugging Face templates expect) and a
+`tool` message answers one by its `tool_call_id`.
+
+The chat template gets the tools as `tools=[...]` (Hugging Face's convention) unless
+`tool_choice` is "none". A forced choice ("required" or a named function) constrains the output
+with a JSON-schema grammar (`GenParams.grammar`): a named function's output is its arguments, a
+"required" one is `{"name", "arguments"}` (an array of them when `parallel_tool_calls`).
+
+Answers (`ToolReader`): with "auto", the text is read in the template's format (`tool_format`):
+Hermes `<tool_call>{"name", "arguments"}</tool_call>` blocks (Qwen2.5, Hermes, the built-in
+chatml), Llama 3's JSON `{"name", "parameters"}` at the start of the answer (after an optional
+`<|python_tag|>`, several joined by `;`), or Mistral's `[TOOL_CALLS]` followed by a JSON array.
+Calls become `tool_calls` (`content` is the text before them, or None) with finish_reason
+"tool_calls". All or nothing: when a call names a function not in `tools`, or its arguments are
+not a JSON object, the whole answer stays `content`, as the model wrote it. A stream holds text
+back from the first character a call may start at, and sends the calls as `delta.tool_calls`
+chunks when the answer ends (or the held text, as content, when it was not a call).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from llmir_core.runtime.grammar_spec import GrammarSpec
+
+from .schemas import APIError, GenParams, bad
+
+MAX_TOOLS = 128  # OpenAI's limit on `tools`
+MAX_NAME = 64
+_NAME = re.compile(r"[A-Za-z0-9_-]+")
+CHOICES = ("none", "auto", "required")
+
+ToolFormat = Literal["hermes", "llama3_json", "mistral"]
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+PYTHON_TAG = "<|python_tag|>"
+MISTRAL_TAG = "[TOOL_CALLS]"
+
+
+def _kind(v: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
+    if v is None:
+        return "null"
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return "a number"
+    return names.get(type(v), type(v).__name__)
+
+
+def _type_error(param: str, expected: str, v: Any) -> APIError:
+    return bad(
+        param,
+        f"Invalid type for '{param}': expected {expected}, but got {_kind(v)} instead.",
+        "invalid_type",
+    )
+
+
+def _missing(param: str) -> APIError:
+    return bad(param, f"Missing required parameter: '{param}'.", "missing_required_parameter")
+
+
+def _check_name(param: str, name: Any) -> str:
+    if name is None:
+        raise _missing(param)
+    if not isinstance(name, str):
+        raise _type_error(param, "a string", name)
+    if len(name) > MAX_NAME:
+        raise bad(
+            param,
+            f"Invalid '{param}': string too long. Expected a string with maximum length "
+            f"{MAX_NAME}, but got a string with length {len(name)} instead.",
+            "string_above_max_length",
+        )
+    if not _NAME.fullmatch(name):
+        raise bad(
+            param,
+            f"Invalid '{param}': string does not match pattern. Expected a string that matches "
+            "the pattern '^[a-zA-Z0-9_-]+$'.",
+        )
+    return name
+
+
+def _tool(i: int, t: Any) -> dict[str, Any]:
+    """One entry of `tools`, checked; returned as given (the template sees the caller's dict)."""
+    where = f"tools[{i}]"
+    if not isinstance(t, dict):
+        raise _type_error(where, "an object", t)
+    if t.get("type") != "function":
+        if "type" not in t:
+            raise _missing(f"{where}.type")
+        raise bad(
+            f"{where}.type",
+            f"Invalid value: {t['type']!r:.40}. Supported values are: 'function'.",
+        )
+    fn = t.get("function")
+    if fn is None:
+        raise _missing(f"{where}.function")
+    if not isinstance(fn, dict):
+        raise _type_error(f"{where}.function", "an object", fn)
+    _check_name(f"{where}.function.name", fn.get("name"))
+    if fn.get("description") is not None and not isinstance(fn["description"], str):
+        raise _type_error(f"{where}.function.description", "a string", fn["description"])
+    if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+        raise _type_error(f"{where}.function.parameters", "an object", fn["parameters"])
+    if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+        raise _type_error(f"{where}.function.strict", "a boolean", fn["strict"])
+    return t
+
+
+def _tools(v: Any) -> list[dict[str, Any]] | None:
+    if v is None:
+        return None
+    if not isinstance(v, list):
+        raise _type_error("tools", "an array of objects", v)
+    if not v:
+        raise bad(
+            "tools",
+            "Invalid 'tools': empty array. Expected an array with minimum length 1, but got an "
+            "empty array instead.",
+            "empty_array",
+        )
+    if len(v) > MAX_TOOLS:
+        raise bad(
+            "tools",
+            f"Invalid 'tools': array too long. Expected an array with maximum length {MAX_TOOLS}, "
+            f"but got an array with length {len(v)} instead.",
+            "array_above_max_length",
+        )
+    tools = [_tool(i, t) for i, t in enumerate(v)]
+    seen: set[str] = set()
+    for i, t in enumerate(tools):
+        name = t["function"]["name"]
+        if name in seen:
+            raise bad(
+                f"tools[{i}].function.name",
+                f"Invalid 'tools[{i}].function.name': the function '{name}' is declared twice.",
+            )
+        seen.add(name)
+    return tools
+
+
+def _choice(v: Any, tools: list[dict[str, Any]] | None) -> str | dict[str, Any]:
+    """`tool_choice`: "none", "auto", "required", or the named function's `{"name"}`."""
+    if v is None:
+        return "auto" if tools else "none"
+    if tools is None and v != "none":
+        raise bad(
+            "tool_choice",
+            "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are "
+            "specified.",
+        )
+    if isinstance(v, str):
+        if v not in CHOICES:
+            raise bad(
+                "tool_choice",
+                f"Invalid value: {v!r:.40}. Supported values are: 'none', 'auto', and 'required'.",
+            )
+        return v
+    if not isinstance(v, dict):
+        raise _type_error("tool_choice", "a string or an object", v)
+    if v.get("type") != "function":
+        raise bad(
+            "tool_choice.type",
+            f"Invalid value: {v.get('type')!r:.40}. Supported values are: 'function'.",
+        )
+    fn = v.get("function")
+    if not isinstance(fn, dict):
+        raise (
+            _missing("tool_choice.function")
+            if fn is None
+            else _type_error("tool_choice.function", "an object", fn)
+        )
+    name = _check_name("tool_choice.function.name", fn.get("name"))
+    if not any(t["function"]["name"] == name for t in tools or ()):
+        raise bad(
+            "tool_choice",
+            f"Invalid value for 'tool_choice': no function named '{name}' in 'tools'.",
+        )
+    return {"name": name}
+
+
+def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
+    params = tool["function"].get("parameters")
+    return params if params is not None else {"type": "object", "properties": {}}
+
+
+def forced_schema(p: GenParams) -> dict[str, Any] | None:
+    """The JSON schema a forced choice's whole output must follow (None: not forced)."""
+    tools = p.tools or []
+    if isinstance(p.tool_choice, dict):
+        named = next(t for t in tools if t["function"]["name"] == p.tool_choice["name"])
+        return _parameters(named)
+    if p.tool_choice != "required":
+        return None
+    one = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": t["function"]["name"]},
+                    "arguments": _parameters(t),
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for t in tools
+        ]
+    }
+    if not p.parallel_tool_calls:
+        return one
+    return {"type": "array", "items": one, "minItems": 1}
+
+
+def parse_tool_fields(body: dict[str, Any], p: GenParams) -> None:
+    """Fill `p.tools`, `p.tool_choice`, `p.parallel_tool_calls` (and `p.grammar` for a forced
+    choice) from a chat request body, or raise a 400 naming the field."""
+    p.tools = _tools(body.get("tools"))
+    p.tool_choice = _choice(body.get("tool_choice"), p.tools)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise _type_error("parallel_tool_calls", "a boolean", parallel)
+    p.parallel_tool_calls = True if parallel is None else parallel
+    schema = forced_schema(p)
+    if schema is not None:
+        if p.grammar is not None:
+            raise bad(
+                "tool_choice",
+                f"a forced 'tool_choice' constrains the output itself: it cannot be combined "
+                f"with {p.grammar.source or 'another grammar'}",
+                "unsupported_parameter",
+            )
+        p.grammar = GrammarSpec("json_schema", schema, "tool_choice")
+
+
+def _arguments_for_template(text: str) -> Any:
+    """A call's `arguments` as the template sees them: the decoded object when they are JSON
+    (what Hugging Face templates expect; they `tojson` it), else the text as given."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def tool_message_fields(m: dict[str, Any], i: int, seen_calls: bool) -> dict[str, Any]:
+    """The tool-use fields of `messages[i]` kept for the template: an assistant's `tool_calls`,
+    a tool message's `tool_call_id` (and `name`). `seen_calls`: an earlier message had calls."""
+    out: dict[str, Any] = {}
+    role = m.get("role")
+    calls = m.get("tool_calls")
+    if calls is not None:
+        where = f"messages[{i}].tool_calls"
+        if role != "assistant":
+            raise bad(where, f"'{where}' is only allowed on assistant messages")
+        if not isinstance(calls, list):
+            raise _type_error(where, "an array of objects", calls)
+        out["tool_calls"] = [_message_call(f"{where}[{j}]", c) for j, c in enumerate(calls)]
+    if role == "tool":
+        where = f"messages[{i}].tool_call_id"
+        cid = m.get("tool_call_id")
+        if cid is None:
+            raise _missing(where)
+        if not isinstance(cid, str):
+            raise _type_error(where, "a string", cid)
+        if not seen_calls:
+            raise bad(
+                f"messages[{i}].role",
+                "Invalid parameter: messages with role 'tool' must be a response to a preceding "
+                "message with 'tool_calls'.",
+            )
+        out["tool_call_id"] = cid
+    name = m.get("name")
+    if name is not None:
+        if not isinstance(name, str):
+            raise _type_error(f"messages[{i}].name", "a string", name)
+        out["name"] = name
+    return out
+
+
+def _message_call(where: str, c: Any) -> dict[str, Any]:
+    if not isinstance(c, dict):
+        raise _type_error(where, "an object", c)
+    cid = c.get("id")
+    if not isinstance(cid, str):
+        raise (
+            _missing(f"{where}.id") if cid is None else _type_error(f"{where}.id", "a string", cid)
+        )
+    if c.get("type", "function") != "function":
+        raise bad(
+            f"{where}.type", f"Invalid value: {c['type']!r:.40}. Supported values are: 'function'."
+        )
+    fn = c.get("function")
+    if not isinstance(fn, dict):
+        raise (
+            _missing(f"{where}.function")
+            if fn is None
+            else _type_error(f"{where}.function", "an object", fn)
+        )
+    name = fn.get("name")
+    if not isinstance(name, str):
+        raise (
+            _missing(f"{where}.function.name")
+            if name is None
+            else _type_error(f"{where}.function.name", "a string", name)
+        )
+    args = fn.get("arguments")
+    if not isinstance(args, str):
+        raise (
+            _missing(f"{where}.function.arguments")
+            if args is None
+            else _type_error(f"{where}.function.arguments", "a string", args)
+        )
+    return {
+        "id": cid,
+        "type": "function",
+        "function": {"name": name, "arguments": _arguments_for_template(args)},
+    }
+
+
+def template_tools(p: GenParams) -> list[dict[str, Any]] | None:
+    """The tools the chat template receives: none when `tool_choice` is "none"."""
+    return None if p.tool_choice == "none" else p.tools
+
+
+@functools.lru_cache(maxsize=16)
+def uses_tools(template: str) -> bool:
+    """Whether a chat template reads a `tools` variable (a template that fails to parse here
+    fails again when it renders, with its own message)."""
+    import jinja2
+    from jinja2 import meta
+
+    try:
+        env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+        return "tools" in meta.find_undeclared_variables(env.parse(template))
+    except jinja2.TemplateError:
+        return re.search(r"\btools\b", template) is not None
+
+
+def check_template(template: str, tools: list[dict[str, Any]] | None) -> None:
+    """A 400 naming `tools` when they would reach a template that never reads them."""
+    if tools and not uses_tools(template):
+        raise bad(
+            "tools",
+            "this model's chat template does not use 'tools', so the model cannot be offered "
+            "them: serve it with a tool-aware template (--chat-template chatml, llama3 or a "
+            "file), or send 'tool_choice': 'none'",
+            "unsupported_parameter",
+        )
+
+
+@functools.lru_cache(maxsize=16)
+def tool_format(template: str) -> ToolFormat:
+    """How a template's model writes calls: by its markers; otherwise Llama 3's JSON."""
+    if HERMES_OPEN in template:
+        return "hermes"
+    if MISTRAL_TAG in template:
+        return "mistral"
+    return "llama3_json"
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # JSON text of an object
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+def _call(obj: Any, names: set[str], args_key: tuple[str, ...] = ("arguments",)) -> ToolCall:
+    """A call from its decoded JSON `{"name", "arguments"}`; ValueError when it is not one."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        raise ValueError("not a call object")
+    if obj["name"] not in names:
+        raise ValueError(f"unknown function {obj['name']!r}")
+    key = next((k for k in args_key if k in obj), None)
+    args = obj.get(key) if key else {}
+    if isinstance(args, str):
+        args = json.loads(args)
+    if not isinstance(args, dict):
+        raise ValueError("the arguments are not an object")
+    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+
+
+def _json_values(text: str) -> list[Any]:
+    """The JSON values of `text`, one after another, separated by whitespace or `;`."""
+    dec = json.JSONDecoder()
+    out: list[Any] = []
+    at = 0
+    while True:
+        while at < len(text) and (text[at].isspace() or text[at] == ";"):
+            at += 1
+        if at == len(text):
+            return out
+        value, at = dec.raw_decode(text, at)
+        out.append(value)
+
+
+def _hermes(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
+    start = text.find(HERMES_OPEN)
+    if start < 0:
+        raise ValueError("no call")
+    calls, rest = [], text[start:]
+    while rest.strip():
+        if not rest.lstrip().startswith(HERMES_OPEN):
+            raise ValueError("text after a call")
+        rest = rest.lstrip()[len(HERMES_OPEN) :]
+        end = rest.find(HERMES_CLOSE)
+        inner, rest = (rest, "") if end < 0 else (rest[:end], rest[end + len(HERMES_CLOSE) :])
+        calls.append(_call(json.loads(inner), names))
+    return text[:start], calls
+
+
+def _llama3(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
+    body = text.lstrip()
+    if body.startswith(PYTHON_TAG):
+        body = body[len(PYTHON_TAG) :]
+    if not body.lstrip().startswith("{"):
+        raise ValueError("no call")
+    return "", [_call(v, names, ("parameters", "arguments")) for v in _json_values(body)]
+
+
+def _mistral(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
+    start = text.find(MISTRAL_TAG)
+    before, body = (text[:start], text[start + len(MISTRAL_TAG) :]) if start >= 0 else ("", text)
+    if start < 0 and not body.lstrip().startswith("["):
+        raise ValueError("no call")
+    values = _json_values(body)
+    if len(values) != 1 or not isinstance(values[0], list) or not values[0]:
+        raise ValueError("not one array of calls")
+    return before, [_call(v, names) for v in values[0]]
+
+
+_PARSERS = {"hermes": _hermes, "llama3_json": _llama3, "mistral": _mistral}
+
+
+def parse_calls(text: str, fmt: ToolFormat, names: set[str]) -> tuple[str | None, list[ToolCall]]:
+    """(content before the calls or None, the calls) of an answer in format `fmt`; ValueError
+    (json's errors included) when it holds no call or a malformed one."""
+    before, calls = _PARSERS[fmt](text, names)
+    if not calls:
+        raise ValueError("no call")
+    return (before.rstrip() or None), calls
+
+
+def parse_forced(text: str, p: GenParams) -> list[ToolCall]:
+    """The calls of a forced choice's output (the grammar's JSON); ValueError when it is not."""
+    names = {t["function"]["name"] for t in p.tools or ()}
+    value = json.loads(text)
+    if isinstance(p.tool_choice, dict):
+        return [_call({"name": p.tool_choice["name"], "arguments": value}, names)]
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise ValueError("no call")
+    return [_call(v, names) for v in items]
+
+
+class ToolReader:
+    """Reads one answer's text as it streams (`feed`) or whole (`read`) into content and calls."""
+
+    def __init__(self, p: GenParams, template: str) -> None:
+        self.p = p
+        self.forced = forced_schema(p) is not None
+        self.fmt = tool_format(template)
+        self.names = {t["function"]["name"] for t in p.tools or ()}
+        self.text = ""  # everything generated so far
+        self.sent = 0  # characters of `text` already sent as content
+        self.plain = False  # decided: the answer is text, not a call (llama3 / mistral)
+
+    def read(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """(content, calls) of a whole answer; no calls: the text is the content."""
+        try:
+            if self.forced:
+                calls, content = parse_forced(text, self.p), None
+            else:
+                content, calls = parse_calls(text, self.fmt, self.names)
+        except ValueError:
+            return text, []
+        return content, calls if self.p.parallel_tool_calls else calls[:1]
+
+    def feed(self, piece: str) -> str:
+        """The part of the text so far that can go out as content now (never a call's start)."""
+        self.text += piece
+        safe = len(self.text) if self.plain else self._safe_end()
+        out, self.sent = self.text[self.sent : max(safe, self.sent)], max(safe, self.sent)
+        return out
+
+    def _safe_end(self) -> int:
+        """How far the text is surely content: before any marker, a marker's possible start,
+        and the whitespace in front of them (content is sent without its trailing spaces);
+        Llama 3's calls start the answer, so an answer that starts otherwise is text."""
+        text = self.text
+        if self.forced:
+            return 0
+        head = text.lstrip()
+        if self.fmt == "llama3_json":  # a call starts the answer, or there is none
+            if not head or head[0] == "{" or PYTHON_TAG.startswith(head[: len(PYTHON_TAG)]):
+                return 0
+            self.plain = True
+            return len(text)
+        if self.fmt == "mistral" and head.startswith("[") and not head.startswith(MISTRAL_TAG):
+            if not MISTRAL_TAG.startswith(head[: len(MISTRAL_TAG)]):
+                return 0  # a bare array of calls (the tag was a special token, not decoded)
+        marker = HERMES_OPEN if self.fmt == "hermes" else MISTRAL_TAG
+        found = text.find(marker)
+        end = found if found >= 0 else len(text) - _partial(text, marker)
+        return len(text[:end].rstrip())
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """At the end of a stream: (content not sent yet, the calls)."""
+        content, calls = self.read(self.text)
+        if not calls:
+            return self.text[self.sent :], []
+        rest = (content or "")[self.sent :]
+        return rest, calls
+
+
+def _partial(text: str, marker: str) -> int:
+    """The length of the longest end of `text` that begins `marker`."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def reader_for(p: GenParams, template: str | None) -> ToolReader | None:
+    """The reader of a request's answer: None when its output is plain text."""
+    if template_tools(p) is None or template is None:
+        return None
+    return ToolReader(p, template)
+
+
+def finish_choice(choice: dict[str, Any], reader: ToolReader) -> None:
+    """Turn a whole chat choice's message into tool calls when its text holds them."""
+    content, calls = reader.read(choice["message"]["content"])
+    if calls:
+        choice["message"]["content"] = content
+        choice["message"]["tool_calls"] = [c.body() for c in calls]
+        choice["finish_reason"] = "tool_calls"
+
+
+def call_deltas(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """The `delta`s that stream calls: each call's index, id, type and name, then its
+    arguments (the openai SDK's stream accumulator joins them)."""
+    out: list[dict[str, Any]] = []
+    for i, c in enumerate(calls):
+        head = {"index": i, "id": c.id, "type": "function"}
+        out.append({"tool_calls": [head | {"function": {"name": c.name, "arguments": ""}}]})
+        out.append({"tool_calls": [{"index": i, "function": {"arguments": c.arguments}}]})
+    return out
+
+
+__all__ = [
+    "ToolCall",
+    "ToolReader",
+    "ToolFormat",
+    "parse_tool_fields",
+    "tool_message_fields",
+    "template_tools",
+    "check_template",
+    "uses_tools",
+    "tool_format",
+    "forced_schema",
+    "parse_calls",
+    "parse_forced",
+    "reader_for",
+    "finish_choice",
+    "call_deltas",
+]
