@@ -24,7 +24,8 @@ from .logprobs import legacy_logprobs
 from .model import ServedModel
 from .scheduler import Completion, GenRequest, QueueFull, ShuttingDown, Ticket
 from .schemas import APIError, GenParams, chunk_body, completion_body, new_id, usage
-from .tools import ToolReader, call_deltas, finish_choice, reader_for
+from .tool_parse import ToolReader, call_deltas
+from .tools import finish_choice, reader_for
 from .workers import Workers
 
 Events = asyncio.Queue[tuple[str, int, Any]]  # (kind: "text" | "done", prompt index, value)

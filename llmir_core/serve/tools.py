@@ -14,15 +14,12 @@ The chat template gets the tools as `tools=[...]` (Hugging Face's convention) un
 with a JSON-schema grammar (`GenParams.grammar`): a named function's output is its arguments, a
 "required" one is `{"name", "arguments"}` (an array of them when `parallel_tool_calls`).
 
-Answers (`ToolReader`): with "auto", the text is read in the template's format (`tool_format`):
-Hermes `<tool_call>{"name", "arguments"}</tool_call>` blocks (Qwen2.5, Hermes, the built-in
-chatml), Llama 3's JSON `{"name", "parameters"}` at the start of the answer (after an optional
-`<|python_tag|>`, several joined by `;`), or Mistral's `[TOOL_CALLS]` followed by a JSON array.
-Calls become `tool_calls` (`content` is the text before them, or None) with finish_reason
-"tool_calls". All or nothing: when a call names a function not in `tools`, or its arguments are
-not a JSON object, the whole answer stays `content`, as the model wrote it. A stream holds text
-back from the first character a call may start at, and sends the calls as `delta.tool_calls`
-chunks when the answer ends (or the held text, as content, when it was not a call).
+Answers: with "auto" the text is read for calls in the format the template taught
+(`tool_parse`: Hermes `<tool_call>`, Llama 3 JSON, Mistral `[TOOL_CALLS]`); a forced choice's
+JSON becomes its calls. Calls become the message's `tool_calls` (`content`: the text before
+them, or None) with finish_reason "tool_calls"; a malformed call leaves the whole answer as
+content. A stream holds text back from where a call may start and sends the calls as
+`delta.tool_calls` chunks when the answer ends.
 """
 
 from __future__ import annotations
@@ -30,23 +27,17 @@ from __future__ import annotations
 import functools
 import json
 import re
-import uuid
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from llmir_core.runtime.grammar_spec import GrammarSpec
 
 from .schemas import APIError, GenParams, bad
+from .tool_parse import ToolReader, tool_format
 
 MAX_TOOLS = 128  # OpenAI's limit on `tools`
 MAX_NAME = 64
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
 CHOICES = ("none", "auto", "required")
-
-ToolFormat = Literal["hermes", "llama3_json", "mistral"]
-HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
-PYTHON_TAG = "<|python_tag|>"
-MISTRAL_TAG = "[TOOL_CALLS]"
 
 
 def _kind(v: Any) -> str:
@@ -359,191 +350,17 @@ def check_template(template: str, tools: list[dict[str, Any]] | None) -> None:
         )
 
 
-@functools.lru_cache(maxsize=16)
-def tool_format(template: str) -> ToolFormat:
-    """How a template's model writes calls: by its markers; otherwise Llama 3's JSON."""
-    if HERMES_OPEN in template:
-        return "hermes"
-    if MISTRAL_TAG in template:
-        return "mistral"
-    return "llama3_json"
-
-
-@dataclass
-class ToolCall:
-    name: str
-    arguments: str  # JSON text of an object
-    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
-
-
-def _call(obj: Any, names: set[str], args_key: tuple[str, ...] = ("arguments",)) -> ToolCall:
-    """A call from its decoded JSON `{"name", "arguments"}`; ValueError when it is not one."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        raise ValueError("not a call object")
-    if obj["name"] not in names:
-        raise ValueError(f"unknown function {obj['name']!r}")
-    key = next((k for k in args_key if k in obj), None)
-    args = obj.get(key) if key else {}
-    if isinstance(args, str):
-        args = json.loads(args)
-    if not isinstance(args, dict):
-        raise ValueError("the arguments are not an object")
-    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
-
-
-def _json_values(text: str) -> list[Any]:
-    """The JSON values of `text`, one after another, separated by whitespace or `;`."""
-    dec = json.JSONDecoder()
-    out: list[Any] = []
-    at = 0
-    while True:
-        while at < len(text) and (text[at].isspace() or text[at] == ";"):
-            at += 1
-        if at == len(text):
-            return out
-        value, at = dec.raw_decode(text, at)
-        out.append(value)
-
-
-def _hermes(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
-    start = text.find(HERMES_OPEN)
-    if start < 0:
-        raise ValueError("no call")
-    calls, rest = [], text[start:]
-    while rest.strip():
-        if not rest.lstrip().startswith(HERMES_OPEN):
-            raise ValueError("text after a call")
-        rest = rest.lstrip()[len(HERMES_OPEN) :]
-        end = rest.find(HERMES_CLOSE)
-        inner, rest = (rest, "") if end < 0 else (rest[:end], rest[end + len(HERMES_CLOSE) :])
-        calls.append(_call(json.loads(inner), names))
-    return text[:start], calls
-
-
-def _llama3(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
-    body = text.lstrip()
-    if body.startswith(PYTHON_TAG):
-        body = body[len(PYTHON_TAG) :]
-    if not body.lstrip().startswith("{"):
-        raise ValueError("no call")
-    return "", [_call(v, names, ("parameters", "arguments")) for v in _json_values(body)]
-
-
-def _mistral(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
-    start = text.find(MISTRAL_TAG)
-    before, body = (text[:start], text[start + len(MISTRAL_TAG) :]) if start >= 0 else ("", text)
-    if start < 0 and not body.lstrip().startswith("["):
-        raise ValueError("no call")
-    values = _json_values(body)
-    if len(values) != 1 or not isinstance(values[0], list) or not values[0]:
-        raise ValueError("not one array of calls")
-    return before, [_call(v, names) for v in values[0]]
-
-
-_PARSERS = {"hermes": _hermes, "llama3_json": _llama3, "mistral": _mistral}
-
-
-def parse_calls(text: str, fmt: ToolFormat, names: set[str]) -> tuple[str | None, list[ToolCall]]:
-    """(content before the calls or None, the calls) of an answer in format `fmt`; ValueError
-    (json's errors included) when it holds no call or a malformed one."""
-    before, calls = _PARSERS[fmt](text, names)
-    if not calls:
-        raise ValueError("no call")
-    return (before.rstrip() or None), calls
-
-
-def parse_forced(text: str, p: GenParams) -> list[ToolCall]:
-    """The calls of a forced choice's output (the grammar's JSON); ValueError when it is not."""
-    names = {t["function"]["name"] for t in p.tools or ()}
-    value = json.loads(text)
-    if isinstance(p.tool_choice, dict):
-        return [_call({"name": p.tool_choice["name"], "arguments": value}, names)]
-    items = value if isinstance(value, list) else [value]
-    if not items:
-        raise ValueError("no call")
-    return [_call(v, names) for v in items]
-
-
-class ToolReader:
-    """Reads one answer's text as it streams (`feed`) or whole (`read`) into content and calls."""
-
-    def __init__(self, p: GenParams, template: str) -> None:
-        self.p = p
-        self.forced = forced_schema(p) is not None
-        self.fmt = tool_format(template)
-        self.names = {t["function"]["name"] for t in p.tools or ()}
-        self.text = ""  # everything generated so far
-        self.sent = 0  # characters of `text` already sent as content
-        self.plain = False  # decided: the answer is text, not a call (llama3 / mistral)
-
-    def read(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """(content, calls) of a whole answer; no calls: the text is the content."""
-        try:
-            if self.forced:
-                calls, content = parse_forced(text, self.p), None
-            else:
-                content, calls = parse_calls(text, self.fmt, self.names)
-        except ValueError:
-            return text, []
-        return content, calls if self.p.parallel_tool_calls else calls[:1]
-
-    def feed(self, piece: str) -> str:
-        """The part of the text so far that can go out as content now (never a call's start)."""
-        self.text += piece
-        safe = len(self.text) if self.plain else self._safe_end()
-        out, self.sent = self.text[self.sent : max(safe, self.sent)], max(safe, self.sent)
-        return out
-
-    def _safe_end(self) -> int:
-        """How far the text is surely content: before any marker, a marker's possible start,
-        and the whitespace in front of them (content is sent without its trailing spaces);
-        Llama 3's calls start the answer, so an answer that starts otherwise is text."""
-        text = self.text
-        if self.forced:
-            return 0
-        head = text.lstrip()
-        if self.fmt == "llama3_json":  # a call starts the answer, or there is none
-            if not head or head[0] == "{" or PYTHON_TAG.startswith(head[: len(PYTHON_TAG)]):
-                return 0
-            self.plain = True
-            return len(text)
-        if self.fmt == "mistral" and head.startswith("[") and not head.startswith(MISTRAL_TAG):
-            if not MISTRAL_TAG.startswith(head[: len(MISTRAL_TAG)]):
-                return 0  # a bare array of calls (the tag was a special token, not decoded)
-        marker = HERMES_OPEN if self.fmt == "hermes" else MISTRAL_TAG
-        found = text.find(marker)
-        end = found if found >= 0 else len(text) - _partial(text, marker)
-        return len(text[:end].rstrip())
-
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """At the end of a stream: (content not sent yet, the calls)."""
-        content, calls = self.read(self.text)
-        if not calls:
-            return self.text[self.sent :], []
-        rest = (content or "")[self.sent :]
-        return rest, calls
-
-
-def _partial(text: str, marker: str) -> int:
-    """The length of the longest end of `text` that begins `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
-
-
 def reader_for(p: GenParams, template: str | None) -> ToolReader | None:
     """The reader of a request's answer: None when its output is plain text."""
     if template_tools(p) is None or template is None:
         return None
-    return ToolReader(p, template)
+    return ToolReader(
+        tool_format(template),
+        {t["function"]["name"] for t in p.tools or ()},
+        forced=forced_schema(p) is not None,
+        named=p.tool_choice["name"] if isinstance(p.tool_choice, dict) else None,
+        parallel=p.parallel_tool_calls,
+    )
 
 
 def finish_choice(choice: dict[str, Any], reader: ToolReader) -> None:
@@ -555,31 +372,13 @@ def finish_choice(choice: dict[str, Any], reader: ToolReader) -> None:
         choice["finish_reason"] = "tool_calls"
 
 
-def call_deltas(calls: list[ToolCall]) -> list[dict[str, Any]]:
-    """The `delta`s that stream calls: each call's index, id, type and name, then its
-    arguments (the openai SDK's stream accumulator joins them)."""
-    out: list[dict[str, Any]] = []
-    for i, c in enumerate(calls):
-        head = {"index": i, "id": c.id, "type": "function"}
-        out.append({"tool_calls": [head | {"function": {"name": c.name, "arguments": ""}}]})
-        out.append({"tool_calls": [{"index": i, "function": {"arguments": c.arguments}}]})
-    return out
-
-
 __all__ = [
-    "ToolCall",
-    "ToolReader",
-    "ToolFormat",
     "parse_tool_fields",
     "tool_message_fields",
     "template_tools",
     "check_template",
     "uses_tools",
-    "tool_format",
     "forced_schema",
-    "parse_calls",
-    "parse_forced",
     "reader_for",
     "finish_choice",
-    "call_deltas",
 ]
