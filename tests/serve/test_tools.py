@@ -26,7 +26,6 @@ from llmir_core.json_schema import validate
 from llmir_core.runtime.chat_template import render_chat
 from llmir_core.runtime.grammar_spec import GrammarSpec
 from llmir_core.serve.schemas import parse_chat
-
 from tests.decoder.tiny import TINY, make_llama_folder
 
 from .conftest import Running
@@ -94,7 +93,8 @@ class Scripted:
         seq, m = self.seqs[slot], len(self.marker)
         if self.script is None:
             return row
-        at = max(i + m for i in range(len(seq) - m + 1) if seq[i : i + m] == self.marker)
+        starts = [i + m for i in range(len(seq) - m + 1) if seq[i : i + m] == self.marker]
+        at = max(starts, default=len(seq))
         done = len(seq) - at
         want = self.script[done] if done < len(self.script) else self.eos
         out = np.full_like(row, -1e4)
@@ -236,7 +236,7 @@ def test_tools_auto(tool_served: Running, script: Any) -> None:
                 {
                     "id": "call_1",
                     "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
                 }
             ],
         },
@@ -251,7 +251,11 @@ def test_tools_auto(tool_served: Running, script: Any) -> None:
         turn[2],
     ]
     want[1]["tool_calls"] = [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}  # noqa: E501
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+        }
     ]
     assert got.usage.prompt_tokens == prompt_tokens(tool_served, want, TOOLS)
 
@@ -269,20 +273,42 @@ def test_tools_need_a_tool_template(served: Running) -> None:
 @pytest.mark.parametrize(
     "kw, param",
     [
-        ({"tools": [{"type": "function", "function": {"name": "get weather"}}]}, "tools[0].function.name"),  # noqa: E501
+        (
+            {"tools": [{"type": "function", "function": {"name": "get weather"}}]},
+            "tools[0].function.name",
+        ),
         ({"tools": [{"type": "function", "function": {}}]}, "tools[0].function.name"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}, "tools[0].function.parameters"),  # noqa: E501
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+            "tools[0].function.parameters",
+        ),
         ({"tools": [{"type": "code", "function": {"name": "f"}}]}, "tools[0].type"),
         ({"tools": []}, "tools"),
         ({"tools": {"a": 1}}, "tools"),
         ({"tools": TOOLS + TOOLS[:1]}, "tools[2].function.name"),
         ({"tool_choice": "auto"}, "tool_choice"),
         ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
-        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),  # noqa: E501
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
         ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
         ({"messages": [*ASK, {"role": "tool", "content": "18C"}]}, "messages[1].tool_call_id"),
-        ({"messages": [*ASK, {"role": "tool", "tool_call_id": "c", "content": "1"}]}, "messages[1].role"),  # noqa: E501
-        ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {}}}]}]}, "messages[0].tool_calls[0].function.arguments"),  # noqa: E501
+        (
+            {"messages": [*ASK, {"role": "tool", "tool_call_id": "c", "content": "1"}]},
+            "messages[1].role",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {}}}],
+                    }
+                ]
+            },
+            "messages[0].tool_calls[0].function.arguments",
+        ),
     ],
 )
 def test_tool_request_errors(tool_served: Running, kw: dict[str, Any], param: str) -> None:
@@ -292,7 +318,7 @@ def test_tool_request_errors(tool_served: Running, kw: dict[str, Any], param: st
 
 
 def test_tool_choice_none(tool_served: Running, script: Any) -> None:
-    """"none": the template gets no tools and the answer is text, even one shaped as a call."""
+    """ "none": the template gets no tools and the answer is text, even one shaped as a call."""
     script(CALL)
     got = chat(tool_served, tools=TOOLS, tool_choice="none")
     assert got.choices[0].message.content == CALL and got.choices[0].message.tool_calls is None
@@ -346,7 +372,7 @@ def test_tool_choice_named(tool_served: Running) -> None:
 
 
 def test_tool_choice_required(tool_served: Running) -> None:
-    """"required": one call or more, each of an offered function with arguments that validate
+    """ "required": one call or more, each of an offered function with arguments that validate
     (needs the grammar's token mask), at temperature 1, whatever the seed."""
     for seed in range(4):
         for parallel in (True, False):

@@ -121,9 +121,7 @@ def stream(reader: ToolReader, text: str, size: int) -> tuple[str, list[Any]]:
         ("mistral", 'Sure [TOOL_CALLS][{"name": "get_time", "arguments": {}}]', "Sure", "["),
     ],
 )
-def test_reader_stream(
-    fmt: Any, text: str, content: str, held_from: str | None, size: int
-) -> None:
+def test_reader_stream(fmt: Any, text: str, content: str, held_from: str | None, size: int) -> None:
     """Streamed content equals the whole answer's, and no call text leaks into it."""
     whole = ToolReader(fmt, NAMES).read(text)
     reader = ToolReader(fmt, NAMES)
@@ -135,7 +133,7 @@ def test_reader_stream(
 
 
 def test_reader_parallel_and_forced() -> None:
-    two = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call><tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'  # noqa: E501
+    two = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call><tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
     assert len(ToolReader("hermes", NAMES).read(two)[1]) == 2
     assert [c.name for c in ToolReader("hermes", NAMES, parallel=False).read(two)[1]] == [
         "get_time"
@@ -236,7 +234,7 @@ Weather in Paris?<|im_end|>
 18C
 </tool_response><|im_end|>
 <|im_start|>assistant
-"""  # noqa: E501
+"""
 
 LLAMA3_WANT = """<|begin_of_text|><|start_header_id|>system<|end_header_id|>
 
@@ -269,7 +267,7 @@ Weather in Paris?<|eot_id|><|start_header_id|>assistant<|end_header_id|>
 
 18C<|eot_id|><|start_header_id|>assistant<|end_header_id|>
 
-"""  # noqa: E501
+"""
 
 
 def test_chatml_template_with_tools() -> None:
