@@ -369,6 +369,20 @@ def test_tool_choice_named(tool_served: Running) -> None:
         check_calls(msg, {"get_time"})
         assert len(msg.tool_calls) == 1 and msg.content is None
         assert got.choices[0].finish_reason == "tool_calls"
+    # streamed: the same call (the same seed), held whole and sent as deltas
+    with client(tool_served).chat.completions.stream(
+        model=tool_served.model.name,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice=named,
+        max_tokens=300,
+        temperature=1,
+        seed=3,
+    ) as stream:
+        for event in stream:
+            assert event.type != "content.delta" or not event.delta, event
+        final = stream.get_final_completion().choices[0]
+    assert calls(final.message) == calls(msg) and final.finish_reason == "tool_calls"
 
 
 def test_tool_choice_required(tool_served: Running) -> None:
