@@ -306,3 +306,16 @@ def test_llama3_template_without_tools() -> None:
         "Today Date: 1 Jan 2025\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nhi"
         "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
     )
+
+
+def test_templates_ship_as_package_data() -> None:
+    """The wheel carries every built-in template (pyproject's package-data)."""
+    import fnmatch
+
+    import tomllib
+
+    config = tomllib.loads((TEMPLATES.parents[2] / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["llmir_core.runtime"]
+    files = [f"chat_templates/{p.name}" for p in TEMPLATES.iterdir()]
+    assert {"chat_templates/chatml.jinja", "chat_templates/llama3.jinja"} <= set(files)
+    assert all(any(fnmatch.fnmatch(f, pat) for pat in patterns) for f in files)
