@@ -94,7 +94,7 @@ class ServedModel:
     ) -> str:
         """The chat template's text for messages (bounded: see runtime.chat_template), with
         `tools` (a 400 naming them when the template does not use them: see serve.tools)."""
-        from .tools import check_template
+        from .tools import check_template, template_messages
 
         tpl = self.tokenizer.chat_template
         if not tpl:
@@ -104,7 +104,7 @@ class ServedModel:
         extra: dict[str, Any] = {} if tools is None else {"tools": tools}
         return render_chat(
             tpl,
-            messages,
+            template_messages(list(messages), tpl),
             bos_token=self.token_text(self.tokenizer.bos_id),
             eos_token=self.token_text(eos),
             timeout=self.template_timeout,

@@ -6,6 +6,9 @@ blocks holding `{"name", "arguments"}` (Qwen2.5, Hermes, the built-in chatml), M
 answer may start with the bare array), else Llama 3's JSON `{"name", "parameters"}` starting the
 answer (after an optional `<|python_tag|>`; several joined by `;`).
 
+A call's id is `call_` and 24 hex digits, except for Mistral's format: 9 hex digits (its
+templates refuse other ids).
+
 `parse_calls` reads a whole answer, `parse_forced` the JSON of a forced tool choice, and
 `ToolReader` does either over a stream, holding text back from the first character a call may
 start at. All or nothing: a call naming a function not offered, or whose arguments are not a
@@ -24,6 +27,7 @@ ToolFormat = Literal["hermes", "llama3_json", "mistral"]
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
 MISTRAL_TAG = "[TOOL_CALLS]"
+MISTRAL_ID = 9  # the length of a call id Mistral's templates accept
 
 
 @functools.lru_cache(maxsize=16)
@@ -168,6 +172,9 @@ class ToolReader:
                 content, calls = parse_calls(text, self.fmt, self.names)
         except ValueError:
             return text, []
+        if self.fmt == "mistral":  # Mistral's templates take 9 letters and digits, no more
+            for c in calls:
+                c.id = uuid.uuid4().hex[:MISTRAL_ID]
         return content, calls if self.parallel else calls[:1]
 
     def feed(self, piece: str) -> str:
@@ -238,4 +245,5 @@ __all__ = [
     "HERMES_CLOSE",
     "PYTHON_TAG",
     "MISTRAL_TAG",
+    "MISTRAL_ID",
 ]

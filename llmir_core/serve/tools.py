@@ -32,7 +32,7 @@ from typing import Any
 from llmir_core.runtime.grammar_spec import GrammarSpec
 
 from .schemas import APIError, GenParams, bad
-from .tool_parse import ToolReader, tool_format
+from .tool_parse import MISTRAL_ID, ToolReader, tool_format
 
 MAX_TOOLS = 128  # OpenAI's limit on `tools`
 MAX_NAME = 64
@@ -350,6 +350,25 @@ def check_template(template: str, tools: list[dict[str, Any]] | None) -> None:
         )
 
 
+def template_messages(messages: list[dict[str, Any]], template: str) -> list[dict[str, Any]]:
+    """The messages as the template needs them: a Mistral template accepts only call ids of 9
+    letters and digits, so longer ids are cut to their last 9 (as vLLM does)."""
+    if tool_format(template) != "mistral":
+        return messages
+
+    def cut(cid: str) -> str:
+        return cid[-MISTRAL_ID:]
+
+    out = []
+    for m in messages:
+        if "tool_calls" in m:
+            m = {**m, "tool_calls": [{**c, "id": cut(c["id"])} for c in m["tool_calls"]]}
+        if "tool_call_id" in m:
+            m = {**m, "tool_call_id": cut(m["tool_call_id"])}
+        out.append(m)
+    return out
+
+
 def reader_for(p: GenParams, template: str | None) -> ToolReader | None:
     """The reader of a request's answer: None when its output is plain text."""
     if template_tools(p) is None or template is None:
@@ -380,5 +399,6 @@ __all__ = [
     "uses_tools",
     "forced_schema",
     "reader_for",
+    "template_messages",
     "finish_choice",
 ]

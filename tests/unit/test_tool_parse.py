@@ -319,3 +319,28 @@ def test_templates_ship_as_package_data() -> None:
     files = [f"chat_templates/{p.name}" for p in TEMPLATES.iterdir()]
     assert {"chat_templates/chatml.jinja", "chat_templates/llama3.jinja"} <= set(files)
     assert all(any(fnmatch.fnmatch(f, pat) for pat in patterns) for f in files)
+
+
+def test_mistral_call_ids() -> None:
+    """Mistral's templates accept only 9-character ids: answers get such ids, and longer ids
+    coming back in messages are cut to their last 9 characters before the template."""
+    from llmir_core.serve.tools import template_messages
+
+    calls = ToolReader("mistral", NAMES).read('[{"name": "get_time", "arguments": {}}]')[1]
+    assert len(calls[0].id) == 9 and calls[0].id.isalnum()
+    mistral = (
+        "{%- for m in messages %}{%- for c in m.tool_calls or [] %}"
+        "{%- if c.id | length != 9 %}{{ raise_exception('ids of 9') }}{% endif %}{{ c.id }}"
+        "{%- endfor %}{{ m.tool_call_id or '' }}{%- endfor %}[TOOL_CALLS]"
+    )
+    messages = [
+        CONVERSATION[1],
+        {
+            **CONVERSATION[2],
+            "tool_calls": [{**CONVERSATION[2]["tool_calls"][0], "id": "call_0123456789abcdef"}],  # type: ignore[index]
+        },
+        {**CONVERSATION[3], "tool_call_id": "call_0123456789abcdef"},
+    ]
+    got = render_chat(mistral, template_messages(messages, mistral))
+    assert got == "789abcdef789abcdef[TOOL_CALLS]"
+    assert template_messages(messages, template("chatml")) is messages
