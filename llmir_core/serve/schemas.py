@@ -226,7 +226,10 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
 
 
 def parse_completion(body: Any) -> GenParams:
+    from .tools import refuse_on_completions
+
     p = _common(body)
+    refuse_on_completions(body)
     p.prompts = _prompts(body.get("prompt"))
     p.logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS)
     echo = body.get("echo", False)

@@ -317,6 +317,15 @@ def test_tool_request_errors(tool_served: Running, kw: dict[str, Any], param: st
     assert err.value.param == param, err.value.message
 
 
+def test_no_tools_on_completions(tool_served: Running) -> None:
+    for kw in ({"tools": TOOLS}, {"tool_choice": "none"}, {"parallel_tool_calls": False}):
+        with pytest.raises(openai.BadRequestError) as err:
+            client(tool_served).completions.create(
+                model=tool_served.model.name, prompt="x", max_tokens=1, extra_body=kw
+            )
+        assert err.value.param == next(iter(kw)) and err.value.code == "unsupported_parameter"
+
+
 def test_tool_choice_none(tool_served: Running, script: Any) -> None:
     """ "none": the template gets no tools and the answer is text, even one shaped as a call."""
     script(CALL)
