@@ -62,6 +62,13 @@ def _missing(param: str) -> APIError:
     return bad(param, f"Missing required parameter: '{param}'.", "missing_required_parameter")
 
 
+def _known(obj: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    """A 400 for a key the server would not act on (never silently dropped)."""
+    for key in obj:
+        if key not in allowed:
+            raise bad(f"{where}.{key}", f"Unknown parameter: '{where}.{key}'.", "unknown_parameter")
+
+
 def _check_name(param: str, name: Any) -> str:
     if name is None:
         raise _missing(param)
@@ -100,6 +107,8 @@ def _tool(i: int, t: Any) -> dict[str, Any]:
         raise _missing(f"{where}.function")
     if not isinstance(fn, dict):
         raise _type_error(f"{where}.function", "an object", fn)
+    _known(t, ("type", "function"), where)
+    _known(fn, ("name", "description", "parameters", "strict"), f"{where}.function")
     _check_name(f"{where}.function.name", fn.get("name"))
     if fn.get("description") is not None and not isinstance(fn["description"], str):
         raise _type_error(f"{where}.function.description", "a string", fn["description"])
@@ -173,6 +182,8 @@ def _choice(v: Any, tools: list[dict[str, Any]] | None) -> str | dict[str, Any]:
             if fn is None
             else _type_error("tool_choice.function", "an object", fn)
         )
+    _known(v, ("type", "function"), "tool_choice")
+    _known(fn, ("name",), "tool_choice.function")
     name = _check_name("tool_choice.function.name", fn.get("name"))
     if not any(t["function"]["name"] == name for t in tools or ()):
         raise bad(
@@ -291,39 +302,30 @@ def tool_message_fields(m: dict[str, Any], i: int, seen_calls: bool) -> dict[str
     return out
 
 
+def _required(obj: dict[str, Any], key: str, kind: type, where: str) -> Any:
+    """obj[key], which must be there and of `kind` (a 400 naming `where.key` otherwise)."""
+    v = obj.get(key)
+    if v is None:
+        raise _missing(f"{where}.{key}")
+    if not isinstance(v, kind):
+        raise _type_error(f"{where}.{key}", "a string" if kind is str else "an object", v)
+    return v
+
+
 def _message_call(where: str, c: Any) -> dict[str, Any]:
+    """One of an assistant message's `tool_calls`, as the template receives it."""
     if not isinstance(c, dict):
         raise _type_error(where, "an object", c)
-    cid = c.get("id")
-    if not isinstance(cid, str):
-        raise (
-            _missing(f"{where}.id") if cid is None else _type_error(f"{where}.id", "a string", cid)
-        )
+    _known(c, ("id", "type", "function"), where)
+    cid = _required(c, "id", str, where)
     if c.get("type", "function") != "function":
         raise bad(
             f"{where}.type", f"Invalid value: {c['type']!r:.40}. Supported values are: 'function'."
         )
-    fn = c.get("function")
-    if not isinstance(fn, dict):
-        raise (
-            _missing(f"{where}.function")
-            if fn is None
-            else _type_error(f"{where}.function", "an object", fn)
-        )
-    name = fn.get("name")
-    if not isinstance(name, str):
-        raise (
-            _missing(f"{where}.function.name")
-            if name is None
-            else _type_error(f"{where}.function.name", "a string", name)
-        )
-    args = fn.get("arguments")
-    if not isinstance(args, str):
-        raise (
-            _missing(f"{where}.function.arguments")
-            if args is None
-            else _type_error(f"{where}.function.arguments", "a string", args)
-        )
+    fn = _required(c, "function", dict, where)
+    _known(fn, ("name", "arguments"), f"{where}.function")
+    name = _required(fn, "name", str, f"{where}.function")
+    args = _required(fn, "arguments", str, f"{where}.function")
     return {
         "id": cid,
         "type": "function",

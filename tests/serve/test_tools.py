@@ -286,6 +286,17 @@ def test_tools_need_a_tool_template(served: Running) -> None:
         ({"tools": []}, "tools"),
         ({"tools": {"a": 1}}, "tools"),
         ({"tools": TOOLS + TOOLS[:1]}, "tools[2].function.name"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "returns": {}}}]},
+            "tools[0].function.returns",
+        ),
+        (
+            {
+                "tools": TOOLS,
+                "tool_choice": {"type": "function", "function": {"name": "get_time", "x": 1}},
+            },
+            "tool_choice.function.x",
+        ),
         ({"tool_choice": "auto"}, "tool_choice"),
         ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
         (
