@@ -175,13 +175,7 @@ def _choice(v: Any, tools: list[dict[str, Any]] | None) -> str | dict[str, Any]:
             "tool_choice.type",
             f"Invalid value: {v.get('type')!r:.40}. Supported values are: 'function'.",
         )
-    fn = v.get("function")
-    if not isinstance(fn, dict):
-        raise (
-            _missing("tool_choice.function")
-            if fn is None
-            else _type_error("tool_choice.function", "an object", fn)
-        )
+    fn = _required(v, "function", dict, "tool_choice")
     _known(v, ("type", "function"), "tool_choice")
     _known(fn, ("name",), "tool_choice.function")
     name = _check_name("tool_choice.function.name", fn.get("name"))
@@ -233,6 +227,12 @@ def parse_tool_fields(body: dict[str, Any], p: GenParams) -> None:
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise _type_error("parallel_tool_calls", "a boolean", parallel)
+    if parallel is not None and p.tools is None:
+        raise bad(
+            "parallel_tool_calls",
+            "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed when "
+            "'tools' are specified.",
+        )
     p.parallel_tool_calls = True if parallel is None else parallel
     schema = forced_schema(p)
     if schema is not None:

@@ -304,6 +304,7 @@ def test_tools_need_a_tool_template(served: Running) -> None:
             "tool_choice",
         ),
         ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+        ({"parallel_tool_calls": False}, "parallel_tool_calls"),
         ({"messages": [*ASK, {"role": "tool", "content": "18C"}]}, "messages[1].tool_call_id"),
         (
             {"messages": [*ASK, {"role": "tool", "tool_call_id": "c", "content": "1"}]},
