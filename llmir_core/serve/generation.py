@@ -25,6 +25,8 @@ from .logprobs import legacy_logprobs
 from .model import ServedModel
 from .scheduler import Completion, GenRequest, QueueFull, ShuttingDown, Ticket
 from .schemas import APIError, GenParams, chunk_body, completion_body, new_id, usage
+from .tool_parse import ToolReader, call_deltas
+from .tools import finish_choice, reader_for
 from .workers import Workers
 
 Events = asyncio.Queue[tuple[str, int, Any]]  # (kind: "text" | "done", choice index, value)
@@ -68,6 +70,16 @@ class Generation:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
                 loop.call_soon_threadsafe(events.put_nowait, (kind, index, value))
 
+        reader = reader_for(p, self.model.tokenizer.chat_template) if chat else None
+        if reader is not None and p.stream and p.n > 1:
+            ticket.release()
+            raise APIError(
+                400,
+                "'stream' with 'n' > 1 and 'tools' is not supported by this server: send it "
+                "without 'stream', or with 'n': 1",
+                param="n",
+                code="unsupported_parameter",
+            )
         reqs = self._submit(p, prompts, ticket, put)
         rid = new_id("chatcmpl" if chat else "cmpl")
         if p.stream and p.n > 1:  # one prompt's choices
@@ -79,14 +91,14 @@ class Generation:
             )
         if p.stream:  # one prompt (schemas refuses stream with several)
             return StreamingResponse(
-                self._sse(rid, p.model, chat, reqs[0], events, p.logprobs is not None),
+                self._sse(rid, p.model, chat, reqs[0], events, p.logprobs is not None, reader),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
         results = await self._whole(request, reqs, events)
         if results is None:
             return Response(status_code=499)
-        return await self._answer(p, prompts, chat, rid, results)
+        return await self._answer(p, prompts, chat, rid, results, reader)
 
     def _submit(
         self, p: GenParams, prompts: list[list[int]], ticket: Ticket, put: Put
@@ -151,6 +163,7 @@ class Generation:
         chat: bool,
         rid: str,
         results: list[Completion],
+        reader: ToolReader | None = None,
     ) -> Any:
         """The JSON body of finished completions: one choice, or one per prompt with echo and
         log-probs (built on a worker thread)."""
@@ -160,12 +173,17 @@ class Generation:
         use = usage(prompt_tokens, sum(len(r.token_ids) for r in results))
         if chat and len(results) > 1:  # n choices
             choices = [chat_choice(k, r) for k, r in enumerate(results)]
+            for choice in choices:  # each choice's text read for tool calls on its own
+                each = reader_for(p, self.model.tokenizer.chat_template)
+                if each is not None:
+                    finish_choice(choice, each)
             return JSONResponse(completion_body(rid, p.model, "", "", use, True, choices))
         if chat or (len(results) == 1 and not p.echo and p.logprobs is None):
             res = results[0]
-            return JSONResponse(
-                completion_body(rid, p.model, res.text, res.finish_reason, use, chat)
-            )
+            body = completion_body(rid, p.model, res.text, res.finish_reason, use, chat)
+            if reader is not None:
+                finish_choice(body["choices"][0], reader)
+            return JSONResponse(body)
         choices = await self.pool.run(lambda: self._choices(p, prompts, results), self.timeout)
         return JSONResponse(completion_body(rid, p.model, "", "", use, False, choices))
 
@@ -252,6 +270,7 @@ class Generation:
         req: GenRequest,
         events: Events,
         logprobs: bool = False,
+        reader: ToolReader | None = None,
     ) -> AsyncIterator[str]:
         """The event stream of one request; it is cancelled when the client goes away first."""
         created = int(time.time())
@@ -264,6 +283,10 @@ class Generation:
                 kind, _, value = await events.get()
                 if kind == "text":
                     piece, upto = value
+                    if reader is not None:  # text that may begin a tool call is held back
+                        piece = reader.feed(piece)
+                        if not piece:
+                            continue
                     lp = self._chunk_logprobs(req, sent, upto, at) if logprobs else None
                     sent, at = upto, at + len(piece)
                     yield _event(chunk_body(rid, name, created, piece, None, chat, logprobs=lp))
@@ -271,14 +294,16 @@ class Generation:
                 finished = True
                 if isinstance(value, Completion):
                     use = usage(value.prompt_tokens, len(value.token_ids))
+                    why = value.finish_reason
+                    if reader is not None:
+                        bodies, called = tool_chunks(rid, name, created, reader)
+                        for body in bodies:
+                            yield _event(body)
+                        why = "tool_calls" if called else why
                     lp = None
                     if logprobs:  # an end-of-sequence token's, or none
                         lp = self._chunk_logprobs(req, sent, len(req.gen_lp), at)
-                    yield _event(
-                        chunk_body(
-                            rid, name, created, None, value.finish_reason, chat, use, logprobs=lp
-                        )
-                    )
+                    yield _event(chunk_body(rid, name, created, None, why, chat, use, logprobs=lp))
                 else:
                     yield _event(
                         APIError(500, f"generation failed: {value}", type="server_error").body()
@@ -288,6 +313,20 @@ class Generation:
         finally:
             if not finished:
                 self.sched.cancel(req)
+
+
+def tool_chunks(
+    rid: str, name: str, created: int, reader: ToolReader
+) -> tuple[list[dict[str, Any]], bool]:
+    """The chunks that end a chat stream read for tool calls: the held-back content, then the
+    calls' deltas (none when the answer held no call); and whether there were calls."""
+    rest, calls = reader.finish()
+    out = [chunk_body(rid, name, created, rest, None, True)] if rest else []
+    for delta in call_deltas(calls):
+        body = chunk_body(rid, name, created, None, None, True)
+        body["choices"][0]["delta"] = delta
+        out.append(body)
+    return out, bool(calls)
 
 
 def _text_event(put: Put, index: int, req: GenRequest, piece: str) -> None:

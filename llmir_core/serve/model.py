@@ -89,18 +89,26 @@ class ServedModel:
     def encode_text(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt, add_special_tokens=True)
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        """The chat template's text for messages (bounded: see runtime.chat_template)."""
+    def render_chat(
+        self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """The chat template's text for messages (bounded: see runtime.chat_template), with
+        `tools` (a 400 naming them when the template does not use them: see serve.tools)."""
+        from .tools import check_template, template_messages
+
         tpl = self.tokenizer.chat_template
         if not tpl:
             raise InputError("the model has no chat template: use /v1/completions")
+        check_template(tpl, tools)
         eos = self.tokenizer.eos_ids[0] if self.tokenizer.eos_ids else None
+        extra: dict[str, Any] = {} if tools is None else {"tools": tools}
         return render_chat(
             tpl,
-            messages,
+            template_messages(list(messages), tpl),
             bos_token=self.token_text(self.tokenizer.bos_id),
             eos_token=self.token_text(eos),
             timeout=self.template_timeout,
+            **extra,
         )
 
     def decode(self, ids: list[int]) -> str:

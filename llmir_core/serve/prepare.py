@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from llmir_core.errors import InputError
 
 from .schemas import APIError, GenParams, bad, parse_chat, parse_completion
+from .tools import template_tools
 
 if TYPE_CHECKING:
     from .model import ServedModel
@@ -89,7 +90,7 @@ def prompt_ids(
         size = sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in messages)
         _check_bytes(model, size, param, "messages' text")
         try:
-            text = model.render_chat(messages)
+            text = model.render_chat(messages, template_tools(p))
         except InputError as exc:
             raise APIError(400, str(exc), param=param, code="invalid_prompt") from None
         _check_bytes(model, len(text.encode("utf-8", "surrogatepass")), param, "rendered chat")

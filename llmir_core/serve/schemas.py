@@ -66,7 +66,7 @@ def bad(param: str, message: str, code: str = "invalid_value") -> APIError:
 class GenParams:
     model: str
     prompts: list[str | list[int]] = field(default_factory=list)  # completions: text or ids
-    messages: list[dict[str, str]] | None = None  # chat
+    messages: list[dict[str, Any]] | None = None  # chat: role, content (+ tool use: see tools)
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
@@ -114,6 +114,9 @@ _KNOWN = {
     "best_of",
     "logit_bias",
     "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
 }
 
 
@@ -222,7 +225,10 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
 
 
 def parse_completion(body: Any) -> GenParams:
+    from .tools import refuse_on_completions
+
     p = _common(body)
+    refuse_on_completions(body)
     p.prompts = _prompts(body.get("prompt"))
     p.logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS)
     echo = body.get("echo", False)
@@ -283,7 +289,9 @@ def parse_chat(body: Any) -> GenParams:
             "'messages' must be a non-empty list",
             "missing_required_parameter" if messages is None else "invalid_type",
         )
-    out = []
+    from .tools import parse_tool_fields, tool_message_fields
+
+    out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in (
             "system",
@@ -298,8 +306,12 @@ def parse_chat(body: Any) -> GenParams:
                 "invalid_type",
             )
         role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": _content(m, i)})
+        seen_calls = any("tool_calls" in o for o in out)
+        out.append(
+            {"role": role, "content": _content(m, i), **tool_message_fields(m, i, seen_calls)}
+        )
     p.messages = out
+    parse_tool_fields(body, p)
     return p
 
 
