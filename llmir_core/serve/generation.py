@@ -18,10 +18,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from llmir_core.runtime.sampling import Sampler, SamplingConfig
+from llmir_core.runtime.sampling import Sampler
 
-from .logprobs import legacy_logprobs
+from .logprobs import chat_logprobs, legacy_logprobs
 from .model import ServedModel
+from .sampling_params import sampling_config
 from .scheduler import Completion, GenRequest, QueueFull, ShuttingDown, Ticket
 from .schemas import APIError, GenParams, chunk_body, completion_body, new_id, usage
 from .workers import Workers
@@ -97,7 +98,7 @@ class Generation:
         reqs: list[GenRequest] = []
         for i, ids in enumerate(prompts):
             wanted = model.max_context if p.max_tokens is None else p.max_tokens
-            sampler = Sampler(SamplingConfig(temperature=p.temperature, top_p=p.top_p, seed=p.seed))
+            sampler = Sampler(sampling_config(p))
             req = GenRequest(
                 ids,
                 min(wanted, model.max_context - len(ids)),
@@ -137,8 +138,15 @@ class Generation:
         use = usage(sum(r.prompt_tokens for r in results), sum(len(r.token_ids) for r in results))
         if chat or (len(results) == 1 and not p.echo and p.logprobs is None):
             res = results[0]
+            lp = None
+            if chat and p.logprobs is not None:  # the content's tokens (an end token's not)
+                gen = (res.logprobs or [])[: len(res.token_ids)]
+                lp = await self.pool.run(
+                    lambda: chat_logprobs(self.model.decode_special, prompts[0], gen),
+                    self.timeout,
+                )
             return JSONResponse(
-                completion_body(rid, p.model, res.text, res.finish_reason, use, chat)
+                completion_body(rid, p.model, res.text, res.finish_reason, use, chat, logprobs=lp)
             )
         choices = await self.pool.run(lambda: self._choices(p, prompts, results), self.timeout)
         return JSONResponse(completion_body(rid, p.model, "", "", use, False, choices))
@@ -206,10 +214,16 @@ class Generation:
             )
         return [results[i] for i in range(len(reqs))]
 
-    def _chunk_logprobs(self, req: GenRequest, sent: int, upto: int, at: int) -> dict[str, Any]:
-        """The `logprobs` of generated tokens [sent, upto) of a stream, offsets from `at`."""
+    def _chunk_logprobs(
+        self, req: GenRequest, sent: int, upto: int, at: int, chat: bool = False
+    ) -> dict[str, Any]:
+        """The `logprobs` of generated tokens [sent, upto) of a stream, offsets from `at`
+        (chat: its shape, without an end token's entry)."""
         model = self.model
         context = [*req.prompt_ids, *(e.token for e in req.gen_lp[:sent])]
+        if chat:
+            upto = max(sent, min(upto, len(req.ids)))  # req.ids never holds an end token
+            return chat_logprobs(model.decode_special, context, req.gen_lp[sent:upto])
         lp = legacy_logprobs(
             model.decode_special, model.special_ids, context, None, req.gen_lp[sent:upto]
         )
@@ -236,7 +250,7 @@ class Generation:
                 kind, _, value = await events.get()
                 if kind == "text":
                     piece, upto = value
-                    lp = self._chunk_logprobs(req, sent, upto, at) if logprobs else None
+                    lp = self._chunk_logprobs(req, sent, upto, at, chat) if logprobs else None
                     sent, at = upto, at + len(piece)
                     yield _event(chunk_body(rid, name, created, piece, None, chat, logprobs=lp))
                     continue
@@ -245,7 +259,8 @@ class Generation:
                     use = usage(value.prompt_tokens, len(value.token_ids))
                     lp = None
                     if logprobs:  # an end-of-sequence token's, or none
-                        lp = self._chunk_logprobs(req, sent, len(req.gen_lp), at)
+                        lp = self._chunk_logprobs(req, sent, len(req.gen_lp), at, chat)
+                        lp = None if chat and not lp["content"] else lp
                     yield _event(
                         chunk_body(
                             rid, name, created, None, value.finish_reason, chat, use, logprobs=lp
