@@ -142,7 +142,8 @@ def run_cmd(
     min_p: Annotated[
         float,
         typer.Option(
-            "--min-p", help="Drop tokens under this fraction of the top one's probability (0 = off)."
+            "--min-p",
+            help="Drop tokens under this fraction of the top one's probability (0 = off).",
         ),
     ] = 0.0,
     presence_penalty: Annotated[

@@ -41,7 +41,9 @@ def sampling_config(p: GenParams, index: int = 0) -> SamplingConfig:
 def check_logit_bias(p: GenParams, vocab: int) -> None:
     out = next((t for t in p.logit_bias if t >= vocab), None)
     if out is not None:
-        raise bad("logit_bias", f"'logit_bias' names token {out}, outside the vocabulary [0, {vocab})")
+        raise bad(
+            "logit_bias", f"'logit_bias' names token {out}, outside the vocabulary [0, {vocab})"
+        )
 
 
 __all__ = ["sampling_config", "check_logit_bias", "choice_seed"]

@@ -199,7 +199,9 @@ def _sampling(body: dict[str, Any], p: GenParams) -> None:
     if bias is None:
         return
     if not isinstance(bias, dict):
-        raise bad("logit_bias", "'logit_bias' must be a map of token ids to numbers", "invalid_type")
+        raise bad(
+            "logit_bias", "'logit_bias' must be a map of token ids to numbers", "invalid_type"
+        )
     for key, v in bias.items():
         if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 20):
             raise bad("logit_bias", f"'logit_bias' keys must be token ids, got {key!r:.40}")
@@ -304,8 +306,7 @@ def parse_chat(body: Any) -> GenParams:
     if body.get("echo") not in (None, False):
         raise bad(
             "echo",
-            "'echo' is not supported on chat completions by this server "
-            "(/v1/completions takes it)",
+            "'echo' is not supported on chat completions by this server (/v1/completions takes it)",
             "unsupported_parameter",
         )
     _chat_logprobs(body, p)

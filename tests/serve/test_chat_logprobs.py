@@ -56,6 +56,7 @@ def test_chat_top_logprobs(served: Running, full_artifact: Path) -> None:
     assert len(content) == len(ids)
     for e, tok, row in zip(content, ids, rows):
         best = np.argsort(-row, kind="stable")[:3]
+        assert best[0] == tok  # greedy: the chosen token is the top one
         got = [a.logprob for a in e.top_logprobs]
         np.testing.assert_allclose(got, row[best], atol=TOL)
         assert e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob
