@@ -47,6 +47,11 @@ def test_chat_logprobs(served: Running, full_artifact: Path) -> None:
         assert e.logprob == pytest.approx(row.max(), abs=TOL)  # greedy: the top token
         assert e.bytes == list(e.token.encode("utf-8")) and e.top_logprobs == []
     assert chat(served).choices[0].logprobs is None  # not asked: none
+    # an end token has no entry (it is not content): forced first with logit_bias
+    eos = str(served.model.eos_ids[0])
+    ended = chat(served, logprobs=True, logit_bias={eos: 100}).choices[0]
+    assert ended.finish_reason == "stop" and ended.message.content == ""
+    assert ended.logprobs.content == []
     assert chat(served, logprobs=False).choices[0].logprobs is None
 
 
@@ -88,3 +93,6 @@ def test_chat_logprobs_stream(served: Running) -> None:
             entries += c.logprobs.content
     assert text == whole.message.content
     assert [e.model_dump() for e in entries] == [e.model_dump() for e in whole.logprobs.content]
+    eos = str(served.model.eos_ids[0])
+    stream = chat(served, logprobs=True, logit_bias={eos: 100}, stream=True)
+    assert [c.logprobs for ch in stream for c in ch.choices if c.logprobs is not None] == []
