@@ -112,8 +112,9 @@ class Sampler:
         if c.temperature == 0.0:
             tok = int(np.argmax(self.adjusted(logits, history)))
         else:
-            p = self.probs(logits, history)
-            tok = int(self.rng.choice(p.size, p=p))
+            ids, q = self._candidates(self.adjusted(logits, history) / c.temperature)
+            draw = int(self.rng.choice(q.size, p=q))  # in index order, as over all of p
+            tok = draw if ids is None else int(ids[draw])
         if c.presence_penalty or c.frequency_penalty:
             self.counts[tok] = self.counts.get(tok, 0) + 1
         return tok
@@ -143,23 +144,38 @@ class Sampler:
     def probs(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
         """The distribution a pick at temperature > 0 draws from (step 4 of the module
         docstring): softmax of the adjusted logits / temperature, after top-k, top-p, min-p."""
+        ids, q = self._candidates(self.adjusted(logits, history) / self.config.temperature)
+        if ids is None:
+            return q
+        p = np.zeros(np.asarray(logits).size)
+        p[ids] = q
+        return p
+
+    def _candidates(self, x: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """The tokens left after top-k, top-p and min-p (ascending ids; None: all of them)
+        and their probabilities. After top-k the work is over its k tokens only."""
         c = self.config
-        x = self.adjusted(logits, history) / c.temperature
+        ids = None
         if 0 < c.top_k < x.size:
             kth = np.partition(x, -c.top_k)[-c.top_k]
-            x[x < kth] = -np.inf
-        x -= np.max(x)
-        p = np.exp(x)
-        p /= p.sum()
+            ids = np.flatnonzero(x >= kth)  # ties at the k-th value kept
+            x = x[ids]
+        x = x - np.max(x)
+        q = np.exp(x)
+        q /= q.sum()
         if c.top_p < 1.0:
-            order = np.argsort(-p, kind="stable")
-            cum = np.cumsum(p[order])
-            keep = cum - p[order] < c.top_p  # the smallest prefix whose mass reaches top_p
-            mask = np.zeros_like(p, dtype=bool)
-            mask[order[keep]] = True
-            p = np.where(mask, p, 0.0)
-            p /= p.sum()
+            order = np.argsort(-q, kind="stable")
+            cum = np.cumsum(q[order])
+            keep = np.zeros(q.size, dtype=bool)
+            keep[order[cum - q[order] < c.top_p]] = True  # the smallest prefix reaching top_p
+            ids, q = self._keep(ids, q, keep)
         if c.min_p > 0.0:
-            p = np.where(p >= c.min_p * p.max(), p, 0.0)
-            p /= p.sum()
-        return p
+            ids, q = self._keep(ids, q, q >= c.min_p * q.max())
+        return ids, q
+
+    @staticmethod
+    def _keep(
+        ids: np.ndarray | None, q: np.ndarray, keep: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        q = q[keep]
+        return (np.flatnonzero(keep) if ids is None else ids[keep]), q / q.sum()
