@@ -139,6 +139,28 @@ def run_cmd(
     repetition_penalty: Annotated[
         float, typer.Option("--repetition-penalty", help="Penalize tokens already seen (1 = off).")
     ] = 1.0,
+    min_p: Annotated[
+        float,
+        typer.Option(
+            "--min-p",
+            help="Drop tokens under this fraction of the top one's probability (0 = off).",
+        ),
+    ] = 0.0,
+    presence_penalty: Annotated[
+        float,
+        typer.Option(
+            "--presence-penalty",
+            help="Subtract from the logit of every token generated so far, -2..2 (0 = off).",
+        ),
+    ] = 0.0,
+    frequency_penalty: Annotated[
+        float,
+        typer.Option(
+            "--frequency-penalty",
+            help="Subtract this times its count so far from each generated token's logit, -2..2 "
+            "(0 = off).",
+        ),
+    ] = 0.0,
     seed: Annotated[
         int | None, typer.Option("--seed", help="Random seed: the same seed gives the same text.")
     ] = None,
@@ -176,6 +198,9 @@ def run_cmd(
             top_k=top_k,
             top_p=top_p,
             repetition_penalty=repetition_penalty,
+            min_p=min_p,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
             seed=seed,
             chat=chat,
             system=system,

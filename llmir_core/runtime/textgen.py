@@ -37,6 +37,9 @@ class TextGenOptions:
     top_k: int = 0
     top_p: float = 1.0
     repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
     chat: bool = False  # render prompts with the model's chat template
     system: str | None = None  # a system message for --chat
@@ -48,7 +51,14 @@ class TextGenOptions:
 
     def sampling(self) -> SamplingConfig:
         cfg = SamplingConfig(
-            self.temperature, self.top_k, self.top_p, self.repetition_penalty, self.seed
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            repetition_penalty=self.repetition_penalty,
+            seed=self.seed,
+            min_p=self.min_p,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
         )
         cfg.validate()
         return cfg

@@ -3,7 +3,7 @@
 A request with `n` > 1 gets n scheduler requests per prompt; the first prefills the prompt and
 the others (its `group`) are forked from it (`llmir_core.serve.scheduler`). Choices are ordered
 prompt-major, as OpenAI orders them: choice `index` = prompt_i * n + j. Choice j of a seeded
-request samples with `choice_seed(seed, j)`: the request's own seed for j = 0 (so choice 0 is
+request samples with `sampling_params.choice_seed(seed, j)`: the request's own seed for j = 0 (so choice 0 is
 what n=1 answers) and one derived from (seed, j) for the others, so a seed with n reproduces
 every choice and the choices differ; without a seed each sampler seeds itself.
 
@@ -19,17 +19,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import numpy as np
-
 from .scheduler import Completion, GenRequest
 from .schemas import APIError, chunk_body, usage
-
-
-def choice_seed(seed: int | None, index: int) -> int | None:
-    """The sampler seed of a prompt's choice `index` (see the module docstring)."""
-    if seed is None or index == 0:
-        return seed
-    return int(np.random.SeedSequence([seed, index]).generate_state(1, np.uint64)[0])
 
 
 def link_group(group: list[GenRequest]) -> GenRequest:
@@ -97,6 +88,8 @@ async def stream_choices(
                 return
             done[k] = value
             lp = logprobs_of(req, sent[k], len(req.gen_lp), at[k]) if logprobs_of else None
+            if chat and lp is not None and not lp.get("content"):
+                lp = None  # no content token left (an end token has no chat entry)
             body = chunk_body(rid, name, created, None, value.finish_reason, chat, logprobs=lp)
             yield _chunk(body, k)
         tokens = sum(len(c.token_ids) for c in done.values())
@@ -111,4 +104,4 @@ async def stream_choices(
             cancel(reqs[0])  # the whole group
 
 
-__all__ = ["chat_choice", "choice_seed", "link_group", "stream_choices"]
+__all__ = ["chat_choice", "link_group", "stream_choices"]

@@ -18,11 +18,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from llmir_core.runtime.sampling import Sampler, SamplingConfig
+from llmir_core.runtime.sampling import Sampler
 
-from .choices import chat_choice, choice_seed, link_group, stream_choices
-from .logprobs import legacy_logprobs
+from .choices import chat_choice, link_group, stream_choices
+from .logprobs import chat_logprobs, legacy_logprobs
 from .model import ServedModel
+from .sampling_params import sampling_config
 from .scheduler import Completion, GenRequest, QueueFull, ShuttingDown, Ticket
 from .schemas import APIError, GenParams, chunk_body, completion_body, new_id, usage
 from .tool_parse import ToolReader, call_deltas
@@ -83,7 +84,11 @@ class Generation:
         reqs = self._submit(p, prompts, ticket, put)
         rid = new_id("chatcmpl" if chat else "cmpl")
         if p.stream and p.n > 1:  # one prompt's choices
-            lp_of = self._chunk_logprobs if p.logprobs is not None else None
+            lp_of = (
+                functools.partial(self._chunk_logprobs, chat=chat)
+                if p.logprobs is not None
+                else None
+            )
             return StreamingResponse(
                 stream_choices(rid, p.model, chat, reqs, events, self.sched.cancel, lp_of),
                 media_type="text/event-stream",
@@ -128,8 +133,7 @@ class Generation:
             i, j = divmod(k, p.n)
             ids = prompts[i]
             wanted = model.max_context if p.max_tokens is None else p.max_tokens
-            seed = choice_seed(p.seed, j)
-            sampler = Sampler(SamplingConfig(temperature=p.temperature, top_p=p.top_p, seed=seed))
+            sampler = Sampler(sampling_config(p, j))
             req = GenRequest(
                 ids,
                 min(wanted, model.max_context - len(ids)),
@@ -173,6 +177,10 @@ class Generation:
         use = usage(prompt_tokens, sum(len(r.token_ids) for r in results))
         if chat and len(results) > 1:  # n choices
             choices = [chat_choice(k, r) for k, r in enumerate(results)]
+            if p.logprobs is not None:  # each choice's content tokens (an end token's not)
+                for choice, r in zip(choices, results):
+                    gen = (r.logprobs or [])[: len(r.token_ids)]
+                    choice["logprobs"] = chat_logprobs(self.model.decode_special, prompts[0], gen)
             for choice in choices:  # each choice's text read for tool calls on its own
                 each = reader_for(p, self.model.tokenizer.chat_template)
                 if each is not None:
@@ -180,7 +188,16 @@ class Generation:
             return JSONResponse(completion_body(rid, p.model, "", "", use, True, choices))
         if chat or (len(results) == 1 and not p.echo and p.logprobs is None):
             res = results[0]
-            body = completion_body(rid, p.model, res.text, res.finish_reason, use, chat)
+            lp = None
+            if chat and p.logprobs is not None:  # the content's tokens (an end token's not)
+                gen = (res.logprobs or [])[: len(res.token_ids)]
+                lp = await self.pool.run(
+                    lambda: chat_logprobs(self.model.decode_special, prompts[0], gen),
+                    self.timeout,
+                )
+            body = completion_body(
+                rid, p.model, res.text, res.finish_reason, use, chat, logprobs=lp
+            )
             if reader is not None:
                 finish_choice(body["choices"][0], reader)
             return JSONResponse(body)
@@ -252,10 +269,16 @@ class Generation:
             )
         return [results[i] for i in range(len(reqs))]
 
-    def _chunk_logprobs(self, req: GenRequest, sent: int, upto: int, at: int) -> dict[str, Any]:
-        """The `logprobs` of generated tokens [sent, upto) of a stream, offsets from `at`."""
+    def _chunk_logprobs(
+        self, req: GenRequest, sent: int, upto: int, at: int, chat: bool = False
+    ) -> dict[str, Any]:
+        """The `logprobs` of generated tokens [sent, upto) of a stream, offsets from `at`
+        (chat: its shape, without an end token's entry)."""
         model = self.model
         context = [*req.prompt_ids, *(e.token for e in req.gen_lp[:sent])]
+        if chat:
+            upto = max(sent, min(upto, len(req.ids)))  # req.ids never holds an end token
+            return chat_logprobs(model.decode_special, context, req.gen_lp[sent:upto])
         lp = legacy_logprobs(
             model.decode_special, model.special_ids, context, None, req.gen_lp[sent:upto]
         )
@@ -287,7 +310,7 @@ class Generation:
                         piece = reader.feed(piece)
                         if not piece:
                             continue
-                    lp = self._chunk_logprobs(req, sent, upto, at) if logprobs else None
+                    lp = self._chunk_logprobs(req, sent, upto, at, chat) if logprobs else None
                     sent, at = upto, at + len(piece)
                     yield _event(chunk_body(rid, name, created, piece, None, chat, logprobs=lp))
                     continue
@@ -302,7 +325,8 @@ class Generation:
                         why = "tool_calls" if called else why
                     lp = None
                     if logprobs:  # an end-of-sequence token's, or none
-                        lp = self._chunk_logprobs(req, sent, len(req.gen_lp), at)
+                        lp = self._chunk_logprobs(req, sent, len(req.gen_lp), at, chat)
+                        lp = None if chat and not lp["content"] else lp
                     yield _event(chunk_body(rid, name, created, None, why, chat, use, logprobs=lp))
                 else:
                     yield _event(

@@ -1,4 +1,5 @@
-"""Token log-probabilities for `/v1/completions`' `logprobs` and `echo` (OpenAI's legacy object).
+"""Token log-probabilities: `/v1/completions`' `logprobs` and `echo` (OpenAI's legacy object)
+and chat's `logprobs` / `top_logprobs` (`chat_logprobs`).
 
 `score(rows, ids, k)` turns logits rows into each next token's log-probability under the model
 (a float64 log-softmax of the raw logits: before temperature and top-p, the model's own
@@ -133,4 +134,43 @@ def legacy_logprobs(
     }
 
 
-__all__ = ["TokenLogprob", "log_softmax", "score", "token_texts", "legacy_logprobs", "WINDOW"]
+def _entry(text: str, logprob: float) -> dict[str, Any]:
+    return {
+        "token": text,
+        "logprob": logprob,
+        "bytes": list(text.encode("utf-8", "surrogatepass")),
+    }
+
+
+def chat_logprobs(
+    decode: Callable[[list[int]], str], context: Sequence[int], generated: Sequence[TokenLogprob]
+) -> dict[str, Any]:
+    """OpenAI's chat `logprobs` object for generated tokens that follow `context` (the prompt
+    and the tokens generated before them): {"content": [{"token", "logprob", "bytes",
+    "top_logprobs": [{"token", "logprob", "bytes"}, ...]}], "refusal": None}.
+
+    The log-probabilities are of the model's own distribution (a log-softmax of the raw
+    logits, before logit_bias, penalties, temperature and the top-k / top-p / min-p filters,
+    as vLLM reports them by default); `top_logprobs` lists the k likeliest tokens under it,
+    likeliest first. A token's text is what it adds to the text after the ones before it
+    (`token_texts`: a token that ends a multi-byte character carries the whole character) and
+    `bytes` its UTF-8 encoding; `decode` writes special tokens out."""
+    ids = [*context, *(g.token for g in generated)]
+    texts, alts = token_texts(decode, ids, len(context), [[a for a, _ in g.top] for g in generated])
+    content = []
+    for g, text, keys in zip(generated, texts, alts):
+        entry = _entry(text, g.logprob)
+        entry["top_logprobs"] = [_entry(key, lp) for key, (_, lp) in zip(keys, g.top)]
+        content.append(entry)
+    return {"content": content, "refusal": None}
+
+
+__all__ = [
+    "TokenLogprob",
+    "log_softmax",
+    "score",
+    "token_texts",
+    "legacy_logprobs",
+    "chat_logprobs",
+    "WINDOW",
+]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmir_core.errors import InputError
 
+from .sampling_params import check_logit_bias
 from .schemas import APIError, GenParams, bad, parse_chat, parse_completion
 from .tools import template_tools
 
@@ -120,6 +121,7 @@ def prepare(model: ServedModel, raw: bytes, chat: bool) -> tuple[GenParams, list
             param="model",
             code="model_not_found",
         )
+    check_logit_bias(p, model.decoder.vocab)
     if chat:
         return p, [prompt_ids(model, p, True)]
     many = len(p.prompts) > 1

@@ -9,9 +9,16 @@ Completions also take OpenAI's legacy scoring parameters: `prompt` as a string, 
 ids, or a list of either (one choice per prompt), `logprobs` (0..`MAX_LOGPROBS` alternatives per
 token) and `echo` (the prompt comes back in the text, with its tokens' log-probabilities when
 `logprobs` is set; `max_tokens` 0 is allowed then); a stream's chunks carry their tokens'
-log-probs. A parameter the server does not act on is a 400 `unsupported_parameter`, never
-silently ignored: `logprobs` on chat, `stream` with `echo` or several prompts, and `best_of`,
-`suffix`, `logit_bias`, `presence_penalty`, `frequency_penalty` other than their defaults.
+log-probs. Chat takes `logprobs: true` with `top_logprobs` (0..`MAX_LOGPROBS`).
+
+Sampling beyond temperature / top_p (llmir_core/serve/sampling_params.py builds the sampler):
+`logit_bias` (token id strings -> [-100, 100]), `presence_penalty` and `frequency_penalty`
+([-2, 2]), and the extras vLLM and llama.cpp take: `top_k` (0 or -1: off), `min_p` ([0, 1]),
+`repetition_penalty` (> 0).
+
+A parameter the server does not act on is a 400 `unsupported_parameter`, never silently
+ignored: `echo` on chat, `top_logprobs` on completions, `stream` with `echo` or several prompts,
+and `best_of`, `suffix` other than their defaults.
 """
 
 from __future__ import annotations
@@ -117,6 +124,9 @@ _KNOWN = {
     "tools",
     "tool_choice",
     "parallel_tool_calls",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
 }
 
 
@@ -173,19 +183,39 @@ def _common(body: Any) -> GenParams:
     if not isinstance(stream, bool) and stream is not None:
         raise bad("stream", f"'stream' must be a boolean, got {stream!r}", "invalid_type")
     p.stream = bool(stream)
+    _sampling(body, p)
     _unsupported(body)
     p.extra = {k: v for k, v in body.items() if k not in _KNOWN}
     return p
+
+
+def _sampling(body: dict[str, Any], p: GenParams) -> None:
+    """The sampling parameters beyond temperature / top_p (the module docstring's ranges)."""
+    top_k = _int(body, "top_k", -1)
+    p.top_k = 0 if top_k is None or top_k == -1 else top_k
+    p.min_p = _number(body, "min_p", 0.0, 0.0, 1.0)
+    p.repetition_penalty = _number(body, "repetition_penalty", 1.0, 0.0, math.inf, low_open=True)
+    p.presence_penalty = _number(body, "presence_penalty", 0.0, -2.0, 2.0)
+    p.frequency_penalty = _number(body, "frequency_penalty", 0.0, -2.0, 2.0)
+    bias = body.get("logit_bias")
+    if bias is None:
+        return
+    if not isinstance(bias, dict):
+        raise bad(
+            "logit_bias", "'logit_bias' must be a map of token ids to numbers", "invalid_type"
+        )
+    for key, v in bias.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 20):
+            raise bad("logit_bias", f"'logit_bias' keys must be token ids, got {key!r:.40}")
+        if isinstance(v, bool) or not isinstance(v, int | float) or not -100 <= v <= 100:
+            raise bad("logit_bias", f"'logit_bias' values must be in [-100, 100], got {v!r:.40}")
+        p.logit_bias[int(key)] = float(v)
 
 
 # parameters the server does not act on, with the value that means "off"
 _OFF: dict[str, tuple[Any, ...]] = {
     "best_of": (1,),
     "suffix": ("",),
-    "logit_bias": ({},),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
-    "top_logprobs": (),  # chat's; completions take `logprobs`
 }
 
 
@@ -229,6 +259,12 @@ def parse_completion(body: Any) -> GenParams:
 
     p = _common(body)
     refuse_on_completions(body)
+    if body.get("top_logprobs") is not None:
+        raise bad(
+            "top_logprobs",
+            "'top_logprobs' is chat's: completions take 'logprobs' (alternatives per token)",
+            "unsupported_parameter",
+        )
     p.prompts = _prompts(body.get("prompt"))
     p.logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS)
     echo = body.get("echo", False)
@@ -272,14 +308,13 @@ def _content(m: dict[str, Any], i: int) -> str:
 
 def parse_chat(body: Any) -> GenParams:
     p = _common(body)
-    for name in ("logprobs", "top_logprobs", "echo"):
-        if body.get(name) not in (None, False):
-            raise bad(
-                name,
-                f"'{name}' is not supported on chat completions by this server "
-                "(/v1/completions takes 'logprobs' and 'echo')",
-                "unsupported_parameter",
-            )
+    if body.get("echo") not in (None, False):
+        raise bad(
+            "echo",
+            "'echo' is not supported on chat completions by this server (/v1/completions takes it)",
+            "unsupported_parameter",
+        )
+    _chat_logprobs(body, p)
     if p.max_tokens == 0:
         raise bad("max_tokens", "'max_tokens' must be >= 1, got 0")
     messages = body.get("messages")
@@ -315,6 +350,20 @@ def parse_chat(body: Any) -> GenParams:
     return p
 
 
+def _chat_logprobs(body: dict[str, Any], p: GenParams) -> None:
+    """Chat's `logprobs` (a boolean) and `top_logprobs` (needs it); p.logprobs becomes the
+    alternatives per token the scheduler records (None: no log-probs)."""
+    lp = body.get("logprobs")
+    if lp is not None and not isinstance(lp, bool):
+        raise bad("logprobs", f"'logprobs' must be a boolean, got {lp!r:.40}", "invalid_type")
+    p.chat_logprobs = bool(lp)
+    p.top_logprobs = _int(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if p.top_logprobs is not None and not p.chat_logprobs:
+        raise bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+    if p.chat_logprobs:
+        p.logprobs = p.top_logprobs or 0
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
@@ -335,9 +384,10 @@ def completion_body(
     use: dict[str, int],
     chat: bool,
     more: list[dict[str, Any]] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The whole answer; `more`: the choices of a completion with several prompts or log-probs
-    (`text` and `finish` are then unused)."""
+    (`text` and `finish` are then unused); `logprobs`: a chat choice's."""
     if more is not None:
         choices = more
     elif chat:
@@ -345,7 +395,7 @@ def completion_body(
             "index": 0,
             "message": {"role": "assistant", "content": text},
             "finish_reason": finish,
-            "logprobs": None,
+            "logprobs": logprobs,
         }
         choices = [choice]
     else:
@@ -381,7 +431,7 @@ def chunk_body(
             "index": 0,
             "delta": delta,
             "finish_reason": finish,
-            "logprobs": None,
+            "logprobs": logprobs,
         }
     else:
         choice = {"index": 0, "text": piece or "", "finish_reason": finish, "logprobs": logprobs}

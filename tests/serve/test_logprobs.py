@@ -170,9 +170,7 @@ def test_streamed_logprobs_equal_the_whole_answer(served: Running) -> None:
         ({"stream": True, "prompt": ["a", "b"]}, "unsupported_parameter", "prompt"),
         ({"n": 0}, "invalid_value", "n"),
         ({"best_of": 2}, "unsupported_parameter", "best_of"),
-        ({"logit_bias": {"5": 10}}, "unsupported_parameter", "logit_bias"),
         ({"suffix": "end"}, "unsupported_parameter", "suffix"),
-        ({"presence_penalty": 0.5}, "unsupported_parameter", "presence_penalty"),
         ({"top_logprobs": 2}, "unsupported_parameter", "top_logprobs"),
         ({"prompt": [1, 2, 9999]}, "invalid_value", "prompt"),
         ({"prompt": [[1, 2], [-1]]}, "invalid_value", "prompt[1]"),
@@ -195,9 +193,9 @@ def test_more_prompts_than_the_server_holds(served: Running) -> None:
     assert f"at most {room}" in data["error"]["message"]
 
 
-def test_chat_refuses_logprobs(served: Running) -> None:
+def test_chat_refuses_echo(served: Running) -> None:
     m = served.model.name
-    for extra in ({"logprobs": True}, {"top_logprobs": 2}, {"echo": True}):
+    for extra in ({"echo": True},):
         body = {"model": m, "messages": [{"role": "user", "content": "hi"}], **extra}
         status, _, data = call(served.url, "POST", "/v1/chat/completions", json.dumps(body))
         expect(status, data, 400, "unsupported_parameter", next(iter(extra)))

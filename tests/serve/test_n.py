@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from llmir_core.runtime.sampling import Sampler, SamplingConfig
-from llmir_core.serve.choices import choice_seed, link_group
+from llmir_core.serve.choices import link_group
+from llmir_core.serve.sampling_params import choice_seed
 from llmir_core.serve.scheduler import Completion, GenRequest, Scheduler
 from llmir_core.targets.onnxruntime.batch_runner import OrtBatchDecoder
 from tests.decoder.reference_fixtures import ref_artifact, tiny_llmir  # noqa: F401  (fixtures)
