@@ -96,3 +96,35 @@ def test_chat_logprobs_stream(served: Running) -> None:
     eos = str(served.model.eos_ids[0])
     stream = chat(served, logprobs=True, logit_bias={eos: 100}, stream=True)
     assert [c.logprobs for ch in stream for c in ch.choices if c.logprobs is not None] == []
+
+
+def _flat(entries: list[Any]) -> list[tuple[str, float]]:
+    """(token, logprob) of each entry and its alternatives, in order."""
+    out = []
+    for e in entries:
+        out += [(e.token, e.logprob)] + [(t.token, t.logprob) for t in e.top_logprobs]
+    return out
+
+
+def _same(got: list[tuple[str, float]], want: list[tuple[str, float]]) -> bool:
+    """Equal tokens, log-probs within TOL (a batched forward sums in another order)."""
+    return [t for t, _ in got] == [t for t, _ in want] and all(
+        abs(a - b) <= TOL for (_, a), (_, b) in zip(got, want)
+    )
+
+
+def test_chat_logprobs_of_n_choices(served: Running) -> None:
+    """With n > 1 every choice carries its own entries (whole and streamed): greedy choices
+    equal the n=1 answer's."""
+    want = _flat(chat(served, logprobs=True, top_logprobs=2).choices[0].logprobs.content)
+    assert want
+    got = chat(served, logprobs=True, top_logprobs=2, n=2)
+    assert [c.index for c in got.choices] == [0, 1]
+    for c in got.choices:
+        assert _same(_flat(c.logprobs.content), want)
+    entries: dict[int, list[Any]] = {0: [], 1: []}
+    for ch in chat(served, logprobs=True, top_logprobs=2, n=2, stream=True):
+        for c in ch.choices:
+            if c.logprobs is not None:
+                entries[c.index] += c.logprobs.content
+    assert _same(_flat(entries[0]), want) and _same(_flat(entries[1]), want)
