@@ -144,7 +144,9 @@ _INDEX: dict[tuple[int, int, tuple[int, ...]], tuple[Tokenizer, TokenIndex]] = {
 _INDEX_LOCK = threading.Lock()
 
 
-def token_index(tokenizer: Tokenizer, vocab: int | None = None, eos_ids: Iterable[int] = ()) -> TokenIndex:
+def token_index(
+    tokenizer: Tokenizer, vocab: int | None = None, eos_ids: Iterable[int] = ()
+) -> TokenIndex:
     """The cached index of tokenizer over `vocab` ids (default: its vocabulary; a model's
     logits may be wider) with these end-of-sequence ids (default: the tokenizer's)."""
     import llguidance
@@ -250,7 +252,9 @@ def compile_grammar(
     is_error, messages = LLMatcher.validate_grammar_with_warnings(text, index.lltok)
     if is_error:
         what = "JSON Schema" if spec.kind in ("json_schema", "json_object") else spec.kind
-        raise GrammarError(f"{spec.source}: this {what} cannot be enforced: {_one_line(messages[0])}")
+        raise GrammarError(
+            f"{spec.source}: this {what} cannot be enforced: {_one_line(messages[0])}"
+        )
     return Grammar(spec, index, text, time.perf_counter() - t0)
 
 
@@ -273,9 +277,7 @@ class Constraint:
 
     def _check(self) -> None:
         if self.matcher.is_error():
-            raise GrammarError(
-                f"{self.grammar.spec.source}: {_one_line(self.matcher.get_error())}"
-            )
+            raise GrammarError(f"{self.grammar.spec.source}: {_one_line(self.matcher.get_error())}")
 
     def compute(self) -> None:
         """Compute the next token's mask (any thread; llguidance drops the GIL meanwhile)."""

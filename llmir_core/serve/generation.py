@@ -20,6 +20,7 @@ from typing import Any
 
 from llmir_core.runtime.sampling import Sampler, SamplingConfig
 
+from . import structured
 from .logprobs import legacy_logprobs
 from .model import ServedModel
 from .scheduler import Completion, GenRequest, QueueFull, ShuttingDown, Ticket
@@ -67,6 +68,8 @@ class Generation:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
                 loop.call_soon_threadsafe(events.put_nowait, (kind, index, value))
 
+        if p.grammar is not None:  # compiled off the event loop (a tokenizer's first: seconds)
+            await self.pool.run(lambda: structured.compile_for(self.model, p.grammar), self.timeout)
         reqs = self._submit(p, prompts, ticket, put)
         rid = new_id("chatcmpl" if chat else "cmpl")
         if p.stream:  # one prompt (schemas refuses stream with several)
@@ -111,6 +114,7 @@ class Generation:
             )
             # a text event carries how many tokens have log-probs by then (a stream sends them)
             req.on_text = functools.partial(_text_event, put, i, req)
+            req.constraint = structured.constraint(model, p.grammar)  # compiled by start()
             try:
                 sched.submit(req, ticket if i == 0 else None)
             except (QueueFull, ShuttingDown) as exc:

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from llmir_core.runtime import grammar
 from llmir_core.runtime.batch_decoder import BatchDecoder
 from llmir_core.runtime.sampling import Sampler
 from llmir_core.runtime.stop import StopPolicy, TextStream
@@ -106,6 +107,7 @@ class GenRequest:
     eos_ids: tuple[int, ...] = ()
     logprobs: int | None = None  # alternatives per token; None: no log-probabilities
     echo_logprobs: bool = False  # the prompt tokens' log-probabilities too (needs logprobs)
+    constraint: grammar.Constraint | None = None  # the grammar the output must follow
     arrived: float = field(default_factory=time.monotonic)
     cancelled: bool = False
     # scheduler state
@@ -267,6 +269,7 @@ class Scheduler:
 
     def _step(self) -> None:
         self.steps += 1
+        grammar.prefetch(r.constraint for r in self.active)  # next masks, beside the forward
         if self.mixed:
             self._mixed_step()
         else:
@@ -367,6 +370,7 @@ class Scheduler:
         if not ready:
             return
         self.max_batch_seen = max(self.max_batch_seen, len(ready))
+        grammar.prefetch(r.constraint for r in ready)
         logits = self.decoder.decode(
             [r.slot for r in ready],
             [r.ids[-1] for r in ready],
@@ -379,7 +383,11 @@ class Scheduler:
         """Sample req's next token from logits, stream it, and finish req when the stop policy
         says so (llmir_core.runtime.stop: the one `llmir run` follows)."""
         assert req.policy is not None
-        tok = req.sampler.pick(logits, [*req.prompt_ids, *req.ids])
+        c = req.constraint  # the grammar's mask: ids it does not allow next at -inf
+        allowed = logits if c is None else c.apply(logits)
+        tok = req.sampler.pick(allowed, [*req.prompt_ids, *req.ids])
+        if c is not None and tok not in req.eos_ids:
+            c.accept(tok)
         if req.logprobs is not None:
             req.gen_lp += score(logits, [tok], req.logprobs)
         now = time.monotonic()
@@ -392,6 +400,8 @@ class Scheduler:
             req.ids.append(tok)
         if piece:
             req.on_text(piece)
+        if why is None and c is not None and c.done:  # only the end can follow: end here
+            why = "eos"
         if why is not None:
             self._finish(req, why)
 

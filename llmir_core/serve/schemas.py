@@ -113,6 +113,7 @@ _KNOWN = {
     "best_of",
     "logit_bias",
     "top_logprobs",
+    "response_format",
 }
 
 
@@ -171,6 +172,9 @@ def _common(body: Any) -> GenParams:
     if not isinstance(stream, bool) and stream is not None:
         raise bad("stream", f"'stream' must be a boolean, got {stream!r}", "invalid_type")
     p.stream = bool(stream)
+    from .structured import response_format  # (it imports this module)
+
+    p.grammar = response_format(body)
     _unsupported(body)
     p.extra = {k: v for k, v in body.items() if k not in _KNOWN}
     return p
