@@ -61,7 +61,10 @@ SUITE: list[tuple[str, dict[str, Any], Any]] = [
                         "id": {"type": "integer"},
                         "address": {
                             "type": "object",
-                            "properties": {"city": S, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                            "properties": {
+                                "city": S,
+                                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+                            },
                             "required": ["city", "zip"],
                             "additionalProperties": False,
                         },
@@ -79,7 +82,10 @@ SUITE: list[tuple[str, dict[str, Any], Any]] = [
         "enum",
         {
             "type": "object",
-            "properties": {"color": {"enum": ["red", "green", "blue"]}, "size": {"enum": ["S", "M", "L"]}},
+            "properties": {
+                "color": {"enum": ["red", "green", "blue"]},
+                "size": {"enum": ["S", "M", "L"]},
+            },
             "required": ["color", "size"],
             "additionalProperties": False,
         },
@@ -96,7 +102,10 @@ SUITE: list[tuple[str, dict[str, Any], Any]] = [
                     "maxItems": 4,
                     "items": {
                         "type": "object",
-                        "properties": {"sku": S, "qty": {"type": "integer", "minimum": 1, "maximum": 99}},
+                        "properties": {
+                            "sku": S,
+                            "qty": {"type": "integer", "minimum": 1, "maximum": 99},
+                        },
                         "required": ["sku", "qty"],
                         "additionalProperties": False,
                     },
@@ -141,7 +150,13 @@ def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q))
 
 
-def run_llguidance(toks: list[bytes], special: list[int], tokenizer: Any, eos: list[int], cases: list[tuple[str, str, list[int]]]) -> dict[str, Any]:
+def run_llguidance(
+    toks: list[bytes],
+    special: list[int],
+    tokenizer: Any,
+    eos: list[int],
+    cases: list[tuple[str, str, list[int]]],
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     import llguidance
     from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
@@ -157,10 +172,14 @@ def run_llguidance(toks: list[bytes], special: list[int], tokenizer: Any, eos: l
         bos_token_id = tokenizer.bos_id
 
         def __call__(self, s: Any) -> list[int]:
-            return tokenizer.encode(s.decode() if isinstance(s, bytes) else s, add_special_tokens=False)
+            return tokenizer.encode(
+                s.decode() if isinstance(s, bytes) else s, add_special_tokens=False
+            )
 
     t0 = time.perf_counter()
-    lltok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(W()), n_vocab=len(toks), eos_token=eos)
+    lltok = llguidance.LLTokenizer(
+        llguidance.TokenizerWrapper(W()), n_vocab=len(toks), eos_token=eos
+    )
     out["tokenizer_s"] = time.perf_counter() - t0
     compile_s, mask_s, final_ok = {}, [], True
     bm = allocate_token_bitmask(1, len(toks))
@@ -185,7 +204,9 @@ def run_llguidance(toks: list[bytes], special: list[int], tokenizer: Any, eos: l
     return out
 
 
-def run_xgrammar(toks: list[bytes], special: list[int], eos: list[int], cases: list[tuple[str, str, list[int]]]) -> dict[str, Any]:
+def run_xgrammar(
+    toks: list[bytes], special: list[int], eos: list[int], cases: list[tuple[str, str, list[int]]]
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     import xgrammar as xgr
 
@@ -200,7 +221,9 @@ def run_xgrammar(toks: list[bytes], special: list[int], eos: list[int], cases: l
     bm = xgr.allocate_token_bitmask(1, len(toks))
     for name, schema, ids in cases:
         t0 = time.perf_counter()
-        cg = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False, separators=(", ", ": "), strict_mode=True)
+        cg = compiler.compile_json_schema(
+            json.dumps(schema), any_whitespace=False, separators=(", ", ": "), strict_mode=True
+        )
         m = xgr.GrammarMatcher(cg)
         compile_s[name] = time.perf_counter() - t0
         for t in ids:

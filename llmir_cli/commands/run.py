@@ -12,6 +12,7 @@ import typer
 
 from llmir_core.artifact_check import full_checks
 from llmir_core.errors import InputError
+from llmir_core.runtime.grammar import grammar_option
 from llmir_core.runtime.tensors import parse_input_specs, run_target, summarize, write_outputs
 from llmir_core.runtime.textgen import (
     TextGenOptions,
@@ -163,6 +164,19 @@ def run_cmd(
         ),
     ] = False,
     template_timeout: TemplateTimeoutOpt = None,
+    json_schema: Annotated[
+        Path | None,
+        typer.Option(
+            "--json-schema", help="Constrain the output to JSON valid for this JSON Schema file."
+        ),
+    ] = None,
+    grammar: Annotated[
+        Path | None,
+        typer.Option(
+            "--grammar",
+            help="Constrain the output to this grammar file: Lark (llguidance's dialect), or llama.cpp GBNF for a .gbnf file.",
+        ),
+    ] = None,
 ) -> None:
     # long: typer reads the command's options from this signature; the body is in helpers
     with full_checks(verify_artifact):
@@ -183,7 +197,13 @@ def run_cmd(
             threads=threads,
             template_timeout=template_timeout,
             display=not ctx.json,  # JSON carries the exact text; the terminal gets escapes
+            grammar=grammar_option(json_schema, grammar),
         )
+        if options.grammar is not None and (prompt_ids or not (prompt or prompts_file or chat)):
+            raise InputError(
+                "--json-schema / --grammar constrain generated text: give --prompt, "
+                "--prompts-file or --chat (not --prompt-ids or --input)"
+            )
         if prompt_ids:
             if inputs or prompt or prompts_file is not None:
                 raise InputError(

@@ -218,6 +218,17 @@ def read_grammar_file(path: str, kind: str) -> GrammarSpec:
     return GrammarSpec("lark", text, path)
 
 
+def grammar_option(json_schema: Any, grammar: Any) -> GrammarSpec | None:
+    """`llmir run --json-schema FILE` / `--grammar FILE` (at most one) as a GrammarSpec."""
+    if json_schema is not None and grammar is not None:
+        raise GrammarError("--json-schema and --grammar both constrain the output: give one")
+    if json_schema is not None:
+        return read_grammar_file(str(json_schema), "json_schema")
+    if grammar is not None:
+        return read_grammar_file(str(grammar), "grammar")
+    return None
+
+
 def _one_line(msg: object, limit: int = 300) -> str:
     text = " ".join(str(msg).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -356,4 +367,7 @@ __all__ = [
     "token_bytes",
     "token_index",
     "JSON_OPTIONS",
+    "gbnf_to_lark",
+    "grammar_option",
+    "read_grammar_file",
 ]
