@@ -283,7 +283,7 @@ class Constraint:
         self.matcher = LLMatcher(grammar.index.lltok, grammar.text, log_level=0)
         self._check()
         self._bits = np.zeros((self.vocab + 31) // 32, dtype=np.int32)
-        self._blocked: np.ndarray | None = None  # the next token's mask, once computed
+        self._ids: tuple[bool, np.ndarray] | None = None  # the next mask's ids (see compute)
         self._pending: Future[None] | None = None
 
     def _check(self) -> None:
@@ -291,33 +291,53 @@ class Constraint:
             raise GrammarError(f"{self.grammar.spec.source}: {_one_line(self.matcher.get_error())}")
 
     def compute(self) -> None:
-        """Compute the next token's mask (any thread; llguidance drops the GIL meanwhile)."""
-        if self._blocked is not None:
+        """Compute the next token's mask (any thread; llguidance drops the GIL meanwhile), and
+        the ids `apply` writes: the allowed ones when they are fewer, else the others."""
+        if self._ids is not None:
             return
         self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         self._check()
-        allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab]
-        self._blocked = allowed == 0
+        words = self._bits  # 32 ids a word: expand only the words that are not all one way
+        some = np.flatnonzero(words != 0)  # words with an allowed id
+        not_all = np.flatnonzero(words != -1)  # words with a blocked id
+        keep = some.size <= not_all.size
+        sel = some if keep else not_all
+        picked = words[sel] if keep else ~words[sel]
+        row, bit = np.nonzero(
+            np.unpackbits(picked.view(np.uint8), bitorder="little").reshape(-1, 32)
+        )
+        ids = sel[row] * 32 + bit
+        self._ids = (keep, ids[ids < self.vocab])
 
-    def _wait(self) -> np.ndarray:
+    def _wait(self) -> tuple[bool, np.ndarray]:
         if self._pending is not None:
             self._pending.result()
             self._pending = None
         self.compute()
-        assert self._blocked is not None
-        return self._blocked
+        assert self._ids is not None
+        return self._ids
 
     def allowed(self) -> np.ndarray:
         """The next token's mask: True where the id may come next."""
-        return ~self._wait()
+        keep, ids = self._wait()
+        mask = np.full(self.vocab, not keep)
+        mask[ids] = keep
+        return mask
 
     def apply(self, logits: np.ndarray) -> np.ndarray:
-        """A copy of logits (1-D) with every id the grammar does not allow next at -inf."""
-        blocked = self._wait()
-        out = np.array(logits, dtype=np.float32, copy=True)
-        n = min(out.shape[-1], blocked.shape[0])
-        out[:n][blocked[:n]] = -np.inf
-        out[n:] = -np.inf  # ids past the tokenizer's vocabulary decode to nothing
+        """A copy of logits (1-D) with every id the grammar does not allow next at -inf (ids
+        past the tokenizer's vocabulary decode to nothing: never allowed)."""
+        keep, ids = self._wait()
+        row = np.asarray(logits, dtype=np.float32)
+        if ids.size and ids[-1] >= row.shape[-1]:  # a tokenizer wider than the logits
+            ids = ids[ids < row.shape[-1]]
+        if keep:  # few allowed (between JSON values): start from -inf
+            out = np.full(row.shape, -np.inf, dtype=np.float32)
+            out[ids] = row[ids]
+        else:  # most allowed (inside a string): block the few others
+            out = np.array(row, copy=True)
+            out[ids] = -np.inf
+            out[self.vocab :] = -np.inf
         return out
 
     def accept(self, token: int) -> None:
@@ -328,7 +348,7 @@ class Constraint:
                 f"{self.grammar.spec.source}: token {token} does not fit the grammar "
                 f"({_one_line(self.matcher.get_error())})"
             )
-        self._blocked = None
+        self._ids = None
 
     @property
     def done(self) -> bool:
@@ -344,7 +364,7 @@ class Constraint:
 def prefetch(constraints: Iterable[Constraint | None]) -> None:
     """Compute the next masks of these constraints on the worker thread; each one's `apply`
     waits for its own."""
-    todo = [c for c in constraints if c is not None and c._blocked is None and c._pending is None]
+    todo = [c for c in constraints if c is not None and c._ids is None and c._pending is None]
     if not todo:
         return
 
