@@ -262,10 +262,11 @@ def compile_grammar(
     t0 = time.perf_counter()
     is_error, messages = LLMatcher.validate_grammar_with_warnings(text, index.lltok)
     if is_error:
-        what = "JSON Schema" if spec.kind in ("json_schema", "json_object") else spec.kind
-        raise GrammarError(
-            f"{spec.source}: this {what} cannot be enforced: {_one_line(messages[0])}"
-        )
+        said = _one_line(messages[0])
+        if spec.kind in ("json_schema", "json_object"):
+            raise GrammarError(f"{spec.source}: this JSON Schema cannot be enforced: {said}")
+        what = "Lark grammar" if spec.kind == "lark" else "regex"
+        raise GrammarError(f"{spec.source}: this {what} is not valid: {said}")
     return Grammar(spec, index, text, time.perf_counter() - t0)
 
 
