@@ -49,7 +49,7 @@ from .grammar_spec import GrammarSpec
 from .tokenizer import Tokenizer
 
 # JSON output style: compact, one space after ',' and ':' (json.dumps' default)
-JSON_OPTIONS = {
+JSON_OPTIONS: Any = {  # llguidance's JsonCompileOptions
     "whitespace_flexible": False,
     "item_separator": ", ",
     "key_separator": ": ",
