@@ -95,6 +95,39 @@ def run_batch(
     }
 
 
+class Timed:
+    """Time spent in `Constraint.apply` and `accept` on the scheduler thread (apply waits for a
+    prefetched mask, or computes it when there is none): the mask's cost on the critical path."""
+
+    def __init__(self) -> None:
+        from llmir_core.runtime.grammar import Constraint
+
+        self.cls = Constraint
+        self.orig = (Constraint.apply, Constraint.accept)
+        self.spent = 0.0
+        self.calls = 0
+
+    def __enter__(self) -> Timed:
+        apply, accept = self.orig
+
+        def timed(fn: Any) -> Any:
+            def run(c: Any, *a: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return fn(c, *a)
+                finally:
+                    self.spent += time.perf_counter() - t0
+                    self.calls += fn is apply
+
+            return run
+
+        self.cls.apply, self.cls.accept = timed(apply), timed(accept)  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cls.apply, self.cls.accept = self.orig  # type: ignore[method-assign]
+
+
 def gil_check(grammar: Any, seconds: float = 1.0) -> dict[str, float]:
     """Python-loop iterations/s on this thread: alone, while another thread computes masks, and
     while another thread runs Python (which holds the GIL: the control)."""
@@ -162,6 +195,7 @@ def main() -> None:
     real_prefetch = gmod.prefetch
     rows: dict[str, list[float]] = {"plain": [], "schema": [], "schema-serial": []}
     steps: dict[str, list[float]] = {k: [] for k in rows}
+    path_us: dict[str, list[float]] = {"schema": [], "schema-serial": []}
     warm = run_batch(model, args.batch, 400, g, model.eos_ids)  # also the plain runs' length
     n = min(warm["tokens"])
     for t in warm["texts"]:
@@ -175,7 +209,9 @@ def main() -> None:
             if mode == "plain":
                 out = run_batch(model, args.batch, n, None, ())
             else:
-                out = run_batch(model, args.batch, 400, g, model.eos_ids)
+                with Timed() as tm:
+                    out = run_batch(model, args.batch, 400, g, model.eos_ids)
+                path_us[mode].append(tm.spent / tm.calls * 1e6)
                 assert min(out["tokens"]) == n and out["texts"][0] == sample
             rows[mode].append(out["tok_s"])
             steps[mode].append(out["step_tok_s"])
@@ -198,6 +234,9 @@ def main() -> None:
         "schema_over_plain": med["schema"] / med["plain"],
         "serial_over_plain": med["schema-serial"] / med["plain"],
         "step_tok_s": steps,
+        "mask_on_thread_us_per_token": path_us,
+        "median_mask_on_thread_us": {k: statistics.median(v) for k, v in path_us.items()},
+        "median_step_ms": 1e3 * args.batch / med_step["schema"],
         "median_step_tok_s": med_step,
         "step_schema_over_plain": med_step["schema"] / med_step["plain"],
         "step_serial_over_plain": med_step["schema-serial"] / med_step["plain"],
@@ -215,6 +254,11 @@ def main() -> None:
     print(
         f"by the median step: plain {med_step['plain']:.1f} tok/s, schema "
         f"{res['step_schema_over_plain']:.3f}x, without overlap {res['step_serial_over_plain']:.3f}x"
+    )
+    on = res["median_mask_on_thread_us"]
+    print(
+        f"mask work on the scheduler thread per token: {on['schema']:.0f} us overlapped, "
+        f"{on['schema-serial']:.0f} us serial; a decode step takes {res['median_step_ms']:.1f} ms"
     )
     gil = res["gil"]
     print(
