@@ -92,8 +92,8 @@ def _decoder_kinds(backend: Any) -> set[str]:
 
 
 def token_bytes(tokenizer: Tokenizer, vocab: int) -> tuple[list[bytes], list[int]]:
-    """Every id's bytes as the text decodes them (ids past the vocabulary: b""), and the ids of
-    special tokens."""
+    """Every id's bytes as the text decodes them (ids past the vocabulary, and a lone 0xFF byte:
+    b""), and the ids of special tokens (added tokens not marked special are text)."""
     backend = tokenizer.backend
     kinds = _decoder_kinds(backend)
     table = _gpt2_bytes() if "ByteLevel" in kinds else None
@@ -112,6 +112,8 @@ def token_bytes(tokenizer: Tokenizer, vocab: int) -> tuple[list[bytes], list[int
         else:
             text = piece.replace("▁", " ") if "Metaspace" in kinds else piece
             out[i] = text.encode("utf-8", "surrogatepass")
+        if out[i][:1] == b"\xff":  # llguidance's mark of a special token; never in UTF-8 text
+            out[i] = b""
     return out, special
 
 
