@@ -48,6 +48,11 @@ last check that hashed it (recorded in $LLMIR_HOME/artifact-checks.json), or alw
 followed by resetting the mtime) goes unnoticed by `run` until --verify-artifact; `llmir serve`
 hashes every file at each start.
 
+--json-schema FILE constrains the generated text to JSON valid for that JSON Schema, --grammar
+FILE to a Lark grammar (llguidance's dialect; a .gbnf file is llama.cpp GBNF), by masking every
+token the grammar does not allow next; a schema or grammar that cannot be used is one error
+line, exit 2.
+
 With --prompt-ids (a model imported with --no-tokenizer has no tokenizer), the prompt is token
 ids and the generated token ids are printed.
 
@@ -66,6 +71,8 @@ Examples:
   llmir run tiny.build --chat --prompt "Hi!" --temperature 0.7 --top-p 0.9 --seed 1
 
   llmir run tiny.build --prompts-file prompts.txt --format json > out.json
+
+  llmir run tiny.build --prompt "A user as JSON:" --json-schema user.schema.json
 
   llmir run ids.build --prompt-ids 1,15043,3186 -n 16   # built with import --no-tokenizer
 
