@@ -269,3 +269,18 @@ def test_bad_response_format(served: Running, response_format: Any, param: str) 
     assert info.value.status_code == 400
     assert err["param"] == param, err
     assert "\n" not in err["message"] and err["message"], err
+
+
+def test_concurrent_mixed_requests(served: Running) -> None:
+    """Constrained and free requests decode in one batch: each constrained one validates, each
+    free one is the text it gets alone (the masks are per sequence)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    schema = SUITE["arrays"]
+    alone = chat(served, {"type": "text"}, 21, max_tokens=24).choices[0].message.content
+    jobs = [({"type": "text"}, 21, 24), *[(json_schema("a", schema), s, MAX_TOKENS) for s in SEEDS]]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        answers = list(pool.map(lambda j: chat(served, j[0], j[1], j[2]), jobs))
+    assert answers[0].choices[0].message.content == alone
+    for a in answers[1:]:
+        assert violations(parsed(a), schema) == []
