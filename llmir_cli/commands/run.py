@@ -12,6 +12,7 @@ import typer
 
 from llmir_core.artifact_check import full_checks
 from llmir_core.errors import InputError
+from llmir_core.runtime.grammar import grammar_option
 from llmir_core.runtime.tensors import parse_input_specs, run_target, summarize, write_outputs
 from llmir_core.runtime.textgen import (
     TextGenOptions,
@@ -47,6 +48,11 @@ last check that hashed it (recorded in $LLMIR_HOME/artifact-checks.json), or alw
 followed by resetting the mtime) goes unnoticed by `run` until --verify-artifact; `llmir serve`
 hashes every file at each start.
 
+--json-schema FILE constrains the generated text to JSON valid for that JSON Schema, --grammar
+FILE to a Lark grammar (llguidance's dialect; a .gbnf file is llama.cpp GBNF), by masking every
+token the grammar does not allow next; a schema or grammar that cannot be used is one error
+line, exit 2.
+
 With --prompt-ids (a model imported with --no-tokenizer has no tokenizer), the prompt is token
 ids and the generated token ids are printed.
 
@@ -65,6 +71,8 @@ Examples:
   llmir run tiny.build --chat --prompt "Hi!" --temperature 0.7 --top-p 0.9 --seed 1
 
   llmir run tiny.build --prompts-file prompts.txt --format json > out.json
+
+  llmir run tiny.build --prompt "A user as JSON:" --json-schema user.schema.json
 
   llmir run ids.build --prompt-ids 1,15043,3186 -n 16   # built with import --no-tokenizer
 
@@ -185,6 +193,19 @@ def run_cmd(
         ),
     ] = False,
     template_timeout: TemplateTimeoutOpt = None,
+    json_schema: Annotated[
+        Path | None,
+        typer.Option(
+            "--json-schema", help="Constrain the output to JSON valid for this JSON Schema file."
+        ),
+    ] = None,
+    grammar: Annotated[
+        Path | None,
+        typer.Option(
+            "--grammar",
+            help="Constrain the output to this grammar file: Lark (llguidance's dialect), or llama.cpp GBNF for a .gbnf file.",
+        ),
+    ] = None,
 ) -> None:
     # long: typer reads the command's options from this signature; the body is in helpers
     with full_checks(verify_artifact):
@@ -208,7 +229,13 @@ def run_cmd(
             threads=threads,
             template_timeout=template_timeout,
             display=not ctx.json,  # JSON carries the exact text; the terminal gets escapes
+            grammar=grammar_option(json_schema, grammar),
         )
+        if options.grammar is not None and (prompt_ids or not (prompt or prompts_file or chat)):
+            raise InputError(
+                "--json-schema / --grammar constrain generated text: give --prompt, "
+                "--prompts-file or --chat (not --prompt-ids or --input)"
+            )
         if prompt_ids:
             if inputs or prompt or prompts_file is not None:
                 raise InputError(

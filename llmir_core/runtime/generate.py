@@ -12,6 +12,7 @@ import numpy as np
 
 from llmir_core import tracing
 
+from .grammar import Constraint, prefetch
 from .sampling import Sampler
 from .stop import StopPolicy
 from .trace_attrs import kv_cache_bytes
@@ -72,8 +73,10 @@ def generate(
     eos_ids: Sequence[int] = (),
     stop: Sequence[str] = (),
     on_text: Callable[[str], None] | None = None,
+    constraint: Constraint | None = None,
 ) -> GenerationResult:
-    """Generate up to max_new_tokens after the prompt, streaming text pieces to on_text.
+    """Generate up to max_new_tokens after the prompt, streaming text pieces to on_text; with a
+    constraint, only tokens its grammar allows (it ends the text once nothing else can follow).
 
     Traced as a span `generate` (GenAI attributes) with children `prefill` and `decode`."""
     c = sampler.config
@@ -89,7 +92,9 @@ def generate(
             "gen_ai.usage.input_tokens": len(prompt_ids),
         },
     ) as sp:
-        res = _generate(decoder, codec, prompt_ids, max_new_tokens, sampler, eos_ids, stop, on_text)
+        res = _generate(
+            decoder, codec, prompt_ids, max_new_tokens, sampler, eos_ids, stop, on_text, constraint
+        )
         sp.set(
             {
                 "gen_ai.usage.output_tokens": len(res.ids),
@@ -112,6 +117,7 @@ def _generate(
     eos_ids: Sequence[int],
     stop: Sequence[str],
     on_text: Callable[[str], None] | None,
+    constraint: Constraint | None = None,
 ) -> GenerationResult:
     res = GenerationResult(list(prompt_ids))
     decoder.reset(1)
@@ -132,7 +138,10 @@ def _generate(
         )
         for step in range(max_new_tokens):
             tok_start = time.perf_counter()
-            tok = sampler.pick(logits[0, -1], history)
+            row = logits[0, -1]
+            tok = sampler.pick(row if constraint is None else constraint.apply(row), history)
+            if constraint is not None and tok not in eos_ids:
+                constraint.accept(tok)
             if step == 0:
                 res.ttft_s = time.perf_counter() - t0
             piece, why = policy.push(tok)
@@ -141,9 +150,12 @@ def _generate(
                 history.append(tok)
             if on_text and piece:
                 on_text(piece)
+            if why is None and constraint is not None and constraint.done:
+                why = "eos"  # the grammar allows only the end now
             if why is not None:
                 res.stop_reason = why
                 break
+            prefetch([constraint])  # the next mask, beside the forward
             logits = decoder.forward(np.asarray([[tok]], dtype=np.int64))
             res.token_s.append(time.perf_counter() - tok_start)
         decode.set(

@@ -21,6 +21,8 @@ from llmir_core.fileio import read_text, read_text_lines
 from llmir_core.runtime.bench import BenchResult, run_bench
 from llmir_core.runtime.chat_template import render_chat, template_timeout
 from llmir_core.runtime.generate import GenerationResult, generate
+from llmir_core.runtime.grammar import compile_grammar
+from llmir_core.runtime.grammar_spec import GrammarSpec
 from llmir_core.runtime.sampling import Sampler, SamplingConfig
 from llmir_core.runtime.textstream import decode_text, decode_tokens, token_bytes_fn
 from llmir_core.runtime.tokenizer import Tokenizer, from_hf_file
@@ -48,6 +50,7 @@ class TextGenOptions:
     max_context: int | None = None  # cap on the KV buffers (default: the artifact's max_len)
     template_timeout: float | None = None  # seconds per chat render (None: env var, else 2)
     display: bool = True  # text made terminal-safe (escapes); False: the exact text (JSON)
+    grammar: GrammarSpec | None = None  # --json-schema / --grammar: the output's language
 
     def sampling(self) -> SamplingConfig:
         cfg = SamplingConfig(
@@ -156,6 +159,9 @@ class TextGenerator:
         )
         self.manifest = self.decoder.manifest
         self.tokenizer = load_artifact_tokenizer(art_dir, self.manifest)
+        spec = self.options.grammar
+        vocab = self.manifest["decoder"].get("vocab")
+        self.grammar = None if spec is None else compile_grammar(spec, self.tokenizer, vocab=vocab)
 
     def _token(self, tid: int | None) -> str | None:
         if tid is None:
@@ -215,6 +221,7 @@ class TextGenerator:
             eos_ids=self.tokenizer.eos_ids,
             stop=opts.stop,
             on_text=on_text,
+            constraint=self.grammar.constraint() if self.grammar else None,
         )
         warnings = []
         if res.stop_reason == "context":

@@ -20,6 +20,7 @@ from typing import Any
 
 from llmir_core.runtime.sampling import Sampler
 
+from . import structured
 from .choices import chat_choice, link_group, stream_choices
 from .logprobs import chat_logprobs, legacy_logprobs
 from .model import ServedModel
@@ -81,6 +82,8 @@ class Generation:
                 param="n",
                 code="unsupported_parameter",
             )
+        if p.grammar is not None:  # compiled off the event loop (a tokenizer's first: seconds)
+            await self.pool.run(lambda: structured.compile_for(self.model, p.grammar), self.timeout)
         reqs = self._submit(p, prompts, ticket, put)
         rid = new_id("chatcmpl" if chat else "cmpl")
         if p.stream and p.n > 1:  # one prompt's choices
@@ -147,6 +150,7 @@ class Generation:
             )
             # a text event carries how many tokens have log-probs by then (a stream sends them)
             req.on_text = functools.partial(_text_event, put, k, req)
+            req.constraint = structured.constraint(model, p.grammar)  # compiled by start()
             reqs.append(req)
             if j < p.n - 1:
                 continue  # a prompt's choices go in together: one prefill, forked

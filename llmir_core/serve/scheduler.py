@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from llmir_core.runtime import grammar
 from llmir_core.runtime.batch_decoder import BatchDecoder
 from llmir_core.runtime.sampling import Sampler
 from llmir_core.runtime.stop import StopPolicy, TextStream
@@ -115,6 +116,7 @@ class GenRequest:
     echo_logprobs: bool = False  # the prompt tokens' log-probabilities too (needs logprobs)
     group: list[GenRequest] = field(default_factory=list)  # siblings forked from this prefill
     leader: GenRequest | None = None  # a sibling: whose prefill it is forked from
+    constraint: grammar.Constraint | None = None  # the grammar the output must follow
     arrived: float = field(default_factory=time.monotonic)
     cancelled: bool = False
     # scheduler state
@@ -288,6 +290,7 @@ class Scheduler:
 
     def _step(self) -> None:
         self.steps += 1
+        grammar.prefetch(r.constraint for r in self.active)  # next masks, beside the forward
         if self.mixed:
             self._mixed_step()
         else:
@@ -412,6 +415,7 @@ class Scheduler:
         if not ready:
             return
         self.max_batch_seen = max(self.max_batch_seen, len(ready))
+        grammar.prefetch(r.constraint for r in ready)
         logits = self.decoder.decode(
             [r.slot for r in ready],
             [r.ids[-1] for r in ready],
@@ -424,7 +428,11 @@ class Scheduler:
         """Sample req's next token from logits, stream it, and finish req when the stop policy
         says so (llmir_core.runtime.stop: the one `llmir run` follows)."""
         assert req.policy is not None
-        tok = req.sampler.pick(logits, [*req.prompt_ids, *req.ids])
+        c = req.constraint  # the grammar's mask: ids it does not allow next at -inf
+        allowed = logits if c is None else c.apply(logits)
+        tok = req.sampler.pick(allowed, [*req.prompt_ids, *req.ids])
+        if c is not None and tok not in req.eos_ids:
+            c.accept(tok)
         if req.logprobs is not None:
             req.gen_lp += score(logits, [tok], req.logprobs)
         now = time.monotonic()
@@ -437,6 +445,8 @@ class Scheduler:
             req.ids.append(tok)
         if piece:
             req.on_text(piece)
+        if why is None and c is not None and c.done:  # only the end can follow: end here
+            why = "eos"
         if why is not None:
             self._finish(req, why)
 

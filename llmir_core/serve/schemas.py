@@ -127,6 +127,7 @@ _KNOWN = {
     "top_k",
     "min_p",
     "repetition_penalty",
+    "response_format",
 }
 
 
@@ -184,6 +185,10 @@ def _common(body: Any) -> GenParams:
         raise bad("stream", f"'stream' must be a boolean, got {stream!r}", "invalid_type")
     p.stream = bool(stream)
     _sampling(body, p)
+
+    from .structured import response_format  # (it imports this module)
+
+    p.grammar = response_format(body)
     _unsupported(body)
     p.extra = {k: v for k, v in body.items() if k not in _KNOWN}
     return p
