@@ -89,17 +89,24 @@ class ServedModel:
     def encode_text(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt, add_special_tokens=True)
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        """The chat template's text for messages (bounded: see runtime.chat_template)."""
+    def render_chat(
+        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """The chat template's text for messages (bounded: see runtime.chat_template); the
+        template is the model's, or the one `--chat-template` gave."""
         tpl = self.tokenizer.chat_template
         if not tpl:
-            raise InputError("the model has no chat template: use /v1/completions")
+            raise InputError(
+                "the model has no chat template: use /v1/completions, or start the server "
+                "with --chat-template"
+            )
         eos = self.tokenizer.eos_ids[0] if self.tokenizer.eos_ids else None
         return render_chat(
             tpl,
             messages,
             bos_token=self.token_text(self.tokenizer.bos_id),
             eos_token=self.token_text(eos),
+            add_generation_prompt=add_generation_prompt,
             timeout=self.template_timeout,
         )
 
@@ -126,11 +133,13 @@ def open_served_model(
     max_context: int | None = None,
     name: str | None = None,
     template_timeout_s: float | None = None,
+    chat_template: str | None = None,
 ) -> ServedModel:
     """Open a decoder artifact for serving (`max_batch` KV slots, through its target's
     `open_batch`), after hashing every file it lists against its manifest (a long-running
     server checks the bytes it loads, not only their sizes and times as `llmir run` does
-    between unchanged runs)."""
+    between unchanged runs). `chat_template`: a built-in name or a file (`--chat-template`),
+    loaded and checked before the model, replacing the model's template."""
     from llmir_core.runtime.kv_budget import choose_context
     from llmir_core.targets import open_batch_artifact, read_manifest
 
@@ -139,6 +148,11 @@ def open_served_model(
     if chunk < 1:
         raise InputError(f"--prefill-chunk must be >= 1, got {chunk}")
     template_timeout(template_timeout_s)  # a bad value fails before the model loads
+    template = None
+    if chat_template is not None:
+        from llmir_core.runtime.chat_templates import load_chat_template
+
+        template = load_chat_template(chat_template, template_timeout_s)
     choice = choose_context(read_manifest(art_dir), max_batch, max_context)
     with full_checks():  # a server hashes every file at start, whatever the last check saw
         decoder = open_batch_artifact(
@@ -146,6 +160,10 @@ def open_served_model(
         )
     manifest = getattr(decoder, "manifest", None) or read_manifest(art_dir)
     tokenizer = load_artifact_tokenizer(art_dir, manifest)
+    if template is not None:
+        from llmir_core.runtime.chat_templates import with_template
+
+        tokenizer = with_template(tokenizer, template)
     model_name = name or os.path.basename(os.path.normpath(os.path.abspath(art_dir)))
     return ServedModel(
         model_name,

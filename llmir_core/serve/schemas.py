@@ -223,7 +223,10 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
 
 
 def parse_completion(body: Any) -> GenParams:
+    from .params import COMPLETIONS, check  # every field honored or refused (the field walk)
+
     p = _common(body)
+    check(body, COMPLETIONS)
     p.prompts = _prompts(body.get("prompt"))
     p.logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS)
     echo = body.get("echo", False)
@@ -275,6 +278,9 @@ def parse_chat(body: Any) -> GenParams:
                 "(/v1/completions takes 'logprobs' and 'echo')",
                 "unsupported_parameter",
             )
+    from .params import CHAT, check  # every field honored or refused (the field walk)
+
+    check(body, CHAT)
     if p.max_tokens == 0:
         raise bad("max_tokens", "'max_tokens' must be >= 1, got 0")
     messages = body.get("messages")
