@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from llmir_core.artifact_check import full_checks
@@ -21,6 +21,7 @@ from llmir_core.runtime.batch_decoder import BatchDecoder
 from llmir_core.runtime.chat_template import render_chat, template_timeout
 from llmir_core.runtime.kv_budget import size_text
 from llmir_core.runtime.textgen import load_artifact_tokenizer
+from llmir_core.runtime.textstream import token_bytes_fn
 from llmir_core.runtime.tokenizer import Tokenizer
 
 from .metrics import Metrics
@@ -116,6 +117,11 @@ class ServedModel:
     def decode_special(self, ids: list[int]) -> str:
         """The text of ids with special tokens written out (the `logprobs` tokens' texts)."""
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    @functools.cached_property
+    def token_bytes(self) -> Callable[[int], bytes] | None:
+        """id -> the token's bytes for a byte-level BPE tokenizer (None for others)."""
+        return token_bytes_fn(self.tokenizer.backend)
 
     @functools.cached_property
     def special_ids(self) -> frozenset[int]:

@@ -412,6 +412,15 @@ PARAMS: tuple[Param, ...] = (
         off=("",),
         sample="}",
     ),
+    _chat(
+        "echo",
+        "refused",
+        "vLLM's echo of the last message on chat is not implemented (/v1/completions takes "
+        "echo)",
+        off=(False,),
+        sample=True,
+        extra=True,
+    ),
     # -- extras: vLLM's and llama.cpp's sampling parameters ---------------------------------------
     _both(
         "top_k",

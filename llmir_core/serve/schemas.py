@@ -225,8 +225,9 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
 def parse_completion(body: Any) -> GenParams:
     from .params import COMPLETIONS, check  # every field honored or refused (the field walk)
 
+    if isinstance(body, dict):
+        check(body, COMPLETIONS)
     p = _common(body)
-    check(body, COMPLETIONS)
     p.prompts = _prompts(body.get("prompt"))
     p.logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS)
     echo = body.get("echo", False)
@@ -269,6 +270,10 @@ def _content(m: dict[str, Any], i: int) -> str:
 
 
 def parse_chat(body: Any) -> GenParams:
+    from .params import CHAT, check  # every field honored or refused (the field walk)
+
+    if isinstance(body, dict):
+        check(body, CHAT)
     p = _common(body)
     for name in ("logprobs", "top_logprobs", "echo"):
         if body.get(name) not in (None, False):
@@ -278,9 +283,6 @@ def parse_chat(body: Any) -> GenParams:
                 "(/v1/completions takes 'logprobs' and 'echo')",
                 "unsupported_parameter",
             )
-    from .params import CHAT, check  # every field honored or refused (the field walk)
-
-    check(body, CHAT)
     if p.max_tokens == 0:
         raise bad("max_tokens", "'max_tokens' must be >= 1, got 0")
     messages = body.get("messages")
