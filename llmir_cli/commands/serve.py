@@ -118,6 +118,7 @@ def serve_cmd(
     template_timeout: TemplateTimeoutOpt = None,
     chat_template: ChatTemplateOpt = None,
 ) -> None:
+    # long: typer reads the command's options from this signature; the body is in helpers
     if not artifact.is_dir():
         raise InputError(
             f"{artifact}: no such artifact folder",

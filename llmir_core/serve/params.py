@@ -415,8 +415,7 @@ PARAMS: tuple[Param, ...] = (
     _chat(
         "echo",
         "refused",
-        "vLLM's echo of the last message on chat is not implemented (/v1/completions takes "
-        "echo)",
+        "vLLM's echo of the last message on chat is not implemented (/v1/completions takes echo)",
         off=(False,),
         sample=True,
         extra=True,

@@ -137,6 +137,8 @@ def test_declared_stop_token_ends_generation(tiny_artifact: Path, tmp_path: Path
         )
         assert got.choices[0].finish_reason == "stop"
         assert got.choices[0].message.content == gen.tokenizer.decode(before)
-        assert got.usage is not None and got.usage.completion_tokens == len(before)  # the EOS is not counted
+        assert got.usage is not None and got.usage.completion_tokens == len(
+            before
+        )  # the EOS is not counted
     finally:
         srv.stop()

@@ -24,7 +24,11 @@ def test_max_tokens(served: Running, tiny_artifact: Path) -> None:
     assert got.choices[0].finish_reason == "length"
     assert got.choices[0].text == run_text(tiny_artifact, "abc", max_new_tokens=3)
     want = run_text(tiny_artifact, MESSAGES, max_new_tokens=4, chat=True)
-    for fields in ({"max_tokens": 4}, {"max_completion_tokens": 4}, {"max_tokens": 9, "max_completion_tokens": 4}):
+    for fields in (
+        {"max_tokens": 4},
+        {"max_completion_tokens": 4},
+        {"max_tokens": 9, "max_completion_tokens": 4},
+    ):
         chat = c.chat.completions.create(model=name, messages=MESSAGES, temperature=0, **fields)
         assert chat.usage is not None and chat.usage.completion_tokens == 4, fields
         assert chat.choices[0].message.content == want

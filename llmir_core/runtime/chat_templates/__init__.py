@@ -86,12 +86,12 @@ def load_chat_template(spec: str, timeout: float | None = None) -> ChatTemplate:
         )
     text = _read(path, name)
     try:
-        render_chat(
-            text, [{"role": "user", "content": "Hello"}], bos_token="<s>", timeout=timeout
-        )
+        render_chat(text, [{"role": "user", "content": "Hello"}], bos_token="<s>", timeout=timeout)
     except InputError as exc:
         reason = str(exc).split(": ", 1)[-1]
-        raise InputError(f"--chat-template {name}: the template does not render: {reason}") from None
+        raise InputError(
+            f"--chat-template {name}: the template does not render: {reason}"
+        ) from None
     return ChatTemplate(name, text, declared_stops(text))
 
 
