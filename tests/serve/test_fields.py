@@ -58,6 +58,7 @@ def test_stream_options(served: Running) -> None:
             model=name,
             prompt="abc",
             max_tokens=3,
+            temperature=0,  # sampled, an EOS could end it early
             stream=True,
             stream_options={"include_usage": True, "include_obfuscation": False},
         )
