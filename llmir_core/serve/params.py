@@ -420,6 +420,13 @@ PARAMS: tuple[Param, ...] = (
         sample=True,
         extra=True,
     ),
+    _completions(
+        "top_logprobs",
+        "refused",
+        "chat's field: /v1/completions takes logprobs, the number of alternatives per token",
+        sample=2,
+        extra=True,
+    ),
     # -- extras: vLLM's and llama.cpp's sampling parameters ---------------------------------------
     _both(
         "top_k",
