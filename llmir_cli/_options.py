@@ -143,6 +143,16 @@ GenericOpt = Annotated[
 
 # -- chat templates: `llmir run --chat` and `llmir serve` render them within the same bound ----
 
+ChatTemplateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--chat-template",
+        help="Chat template to use instead of the model's: a built-in name (chatml, gemma, "
+        "llama3) or a Jinja template file.",
+        show_default=False,
+    ),
+]
+
 TemplateTimeoutOpt = Annotated[
     float | None,
     typer.Option(

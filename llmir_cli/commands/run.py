@@ -23,7 +23,7 @@ from llmir_core.runtime.textgen import (
     results_json,
 )
 
-from .._options import TemplateTimeoutOpt
+from .._options import ChatTemplateOpt, TemplateTimeoutOpt
 from .._render import Ctx
 from ._command import command
 
@@ -33,7 +33,9 @@ With --prompt, --prompts-file or --chat, TARGET is an artifact folder built from
 (`llmir build`): tokens stream to stdout as they are generated, greedy unless --temperature is
 set, stopping at an end-of-sequence token, a --stop string, --max-new-tokens or the model's
 context (with a warning). --chat applies the model's chat template; on a terminal with no
---prompt it starts an interactive conversation (/exit ends it). --format json gives the text,
+--prompt it starts an interactive conversation (/exit ends it). --chat-template NAME|FILE
+(implies --chat) uses another template: a built-in one (chatml, gemma, llama3) or a Jinja file;
+the end-of-turn token it declares also stops generation. --format json gives the text,
 token ids and timings.
 
 A chat template renders in a sandbox that stops it past a work limit or --template-timeout
@@ -69,6 +71,8 @@ Examples:
   llmir run tiny.build --prompt "Once upon a time" --max-new-tokens 32
 
   llmir run tiny.build --chat --prompt "Hi!" --temperature 0.7 --top-p 0.9 --seed 1
+
+  llmir run gemma.build --chat-template gemma --prompt "Name a colour."
 
   llmir run tiny.build --prompts-file prompts.txt --format json > out.json
 
@@ -206,6 +210,7 @@ def run_cmd(
             help="Constrain the output to this grammar file: Lark (llguidance's dialect), or llama.cpp GBNF for a .gbnf file.",
         ),
     ] = None,
+    chat_template: ChatTemplateOpt = None,
 ) -> None:
     # long: typer reads the command's options from this signature; the body is in helpers
     with full_checks(verify_artifact):
@@ -223,11 +228,12 @@ def run_cmd(
             presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty,
             seed=seed,
-            chat=chat,
+            chat=chat or chat_template is not None,
             system=system,
             stop=tuple(stop or ()),
             threads=threads,
             template_timeout=template_timeout,
+            chat_template=chat_template,
             display=not ctx.json,  # JSON carries the exact text; the terminal gets escapes
             grammar=grammar_option(json_schema, grammar),
         )
@@ -241,9 +247,11 @@ def run_cmd(
                 raise InputError(
                     "--prompt-ids gives token ids; --prompt, --prompts-file and --input: pick one"
                 )
+            if chat_template is not None:
+                raise InputError("--chat-template renders text; --prompt-ids gives ids: pick one")
             _generate_ids(ctx, target, prompt_ids, options)
             return
-        if prompt or prompts_file is not None or chat:
+        if prompt or prompts_file is not None or options.chat:
             if inputs:
                 raise InputError("--input runs tensors; --prompt/--chat generate text: pick one")
             _generate(ctx, target, list(prompt or []), prompts_file, options)

@@ -11,7 +11,7 @@ import typer
 
 from llmir_core.errors import InputError
 
-from .._options import TemplateTimeoutOpt
+from .._options import ChatTemplateOpt, TemplateTimeoutOpt
 from .._render import Ctx
 from ._command import command
 
@@ -19,7 +19,8 @@ HELP = """Serve a decoder artifact over HTTP with OpenAI's API, and the Playgrou
 
 Endpoints: GET /v1/models, POST /v1/completions (logprobs and echo score text, as
 lm-evaluation-harness's local-completions model asks; build with --logits all to score prompts
-in one forward each), POST /v1/chat/completions (the model's chat template; stream: true gives
+in one forward each), POST /v1/chat/completions (the model's chat template, or the one
+--chat-template names: a built-in chatml, gemma or llama3, or a Jinja file; stream: true gives
 server-sent events ending with usage), POST /tokenize and /detokenize, GET /tokenizer_info,
 GET /health, GET /metrics (Prometheus). Requests decode together: up to --max-batch sequences
 share one forward per token (continuous batching), prompts prefill in chunks of --prefill-chunk
@@ -49,6 +50,8 @@ Examples:
   llmir serve tiny.build
 
   llmir serve tiny.build --port 8080 --max-batch 16 --api-key secret
+
+  llmir serve gemma.build --chat-template gemma
 
   llmir serve tiny.build --ir tiny.llmir --report report.txt --dump-dir dumps --bench bench.json
 
@@ -113,7 +116,9 @@ def serve_cmd(
         Path | None, typer.Option("--bench", help="Playground: `llmir bench --format json` output.")
     ] = None,
     template_timeout: TemplateTimeoutOpt = None,
+    chat_template: ChatTemplateOpt = None,
 ) -> None:
+    # long: typer reads the command's options from this signature; the body is in helpers
     if not artifact.is_dir():
         raise InputError(
             f"{artifact}: no such artifact folder",
@@ -134,6 +139,7 @@ def serve_cmd(
         max_context=max_context,
         name=model_name,
         template_timeout_s=template_timeout,
+        chat_template=chat_template,
     )
     pages = {"ir": ir, "lowered": lowered, "report": report, "dump_dir": dump_dir, "bench": bench}
     _serve(ctx, artifact, model, pages, (host, port), api_key, (max_batch, max_queue))

@@ -49,6 +49,7 @@ class TextGenOptions:
     threads: int | None = None
     max_context: int | None = None  # cap on the KV buffers (default: the artifact's max_len)
     template_timeout: float | None = None  # seconds per chat render (None: env var, else 2)
+    chat_template: str | None = None  # --chat-template NAME|FILE: replaces the model's (chat)
     display: bool = True  # text made terminal-safe (escapes); False: the exact text (JSON)
     grammar: GrammarSpec | None = None  # --json-schema / --grammar: the output's language
 
@@ -75,6 +76,10 @@ class TextGenOptions:
         self.sampling()
         if self.template_timeout is not None:
             template_timeout(self.template_timeout)
+        if self.chat_template is not None:  # a bad name or file fails before the model loads
+            from llmir_core.runtime.chat_templates import load_chat_template
+
+            load_chat_template(self.chat_template, self.template_timeout)
 
 
 @dataclass
@@ -159,6 +164,11 @@ class TextGenerator:
         )
         self.manifest = self.decoder.manifest
         self.tokenizer = load_artifact_tokenizer(art_dir, self.manifest)
+        if self.options.chat_template is not None:
+            from llmir_core.runtime.chat_templates import load_chat_template, with_template
+
+            tpl = load_chat_template(self.options.chat_template, self.options.template_timeout)
+            self.tokenizer = with_template(self.tokenizer, tpl)
         spec = self.options.grammar
         vocab = self.manifest["decoder"].get("vocab")
         self.grammar = None if spec is None else compile_grammar(spec, self.tokenizer, vocab=vocab)

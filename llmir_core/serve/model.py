@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from llmir_core.artifact_check import full_checks
@@ -21,6 +21,7 @@ from llmir_core.runtime.batch_decoder import BatchDecoder
 from llmir_core.runtime.chat_template import render_chat, template_timeout
 from llmir_core.runtime.kv_budget import size_text
 from llmir_core.runtime.textgen import load_artifact_tokenizer
+from llmir_core.runtime.textstream import token_bytes_fn
 from llmir_core.runtime.tokenizer import Tokenizer
 
 from .metrics import Metrics
@@ -90,15 +91,22 @@ class ServedModel:
         return self.tokenizer.encode(prompt, add_special_tokens=True)
 
     def render_chat(
-        self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
     ) -> str:
         """The chat template's text for messages (bounded: see runtime.chat_template), with
-        `tools` (a 400 naming them when the template does not use them: see serve.tools)."""
+        `tools` (a 400 naming them when the template does not use them: see serve.tools); the
+        template is the model's, or the one `--chat-template` gave."""
         from .tools import check_template, template_messages
 
         tpl = self.tokenizer.chat_template
         if not tpl:
-            raise InputError("the model has no chat template: use /v1/completions")
+            raise InputError(
+                "the model has no chat template: use /v1/completions, or start the server "
+                "with --chat-template"
+            )
         check_template(tpl, tools)
         eos = self.tokenizer.eos_ids[0] if self.tokenizer.eos_ids else None
         extra: dict[str, Any] = {} if tools is None else {"tools": tools}
@@ -107,6 +115,7 @@ class ServedModel:
             template_messages(list(messages), tpl),
             bos_token=self.token_text(self.tokenizer.bos_id),
             eos_token=self.token_text(eos),
+            add_generation_prompt=add_generation_prompt,
             timeout=self.template_timeout,
             **extra,
         )
@@ -117,6 +126,11 @@ class ServedModel:
     def decode_special(self, ids: list[int]) -> str:
         """The text of ids with special tokens written out (the `logprobs` tokens' texts)."""
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    @functools.cached_property
+    def token_bytes(self) -> Callable[[int], bytes] | None:
+        """id -> the token's bytes for a byte-level BPE tokenizer (None for others)."""
+        return token_bytes_fn(self.tokenizer.backend)
 
     @functools.cached_property
     def special_ids(self) -> frozenset[int]:
@@ -134,11 +148,13 @@ def open_served_model(
     max_context: int | None = None,
     name: str | None = None,
     template_timeout_s: float | None = None,
+    chat_template: str | None = None,
 ) -> ServedModel:
     """Open a decoder artifact for serving (`max_batch` KV slots, through its target's
     `open_batch`), after hashing every file it lists against its manifest (a long-running
     server checks the bytes it loads, not only their sizes and times as `llmir run` does
-    between unchanged runs)."""
+    between unchanged runs). `chat_template`: a built-in name or a file (`--chat-template`),
+    loaded and checked before the model, replacing the model's template."""
     from llmir_core.runtime.kv_budget import choose_context
     from llmir_core.targets import open_batch_artifact, read_manifest
 
@@ -147,6 +163,11 @@ def open_served_model(
     if chunk < 1:
         raise InputError(f"--prefill-chunk must be >= 1, got {chunk}")
     template_timeout(template_timeout_s)  # a bad value fails before the model loads
+    template = None
+    if chat_template is not None:
+        from llmir_core.runtime.chat_templates import load_chat_template
+
+        template = load_chat_template(chat_template, template_timeout_s)
     choice = choose_context(read_manifest(art_dir), max_batch, max_context)
     with full_checks():  # a server hashes every file at start, whatever the last check saw
         decoder = open_batch_artifact(
@@ -154,6 +175,10 @@ def open_served_model(
         )
     manifest = getattr(decoder, "manifest", None) or read_manifest(art_dir)
     tokenizer = load_artifact_tokenizer(art_dir, manifest)
+    if template is not None:
+        from llmir_core.runtime.chat_templates import with_template
+
+        tokenizer = with_template(tokenizer, template)
     model_name = name or os.path.basename(os.path.normpath(os.path.abspath(art_dir)))
     return ServedModel(
         model_name,

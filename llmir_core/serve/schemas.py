@@ -16,9 +16,9 @@ Sampling beyond temperature / top_p (llmir_core/serve/sampling_params.py builds 
 ([-2, 2]), and the extras vLLM and llama.cpp take: `top_k` (0 or -1: off), `min_p` ([0, 1]),
 `repetition_penalty` (> 0).
 
-A parameter the server does not act on is a 400 `unsupported_parameter`, never silently
-ignored: `echo` on chat, `top_logprobs` on completions, `stream` with `echo` or several prompts,
-and `best_of`, `suffix` other than their defaults.
+Every field is honored or refused, never silently ignored: `llmir_core.serve.params` (the field
+walk) refuses unknown fields and the fields the server does not act on before these parsers run
+(docs/serve-api.md lists them); here `stream` with `echo` or several prompts is refused.
 """
 
 from __future__ import annotations
@@ -96,39 +96,6 @@ class GenParams:
     tools: list[dict[str, Any]] | None = None  # chat: the functions the model may call
     tool_choice: str | dict[str, Any] | None = None  # none | auto | required | a named function
     parallel_tool_calls: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-_KNOWN = {
-    "model",
-    "prompt",
-    "messages",
-    "max_tokens",
-    "max_completion_tokens",
-    "temperature",
-    "top_p",
-    "seed",
-    "stop",
-    "stream",
-    "stream_options",
-    "n",
-    "user",
-    "logprobs",
-    "echo",
-    "presence_penalty",
-    "frequency_penalty",
-    "suffix",
-    "best_of",
-    "logit_bias",
-    "top_logprobs",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "response_format",
-}
 
 
 def _number(
@@ -189,8 +156,6 @@ def _common(body: Any) -> GenParams:
     from .structured import response_format  # (it imports this module)
 
     p.grammar = response_format(body)
-    _unsupported(body)
-    p.extra = {k: v for k, v in body.items() if k not in _KNOWN}
     return p
 
 
@@ -215,20 +180,6 @@ def _sampling(body: dict[str, Any], p: GenParams) -> None:
         if isinstance(v, bool) or not isinstance(v, int | float) or not -100 <= v <= 100:
             raise bad("logit_bias", f"'logit_bias' values must be in [-100, 100], got {v!r:.40}")
         p.logit_bias[int(key)] = float(v)
-
-
-# parameters the server does not act on, with the value that means "off"
-_OFF: dict[str, tuple[Any, ...]] = {
-    "best_of": (1,),
-    "suffix": ("",),
-}
-
-
-def _unsupported(body: dict[str, Any]) -> None:
-    for name, off in _OFF.items():
-        v = body.get(name)
-        if v is not None and not any(v == o and type(v) is type(o) for o in off):
-            raise bad(name, f"'{name}' is not supported by this server", "unsupported_parameter")
 
 
 def _prompts(prompt: Any) -> list[str | list[int]]:
@@ -260,10 +211,11 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
 
 
 def parse_completion(body: Any) -> GenParams:
-    from .tools import refuse_on_completions
+    from .params import COMPLETIONS, check  # every field honored or refused (the field walk)
 
+    if isinstance(body, dict):
+        check(body, COMPLETIONS)
     p = _common(body)
-    refuse_on_completions(body)
     if body.get("top_logprobs") is not None:
         raise bad(
             "top_logprobs",
@@ -312,6 +264,10 @@ def _content(m: dict[str, Any], i: int) -> str:
 
 
 def parse_chat(body: Any) -> GenParams:
+    from .params import CHAT, check  # every field honored or refused (the field walk)
+
+    if isinstance(body, dict):
+        check(body, CHAT)
     p = _common(body)
     if body.get("echo") not in (None, False):
         raise bad(

@@ -38,7 +38,6 @@ MAX_TOOLS = 128  # OpenAI's limit on `tools`
 MAX_NAME = 64
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
 CHOICES = ("none", "auto", "required")
-CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
 
 
 def _kind(v: Any) -> str:
@@ -246,17 +245,6 @@ def parse_tool_fields(body: dict[str, Any], p: GenParams) -> None:
         p.grammar = GrammarSpec("json_schema", schema, "tool_choice")
 
 
-def refuse_on_completions(body: dict[str, Any]) -> None:
-    """/v1/completions has no tools: a 400 naming the field rather than ignoring it."""
-    for name in CHAT_ONLY:
-        if body.get(name) is not None:
-            raise bad(
-                name,
-                f"'{name}' is a chat parameter: send it to /v1/chat/completions",
-                "unsupported_parameter",
-            )
-
-
 def _arguments_for_template(text: str) -> Any:
     """A call's `arguments` as the template sees them: the decoded object when they are JSON
     (what Hugging Face templates expect; they `tojson` it), else the text as given."""
@@ -407,7 +395,6 @@ def finish_choice(choice: dict[str, Any], reader: ToolReader) -> None:
 
 __all__ = [
     "parse_tool_fields",
-    "refuse_on_completions",
     "tool_message_fields",
     "template_tools",
     "check_template",

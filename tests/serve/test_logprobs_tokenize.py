@@ -48,7 +48,7 @@ def test_tokenize_equals_the_hugging_face_tokenizer(served: Running, tiny_dir: P
         ("/tokenize", {}, 400, "missing_required_parameter", "prompt"),
         ("/tokenize", {"prompt": 3}, 400, "invalid_type", "prompt"),
         ("/tokenize", {"prompt": "x", "add_special_tokens": 1}, 400, "invalid_type", None),
-        ("/tokenize", {"prompt": "x", "messages": []}, 400, "unsupported_parameter", "messages"),
+        ("/tokenize", {"prompt": "x", "messages": []}, 400, "unsupported_parameter", "prompt"),
         ("/tokenize", {"prompt": "x", "model": "other"}, 404, "model_not_found", "model"),
         ("/detokenize", {"tokens": "x"}, 400, "invalid_type", "tokens"),
         ("/detokenize", {"tokens": [5, 100000]}, 400, "invalid_value", "tokens"),

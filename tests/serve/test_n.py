@@ -144,8 +144,9 @@ def test_n_bad(served: Running) -> None:
             assert body["param"] == "n" and body["code"] == "invalid_value", body
             assert fragment in body["message"]
     with pytest.raises(openai.BadRequestError) as err:
-        _complete(served, n=2, best_of=2)
+        _complete(served, n=2, best_of=3)  # candidates beyond n: not generated
     assert err.value.body["param"] == "best_of"
+    assert len(_complete(served, n=2, best_of=2).choices) == 2  # best_of == n: the n choices
 
 
 def test_choice_seeds() -> None:

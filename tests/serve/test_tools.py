@@ -335,7 +335,8 @@ def test_no_tools_on_completions(tool_served: Running) -> None:
             client(tool_served).completions.create(
                 model=tool_served.model.name, prompt="x", max_tokens=1, extra_body=kw
             )
-        assert err.value.param == next(iter(kw)) and err.value.code == "unsupported_parameter"
+        assert err.value.param == next(iter(kw)) and err.value.code == "unknown_parameter"
+        assert "/v1/chat/completions" in err.value.message
 
 
 def test_tool_choice_none(tool_served: Running, script: Any) -> None:

@@ -315,9 +315,11 @@ def test_templates_ship_as_package_data() -> None:
     import tomllib
 
     config = tomllib.loads((TEMPLATES.parents[2] / "pyproject.toml").read_text())
-    patterns = config["tool"]["setuptools"]["package-data"]["llmir_core.runtime"]
-    files = [f"chat_templates/{p.name}" for p in TEMPLATES.iterdir()]
-    assert {"chat_templates/chatml.jinja", "chat_templates/llama3.jinja"} <= set(files)
+    setup = config["tool"]["setuptools"]
+    assert "llmir_core.runtime.chat_templates" in setup["packages"]
+    patterns = setup["package-data"]["llmir_core.runtime.chat_templates"]
+    files = [p.name for p in TEMPLATES.iterdir() if p.suffix == ".jinja"]
+    assert {"chatml.jinja", "llama3.jinja", "gemma.jinja"} <= set(files)
     assert all(any(fnmatch.fnmatch(f, pat) for pat in patterns) for f in files)
 
 
