@@ -150,9 +150,11 @@ def tool_served(tool_artifact: Path) -> Iterator[Running]:
     from llmir_core.serve.model import ServedModel, open_served_model
     from llmir_core.serve.server import bind, make_server
 
-    opened = open_served_model(str(tool_artifact), threads=1, max_batch=4, max_queue=8, chunk=64)
+    opened = open_served_model(
+        str(tool_artifact), threads=1, max_batch=4, max_queue=8, chunk=64, chat_template="chatml"
+    )
     tok = opened.tokenizer
-    tok.chat_template = CHATML  # the lead switches this to `--chat-template chatml`
+    assert tok.chat_template == CHATML  # `--chat-template chatml`
     marker = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
     scripted = Scripted(
         opened.decoder,
