@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from llmir_core.artifact_check import full_checks
-from llmir_core.errors import InputError
+from llmir_core.errors import EXIT_CHECK_FAILED, InputError
 from llmir_core.runtime.grammar import grammar_option
 from llmir_core.runtime.tensors import parse_input_specs, run_target, summarize, write_outputs
 from llmir_core.runtime.textgen import (
@@ -53,7 +53,8 @@ hashes every file at each start.
 --json-schema FILE constrains the generated text to JSON valid for that JSON Schema, --grammar
 FILE to a Lark grammar (llguidance's dialect; a .gbnf file is llama.cpp GBNF), by masking every
 token the grammar does not allow next; a schema or grammar that cannot be used is one error
-line, exit 2.
+line, exit 2. An output that --max-new-tokens (or the context) cuts before the grammar is
+complete is not valid for it: a warning says so and run exits 1 (JSON: grammar_complete false).
 
 With --prompt-ids (a model imported with --no-tokenizer has no tokenizer), the prompt is token
 ids and the generated token ids are printed.
@@ -329,8 +330,11 @@ def _generate(
             ctx.emit_json("run", {"ok": True, "target": str(target), **results_json(turns)})
         return
     results = generate_texts(str(target), prompts, options, *_streaming(ctx, timings=True))
+    cut = sum(r.grammar_complete is False for r in results)
     if ctx.json:
-        ctx.emit_json("run", {"ok": True, "target": str(target), **results_json(results)})
+        ctx.emit_json("run", {"ok": not cut, "target": str(target), **results_json(results)})
+    if cut:  # each one's warning is on stderr (and in the JSON): exit 1, one document on stdout
+        raise typer.Exit(EXIT_CHECK_FAILED)
 
 
 def _generate_ids(ctx: Ctx, target: Path, prompt_ids: list[str], options: TextGenOptions) -> None:

@@ -89,6 +89,7 @@ class TextResult:
     prompt: str | list[dict[str, str]]
     result: GenerationResult
     warnings: list[str] = field(default_factory=list)
+    grammar_complete: bool | None = None  # --json-schema / --grammar: the output is whole
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,6 +97,9 @@ class TextResult:
             **self.result.to_json(),
             "prompt_token_ids": self.result.prompt_ids,
             "warnings": self.warnings,
+            **(
+                {} if self.grammar_complete is None else {"grammar_complete": self.grammar_complete}
+            ),
         }
 
 
@@ -222,6 +226,7 @@ class TextGenerator:
                 hint="use a shorter prompt",
             )
         self.decoder.reserve(len(ids) + opts.max_new_tokens)
+        constraint = self.grammar.constraint() if self.grammar else None
         res = generate(
             self.decoder,
             _Codec(self.tokenizer, opts.display),
@@ -231,16 +236,23 @@ class TextGenerator:
             eos_ids=self.tokenizer.eos_ids,
             stop=opts.stop,
             on_text=on_text,
-            constraint=self.grammar.constraint() if self.grammar else None,
+            constraint=constraint,
         )
         warnings = []
+        complete = None if constraint is None else constraint.accepting
+        if complete is False:
+            warnings.append(
+                f"the output stopped ({res.stop_reason}) before the grammar was complete: it is "
+                "not valid for it (raise --max-new-tokens, or bound the schema: maximum, "
+                "maxLength, maxItems)"
+            )
         if res.stop_reason == "context":
             warnings.append(
                 f"generation stopped at the model's context limit of {ctx} tokens "
                 f"after {len(res.ids)} new tokens"
             )
         shown = prompt if isinstance(prompt, str) else [dict(m) for m in prompt]
-        return TextResult(shown, res, warnings)
+        return TextResult(shown, res, warnings, complete)
 
 
 def read_prompts_file(path: str) -> list[str]:

@@ -113,3 +113,25 @@ def test_grammar_options_need_text_generation(tiny_artifact: Path, tmp_path: Pat
     assert code == 2 and "give one" in err
     code, _, err = invoke("run", tiny_artifact, "-p", "x", "--json-schema", tmp_path / "none.json")
     assert code == 2 and "none.json: no such file" in err
+
+
+def test_run_output_cut_before_the_grammar_ends_fails(tiny_artifact: Path, tmp_path: Path) -> None:
+    """--max-new-tokens too small for the schema: the text is not valid JSON, and run says so
+    (a warning, `grammar_complete: false`, exit 1), never passing it off as the answer."""
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps(SCHEMA))
+    code, out, err = invoke(
+        "run", tiny_artifact, "--format", "json", "-n", "3", "-p", "hi", "--json-schema", schema
+    )
+    assert code == 1, err
+    body = json.loads(out)
+    [res] = body["results"]
+    assert body["ok"] is False and res["grammar_complete"] is False
+    assert (
+        res["stop_reason"] == "length" and "before the grammar was complete" in res["warnings"][0]
+    )
+    code, out, err = invoke("run", tiny_artifact, "-n", "3", "-p", "hi", "--json-schema", schema)
+    assert code == 1 and "warning: the output stopped (length)" in err
+    assert len(err.strip().splitlines()) <= 2 and "Traceback" not in err
+    [whole] = run_json(tiny_artifact, "--prompt", "hi", "--json-schema", schema)
+    assert whole["grammar_complete"] is True
