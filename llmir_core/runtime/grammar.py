@@ -53,6 +53,7 @@ import numpy as np
 from llmir_core.errors import InputError
 
 from .grammar_spec import GrammarSpec
+from .textstream import byte_of_char
 from .tokenizer import Tokenizer
 
 # JSON output style: compact, one space after ',' and ':' (json.dumps' default)
@@ -67,19 +68,6 @@ _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 class GrammarError(InputError):
     """A schema or grammar that cannot be compiled; the message names where it came from."""
-
-
-def _gpt2_bytes() -> dict[str, int]:
-    """The byte-level BPE alphabet: character -> byte (GPT-2's bytes_to_unicode, inverted)."""
-    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars = list(keep)
-    n = 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(keep, chars)}
 
 
 def _decoder_kinds(backend: Any) -> set[str]:
@@ -103,7 +91,7 @@ def token_bytes(tokenizer: Tokenizer, vocab: int) -> tuple[list[bytes], list[int
     b""), and the ids of special tokens (added tokens not marked special are text)."""
     backend = tokenizer.backend
     kinds = _decoder_kinds(backend)
-    table = _gpt2_bytes() if "ByteLevel" in kinds else None
+    table = byte_of_char() if "ByteLevel" in kinds else None
     added = backend.get_added_tokens_decoder()
     special = sorted(i for i, t in added.items() if t.special and i < vocab)
     out = [b""] * vocab

@@ -24,7 +24,7 @@ from typing import Any
 
 
 @cache
-def _byte_of_char() -> dict[str, int]:
+def byte_of_char() -> dict[str, int]:
     """The inverse of GPT-2's bytes-to-unicode table, which byte-level BPE vocabularies use."""
     keep = [
         *range(ord("!"), ord("~") + 1),
@@ -89,7 +89,7 @@ def token_bytes_fn(backend: Any) -> Callable[[int], bytes] | None:
     }
     if "ByteLevel" not in kinds:
         return None
-    table = _byte_of_char()
+    table = byte_of_char()
     special = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
     cache: dict[int, bytes] = {}
 

@@ -107,6 +107,6 @@ def test_a_random_models_bytes_stream_without_replacement_characters() -> None:
 
 
 def _byte_map() -> dict[str, int]:
-    from llmir_core.runtime.textstream import _byte_of_char
+    from llmir_core.runtime.textstream import byte_of_char
 
-    return _byte_of_char()
+    return byte_of_char()
