@@ -1,6 +1,7 @@
 """Decode speed with a JSON Schema mask vs without, through the serve scheduler, on a real model.
 
-The artifact (default /tmp/g27/art: Gemma 3 270M Q4_K_M, 262144-token vocabulary) is opened as
+The artifact (`--artifact`, or `--gguf FILE` built once; measured on Gemma 3 270M Q4_K_M, a
+262144-token vocabulary) is opened as
 `llmir serve` opens it (`open_served_model`); this process submits `GenRequest`s to its
 `Scheduler` directly (no HTTP), `--batch` at once, greedy, in three modes:
 
@@ -18,7 +19,7 @@ rounds and the medians are reported, with the ratios to `plain`. Also: whether l
 the GIL while it computes a mask (a Python loop's rate on the main thread with masks computed on
 another thread, against alone). Results in benchmarks/results/grammar_decode.json.
 
-    PYTHONPATH=$PWD python benchmarks/grammar_decode.py --batch 1 --rounds 3
+    python benchmarks/grammar_decode.py --gguf gemma-3-270m-q4_k_m.gguf --batch 1 --rounds 3
 """
 
 from __future__ import annotations
@@ -173,12 +174,20 @@ def gil_check(grammar: Any, seconds: float = 1.0) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--artifact", default="/tmp/g27/art")
+    ap.add_argument("--artifact", help="a built decoder artifact (or give --gguf)")
+    ap.add_argument("--gguf", type=Path, help="a GGUF file, imported and built into --work once")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/llmir-grammar-decode"))
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/grammar_decode.json"))
     args = ap.parse_args()
+    if args.artifact is None:
+        if args.gguf is None or not args.gguf.is_file():
+            sys.exit("grammar_decode: give --artifact DIR or --gguf FILE (a file that exists)")
+        from batch_decode import build  # the same import + build as the batched-decode bench
+
+        args.artifact = build(args.gguf, args.work)
     from llmir_core.runtime import grammar as gmod
     from llmir_core.runtime.grammar_spec import GrammarSpec
     from llmir_core.serve import scheduler as sched_mod

@@ -2,7 +2,8 @@
 
 For each library found (xgrammar is not a dependency of llmir: put it on PYTHONPATH for this
 run, e.g. `pip install --no-deps --target /tmp/grammar/xgr xgrammar apache-tvm-ffi`), on the
-tokenizer of a built artifact (default /tmp/g27/art: Gemma 3 270M, 262144 tokens) and the schema
+tokenizer of a built artifact (`--artifact`, or `--gguf FILE` built once; measured on Gemma 3
+270M, 262144 tokens) and the schema
 suite below (the JSON style llmir enforces: `", "` and `": "` separators, no free whitespace):
 
 - import time of the library;
@@ -258,9 +259,17 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--artifact", default="/tmp/g27/art")
+    ap.add_argument("--artifact", help="a built decoder artifact (or give --gguf)")
+    ap.add_argument("--gguf", type=Path, help="a GGUF file, imported and built into --work once")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/llmir-grammar-decode"))
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/grammar_mask.json"))
     args = ap.parse_args()
+    if args.artifact is None:
+        if args.gguf is None or not args.gguf.is_file():
+            sys.exit("grammar_mask: give --artifact DIR or --gguf FILE (a file that exists)")
+        from batch_decode import build  # the same import + build as the batched-decode bench
+
+        args.artifact = build(args.gguf, args.work)
     from llmir_core.runtime.grammar import token_bytes
     from llmir_core.runtime.textgen import load_artifact_tokenizer
 
