@@ -14,6 +14,7 @@ from llmir_core.errors import InputError
 from .._options import TemplateTimeoutOpt
 from .._render import Ctx
 from ._command import command
+from ._serve_ray import ADDRESS_HELP, AUTOSCALE_HELP, RAY_HELP, REPLICAS_HELP, serve_ray, wanted
 
 HELP = """Serve a decoder artifact over HTTP with OpenAI's API, and the Playground at /.
 
@@ -113,6 +114,14 @@ def serve_cmd(
         Path | None, typer.Option("--bench", help="Playground: `llmir bench --format json` output.")
     ] = None,
     template_timeout: TemplateTimeoutOpt = None,
+    ray: Annotated[bool, typer.Option("--ray", help=RAY_HELP)] = False,
+    replicas: Annotated[int | None, typer.Option("--replicas", help=REPLICAS_HELP)] = None,
+    autoscale: Annotated[
+        str | None, typer.Option("--autoscale", metavar="MIN,MAX", help=AUTOSCALE_HELP)
+    ] = None,
+    address: Annotated[
+        str | None, typer.Option("--address", envvar="RAY_ADDRESS", help=ADDRESS_HELP)
+    ] = None,
 ) -> None:
     if not artifact.is_dir():
         raise InputError(
@@ -123,6 +132,13 @@ def serve_cmd(
         raise InputError(f"--port must be in 0..65535, got {port}")
     if api_key is not None and not api_key:
         raise InputError("--api-key is empty", hint="pass a non-empty key or leave it out")
+    pages = {"ir": ir, "lowered": lowered, "report": report, "dump_dir": dump_dir, "bench": bench}
+    if wanted(ray, replicas, autoscale, address):  # Ray Serve: _serve_ray, docs/cluster.md
+        opts = {"max_batch": max_batch, "max_queue": max_queue, "chunk": prefill_chunk}
+        opts |= {"threads": threads, "max_context": max_context, "name": model_name}
+        opts["template_timeout_s"] = template_timeout
+        serve_ray(ctx, artifact, (replicas, autoscale, address), (host, port), opts, api_key, pages)
+        return
     from llmir_core.serve.model import open_served_model
 
     model = open_served_model(
@@ -135,7 +151,6 @@ def serve_cmd(
         name=model_name,
         template_timeout_s=template_timeout,
     )
-    pages = {"ir": ir, "lowered": lowered, "report": report, "dump_dir": dump_dir, "bench": bench}
     _serve(ctx, artifact, model, pages, (host, port), api_key, (max_batch, max_queue))
 
 
