@@ -26,7 +26,6 @@ import argparse
 import http.client
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -42,7 +41,11 @@ sys.path.insert(0, str(REPO))
 from benchmarks.serve_throughput import busy_seconds, one_request, prepare  # noqa: E402
 
 LEVELS = (1, 8, 32)
-SERVERS = (("single", ()), ("ray-1", ("--ray", "--replicas", "1")), ("ray-2", ("--ray", "--replicas", "2")))
+SERVERS = (
+    ("single", ()),
+    ("ray-1", ("--ray", "--replicas", "1")),
+    ("ray-2", ("--ray", "--replicas", "2")),
+)
 
 
 def start(art: Path, extra: tuple[str, ...], log: Any) -> tuple[subprocess.Popen[str], int]:
@@ -134,8 +137,10 @@ def main() -> None:
             for clients in LEVELS:
                 r = level(port, model, prompts, a.gen_len, clients)
                 rows.append({"server": name, **r})
-                log(f"  {name:7} {clients:3} clients: {r['tokens_per_s']:8.1f} tok/s, "
-                    f"TTFT P50 {r['ttft_p50_ms']:7.1f} ms P99 {r['ttft_p99_ms']:7.1f} ms")
+                log(
+                    f"  {name:7} {clients:3} clients: {r['tokens_per_s']:8.1f} tok/s, "
+                    f"TTFT P50 {r['ttft_p50_ms']:7.1f} ms P99 {r['ttft_p99_ms']:7.1f} ms"
+                )
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(120)
@@ -145,13 +150,22 @@ def main() -> None:
         del r["texts"]
     print(f"{'server':8} {'clients':>7} {'tok/s':>8} {'TTFT P50 ms':>12} {'TTFT P99 ms':>12}")
     for r in rows:
-        print(f"{r['server']:8} {r['clients']:7} {r['tokens_per_s']:8.1f} "
-              f"{r['ttft_p50_ms']:12.1f} {r['ttft_p99_ms']:12.1f}")
+        print(
+            f"{r['server']:8} {r['clients']:7} {r['tokens_per_s']:8.1f} "
+            f"{r['ttft_p50_ms']:12.1f} {r['ttft_p99_ms']:12.1f}"
+        )
     print(f"greedy texts equal across servers: {same}")
     with open("/proc/loadavg", encoding="ascii") as fh:
         load = fh.read().split()[:3]
-    result = {"shape": a.shape, "requests": a.requests, "gen_len": a.gen_len, "cores": os.cpu_count(),
-              "loadavg_after": load, "texts_equal": same, "rows": rows}
+    result = {
+        "shape": a.shape,
+        "requests": a.requests,
+        "gen_len": a.gen_len,
+        "cores": os.cpu_count(),
+        "loadavg_after": load,
+        "texts_equal": same,
+        "rows": rows,
+    }
     a.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {a.out}")
 

@@ -134,7 +134,11 @@ def serve_cmd(
         raise InputError("--api-key is empty", hint="pass a non-empty key or leave it out")
     pages = {"ir": ir, "lowered": lowered, "report": report, "dump_dir": dump_dir, "bench": bench}
     if wanted(ray, replicas, autoscale, address):  # Ray Serve: _serve_ray, docs/cluster.md
-        opts = {"max_batch": max_batch, "max_queue": max_queue, "chunk": prefill_chunk}
+        opts: dict[str, Any] = {
+            "max_batch": max_batch,
+            "max_queue": max_queue,
+            "chunk": prefill_chunk,
+        }
         opts |= {"threads": threads, "max_context": max_context, "name": model_name}
         opts["template_timeout_s"] = template_timeout
         serve_ray(ctx, artifact, (replicas, autoscale, address), (host, port), opts, api_key, pages)

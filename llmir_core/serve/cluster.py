@@ -252,7 +252,7 @@ def build_app(cfg: dict[str, str]) -> Any:
         autoscale=parse_autoscale(cfg["autoscale"]) if "autoscale" in cfg else None,
         cpus=float(threads or 1),
     )
-    opts = {"max_batch": max_batch, "max_queue": max_queue, "threads": threads}
+    opts: dict[str, Any] = {"max_batch": max_batch, "max_queue": max_queue, "threads": threads}
     if "model_name" in cfg:
         opts["name"] = cfg["model_name"]
     args = ReplicaArgs(str(cfg["artifact"]), opts, os.environ.get("LLMIR_API_KEY") or None)
@@ -293,7 +293,9 @@ def _connect(spec: ClusterSpec) -> str:
 def _deploy(app: Any, spec: ClusterSpec, port: int) -> None:
     from ray import serve
 
-    serve.start(http_options={"host": spec.host, "port": port}, logging_config={"log_level": "WARNING"})
+    serve.start(
+        http_options={"host": spec.host, "port": port}, logging_config={"log_level": "WARNING"}
+    )
     try:
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
     except Exception as exc:
@@ -328,7 +330,11 @@ def run(
         port = spec.port or free_port(spec.host)
         _deploy(application(args, spec, *slots), spec, port)
         host = f"[{spec.host}]" if ":" in spec.host else spec.host
-        count = f"{spec.autoscale[0]}..{spec.autoscale[1]} replicas (autoscaled)" if spec.autoscale else f"{spec.replicas} replica{'s' * (spec.replicas != 1)}"
+        count = (
+            f"{spec.autoscale[0]}..{spec.autoscale[1]} replicas (autoscaled)"
+            if spec.autoscale
+            else f"{spec.replicas} replica{'s' * (spec.replicas != 1)}"
+        )
         log(
             f"serving {args.open_opts.get('name') or os.path.basename(os.path.normpath(args.art_dir))} "
             f"on http://{host}:{port}/ with Ray Serve on {where}: {count}, each {slots[0]} slots, "

@@ -33,8 +33,12 @@ def need_ray() -> None:
         from ray import serve  # noqa: F401
     except ImportError:
         if os.environ.get("CI") == "true":
-            pytest.fail("ray[serve] is not installed in CI (pip install -e '.[test]')", pytrace=False)
-        pytest.skip("ray[serve] is not installed (pip install 'llmir[cluster]')", allow_module_level=True)
+            pytest.fail(
+                "ray[serve] is not installed in CI (pip install -e '.[test]')", pytrace=False
+            )
+        pytest.skip(
+            "ray[serve] is not installed (pip install 'llmir[cluster]')", allow_module_level=True
+        )
 
 
 @dataclass

@@ -90,6 +90,11 @@ def test_merge_labels_every_sample_and_keeps_families_whole() -> None:
         "# HELP h A histogram.",
     ]
     assert 'h_bucket{replica="r2",le="+Inf"} 2' in lines
-    assert lines.index('h_count{replica="r2"} 2') < lines.index("# HELP llmir_replica_info One per live replica: its process and node.")
+    assert lines.index('h_count{replica="r2"} 2') < lines.index(
+        "# HELP llmir_replica_info One per live replica: its process and node."
+    )
     assert sum(ln.startswith("# TYPE h ") for ln in lines) == 1
-    assert lines[-2:] == ['llmir_replica_info{replica="r1",pid="11"} 1', 'llmir_replica_info{replica="r2",pid="22"} 1']
+    assert lines[-2:] == [
+        'llmir_replica_info{replica="r1",pid="11"} 1',
+        'llmir_replica_info{replica="r2",pid="22"} 1',
+    ]
