@@ -329,17 +329,8 @@ def run(
     try:
         port = spec.port or free_port(spec.host)
         _deploy(application(args, spec, *slots), spec, port)
-        host = f"[{spec.host}]" if ":" in spec.host else spec.host
-        count = (
-            f"{spec.autoscale[0]}..{spec.autoscale[1]} replicas (autoscaled)"
-            if spec.autoscale
-            else f"{spec.replicas} replica{'s' * (spec.replicas != 1)}"
-        )
-        log(
-            f"serving {args.open_opts.get('name') or os.path.basename(os.path.normpath(args.art_dir))} "
-            f"on http://{host}:{port}/ with Ray Serve on {where}: {count}, each {slots[0]} slots, "
-            f"queue {slots[1]}{', API key required' if args.api_key else ''}; Ctrl-C stops"
-        )
+        host_, port = _proxy_address(spec.host, port)
+        log(_start_line(args, spec, (host_, port), where, slots))
         while not done.wait(0.5):
             pass
         log("draining: requests in flight finish, then the replicas stop")
@@ -353,6 +344,35 @@ def run(
         for s, h in old.items():
             signal.signal(s, h)
         ray.shutdown()
+
+
+def _start_line(
+    args: ReplicaArgs, spec: ClusterSpec, at: tuple[str, int], where: str, slots: tuple[int, int]
+) -> str:
+    name = args.open_opts.get("name") or os.path.basename(os.path.normpath(args.art_dir))
+    host = f"[{at[0]}]" if ":" in at[0] else at[0]
+    if spec.autoscale:
+        count = f"{spec.autoscale[0]}..{spec.autoscale[1]} replicas (autoscaled)"
+    else:
+        count = f"{spec.replicas} replica{'s' * (spec.replicas != 1)}"
+    key = ", API key required" if args.api_key else ""
+    return (
+        f"serving {name} on http://{host}:{at[1]}/ with Ray Serve on {where}: {count}, each "
+        f"{slots[0]} slots, queue {slots[1]}{key}; Ctrl-C stops"
+    )
+
+
+def _proxy_address(host: str, port: int) -> tuple[str, int]:
+    """Where Ray Serve's proxies listen: a cluster that already ran Serve keeps its own HTTP
+    options (Ray warns), so ask its controller (a private API: the requested address when it
+    is not there)."""
+    try:
+        from ray.serve.context import _get_global_client
+
+        cfg = _get_global_client().http_config
+        return str(cfg.host), int(cfg.port)
+    except Exception:
+        return host, port
 
 
 def _kill_board() -> None:

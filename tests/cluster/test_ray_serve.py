@@ -28,8 +28,11 @@ openai = pytest.importorskip("openai", reason="the test extra (openai) is not in
 PROMPTS = ["Once upon a time", "The cat", "1 2 3", "Hello world"]
 
 
-def _client(url: str, timeout: float = 60.0) -> Any:
-    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
+KEY = "cluster-secret"
+
+
+def _client(url: str, timeout: float = 60.0, key: str = KEY) -> Any:
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=timeout)
 
 
 def _stream(url: str, prompt: str, max_tokens: int) -> str:
@@ -94,11 +97,11 @@ def expected(tiny_artifact: Path) -> dict[str, str]:
 @pytest.fixture(scope="class")
 def cluster(tiny_artifact: Path) -> Iterator[Driver]:
     args = ("--replicas", "2", "--max-batch", "8", "--max-queue", "8", "--threads", "1")
+    args += ("--api-key", KEY)  # checked in each replica, as single-process serve does
     with ray_serve(tiny_artifact, *args) as driver:
         yield driver
         assert driver.stop() == 0, "".join(driver.lines)
         assert any("drained" in ln for ln in driver.lines), "".join(driver.lines)
-
 
 
 class TestTwoReplicas:
@@ -123,6 +126,8 @@ class TestTwoReplicas:
         assert len(_per_replica(text, "llmir_queue_depth")) == 2
         assert len(_per_replica(text, "llmir_tokens_per_second")) == 2
         assert len(_replicas(text)) == 2
+        with pytest.raises(openai.AuthenticationError):
+            _client(cluster.url, key="wrong").models.list()
 
     def test_replica_killed_mid_stream(self, cluster: Driver) -> None:
         outcomes: list[str] = []
@@ -195,6 +200,8 @@ def _try_stream(url: str, max_tokens: int = 4) -> bool:
 
 
 def test_autoscale_up_and_down(tiny_artifact: Path) -> None:
+    """1 replica at rest, 2 under 8 long streams (target: --max-batch 2 ongoing per replica),
+    1 again when they stop; Ray's delays shortened through LLMIR_RAY_AUTOSCALING."""
     env = {
         "LLMIR_RAY_AUTOSCALING": json.dumps(
             {
