@@ -276,7 +276,11 @@ def _connect(spec: ClusterSpec) -> str:
 
     quiet: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
     if spec.address:
-        ray.init(address=spec.address, namespace=BOARD_NAMESPACE, **quiet)
+        try:
+            ray.init(address=spec.address, namespace=BOARD_NAMESPACE, **quiet)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise InputError(f"cannot join the Ray cluster at {spec.address}: {first}") from None
         return f"the Ray cluster at {spec.address}"
     most = spec.autoscale[1] if spec.autoscale else spec.replicas
     cpus = max(os.cpu_count() or 1, int(most * spec.cpus + 0.999))
@@ -299,12 +303,23 @@ def _deploy(app: Any, spec: ClusterSpec, port: int) -> None:
     try:
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
     except Exception as exc:
-        text = str(exc)
+        text = f"{exc}\n{_status_text()}"
         found = re.search(re.escape(_REPLICA_ERROR) + r"([^\n]*)", text)
         if found:
             raise CheckFailed(f"a replica could not open the artifact: {found.group(1)}") from None
         last = [ln for ln in text.splitlines() if ln.strip()][-1:] or [type(exc).__name__]
         raise LlmirError(f"Ray Serve could not deploy llmir: {last[0].strip()}") from None
+
+
+def _status_text() -> str:
+    """The deployment's status messages (where Ray keeps a replica constructor's error)."""
+    from ray import serve
+
+    try:
+        app = serve.status().applications[APP_NAME]
+    except Exception:
+        return ""
+    return "\n".join([app.message, *(d.message for d in app.deployments.values())])
 
 
 def run(

@@ -234,3 +234,28 @@ def test_autoscale_up_and_down(tiny_artifact: Path) -> None:
                 t.join(60)
         _wait(lambda: len(_replicas(_metrics(driver.url))) == 1, 90, "a scale-down to 1")
         assert driver.stop() == 0, "".join(driver.lines)
+
+
+def test_a_changed_byte_fails_the_deployment(tiny_artifact: Path, tmp_path: Path) -> None:
+    """Every replica hashes the artifact: a changed byte is one error line and exit 1."""
+    import shutil
+    import subprocess
+    import sys
+
+    art = tmp_path / "llama"
+    shutil.copytree(tiny_artifact, art)
+    onnx = next(art.glob("*.onnx"))
+    data = bytearray(onnx.read_bytes())
+    data[-1] ^= 0xFF
+    onnx.write_bytes(bytes(data))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.getcwd(),
+        "RAY_ADDRESS": "",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    cmd = [sys.executable, "-m", "llmir_cli.app", "serve", str(art), "--ray", "--port", "0"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert r.returncode == 1, r.stderr
+    assert len(errors) == 1 and "a replica could not open the artifact" in errors[0], r.stderr
