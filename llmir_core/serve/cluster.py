@@ -285,6 +285,7 @@ def _connect(spec: ClusterSpec) -> str:
     most = spec.autoscale[1] if spec.autoscale else spec.replicas
     cpus = max(os.cpu_count() or 1, int(most * spec.cpus + 0.999))
     ray.init(
+        address="local",  # a new head, even when `ray start` left one (or its address file)
         num_cpus=cpus,
         include_dashboard=False,
         _node_ip_address="127.0.0.1",
