@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -17,6 +17,15 @@ RAY_HELP = "Serve on Ray Serve (pip install 'llmir[cluster]'): see docs/cluster.
 REPLICAS_HELP = "--ray: replicas, each with its own --max-batch slots and --threads."
 AUTOSCALE_HELP = "--ray: MIN,MAX replicas, scaled by Ray Serve on ongoing requests."
 ADDRESS_HELP = "--ray: an existing Ray cluster (ray://HOST:10001, or auto); default a local one."
+
+RayOpt = Annotated[bool, typer.Option("--ray", help=RAY_HELP)]
+ReplicasOpt = Annotated[int | None, typer.Option("--replicas", help=REPLICAS_HELP)]
+AutoscaleOpt = Annotated[
+    str | None, typer.Option("--autoscale", metavar="MIN,MAX", help=AUTOSCALE_HELP)
+]
+AddressOpt = Annotated[
+    str | None, typer.Option("--address", envvar="RAY_ADDRESS", help=ADDRESS_HELP)
+]
 
 
 def wanted(ray: bool, replicas: int | None, autoscale: str | None, address: str | None) -> bool:

@@ -14,7 +14,7 @@ from llmir_core.errors import InputError
 from .._options import TemplateTimeoutOpt
 from .._render import Ctx
 from ._command import command
-from ._serve_ray import ADDRESS_HELP, AUTOSCALE_HELP, RAY_HELP, REPLICAS_HELP, serve_ray, wanted
+from ._serve_ray import AddressOpt, AutoscaleOpt, RayOpt, ReplicasOpt, serve_ray, wanted
 
 HELP = """Serve a decoder artifact over HTTP with OpenAI's API, and the Playground at /.
 
@@ -114,15 +114,12 @@ def serve_cmd(
         Path | None, typer.Option("--bench", help="Playground: `llmir bench --format json` output.")
     ] = None,
     template_timeout: TemplateTimeoutOpt = None,
-    ray: Annotated[bool, typer.Option("--ray", help=RAY_HELP)] = False,
-    replicas: Annotated[int | None, typer.Option("--replicas", help=REPLICAS_HELP)] = None,
-    autoscale: Annotated[
-        str | None, typer.Option("--autoscale", metavar="MIN,MAX", help=AUTOSCALE_HELP)
-    ] = None,
-    address: Annotated[
-        str | None, typer.Option("--address", envvar="RAY_ADDRESS", help=ADDRESS_HELP)
-    ] = None,
+    ray: RayOpt = False,
+    replicas: ReplicasOpt = None,
+    autoscale: AutoscaleOpt = None,
+    address: AddressOpt = None,
 ) -> None:
+    # long: the signature declares every option of `llmir serve`, one parameter each
     if not artifact.is_dir():
         raise InputError(
             f"{artifact}: no such artifact folder",
