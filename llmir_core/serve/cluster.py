@@ -385,8 +385,10 @@ def _proxy_address(host: str, port: int) -> tuple[str, int]:
     try:
         from ray.serve.context import _get_global_client
 
-        cfg = _get_global_client().http_config
-        return str(cfg.host), int(cfg.port)
+        client = _get_global_client()
+        if client is None:
+            return host, port
+        return str(client.http_config.host), int(client.http_config.port)
     except Exception:
         return host, port
 
