@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,24 +17,26 @@ from .._render import Ctx
 RAY_HELP = "Serve on Ray Serve (pip install 'llmir[cluster]'): see docs/cluster.md."
 REPLICAS_HELP = "--ray: replicas, each with its own --max-batch slots and --threads."
 AUTOSCALE_HELP = "--ray: MIN,MAX replicas, scaled by Ray Serve on ongoing requests."
-ADDRESS_HELP = "--ray: an existing Ray cluster (ray://HOST:10001, or auto); default a local one."
+ADDRESS_HELP = (
+    "--ray: an existing Ray cluster (ray://HOST:10001, or auto; default $RAY_ADDRESS, else a "
+    "local one)."
+)
 
 RayOpt = Annotated[bool, typer.Option("--ray", help=RAY_HELP)]
 ReplicasOpt = Annotated[int | None, typer.Option("--replicas", help=REPLICAS_HELP)]
 AutoscaleOpt = Annotated[
     str | None, typer.Option("--autoscale", metavar="MIN,MAX", help=AUTOSCALE_HELP)
 ]
-AddressOpt = Annotated[
-    str | None, typer.Option("--address", envvar="RAY_ADDRESS", help=ADDRESS_HELP)
-]
+AddressOpt = Annotated[str | None, typer.Option("--address", help=ADDRESS_HELP)]
 
 
 def wanted(ray: bool, replicas: int | None, autoscale: str | None, address: str | None) -> bool:
     """Whether to take the Ray branch; one line and exit 2 for a bad combination."""
     if not ray:
         given = [n for n, v in (("--replicas", replicas), ("--autoscale", autoscale)) if v]
+        given += ["--address"] if address else []  # (RAY_ADDRESS alone is no request for Ray)
         if given:
-            raise InputError(f"{' and '.join(given)} need --ray")
+            raise InputError(f"{', '.join(given)} need{'s' * (len(given) == 1)} --ray")
         return False
     if replicas is not None and autoscale is not None:
         raise InputError("give --replicas N or --autoscale MIN,MAX, not both")
@@ -62,7 +65,7 @@ def serve_ray(
     spec = rc.ClusterSpec(
         replicas=replicas or 1,
         autoscale=rc.parse_autoscale(autoscale) if autoscale else None,
-        address=address or None,
+        address=address or os.environ.get("RAY_ADDRESS") or None,
         host=address_port[0],
         port=address_port[1],
         cpus=float(threads or 1),

@@ -23,8 +23,8 @@ def _serve(art: Path, *args: str) -> tuple[int, str]:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--replicas", "2"), "error: --replicas need --ray"),
-        (("--autoscale", "1,2"), "error: --autoscale need --ray"),
+        (("--replicas", "2"), "error: --replicas needs --ray"),
+        (("--autoscale", "1,2", "--address", "auto"), "error: --autoscale, --address need --ray"),
         (("--ray", "--replicas", "2", "--autoscale", "1,2"), "not both"),
         (("--ray", "--replicas", "0"), "--replicas must be >= 1, got 0"),
         (("--ray", "--autoscale", "2"), "--autoscale must be MIN,MAX"),
