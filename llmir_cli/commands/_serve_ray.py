@@ -33,7 +33,9 @@ AddressOpt = Annotated[str | None, typer.Option("--address", help=ADDRESS_HELP)]
 def wanted(ray: bool, replicas: int | None, autoscale: str | None, address: str | None) -> bool:
     """Whether to take the Ray branch; one line and exit 2 for a bad combination."""
     if not ray:
-        given = [n for n, v in (("--replicas", replicas), ("--autoscale", autoscale)) if v]
+        given = [
+            n for n, v in (("--replicas", replicas), ("--autoscale", autoscale)) if v is not None
+        ]
         given += ["--address"] if address else []  # (RAY_ADDRESS alone is no request for Ray)
         if given:
             raise InputError(f"{', '.join(given)} need{'s' * (len(given) == 1)} --ray")
