@@ -64,6 +64,7 @@ class ReplicaArgs:
     open_opts: dict[str, Any] = field(default_factory=dict)
     api_key: str | None = None
     playground: dict[str, Any] = field(default_factory=dict)
+    key_env: str | None = None  # else the key from this variable of the replica's environment
 
 
 def require_ray() -> None:
@@ -215,7 +216,9 @@ class LlmirReplica:
     def __serve_build_asgi_app__(self) -> Any:
         from .app import create_app
 
-        app = create_app(self.model, api_key=self.args.api_key, playground=self.args.playground)
+        a = self.args
+        key = a.api_key or (os.environ.get(a.key_env) or None if a.key_env else None)
+        app = create_app(self.model, api_key=key, playground=a.playground)
         return _MetricsRoute(app, self)
 
     def __del__(self) -> None:
@@ -242,7 +245,7 @@ def build_app(cfg: dict[str, str]) -> Any:
     """Ray Serve's application builder (`serve run llmir_core.serve.cluster:build_app
     artifact=/shared/art replicas=2`, or a RayService's `args`): artifact (required),
     replicas or autoscale "MIN,MAX", max_batch, max_queue, threads, model_name; the API key
-    from LLMIR_API_KEY in the replicas' environment."""
+    from LLMIR_API_KEY in each replica's environment (the builder runs elsewhere)."""
     if "artifact" not in cfg:
         raise InputError("build_app needs args.artifact: the artifact folder every node can read")
     max_batch, max_queue = int(cfg.get("max_batch", 8)), int(cfg.get("max_queue", 64))
@@ -255,7 +258,7 @@ def build_app(cfg: dict[str, str]) -> Any:
     opts: dict[str, Any] = {"max_batch": max_batch, "max_queue": max_queue, "threads": threads}
     if "model_name" in cfg:
         opts["name"] = cfg["model_name"]
-    args = ReplicaArgs(str(cfg["artifact"]), opts, os.environ.get("LLMIR_API_KEY") or None)
+    args = ReplicaArgs(str(cfg["artifact"]), opts, key_env="LLMIR_API_KEY")
     return application(args, spec, max_batch, max_queue)
 
 

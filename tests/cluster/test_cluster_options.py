@@ -98,3 +98,17 @@ def test_merge_labels_every_sample_and_keeps_families_whole() -> None:
         'llmir_replica_info{replica="r1",pid="11"} 1',
         'llmir_replica_info{replica="r2",pid="22"} 1',
     ]
+
+
+def test_build_app_for_a_rayservice() -> None:
+    """The application builder of docs/cluster.md's RayService (no cluster needed)."""
+    pytest.importorskip("ray.serve", reason="ray[serve] is not installed")
+    with pytest.raises(InputError, match="needs args.artifact"):
+        cluster.build_app({"replicas": "2"})
+    app = cluster.build_app({"artifact": "/models/a", "autoscale": "1,3", "threads": "2"})
+    dep = app._bound_deployment  # Ray's Application holds the bound deployment
+    assert dep.name == "llmir" and dep.ray_actor_options["num_cpus"] == 2.0
+    cfg = dep._deployment_config.autoscaling_config
+    assert (cfg.min_replicas, cfg.max_replicas, cfg.target_ongoing_requests) == (1, 3, 8)
+    args = dep._replica_config.init_args[0]
+    assert args.art_dir == "/models/a" and args.api_key is None and args.key_env == "LLMIR_API_KEY"
