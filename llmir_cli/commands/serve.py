@@ -119,7 +119,7 @@ def serve_cmd(
     autoscale: AutoscaleOpt = None,
     address: AddressOpt = None,
 ) -> None:
-    # long: the signature declares every option of `llmir serve`, one parameter each
+    # long: typer reads the command's options from this signature; the body is in helpers
     if not artifact.is_dir():
         raise InputError(
             f"{artifact}: no such artifact folder",
