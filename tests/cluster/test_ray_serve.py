@@ -131,6 +131,8 @@ class TestTwoReplicas:
             _client(cluster.url, key="wrong").models.list()
 
     def test_replica_killed_mid_stream(self, cluster: Driver) -> None:
+        """32 streams of 240 tokens, 16 per replica (8 decoding, 8 queued in it): one replica
+        killed once 8 streams are under way."""
         outcomes: list[str] = []
         lock = threading.Lock()
         streaming: list[int] = []  # streams that got their first chunk
@@ -155,29 +157,25 @@ class TestTwoReplicas:
             with lock:
                 outcomes.append(outcome)
 
-        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(16)]
+        # the victim is chosen before the streams start: waiting for /metrics to show which
+        # replica is busy (its push period) can take longer than a whole stream on a fast machine
+        victim, labels = sorted(_replicas(_metrics(cluster.url)).items())[0]
+        pid = int(labels["pid"])
+        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(32)]
         for t in threads:
             t.start()
-        _wait(lambda: len(streaming) >= 12, 60, "12 streams under way")
-        busy = _wait(
-            lambda: {
-                r: v
-                for r, v in _per_replica(_metrics(cluster.url), "llmir_active_sequences").items()
-                if v > 0
-            },
-            10,
-            "a replica with active sequences",
-        )
-        victim = max(busy, key=lambda r: busy[r])
-        pid = int(_replicas(_metrics(cluster.url))[victim]["pid"])
+        _wait(lambda: len(streaming) >= 8, 60, "8 streams under way")
         os.kill(pid, signal.SIGKILL)
         for t in threads:
             t.join(90)
         assert not any(t.is_alive() for t in threads), "a stream hung after the replica died"
-        assert len(outcomes) == 16
+        assert len(outcomes) == 32
         failed = [o for o in outcomes if o != "done"]
         assert failed, outcomes  # the victim's streams end with an error ...
-        assert set(failed) <= {"APIConnectionError", "RemoteProtocolError"}, outcomes
+        # a started stream is cut (a connection error); a request the dead replica had not
+        # answered yet gets Ray's proxy's 500
+        clean = {"APIConnectionError", "RemoteProtocolError", "InternalServerError"}
+        assert set(failed) <= clean, outcomes
         assert "done" in outcomes, outcomes  # ... the other replica's finish
         # new requests are served (by the live replica, then by the one Ray restarts)
         _wait(lambda: _try_stream(cluster.url), 60, "a request served after the kill")
