@@ -14,6 +14,7 @@ from llmir_core.errors import InputError
 from .._options import ChatTemplateOpt, TemplateTimeoutOpt
 from .._render import Ctx
 from ._command import command
+from ._serve_ray import AddressOpt, AutoscaleOpt, RayOpt, ReplicasOpt, serve_ray, wanted
 
 HELP = """Serve a decoder artifact over HTTP with OpenAI's API, and the Playground at /.
 
@@ -117,6 +118,10 @@ def serve_cmd(
     ] = None,
     template_timeout: TemplateTimeoutOpt = None,
     chat_template: ChatTemplateOpt = None,
+    ray: RayOpt = False,
+    replicas: ReplicasOpt = None,
+    autoscale: AutoscaleOpt = None,
+    address: AddressOpt = None,
 ) -> None:
     # long: typer reads the command's options from this signature; the body is in helpers
     if not artifact.is_dir():
@@ -128,6 +133,23 @@ def serve_cmd(
         raise InputError(f"--port must be in 0..65535, got {port}")
     if api_key is not None and not api_key:
         raise InputError("--api-key is empty", hint="pass a non-empty key or leave it out")
+    pages = {"ir": ir, "lowered": lowered, "report": report, "dump_dir": dump_dir, "bench": bench}
+    if wanted(ray, replicas, autoscale, address):  # Ray Serve: _serve_ray, docs/cluster.md
+        opts: dict[str, Any] = {
+            "max_batch": max_batch,
+            "max_queue": max_queue,
+            "chunk": prefill_chunk,
+        }
+        opts |= {"threads": threads, "max_context": max_context, "name": model_name}
+        opts["template_timeout_s"] = template_timeout
+        if chat_template is not None:  # checked here; a file by its absolute path (replicas)
+            from llmir_core.runtime.chat_templates import builtin_names, load_chat_template
+
+            load_chat_template(chat_template, template_timeout)
+            named = chat_template in builtin_names()
+            opts["chat_template"] = chat_template if named else os.path.abspath(chat_template)
+        serve_ray(ctx, artifact, (replicas, autoscale, address), (host, port), opts, api_key, pages)
+        return
     from llmir_core.serve.model import open_served_model
 
     model = open_served_model(
@@ -141,7 +163,6 @@ def serve_cmd(
         template_timeout_s=template_timeout,
         chat_template=chat_template,
     )
-    pages = {"ir": ir, "lowered": lowered, "report": report, "dump_dir": dump_dir, "bench": bench}
     _serve(ctx, artifact, model, pages, (host, port), api_key, (max_batch, max_queue))
 
 
