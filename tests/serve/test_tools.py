@@ -454,3 +454,16 @@ def test_tool_calls_stream(tool_served: Running, script: Any) -> None:
     content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert content == "No call <tool_call> here"
     assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_tool_choice_named_with_n(tool_served: Running) -> None:
+    """n > 1 with a forced choice: every choice has its own constraint (all parse), its own
+    reader (every choice's message becomes a call), and choice 0 is the n=1 answer."""
+    named = {"type": "function", "function": {"name": "get_time"}}
+    one = chat(tool_served, tools=TOOLS, tool_choice=named, temperature=1, seed=5)
+    got = chat(tool_served, tools=TOOLS, tool_choice=named, temperature=1, seed=5, n=3)
+    assert [c.index for c in got.choices] == [0, 1, 2]
+    for c in got.choices:
+        check_calls(c.message, {"get_time"})
+        assert c.finish_reason == "tool_calls" and c.message.content is None
+    assert calls(got.choices[0].message) == calls(one.choices[0].message)
