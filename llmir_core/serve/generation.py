@@ -20,7 +20,7 @@ from typing import Any
 
 from llmir_core.runtime.sampling import Sampler
 
-from . import structured
+from . import structured, tool_grammar
 from .choices import chat_choice, link_group, stream_choices
 from .logprobs import chat_logprobs, legacy_logprobs
 from .model import ServedModel
@@ -83,6 +83,9 @@ class Generation:
                 code="unsupported_parameter",
             )
         if p.grammar is not None:  # compiled off the event loop (a tokenizer's first: seconds)
+            await self.pool.run(lambda: structured.compile_for(self.model, p.grammar), self.timeout)
+        if reader is not None and not reader.forced and tool_grammar.wanted(p):
+            p.grammar = tool_grammar.auto_grammar(p, reader.fmt, self.model.tokenizer)
             await self.pool.run(lambda: structured.compile_for(self.model, p.grammar), self.timeout)
         reqs = self._submit(p, prompts, ticket, put)
         rid = new_id("chatcmpl" if chat else "cmpl")

@@ -267,8 +267,11 @@ PARAMS: tuple[Param, ...] = (
     _chat(
         "tools",
         "honored",
-        "functions the chat template receives; calls come back as tool_calls",
+        "functions the chat template receives; calls come back as tool_calls; a `strict` "
+        "function's arguments follow its parameters schema (a grammar), under auto too",
         f"{_TOOLS}::test_tools_auto",
+        f"{_TOOLS}::test_auto_strict_calls_follow_the_schema",
+        f"{_TOOLS}::test_auto_tools_with_a_response_format",
     ),
     _chat(
         "tool_choice",

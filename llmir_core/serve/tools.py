@@ -32,6 +32,7 @@ from typing import Any
 from llmir_core.runtime.grammar_spec import GrammarSpec
 
 from .schemas import APIError, GenParams, bad
+from .tool_grammar import call_schema, calls_array
 from .tool_parse import MISTRAL_ID, ToolReader, tool_format
 
 MAX_TOOLS = 128  # OpenAI's limit on `tools`
@@ -199,23 +200,8 @@ def forced_schema(p: GenParams) -> dict[str, Any] | None:
         return _parameters(named)
     if p.tool_choice != "required":
         return None
-    one = {
-        "anyOf": [
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"const": t["function"]["name"]},
-                    "arguments": _parameters(t),
-                },
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for t in tools
-        ]
-    }
-    if not p.parallel_tool_calls:
-        return one
-    return {"type": "array", "items": one, "minItems": 1}
+    one = call_schema(tools, "arguments", strict_only=False)
+    return calls_array(one, parallel=True) if p.parallel_tool_calls else one
 
 
 def parse_tool_fields(body: dict[str, Any], p: GenParams) -> None:

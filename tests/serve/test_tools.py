@@ -81,13 +81,15 @@ class Scripted:
         self.encode = encode
         self.eos = eos
         self.script: list[int] | None = None
+        self.free = False  # after the script: the model's own logits (else end-of-sequence)
         self.seqs: dict[int, list[int]] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def set_script(self, text: str | None) -> None:
+    def set_script(self, text: str | None, free: bool = False) -> None:
         self.script = None if text is None else self.encode(text)
+        self.free = free
 
     def _force(self, slot: int, row: np.ndarray) -> np.ndarray:
         seq, m = self.seqs[slot], len(self.marker)
@@ -96,6 +98,8 @@ class Scripted:
         starts = [i + m for i in range(len(seq) - m + 1) if seq[i : i + m] == self.marker]
         at = max(starts, default=len(seq))
         done = len(seq) - at
+        if self.free and done >= len(self.script):
+            return row
         want = self.script[done] if done < len(self.script) else self.eos
         out = np.full_like(row, -1e4)
         out[want] = 1e4
@@ -454,6 +458,58 @@ def test_tool_calls_stream(tool_served: Running, script: Any) -> None:
     content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert content == "No call <tool_call> here"
     assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def strict(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**t, "function": {**t["function"], "strict": True}} for t in tools]
+
+
+def strict_call(run: Running, **kw: Any) -> Any:
+    """A sampled chat with the tools marked strict, one call at most."""
+    return chat(
+        run, tools=strict(TOOLS), temperature=1, parallel_tool_calls=False, max_tokens=400, **kw
+    )
+
+
+def test_auto_strict_calls_follow_the_schema(tool_served: Running, script: Any) -> None:
+    """ "auto" with strict tools: once the model opens a call (scripted: text, then
+    `<tool_call>`), the model's own logits go on under the grammar, and the call's arguments
+    follow its function's schema; the same without `strict` is the random model's text."""
+    script("Let me check.\n<tool_call>", free=True)
+    first: Any = None
+    for seed in (0, 1):  # one call (parallel ones: tests/unit/test_tool_grammar.py)
+        got = strict_call(tool_served, seed=seed)
+        msg = got.choices[0].message
+        first = first if seed else msg
+        assert msg.content == "Let me check." and got.choices[0].finish_reason == "tool_calls"
+        check_calls(msg, set(SCHEMAS))
+        assert len(msg.tool_calls) == 1
+    chunks = list(strict_call(tool_served, seed=0, stream=True))
+    deltas = [d for ch in chunks if ch.choices for d in ch.choices[0].delta.tool_calls or []]
+    streamed = json.loads("".join(d.function.arguments or "" for d in deltas))
+    assert streamed == calls(first)[0][1]  # as the same request without streaming
+    free = chat(tool_served, tools=TOOLS, temperature=1, seed=0, max_tokens=60)
+    assert free.choices[0].message.tool_calls is None
+    assert free.choices[0].message.content.startswith("Let me check.\n<tool_call>")
+
+
+def test_auto_tools_with_a_response_format(tool_served: Running, script: Any) -> None:
+    """ "auto" tools and response_format together: the answer is the format's JSON, or calls."""
+    answer = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": answer, "strict": True}}
+    lt = tool_served.model.tokenizer.token_to_id("<")
+    got = chat(tool_served, tools=TOOLS, response_format=fmt, logit_bias={str(lt): -100})
+    assert json.loads(got.choices[0].message.content) in ({"ok": True}, {"ok": False})
+    assert got.choices[0].message.tool_calls is None
+    script("<tool_call>", free=True)
+    got = strict_call(tool_served, response_format=fmt, seed=3)
+    check_calls(got.choices[0].message, set(SCHEMAS))
+    assert got.choices[0].message.content is None
 
 
 def test_tool_choice_named_with_n(tool_served: Running) -> None:
