@@ -21,6 +21,7 @@ from typing import Any
 
 from .scheduler import Completion, GenRequest
 from .schemas import APIError, chunk_body, usage
+from .tool_parse import ToolReader, call_deltas
 
 
 def link_group(group: list[GenRequest]) -> GenRequest:
@@ -59,10 +60,12 @@ async def stream_choices(
     events: Any,  # asyncio.Queue of (kind, index, value), as generation's
     cancel: Callable[[GenRequest], None],
     logprobs_of: Callable[[GenRequest, int, int, int], dict[str, Any]] | None = None,
+    readers: list[ToolReader] | None = None,
 ) -> AsyncIterator[str]:
     """The chunks of one prompt's choices `reqs` (index = position in reqs); logprobs_of(req,
-    sent, upto, at): the `logprobs` of a completion chunk. The group is cancelled when the
-    client goes away first."""
+    sent, upto, at): the `logprobs` of a completion chunk; readers: each chat choice's tool
+    reader (text that may begin a call is held back; calls end the choice as deltas). The
+    group is cancelled when the client goes away first."""
     created = int(time.time())
     sent = [0] * len(reqs)  # per choice: tokens whose log-probs went out, characters sent
     at = [0] * len(reqs)
@@ -76,6 +79,10 @@ async def stream_choices(
             req = reqs[k]
             if kind == "text":
                 piece, upto = value
+                if readers is not None:
+                    piece = readers[k].feed(piece)
+                    if not piece:
+                        continue
                 lp = logprobs_of(req, sent[k], upto, at[k]) if logprobs_of else None
                 sent[k], at[k] = upto, at[k] + len(piece)
                 yield _chunk(chunk_body(rid, name, created, piece, None, chat, logprobs=lp), k)
@@ -87,10 +94,16 @@ async def stream_choices(
                 yield "data: [DONE]\n\n"
                 return
             done[k] = value
+            why = value.finish_reason
+            if readers is not None:
+                bodies, called = tool_chunks(rid, name, created, readers[k])
+                for body in bodies:
+                    yield _chunk(body, k)
+                why = "tool_calls" if called else why
             lp = logprobs_of(req, sent[k], len(req.gen_lp), at[k]) if logprobs_of else None
             if chat and lp is not None and not lp.get("content"):
                 lp = None  # no content token left (an end token has no chat entry)
-            body = chunk_body(rid, name, created, None, value.finish_reason, chat, logprobs=lp)
+            body = chunk_body(rid, name, created, None, why, chat, logprobs=lp)
             yield _chunk(body, k)
         tokens = sum(len(c.token_ids) for c in done.values())
         last = chunk_body(
@@ -104,4 +117,18 @@ async def stream_choices(
             cancel(reqs[0])  # the whole group
 
 
-__all__ = ["chat_choice", "link_group", "stream_choices"]
+def tool_chunks(
+    rid: str, name: str, created: int, reader: ToolReader
+) -> tuple[list[dict[str, Any]], bool]:
+    """The chunks that end a chat stream read for tool calls: the held-back content, then the
+    calls' deltas (none when the answer held no call); and whether there were calls."""
+    rest, calls = reader.finish()
+    out = [chunk_body(rid, name, created, rest, None, True)] if rest else []
+    for delta in call_deltas(calls):
+        body = chunk_body(rid, name, created, None, None, True)
+        body["choices"][0]["delta"] = delta
+        out.append(body)
+    return out, bool(calls)
+
+
+__all__ = ["chat_choice", "link_group", "stream_choices", "tool_chunks"]

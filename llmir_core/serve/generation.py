@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import json
 import time
@@ -21,13 +22,13 @@ from typing import Any
 from llmir_core.runtime.sampling import Sampler
 
 from . import structured, tool_grammar
-from .choices import chat_choice, link_group, stream_choices
+from .choices import chat_choice, link_group, stream_choices, tool_chunks
 from .logprobs import chat_logprobs, legacy_logprobs
 from .model import ServedModel
 from .sampling_params import sampling_config
 from .scheduler import Completion, GenRequest, QueueFull, ShuttingDown, Ticket
 from .schemas import APIError, GenParams, chunk_body, completion_body, new_id, usage
-from .tool_parse import ToolReader, call_deltas
+from .tool_parse import ToolReader
 from .tools import finish_choice, reader_for
 from .workers import Workers
 
@@ -72,16 +73,8 @@ class Generation:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
                 loop.call_soon_threadsafe(events.put_nowait, (kind, index, value))
 
-        reader = reader_for(p, self.model.tokenizer.chat_template) if chat else None
-        if reader is not None and p.stream and p.n > 1:
-            ticket.release()
-            raise APIError(
-                400,
-                "'stream' with 'n' > 1 and 'tools' is not supported by this server: send it "
-                "without 'stream', or with 'n': 1",
-                param="n",
-                code="unsupported_parameter",
-            )
+        template = self.model.tokenizer.chat_template
+        reader = reader_for(p, template) if chat else None
         if p.grammar is not None:  # compiled off the event loop (a tokenizer's first: seconds)
             await self.pool.run(lambda: structured.compile_for(self.model, p.grammar), self.timeout)
         if reader is not None and not reader.forced and tool_grammar.wanted(p):
@@ -95,8 +88,18 @@ class Generation:
                 if p.logprobs is not None
                 else None
             )
+            readers = None if reader is None else [copy.copy(reader) for _ in reqs]  # unused
             return StreamingResponse(
-                stream_choices(rid, p.model, chat, reqs, events, self.sched.cancel, lp_of),
+                stream_choices(
+                    rid,
+                    p.model,
+                    chat,
+                    reqs,
+                    events,
+                    self.sched.cancel,
+                    lp_of,
+                    readers,
+                ),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -344,20 +347,6 @@ class Generation:
         finally:
             if not finished:
                 self.sched.cancel(req)
-
-
-def tool_chunks(
-    rid: str, name: str, created: int, reader: ToolReader
-) -> tuple[list[dict[str, Any]], bool]:
-    """The chunks that end a chat stream read for tool calls: the held-back content, then the
-    calls' deltas (none when the answer held no call); and whether there were calls."""
-    rest, calls = reader.finish()
-    out = [chunk_body(rid, name, created, rest, None, True)] if rest else []
-    for delta in call_deltas(calls):
-        body = chunk_body(rid, name, created, None, None, True)
-        body["choices"][0]["delta"] = delta
-        out.append(body)
-    return out, bool(calls)
 
 
 def _text_event(put: Put, index: int, req: GenRequest, piece: str) -> None:

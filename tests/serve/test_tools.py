@@ -124,6 +124,11 @@ class Scripted:
         rows = np.array(self.inner.decode(slots, ids, positions))
         return np.stack([self._force(s, r) for s, r in zip(slots, rows)])
 
+    def fork(self, src_slot: int, dst_slots: Any, length: int) -> None:
+        self.inner.fork(src_slot, dst_slots, length)
+        for d in dst_slots:
+            self.seqs[d] = self.seqs.get(src_slot, [])[:length]
+
     def step(self, rows: Any) -> np.ndarray:
         for s, ids, start in rows:
             self._saw(s, ids, start)
@@ -523,3 +528,33 @@ def test_tool_choice_named_with_n(tool_served: Running) -> None:
         check_calls(c.message, {"get_time"})
         assert c.finish_reason == "tool_calls" and c.message.content is None
     assert calls(got.choices[0].message) == calls(one.choices[0].message)
+
+
+def test_tool_calls_stream_with_n(tool_served: Running, script: Any) -> None:
+    """Streamed n > 1 with tools: each choice's calls come as its own `delta.tool_calls` (by
+    `index`), equal to the same request without streaming; each choice ends "tool_calls"."""
+    named = {"type": "function", "function": {"name": "get_time"}}
+    kw: dict[str, Any] = {"tools": TOOLS, "temperature": 1, "seed": 5, "n": 3}
+    whole = chat(tool_served, tool_choice=named, **kw)
+    chunks = list(chat(tool_served, tool_choice=named, stream=True, **kw))
+    for c in whole.choices:
+        mine = [ch.choices[0] for ch in chunks if ch.choices and ch.choices[0].index == c.index]
+        deltas = [d for m in mine for d in m.delta.tool_calls or []]
+        assert deltas[0].function.name == "get_time"
+        args = json.loads("".join(d.function.arguments or "" for d in deltas))
+        assert [("get_time", args)] == calls(c.message)
+        assert not "".join(m.delta.content or "" for m in mine)  # a forced call has no text
+        assert mine[-1].finish_reason == "tool_calls"
+    # "auto", scripted: text then the call, for every choice
+    script("Let me check.\n" + CALL)
+    chunks = list(chat(tool_served, stream=True, **kw))
+    for k in range(3):
+        mine = [ch.choices[0] for ch in chunks if ch.choices and ch.choices[0].index == k]
+        assert "".join(m.delta.content or "" for m in mine) == "Let me check."
+        deltas = [d for m in mine for d in m.delta.tool_calls or []]
+        assert json.loads("".join(d.function.arguments or "" for d in deltas)) == {
+            "city": "Paris",
+            "unit": "c",
+        }
+        assert mine[-1].finish_reason == "tool_calls"
+    assert chunks[-1].usage is not None and not chunks[-1].choices
