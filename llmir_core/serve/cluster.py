@@ -283,7 +283,9 @@ def _connect(spec: ClusterSpec) -> str:
             ray.init(address=spec.address, namespace=BOARD_NAMESPACE, **quiet)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise InputError(f"cannot join the Ray cluster at {spec.address}: {first}") from None
+            raise InputError(
+                f"cannot join the Ray cluster at {spec.address}: {first}", hint=_auth_hint(spec)
+            ) from None
         return f"the Ray cluster at {spec.address}"
     most = spec.autoscale[1] if spec.autoscale else spec.replicas
     cpus = max(os.cpu_count() or 1, int(most * spec.cpus + 0.999))
@@ -296,6 +298,18 @@ def _connect(spec: ClusterSpec) -> str:
         **quiet,
     )
     return f"a local Ray head ({cpus} logical CPUs on {os.cpu_count()} cores)"
+
+
+def _auth_hint(spec: ClusterSpec) -> str | None:
+    """Ray sends its token only when told to for an explicit address (`ray start` clusters
+    use token authentication by default since Ray 2.5x; `--address auto` finds the token)."""
+    if spec.address == "auto" or os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+        return None
+    return (
+        "if the cluster uses token authentication (`ray start`'s default), set "
+        "RAY_AUTH_MODE=token and give its token (RAY_AUTH_TOKEN, or the file ~/.ray/auth_token "
+        "that `ray get-auth-token` prints)"
+    )
 
 
 def _deploy(app: Any, spec: ClusterSpec, port: int) -> None:
@@ -326,43 +340,63 @@ def _status_text() -> str:
     return "\n".join([app.message, *(d.message for d in app.deployments.values())])
 
 
+class _Stop(BaseException):
+    """A signal that came before the deployment was ready (raised out of Ray's wait)."""
+
+
 def run(
     args: ReplicaArgs,
     spec: ClusterSpec,
     slots: tuple[int, int],
     log: Callable[[str], None],
 ) -> int:
-    """Deploy on the cluster, log the URL, wait for SIGTERM / SIGINT, drain; return the signal."""
+    """Deploy on the cluster, log the URL, wait for SIGTERM / SIGINT, drain; return the signal.
+
+    The signal handler only appends to a list (no lock: a second signal can arrive while the
+    first one's handler runs). Before the deployment is ready the first signal also leaves the
+    wait for it (replicas the cluster cannot place would keep it waiting forever)."""
     import ray
-    from ray import serve
 
     got: list[int] = []
-    done = threading.Event()
+    waiting = [True]  # the deployment is not ready: the first signal leaves the wait
 
     def on_signal(sig: int, frame: Any) -> None:
         got.append(sig)
-        done.set()
+        if waiting[0]:
+            waiting[0] = False
+            raise _Stop
 
     where = _connect(spec)
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        port = spec.port or free_port(spec.host)
-        _deploy(application(args, spec, *slots), spec, port)
-        host_, port = _proxy_address(spec.host, port)
-        log(_start_line(args, spec, (host_, port), where, slots))
-        while not done.wait(0.5):
-            pass
-        log("draining: requests in flight finish, then the replicas stop")
-        if spec.address:  # someone else's cluster: remove our application only
-            serve.delete(APP_NAME)
-        else:
-            serve.shutdown()
-        _kill_board()
+        try:
+            port = spec.port or free_port(spec.host)
+            _deploy(application(args, spec, *slots), spec, port)
+            host_, port = _proxy_address(spec.host, port)
+            waiting[0] = False
+            log(_start_line(args, spec, (host_, port), where, slots))
+            while not got:
+                time.sleep(0.2)
+            log("draining: requests in flight finish, then the replicas stop")
+        except _Stop:
+            log("stopping before the deployment was ready: removing it")
+        _remove(spec)
         return got[0]
     finally:
         for s, h in old.items():
             signal.signal(s, h)
         ray.shutdown()
+
+
+def _remove(spec: ClusterSpec) -> None:
+    """Drain and remove the deployment: only llmir's application on a cluster it joined."""
+    from ray import serve
+
+    if spec.address:
+        serve.delete(APP_NAME)
+    else:
+        serve.shutdown()
+    _kill_board()
 
 
 def _start_line(
