@@ -13,6 +13,11 @@ The artifact (`--artifact`, or `--gguf FILE` built once; measured on Gemma 3 270
 - `schema-serial`: the same with `grammar.prefetch` off, so each mask is computed after the
   forward, on the scheduler thread (what the overlap saves).
 
+`--grammar tools` measures the "auto" tool grammar instead of the schema (a strict tool in
+the Hermes format, `llmir_core.serve.tool_grammar`: free text until `<tool_call>`): what a
+request with strict tools pays while the model writes text. Its output is the plain output
+(the text branch allows every token); results in grammar_decode_tools.json by default.
+
 Decode tokens/s = tokens after the first / (last token's time - first token's time), summed over
 the batch's requests and divided by the batch's decode span; modes alternate over `--rounds`
 rounds and the medians are reported, with the ratios to `plain`. Also: whether llguidance drops
@@ -50,6 +55,22 @@ ITEM = {
     "additionalProperties": False,
 }
 SCHEMA = {"type": "array", "items": ITEM, "minItems": 6, "maxItems": 6}
+TOOLS = [
+    {"type": "function", "function": {"name": "add_users", "parameters": SCHEMA, "strict": True}}
+]
+
+
+def the_grammar(model: Any, kind: str) -> Any:
+    """The compiled grammar of `--grammar`: the schema, or the auto tool grammar."""
+    from llmir_core.runtime.grammar_spec import GrammarSpec
+    from llmir_core.serve.schemas import GenParams
+    from llmir_core.serve.structured import compile_for
+    from llmir_core.serve.tool_grammar import auto_grammar
+
+    if kind == "schema":
+        return compile_for(model, GrammarSpec("json_schema", SCHEMA, "bench"))
+    p = GenParams(model="bench", tools=TOOLS, tool_choice="auto")
+    return compile_for(model, auto_grammar(p, "hermes", model.tokenizer))
 
 
 def run_batch(
@@ -180,8 +201,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", default=str(REPO / "benchmarks/results/grammar_decode.json"))
+    ap.add_argument("--grammar", choices=["schema", "tools"], default="schema")
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/grammar_decode.json")
     args = ap.parse_args()
+    suffix = "" if args.grammar == "schema" else "_tools"
+    args.out = args.out or str(REPO / f"benchmarks/results/grammar_decode{suffix}.json")
     if args.artifact is None:
         if args.gguf is None or not args.gguf.is_file():
             sys.exit("grammar_decode: give --artifact DIR or --gguf FILE (a file that exists)")
@@ -189,17 +213,15 @@ def main() -> None:
 
         args.artifact = build(args.gguf, args.work)
     from llmir_core.runtime import grammar as gmod
-    from llmir_core.runtime.grammar_spec import GrammarSpec
     from llmir_core.serve import scheduler as sched_mod
     from llmir_core.serve.model import open_served_model
-    from llmir_core.serve.structured import compile_for
 
     model = open_served_model(
         args.artifact, max_batch=max(args.batch, 1), threads=args.threads, max_context=1024
     )
     model.scheduler.start()
     t0 = time.perf_counter()
-    g = compile_for(model, GrammarSpec("json_schema", SCHEMA, "bench"))
+    g = the_grammar(model, args.grammar)
     setup_s = time.perf_counter() - t0
     real_prefetch = gmod.prefetch
     rows: dict[str, list[float]] = {"plain": [], "schema": [], "schema-serial": []}
@@ -208,7 +230,8 @@ def main() -> None:
     warm = run_batch(model, args.batch, 400, g, model.eos_ids)  # also the plain runs' length
     n = min(warm["tokens"])
     for t in warm["texts"]:
-        json.loads(t)  # the output is the schema's JSON
+        if args.grammar == "schema":
+            json.loads(t)  # the output is the schema's JSON
     sample = warm["texts"][0]
     modes = list(rows)
     for r in range(args.rounds):
@@ -234,6 +257,7 @@ def main() -> None:
     res = {
         "artifact": args.artifact,
         "batch": args.batch,
+        "grammar": args.grammar,
         "rounds": args.rounds,
         "threads": args.threads,
         "grammar_setup_s": setup_s,

@@ -12,6 +12,8 @@ the template's call format (`tool_parse.tool_format`):
   `{"name", "parameters"}` joined by `; `.
 - Mistral: text without the `[TOOL_CALLS]` tag that does not start with `[`, or text, the tag,
   and one JSON array of calls (the tag may be a special token; a bare array counts too).
+- Mistral with `[ARGS]`: any text; once `[TOOL_CALLS]` appears, calls `name[ARGS]{arguments}`,
+  each after its own `[TOOL_CALLS]` (the tags as special tokens when the vocabulary has them).
 
 A call is `{"name": <a tool's name>, "arguments"|"parameters": <its schema>}`: a strict tool's
 `parameters`, any JSON object for the others. One call only when `parallel_tool_calls` is false.
@@ -29,7 +31,14 @@ from typing import Any
 from llmir_core.runtime.grammar_spec import GrammarSpec
 
 from .schemas import GenParams
-from .tool_parse import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG, PYTHON_TAG, ToolFormat
+from .tool_parse import (
+    ARGS_TAG,
+    HERMES_CLOSE,
+    HERMES_OPEN,
+    MISTRAL_TAG,
+    PYTHON_TAG,
+    ToolFormat,
+)
 
 SOURCE = "tools"  # the 400's param when a strict tool's schema cannot be compiled
 _JSON_OPTIONS = {  # runtime.grammar.JSON_OPTIONS (not imported: that module imports llguidance)
@@ -178,6 +187,30 @@ def _mistral(p: GenParams, answer: str | None, tokenizer: Any) -> str:
     return f"start: TEXT | head calls | calls\n{head}{text}{calls}"
 
 
+def _tag(tokenizer: Any, text: str) -> str:
+    """A tag in a grammar: its special token when the vocabulary has one, else its text."""
+    i = _special(tokenizer, text)
+    return f"<[{i}]>" if i is not None else _lit(text)
+
+
+def _mistral_args(p: GenParams, answer: str | None, tokenizer: Any) -> str:
+    tag, args = _tag(tokenizer, MISTRAL_TAG), _tag(tokenizer, ARGS_TAG)
+    tools = p.tools or []
+    alternatives = []
+    for i, t in enumerate(tools):  # each function's arguments: a document of their own
+        fn = t["function"]
+        schema = fn.get("parameters") if fn.get("strict") else None
+        schema = schema if schema is not None else {"type": "object", "properties": {}}
+        alternatives.append(f"call{i}: {_lit(fn['name'])} {args} c{i}\nc{i}: {_json(schema)}\n")
+    call = "call: " + " | ".join(f"call{i}" for i in range(len(tools))) + "\n"
+    more = f" ({tag} call)*" if p.parallel_tool_calls else ""
+    calls = f"calls: call{more}\n{call}{''.join(alternatives)}"
+    if answer is not None:
+        return f"start: answer | {tag} calls\nanswer: {answer}\n{calls}"
+    lazy = "[lazy]" if tag.startswith('"') else ""
+    return f"start: TEXT | head calls\nhead{lazy}: {_ANY_TEXT} {tag}\nTEXT: {_ANY_TEXT}\n{calls}"
+
+
 def auto_grammar(p: GenParams, fmt: ToolFormat, tokenizer: Any) -> GrammarSpec | None:
     """The grammar of an "auto" answer in format `fmt` (None: not `wanted`); p.grammar, when
     set, is the response_format it joins."""
@@ -191,6 +224,8 @@ def auto_grammar(p: GenParams, fmt: ToolFormat, tokenizer: Any) -> GrammarSpec |
         text = _hermes(p, answer)
     elif fmt == "llama3_json":
         text = _llama3(p, answer, tokenizer)
+    elif fmt == "mistral_args":
+        text = _mistral_args(p, answer, tokenizer)
     else:
         text = _mistral(p, answer, tokenizer)
     return GrammarSpec("lark", text, SOURCE)

@@ -3,8 +3,11 @@
 `tool_format(template)` tells the format by the template's markers: Hermes `<tool_call>`
 blocks holding `{"name", "arguments"}` (Qwen2.5, Hermes, the built-in chatml), Mistral's
 `[TOOL_CALLS]` followed by a JSON array of calls (the tag is a special token, so a decoded
-answer may start with the bare array), else Llama 3's JSON `{"name", "parameters"}` starting the
-answer (after an optional `<|python_tag|>`; several joined by `;`).
+answer may start with the bare array), Mistral's newer `[TOOL_CALLS]name[ARGS]{...}` per call
+(`mistral_args`: Mistral Small 3.2, Devstral, Magistral; both tags are special tokens, so a
+decoded answer holds `name{...}`, a call's name right before its arguments' object), else
+Llama 3's JSON `{"name", "parameters"}` starting the answer (after an optional
+`<|python_tag|>`; several joined by `;`).
 
 A call's id is `call_` and 24 hex digits, except for Mistral's format: 9 hex digits (its
 templates refuse other ids).
@@ -23,10 +26,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-ToolFormat = Literal["hermes", "llama3_json", "mistral"]
+ToolFormat = Literal["hermes", "llama3_json", "mistral", "mistral_args"]
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
 MISTRAL_TAG = "[TOOL_CALLS]"
+ARGS_TAG = "[ARGS]"
 MISTRAL_ID = 9  # the length of a call id Mistral's templates accept
 
 
@@ -35,6 +39,8 @@ def tool_format(template: str) -> ToolFormat:
     """How a template's model writes calls: by its markers; otherwise Llama 3's JSON."""
     if HERMES_OPEN in template:
         return "hermes"
+    if MISTRAL_TAG in template and ARGS_TAG in template:
+        return "mistral_args"
     if MISTRAL_TAG in template:
         return "mistral"
     return "llama3_json"
@@ -118,7 +124,68 @@ def _mistral(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
     return before, [_call(v, names) for v in values[0]]
 
 
-_PARSERS = {"hermes": _hermes, "llama3_json": _llama3, "mistral": _mistral}
+def _named_calls(text: str, names: set[str]) -> list[ToolCall]:
+    """`name{...}` calls, one after another (tags and whitespace between them allowed), to the
+    end of `text`; ValueError when text is not that."""
+    dec = json.JSONDecoder()
+    calls: list[ToolCall] = []
+    at = 0
+    while True:
+        while True:  # whitespace and the tags (when they were decoded as text)
+            rest = text[at:].lstrip()
+            at = len(text) - len(rest)
+            tag = next((t for t in (MISTRAL_TAG, ARGS_TAG) if rest.startswith(t)), None)
+            if tag is None:
+                break
+            at += len(tag)
+        if at == len(text):
+            if not calls:
+                raise ValueError("no call")
+            return calls
+        name = max((n for n in names if text.startswith(n, at)), key=len, default=None)
+        if name is None:
+            raise ValueError("not a function's name")
+        at += len(name)
+        if text.startswith(ARGS_TAG, at):
+            at += len(ARGS_TAG)
+        args, at = dec.raw_decode(text, at)
+        calls.append(_call({"name": name, "arguments": args}, names))
+
+
+def _call_starts(text: str, names: set[str]) -> list[int]:
+    """Where a `mistral_args` call may start: a name followed by `{` or a tag, or the tag."""
+    out = set(_find_all(text, MISTRAL_TAG))
+    for n in names:
+        for i in _find_all(text, n):
+            after = text[i + len(n) : i + len(n) + 1]
+            if after in ("{", "["):
+                out.add(i)
+    return sorted(out)
+
+
+def _find_all(text: str, word: str) -> list[int]:
+    out, i = [], text.find(word)
+    while i >= 0:
+        out.append(i)
+        i = text.find(word, i + 1)
+    return out
+
+
+def _mistral_args(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
+    for start in _call_starts(text, names):  # the first place the rest is all calls
+        try:
+            return text[:start], _named_calls(text[start:], names)
+        except ValueError:
+            continue
+    raise ValueError("no call")
+
+
+_PARSERS = {
+    "hermes": _hermes,
+    "llama3_json": _llama3,
+    "mistral": _mistral,
+    "mistral_args": _mistral_args,
+}
 
 
 def parse_calls(text: str, fmt: ToolFormat, names: set[str]) -> tuple[str | None, list[ToolCall]]:
@@ -172,7 +239,7 @@ class ToolReader:
                 content, calls = parse_calls(text, self.fmt, self.names)
         except ValueError:
             return text, []
-        if self.fmt == "mistral":  # Mistral's templates take 9 letters and digits, no more
+        if self.fmt.startswith("mistral"):  # Mistral's templates take 9 letters and digits
             for c in calls:
                 c.id = uuid.uuid4().hex[:MISTRAL_ID]
         return content, calls if self.parallel else calls[:1]
@@ -197,6 +264,8 @@ class ToolReader:
                 return 0
             self.plain = True
             return len(text)
+        if self.fmt == "mistral_args":
+            return len(text[: self._args_hold(text)].rstrip())
         if self.fmt == "mistral" and head.startswith("[") and not head.startswith(MISTRAL_TAG):
             if not MISTRAL_TAG.startswith(head[: len(MISTRAL_TAG)]):
                 return 0  # a bare array of calls (the tag was a special token, not decoded)
@@ -204,6 +273,17 @@ class ToolReader:
         found = text.find(marker)
         end = found if found >= 0 else len(text) - _partial(text, marker)
         return len(text[:end].rstrip())
+
+    def _args_hold(self, text: str) -> int:
+        """`mistral_args`: content ends where a call may start: a name right before `{` or a
+        tag, the tag, or an end of the text that begins one of those."""
+        base = self.sent  # what was sent held no call's start, nor the beginning of one
+        rest = text[base:]
+        starts = _call_starts(rest, self.names)
+        if starts:
+            return base + starts[0]
+        ends = [_partial(rest, w) for w in (MISTRAL_TAG, *(n + "{" for n in self.names))]
+        return len(text) - max(ends, default=0)
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         """At the end of a stream: (content not sent yet, the calls)."""
@@ -245,5 +325,6 @@ __all__ = [
     "HERMES_CLOSE",
     "PYTHON_TAG",
     "MISTRAL_TAG",
+    "ARGS_TAG",
     "MISTRAL_ID",
 ]

@@ -341,7 +341,7 @@ def check_template(template: str, tools: list[dict[str, Any]] | None) -> None:
 def template_messages(messages: list[dict[str, Any]], template: str) -> list[dict[str, Any]]:
     """The messages as the template needs them: a Mistral template accepts only call ids of 9
     letters and digits, so longer ids are cut to their last 9 (as vLLM does)."""
-    if tool_format(template) != "mistral":
+    if not tool_format(template).startswith("mistral"):
         return messages
 
     def cut(cid: str) -> str:

@@ -151,19 +151,18 @@ def tool_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def tool_served(tool_artifact: Path) -> Iterator[Running]:
-    """The tiny model under the chatml template, its decoder `Scripted` (no script: its own)."""
+def serve_scripted(artifact: Path, template: str) -> Running:
+    """The tiny model under `template` (`--chat-template`), its decoder `Scripted` (no
+    script: its own logits)."""
     import urllib.request
 
     from llmir_core.serve.model import ServedModel, open_served_model
     from llmir_core.serve.server import bind, make_server
 
     opened = open_served_model(
-        str(tool_artifact), threads=1, max_batch=4, max_queue=8, chunk=64, chat_template="chatml"
+        str(artifact), threads=1, max_batch=4, max_queue=8, chunk=64, chat_template=template
     )
     tok = opened.tokenizer
-    assert tok.chat_template == CHATML  # `--chat-template chatml`
     marker = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
     scripted = Scripted(
         opened.decoder,
@@ -183,7 +182,14 @@ def tool_served(tool_artifact: Path) -> Iterator[Running]:
             break
         except OSError:
             time.sleep(0.05)
-    run = Running(url, model, server, thread)
+    return Running(url, model, server, thread)
+
+
+@pytest.fixture(scope="module")
+def tool_served(tool_artifact: Path) -> Iterator[Running]:
+    """The tiny model under the chatml template (Hermes calls)."""
+    run = serve_scripted(tool_artifact, "chatml")
+    assert run.model.tokenizer.chat_template == CHATML  # `--chat-template chatml`
     yield run
     run.stop()
 
@@ -558,3 +564,69 @@ def test_tool_calls_stream_with_n(tool_served: Running, script: Any) -> None:
         }
         assert mine[-1].finish_reason == "tool_calls"
     assert chunks[-1].usage is not None and not chunks[-1].choices
+
+
+MISTRAL_ARGS_TEMPLATE = """{#- llmir-stop: <|im_end|> -#}
+{#- Mistral's [ARGS] call form in a ChatML frame (so `Scripted` finds the answer's start) -#}
+{%- if tools -%}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{%- endif -%}
+{%- for m in messages -%}
+{%- if m.role == 'assistant' and m.tool_calls -%}
+{{- '<|im_start|>assistant\\n' -}}
+{%- for c in m.tool_calls -%}
+{%- set a = c.function.arguments -%}
+{{- '[TOOL_CALLS]' ~ c.function.name ~ '[ARGS]' ~ (a if a is string else a | tojson) -}}
+{%- endfor -%}
+{{- '<|im_end|>\\n' -}}
+{%- elif m.role == 'tool' -%}
+{%- if m.tool_call_id | length != 9 -%}{{ raise_exception('ids of 9') }}{%- endif -%}
+{{- '[TOOL_RESULTS]' ~ m.tool_call_id ~ ' ' ~ m.content ~ '[/TOOL_RESULTS]' -}}
+{%- else -%}
+{{- '<|im_start|>' ~ m.role ~ '\\n' ~ m.content ~ '<|im_end|>\\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}
+"""
+
+
+@pytest.fixture(scope="module")
+def mistral_served(
+    tool_artifact: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Running]:
+    path = tmp_path_factory.mktemp("tpl") / "mistral_args.jinja"
+    path.write_text(MISTRAL_ARGS_TEMPLATE)
+    run = serve_scripted(tool_artifact, str(path))
+    yield run
+    run.stop()
+
+
+def test_mistral_args_form(mistral_served: Running) -> None:
+    """A template with `[TOOL_CALLS]name[ARGS]{...}`: the answer is read in that form (whole
+    and streamed), ids have 9 characters (the template refuses others on the next turn), and
+    strict arguments are constrained once the model opens a call."""
+    dec = mistral_served.model.decoder
+    try:
+        dec.set_script('Sure. [TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "c"}')
+        got = chat(mistral_served, tools=TOOLS)
+        msg = got.choices[0].message
+        assert msg.content == "Sure." and got.choices[0].finish_reason == "tool_calls"
+        assert calls(msg) == [("get_weather", {"city": "Paris", "unit": "c"})]
+        cid = msg.tool_calls[0].id
+        assert len(cid) == 9
+        chunks = list(chat(mistral_served, tools=TOOLS, stream=True))
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        assert text == "Sure." and chunks[-1].choices[0].finish_reason == "tool_calls"
+        turn = [
+            *ASK,
+            {"role": "assistant", "content": None, "tool_calls": [msg.tool_calls[0].model_dump()]},
+            {"role": "tool", "tool_call_id": cid, "content": "18C"},
+        ]
+        dec.set_script("It is 18C.")
+        assert chat(mistral_served, tools=TOOLS, messages=turn).choices[0].message.content == (
+            "It is 18C."
+        )
+        dec.set_script("[TOOL_CALLS]", free=True)
+        got = strict_call(mistral_served, seed=2)
+        check_calls(got.choices[0].message, set(SCHEMAS))
+        assert got.choices[0].message.content is None
+    finally:
+        dec.set_script(None)

@@ -64,7 +64,13 @@ TOOLS = [
     tool("free", {"type": "object"}, False),
 ]
 SCHEMAS = {"get_weather": WEATHER, "mail": ADDRESS}
-OPENINGS = {"hermes": "<tool_call>", "llama3_json": " {", "mistral": "[TOOL_CALLS]"}
+OPENINGS = {
+    "hermes": "<tool_call>",
+    "llama3_json": " {",
+    "mistral": "[TOOL_CALLS]",
+    "mistral_args": "[TOOL_CALLS]",
+}
+FORMATS = list(OPENINGS)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +110,7 @@ def reader(fmt: str, p: GenParams) -> ToolReader:
     return ToolReader(fmt, names, parallel=p.parallel_tool_calls)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "llama3_json", "mistral"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("parallel", [True, False])
 def test_a_started_call_follows_its_schema(tok: Tokenizer, fmt: str, parallel: bool) -> None:
     p = params(parallel_tool_calls=parallel)
@@ -127,7 +133,7 @@ def test_a_started_call_follows_its_schema(tok: Tokenizer, fmt: str, parallel: b
     assert seen & set(SCHEMAS)
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "llama3_json", "mistral"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_text_stays_text(tok: Tokenizer, fmt: str) -> None:
     p = params()
     spec = auto_grammar(p, fmt, tok)  # type: ignore[arg-type]
@@ -138,7 +144,7 @@ def test_text_stays_text(tok: Tokenizer, fmt: str) -> None:
         assert calls == [] and content == text
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "llama3_json", "mistral"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_with_response_format(tok: Tokenizer, fmt: str) -> None:
     """The answer is the response's JSON or calls; no text before a call."""
     answer = {
@@ -184,7 +190,12 @@ def test_hoisted_definitions_resolve() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fmt", "tag"), [("mistral", "[TOOL_CALLS]"), ("llama3_json", "<|python_tag|>")]
+    ("fmt", "tag"),
+    [
+        ("mistral", "[TOOL_CALLS]"),
+        ("llama3_json", "<|python_tag|>"),
+        ("mistral_args", "[TOOL_CALLS]"),
+    ],
 )
 def test_a_special_tag_token(fmt: str, tag: str) -> None:
     """A tag the vocabulary has as one special token is that token in the grammar (its decoded
@@ -226,3 +237,27 @@ def test_required_with_nested_definitions(tok: Tokenizer, parallel: bool) -> Non
                 assert validate(json.loads(c.arguments), SCHEMAS[c.name]) == []
             mails += c.name == "mail"
     assert mails
+
+
+def test_mistral_args_with_special_tags() -> None:
+    """Both tags special tokens: the decoded answer drops them (`name{...}`), and what the
+    grammar lets through still reads as valid calls."""
+    from tokenizers import AddedToken
+
+    backend: Any = make_tokenizer(128)
+    backend.add_special_tokens([AddedToken("[TOOL_CALLS]", special=True)])
+    backend.add_special_tokens([AddedToken("[ARGS]", special=True)])
+    tok = Tokenizer(backend, 1, (EOS,))
+    p = params()
+    spec = auto_grammar(p, "mistral_args", tok)
+    assert spec is not None
+    tag = tok.token_to_id("[TOOL_CALLS]")
+    assert tag is not None
+    for seed in range(6):
+        text = walk(tok, spec, "Ok [TOOL_CALLS]", seed)
+        assert "[ARGS]" not in text and "[TOOL_CALLS]" not in text  # dropped by the decoding
+        content, calls = reader("mistral_args", p).read(text)
+        assert content == "Ok" and calls, text
+        for c in calls:
+            if c.name in SCHEMAS:
+                assert validate(json.loads(c.arguments), SCHEMAS[c.name]) == []

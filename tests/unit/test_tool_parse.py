@@ -70,6 +70,22 @@ def calls_of(text: str, fmt: Any) -> tuple[str | None, list[tuple[str, Any]]]:
             '[{"name": "get_time", "arguments": {}}, {"name": "get_time", "arguments": {"a": 1}}]',
             (None, [("get_time", {}), ("get_time", {"a": 1})]),
         ),
+        (  # Mistral's [ARGS] form, decoded: the tags (special tokens) dropped
+            "mistral_args",
+            'get_weather{"city": "Paris", "unit": "c"}',
+            (None, [("get_weather", PARIS)]),
+        ),
+        (  # ... or kept as text; text before; two calls
+            "mistral_args",
+            'Sure. [TOOL_CALLS]get_time[ARGS]{}[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", '
+            '"unit": "c"}',
+            ("Sure.", [("get_time", {}), ("get_weather", PARIS)]),
+        ),
+        (  # a name in the prose that is not a call, then the call
+            "mistral_args",
+            'Calling get_time now: get_time{"tz": "UTC"}',
+            ("Calling get_time now:", [("get_time", {"tz": "UTC"})]),
+        ),
     ],
 )
 def test_parse_calls(fmt: str, text: str, want: tuple[Any, Any]) -> None:
@@ -89,6 +105,11 @@ def test_parse_calls(fmt: str, text: str, want: tuple[Any, Any]) -> None:
         ("llama3_json", '{"city": "Paris"}'),  # JSON, not a call
         ("mistral", "[TOOL_CALLS] not json"),
         ("mistral", "[1, 2]"),
+        ("mistral_args", "get_weather is what I would call"),
+        ("mistral_args", 'get_stock{"a": 1}'),  # not offered
+        ("mistral_args", 'get_time{"tz": "UTC"} and more'),  # text after the call
+        ("mistral_args", 'get_time{"tz": '),  # cut
+        ("mistral_args", "get_time[1]"),  # not an object
     ],
 )
 def test_not_a_call(fmt: str, text: str) -> None:
@@ -119,6 +140,14 @@ def stream(reader: ToolReader, text: str, size: int) -> tuple[str, list[Any]]:
         ("llama3_json", ' {"name": "get_time", "parameters": {}}', "", "{"),
         ("llama3_json", "Plain {text} answer", "Plain {text} answer", None),
         ("mistral", 'Sure [TOOL_CALLS][{"name": "get_time", "arguments": {}}]', "Sure", "["),
+        ("mistral_args", 'Sure. get_time{"tz": "UTC"}get_time{}', "Sure.", "get_time"),
+        (
+            "mistral_args",
+            "I know get_time and get_weather.",
+            "I know get_time and get_weather.",
+            None,
+        ),
+        ("mistral_args", "Ends with get_ti", "Ends with get_ti", None),
     ],
 )
 def test_reader_stream(fmt: Any, text: str, content: str, held_from: str | None, size: int) -> None:
@@ -182,6 +211,8 @@ def test_tool_format_of_templates() -> None:
     assert tool_format(template("chatml")) == "hermes"
     assert tool_format(template("llama3")) == "llama3_json"
     assert tool_format("{{ '[TOOL_CALLS]' }}") == "mistral"
+    v11 = "{{- '[TOOL_CALLS]' + tool.function.name + '[ARGS]' + arguments }}"
+    assert tool_format(v11) == "mistral_args"
 
 
 WEATHER = {
@@ -329,6 +360,8 @@ def test_mistral_call_ids() -> None:
     from llmir_core.serve.tools import template_messages
 
     calls = ToolReader("mistral", NAMES).read('[{"name": "get_time", "arguments": {}}]')[1]
+    assert len(calls[0].id) == 9 and calls[0].id.isalnum()
+    calls = ToolReader("mistral_args", NAMES).read("get_time{}")[1]
     assert len(calls[0].id) == 9 and calls[0].id.isalnum()
     mistral = (
         "{%- for m in messages %}{%- for c in m.tool_calls or [] %}"
