@@ -279,13 +279,14 @@ def main() -> None:
     }
     model.scheduler.close()
     print(
-        f"batch {args.batch}: plain {med['plain']:.1f} tok/s, schema {med['schema']:.1f} "
-        f"({res['schema_over_plain']:.3f}x), schema without overlap {med['schema-serial']:.1f} "
+        f"batch {args.batch}: plain {med['plain']:.1f} tok/s, {args.grammar} mask "
+        f"{med['schema']:.1f} ({res['schema_over_plain']:.3f}x), without overlap "
+        f"{med['schema-serial']:.1f} "
         f"({res['serial_over_plain']:.3f}x); grammar setup {setup_s:.2f} s "
         f"(tokenizer index {g.index.build_s:.2f} s)"
     )
     print(
-        f"by the median step: plain {med_step['plain']:.1f} tok/s, schema "
+        f"by the median step: plain {med_step['plain']:.1f} tok/s, {args.grammar} mask "
         f"{res['step_schema_over_plain']:.3f}x, without overlap {res['step_serial_over_plain']:.3f}x"
     )
     on = res["median_mask_on_thread_us"]
