@@ -52,17 +52,11 @@ import numpy as np
 
 from llmir_core.errors import InputError
 
-from .grammar_spec import GrammarSpec
+from .grammar_spec import JSON_OPTIONS, GrammarSpec
 from .textstream import byte_of_char
 from .tokenizer import Tokenizer
 
 # JSON output style: compact, one space after ',' and ':' (json.dumps' default)
-JSON_OPTIONS: Any = {  # llguidance's JsonCompileOptions
-    "whitespace_flexible": False,
-    "item_separator": ", ",
-    "key_separator": ": ",
-    "lenient": False,
-}
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 

@@ -13,6 +13,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 GrammarKind = Literal["json_schema", "json_object", "lark", "regex"]
+JSON_OPTIONS: Any = {  # llguidance's JsonCompileOptions: compact JSON, as json.dumps writes it
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "lenient": False,
+}
 
 
 @dataclass(frozen=True)
@@ -22,4 +28,4 @@ class GrammarSpec:
     source: str = ""  # where it came from, for error messages ("response_format", a file name)
 
 
-__all__ = ["GrammarSpec", "GrammarKind"]
+__all__ = ["GrammarSpec", "GrammarKind", "JSON_OPTIONS"]

@@ -18,7 +18,7 @@ the template's call format (`tool_parse.tool_format`):
 A call is `{"name": <a tool's name>, "arguments"|"parameters": <its schema>}`: a strict tool's
 `parameters`, any JSON object for the others. One call only when `parallel_tool_calls` is false.
 With `response_format` the text branch is its JSON instead (no text before a call). The JSON is
-compact, as the other grammars write it (`runtime.grammar.JSON_OPTIONS`). Invariant: every
+compact, as the other grammars write it (`runtime.grammar_spec.JSON_OPTIONS`). Invariant: every
 output the grammar accepts is read by `tool_parse.ToolReader` as either text (or the response
 JSON) with no call, or calls whose arguments follow their strict schemas.
 """
@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from llmir_core.runtime.grammar_spec import GrammarSpec
+from llmir_core.runtime.grammar_spec import JSON_OPTIONS, GrammarSpec
 
 from .schemas import GenParams
 from .tool_parse import (
@@ -41,12 +41,6 @@ from .tool_parse import (
 )
 
 SOURCE = "tools"  # the 400's param when a strict tool's schema cannot be compiled
-_JSON_OPTIONS = {  # runtime.grammar.JSON_OPTIONS (not imported: that module imports llguidance)
-    "whitespace_flexible": False,
-    "item_separator": ", ",
-    "key_separator": ": ",
-    "lenient": False,
-}
 _ANY_TEXT = "/(?s:.*)/"
 
 
@@ -58,7 +52,7 @@ def wanted(p: GenParams) -> bool:
 
 
 def _json(schema: dict[str, Any]) -> str:
-    return "%json " + json.dumps({**schema, "x-guidance": _JSON_OPTIONS}, ensure_ascii=False)
+    return "%json " + json.dumps({**schema, "x-guidance": JSON_OPTIONS}, ensure_ascii=False)
 
 
 def _moved(node: Any, prefix: str) -> Any:
